@@ -1,0 +1,41 @@
+# vit-plasticity: set up, run the demo world, test.
+# Needs only Python 3.10+ and pip; no conda, no GPU, no internet beyond the package registries.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+export MPLBACKEND := Agg
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: help venv demo test notebooks sync demo-weights clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+venv: $(STAMP)  ## create .venv with the package, notebook and test extras (idempotent)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e ".[notebook,test]"
+	@touch $(STAMP)
+
+demo: venv  ## execute every notebook on the demo world; HTML reports under reports/
+	$(BIN)/python -m paperlib.report demo
+
+test: venv  ## unit tests, then nbval over the committed notebooks
+	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks
+
+sync: venv  ## pair notebooks with their jupytext scripts (edit either, then sync)
+	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb
+
+notebooks: sync  ## re-execute the committed notebooks in place (demo outputs)
+	$(BIN)/python -m paperlib.report inplace notebooks/[0-9][0-9]_*.ipynb
+
+demo-weights: venv  ## re-train the committed demo ViT (paperlib/assets/demo_vit.safetensors)
+	$(BIN)/python -m paperlib.demo pretrain
+
+clean:  ## remove generated outputs (reports/, results/), keep .venv
+	rm -rf reports results .pytest_cache

@@ -1,0 +1,15 @@
+"""paperlib: the helper library behind the vit-plasticity notebooks.
+
+One module per concern, named for what it holds:
+
+- ``paths``       where things live (repository, reports, results, data caches, demo weights)
+- ``models``      ``create_model``: the paper's ViTs by short name, any timm ViT, the demo ViT
+- ``components``  the five transformer components, trainable configurations, Tables 3 and 4
+- ``data``        ``get_dataset``: the offline demo world (digits) and deterministic splits
+- ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
+- ``demo``        the deterministic pretraining script of the demo ViT
+- ``plots``       figures with a fixed colour per component
+- ``report``      executing notebooks with papermill and rendering HTML reports
+"""
+
+__version__ = "0.1.0"

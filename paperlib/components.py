@@ -1,0 +1,182 @@
+"""The five transformer components of a ViT block and the finetuning configurations.
+
+Paper §2 (Fig. 2, left) and appendix C.3 (Tables 3 and 4). Components are listed in the
+plasticity order of the paper (§5.1): MHA > FC1 > FC2 > LN2 > LN1.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pandas as pd
+from torch import nn
+
+COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
+"""The five components, in the paper's plasticity order."""
+
+CONFIGS = COMPONENTS + ("full", "linear")
+"""Finetuning configurations: one component, every parameter (``full``), or the head only."""
+
+LABELS = {
+    "mha": "MHA",
+    "fc1": "FC1",
+    "fc2": "FC2",
+    "ln2": "LN2",
+    "ln1": "LN1",
+    "full": "All",
+    "linear": "Linear",
+}
+"""Display names, as in the paper's tables and figures."""
+
+MODULE_PATHS = {
+    "mha": "attn",
+    "fc1": "mlp.fc1",
+    "fc2": "mlp.fc2",
+    "ln2": "norm2",
+    "ln1": "norm1",
+}
+"""Where each component lives inside a timm ``VisionTransformer`` block."""
+
+OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
+"""Buffers per parameter kept by the optimiser: SGD momentum, Adam's two moments (appendix C.3)."""
+
+
+def check_component(component: str) -> str:
+    """Return ``component`` or raise a ValueError that names the valid components."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; valid components: {', '.join(COMPONENTS)}")
+    return component
+
+
+def check_config(config: str) -> str:
+    """Return ``config`` or raise a ValueError that names the valid configurations."""
+    if config not in CONFIGS:
+        raise ValueError(f"unknown finetuning configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
+    return config
+
+
+def _blocks(model: nn.Module) -> nn.Module:
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or len(blocks) == 0:
+        raise TypeError(
+            f"{type(model).__name__} has no transformer blocks: paperlib expects a timm VisionTransformer "
+            "(model.blocks[i] with attn, mlp.fc1, mlp.fc2, norm1, norm2)"
+        )
+    return blocks
+
+
+def block_component(block: nn.Module, component: str) -> nn.Module:
+    """The module of ``component`` inside one transformer block."""
+    check_component(component)
+    try:
+        return block.get_submodule(MODULE_PATHS[component])
+    except AttributeError as error:
+        raise TypeError(
+            f"block {type(block).__name__} has no {MODULE_PATHS[component]!r}: expected a timm ViT block"
+        ) from error
+
+
+def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
+    """The module of ``component`` in every block, from the first block to the last."""
+    return [block_component(block, component) for block in _blocks(model)]
+
+
+def head_modules(model: nn.Module) -> list[nn.Module]:
+    """The classification head."""
+    return [model.get_classifier()]
+
+
+def final_norm_modules(model: nn.Module) -> list[nn.Module]:
+    """The LayerNorm applied after the last block (``norm`` or ``fc_norm`` in timm)."""
+    return [
+        module
+        for name in ("norm", "fc_norm")
+        if isinstance(module := getattr(model, name, None), nn.Module) and any(True for _ in module.parameters())
+    ]
+
+
+def set_trainable(model: nn.Module, config: str) -> nn.Module:
+    """Freeze every parameter except those finetuned by ``config`` (appendix C.3).
+
+    A component configuration trains that component in every block, the classification head and
+    the final LayerNorm (as in the authors' code); ``full`` trains everything and ``linear``
+    (linear probing) trains the head only. Returns the model.
+    """
+    check_config(config)
+    if config == "full":
+        model.requires_grad_(True)
+        return model
+    model.requires_grad_(False)
+    modules = head_modules(model)
+    if config != "linear":
+        modules += component_modules(model, config) + final_norm_modules(model)
+    for module in modules:
+        module.requires_grad_(True)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    """Named parameters that require a gradient."""
+    return ((name, p) for name, p in model.named_parameters() if p.requires_grad)
+
+
+def count_parameters(modules: list[nn.Module]) -> int:
+    """Number of scalars in the parameters of ``modules`` (shared tensors counted once)."""
+    seen = {id(p): p.numel() for module in modules for p in module.parameters()}
+    return sum(seen.values())
+
+
+def component_parameters(model: nn.Module, component: str) -> int:
+    """Parameters of ``component`` summed over all blocks (Table 3)."""
+    return count_parameters(component_modules(model, component))
+
+
+def config_parameters(model: nn.Module, config: str) -> int:
+    """Parameters that ``set_trainable(model, config)`` leaves trainable (head and final norm included)."""
+    check_config(config)
+    if config == "full":
+        return count_parameters([model])
+    modules = head_modules(model)
+    if config != "linear":
+        modules += component_modules(model, config) + final_norm_modules(model)
+    return count_parameters(modules)
+
+
+def memory_load(num_parameters: int, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> int:
+    """Bytes for the gradients and optimiser states of ``num_parameters`` (Table 4).
+
+    A gradient per parameter, plus one buffer per parameter for SGD with momentum (two for Adam),
+    at ``bytes_per_parameter`` bytes each (4 for fp32).
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZER_STATES)}")
+    return num_parameters * bytes_per_parameter * (1 + OPTIMIZER_STATES[optimizer])
+
+
+def parameter_table(model: nn.Module, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> pd.DataFrame:
+    """Tables 3 and 4 for ``model``: per configuration, parameters, share and memory load.
+
+    ``parameters`` counts the component alone, over all blocks, as the paper does;
+    ``% of total`` divides by every parameter of the model; ``memory load (MiB)`` is the
+    gradients plus optimiser states of those parameters. ``trainable`` is what
+    ``set_trainable`` really trains (the component plus the head and the final norm).
+    """
+    total = count_parameters([model])
+    rows = []
+    for config in CONFIGS:
+        if config in COMPONENTS:
+            count = component_parameters(model, config)
+        elif config == "full":
+            count = total
+        else:
+            count = count_parameters(head_modules(model))
+        rows.append(
+            {
+                "configuration": LABELS[config],
+                "parameters": count,
+                "% of total": 100.0 * count / total,
+                "memory load (MiB)": memory_load(count, bytes_per_parameter, optimizer) / 2**20,
+                "trainable": config_parameters(model, config),
+            }
+        )
+    return pd.DataFrame(rows).set_index("configuration")

@@ -1,0 +1,127 @@
+"""The paper's vision transformers by short name, any timm ViT, and the demo ViT.
+
+Appendix C.1 (Table 2): ViT-Base/16 and ViT-Huge/14 pretrained on ImageNet-21k; we add ViT-Large/16.
+Every model is a timm ``VisionTransformer`` and every weight file, from the hub or from disk, is
+loaded by timm's own pretrained-loading code (``pretrained_cfg_overlay=dict(file=...)`` for a
+local file), so the two paths share their key remapping, position-embedding resizing and
+head handling.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import timm
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+
+from . import paths
+
+PAPER_MODELS = {
+    "vit_base_in21k": "vit_base_patch16_224.orig_in21k",
+    "vit_large_in21k": "vit_large_patch16_224.orig_in21k",
+    "vit_huge_in21k": "vit_huge_patch14_224.orig_in21k",
+}
+"""The paper's models (appendix C.1): short name -> timm name with its pretrained tag."""
+
+DEMO_ARCH = "vit_demo_patch4_32"
+DEMO_TAG = "digits_source"
+DEMO_ARGS = dict(img_size=32, patch_size=4, embed_dim=64, depth=6, num_heads=4, mlp_ratio=4.0, num_classes=5)
+"""The demo ViT: pre-norm blocks and a class token like ViT-Base, 32x32 inputs, 0.3M parameters."""
+
+SHORT_NAMES = {**PAPER_MODELS, "demo": f"{DEMO_ARCH}.{DEMO_TAG}"}
+
+# timm finds a model's pretrained configurations in the ``default_cfgs`` of the module that
+# registers it: the demo weights are then loaded exactly like hub weights, from a local file.
+default_cfgs = generate_default_cfgs(
+    {
+        f"{DEMO_ARCH}.{DEMO_TAG}": {
+            "file": str(paths.DEMO_WEIGHTS),
+            "num_classes": DEMO_ARGS["num_classes"],
+            "input_size": (3, 32, 32),
+            "crop_pct": 1.0,
+            "interpolation": "bilinear",
+            "mean": IMAGENET_DEFAULT_MEAN,
+            "std": IMAGENET_DEFAULT_STD,
+            "first_conv": "patch_embed.proj",
+            "classifier": "head",
+            "license": "mit",
+        }
+    }
+)
+
+
+@register_model
+def vit_demo_patch4_32(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """The demo ViT (img 32, patch 4, dim 64, depth 6, 4 heads), pretrained on ``digits_source``."""
+    return build_model_with_cfg(
+        VisionTransformer,
+        DEMO_ARCH,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        **{**DEMO_ARGS, **kwargs},
+    )
+
+
+def vit_names() -> list[str]:
+    """timm architectures that build a ``VisionTransformer`` (valid ``create_model`` names)."""
+    return sorted(set(timm.list_models(module="vision_transformer")) | {DEMO_ARCH})
+
+
+def resolve_name(name: str) -> str:
+    """The timm name (with pretrained tag, if any) for a short name or a timm ViT name."""
+    if name in SHORT_NAMES:
+        return SHORT_NAMES[name]
+    architecture = name.split(".", 1)[0]
+    if architecture in vit_names():
+        return name
+    suggestions = difflib.get_close_matches(name, list(SHORT_NAMES) + vit_names(), n=3)
+    hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
+    raise ValueError(
+        f"unknown model {name!r}; valid short names: {', '.join(SHORT_NAMES)}; or any timm ViT name "
+        f"(see paperlib.models.vit_names(), e.g. vit_small_patch16_224.augreg_in21k).{hint}"
+    )
+
+
+def create_model(
+    name: str,
+    pretrained: bool = True,
+    num_classes: int | None = None,
+    weights: str | Path | None = None,
+    **kwargs,
+) -> VisionTransformer:
+    """Create a ViT by short name (``demo``, ``vit_base_in21k``, ...) or timm name.
+
+    Args:
+        name: a key of ``SHORT_NAMES`` or any timm ViT name, optionally with a pretrained tag.
+        pretrained: load pretrained weights (from the hub, or from ``weights`` when given).
+        num_classes: a new, randomly initialised classification head with this many classes;
+            ``None`` keeps the pretrained head (ImageNet-21k ViTs from timm have none).
+        weights: a local weight file (``.safetensors``, ``.pth``, ``.bin`` or big_vision ``.npz``)
+            loaded through timm's pretrained-loading path; implies ``pretrained=True``.
+        kwargs: passed to ``timm.create_model`` (e.g. ``img_size``, ``drop_path_rate``).
+    """
+    timm_name = resolve_name(name)
+    if num_classes is not None:
+        if not isinstance(num_classes, int) or num_classes < 0:
+            raise ValueError(f"num_classes must be a non-negative integer or None, got {num_classes!r}")
+        kwargs["num_classes"] = num_classes
+    if weights is not None:
+        weights = Path(weights).expanduser()
+        if not weights.is_file():
+            raise FileNotFoundError(f"weight file not found: {weights}")
+        pretrained = True
+        kwargs["pretrained_cfg_overlay"] = {**kwargs.get("pretrained_cfg_overlay", {}), "file": str(weights)}
+    return timm.create_model(timm_name, pretrained=pretrained, **kwargs)
+
+
+def architecture(name: str, num_classes: int | None = None, **kwargs) -> VisionTransformer:
+    """The architecture of ``name`` on the meta device: shapes without memory or weights.
+
+    Enough for parameter counts (Tables 3 and 4) of ViT-Huge on a laptop.
+    """
+    with torch.device("meta"):
+        return create_model(name, pretrained=False, num_classes=num_classes, **kwargs)

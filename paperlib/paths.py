@@ -1,0 +1,69 @@
+"""Where things live: one place for every path the package reads or writes.
+
+Generated outputs (``reports/``, ``results/``, data caches) default to folders of the repository
+checkout and can be moved with environment variables, so that a sweep on a cluster can write to
+scratch space without touching the code.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent
+ASSETS = PACKAGE / "assets"
+
+NOTEBOOKS = ROOT / "notebooks"
+PARAMETERS = ROOT / "parameters"
+
+DEMO_WEIGHTS = ASSETS / "demo_vit.safetensors"
+DEMO_CARD = ASSETS / "demo_vit.json"
+
+
+def _env_path(variable: str, default: Path) -> Path:
+    value = os.environ.get(variable)
+    return Path(value).expanduser() if value else default
+
+
+def reports_dir() -> Path:
+    """HTML reports and executed notebooks (``VIT_PLASTICITY_REPORTS``, default ``reports/``)."""
+    return _env_path("VIT_PLASTICITY_REPORTS", ROOT / "reports")
+
+
+def results_dir() -> Path:
+    """Run folders with parameters and metrics (``VIT_PLASTICITY_RESULTS``, default ``results/``)."""
+    return _env_path("VIT_PLASTICITY_RESULTS", ROOT / "results")
+
+
+def data_dir() -> Path:
+    """Datasets read from or downloaded to disk (``VIT_PLASTICITY_DATA``, default ``data/``)."""
+    return _env_path("VIT_PLASTICITY_DATA", ROOT / "data")
+
+
+def figures_dir() -> Path:
+    """Figures saved by the notebooks (``reports/figures``)."""
+    return reports_dir() / "figures"
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
+    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically (UTF-8)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -1,0 +1,90 @@
+"""Figures: a fixed colour per component, components in plasticity order, files as well as screens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+from .components import COMPONENTS, LABELS
+from .data import ImageDataset
+
+COLORS = {
+    "mha": "#d62728",
+    "fc1": "#ff7f0e",
+    "fc2": "#2ca02c",
+    "ln2": "#1f77b4",
+    "ln1": "#9467bd",
+    "full": "#4d4d4d",
+    "linear": "#8c8c8c",
+}
+"""One colour per configuration, the same in every figure (warm = high plasticity)."""
+
+
+def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
+    """Save ``fig`` (PNG, or the suffix's format), creating folders; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return path
+
+
+def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
+    """A pre-norm transformer block with its five components coloured (paper Fig. 2, left)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3.2, 6.0))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 21)
+    ax.axis("off")
+    # (component, label, y centre), bottom to top as the tokens flow
+    boxes = [("ln1", "LN1", 3), ("mha", "MHA", 6), ("ln2", "LN2", 11), ("fc1", "FC1", 14), ("fc2", "FC2", 17)]
+    for component, label, y in boxes:
+        ax.add_patch(
+            FancyBboxPatch((2.5, y - 0.9), 5, 1.8, boxstyle="round,pad=0.1", fc=COLORS[component], ec="black", alpha=0.85)
+        )
+        ax.text(5, y, label, ha="center", va="center", fontsize=11, color="white", weight="bold")
+    ax.text(5, 15.5, "GeLU", ha="center", va="center", fontsize=8, style="italic")
+    arrows = [(0.3, 2.0), (3.9, 5.0), (6.9, 8.7), (9.3, 10.0), (11.9, 13.0), (14.9, 16.0), (17.9, 19.3), (19.3, 20.8)]
+    for start, end in arrows:
+        ax.add_patch(FancyArrowPatch((5, start), (5, end), arrowstyle="-|>", mutation_scale=10, lw=1))
+    for y in (9.3, 19.3):
+        ax.add_patch(plt.Circle((5, y), 0.55, fc="white", ec="black"))
+        ax.text(5, y, "+", ha="center", va="center", fontsize=11)
+    for low, high in ((1.0, 9.3), (9.9, 19.3)):  # residual connections
+        ax.plot([5, 9, 9, 5.55], [low, low, high, high], color="black", lw=1)
+    ax.text(5, 0.0, "tokens $x \\in (\\mathbb{R}^d)^n$", ha="center", va="top", fontsize=9)
+    ax.set_title("ViT block (pre-norm)", fontsize=10)
+    return ax
+
+
+def sample_grid(datasets: Sequence[ImageDataset], per_dataset: int = 8) -> plt.Figure:
+    """The first ``per_dataset`` images of each dataset, one row per dataset, labelled by class."""
+    fig, axes = plt.subplots(
+        len(datasets), per_dataset, figsize=(per_dataset * 0.9, len(datasets) * 1.0 + 0.2), squeeze=False
+    )
+    for row, dataset in zip(axes, datasets):
+        for ax, index in zip(row, range(per_dataset)):
+            ax.imshow(dataset.images[index].permute(1, 2, 0).numpy(), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(dataset.classes[int(dataset.targets[index])], fontsize=7, pad=2)
+        row[0].set_ylabel(dataset.name.replace("digits_c/", "c/"), rotation=0, ha="right", va="center", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def component_bars(values: dict[str, float], ylabel: str, ax: plt.Axes | None = None, log: bool = False) -> plt.Axes:
+    """One bar per component in plasticity order, in the component colours."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 3))
+    keys = [c for c in (*COMPONENTS, "full", "linear") if c in values]
+    ax.bar([LABELS[k] for k in keys], [values[k] for k in keys], color=[COLORS[k] for k in keys])
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    return ax
+
+
+__all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_figure"]

@@ -1,0 +1,149 @@
+"""Executing notebooks and rendering them as HTML reports.
+
+    python -m paperlib.report demo                 # every notebook at demo scale -> reports/
+    python -m paperlib.report demo -n 00_components
+    python -m paperlib.report inplace notebooks/00_components.ipynb   # refresh committed outputs
+
+``demo`` runs each notebook with papermill (its ``parameters`` cell defaults, or a YAML file of
+``parameters/``) into ``reports/<notebook>.ipynb``, renders ``reports/<notebook>.html`` with
+nbconvert and writes ``reports/index.html`` linking them all. ``inplace`` re-executes committed
+notebooks with nbclient, so they keep their cells and metadata and nbval can check them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+import time
+from pathlib import Path
+from typing import Iterable
+
+import nbformat
+
+from . import paths
+
+KERNEL = "python3"
+KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def notebook_paths(names: Iterable[str] | None = None) -> list[Path]:
+    """The project's notebooks, in paper order, or those named (stem or file name)."""
+    available = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return available
+    by_stem = {p.stem: p for p in available}
+    chosen = []
+    for name in names:
+        stem = Path(name).stem
+        if stem not in by_stem:
+            raise ValueError(f"unknown notebook {name!r}; valid notebooks: {', '.join(by_stem)}")
+        chosen.append(by_stem[stem])
+    return chosen
+
+
+def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel_name: str = KERNEL) -> Path:
+    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically)."""
+    import papermill
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.stem}.partial.ipynb")
+    try:
+        papermill.execute_notebook(
+            str(notebook),
+            str(partial),
+            parameters=parameters or {},
+            kernel_name=kernel_name,
+            cwd=str(notebook.parent),
+            progress_bar=False,
+        )
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return output
+
+
+def render_html(notebook: Path, output: Path | None = None) -> Path:
+    """Render an executed notebook to a standalone HTML page (nbconvert, lab template)."""
+    from nbconvert import HTMLExporter
+
+    output = output or notebook.with_suffix(".html")
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nbformat.read(notebook, as_version=4))
+    paths.atomic_write_text(output, body)
+    return output
+
+
+def _title(notebook: Path) -> str:
+    """The first markdown heading of a notebook, or its file name."""
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return notebook.stem
+
+
+def write_index(pages: list[tuple[Path, float]], output: Path) -> Path:
+    """``index.html`` linking every report, with its title and execution time."""
+    rows = "\n".join(
+        f'<li><a href="{html.escape(page.relative_to(output.parent).as_posix())}">{html.escape(page.stem)}</a>'
+        f" &mdash; {html.escape(_title(page.with_suffix('.ipynb')))} <small>({seconds:.0f} s)</small></li>"
+        for page, seconds in pages
+    )
+    text = (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>vit-plasticity reports</title></head>\n"
+        "<body><h1>vit-plasticity reports</h1>\n"
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>make demo</code>. Demo-scale numbers are not the paper's.</p>\n"
+        f"<ul>\n{rows}\n</ul>\n</body></html>\n"
+    )
+    paths.atomic_write_text(output, text)
+    return output
+
+
+def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
+    """Execute notebooks at demo scale and render their reports; returns the index page."""
+    out_dir = out_dir or paths.reports_dir()
+    pages = []
+    for notebook in notebook_paths(names):
+        start = time.perf_counter()
+        print(f"executing {notebook.name} ...", flush=True)
+        executed = execute(notebook, out_dir / notebook.name)
+        pages.append((render_html(executed), time.perf_counter() - start))
+        print(f"  -> {pages[-1][0]} ({pages[-1][1]:.0f} s)", flush=True)
+    return write_index(pages, out_dir / "index.html")
+
+
+def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
+    """Re-execute committed notebooks in place with nbclient (no papermill metadata added)."""
+    from nbclient import NotebookClient
+
+    for notebook in notebooks:
+        notebook = Path(notebook)
+        nb = nbformat.read(notebook, as_version=4)
+        nb.metadata["kernelspec"] = KERNELSPEC
+        NotebookClient(nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(notebook.parent)}}).execute()
+        paths.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
+        print(f"executed {notebook}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m paperlib.report", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="execute notebooks at demo scale and render HTML reports")
+    demo.add_argument("-n", "--notebook", action="append", help="only this notebook (repeatable)")
+    demo.add_argument("--out", type=Path, default=None, help="report folder (default: reports/)")
+    inplace = commands.add_parser("inplace", help="re-execute committed notebooks in place")
+    inplace.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            index = run_demo(args.notebook, args.out)
+            print(f"\nReports: {index.resolve()}")
+        else:
+            execute_inplace(args.notebooks)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

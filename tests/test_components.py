@@ -1,0 +1,140 @@
+import math
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from paperlib import components, models
+from paperlib.components import COMPONENTS, CONFIGS
+
+
+def vit_base_counts(d=768, hidden=3072, depth=12):
+    """Table 3 from the ViT-Base architecture, written out by hand (weights + biases)."""
+    return {
+        "mha": depth * ((d * 3 * d + 3 * d) + (d * d + d)),  # qkv projection + output projection
+        "fc1": depth * (d * hidden + hidden),
+        "fc2": depth * (hidden * d + d),
+        "ln2": depth * 2 * d,  # gamma and beta
+        "ln1": depth * 2 * d,
+    }
+
+
+@pytest.fixture(scope="module")
+def vit_base():
+    # A randomly initialised ViT-Base: no weights are downloaded.
+    return models.create_model("vit_base_in21k", pretrained=False, num_classes=10)
+
+
+def test_plasticity_order_and_configs():
+    assert COMPONENTS == ("mha", "fc1", "fc2", "ln2", "ln1")
+    assert set(CONFIGS) == set(COMPONENTS) | {"full", "linear"}
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_vit_base_component_counts_are_table_3(vit_base, component):
+    assert components.component_parameters(vit_base, component) == vit_base_counts()[component]
+
+
+def test_vit_base_counts_round_to_the_papers_table_3(vit_base):
+    total = sum(p.numel() for p in vit_base.parameters())
+    counts = {c: components.component_parameters(vit_base, c) for c in COMPONENTS}
+    # Paper Table 3: 28M, 28M, 28M, 18K, 18K; 33%, 33%, 33%, 0.02%, 0.02% of 86M.
+    assert [round(counts[c] / 1e6) for c in ("mha", "fc1", "fc2")] == [28, 28, 28]
+    assert [round(counts[c] / 1e3) for c in ("ln2", "ln1")] == [18, 18]
+    assert round(total / 1e6) == 86
+    assert [round(100 * counts[c] / total) for c in ("mha", "fc1", "fc2")] == [33, 33, 33]
+    assert [round(100 * counts[c] / total, 2) for c in ("ln2", "ln1")] == [0.02, 0.02]
+
+
+def test_memory_load_is_table_4(vit_base):
+    table = components.parameter_table(vit_base)
+    # gradient + one momentum buffer, 4 bytes each
+    assert table.loc["MHA", "memory load (MiB)"] == pytest.approx(vit_base_counts()["mha"] * 8 / 2**20)
+    # Paper Table 4: 220 MB for MHA/FC1/FC2 and 0.14 MB for the LayerNorms.
+    assert round(table.loc["MHA", "memory load (MiB)"], -1) == 220
+    assert round(table.loc["LN1", "memory load (MiB)"], 2) == 0.14
+    assert components.memory_load(10, optimizer="adam") == 120
+    with pytest.raises(ValueError, match="valid optimizers: sgd, adam"):
+        components.memory_load(10, optimizer="lion")
+
+
+def test_meta_architecture_matches_real_model(vit_base):
+    meta = models.architecture("vit_base_in21k", num_classes=10)
+    assert all(p.is_meta for p in meta.parameters())
+    for config in CONFIGS:
+        assert components.config_parameters(meta, config) == components.config_parameters(vit_base, config)
+
+
+def test_vit_huge_is_the_papers_632m():
+    huge = models.architecture("vit_huge_in21k")
+    assert len(huge.blocks) == 32 and huge.embed_dim == 1280
+    assert round(sum(p.numel() for p in huge.parameters()) / 1e6) == 631  # paper Table 2 rounds to 632M
+    assert components.component_parameters(huge, "ln1") == 32 * 2 * 1280
+
+
+def _expected_trainable(model, config):
+    """Names that must train, derived from parameter names (not from paperlib's module lists)."""
+    names = [n for n, _ in model.named_parameters()]
+    if config == "full":
+        return set(names)
+    keep = {n for n in names if n.startswith("head.")}
+    if config != "linear":
+        path = components.MODULE_PATHS[config]
+        keep |= {n for n in names if n.startswith("blocks.") and n.split(".", 2)[2].startswith(path + ".")}
+        keep |= {n for n in names if n.startswith("norm.")}
+    return keep
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_set_trainable_changes_only_the_chosen_parameters(config):
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, config)
+    trainable = {n for n, _ in components.trainable_parameters(model)}
+    assert trainable == _expected_trainable(model, config)
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+    for _ in range(2):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    for name, parameter in model.named_parameters():
+        if name in trainable:
+            continue
+        assert torch.equal(parameter, before[name]), f"{name} changed under config {config}"
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed, "nothing was trained"
+    assert changed <= trainable
+    # every trainable weight matrix moved (biases of LayerNorm may stay put by chance only in theory)
+    assert "head.weight" in changed
+
+
+def test_set_trainable_is_reversible():
+    model = models.create_model("demo", pretrained=False)
+    components.set_trainable(model, "ln1")
+    components.set_trainable(model, "full")
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_bad_names_list_the_valid_choices():
+    model = models.create_model("demo", pretrained=False)
+    with pytest.raises(ValueError, match="valid configurations: mha, fc1, fc2, ln2, ln1, full, linear"):
+        components.set_trainable(model, "attention")
+    with pytest.raises(ValueError, match="valid components: mha, fc1, fc2, ln2, ln1"):
+        components.component_parameters(model, "full")
+
+
+def test_non_vit_is_rejected_clearly():
+    with pytest.raises(TypeError, match="timm VisionTransformer"):
+        components.component_parameters(torch.nn.Linear(3, 3), "mha")
+
+
+def test_demo_counts_follow_its_architecture():
+    model = models.create_model("demo", pretrained=False)
+    assert isinstance(model, VisionTransformer)
+    d, depth = model.embed_dim, len(model.blocks)
+    assert components.component_parameters(model, "fc1") == depth * (d * 4 * d + 4 * d)
+    total = components.count_parameters([model])
+    assert math.isclose(components.parameter_table(model).loc["All", "% of total"], 100.0)
+    assert components.config_parameters(model, "full") == total

@@ -1,0 +1,80 @@
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from paperlib import models, paths
+
+
+def test_short_names_map_to_the_papers_timm_weights():
+    assert models.resolve_name("vit_base_in21k") == "vit_base_patch16_224.orig_in21k"
+    assert models.resolve_name("vit_large_in21k") == "vit_large_patch16_224.orig_in21k"
+    assert models.resolve_name("vit_huge_in21k") == "vit_huge_patch14_224.orig_in21k"
+    for name in models.PAPER_MODELS.values():
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg is not None and cfg.hf_hub_id, f"{name} has no hub weights in timm"
+
+
+def test_paper_architectures_without_weights():
+    base = models.architecture("vit_base_in21k")
+    assert (len(base.blocks), base.embed_dim, base.patch_embed.patch_size) == (12, 768, (16, 16))
+    assert base.num_classes == 0  # the ImageNet-21k checkpoints of timm carry no head
+    assert models.architecture("vit_base_in21k", num_classes=10).head.out_features == 10
+
+
+def test_any_timm_vit_and_tags_are_accepted():
+    model = models.create_model("vit_tiny_patch16_224.augreg_in21k", pretrained=False, num_classes=3, img_size=32)
+    assert model.head.out_features == 3
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("name", ["vit_base", "resnet50", "demo2", ""])
+def test_unknown_names_list_the_valid_short_names(name):
+    with pytest.raises(ValueError, match="valid short names: vit_base_in21k, vit_large_in21k, vit_huge_in21k, demo"):
+        models.create_model(name, pretrained=False)
+
+
+def test_bad_num_classes():
+    with pytest.raises(ValueError, match="num_classes"):
+        models.create_model("demo", pretrained=False, num_classes=-1)
+
+
+def test_demo_loads_the_committed_weights():
+    assert paths.DEMO_WEIGHTS.is_file()
+    assert paths.DEMO_WEIGHTS.stat().st_size <= 2 * 1024 * 1024
+    pretrained = models.create_model("demo")
+    random = models.create_model("demo", pretrained=False)
+    assert pretrained.head.out_features == 5
+    assert not torch.equal(pretrained.blocks[0].attn.qkv.weight, random.blocks[0].attn.qkv.weight)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_local_weights_round_trip_through_timm(tmp_path, suffix):
+    source = models.create_model("demo", pretrained=False)
+    path = tmp_path / f"weights{suffix}"
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    save_file(state, path) if suffix == ".safetensors" else torch.save(state, path)
+
+    loaded = models.create_model("demo", weights=path)
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+    # A new head: the backbone is loaded, the head is new and sized for the task.
+    fresh = models.create_model("demo", weights=path, num_classes=7)
+    assert fresh.head.out_features == 7
+    assert torch.equal(fresh.blocks[-1].mlp.fc2.weight, source.blocks[-1].mlp.fc2.weight)
+
+
+def test_local_weights_for_a_paper_architecture(tmp_path):
+    # The same code path loads a ViT-Base checkpoint from disk (here a random one, at a small image size).
+    source = models.create_model("vit_base_in21k", pretrained=False, img_size=32)
+    path = tmp_path / "vit_base.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, path)
+    loaded = models.create_model("vit_base_in21k", weights=path, img_size=32, num_classes=4)
+    assert torch.equal(loaded.blocks[3].norm1.weight, source.blocks[3].norm1.weight)
+    assert loaded.head.out_features == 4
+
+
+def test_missing_weight_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="weight file not found"):
+        models.create_model("demo", weights=tmp_path / "nope.safetensors")

@@ -1,0 +1,56 @@
+"""Notebooks stay thin, parameterised and in sync with their jupytext twins."""
+
+import json
+
+import jupytext
+import nbformat
+import pytest
+
+from paperlib import paths, report
+
+NOTEBOOKS = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found"
+
+
+def _code(notebook):
+    return [c.source.strip() for c in notebook.cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_paired_script_in_sync(path):
+    script = path.with_suffix(".py")
+    assert script.is_file(), f"{path.name} has no jupytext twin {script.name}: run `make sync`"
+    ipynb = jupytext.read(path)
+    text = jupytext.read(script)
+    assert _code(ipynb) == _code(text), f"{path.name} and {script.name} differ: run `make sync`"
+    markdown = lambda nb: [c.source.strip() for c in nb.cells if c.cell_type == "markdown"]  # noqa: E731
+    assert markdown(ipynb) == markdown(text)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exactly_one_parameters_cell_with_flat_literals(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name} needs exactly one cell tagged 'parameters', found {len(tagged)}"
+    for line in tagged[0].source.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            assert "=" in line and "#" in line, f"parameter without a comment in {path.name}: {line!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_executed_without_errors(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), f"{path.name} is not fully executed: run `make notebooks`"
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{path.name} was committed with errors"
+    assert nb.metadata.get("kernelspec", {}).get("name") == report.KERNEL
+    assert "papermill" not in json.dumps(nb.metadata), "papermill outputs belong in reports/, not notebooks/"
+
+
+def test_unknown_notebook_is_a_clear_error():
+    with pytest.raises(ValueError, match="valid notebooks: 00_components"):
+        report.notebook_paths(["99_nothing"])

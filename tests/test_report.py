@@ -1,0 +1,37 @@
+"""`make demo`'s machinery: papermill execution, HTML rendering, the index page."""
+
+import nbformat
+import pytest
+
+from paperlib import report
+
+
+def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    index = report.run_demo(["00_components"], out_dir=tmp_path / "out")
+    page = tmp_path / "out" / "00_components.html"
+    assert index == tmp_path / "out" / "index.html"
+    assert 'href="00_components.html"' in index.read_text()
+    html = page.read_text()
+    assert "Table 3 and Table 4" in html and "data:image/png;base64" in html
+    executed = nbformat.read(tmp_path / "out" / "00_components.ipynb", as_version=4)
+    assert "papermill" in executed.metadata
+    # figures went to the reports folder of the environment, not into the repository
+    assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
+    assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
+
+
+def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    notebook = report.notebook_paths(["00_components"])[0]
+    out = report.execute(notebook, tmp_path / "run.ipynb", {"paper_models": ["vit_large_in21k"], "images_per_dataset": 2})
+    text = out.read_text()
+    assert "vit_large_patch16_224.orig_in21k" in text and "vit_huge_patch14_224" not in text
+
+
+def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    notebook = report.notebook_paths(["00_components"])[0]
+    with pytest.raises(Exception):
+        report.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
+    assert not (tmp_path / "bad.ipynb").exists()
