@@ -115,7 +115,26 @@ def create_model(
             raise FileNotFoundError(f"weight file not found: {weights}")
         pretrained = True
         kwargs["pretrained_cfg_overlay"] = {**kwargs.get("pretrained_cfg_overlay", {}), "file": str(weights)}
-    return timm.create_model(timm_name, pretrained=pretrained, **kwargs)
+    try:
+        return timm.create_model(timm_name, pretrained=pretrained, **kwargs)
+    except (OSError, ValueError) as error:
+        if not pretrained or weights is not None or not _is_hub_error(error):
+            raise
+        cfg = timm.models.get_pretrained_cfg(timm_name)
+        source = f"https://huggingface.co/{cfg.hf_hub_id}" if cfg is not None and cfg.hf_hub_id else "the hub"
+        raise RuntimeError(
+            f"could not fetch the pretrained weights of {timm_name!r} ({type(error).__name__}: {error}). "
+            f"Without internet, download them once from {source} and pass weights=<local file>."
+        ) from error
+
+
+def _is_hub_error(error: BaseException) -> bool:
+    """Whether ``error`` (or its cause) comes from fetching files from the Hugging Face hub."""
+    while error is not None:
+        if type(error).__module__.startswith(("huggingface_hub", "requests", "urllib", "httpx")):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def architecture(name: str, num_classes: int | None = None, **kwargs) -> VisionTransformer:

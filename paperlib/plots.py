@@ -45,7 +45,7 @@ def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
             FancyBboxPatch((2.5, y - 0.9), 5, 1.8, boxstyle="round,pad=0.1", fc=COLORS[component], ec="black", alpha=0.85)
         )
         ax.text(5, y, label, ha="center", va="center", fontsize=11, color="white", weight="bold")
-    ax.text(5, 15.5, "GeLU", ha="center", va="center", fontsize=8, style="italic")
+    ax.text(5.4, 15.5, "GeLU", ha="left", va="center", fontsize=8, style="italic")
     arrows = [(0.3, 2.0), (3.9, 5.0), (6.9, 8.7), (9.3, 10.0), (11.9, 13.0), (14.9, 16.0), (17.9, 19.3), (19.3, 20.8)]
     for start, end in arrows:
         ax.add_patch(FancyArrowPatch((5, start), (5, end), arrowstyle="-|>", mutation_scale=10, lw=1))

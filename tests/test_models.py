@@ -78,3 +78,14 @@ def test_local_weights_for_a_paper_architecture(tmp_path):
 def test_missing_weight_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="weight file not found"):
         models.create_model("demo", weights=tmp_path / "nope.safetensors")
+
+
+def test_hub_download_offline_gives_a_clear_error(monkeypatch, tmp_path):
+    # The real hub path (timm -> huggingface_hub), with the hub switched to offline mode.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    with pytest.raises(RuntimeError, match="https://huggingface.co/timm/vit_base_patch16_224.orig_in21k.*weights=") as info:
+        models.create_model("vit_base_in21k", img_size=32)
+    assert info.value.__cause__ is not None
