@@ -1,62 +1,101 @@
-"""Datasets by name, with deterministic train/test splits.
+"""Datasets by name, with the paper's splits and transforms (appendix C.2).
 
-Paper appendix C.2. This module holds the offline demo world (DESIGN.md, "Two worlds"):
-scikit-learn's handwritten digits, split by class into two disjoint halves.
+``get_dataset(name, split, root=...)`` serves the demo world and the paper's benchmarks alike, so
+notebooks never special-case a dataset. Names:
 
-- ``digits_source``: digits 0-4, the pretraining distribution of the demo ViT (the stand-in for
-  ImageNet-21k), labels 0-4.
-- ``digits``: digits 5-9, the clean downstream task (labels 0-4 stand for digits 5-9). New classes
-  make it a genuine transfer problem with a new head, as from ImageNet-21k to Flowers102.
-- ``digits_c/<corruption>``: the same images as ``digits`` corrupted at severity 5 with the five
-  CIFAR-10-C corruptions of the paper (``paperlib.corruptions``), the stand-in for Cifar10-C.
+- demo world (offline, scikit-learn's digits): ``digits_source`` (digits 0-4, the pretraining
+  distribution of the demo ViT), ``digits`` (digits 5-9, the clean downstream task, labels 0-4)
+  and ``digits_c/<corruption>`` (the same images with a CIFAR-10-C corruption at severity 5).
+- the paper's 11 benchmarks: ``cifar10``, ``cifar100``, ``cifar10c/<corruption>`` (contrast,
+  gaussian_noise, motion_blur, snow, speckle_noise; ``severity`` 1-5, default 5),
+  ``domainnet/clipart``, ``domainnet/sketch``, ``flowers102``, ``pets``.
+- reference (pretraining) images for plasticity: ``imagenet`` (what the paper used) and
+  ``imagenette`` (a 10-class ImageNet subset that torchvision downloads in one command).
 
-Images are 8x8 digits upsampled (bilinear) to 32x32 RGB uint8, normalised with the ImageNet mean
-and standard deviation like the paper's data. Each half is split 80/20 into train and test by
-hashing the sample's position in scikit-learn's array: the split is the same in every process,
-on every machine and with any global random state, and a digit's corrupted copies fall in the same
-split as the clean one.
+Splits: ``test`` is the official test set (for ImageNet and Imagenette, which have no public test
+labels, the official validation images); ``trainval`` is the official training set; ``val`` is the
+finetuning protocol's validation set, 20% of ``trainval`` chosen by hashing each sample's key with
+the ``seed`` (§5.2, "validation set (20% of the training set)"); ``train`` is the other 80%.
+Datasets without an official split (Cifar10-C, DomainNet, the digits) get a deterministic 80/20
+train/test split the same way (appendix C.2). No split depends on global random state.
+
+Data live under one root: the ``root`` argument, else ``$VIT_PLASTICITY_DATA``, else ``data/``.
+Files are read from the official layouts; ``download=True`` fetches what can be fetched (through
+torchvision where it knows the dataset), and a missing dataset raises a FileNotFoundError that says
+what to download, from where, and where to put it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import pickle
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
-from .corruptions import CORRUPTIONS, corrupt
+from . import paths
+from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from .transforms import MEAN, STD, paper_transform
 
-SPLITS = ("train", "test")
-TEST_FRACTION = 0.2
-IMAGE_SIZE = 32
+SPLITS = ("train", "val", "test", "trainval")
+TEST_FRACTION = 0.2  # deterministic test split of datasets without an official one
+VAL_FRACTION = 0.2  # the protocol's validation set, a share of the official training set
 SEVERITY = 5
 SOURCE_DIGITS = (0, 1, 2, 3, 4)
 DOWNSTREAM_DIGITS = (5, 6, 7, 8, 9)
-MEAN = IMAGENET_DEFAULT_MEAN
-STD = IMAGENET_DEFAULT_STD
+PAPER_IMAGE_SIZE = 224
+
+
+def deterministic_split(keys: Sequence, test_fraction: float = TEST_FRACTION, salt: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Split positions ``0..len(keys)-1`` into (train, test) by hashing each key.
+
+    The keys are ordered by the SHA-256 of ``f"{salt}:{key}"`` and the first
+    ``round(test_fraction * n)`` go to test; no random generator is involved, so the split is the
+    same in every process and on every machine. Both index arrays are sorted.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    digests = [hashlib.sha256(f"{salt}:{key}".encode()).hexdigest() for key in keys]
+    order = np.argsort(np.array(digests), kind="stable")
+    n_test = int(round(test_fraction * len(keys)))
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
 class ImageDataset(Dataset):
-    """uint8 images kept in memory; items are (normalised CHW float tensor, int label).
+    """uint8 images held as one array; items are (normalised CHW float tensor, int label).
 
     ``images`` (N, 3, H, W) uint8 and ``targets`` (N,) int64 are public so that a training loop can
-    move the whole set to the GPU once and normalise there.
+    move the whole set to the GPU once and transform it there (``paperlib.loader``). Without a
+    ``transform`` items are the images normalised at their own size; with one (e.g.
+    ``transforms.paper_transform``) the transform receives the uint8 CHW tensor.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, classes: Sequence[str], name: str, split: str):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        targets: torch.Tensor,
+        classes: Sequence[str],
+        name: str,
+        split: str,
+        keys: Sequence | None = None,
+        transform: Callable | None = None,
+    ):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"expected uint8 images of shape (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
         if len(images) != len(targets):
             raise ValueError(f"{len(images)} images but {len(targets)} targets")
         self.images = images
-        self.targets = targets.long()
+        self.targets = torch.as_tensor(targets).long()
         self.classes = list(classes)
         self.name = name
         self.split = split
+        self.keys = list(range(len(images))) if keys is None else list(keys)
+        self.transform = transform
         self.mean = torch.tensor(MEAN).view(3, 1, 1)
         self.std = torch.tensor(STD).view(3, 1, 1)
 
@@ -64,7 +103,9 @@ class ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.normalize(self.images[index]), int(self.targets[index])
+        image = self.images[index]
+        image = self.transform(image) if self.transform is not None else self.normalize(image)
+        return image, int(self.targets[index])
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (any leading shape) to floats normalised with the ImageNet statistics."""
@@ -75,33 +116,78 @@ class ImageDataset(Dataset):
         """The whole split as (normalised float images, labels), for small in-memory sets."""
         return self.normalize(self.images), self.targets
 
+    def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
+        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        keys = [self.keys[i] for i in index.tolist()]
+        return ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform)
+
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
 
 
-def deterministic_split(keys: Sequence, test_fraction: float = TEST_FRACTION, salt: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """Split positions ``0..len(keys)-1`` into (train, test) by hashing each key.
+class FileDataset(Dataset):
+    """Images read from files (decoded with PIL on access); items are (transformed image, int label)."""
 
-    Appendix C.2 asks for deterministic splits for datasets without an official one. The keys
-    are ordered by the SHA-256 of ``f"{salt}:{key}"`` and the first ``round(test_fraction * n)``
-    go to test; no random generator is involved. Both index arrays are sorted.
-    """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
-    digests = [hashlib.sha256(f"{salt}:{key}".encode()).hexdigest() for key in keys]
-    order = np.argsort(np.array(digests), kind="stable")
-    n_test = int(round(test_fraction * len(keys)))
-    return np.sort(order[n_test:]), np.sort(order[:n_test])
+    def __init__(
+        self,
+        files: Sequence[Path],
+        targets: Sequence[int],
+        classes: Sequence[str],
+        name: str,
+        split: str,
+        keys: Sequence | None = None,
+        transform: Callable | None = None,
+    ):
+        if len(files) != len(targets):
+            raise ValueError(f"{len(files)} files but {len(targets)} targets")
+        self.files = [Path(f) for f in files]
+        self.targets = torch.as_tensor(list(targets), dtype=torch.long)
+        self.classes = list(classes)
+        self.name = name
+        self.split = split
+        self.keys = [str(f) for f in self.files] if keys is None else list(keys)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        from torchvision.datasets.folder import default_loader
+
+        image = default_loader(str(self.files[index]))
+        return (self.transform(image) if self.transform is not None else image), int(self.targets[index])
+
+    def subset(self, indices: Sequence[int], split: str) -> "FileDataset":
+        indices = [int(i) for i in indices]
+        return FileDataset(
+            [self.files[i] for i in indices],
+            self.targets[indices].tolist(),
+            self.classes,
+            self.name,
+            split,
+            [self.keys[i] for i in indices],
+            self.transform,
+        )
+
+    def __repr__(self) -> str:
+        return f"FileDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
+
+
+# --------------------------------------------------------------------------------------------
+# The demo world: scikit-learn's digits
 
 
 @lru_cache(maxsize=1)
 def digits_images() -> tuple[np.ndarray, np.ndarray]:
-    """All 1,797 scikit-learn digits as (N, 32, 32, 3) uint8 images and their digit labels."""
+    """All 1,797 scikit-learn digits as (N, 32, 32, 3) uint8 images and their digit labels.
+
+    The 8x8 digits (values 0-16) are scaled to 0-255 and upsampled (bilinear) to 32x32 grey RGB.
+    """
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     small = torch.from_numpy(digits.images).float().unsqueeze(1) * (255.0 / 16.0)
-    large = torch.nn.functional.interpolate(small, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)
+    large = torch.nn.functional.interpolate(small, size=(32, 32), mode="bilinear", align_corners=False)
     gray = large.round().clamp(0, 255).to(torch.uint8)
     images = gray.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).contiguous().numpy()
     return images, digits.target.astype(np.int64)
@@ -111,12 +197,6 @@ def _half(digit_set: Sequence[int]) -> np.ndarray:
     """Positions in scikit-learn's array of the digits in ``digit_set``."""
     _, labels = digits_images()
     return np.flatnonzero(np.isin(labels, digit_set))
-
-
-def _split_positions(digit_set: Sequence[int], split: str) -> np.ndarray:
-    positions = _half(digit_set)
-    train, test = deterministic_split(positions.tolist(), salt="digits")
-    return positions[train if split == "train" else test]
 
 
 @lru_cache(maxsize=None)
@@ -129,38 +209,283 @@ def _corrupted(corruption: str, digit_set: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def _digits_dataset(name: str, split: str, digit_set: tuple[int, ...], corruption: str | None = None) -> ImageDataset:
-    images, labels = digits_images()
-    positions = _split_positions(digit_set, split)
-    source = images if corruption is None else _corrupted(corruption, digit_set)
-    chosen = torch.from_numpy(source[positions]).permute(0, 3, 1, 2).contiguous()
-    targets = torch.from_numpy(labels[positions] - digit_set[0])
-    return ImageDataset(chosen, targets, [str(d) for d in digit_set], name, split)
+def _digits(name: str, digit_set: tuple[int, ...], corruption: str | None = None):
+    def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
+        images, labels = digits_images()
+        positions = _half(digit_set)
+        train, test = deterministic_split(positions.tolist(), salt="digits")
+        positions = positions[train if official == "train" else test]
+        source = images if corruption is None else _corrupted(corruption, digit_set)
+        chosen = torch.from_numpy(source[positions]).permute(0, 3, 1, 2).contiguous()
+        targets = torch.from_numpy(labels[positions] - digit_set[0])
+        return ImageDataset(chosen, targets, [str(d) for d in digit_set], name, official, positions.tolist())
+
+    return load
 
 
-DATASETS: dict[str, Callable[[str], ImageDataset]] = {
-    "digits_source": lambda split: _digits_dataset("digits_source", split, SOURCE_DIGITS),
-    "digits": lambda split: _digits_dataset("digits", split, DOWNSTREAM_DIGITS),
-    **{
-        f"digits_c/{c}": (lambda split, c=c: _digits_dataset(f"digits_c/{c}", split, DOWNSTREAM_DIGITS, c))
-        for c in CORRUPTIONS
-    },
+# --------------------------------------------------------------------------------------------
+# The paper's datasets, read from their official layouts
+
+
+def _missing(name: str, expected: Path, how: str) -> FileNotFoundError:
+    return FileNotFoundError(f"{name} not found: expected {expected}. {how}")
+
+
+def _torchvision_download(cls_name: str, root: Path, **kwargs) -> None:
+    """Fetch a dataset with torchvision's own downloader (it checks the archive's MD5)."""
+    import torchvision.datasets as tvd
+
+    root.mkdir(parents=True, exist_ok=True)
+    getattr(tvd, cls_name)(str(root), download=True, **kwargs)
+
+
+def _download_archive(url: str, folder: Path) -> None:
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    folder.mkdir(parents=True, exist_ok=True)
+    download_and_extract_archive(url, download_root=str(folder))
+
+
+_CIFAR = {
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", "labels", "label_names", "CIFAR10"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], "meta", "fine_labels", "fine_label_names", "CIFAR100"),
 }
-"""Dataset builders by name; each takes a split name."""
+
+
+def _cifar(name: str):
+    folder, train_files, test_files, meta_file, label_key, names_key, tv_class = _CIFAR[name]
+
+    def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
+        base = root / folder
+        files = train_files if official == "train" else test_files
+        if download and not all((base / f).is_file() for f in files + [meta_file]):
+            _torchvision_download(tv_class, root, train=official == "train")
+        missing = [f for f in files + [meta_file] if not (base / f).is_file()]
+        if missing:
+            url = {"cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "cifar100": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"}[name]
+            raise _missing(name, base / missing[0], f"Pass download=True, or download {url} and extract it into {root} (giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).")
+        data, targets = [], []
+        for file in files:
+            with open(base / file, "rb") as handle:
+                entry = pickle.load(handle, encoding="latin1")
+            data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            targets.extend(entry[label_key])
+        with open(base / meta_file, "rb") as handle:
+            classes = pickle.load(handle, encoding="latin1")[names_key]
+        return ImageDataset(torch.from_numpy(np.concatenate(data)), torch.tensor(targets), classes, name, official)
+
+    return load
+
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CIFAR10C_URL = "https://zenodo.org/record/2535967/files/CIFAR-10-C.tar"
+
+
+def _cifar10c(corruption: str):
+    name = f"cifar10c/{corruption}"
+
+    def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
+        base = root / "CIFAR-10-C"
+        files = [base / f"{corruption}.npy", base / "labels.npy"]
+        if download and not all(f.is_file() for f in files):
+            _download_archive(CIFAR10C_URL, root)
+        for file in files:
+            if not file.is_file():
+                raise _missing(name, file, f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, 10,000 images each) and {base}/labels.npy; or pass download=True.")
+        images = np.load(files[0], mmap_mode="r")
+        labels = np.load(files[1], mmap_mode="r")
+        per_severity = len(images) // len(SEVERITIES)
+        if len(images) != len(labels) or per_severity * len(SEVERITIES) != len(images):
+            raise ValueError(f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: expected the same number, 5 severities stacked")
+        # The same image index falls in the same split for every corruption and severity.
+        train, test = deterministic_split(list(range(per_severity)), salt="cifar10c")
+        positions = train if official == "train" else test
+        offset = (severity - 1) * per_severity
+        chosen = np.asarray(images[offset + positions], dtype=np.uint8)
+        return ImageDataset(
+            torch.from_numpy(chosen).permute(0, 3, 1, 2).contiguous(),
+            torch.from_numpy(np.asarray(labels[offset + positions], dtype=np.int64)),
+            CIFAR10_CLASSES,
+            name,
+            official,
+            positions.tolist(),
+        )
+
+    return load
+
+
+def _image_folder(folder: Path) -> tuple[list[Path], list[int], list[str]]:
+    """Files, labels and class names of a class-folder layout (torchvision's ImageFolder rules)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    classes, class_to_idx = find_classes(str(folder))
+    samples = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS)
+    return [Path(p) for p, _ in samples], [t for _, t in samples], classes
+
+
+DOMAINNET_URLS = {
+    "clipart": "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip",
+    "sketch": "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip",
+}
+
+
+def _domainnet(domain: str):
+    name = f"domainnet/{domain}"
+
+    def load(root: Path, official: str, download: bool, severity: int) -> FileDataset:
+        folder = root / "domainnet" / domain
+        if download and not folder.is_dir():
+            _download_archive(DOMAINNET_URLS[domain], root / "domainnet")
+        if not folder.is_dir():
+            raise _missing(name, folder, f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into {root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); or pass download=True.")
+        files, targets, classes = _image_folder(folder)
+        keys = [f.relative_to(folder).as_posix() for f in files]
+        train, test = deterministic_split(keys, salt="domainnet")
+        chosen = train if official == "train" else test
+        return FileDataset([files[i] for i in chosen], [targets[i] for i in chosen], classes, name, official, [keys[i] for i in chosen])
+
+    return load
+
+
+def _flowers102(root: Path, official: str, download: bool, severity: int) -> FileDataset:
+    from scipy.io import loadmat
+
+    base = root / "flowers-102"
+    needed = [base / "imagelabels.mat", base / "setid.mat", base / "jpg"]
+    if download and not all(p.exists() for p in needed):
+        _torchvision_download("Flowers102", root)
+    for path in needed:
+        if not path.exists():
+            raise _missing("flowers102", path, f"Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} (giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).")
+    labels = loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]
+    ids = np.atleast_1d(loadmat(base / "setid.mat", squeeze_me=True)["trnid" if official == "train" else "tstid"]).tolist()
+    files = [base / "jpg" / f"image_{i:05d}.jpg" for i in ids]
+    return FileDataset(files, [int(labels[i - 1]) - 1 for i in ids], [str(c) for c in range(1, 103)], "flowers102", official, ids)
+
+
+def _pets(root: Path, official: str, download: bool, severity: int) -> FileDataset:
+    base = root / "oxford-iiit-pet"
+    listing = base / "annotations" / ("trainval.txt" if official == "train" else "test.txt")
+    if download and not listing.is_file():
+        _torchvision_download("OxfordIIITPet", root, split="trainval" if official == "train" else "test")
+    if not listing.is_file():
+        raise _missing("pets", listing, f"Pass download=True, or download images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} (giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).")
+    ids, targets = [], []
+    for line in listing.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            image_id, label, *_ = line.split()
+            ids.append(image_id)
+            targets.append(int(label) - 1)
+    # class names as torchvision forms them: the image prefix, title-cased
+    names = {t: " ".join(p.title() for p in i.rsplit("_", 1)[0].split("_")) for i, t in zip(ids, targets)}
+    classes = [names[t] for t in sorted(names)]
+    return FileDataset([base / "images" / f"{i}.jpg" for i in ids], targets, classes, "pets", official, ids)
+
+
+def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileDataset:
+    folder = root / "imagenet" / ("train" if official == "train" else "val")
+    if not folder.is_dir():
+        raise _missing("imagenet", folder, f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.")
+    files, targets, classes = _image_folder(folder)
+    return FileDataset(files, targets, classes, "imagenet", official, [f.relative_to(folder).as_posix() for f in files])
+
+
+def _imagenette(root: Path, official: str, download: bool, severity: int) -> FileDataset:
+    folder = root / "imagenette2-320" / ("train" if official == "train" else "val")
+    if download and not folder.is_dir():
+        _torchvision_download("Imagenette", root, split="train" if official == "train" else "val", size="320px")
+    if not folder.is_dir():
+        raise _missing("imagenette", folder, f"Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).")
+    files, targets, classes = _image_folder(folder)
+    return FileDataset(files, targets, classes, "imagenette", official, [f.relative_to(folder).as_posix() for f in files])
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to read one dataset: ``load(root, official_split, download, severity)``."""
+
+    load: Callable
+    image_size: int  # default resolution of get_dataset (the paper's 224, the demo's 32)
+    group: str  # "demo", "paper" or "reference"
+
+
+DATASETS: dict[str, Source] = {
+    "digits_source": Source(_digits("digits_source", SOURCE_DIGITS), 32, "demo"),
+    "digits": Source(_digits("digits", DOWNSTREAM_DIGITS), 32, "demo"),
+    **{f"digits_c/{c}": Source(_digits(f"digits_c/{c}", DOWNSTREAM_DIGITS, c), 32, "demo") for c in CORRUPTIONS},
+    "cifar10": Source(_cifar("cifar10"), PAPER_IMAGE_SIZE, "paper"),
+    "cifar100": Source(_cifar("cifar100"), PAPER_IMAGE_SIZE, "paper"),
+    **{f"cifar10c/{c}": Source(_cifar10c(c), PAPER_IMAGE_SIZE, "paper") for c in CORRUPTIONS},
+    "domainnet/clipart": Source(_domainnet("clipart"), PAPER_IMAGE_SIZE, "paper"),
+    "domainnet/sketch": Source(_domainnet("sketch"), PAPER_IMAGE_SIZE, "paper"),
+    "flowers102": Source(_flowers102, PAPER_IMAGE_SIZE, "paper"),
+    "pets": Source(_pets, PAPER_IMAGE_SIZE, "paper"),
+    "imagenet": Source(_imagenet, PAPER_IMAGE_SIZE, "reference"),
+    "imagenette": Source(_imagenette, PAPER_IMAGE_SIZE, "reference"),
+}
+"""Every dataset by the name users type."""
 
 DEMO_DOWNSTREAM = ("digits",) + tuple(f"digits_c/{c}" for c in CORRUPTIONS)
 """The demo world's downstream datasets, in the order of the paper's Cifar10 / Cifar10-C."""
 
-
-def dataset_names() -> list[str]:
-    """Valid names for ``get_dataset``."""
-    return list(DATASETS)
+PAPER_DATASETS = tuple(name for name, source in DATASETS.items() if source.group == "paper")
+"""The paper's 11 downstream benchmarks (appendix C.2)."""
 
 
-def get_dataset(name: str, split: str = "train") -> ImageDataset:
-    """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label)."""
+def dataset_names(group: str | None = None) -> list[str]:
+    """Valid names for ``get_dataset`` (optionally only ``demo``, ``paper`` or ``reference``)."""
+    return [name for name, source in DATASETS.items() if group is None or source.group == group]
+
+
+def check_dataset(name: str) -> str:
+    """Return ``name`` or raise a ValueError that names the valid datasets."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}")
+    return name
+
+
+def get_dataset(
+    name: str,
+    split: str = "train",
+    root: str | Path | None = None,
+    download: bool = False,
+    augment: bool = False,
+    image_size: int | None = None,
+    severity: int = SEVERITY,
+    seed: int = 0,
+    transform: Callable | None = None,
+) -> ImageDataset | FileDataset:
+    """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
+
+    Args:
+        name: see ``dataset_names()``.
+        split: ``train``, ``val``, ``test`` or ``trainval`` (module docstring).
+        root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
+        download: fetch missing files where possible.
+        augment: the paper's training transform (random resized crop + flip) instead of the
+            evaluation one (resize + centre crop).
+        image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
+        severity: Cifar10-C severity, 1-5 (the paper: 5).
+        seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
+        transform: replaces the paper's transform (it receives a PIL image for file datasets
+            and a uint8 CHW tensor for array datasets).
+    """
+    source = DATASETS[check_dataset(name)]
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
-    return DATASETS[name](split)
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    root = Path(root).expanduser() if root is not None else paths.data_dir()
+    dataset = source.load(root, "test" if split == "test" else "train", download, severity)
+    if split in ("train", "val"):
+        train, val = deterministic_split(dataset.keys, VAL_FRACTION, salt=f"val:{seed}")
+        dataset = dataset.subset(train if split == "train" else val, split)
+    dataset.split = split
+    size = image_size or source.image_size
+    if transform is not None:
+        dataset.transform = transform
+    elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
+        dataset.transform = paper_transform(augment, size)
+    return dataset

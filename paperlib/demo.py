@@ -69,7 +69,7 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
     torch.manual_seed(recipe.seed)
     torch.use_deterministic_algorithms(True)
     generator = torch.Generator().manual_seed(recipe.seed)
-    train, test = get_dataset("digits_source", "train"), get_dataset("digits_source", "test")
+    train, test = get_dataset("digits_source", "trainval"), get_dataset("digits_source", "test")
     model = create_model("demo", pretrained=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps_per_epoch = math.ceil(len(train) / recipe.batch_size)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         model, metrics = pretrain(recipe)
         card = {
             "model": "vit_demo_patch4_32",
-            "dataset": "digits_source (scikit-learn digits 0-4, 80% train split)",
+            "dataset": "digits_source trainval (scikit-learn digits 0-4, 80% of them)",
             "recipe": asdict(recipe),
             **metrics,
             "parameters": sum(p.numel() for p in model.parameters()),
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.out}")
     else:
         model = create_model("demo", weights=args.weights)
-        for split in ("train", "test"):
+        for split in ("trainval", "test"):
             print(f"digits_source {split} accuracy: {accuracy(model, get_dataset('digits_source', split)):.4f}")
 
 

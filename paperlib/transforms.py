@@ -1,0 +1,117 @@
+"""The paper's image transforms, as torchvision transforms and as batched device operations.
+
+Appendix C.2: training images get a random resized crop to 224 and a random horizontal flip;
+evaluation images are resized to 224 and centre-cropped to 224; all are normalised with the
+ImageNet mean and standard deviation. The resolution is a parameter (the demo world uses 32).
+
+``paper_transform`` is the torchvision path (per image, in DataLoader workers). The device path
+does the same on whole uint8 batches where they live (GPU or CPU): ``sample_crops`` draws crop
+boxes with the distribution of ``torchvision.transforms.v2.RandomResizedCrop`` and
+``resized_crops`` resamples every crop (flipped or not) in one ``grid_sample`` call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.nn import functional as F
+from torchvision.transforms import v2
+
+MEAN = IMAGENET_DEFAULT_MEAN
+STD = IMAGENET_DEFAULT_STD
+SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as in the paper's protocol
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+def paper_transform(augment: bool, image_size: int = 224) -> v2.Compose:
+    """PIL image or uint8 tensor -> normalised float tensor (appendix C.2)."""
+    if augment:
+        geometry = [v2.RandomResizedCrop(image_size, scale=SCALE, ratio=RATIO, antialias=True), v2.RandomHorizontalFlip()]
+    else:
+        geometry = [v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)]
+    return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+
+
+def sample_crops(
+    n: int, height: int, width: int, generator: torch.Generator, device: torch.device | str = "cpu", attempts: int = 10
+) -> torch.Tensor:
+    """Random resized crop boxes (top, left, h, w) for ``n`` images, shape (n, 4), float.
+
+    The vectorised twin of ``RandomResizedCrop.get_params``: up to ``attempts`` draws of an area
+    fraction in ``SCALE`` and a log-uniform aspect ratio in ``RATIO``; the first box that fits is
+    kept, and images where none fits fall back to the central crop with the ratio clamped.
+    """
+    area = height * width
+    scale = torch.empty(n, attempts, device=device).uniform_(*SCALE, generator=generator) * area
+    log_ratio = torch.empty(n, attempts, device=device).uniform_(math.log(RATIO[0]), math.log(RATIO[1]), generator=generator)
+    ratio = torch.exp(log_ratio)
+    w = torch.round(torch.sqrt(scale * ratio))
+    h = torch.round(torch.sqrt(scale / ratio))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = torch.argmax(fits.int(), dim=1)  # first attempt that fits (0 when none does)
+    any_fit = fits.any(dim=1)
+    rows = torch.arange(n, device=device)
+    h, w = h[rows, first], w[rows, first]
+    # fallback: whole image, ratio clamped to RATIO, centred
+    in_ratio = width / height
+    if in_ratio < RATIO[0]:
+        fw, fh = width, round(width / RATIO[0])
+    elif in_ratio > RATIO[1]:
+        fh, fw = height, round(height * RATIO[1])
+    else:
+        fw, fh = width, height
+    h = torch.where(any_fit, h, torch.full_like(h, fh))
+    w = torch.where(any_fit, w, torch.full_like(w, fw))
+    u = torch.rand(n, 2, device=device, generator=generator)
+    top = torch.where(any_fit, torch.floor(u[:, 0] * (height - h + 1)), torch.full_like(h, (height - fh) // 2))
+    left = torch.where(any_fit, torch.floor(u[:, 1] * (width - w + 1)), torch.full_like(w, (width - fw) // 2))
+    return torch.stack([top, left, h, w], dim=1)
+
+
+def center_boxes(n: int, height: int, width: int, image_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boxes equivalent to ``Resize(image_size)`` then ``CenterCrop(image_size)``: the central
+    square of side ``min(height, width)`` (for the crop of a square output)."""
+    side = float(min(height, width))
+    box = torch.tensor([(height - side) / 2, (width - side) / 2, side, side], device=device)
+    return box.expand(n, 4)
+
+
+def resized_crops(images: torch.Tensor, boxes: torch.Tensor, image_size: int, flips: torch.Tensor | None = None) -> torch.Tensor:
+    """Crop ``boxes`` (top, left, h, w) out of uint8 or float (B, C, H, W) ``images`` and resize
+    each to ``image_size`` (bilinear), mirrored where ``flips``; returns float in [0, 1]."""
+    b, _, height, width = images.shape
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    top, left, h, w = boxes.to(x.dtype).unbind(dim=1)
+    sign = torch.ones_like(w) if flips is None else 1.0 - 2.0 * flips.to(x.dtype)
+    theta = torch.zeros(b, 2, 3, device=x.device, dtype=x.dtype)
+    theta[:, 0, 0] = sign * w / width  # output x in [-1, 1] -> input x over the box, mirrored if flipped
+    theta[:, 0, 2] = (2 * left + w) / width - 1
+    theta[:, 1, 1] = h / height
+    theta[:, 1, 2] = (2 * top + h) / height - 1
+    grid = F.affine_grid(theta, (b, x.shape[1], image_size, image_size), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """Float images in [0, 1] (B, 3, H, W) -> ImageNet-normalised."""
+    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=images.device, dtype=images.dtype).view(1, 3, 1, 1)
+    return (images - mean) / std
+
+
+def device_transform(
+    images: torch.Tensor, augment: bool, image_size: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives."""
+    b, _, height, width = images.shape
+    if augment:
+        if generator is None:
+            raise ValueError("augment=True needs a torch.Generator on the images' device")
+        boxes = sample_crops(b, height, width, generator, images.device)
+        flips = torch.rand(b, device=images.device, generator=generator) < 0.5
+        return normalize(resized_crops(images, boxes, image_size, flips))
+    if (height, width) == (image_size, image_size):
+        return normalize(images.float() / 255.0)
+    return normalize(resized_crops(images, center_boxes(b, height, width, image_size, images.device), image_size))
