@@ -43,7 +43,7 @@ def _identity(dataset):
 
 
 def test_dataset_splits_are_deterministic_and_disjoint():
-    train = data.get_dataset("digits", "train")
+    train = data.get_dataset("digits", "trainval")
     test = data.get_dataset("digits", "test")
     _disturb_global_rngs()
     data.digits_images.cache_clear()  # rebuild from scratch under the disturbed state
@@ -51,6 +51,7 @@ def test_dataset_splits_are_deterministic_and_disjoint():
     assert torch.equal(test.images, again.images) and torch.equal(test.targets, again.targets)
     assert not _identity(train) & _identity(test)
     assert len(train) + len(test) == 896  # the digits 5-9 of scikit-learn
+    assert len(data.get_dataset("digits", "val")) + len(data.get_dataset("digits", "train")) == len(train)
 
 
 def test_source_and_downstream_halves_are_disjoint():
@@ -88,7 +89,7 @@ def test_corrupted_sets_pair_with_the_clean_set(corruption):
 def test_bad_names_and_splits_list_the_valid_ones():
     with pytest.raises(ValueError, match="valid datasets: digits_source, digits, digits_c/contrast"):
         data.get_dataset("cifar10-c", "train")
-    with pytest.raises(ValueError, match="valid splits: train, test"):
+    with pytest.raises(ValueError, match="valid splits: train, val, test, trainval"):
         data.get_dataset("digits", "validation")
     with pytest.raises(ValueError, match="expected uint8 images"):
         data.ImageDataset(torch.zeros(2, 32, 32, 3), torch.zeros(2), ["a"], "x", "train")

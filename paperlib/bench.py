@@ -1,0 +1,135 @@
+"""Benchmarks that print their figures (never timed tests).
+
+    python -m paperlib.bench data                       # fixture Cifar10 at 224, batch 512
+    python -m paperlib.bench data --dataset digits --image-size 224
+    python -m paperlib.bench data --dataset cifar10 --root /data --device cuda
+
+``data`` measures images/s delivered as ready batches on the device by the two data paths on the
+same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
+device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/normalise).
+Without ``--root``, a paper dataset is benchmarked on a fixture written in its official format
+(random images, ``--fixture-size`` of them), so the figures measure the pipeline, not a disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from . import data, fixtures
+from .loader import DeviceLoader, uint8_images
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> float:
+    """Images/s over ``n_batches`` ready batches (after ``warmup`` batches)."""
+    iterator = iter(batches)
+    for _ in range(warmup):
+        next(iterator)
+    _sync(device)
+    start, count = time.perf_counter(), 0
+    for _ in range(n_batches):
+        images, labels = next(iterator)
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        count += len(images)
+    _sync(device)
+    rate = count / (time.perf_counter() - start)
+    iterator.close()  # stop DataLoader workers: they must not compete with the next measurement
+    gc.collect()
+    return rate
+
+
+def _endless(loader):
+    while True:
+        yield from loader
+
+
+def bench_data(
+    dataset: str = "cifar10",
+    root: str | None = None,
+    batch_size: int = 512,
+    image_size: int = 224,
+    batches: int = 5,
+    workers: int | None = None,
+    device: str = "auto",
+    fixture_size: int = 5000,
+) -> dict:
+    """Images/s of both data paths on one dataset; returns the figures."""
+    device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    workers = os.cpu_count() if workers is None else workers
+    with tempfile.TemporaryDirectory() as tmp:
+        source = "local files"
+        if root is None and data.DATASETS[data.check_dataset(dataset)].group != "demo":
+            if dataset not in ("cifar10", "cifar100"):
+                raise ValueError(f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}")
+            fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
+            root, source = tmp, f"fixture of {fixture_size} random images in the official format"
+        plain = data.get_dataset(dataset, "trainval", root=root, augment=True, image_size=image_size)
+        loader = DataLoader(
+            plain, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers,
+            pin_memory=device.type == "cuda",
+        )
+        dataloader_rate = _rate(_endless(loader), device, batches)
+        start = time.perf_counter()
+        cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_dir=Path(tmp) / "cache", workers=workers)
+        device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)
+        setup = time.perf_counter() - start
+        device_rate = _rate(_endless(device_loader), device, batches)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    return {
+        "dataset": dataset,
+        "source": source,
+        "images": len(plain),
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "device": f"{device.type}: {name}",
+        "dataloader_workers": workers,
+        "dataloader_images_per_s": round(dataloader_rate, 1),
+        "device_path_images_per_s": round(device_rate, 1),
+        "device_path_setup_s": round(setup, 2),
+        "speedup": round(device_rate / dataloader_rate, 2),
+        "torch": torch.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m paperlib.bench", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    d = commands.add_parser("data", help="images/s of the DataLoader path and the device path")
+    d.add_argument("--dataset", default="cifar10", help=f"one of: {', '.join(data.dataset_names())}")
+    d.add_argument("--root", default=None, help="data root with the real files (default: a fixture)")
+    d.add_argument("--batch-size", type=int, default=512)
+    d.add_argument("--image-size", type=int, default=224)
+    d.add_argument("--batches", type=int, default=5, help="timed batches per path (after one warm-up batch)")
+    d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: all CPU cores)")
+    d.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    d.add_argument("--fixture-size", type=int, default=5000)
+    d.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    try:
+        result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    width = max(map(len, result))
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The fast data path: decode once into uint8, transform whole batches on the device.
+
+At paper scale a run reads 5-10 million images, most of them 32x32 Cifar images upsampled to
+224; resizing them one by one with PIL in DataLoader workers is what would bound the GPU. Here
+each dataset is decoded once into a uint8 array (kept in memory, cached on disk for file
+datasets), moved to the device once, and every batch is cropped, resized, flipped and
+normalised there (``transforms.device_transform``), with the augmentation distribution of the
+torchvision transforms. ``torch.utils.data.DataLoader`` over ``get_dataset(...)`` stays the
+plain path, for CPUs and for checking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from . import paths
+from .data import FileDataset, ImageDataset
+from .transforms import device_transform
+
+CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (crops of 224 come from it)
+
+
+def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
+    digest = hashlib.sha256("\n".join(map(str, dataset.keys)).encode()).hexdigest()[:16]
+    return cache_dir / dataset.name.replace("/", "_") / f"{dataset.split}-{size}px-{digest}.npy"
+
+
+def uint8_images(
+    dataset: ImageDataset | FileDataset, cache_size: int = CACHE_SIZE, cache_dir: str | Path | None = None, workers: int = 0
+) -> ImageDataset:
+    """The dataset as uint8 arrays: array datasets as they are; file datasets decoded once.
+
+    File images are resized (shorter side to ``cache_size``) and centre-cropped to a square,
+    then stored in ``cache_dir`` (default ``<data root>/cache``) as ``.npy``, written atomically
+    and reused by later calls with the same samples.
+    """
+    if isinstance(dataset, ImageDataset):
+        return dataset
+    cache_dir = Path(cache_dir) if cache_dir is not None else paths.data_dir() / "cache"
+    file = _cache_file(dataset, cache_size, cache_dir)
+    if file.is_file():
+        images = np.load(file)
+    else:
+        decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True), v2.CenterCrop(cache_size)])
+        view = FileDataset(dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode)
+        images = np.empty((len(view), 3, cache_size, cache_size), np.uint8)
+        start = 0
+        for batch, _ in DataLoader(view, batch_size=64, num_workers=workers):
+            images[start : start + len(batch)] = batch.numpy()
+            start += len(batch)
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as handle:
+                np.save(handle, images)
+
+        paths.atomic_write(file, write)
+    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
+
+
+class DeviceLoader:
+    """Batches of (transformed float images, labels) produced on ``device`` from uint8 images.
+
+    Args:
+        dataset: an ``ImageDataset`` (see ``uint8_images``); its images move to ``device`` once.
+        batch_size: images per batch.
+        augment: the paper's training transform (random resized crop + flip) instead of the
+            evaluation one (resize + centre crop).
+        image_size: output resolution.
+        shuffle: a new order every epoch (default: ``augment``).
+        drop_last: drop the last incomplete batch.
+        seed: seeds the order and the augmentations; same seed, same batches.
+    """
+
+    def __init__(
+        self,
+        dataset: ImageDataset,
+        batch_size: int,
+        augment: bool,
+        image_size: int,
+        device: str | torch.device = "cpu",
+        shuffle: bool | None = None,
+        drop_last: bool = False,
+        seed: int = 0,
+    ):
+        if not isinstance(dataset, ImageDataset):
+            raise TypeError(f"DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), got {type(dataset).__name__}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.device = torch.device(device)
+        self.images = dataset.images.to(self.device)
+        self.targets = dataset.targets.to(self.device)
+        self.batch_size = batch_size
+        self.augment = augment
+        self.image_size = image_size
+        self.shuffle = augment if shuffle is None else shuffle
+        self.drop_last = drop_last
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def __len__(self) -> int:
+        n = len(self.images)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self):
+        n = len(self.images)
+        if self.shuffle:
+            order = torch.randperm(n, device=self.device, generator=self.generator)
+        else:
+            order = torch.arange(n, device=self.device)
+        for batch in range(len(self)):
+            index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
+            images = self.images[index]
+            yield device_transform(images, self.augment, self.image_size, self.generator), self.targets[index]

@@ -1,0 +1,153 @@
+"""The paper's datasets, read from tiny fixtures written in their official on-disk formats."""
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from paperlib import data, fixtures
+from paperlib.corruptions import CORRUPTIONS
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return fixtures.write_all(tmp_path_factory.mktemp("data"))
+
+
+# official (trainval, test) sizes of the fixtures, from the writers' arguments
+SIZES = {
+    "cifar10": (60, 20),
+    "cifar100": (200, 50),
+    **{f"cifar10c/{c}": (40, 10) for c in CORRUPTIONS},  # 50 images per severity, 80/20
+    "domainnet/clipart": (16, 4),  # 4 classes x 5 images, 80/20
+    "domainnet/sketch": (16, 4),
+    "flowers102": (10, 10),  # 30 images: a third train, a third val (unused), a third test
+    "pets": (12, 6),  # 3 breeds x 6 images: 4 trainval + 2 test each
+    "imagenet": (12, 12),  # 3 classes x 4 images, train and val folders
+    "imagenette": (20, 20),  # 10 classes x 2 images
+}
+N_CLASSES = {"cifar10": 10, "cifar100": 100, "domainnet/clipart": 4, "domainnet/sketch": 4, "flowers102": 102, "pets": 3, "imagenet": 3, "imagenette": 10}
+
+
+def test_every_paper_and_reference_dataset_is_covered():
+    assert set(SIZES) == set(data.dataset_names("paper")) | set(data.dataset_names("reference"))
+    assert len(data.PAPER_DATASETS) == 11  # appendix C.2
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_sizes_labels_and_items(root, name):
+    trainval, test = SIZES[name]
+    sets = {split: data.get_dataset(name, split, root=root) for split in data.SPLITS}
+    assert len(sets["trainval"]) == trainval and len(sets["test"]) == test
+    assert len(sets["val"]) == round(0.2 * trainval) and len(sets["train"]) == trainval - len(sets["val"])
+    n_classes = N_CLASSES.get(name, 10)
+    for dataset in sets.values():
+        assert len(dataset.classes) == n_classes
+        assert 0 <= int(dataset.targets.min()) and int(dataset.targets.max()) < n_classes
+    image, label = sets["test"][0]
+    assert image.shape == (3, 224, 224) and image.dtype == torch.float32 and isinstance(label, int)
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_val_split_is_deterministic_disjoint_and_seeded(root, name):
+    train = data.get_dataset(name, "train", root=root)
+    val = data.get_dataset(name, "val", root=root)
+    trainval = data.get_dataset(name, "trainval", root=root)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    assert data.get_dataset(name, "val", root=root).keys == val.keys
+    assert not set(train.keys) & set(val.keys)
+    assert set(train.keys) | set(val.keys) == set(trainval.keys)
+    test = data.get_dataset(name, "test", root=root)
+    if name.startswith(("cifar10c", "domainnet")):  # no official split: ours must not overlap
+        assert not set(test.keys) & set(trainval.keys)
+    other_seeds = [data.get_dataset(name, "val", root=root, seed=s).keys for s in (42, 3407)]
+    assert any(keys != val.keys for keys in other_seeds)
+
+
+def test_cifar10c_severity_selects_its_block(root):
+    for severity in (1, 5):
+        dataset = data.get_dataset("cifar10c/snow", "test", root=root, severity=severity)
+        # the fixture fills severity s with value 40 * s (pixel 0, 0, 0 carries an index mark)
+        assert int(dataset.images[0, 1, 5, 5]) == 40 * severity
+    with pytest.raises(ValueError, match="severity must be one of"):
+        data.get_dataset("cifar10c/snow", "test", root=root, severity=0)
+
+
+def test_cifar10c_split_is_shared_by_all_corruptions(root):
+    keys = {c: data.get_dataset(f"cifar10c/{c}", "test", root=root).keys for c in CORRUPTIONS}
+    assert len({tuple(k) for k in keys.values()}) == 1
+
+
+def test_cifar_reads_the_pickled_batches_exactly(root):
+    import pickle
+
+    dataset = data.get_dataset("cifar10", "test", root=root)
+    with open(root / "cifar-10-batches-py" / "test_batch", "rb") as handle:
+        entry = pickle.load(handle)
+    assert torch.equal(dataset.images.reshape(len(dataset), -1), torch.from_numpy(entry["data"]))
+    assert dataset.targets.tolist() == entry["labels"] and dataset.classes[0] == "class_0"
+
+
+def test_augmented_items_vary_and_resolution_is_a_parameter(root):
+    dataset = data.get_dataset("cifar10", "train", root=root, augment=True, image_size=64)
+    torch.manual_seed(0)
+    first = dataset[0][0]
+    assert first.shape == (3, 64, 64)
+    assert any(not torch.equal(first, dataset[0][0]) for _ in range(5))
+
+
+MISSING = {
+    "cifar10": ("cifar-10-batches-py", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": ("cifar-100-python", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+    "cifar10c/contrast": ("CIFAR-10-C/contrast.npy", "https://zenodo.org/record/2535967/files/CIFAR-10-C.tar"),
+    "domainnet/clipart": ("domainnet/clipart", "http://csr.bu.edu/ftp/visda/2019/multi-source/groundtruth/clipart.zip"),
+    "domainnet/sketch": ("domainnet/sketch", "http://csr.bu.edu/ftp/visda/2019/multi-source/sketch.zip"),
+    "flowers102": ("flowers-102", "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"),
+    "pets": ("oxford-iiit-pet/annotations/trainval.txt", "https://www.robots.ox.ac.uk/~vgg/data/pets/"),
+    "imagenet": ("imagenet/train", "https://image-net.org/download-images"),
+    "imagenette": ("imagenette2-320/train", "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISSING))
+def test_missing_dataset_says_what_to_download_and_where(tmp_path, name):
+    where, url = MISSING[name]
+    with pytest.raises(FileNotFoundError) as info:
+        data.get_dataset(name, "train", root=tmp_path)
+    message = str(info.value)
+    assert url in message and str(tmp_path) in message and where in message
+
+
+def test_a_missing_file_inside_a_dataset(tmp_path):
+    fixtures.write_cifar10c(tmp_path, ["snow"])
+    (tmp_path / "CIFAR-10-C" / "labels.npy").unlink()
+    with pytest.raises(FileNotFoundError, match="labels.npy"):
+        data.get_dataset("cifar10c/snow", "train", root=tmp_path)
+
+
+def test_data_root_from_the_environment(tmp_path, monkeypatch):
+    fixtures.write_cifar(tmp_path, "cifar10")
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path))
+    assert len(data.get_dataset("cifar10", "test")) == 20
+
+
+def test_bad_arguments(root):
+    with pytest.raises(ValueError, match="valid datasets: .*cifar10c/snow.*imagenette"):
+        data.get_dataset("cifar10-c/snow", "train", root=root)
+    with pytest.raises(ValueError, match="valid splits: train, val, test, trainval"):
+        data.get_dataset("cifar10", "validation", root=root)
+    with pytest.raises(ValueError, match="image_size"):
+        data.get_dataset("cifar10", "train", root=root, image_size=0)

@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+import torch
+
+from paperlib import data, fixtures
+from paperlib.loader import DeviceLoader, uint8_images
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.get_dataset("digits", "trainval")
+
+
+def test_one_epoch_visits_every_image_once(digits):
+    loader = DeviceLoader(digits, batch_size=100, augment=True, image_size=48, seed=3)
+    assert len(loader) == 8
+    labels, shapes = [], set()
+    for images, targets in loader:
+        shapes.add(tuple(images.shape[1:]))
+        assert images.dtype == torch.float32
+        labels.append(targets)
+    labels = torch.cat(labels)
+    assert shapes == {(3, 48, 48)} and len(labels) == len(digits)
+    assert torch.equal(labels.sort().values, digits.targets.sort().values)
+
+
+def test_same_seed_same_batches_other_seed_other_batches(digits):
+    first = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=0)))[0]
+    again = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=0)))[0]
+    other = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=1)))[0]
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_eval_loader_is_the_plain_dataset(digits):
+    images, targets = next(iter(DeviceLoader(digits, 16, augment=False, image_size=32, drop_last=True)))
+    reference = torch.stack([digits[i][0] for i in range(16)])
+    assert torch.allclose(images, reference, atol=1e-5) and torch.equal(targets, digits.targets[:16])
+
+
+def test_rejects_file_datasets_and_bad_batch_size(tmp_path, digits):
+    fixtures.write_pets(tmp_path)
+    with pytest.raises(TypeError, match="uint8_images"):
+        DeviceLoader(data.get_dataset("pets", "train", root=tmp_path), 4, augment=False, image_size=32)
+    with pytest.raises(ValueError, match="batch_size"):
+        DeviceLoader(digits, 0, augment=False, image_size=32)
+
+
+def test_file_dataset_decoded_once_and_cached(tmp_path):
+    fixtures.write_pets(tmp_path / "root")
+    dataset = data.get_dataset("pets", "trainval", root=tmp_path / "root")
+    cached = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
+    assert cached.images.shape == (len(dataset), 3, 24, 24) and cached.images.dtype == torch.uint8
+    assert torch.equal(cached.targets, dataset.targets)
+    files = list((tmp_path / "cache").rglob("*.npy"))
+    assert len(files) == 1 and not list((tmp_path / "cache").rglob("*.tmp"))
+    # a second call reads the cache (the image files are gone now)
+    for file in dataset.files:
+        file.unlink()
+    again = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
+    assert torch.equal(again.images, cached.images)
+    # and the cached images feed the device path
+    images, _ = next(iter(DeviceLoader(again, 4, augment=True, image_size=16)))
+    assert images.shape == (4, 3, 16, 16)
+
+
+def test_cached_image_is_resize_then_center_crop(tmp_path):
+    fixtures.write_pets(tmp_path)
+    dataset = data.get_dataset("pets", "test", root=tmp_path)
+    cached = uint8_images(dataset, cache_size=20, cache_dir=tmp_path / "cache")
+    from PIL import Image
+
+    with Image.open(dataset.files[0]) as image:
+        width, height = image.size
+        assert (width, height) == (48, 40)
+        reference = np.asarray(image.convert("RGB").resize((24, 20), Image.BILINEAR))[:, 2:22]
+    ours = cached.images[0].permute(1, 2, 0).numpy().astype(int)
+    assert np.abs(ours - reference.astype(int)).mean() < 8  # same geometry, resampling filters differ
