@@ -5,7 +5,11 @@ One module per concern, named for what it holds:
 - ``paths``       where things live (repository, reports, results, data caches, demo weights)
 - ``models``      ``create_model``: the paper's ViTs by short name, any timm ViT, the demo ViT
 - ``components``  the five transformer components, trainable configurations, Tables 3 and 4
-- ``data``        ``get_dataset``: the offline demo world (digits) and deterministic splits
+- ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
+- ``transforms``  the paper's transforms, per image (torchvision) and per batch on the device
+- ``loader``      the fast path: uint8 caches and ``DeviceLoader``
+- ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
+- ``bench``       benchmarks that print their figures
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``plots``       figures with a fixed colour per component

@@ -48,8 +48,7 @@ def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> flo
         count += len(images)
     _sync(device)
     rate = count / (time.perf_counter() - start)
-    iterator.close()  # stop DataLoader workers: they must not compete with the next measurement
-    gc.collect()
+    iterator.close()
     return rate
 
 
@@ -81,9 +80,11 @@ def bench_data(
         plain = data.get_dataset(dataset, "trainval", root=root, augment=True, image_size=image_size)
         loader = DataLoader(
             plain, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers,
-            pin_memory=device.type == "cuda",
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
         )
         dataloader_rate = _rate(_endless(loader), device, batches)
+        del loader  # shut its workers down before the next measurement
+        gc.collect()
         start = time.perf_counter()
         cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_dir=Path(tmp) / "cache", workers=workers)
         device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)

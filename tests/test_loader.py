@@ -75,3 +75,12 @@ def test_cached_image_is_resize_then_center_crop(tmp_path):
         reference = np.asarray(image.convert("RGB").resize((24, 20), Image.BILINEAR))[:, 2:22]
     ours = cached.images[0].permute(1, 2, 0).numpy().astype(int)
     assert np.abs(ours - reference.astype(int)).mean() < 8  # same geometry, resampling filters differ
+
+
+def test_data_benchmark_runs_and_reports_both_paths(capsys):
+    from paperlib import bench
+
+    bench.main(["data", "--dataset", "cifar10", "--batch-size", "8", "--image-size", "16", "--batches", "2", "--workers", "0", "--fixture-size", "40", "--device", "cpu"])
+    out = capsys.readouterr().out
+    rates = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if "images_per_s" in line}
+    assert set(rates) == {"dataloader_images_per_s", "device_path_images_per_s"} and min(rates.values()) > 0
