@@ -38,27 +38,33 @@ _SNOW = (
 )
 
 
-def _check_severity(severity: int) -> int:
+def check_severity(severity: int) -> int:
+    """Return ``severity`` or raise a ValueError that names the valid severities."""
     if severity not in SEVERITIES:
         raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
-    return severity - 1
+    return severity
+
+
+def _level(severity: int) -> int:
+    """Index of ``severity`` in the per-severity parameter tables."""
+    return check_severity(severity) - 1
 
 
 def gaussian_noise(image: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Additive Gaussian noise."""
-    std = _GAUSSIAN_NOISE[_check_severity(severity)]
+    std = _GAUSSIAN_NOISE[_level(severity)]
     return np.clip(image + rng.normal(scale=std, size=image.shape), 0.0, 1.0)
 
 
 def speckle_noise(image: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Multiplicative Gaussian noise, ``x + x * n``."""
-    std = _SPECKLE_NOISE[_check_severity(severity)]
+    std = _SPECKLE_NOISE[_level(severity)]
     return np.clip(image + image * rng.normal(scale=std, size=image.shape), 0.0, 1.0)
 
 
 def contrast(image: np.ndarray, severity: int, rng: np.random.Generator | None = None) -> np.ndarray:
     """Pull every pixel towards its channel mean (deterministic)."""
-    factor = _CONTRAST[_check_severity(severity)]
+    factor = _CONTRAST[_level(severity)]
     means = image.mean(axis=(0, 1), keepdims=True)
     return np.clip((image - means) * factor + means, 0.0, 1.0)
 
@@ -94,7 +100,7 @@ def _motion_blur(image: np.ndarray, radius: float, sigma: float, angle: float) -
 
 def motion_blur(image: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Motion blur in a random direction within 45 degrees of horizontal."""
-    radius, sigma = _MOTION_BLUR[_check_severity(severity)]
+    radius, sigma = _MOTION_BLUR[_level(severity)]
     angle = rng.uniform(-45.0, 45.0)
     return np.clip(_motion_blur(image, radius, sigma, angle), 0.0, 1.0)
 
@@ -111,7 +117,7 @@ def _clipped_zoom(layer: np.ndarray, factor: float) -> np.ndarray:
 
 def snow(image: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
     """Snowflakes: a thresholded noise layer, motion-blurred downwards, added twice (rotated)."""
-    mean, std, zoom, threshold, blur_radius, blur_sigma, weight = _SNOW[_check_severity(severity)]
+    mean, std, zoom, threshold, blur_radius, blur_sigma, weight = _SNOW[_level(severity)]
     height, width = image.shape[:2]
     if height != width:
         raise ValueError(f"snow expects square images, got {height}x{width}")
@@ -152,7 +158,7 @@ def corrupt(
     dataset (default ``0..N-1``). Values are truncated to uint8 as in the reference.
     """
     check_corruption(name)
-    _check_severity(severity)
+    check_severity(severity)
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {images.shape}")

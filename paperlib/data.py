@@ -39,8 +39,8 @@ import torch
 from torch.utils.data import Dataset
 
 from . import paths
-from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
-from .transforms import MEAN, STD, paper_transform
+from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
+from .transforms import normalize, paper_transform
 
 SPLITS = ("train", "val", "test", "trainval")
 TEST_FRACTION = 0.2  # deterministic test split of datasets without an official one
@@ -96,8 +96,6 @@ class ImageDataset(Dataset):
         self.split = split
         self.keys = list(range(len(images))) if keys is None else list(keys)
         self.transform = transform
-        self.mean = torch.tensor(MEAN).view(3, 1, 1)
-        self.std = torch.tensor(STD).view(3, 1, 1)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -109,8 +107,7 @@ class ImageDataset(Dataset):
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images (any leading shape) to floats normalised with the ImageNet statistics."""
-        mean, std = self.mean.to(images.device), self.std.to(images.device)
-        return (images.float() / 255.0 - mean) / std
+        return normalize(images.float() / 255.0)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole split as (normalised float images, labels), for small in-memory sets."""
@@ -246,14 +243,14 @@ def _download_archive(url: str, folder: Path) -> None:
     download_and_extract_archive(url, download_root=str(folder))
 
 
-_CIFAR = {
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", "labels", "label_names", "CIFAR10"),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], "meta", "fine_labels", "fine_label_names", "CIFAR100"),
+_CIFAR = {  # folder, train files, test files, meta file, label key, class-name key, torchvision class, URL
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", "labels", "label_names", "CIFAR10", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], "meta", "fine_labels", "fine_label_names", "CIFAR100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
 }
 
 
 def _cifar(name: str):
-    folder, train_files, test_files, meta_file, label_key, names_key, tv_class = _CIFAR[name]
+    folder, train_files, test_files, meta_file, label_key, names_key, tv_class, url = _CIFAR[name]
 
     def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
         base = root / folder
@@ -262,7 +259,6 @@ def _cifar(name: str):
             _torchvision_download(tv_class, root, train=official == "train")
         missing = [f for f in files + [meta_file] if not (base / f).is_file()]
         if missing:
-            url = {"cifar10": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "cifar100": "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"}[name]
             raise _missing(name, base / missing[0], f"Pass download=True, or download {url} and extract it into {root} (giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).")
         data, targets = [], []
         for file in files:
@@ -473,8 +469,7 @@ def get_dataset(
     source = DATASETS[check_dataset(name)]
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+    check_severity(severity)
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     root = Path(root).expanduser() if root is not None else paths.data_dir()

@@ -118,9 +118,9 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, image_size: int, fl
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """Float images in [0, 1] (B, 3, H, W) -> ImageNet-normalised."""
-    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=images.device, dtype=images.dtype).view(1, 3, 1, 1)
+    """Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> ImageNet-normalised."""
+    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype).view(3, 1, 1)
+    std = torch.tensor(STD, device=images.device, dtype=images.dtype).view(3, 1, 1)
     return (images - mean) / std
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from paperlib import data
+from paperlib import data, transforms
 from paperlib.corruptions import CORRUPTIONS
 
 
@@ -68,7 +68,7 @@ def test_items_are_normalised_chw_tensors_with_int_labels():
     image, label = dataset[0]
     assert image.shape == (3, 32, 32) and image.dtype == torch.float32 and isinstance(label, int)
     raw = dataset.images[0].float() / 255
-    mean, std = torch.tensor(data.MEAN).view(3, 1, 1), torch.tensor(data.STD).view(3, 1, 1)
+    mean, std = torch.tensor(transforms.MEAN).view(3, 1, 1), torch.tensor(transforms.STD).view(3, 1, 1)
     assert torch.allclose(image * std + mean, raw, atol=1e-6)
     batch, labels = dataset.tensors()
     assert batch.shape == (len(dataset), 3, 32, 32) and torch.equal(batch[0], image)
