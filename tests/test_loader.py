@@ -84,3 +84,11 @@ def test_data_benchmark_runs_and_reports_both_paths(capsys):
     out = capsys.readouterr().out
     rates = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if "images_per_s" in line}
     assert set(rates) == {"dataloader_images_per_s", "device_path_images_per_s"} and min(rates.values()) > 0
+
+
+def test_images_kept_on_host_give_the_same_batches(digits):
+    on_device = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2))
+    on_host = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2, images_on="host"))
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(on_device, on_host))
+    with pytest.raises(ValueError, match="'device' or 'host'"):
+        DeviceLoader(digits, 64, augment=True, image_size=24, images_on="disk")
