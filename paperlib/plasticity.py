@@ -1,0 +1,204 @@
+"""Plasticity of the ViT components (paper §3, Definition 1; §5.1; appendix C.4).
+
+For image pairs (x from the pretraining distribution, y from a downstream set, paired by
+position), both are embedded once, ``e(x) = model._pos_embed(model.patch_embed(x))`` (patch
+embedding, class token, position embedding), and every component ``f`` of every block is applied
+to that same pair of embeddings. The rate of change of a pair is
+
+    ||f(e(x)) - f(e(y))||_F / ||e(x) - e(y)||_F,
+
+and the plasticity P(f) is its mean over pairs. FC2 takes 4d inputs: tokens are lifted to 4d
+by zero-padding (appendix C.4). ``inputs="in_situ"`` is an extension the paper does not have:
+each component receives its actual input in the forward pass instead of the embedding.
+
+``rates`` is exact but does less work than the definition read literally (``plain_rates``):
+a difference through a linear map needs one product, not two, and its bias cancels; the
+zero-lifted FC2 only reads the first d columns of its weight; a LayerNorm's normalisation is
+the same in every block, only its gain differs. No component output leaves the device: only
+the rates do, once per batch.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from scipy import stats
+from torch import nn
+
+from .components import COMPONENTS, LABELS, block_component
+
+INPUTS = ("embedding", "in_situ")
+
+
+def check_inputs(inputs: str) -> str:
+    """Return ``inputs`` or raise a ValueError naming the valid choices."""
+    if inputs not in INPUTS:
+        raise ValueError(f"unknown inputs {inputs!r}; valid inputs: {', '.join(INPUTS)}")
+    return inputs
+
+
+def embed(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Token sequences (B, n, d) of the embedding layer: patches, class token, positions."""
+    return model._pos_embed(model.patch_embed(images))
+
+
+def _frobenius(difference: torch.Tensor) -> torch.Tensor:
+    """Per-pair Frobenius norm of (B, n, k) differences, in float64 for stable ratios."""
+    return torch.linalg.vector_norm(difference.double().flatten(1), dim=1)
+
+
+def _lift(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad tokens (B, n, d) to (B, n, width) (appendix C.4)."""
+    return nn.functional.pad(tokens, (0, width - tokens.shape[-1]))
+
+
+def _layer_norm_core(tokens: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """(x - mean) / std of each token: the part of a LayerNorm shared by every block."""
+    return nn.functional.layer_norm(tokens, norm.normalized_shape, None, None, norm.eps)
+
+
+def _check_block(block: nn.Module) -> None:
+    for component in COMPONENTS:
+        block_component(block, component)
+    for name in ("norm1", "norm2"):
+        if not isinstance(getattr(block, name), nn.LayerNorm):
+            raise TypeError(f"plasticity expects LayerNorm {name}, got {type(getattr(block, name)).__name__}")
+
+
+def plain_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Definition 1 read literally: every component applied to both embeddings; (blocks, 5, B).
+
+    The reference that ``rates`` is tested against, and the baseline of the benchmark.
+    """
+    ex, ey = embed(model, x), embed(model, y)
+    denominator = _frobenius(ex - ey)
+    out = []
+    for block in model.blocks:
+        row = []
+        for component in COMPONENTS:
+            module = block_component(block, component)
+            if component == "fc2":
+                fx, fy = module(_lift(ex, module.in_features)), module(_lift(ey, module.in_features))
+            else:
+                fx, fy = module(ex), module(ey)
+            row.append(_frobenius(fx - fy) / denominator)
+        out.append(torch.stack(row))
+    return torch.stack(out)
+
+
+def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    ex, ey = embed(model, x), embed(model, y)
+    difference = ex - ey
+    denominator = _frobenius(difference)
+    d = ex.shape[-1]
+    both = torch.cat([ex, ey])  # one MHA call for the two sides of every pair
+    b = len(x)
+    cores: dict[float, torch.Tensor] = {}
+    out = []
+    for block in model.blocks:
+        rates = {}
+        attn = block.attn(both)
+        rates["mha"] = _frobenius(attn[:b] - attn[b:])
+        rates["fc1"] = _frobenius(nn.functional.linear(difference, block.mlp.fc1.weight))
+        rates["fc2"] = _frobenius(nn.functional.linear(difference, block.mlp.fc2.weight[:, :d]))
+        for component, norm in (("ln2", block.norm2), ("ln1", block.norm1)):
+            if norm.eps not in cores:
+                core = _layer_norm_core(both, norm)
+                cores[norm.eps] = core[:b] - core[b:]
+            gamma = norm.weight if norm.weight is not None else torch.ones(d, device=ex.device, dtype=ex.dtype)
+            rates[component] = _frobenius(cores[norm.eps] * gamma)
+        out.append(torch.stack([rates[c] / denominator for c in COMPONENTS]))
+    return torch.stack(out)
+
+
+def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each component fed its actual input in the forward pass (an extension of the paper)."""
+    b = len(x)
+    h = model.norm_pre(model.patch_drop(torch.cat([embed(model, x), embed(model, y)])))
+    out = []
+    for block in model.blocks:
+        rates = {}
+
+        def rate(component, inputs, outputs):
+            rates[component] = _frobenius(outputs[:b] - outputs[b:]) / _frobenius(inputs[:b] - inputs[b:])
+
+        n1 = block.norm1(h)
+        rate("ln1", h, n1)
+        a = block.attn(n1)
+        rate("mha", n1, a)
+        h = h + block.drop_path1(block.ls1(a))
+        n2 = block.norm2(h)
+        rate("ln2", h, n2)
+        hidden = block.mlp.fc1(n2)
+        rate("fc1", n2, hidden)
+        act = block.mlp.norm(block.mlp.drop1(block.mlp.act(hidden)))
+        m = block.mlp.fc2(act)
+        rate("fc2", act, m)
+        h = h + block.drop_path2(block.ls2(block.mlp.drop2(m)))
+        out.append(torch.stack([rates[c] for c in COMPONENTS]))
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding") -> torch.Tensor:
+    """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device."""
+    check_inputs(inputs)
+    if x.shape != y.shape or x.ndim != 4:
+        raise ValueError(f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}")
+    for block in model.blocks:
+        _check_block(block)
+    was_training = model.training
+    model.eval()
+    try:
+        return (_embedding_rates if inputs == "embedding" else _in_situ_rates)(model, x, y)
+    finally:
+        model.train(was_training)
+
+
+def to_table(rates: torch.Tensor, first_pair: int = 0) -> pd.DataFrame:
+    """A (blocks, components, pairs) tensor as the tidy table: block, depth, component, pair, rate."""
+    blocks, components, pairs = rates.shape
+    values = rates.detach().cpu().numpy()
+    block = torch.arange(blocks).repeat_interleave(components * pairs).numpy()
+    depth = 100.0 * block / max(blocks - 1, 1)
+    return pd.DataFrame(
+        {
+            "block": block,
+            "depth": depth,
+            "component": pd.Categorical([COMPONENTS[i] for i in range(components) for _ in range(pairs)] * blocks, categories=COMPONENTS),
+            "pair": (torch.arange(pairs).repeat(blocks * components) + first_pair).numpy(),
+            "rate": values.reshape(-1),
+        }
+    )
+
+
+def rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding") -> pd.DataFrame:
+    """Rates of change of one batch of image pairs: one row per pair, block and component.
+
+    ``x``, ``y``: normalised float images (N, 3, H, W) on the model's device, paired by position.
+    Columns: ``block`` (0-based), ``depth`` (percent of depth: first block 0, last 100),
+    ``component`` (``COMPONENTS``), ``pair``, ``rate``.
+    """
+    return to_table(rate_tensor(model, x, y, inputs))
+
+
+def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
+    """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
+    return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
+
+
+def ranking(table: pd.DataFrame) -> pd.DataFrame:
+    """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
+    mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
+    out = pd.DataFrame({"component": [LABELS[c] for c in mean.index], "plasticity": mean.to_numpy(), "paper rank": range(1, len(COMPONENTS) + 1)})
+    out["rank"] = out["plasticity"].rank(ascending=False, method="min").astype(int)
+    return out.sort_values("rank").set_index("component")[["plasticity", "rank", "paper rank"]]
+
+
+def paper_agreement(table: pd.DataFrame) -> float:
+    """Kendall's tau between this model's ranking and the paper's (MHA > FC1 > FC2 > LN2 > LN1).
+
+    1 means the same order, -1 the reverse.
+    """
+    ranked = ranking(table)
+    return float(stats.kendalltau(ranked["rank"], ranked["paper rank"]).statistic)

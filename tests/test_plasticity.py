@@ -1,0 +1,141 @@
+"""The plasticity measurement against Definition 1 read literally."""
+
+import pytest
+import timm
+import torch
+
+from paperlib import components, models, plasticity
+from paperlib.components import COMPONENTS
+
+
+def _perturb(model, seed=0):
+    """Non-trivial weights everywhere: LayerNorm gains and biases, all biases, layer scales."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return _perturb(models.create_model("demo", pretrained=False))
+
+
+@pytest.fixture(scope="module")
+def layer_scale():
+    # DINOv2-style blocks: layer scale after attention and MLP
+    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, img_size=28, patch_size=7, embed_dim=48, depth=3, num_heads=3, init_values=0.5)
+    return _perturb(model, seed=1)
+
+
+def _pairs(n=6, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, size, size, generator=g), torch.randn(n, 3, size, size, generator=g)
+
+
+@pytest.mark.parametrize("fixture, size", [("demo", 32), ("layer_scale", 28)])
+def test_fast_rates_equal_the_plain_definition(request, fixture, size):
+    model = request.getfixturevalue(fixture)
+    x, y = _pairs(size=size)
+    fast = plasticity.rate_tensor(model, x, y)
+    with torch.no_grad():
+        plain = plasticity.plain_rates(model, x, y)
+    assert fast.shape == (len(model.blocks), 5, len(x))
+    assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-6)
+
+
+def test_fc2_zero_lift_uses_the_first_d_columns(demo):
+    x, y = _pairs(2)
+    fc2 = demo.blocks[0].mlp.fc2
+    ex, ey = plasticity.embed(demo, x), plasticity.embed(demo, y)
+    lifted = torch.cat([ex - ey, torch.zeros(*ex.shape[:2], fc2.in_features - ex.shape[-1])], dim=-1)
+    expected = torch.linalg.vector_norm((lifted @ fc2.weight.T).flatten(1), dim=1) / torch.linalg.vector_norm((ex - ey).flatten(1), dim=1)
+    fast = plasticity.rate_tensor(demo, x, y)[0, COMPONENTS.index("fc2")]
+    assert torch.allclose(fast.float(), expected.detach(), rtol=1e-4)
+
+
+def test_batch_size_independence(demo):
+    x, y = _pairs(8)
+    whole = plasticity.rate_tensor(demo, x, y)
+    halves = torch.cat([plasticity.rate_tensor(demo, x[:3], y[:3]), plasticity.rate_tensor(demo, x[3:], y[3:])], dim=2)
+    assert torch.allclose(whole, halves, rtol=1e-5)
+
+
+def test_rates_are_finite(demo):
+    x, _ = _pairs(2)
+    r = plasticity.rate_tensor(demo, x, x.flip(0))
+    assert torch.isfinite(r).all()
+
+
+def _in_situ_by_hand(model, x, y):
+    """A hand-written pre-norm forward pass, recording each component's input and output."""
+    def seq(images):
+        h = model._pos_embed(model.patch_embed(images))
+        records = []
+        for block in model.blocks:
+            n1 = torch.nn.functional.layer_norm(h, (h.shape[-1],), block.norm1.weight, block.norm1.bias, block.norm1.eps)
+            qkv = block.attn.qkv(n1).reshape(n1.shape[0], n1.shape[1], 3, block.attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            weights = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+            a = block.attn.proj((weights @ v).transpose(1, 2).reshape(n1.shape))
+            h2 = h + a
+            n2 = torch.nn.functional.layer_norm(h2, (h.shape[-1],), block.norm2.weight, block.norm2.bias, block.norm2.eps)
+            hidden = block.mlp.fc1(n2)
+            act = torch.nn.functional.gelu(hidden)
+            m = block.mlp.fc2(act)
+            records.append({"ln1": (h, n1), "mha": (n1, a), "ln2": (h2, n2), "fc1": (n2, hidden), "fc2": (act, m)})
+            h = h2 + m
+        return records
+
+    rx, ry = seq(x), seq(y)
+    norm = lambda t: torch.linalg.vector_norm(t.flatten(1), dim=1)  # noqa: E731
+    return torch.stack([
+        torch.stack([norm(bx[c][1] - by[c][1]) / norm(bx[c][0] - by[c][0]) for c in COMPONENTS]) for bx, by in zip(rx, ry)
+    ])
+
+
+def test_in_situ_matches_a_hand_written_forward_pass(demo):
+    x, y = _pairs(4)
+    with torch.no_grad():
+        expected = _in_situ_by_hand(demo, x, y)
+    ours = plasticity.rate_tensor(demo, x, y, inputs="in_situ")
+    assert torch.allclose(ours.float(), expected, rtol=1e-4)
+    assert not torch.allclose(ours, plasticity.rate_tensor(demo, x, y))  # a different quantity
+
+
+def test_tidy_table_and_summaries(demo):
+    x, y = _pairs(3)
+    table = plasticity.rates(demo, x, y)
+    blocks = len(demo.blocks)
+    assert list(table.columns) == ["block", "depth", "component", "pair", "rate"]
+    assert len(table) == blocks * 5 * 3
+    assert table["depth"].min() == 0 and table["depth"].max() == 100
+    assert set(table["component"]) == set(COMPONENTS) and set(table["pair"]) == {0, 1, 2}
+    row = table[(table.block == 2) & (table.component == "fc1") & (table.pair == 1)]["rate"].item()
+    assert row == pytest.approx(plasticity.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
+    by_block = plasticity.plasticity_by_block(table)
+    assert by_block.shape == (blocks, 5) and list(by_block.columns) == list(COMPONENTS)
+    ranked = plasticity.ranking(table)
+    assert sorted(ranked["rank"]) == [1, 2, 3, 4, 5]
+    assert ranked["plasticity"].is_monotonic_decreasing
+
+
+def test_paper_agreement_is_kendalls_tau():
+    import pandas as pd
+
+    def table(values):
+        return pd.DataFrame({"block": 0, "depth": 0.0, "component": list(COMPONENTS), "pair": 0, "rate": values})
+
+    assert plasticity.paper_agreement(table([5, 4, 3, 2, 1])) == pytest.approx(1.0)
+    assert plasticity.paper_agreement(table([1, 2, 3, 4, 5])) == pytest.approx(-1.0)
+
+
+def test_bad_inputs():
+    model = models.create_model("demo", pretrained=False)
+    x, y = _pairs(2)
+    with pytest.raises(ValueError, match="valid inputs: embedding, in_situ"):
+        plasticity.rates(model, x, y, inputs="forward")
+    with pytest.raises(ValueError, match="same shape"):
+        plasticity.rates(model, x, y[:1])
+    assert components.COMPONENTS == COMPONENTS
