@@ -1,5 +1,8 @@
 """Benchmarks that print their figures (never timed tests).
 
+    python -m paperlib.bench plasticity                 # demo ViT, plain definition vs measure
+    python -m paperlib.bench plasticity --model vit_base_in21k --pairs 64 --batch-size 16
+
     python -m paperlib.bench data                       # fixture Cifar10 at 224, batch 512
     python -m paperlib.bench data --dataset digits --image-size 224
     python -m paperlib.bench data --dataset cifar10 --root /data --device cuda
@@ -68,7 +71,7 @@ def bench_data(
     fixture_size: int = 5000,
 ) -> dict:
     """Images/s of both data paths on one dataset; returns the figures."""
-    device = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    device = _device(device)
     workers = os.cpu_count() if workers is None else workers
     with tempfile.TemporaryDirectory() as tmp:
         source = "local files"
@@ -90,14 +93,13 @@ def bench_data(
         device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)
         setup = time.perf_counter() - start
         device_rate = _rate(_endless(device_loader), device, batches)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
     return {
         "dataset": dataset,
         "source": source,
         "images": len(plain),
         "batch_size": batch_size,
         "image_size": image_size,
-        "device": f"{device.type}: {name}",
+        "device": _device_name(device),
         "dataloader_workers": workers,
         "dataloader_images_per_s": round(dataloader_rate, 1),
         "device_path_images_per_s": round(device_rate, 1),
@@ -105,6 +107,66 @@ def bench_data(
         "speedup": round(device_rate / dataloader_rate, 2),
         "torch": torch.__version__,
     }
+
+
+def _device(device: str) -> torch.device:
+    return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def bench_plasticity(model_name: str = "demo", pairs: int = 256, batch_size: int = 64, device: str = "auto", image_size: int | None = None) -> dict:
+    """Pairs/s of the plain definition and of ``plasticity.measure`` on random images (no decoding)."""
+    from torch.utils.data import TensorDataset
+
+    from . import models, plasticity
+
+    device = _device(device)
+    model = models.create_model(model_name, pretrained=False).to(device).eval()
+    size = image_size or model.patch_embed.img_size[0]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(pairs, 3, size, size, generator=generator)
+    y = torch.randn(pairs, 3, size, size, generator=generator)
+
+    def plain() -> None:
+        with torch.no_grad():
+            for start in range(0, pairs, batch_size):
+                plasticity.plain_rates(model, x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)).cpu()
+
+    def fast() -> None:
+        plasticity.measure(model, TensorDataset(x, torch.zeros(pairs)), TensorDataset(y, torch.zeros(pairs)), pairs, batch_size, device, progress=False)
+
+    rates = {}
+    for name, run in (("plain", plain), ("measure", fast)):
+        run()  # warm-up (allocations, kernels)
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        rates[name] = pairs / (time.perf_counter() - start)
+    return {
+        "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",
+        "pairs": pairs,
+        "batch_size": batch_size,
+        "device": _device_name(device),
+        "plain_pairs_per_s": round(rates["plain"], 1),
+        "measure_pairs_per_s": round(rates["measure"], 1),
+        "speedup": round(rates["measure"] / rates["plain"], 2),
+        "seconds_for_12800_pairs": round(12800 / rates["measure"], 1),
+        "torch": torch.__version__,
+    }
+
+
+def _print(result: dict, json_path: Path | None) -> None:
+    width = max(map(len, result))
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,16 +182,22 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--device", default="auto", help="cuda, cpu or auto")
     d.add_argument("--fixture-size", type=int, default=5000)
     d.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p = commands.add_parser("plasticity", help="pairs/s of the plain definition and of plasticity.measure")
+    p.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
+    p.add_argument("--pairs", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=None, help="default: the model's")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     try:
-        result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
+        if args.command == "data":
+            result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
+        else:
+            result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
-    width = max(map(len, result))
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    _print(result, args.json)
 
 
 if __name__ == "__main__":

@@ -139,3 +139,38 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="same shape"):
         plasticity.rates(model, x, y[:1])
     assert components.COMPONENTS == COMPONENTS
+
+
+def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
+    from torch.utils.data import TensorDataset
+
+    x, y = _pairs(10)
+    reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
+    table = plasticity.measure(demo, reference, target, n_pairs=7, batch_size=3, progress=False)
+    direct = plasticity.rates(demo, x[:7], y[:7])
+    assert sorted(table["pair"].unique()) == list(range(7))
+    merged = table.merge(direct, on=["block", "component", "pair"])
+    assert len(merged) == len(direct) and (merged["rate_x"] - merged["rate_y"]).abs().max() < 1e-6 * merged["rate_y"].max()
+    with pytest.raises(ValueError, match="only 10 pairs"):
+        plasticity.measure(demo, reference, target, n_pairs=11, progress=False)
+
+    folder = plasticity.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
+    back = plasticity.load(folder)
+    assert back["component"].cat.categories.tolist() == list(COMPONENTS)
+    assert (back["rate"] - table["rate"]).abs().max() < 1e-9 and back["pair"].tolist() == table["pair"].tolist()
+    with pytest.raises(FileNotFoundError, match="metadata.json"):
+        plasticity.load(tmp_path / "nothing")
+
+
+def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    assert plasticity.result_folder("demo", "digits_c/snow") == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
+    assert plasticity.result_folder("demo", "digits", "in_situ") == tmp_path / "plasticity_in_situ" / "demo" / "digits"
+
+
+def test_plasticity_benchmark_runs(capsys):
+    from paperlib import bench
+
+    bench.main(["plasticity", "--pairs", "8", "--batch-size", "4", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert "plain_pairs_per_s" in out and "measure_pairs_per_s" in out
