@@ -249,12 +249,16 @@ def measure(
     return to_table(torch.cat(chunks, dim=2))
 
 
-def result_folder(model: str, dataset: str, inputs: str = "embedding"):
-    """``results/plasticity/<model>/<dataset>/`` (``plasticity_in_situ`` for the extension)."""
+def results_root(inputs: str = "embedding"):
+    """``results/plasticity`` (``results/plasticity_in_situ`` for the extension)."""
     from . import paths
 
-    kind = "plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ"
-    return paths.results_dir() / kind / model / dataset
+    return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
+
+
+def result_folder(model: str, dataset: str, inputs: str = "embedding"):
+    """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result."""
+    return results_root(inputs) / model / dataset
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> "Path":
@@ -281,5 +285,74 @@ def load(folder) -> pd.DataFrame:
     if not (folder / "metadata.json").is_file():
         raise FileNotFoundError(f"no complete plasticity result in {folder} (metadata.json missing)")
     table = pd.read_csv(folder / "rates.csv.gz")
+    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
+    return table
+
+
+def run(
+    model: str,
+    dataset: str,
+    reference: str,
+    n_pairs: int,
+    batch_size: int = 64,
+    device: str = "cpu",
+    inputs: str = "embedding",
+    root=None,
+    severity: int = 5,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, "Path"]:
+    """Measure one model on one downstream dataset against reference images, and save the result.
+
+    The model's pretrained weights; the test splits of both datasets at the model's resolution.
+    Returns the tidy table and the folder it was saved in (``result_folder``).
+    """
+    import time
+
+    from . import data, models
+
+    check_inputs(inputs)
+    network = models.create_model(model)
+    size = network.patch_embed.img_size[0]
+    reference_set = data.get_dataset(reference, "test", root=root, image_size=size)
+    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity)
+    start = time.perf_counter()
+    table = measure(network, reference_set, target_set, n_pairs, batch_size, device, inputs, progress=progress)
+    metadata = {
+        "model": model,
+        "dataset": dataset,
+        "reference": reference,
+        "n_pairs": n_pairs,
+        "inputs": inputs,
+        "image_size": size,
+        "severity": severity if dataset.startswith("cifar10c/") else None,
+        "device": str(device),
+        "seconds": round(time.perf_counter() - start, 2),
+        "torch": torch.__version__,
+    }
+    return table, save(table, result_folder(model, dataset, inputs), metadata)
+
+
+def collect(inputs: str = "embedding", root=None) -> pd.DataFrame:
+    """P(f) of every saved result: one row per model, dataset and component.
+
+    Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
+    pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``.
+    """
+    import json
+    from pathlib import Path
+
+    base = Path(root) if root is not None else results_root(inputs)
+    rows = []
+    for metadata_file in sorted(base.rglob("metadata.json")):
+        metadata = json.loads(metadata_file.read_text())
+        ranked = ranking(load(metadata_file.parent))
+        for label, row in ranked.iterrows():
+            component = next(c for c in COMPONENTS if LABELS[c] == label)
+            rows.append({
+                "model": metadata.get("model"), "dataset": metadata.get("dataset"), "reference": metadata.get("reference"),
+                "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"]), "n_pairs": metadata.get("n_pairs"),
+            })
+    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs"]
+    table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     return table

@@ -88,3 +88,48 @@ def component_bars(values: dict[str, float], ylabel: str, ax: plt.Axes | None = 
 
 
 __all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_figure"]
+
+
+def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
+    """Distribution of the rates of change per component, over all pairs and blocks (Fig. 3 left)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    values = [table.loc[table["component"] == c, "rate"].to_numpy() for c in COMPONENTS]
+    parts = ax.violinplot(values, showmedians=True, showextrema=False)
+    for body, component in zip(parts["bodies"], COMPONENTS):
+        body.set_facecolor(COLORS[component])
+        body.set_edgecolor("black")
+        body.set_alpha(0.8)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(1, len(COMPONENTS) + 1), [LABELS[c] for c in COMPONENTS])
+    ax.set_ylabel("rate of change (ratio)")
+    return ax
+
+
+def plasticity_along_depth(by_block, ax: plt.Axes | None = None) -> plt.Axes:
+    """P(f) per block for each component, against percent of depth (Fig. 3 middle)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    blocks = len(by_block)
+    depth = [100.0 * b / max(blocks - 1, 1) for b in by_block.index]
+    for component in COMPONENTS:
+        ax.plot(depth, by_block[component], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("depth (% of blocks)")
+    ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
+    """P(f) per component across datasets: one dot per dataset, a bar for the mean (Fig. 2, middle)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    for i, component in enumerate(COMPONENTS):
+        values = summary.loc[summary["component"] == component, "plasticity"].to_numpy()
+        ax.bar(i, values.mean() if len(values) else 0, color=COLORS[component], alpha=0.6)
+        ax.scatter([i] * len(values), values, color=COLORS[component], edgecolor="black", s=14, zorder=3)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(COMPONENTS)), [LABELS[c] for c in COMPONENTS])
+    ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
+    return ax

@@ -1,0 +1,68 @@
+# %% [markdown]
+# # 03 · Plasticity across datasets and models (paper Fig. 2 middle, Fig. 3 right)
+#
+# Reads every plasticity result saved by notebook 02 (or by a sweep of it) under
+# `results/plasticity/<model>/<dataset>/`, pools P(f) per component across datasets, compares
+# models, and tabulates the ranking per dataset. The paper finds the same ranking,
+# MHA > FC1 > FC2 > LN2 > LN1, on all 11 benchmarks for ViT-Base and ViT-Huge.
+#
+# At demo scale (the default), results missing for the demo model on the demo datasets are
+# computed first (seconds on a CPU). Demo numbers are not the paper's.
+
+# %% tags=["parameters"]
+compute_missing = True  # measure (model, dataset) pairs of the lists below that have no saved result
+models = ["demo"]  # models to measure when missing (short names or timm ViT names)
+datasets = ["digits", "digits_c/contrast", "digits_c/gaussian_noise", "digits_c/motion_blur", "digits_c/snow", "digits_c/speckle_noise"]  # downstream datasets
+reference = "digits_source"  # reference images for missing results (the paper: imagenet)
+n_pairs = 179  # pairs per missing result (the paper: 12,800)
+batch_size = 64  # pairs per batch
+device = "cpu"  # cpu or cuda
+inputs = "embedding"  # embedding (the paper's definition) or in_situ
+data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
+include_all_results = False  # also show saved results of models and datasets not listed above
+
+# %%
+import matplotlib.pyplot as plt
+
+from paperlib import paths, plasticity, plots
+
+if compute_missing:
+    for model in models:
+        for dataset in datasets:
+            if not (plasticity.result_folder(model, dataset, inputs) / "metadata.json").is_file():
+                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False)
+summary = plasticity.collect(inputs)
+if not include_all_results:
+    summary = summary[summary["model"].isin(models) & summary["dataset"].isin(datasets)]
+print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {summary['dataset'].nunique()} dataset(s)")
+
+# %% [markdown]
+# ## Pooled across datasets (Fig. 2, middle)
+#
+# Each point is P(f) of one component on one dataset; bars are the mean over datasets.
+
+# %%
+fig, axes = plt.subplots(1, summary["model"].nunique(), figsize=(4.5 * summary["model"].nunique(), 3.2), squeeze=False)
+for ax, (model, part) in zip(axes[0], summary.groupby("model")):
+    plots.pooled_plasticity(part, ax)
+    ax.set_title(f"{model}: {part['dataset'].nunique()} datasets")
+fig.tight_layout()
+plots.save_figure(fig, paths.figures_dir() / "03_plasticity_pooled.png")
+plt.show()
+
+# %% [markdown]
+# ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)
+
+# %%
+summary.pivot_table(index="component", columns="model", values="plasticity", aggfunc="mean", observed=True).round(3)
+
+# %% [markdown]
+# ## Ranking per dataset
+#
+# Rank 1 is the most plastic component for that model and dataset; the paper's ranking is
+# MHA 1, FC1 2, FC2 3, LN2 4, LN1 5 on every dataset.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ranks = summary.pivot_table(index=["model", "dataset"], columns="component", values="rank", observed=True).astype(int)
+print(ranks.to_string())
