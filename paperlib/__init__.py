@@ -11,6 +11,8 @@ One module per concern, named for what it holds:
 - ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
 - ``bench``       benchmarks that print their figures
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
+- ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1)
+- ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``plots``       figures with a fixed colour per component
 - ``report``      executing notebooks with papermill and rendering HTML reports

@@ -83,18 +83,22 @@ def _title(notebook: Path) -> str:
     return notebook.stem
 
 
-def write_index(pages: list[tuple[Path, float]], output: Path) -> Path:
-    """``index.html`` linking every report, with its title and execution time."""
-    rows = "\n".join(
-        f'<li><a href="{html.escape(page.relative_to(output.parent).as_posix())}">{html.escape(page.stem)}</a>'
-        f" &mdash; {html.escape(_title(page.with_suffix('.ipynb')))} <small>({seconds:.0f} s)</small></li>"
-        for page, seconds in pages
-    )
+def write_index(out_dir: Path) -> Path:
+    """``index.html`` linking every HTML report under ``out_dir`` (sweep runs included)."""
+    out_dir = Path(out_dir)
+    output = out_dir / "index.html"
+    pages = sorted(p for p in out_dir.rglob("*.html") if p != output and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
+    rows = []
+    for page in pages:
+        notebook = page.with_suffix(".ipynb")
+        title = _title(notebook) if notebook.is_file() else page.stem
+        link = page.relative_to(out_dir).as_posix()
+        rows.append(f'<li><a href="{html.escape(link)}">{html.escape(link[:-5])}</a> &mdash; {html.escape(title)}</li>')
     text = (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>vit-plasticity reports</title></head>\n"
         "<body><h1>vit-plasticity reports</h1>\n"
-        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} by <code>make demo</code>. Demo-scale numbers are not the paper's.</p>\n"
-        f"<ul>\n{rows}\n</ul>\n</body></html>\n"
+        f"<p>Updated {time.strftime('%Y-%m-%d %H:%M')}. Demo-scale numbers are not the paper's.</p>\n"
+        "<ul>\n" + "\n".join(rows) + "\n</ul>\n</body></html>\n"
     )
     paths.atomic_write_text(output, text)
     return output
@@ -103,14 +107,12 @@ def write_index(pages: list[tuple[Path, float]], output: Path) -> Path:
 def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
     """Execute notebooks at demo scale and render their reports; returns the index page."""
     out_dir = out_dir or paths.reports_dir()
-    pages = []
     for notebook in notebook_paths(names):
         start = time.perf_counter()
         print(f"executing {notebook.name} ...", flush=True)
-        executed = execute(notebook, out_dir / notebook.name)
-        pages.append((render_html(executed), time.perf_counter() - start))
-        print(f"  -> {pages[-1][0]} ({pages[-1][1]:.0f} s)", flush=True)
-    return write_index(pages, out_dir / "index.html")
+        page = render_html(execute(notebook, out_dir / notebook.name))
+        print(f"  -> {page} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return write_index(out_dir)
 
 
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:

@@ -1,0 +1,214 @@
+"""Sweeps: one papermill run per cell of a parameter grid, resumable, failure-isolated.
+
+    python -m paperlib.sweep parameters/sweeps/plasticity_demo.yaml
+    python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor gpus     # all GPUs here
+    python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor slurm    # via submitit
+
+A spec (YAML) names a ``notebook``, fixed ``parameters``, a ``grid`` of lists to expand (in the
+order written), an optional run ``name`` template (default: the grid values joined by ``/``)
+and optional ``slurm`` settings for submitit. Each run writes
+``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last: a run counts as
+finished only when that marker exists, and finished runs are skipped when the sweep is started
+again. A failing run leaves ``.error.txt`` with its error and does not stop the others.
+``reports/index.html`` is rewritten at the end.
+
+Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
+visible GPU, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm`` (submitit's
+cluster executor, one job per run) and ``submitit-local`` (submitit's local executor, for tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import paths, report
+
+EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
+SPEC_KEYS = {"notebook", "parameters", "grid", "name", "slurm"}
+
+
+@dataclass
+class Run:
+    """One cell of the grid: a notebook, its parameters and where its outputs go."""
+
+    name: str
+    notebook: Path
+    parameters: dict
+    folder: Path
+    status: str = "pending"
+    error: str = ""
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def stem(self) -> Path:
+        return self.folder / self.name
+
+    @property
+    def marker(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".done.json")
+
+    @property
+    def error_file(self) -> Path:
+        return self.stem.with_name(self.stem.name + ".error.txt")
+
+
+def load_spec(path: str | Path) -> dict:
+    """Read and check a sweep spec."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep spec not found: {path}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+    if "notebook" not in spec:
+        raise ValueError(f"{path} names no notebook")
+    grid = spec.get("grid") or {}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"grid entry {key!r} in {path} must be a non-empty list, got {values!r}")
+    overlap = set(grid) & set(spec.get("parameters") or {})
+    if overlap:
+        raise ValueError(f"{', '.join(sorted(overlap))} both fixed and in the grid of {path}")
+    return spec
+
+
+def _safe(name: str) -> str:
+    parts = [re.sub(r"[^A-Za-z0-9_.=+-]", "_", part) for part in name.split("/") if part not in ("", ".", "..")]
+    return "/".join(parts) or "run"
+
+
+def expand(spec: dict, reports: Path | None = None) -> list[Run]:
+    """The runs of a spec: the grid's product, in the order its keys and values are written."""
+    notebook = Path(spec["notebook"])
+    if not notebook.is_absolute():
+        notebook = paths.ROOT / notebook
+    if not notebook.is_file():
+        raise FileNotFoundError(f"notebook not found: {notebook}")
+    grid = spec.get("grid") or {}
+    fixed = spec.get("parameters") or {}
+    folder = (reports or paths.reports_dir()) / notebook.stem
+    runs = []
+    for values in itertools.product(*grid.values()):
+        cell = dict(zip(grid, values))
+        template = spec.get("name")
+        name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
+        runs.append(Run(_safe(name), notebook, {**fixed, **cell}, folder))
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError("two runs of the sweep have the same name: give the spec a name template that uses every grid key")
+    return runs
+
+
+def execute_run(run: Run) -> Run:
+    """Execute one run unless finished; record success (marker) or failure (error file)."""
+    if run.marker.is_file():
+        run.status = "skipped"
+        return run
+    start = time.perf_counter()
+    try:
+        executed = report.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
+        report.render_html(executed)
+        run.seconds = round(time.perf_counter() - start, 2)
+        marker = {"name": run.name, "notebook": run.notebook.name, "parameters": run.parameters, "seconds": run.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        run.error_file.unlink(missing_ok=True)
+        paths.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
+        run.status = "done"
+    except Exception as error:  # a failed run is recorded; the sweep goes on
+        run.seconds = round(time.perf_counter() - start, 2)
+        run.status = "failed"
+        run.error = f"{type(error).__name__}: {error}".strip()
+        paths.atomic_write_text(run.error_file, run.error + "\n\n" + traceback.format_exc())
+    return run
+
+
+def _pin_gpu(queue) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(queue.get())
+
+
+def _visible_gpus() -> list[int]:
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None, reports: Path | None = None) -> list[Run]:
+    """Execute every unfinished run of ``spec``; returns the runs with their status."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    runs = expand(spec, reports)
+    todo = [r for r in runs if not r.marker.is_file()]
+    for run in runs:
+        if run.marker.is_file():
+            run.status = "skipped"
+    if todo and executor == "local":
+        todo = [execute_run(r) for r in todo]
+    elif todo and executor == "gpus":
+        gpus = gpus if gpus is not None else _visible_gpus()
+        if not gpus:
+            raise RuntimeError("executor 'gpus' found no GPU; use --executor local")
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        for gpu in gpus:
+            queue.put(gpu)
+        with concurrent.futures.ProcessPoolExecutor(len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)) as pool:
+            todo = list(pool.map(execute_run, todo))
+    elif todo:
+        import submitit
+
+        folder = (reports or paths.reports_dir()) / runs[0].notebook.stem / ".submitit"
+        if executor == "slurm":
+            pool = submitit.AutoExecutor(folder=folder)
+            pool.update_parameters(**(spec.get("slurm") or {}))
+        else:
+            pool = submitit.LocalExecutor(folder=folder)
+            pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
+        jobs = pool.map_array(execute_run, todo)
+        todo = [job.result() for job in jobs]
+    done = {r.name: r for r in todo}
+    runs = [done.get(r.name, r) for r in runs]
+    report.write_index(reports or paths.reports_dir())
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m paperlib.sweep", description=__doc__.split("\n")[0])
+    parser.add_argument("spec", type=Path, help="sweep spec (YAML), e.g. parameters/sweeps/plasticity_demo.yaml")
+    parser.add_argument("--executor", default="local", choices=EXECUTORS)
+    parser.add_argument("--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1 (default: all visible)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        if args.dry_run:
+            for run in expand(spec):
+                print(f"{'finished' if run.marker.is_file() else 'to run':8}  {run.name}  {run.parameters}")
+            return 0
+        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+        runs = run_sweep(spec, args.executor, gpus)
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for run in runs:
+        print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {run.error.splitlines()[0] if run.error else ''}")
+    counts = {s: sum(r.status == s for r in runs) for s in ("done", "skipped", "failed")}
+    print(f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; reports: {paths.reports_dir() / 'index.html'}")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Sweeps: grid expansion, skip-on-restart, failure isolation, executors."""
+
+import json
+
+import nbformat
+import pytest
+import yaml
+
+from paperlib import sweep
+
+
+@pytest.fixture
+def tiny_notebook(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# tiny"),
+        nbformat.v4.new_code_cell("value = 1  # a number\nfail = False  # raise on purpose", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)"),
+    ]
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def reports(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    return tmp_path / "reports"
+
+
+def test_expand_is_the_grid_product_in_written_order(tiny_notebook):
+    spec = {"notebook": str(tiny_notebook), "parameters": {"fail": False}, "grid": {"value": [1, 2], "tag": ["a/b", "c"]}}
+    runs = sweep.expand(spec)
+    assert [r.name for r in runs] == ["1/a/b", "1/c", "2/a/b", "2/c"]
+    assert runs[2].parameters == {"fail": False, "value": 2, "tag": "a/b"}
+    named = sweep.expand({**spec, "name": "v{value}-{tag}"})
+    assert [r.name for r in named][:2] == ["v1-a/b", "v1-c"]
+    with pytest.raises(ValueError, match="same name"):
+        sweep.expand({**spec, "name": "v{value}"})
+
+
+def test_spec_errors(tmp_path, tiny_notebook):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"notebook": str(tiny_notebook), "grids": {"value": [1]}}))
+    with pytest.raises(ValueError, match="valid keys: grid, name, notebook, parameters, slurm"):
+        sweep.load_spec(bad)
+    bad.write_text(yaml.safe_dump({"notebook": str(tiny_notebook), "grid": {"value": 1}}))
+    with pytest.raises(ValueError, match="non-empty list"):
+        sweep.load_spec(bad)
+    with pytest.raises(ValueError, match="valid executors: local, gpus, slurm, submitit-local"):
+        sweep.run_sweep({"notebook": str(tiny_notebook)}, executor="threads")
+
+
+def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports):
+    spec = {"notebook": str(tiny_notebook), "grid": {"fail": [False, True], "value": [3, 4]}}
+    runs = sweep.run_sweep(spec)
+    status = {r.name: r.status for r in runs}
+    assert status == {"False/3": "done", "False/4": "done", "True/3": "failed", "True/4": "failed"}
+    folder = reports / "tiny"
+    assert "asked to fail" in (folder / "True" / "3.error.txt").read_text()
+    assert "twice 8" in (folder / "False" / "4.ipynb").read_text()
+    marker = json.loads((folder / "False" / "3.done.json").read_text())
+    assert marker["parameters"] == {"fail": False, "value": 3}
+    index = (reports / "index.html").read_text()
+    assert 'href="tiny/False/3.html"' in index and "True/3.html" not in index
+
+    # restart: finished runs are skipped, failed ones are tried again
+    stamp = (folder / "False" / "3.done.json").stat().st_mtime_ns
+    again = {r.name: r.status for r in sweep.run_sweep(spec)}
+    assert again == {"False/3": "skipped", "False/4": "skipped", "True/3": "failed", "True/4": "failed"}
+    assert (folder / "False" / "3.done.json").stat().st_mtime_ns == stamp
+
+    # an interrupted run (outputs but no marker) counts as unfinished
+    (folder / "False" / "4.done.json").unlink()
+    assert {r.name: r.status for r in sweep.run_sweep(spec)}["False/4"] == "done"
+
+
+def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
+    monkeypatch.setattr(sweep, "_visible_gpus", lambda: [])
+    with pytest.raises(RuntimeError, match="no GPU"):
+        sweep.run_sweep({"notebook": str(tiny_notebook), "grid": {"value": [1]}}, executor="gpus")
+
+
+def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
+    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
+    spec["grid"]["dataset"] = ["digits_c/snow"]
+    spec["parameters"]["n_pairs"] = 16
+    runs = sweep.run_sweep(spec, executor="submitit-local")
+    assert [(r.name, r.status) for r in runs] == [("demo/digits_c/snow", "done")], runs[0].error
+    assert (reports / "02_plasticity" / "demo" / "digits_c" / "snow.html").is_file()
+    assert (tmp_path / "results" / "plasticity" / "demo" / "digits_c" / "snow" / "metadata.json").is_file()
+
+
+def test_paper_spec_covers_both_models_and_the_11_benchmarks():
+    from paperlib import data
+
+    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_paper.yaml")
+    assert spec["grid"]["model"] == ["vit_base_in21k", "vit_huge_in21k"]
+    assert sorted(spec["grid"]["dataset"]) == sorted(data.PAPER_DATASETS)
+    assert spec["parameters"]["n_pairs"] == 12800 and spec["parameters"]["reference"] == "imagenet"
+    assert len(sweep.expand(spec)) == 22
