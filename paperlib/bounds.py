@@ -1,0 +1,141 @@
+"""Upper bounds on the plasticity of each component (paper §4, Propositions 1-4, appendix B).
+
+Per block (tokens as rows, PyTorch weights as (out, in) matrices):
+
+- LayerNorm, Prop. 1: ``||gamma||_inf / sigma``, sigma the smallest per-token standard deviation
+  over positions (assumption: tokens at one position share their mean and deviation).
+- Feedforward, Prop. 2: the spectral norm of the weight (FC1: 4d x d, FC2: d x 4d).
+- Attention, Prop. 3: ``sum_h ||O^h||_2 ||V^h||_2 sqrt(3n + (12n + 3) r^4 ||A^h||_2^2)`` for tokens in
+  the ball of radius r, with ``A^h = (Q^h)^T K^h / sqrt(k)``. Head h owns rows ``h*k:(h+1)*k`` of
+  the query, key and value weights and columns ``h*k:(h+1)*k`` of the output projection.
+- Attention, Prop. 4: ``sum_h ||O^h||_2 ||V^h||_2 (sqrt(n) + alpha^2 E ||A^h||_2)`` for tokens
+  embedded from images of energy at most E, alpha the spectral norm of the patch embedding as a
+  d x (P*P*C) matrix.
+
+The propositions are about bias-free attention and tokens that are linear images of patches;
+timm's ViTs add query/key/value biases, a class token and position embeddings, so for them the
+bounds are what the paper computes from the weights, not guarantees. The paper's Fig. 6 takes
+r = 19.4, the RMS token norm of ViT-Base on Cifar10; a rigorous bound needs the largest token norm.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+from torch import nn
+
+from .components import COMPONENTS
+from .plasticity import embed
+
+PAPER_R = 19.4
+"""The radius of the paper's Fig. 6: RMS token norm of ViT-Base on Cifar10 (§4)."""
+
+
+def spectral_norm(matrix: torch.Tensor) -> float:
+    """Largest singular value."""
+    return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2))
+
+
+def head_weights(attn: nn.Module) -> list[tuple[torch.Tensor, ...]]:
+    """(Q^h, K^h, V^h, O^h) of every head of a timm ``Attention``: k x d, k x d, k x d, d x k."""
+    d = attn.qkv.in_features
+    heads = attn.num_heads
+    k = d // heads
+    q, key, v = attn.qkv.weight.detach().reshape(3, d, d)  # fused (3d, d): query, key, value rows
+    o = attn.proj.weight.detach()
+    return [(q[h * k : (h + 1) * k], key[h * k : (h + 1) * k], v[h * k : (h + 1) * k], o[:, h * k : (h + 1) * k]) for h in range(heads)]
+
+
+def _head_norms(attn: nn.Module) -> list[tuple[float, float, float]]:
+    """Per head: ||O^h||_2, ||V^h||_2, ||A^h||_2."""
+    out = []
+    for q, k, v, o in head_weights(attn):
+        a = q.double().T @ k.double() / math.sqrt(q.shape[0])
+        out.append((spectral_norm(o), spectral_norm(v), spectral_norm(a)))
+    return out
+
+
+def mha_bound_prop3(attn: nn.Module, n: int, r: float) -> float:
+    """Proposition 3 for one attention module."""
+    return sum(o * v * math.sqrt(3 * n + (12 * n + 3) * r**4 * a**2) for o, v, a in _head_norms(attn))
+
+
+def mha_bound_prop4(attn: nn.Module, n: int, alpha: float, energy: float) -> float:
+    """Proposition 4 for one attention module."""
+    return sum(o * v * (math.sqrt(n) + alpha**2 * energy * a) for o, v, a in _head_norms(attn))
+
+
+def layer_norm_bound(norm: nn.LayerNorm, sigma: float) -> float:
+    """Proposition 1: ``||gamma||_inf / sigma``."""
+    gamma = norm.weight if norm.weight is not None else torch.ones(norm.normalized_shape)
+    return float(gamma.detach().abs().max()) / sigma
+
+
+def sequence_length(model: nn.Module) -> int:
+    """Tokens per image: patches plus prefix (class, register) tokens."""
+    return int(model.patch_embed.num_patches) + int(getattr(model, "num_prefix_tokens", 1))
+
+
+def patch_embedding_norm(model: nn.Module) -> float:
+    """alpha: the spectral norm of the patch embedding as a d x (P*P*C) matrix (Prop. 4)."""
+    weight = model.patch_embed.proj.weight
+    return spectral_norm(weight.reshape(weight.shape[0], -1))
+
+
+def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | None = None, n: int | None = None) -> pd.DataFrame:
+    """Bounds per block, component and proposition: columns block, depth, component, proposition, bound."""
+    if r <= 0 or sigma <= 0:
+        raise ValueError(f"r and sigma must be positive, got r={r!r}, sigma={sigma!r}")
+    n = n or sequence_length(model)
+    alpha = patch_embedding_norm(model) if energy is not None else None
+    blocks = len(model.blocks)
+    rows = []
+    for index, block in enumerate(model.blocks):
+        depth = 100.0 * index / max(blocks - 1, 1)
+        values = {
+            ("mha", "3"): mha_bound_prop3(block.attn, n, r),
+            ("fc1", "2"): spectral_norm(block.mlp.fc1.weight),
+            ("fc2", "2"): spectral_norm(block.mlp.fc2.weight),
+            ("ln2", "1"): layer_norm_bound(block.norm2, sigma),
+            ("ln1", "1"): layer_norm_bound(block.norm1, sigma),
+        }
+        if energy is not None:
+            values[("mha", "4")] = mha_bound_prop4(block.attn, n, alpha, energy)
+        for (component, proposition), bound in values.items():
+            rows.append({"block": index, "depth": depth, "component": component, "proposition": proposition, "bound": bound})
+    table = pd.DataFrame(rows)
+    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
+    return table.sort_values(["block", "component", "proposition"], ignore_index=True)
+
+
+@torch.no_grad()
+def token_radius(model: nn.Module, images: torch.Tensor, kind: str = "rms") -> float:
+    """Norm of the embedded tokens: ``rms`` (root mean square, the paper's r) or ``max`` (rigorous)."""
+    norms = torch.linalg.vector_norm(embed(model, images).double(), dim=-1)
+    if kind == "rms":
+        return float(norms.pow(2).mean().sqrt())
+    if kind == "max":
+        return float(norms.max())
+    raise ValueError(f"unknown kind {kind!r}; valid kinds: rms, max")
+
+
+@torch.no_grad()
+def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean") -> float:
+    """sigma of Prop. 1: the smallest per-position standard deviation of the embedded tokens.
+
+    ``mean`` averages each position's token deviation over images (the proposition's assumption
+    says it is the same for all images); ``min`` takes the smallest over images too.
+    """
+    std = embed(model, images).double().std(dim=-1, unbiased=False)  # (images, positions)
+    if kind == "mean":
+        return float(std.mean(dim=0).min())
+    if kind == "min":
+        return float(std.min())
+    raise ValueError(f"unknown kind {kind!r}; valid kinds: mean, min")
+
+
+def max_energy(images: torch.Tensor) -> float:
+    """The largest image energy: sum of squared (preprocessed) pixel values (Prop. 4)."""
+    return float(images.double().pow(2).flatten(1).sum(dim=1).max())

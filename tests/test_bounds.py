@@ -1,0 +1,169 @@
+"""Propositions 1-4: the bounds hold where their assumptions hold, and are computed right."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from timm.layers import Mlp
+from timm.models.vision_transformer import Attention
+
+from paperlib import bounds, models
+from paperlib.components import COMPONENTS
+
+
+def _attention(d=24, heads=3, seed=0, scale=1.0):
+    torch.manual_seed(seed)
+    attn = Attention(d, num_heads=heads, qkv_bias=False).eval()  # the propositions' bias-free attention
+    with torch.no_grad():
+        attn.qkv.weight.mul_(scale * 3)
+        attn.proj.weight.mul_(2)
+    return attn
+
+
+def _in_ball(n_pairs, n, d, r, generator):
+    """Token sequences with every token norm at most r."""
+    x = torch.randn(n_pairs, n, d, generator=generator)
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    radii = r * torch.rand(n_pairs, n, 1, generator=generator)
+    return x / norms * radii
+
+
+def _rate(f, x, y):
+    flat = lambda t: torch.linalg.vector_norm(t.flatten(1), dim=1)  # noqa: E731
+    with torch.no_grad():
+        return flat(f(x) - f(y)) / flat(x - y)
+
+
+def _manual_heads(attn, x, slicing):
+    """Attention computed head by head from sliced weights (no fused kernels)."""
+    out = 0
+    for q, k, v, o in slicing(attn):
+        scores = (x @ q.T) @ (x @ k.T).transpose(-2, -1) / math.sqrt(q.shape[0])
+        out = out + torch.softmax(scores, dim=-1) @ (x @ v.T) @ o.T
+    return out + attn.proj.bias
+
+
+def _wrong_slicing(attn):
+    """A plausible mistake: heads as interleaved rows instead of contiguous blocks."""
+    d, heads = attn.qkv.in_features, attn.num_heads
+    q, k, v = attn.qkv.weight.detach().reshape(3, d, d)
+    o = attn.proj.weight.detach()
+    return [(q[h::heads], k[h::heads], v[h::heads], o[:, h::heads]) for h in range(heads)]
+
+
+def test_head_slicing_reproduces_the_modules_forward():
+    attn = _attention()
+    x = torch.randn(2, 7, 24)
+    with torch.no_grad():
+        assert torch.allclose(_manual_heads(attn, x, bounds.head_weights), attn(x), atol=1e-5)
+        assert not torch.allclose(_manual_heads(attn, x, _wrong_slicing), attn(x), atol=1e-3)
+
+
+@pytest.mark.parametrize("seed, d, heads, n", [(0, 24, 3, 5), (1, 32, 4, 9), (2, 16, 1, 3)])
+def test_prop3_holds_for_tokens_in_the_ball(seed, d, heads, n):
+    attn = _attention(d, heads, seed)
+    g = torch.Generator().manual_seed(seed)
+    x, y = _in_ball(64, n, d, 2.0, g), _in_ball(64, n, d, 2.0, g)
+    r = float(torch.linalg.vector_norm(torch.cat([x, y]), dim=-1).max())
+    assert _rate(attn, x, y).max() <= bounds.mha_bound_prop3(attn, n, r)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prop2_holds_and_is_reached_by_the_top_singular_vector(seed):
+    torch.manual_seed(seed)
+    mlp = Mlp(16, 64)
+    for layer, width in ((mlp.fc1, 16), (mlp.fc2, 64)):
+        x, y = torch.randn(32, 5, width), torch.randn(32, 5, width)
+        bound = bounds.spectral_norm(layer.weight)
+        assert _rate(layer, x, y).max() <= bound * (1 + 1e-6)
+        top = torch.linalg.svd(layer.weight.detach())[2][0]  # right singular vector
+        assert _rate(layer, x[:1], x[:1] + top) .item() == pytest.approx(bound, rel=1e-4)
+
+
+def test_prop1_holds_and_is_tight_when_its_assumption_holds():
+    d, n = 32, 6
+    norm = torch.nn.LayerNorm(d, eps=1e-9)
+    g = torch.Generator().manual_seed(0)
+    mu, sigma = torch.randn(n, 1, generator=g), 0.5 + torch.rand(n, 1, generator=g)
+
+    def tokens(count):  # every token at position i has mean mu_i and standard deviation sigma_i
+        z = torch.randn(count, n, d, generator=g)
+        z = (z - z.mean(-1, keepdim=True)) / z.std(-1, unbiased=False, keepdim=True)
+        return mu + sigma * z
+
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d, generator=g))
+    x, y = tokens(50), tokens(50)
+    bound = bounds.layer_norm_bound(norm, float(sigma.min()))
+    assert _rate(norm, x, y).max() <= bound
+    # equal deviations everywhere and a constant gain: the rate is the bound
+    with torch.no_grad():
+        norm.weight.fill_(1.7)
+    sigma.fill_(0.8)
+    x, y = tokens(4), tokens(4)
+    assert torch.allclose(_rate(norm, x, y), torch.full((4,), 1.7 / 0.8), rtol=1e-5)
+
+
+def test_prop4_holds_for_images_of_bounded_energy():
+    d, patch, channels, n = 24, 4, 3, 9
+    attn = _attention(d, 3, seed=4, scale=0.3)
+    g = torch.Generator().manual_seed(4)
+    embedding = torch.randn(d, patch * patch * channels, generator=g) / 6
+    images = torch.rand(40, n, patch * patch * channels, generator=g)  # n flattened patches per image
+    energy = float(images.pow(2).sum(dim=(1, 2)).max())
+    tokens = images @ embedding.T
+    alpha = bounds.spectral_norm(embedding)
+    assert _rate(attn, tokens[:20], tokens[20:]).max() <= bounds.mha_bound_prop4(attn, n, alpha, energy)
+
+
+def test_bounds_against_numpy_svd():
+    model = models.create_model("demo")
+    block = model.blocks[2]
+    d, heads = model.embed_dim, block.attn.num_heads
+    k = d // heads
+    w = block.attn.qkv.weight.detach().numpy().astype(np.float64)
+    o = block.attn.proj.weight.detach().numpy().astype(np.float64)
+    n, r = 65, 3.0
+    expected = 0.0
+    for h in range(heads):
+        q_h, k_h, v_h = (w[i * d + h * k : i * d + (h + 1) * k] for i in range(3))
+        a_h = q_h.T @ k_h / math.sqrt(k)
+        top = lambda m: np.linalg.svd(m, compute_uv=False)[0]  # noqa: E731
+        expected += top(o[:, h * k : (h + 1) * k]) * top(v_h) * math.sqrt(3 * n + (12 * n + 3) * r**4 * top(a_h) ** 2)
+    table = bounds.upper_bounds(model, r=r, sigma=0.5, n=n)
+    got = table[(table.block == 2) & (table.component == "mha")]["bound"].item()
+    assert got == pytest.approx(expected, rel=1e-9)
+    fc1 = table[(table.block == 2) & (table.component == "fc1")]["bound"].item()
+    assert fc1 == pytest.approx(np.linalg.svd(block.mlp.fc1.weight.detach().numpy().astype(np.float64), compute_uv=False)[0], rel=1e-9)
+    ln1 = table[(table.block == 2) & (table.component == "ln1")]["bound"].item()
+    assert ln1 == pytest.approx(np.abs(block.norm1.weight.detach().numpy()).max() / 0.5, rel=1e-6)
+
+
+def test_table_layout_and_propositions():
+    model = models.create_model("demo")
+    table = bounds.upper_bounds(model, r=2.0, sigma=0.1)
+    assert list(table.columns) == ["block", "depth", "component", "proposition", "bound"]
+    assert len(table) == len(model.blocks) * 5 and set(table["proposition"]) == {"1", "2", "3"}
+    with_energy = bounds.upper_bounds(model, r=2.0, sigma=0.1, energy=100.0)
+    assert set(with_energy.loc[with_energy.proposition == "4", "component"]) == {"mha"}
+    assert set(table["component"]) == set(COMPONENTS) and table["depth"].max() == 100
+    assert bounds.sequence_length(model) == 65  # 8 x 8 patches + class token
+    with pytest.raises(ValueError, match="positive"):
+        bounds.upper_bounds(model, r=0, sigma=0.1)
+
+
+def test_data_helpers():
+    model = models.create_model("demo")
+    images = torch.randn(5, 3, 32, 32)
+    tokens = model._pos_embed(model.patch_embed(images)).detach().double()
+    norms = torch.linalg.vector_norm(tokens, dim=-1)
+    assert bounds.token_radius(model, images, "max") == pytest.approx(float(norms.max()))
+    assert bounds.token_radius(model, images, "rms") == pytest.approx(float(norms.pow(2).mean().sqrt()))
+    assert bounds.token_radius(model, images, "rms") <= bounds.token_radius(model, images, "max")
+    assert bounds.token_sigma(model, images, "min") <= bounds.token_sigma(model, images, "mean")
+    assert bounds.max_energy(images) == pytest.approx(float(images.pow(2).sum(dim=(1, 2, 3)).max()))
+    weight = model.patch_embed.proj.weight.detach().numpy().reshape(model.embed_dim, -1)
+    assert bounds.patch_embedding_norm(model) == pytest.approx(np.linalg.svd(weight, compute_uv=False)[0], rel=1e-6)
+    with pytest.raises(ValueError, match="valid kinds: rms, max"):
+        bounds.token_radius(model, images, "mean")
