@@ -12,6 +12,7 @@ One module per concern, named for what it holds:
 - ``bench``       benchmarks that print their figures
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
 - ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1)
+- ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 - ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``plots``       figures with a fixed colour per component

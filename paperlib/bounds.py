@@ -139,3 +139,35 @@ def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean") -> f
 def max_energy(images: torch.Tensor) -> float:
     """The largest image energy: sum of squared (preprocessed) pixel values (Prop. 4)."""
     return float(images.double().pow(2).flatten(1).sum(dim=1).max())
+
+
+def data_constants(model: nn.Module, images: torch.Tensor) -> dict:
+    """What the bounds need from the data: r (RMS and max token norm), sigma, alpha, E, n."""
+    return {
+        "r_rms": token_radius(model, images, "rms"),
+        "r_max": token_radius(model, images, "max"),
+        "sigma": token_sigma(model, images, "mean"),
+        "sigma_min": token_sigma(model, images, "min"),
+        "alpha": patch_embedding_norm(model),
+        "energy": max_energy(images),
+        "n": sequence_length(model),
+    }
+
+
+def _one_bound_per_component(bounds_table: pd.DataFrame, mha_proposition: str) -> pd.DataFrame:
+    keep = (bounds_table["component"] != "mha") | (bounds_table["proposition"] == mha_proposition)
+    return bounds_table.loc[keep, ["block", "component", "bound"]]
+
+
+def tightness(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposition: str = "3") -> pd.DataFrame:
+    """Bound next to measured plasticity per block and component, and their ratio (>= 1 when the bound holds)."""
+    measured = rates_table.groupby(["block", "component"], observed=True)["rate"].mean().rename("plasticity").reset_index()
+    out = _one_bound_per_component(bounds_table, mha_proposition).merge(measured, on=["block", "component"])
+    out["bound / plasticity"] = out["bound"] / out["plasticity"]
+    return out
+
+
+def violations(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposition: str = "3") -> pd.Series:
+    """Share of measured rates of change above their block's bound, per component."""
+    merged = rates_table.merge(_one_bound_per_component(bounds_table, mha_proposition), on=["block", "component"])
+    return (merged["rate"] > merged["bound"]).groupby(merged["component"], observed=True).mean().reindex(list(COMPONENTS))

@@ -484,3 +484,14 @@ def get_dataset(
     elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
         dataset.transform = paper_transform(augment, size)
     return dataset
+
+
+def stack(dataset: Dataset, n: int | None = None, batch_size: int = 256, num_workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` items of a dataset (all by default) as one (images, labels) pair of tensors."""
+    from torch.utils.data import DataLoader, Subset
+
+    n = len(dataset) if n is None else n
+    if not 0 < n <= len(dataset):
+        raise ValueError(f"n must be in 1..{len(dataset)} for {getattr(dataset, 'name', 'this dataset')}, got {n}")
+    images, labels = zip(*DataLoader(Subset(dataset, range(n)), batch_size=batch_size, num_workers=num_workers))
+    return torch.cat(images), torch.cat(labels)

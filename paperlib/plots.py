@@ -133,3 +133,17 @@ def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xticks(range(len(COMPONENTS)), [LABELS[c] for c in COMPONENTS])
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
     return ax
+
+
+def bounds_along_depth(table, ax: plt.Axes | None = None, label: str = "", linestyle: str = "-", propositions=("1", "2", "3")) -> plt.Axes:
+    """Upper bounds per block for each component on a log scale (paper Fig. 6)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    for component in COMPONENTS:
+        part = table[(table["component"] == component) & table["proposition"].isin(propositions)]
+        if len(part):
+            ax.plot(part["depth"], part["bound"], marker="o", ms=3, ls=linestyle, color=COLORS[component], label=f"{LABELS[component]}{label}")
+    ax.set_yscale("log")
+    ax.set_xlabel("depth (% of blocks)")
+    ax.set_ylabel("upper bound on $\\mathcal{P}(f)$")
+    return ax

@@ -167,3 +167,18 @@ def test_data_helpers():
     assert bounds.patch_embedding_norm(model) == pytest.approx(np.linalg.svd(weight, compute_uv=False)[0], rel=1e-6)
     with pytest.raises(ValueError, match="valid kinds: rms, max"):
         bounds.token_radius(model, images, "mean")
+
+
+def test_tightness_and_violations():
+    import pandas as pd
+
+    bounds_table = pd.DataFrame(
+        {"block": [0] * 6, "depth": 0.0, "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"], "proposition": ["3", "4", "2", "2", "1", "1"], "bound": [10.0, 50.0, 2.0, 2.0, 1.0, 1.0]}
+    )
+    rates = pd.DataFrame({"block": 0, "depth": 0.0, "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"], "pair": [0, 1, 0, 0, 0, 0], "rate": [5.0, 15.0, 1.0, 4.0, 0.5, 0.5]})
+    tight = bounds.tightness(bounds_table, rates).set_index("component")
+    assert tight.loc["mha", "plasticity"] == 10.0 and tight.loc["mha", "bound / plasticity"] == 1.0
+    assert tight.loc["fc2", "bound / plasticity"] == 0.5
+    share = bounds.violations(bounds_table, rates)
+    assert share["mha"] == 0.5 and share["fc2"] == 1.0 and share["fc1"] == 0.0
+    assert bounds.violations(bounds_table, rates, mha_proposition="4")["mha"] == 0.0

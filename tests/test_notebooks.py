@@ -54,3 +54,15 @@ def test_committed_executed_without_errors(path):
 def test_unknown_notebook_is_a_clear_error():
     with pytest.raises(ValueError, match="valid notebooks: 00_components"):
         report.notebook_paths(["99_nothing"])
+
+
+def test_parameter_files_only_set_existing_parameters():
+    import yaml
+
+    for path in sorted(paths.PARAMETERS.glob("[0-9][0-9]_*.yaml")):
+        notebook = next(paths.NOTEBOOKS.glob(path.name[:3] + "*.ipynb"))
+        nb = nbformat.read(notebook, as_version=4)
+        source = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        names = {line.split("=")[0].strip() for line in source.splitlines() if "=" in line and not line.startswith("#")}
+        unknown = set(yaml.safe_load(path.read_text())) - names
+        assert not unknown, f"{path.name} sets {unknown}, which {notebook.name} does not have"
