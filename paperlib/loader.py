@@ -109,7 +109,27 @@ class DeviceLoader:
         self.image_size = image_size
         self.shuffle = augment if shuffle is None else shuffle
         self.drop_last = drop_last
+        self.seed = seed
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training batch number ``step`` (0-based), a pure function of (seed, step).
+
+        Epoch ``e`` visits the images in a permutation drawn from (seed, e); augmentations are
+        drawn from (seed, step). Nothing depends on earlier calls, so a resumed run sees exactly
+        the batches an uninterrupted one would.
+        """
+        n = len(self.images)
+        first = step * self.batch_size
+        indices = []
+        while len(indices) < self.batch_size:
+            epoch, offset = divmod(first + len(indices), n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+            indices.extend(order[offset : offset + self.batch_size - len(indices)].tolist())
+        index = torch.tensor(indices)
+        augment = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + 7919 * (step + 1))
+        images = self.images[index.to(self.images.device)].to(self.device, non_blocking=True)
+        return device_transform(images, self.augment, self.image_size, augment), self.targets[index.to(self.device)]
 
     def __len__(self) -> int:
         n = len(self.images)

@@ -92,3 +92,15 @@ def test_images_kept_on_host_give_the_same_batches(digits):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(on_device, on_host))
     with pytest.raises(ValueError, match="'device' or 'host'"):
         DeviceLoader(digits, 64, augment=True, image_size=24, images_on="disk")
+
+
+def test_batch_at_step_is_stateless_and_walks_epochs(digits):
+    loader = DeviceLoader(digits, 100, augment=True, image_size=32, seed=5)
+    first = loader.batch(3)
+    loader.batch(0)  # other calls in between change nothing
+    again = DeviceLoader(digits, 100, augment=True, image_size=32, seed=5).batch(3)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    plain = DeviceLoader(digits, 100, augment=False, image_size=32, seed=5)
+    seen = torch.cat([plain.batch(s)[0] for s in range(len(digits) // 100)])  # the first epoch: no repeats
+    assert len({bytes(image.numpy()) for image in seen}) == 700
+    assert loader.batch(7)[0].shape == (100, 3, 32, 32)  # crosses into the second epoch

@@ -1,0 +1,218 @@
+"""Finetuning one component (paper §5.2, appendix C.3, Tables 3-5): one run, readable top to bottom.
+
+    from paperlib.finetune import Config, run
+    metrics = run(Config(model="demo", dataset="digits", config="mha", lr=0.01, steps=300))
+
+Protocol: a new classification head; trainable = the chosen component in every block + the head
++ the final LayerNorm (``components.set_trainable``); SGD with momentum 0.9 and no weight decay;
+linear warm-up then cosine decay to 0; gradients clipped at global norm 1 (the logged norm is the
+one clipping saw); evaluation on the ``val`` split (20% of the training set, chosen by the seed)
+every ``eval_every`` steps; the result is the test accuracy of the best-validation checkpoint.
+
+Each run owns ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` with
+``params.json``, ``history.csv``, ``metrics.json`` (written last: a run with it is finished) and,
+while it runs, ``checkpoint.pt``. Started again with the same parameters, a finished run returns
+its metrics and an interrupted one resumes from its last checkpoint; batches are a function of
+(seed, step), so the resumed run ends where an uninterrupted one would. A non-finite loss stops the
+run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from . import components, data, models, paths
+from .loader import DeviceLoader, uint8_images
+
+
+@dataclass(frozen=True)
+class Config:
+    """One finetuning run. Defaults: the demo world, minutes on a CPU."""
+
+    model: str = "demo"  # short name or timm ViT name
+    dataset: str = "digits"  # downstream dataset (see data.dataset_names())
+    config: str = "mha"  # mha, fc1, fc2, ln2, ln1, full or linear
+    lr: float = 0.01  # peak learning rate
+    seed: int = 0  # head initialisation, validation split, batch order, augmentation
+    steps: int = 300  # optimisation steps
+    batch_size: int = 64  # images per step (the paper: 512)
+    micro_batch: int = 0  # images per forward pass, 0 = batch_size (gradient accumulation otherwise)
+    warmup: int = 30  # linear warm-up steps
+    eval_every: int = 50  # evaluate on val every this many steps (and at the end)
+    device: str = "cpu"
+    image_size: int = 0  # 0 = the model's resolution
+    data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
+    momentum: float = 0.9
+    clip: float = 1.0  # global gradient-norm clipping
+
+    def validate(self) -> "Config":
+        """Fail before any work, with the valid choices."""
+        components.check_config(self.config)
+        data.check_dataset(self.dataset)
+        models.resolve_name(self.model)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name in ("steps", "batch_size", "eval_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
+        if self.micro_batch and self.batch_size % self.micro_batch:
+            raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        return self
+
+    def folder(self) -> Path:
+        return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / f"seed={self.seed}"
+
+
+def lr_factor(step: int, warmup: int, steps: int) -> float:
+    """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine decay to 0."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DeviceLoader, autocast) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a whole split."""
+    model.eval()
+    loss, correct, count = 0.0, 0, 0
+    for images, labels in loader:
+        with autocast():
+            logits = model(images)
+        loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
+        correct += (logits.argmax(dim=1) == labels).sum().item()
+        count += len(labels)
+    return loss / count, correct / count
+
+
+def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in components.trainable_parameters(model)}
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    paths.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def run(config: Config, progress: bool = False) -> dict:
+    """Finetune, evaluate and record one run; returns its metrics (see module docstring).
+
+    A run already finished with the same parameters is not repeated: its metrics are returned.
+    """
+    config.validate()
+    folder = config.folder()
+    if (folder / "metrics.json").is_file() and json.loads((folder / "params.json").read_text()) == asdict(config):
+        return json.loads((folder / "metrics.json").read_text())
+    return train(config, progress)[1]
+
+
+def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
+    """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics."""
+    config.validate()
+    folder = config.folder()
+    params = asdict(config)
+    _write_json(folder / "params.json", params)
+
+    device = torch.device(config.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        def autocast():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+    else:
+        def autocast():
+            return torch.autocast("cpu", enabled=False)
+    if not cuda:
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(config.seed)
+
+    root = config.data_root or None
+    probe = data.get_dataset(config.dataset, "test", root=root)
+    model = models.create_model(config.model, num_classes=len(probe.classes)).to(device)
+    size = config.image_size or model.patch_embed.img_size[0]
+    components.set_trainable(model, config.config)
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed)) for s in ("train", "val", "test")}
+    train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed)
+    val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device)
+    test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device)
+    optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
+
+    start_step, history, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
+    checkpoint = folder / "checkpoint.pt"
+    if checkpoint.is_file():
+        saved = torch.load(checkpoint, map_location=device, weights_only=False)
+        if saved["params"] == params:
+            model.load_state_dict(saved["model"], strict=False)
+            optimizer.load_state_dict(saved["optimizer"])
+            schedule.load_state_dict(saved["schedule"])
+            start_step, history, best = saved["step"], saved["history"], saved["best"]
+
+    micro = config.micro_batch or config.batch_size
+    status, start, seen = "finished", time.perf_counter(), 0
+    for step in range(start_step, config.steps):
+        model.train()
+        images, labels = train.batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = 0.0
+        for first in range(0, config.batch_size, micro):
+            with autocast():
+                logits = model(images[first : first + micro])
+            loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / config.batch_size)
+            loss.backward()
+            loss_value += loss.item()
+        seen += len(images)
+        row = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "train_loss": loss_value}
+        if not math.isfinite(loss_value):
+            history.append({**row, "grad_norm": float("nan")})
+            status = "diverged"
+            break
+        row["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable, config.clip))
+        optimizer.step()
+        schedule.step()
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast)
+            if row["val_accuracy"] > best["val_accuracy"]:
+                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": _trainable_state(model)}
+            state = {"params": params, "step": step + 1, "history": history + [row], "best": best,
+                     "model": _trainable_state(model), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
+            paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
+            if progress:
+                print(f"step {step + 1:6d}  loss {loss_value:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)
+        history.append(row)
+    wall = time.perf_counter() - start
+
+    test_loss = test_accuracy = float("nan")
+    if best["state"] is not None:
+        model.load_state_dict(best["state"], strict=False)
+        test_loss, test_accuracy = evaluate(model, test, autocast)
+    table = pd.DataFrame(history, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
+    paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
+    metrics = {
+        "status": status,
+        "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
+        "best_step": best["step"],
+        "test_accuracy": test_accuracy,
+        "test_loss": test_loss,
+        "trainable_parameters": sum(p.numel() for p in trainable),
+        "wall_seconds": round(wall, 2),
+        "images_per_second": round(seen / wall, 1) if wall > 0 else None,
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__,
+    }
+    _write_json(folder / "metrics.json", metrics)
+    checkpoint.unlink(missing_ok=True)
+    return model, metrics
+
+
+def history(config: Config) -> pd.DataFrame:
+    """The history table of a run."""
+    return pd.read_csv(config.folder() / "history.csv")

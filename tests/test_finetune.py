@@ -1,0 +1,133 @@
+"""One finetuning run: what trains, determinism, logged gradient norms, best checkpoint, resume, divergence."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from paperlib import components, finetune, models
+from paperlib.finetune import Config
+
+
+@pytest.fixture(autouse=True)
+def results(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    return tmp_path / "results"
+
+
+def small(**overrides):
+    return Config(**{"steps": 12, "batch_size": 16, "warmup": 2, "eval_every": 4, "lr": 0.05, **overrides})
+
+
+@pytest.mark.parametrize("config", ["fc2", "ln1", "linear"])
+def test_only_the_chosen_parameters_change(config):
+    model, metrics = finetune.train(small(config=config))
+    torch.manual_seed(0)
+    initial = models.create_model("demo", num_classes=5)  # the run's initialisation: same seed, same head
+    expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, config))}
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
+    assert changed and changed <= expected
+    assert "head.weight" in changed
+    assert metrics["trainable_parameters"] == components.config_parameters(initial, config)
+
+
+def test_same_seed_same_numbers(results, tmp_path, monkeypatch):
+    first = finetune.run(small())
+    history = finetune.history(small())
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "again"))
+    second = finetune.run(small())
+    pd.testing.assert_frame_equal(history, finetune.history(small()))
+    assert {k: v for k, v in first.items() if "second" not in k} == {k: v for k, v in second.items() if "second" not in k}
+
+
+def test_logged_gradient_norm_is_what_clipping_saw(monkeypatch):
+    seen = []
+    original = torch.nn.utils.clip_grad_norm_
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        seen.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in parameters]))))
+        return original(parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    finetune.run(small(lr=0.01))
+    logged = finetune.history(small(lr=0.01))["grad_norm"].tolist()
+    assert logged == pytest.approx(seen, rel=1e-5) and len(logged) == 12
+
+
+def test_best_validation_checkpoint_is_reported():
+    metrics = finetune.run(small())
+    history = finetune.history(small()).dropna(subset=["val_accuracy"])
+    best = history.loc[history["val_accuracy"].idxmax()]
+    assert metrics["best_step"] == best["step"] and metrics["best_val_accuracy"] == best["val_accuracy"]
+    assert list(history["step"]) == [4, 8, 12]
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
+
+
+def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_path, monkeypatch):
+    from paperlib import loader
+
+    reference = finetune.run(small())
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
+    original = loader.DeviceLoader.batch
+
+    def crash(self, step):
+        if step == 9 and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, step)
+
+    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.run(small())
+    folder = small().folder()
+    assert (folder / "checkpoint.pt").is_file() and not (folder / "metrics.json").exists()
+    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
+    resumed = finetune.run(small())
+    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
+    assert same(resumed) == same(reference)
+    assert not (folder / "checkpoint.pt").exists()
+    # a finished run is not repeated
+    assert finetune.run(small()) == resumed
+
+
+def test_divergence_is_recorded_not_raised():
+    metrics = finetune.run(small(config="full", lr=1e8, steps=30, eval_every=10))
+    assert metrics["status"] == "diverged"
+    history = finetune.history(small(config="full", lr=1e8, steps=30, eval_every=10))
+    assert not math.isfinite(history["train_loss"].iloc[-1])
+    assert json.loads((small(config="full", lr=1e8, steps=30, eval_every=10).folder() / "metrics.json").read_text())["status"] == "diverged"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"config": "attention"}, "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear"),
+        ({"lr": 0.0}, "lr must be a positive number"),
+        ({"lr": -1.0}, "lr must be a positive number"),
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"dataset": "mnist"}, "valid datasets"),
+        ({"model": "resnet50"}, "valid short names"),
+        ({"micro_batch": 5}, "must divide batch_size"),
+    ],
+)
+def test_bad_parameters_fail_before_any_work(results, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        finetune.run(small(**overrides))
+    assert not results.exists()
+
+
+def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypatch):
+    whole = finetune.history(small()) if finetune.run(small()) else None
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "micro"))
+    finetune.run(small(micro_batch=4))
+    accumulated = finetune.history(small(micro_batch=4))
+    assert accumulated["train_loss"].tolist() == pytest.approx(whole["train_loss"].tolist(), rel=1e-4)
+
+
+def test_lr_schedule():
+    assert finetune.lr_factor(0, 10, 100) == pytest.approx(0.1)
+    assert finetune.lr_factor(9, 10, 100) == pytest.approx(1.0)
+    assert finetune.lr_factor(10, 10, 100) == pytest.approx(1.0)
+    assert finetune.lr_factor(99, 10, 100) == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
