@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from paperlib import paths, plasticity, plots
 
 table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False)
-print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {folder.relative_to(paths.ROOT) if folder.is_relative_to(paths.ROOT) else folder}")
+print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 
 # %% [markdown]
 # ## Distribution of the rates and plasticity along depth

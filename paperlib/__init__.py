@@ -13,10 +13,17 @@ One module per concern, named for what it holds:
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
 - ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
+- ``finetune``    one finetuning run of the paper's protocol (§5.2), resumable, recorded
 - ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``plots``       figures with a fixed colour per component
 - ``report``      executing notebooks with papermill and rendering HTML reports
 """
+
+import warnings
+
+# tqdm.auto warns, with a path of this installation, when ipywidgets is missing; plain text
+# progress bars are what we want in executed notebooks, and the path must not land in them.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 __version__ = "0.1.0"

@@ -203,6 +203,7 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "trainable_parameters": sum(p.numel() for p in trainable),
+        "num_classes": len(probe.classes),
         "wall_seconds": round(wall, 2),
         "images_per_second": round(seen / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",

@@ -43,6 +43,12 @@ def data_dir() -> Path:
     return _env_path("VIT_PLASTICITY_DATA", ROOT / "data")
 
 
+def display(path: str | Path) -> str:
+    """``path`` relative to the repository when inside it (for notebook output), else as given."""
+    path = Path(path)
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
 def figures_dir() -> Path:
     """Figures saved by the notebooks (``reports/figures``)."""
     return reports_dir() / "figures"

@@ -5,7 +5,7 @@
     python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor slurm    # via submitit
 
 A spec (YAML) names a ``notebook``, fixed ``parameters``, a ``grid`` of lists to expand (in the
-order written), an optional run ``name`` template (default: the grid values joined by ``/``)
+order written; or a list of such grids, expanded one after the other), an optional run ``name`` template (default: the grid values joined by ``/``)
 and optional ``slurm`` settings for submitit. Each run writes
 ``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last: a run counts as
 finished only when that marker exists, and finished runs are skipped when the sweep is started
@@ -77,14 +77,20 @@ def load_spec(path: str | Path) -> dict:
         raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
     if "notebook" not in spec:
         raise ValueError(f"{path} names no notebook")
-    grid = spec.get("grid") or {}
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ValueError(f"grid entry {key!r} in {path} must be a non-empty list, got {values!r}")
-    overlap = set(grid) & set(spec.get("parameters") or {})
-    if overlap:
-        raise ValueError(f"{', '.join(sorted(overlap))} both fixed and in the grid of {path}")
+    for grid in _grids(spec):
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"grid entry {key!r} in {path} must be a non-empty list, got {values!r}")
+        overlap = set(grid) & set(spec.get("parameters") or {})
+        if overlap:
+            raise ValueError(f"{', '.join(sorted(overlap))} both fixed and in the grid of {path}")
     return spec
+
+
+def _grids(spec: dict) -> list[dict]:
+    """A spec's grid, or its list of grids (e.g. one per group of datasets with its own steps)."""
+    grid = spec.get("grid") or {}
+    return grid if isinstance(grid, list) else [grid]
 
 
 def _safe(name: str) -> str:
@@ -99,15 +105,15 @@ def expand(spec: dict, reports: Path | None = None) -> list[Run]:
         notebook = paths.ROOT / notebook
     if not notebook.is_file():
         raise FileNotFoundError(f"notebook not found: {notebook}")
-    grid = spec.get("grid") or {}
     fixed = spec.get("parameters") or {}
     folder = (reports or paths.reports_dir()) / notebook.stem
     runs = []
-    for values in itertools.product(*grid.values()):
-        cell = dict(zip(grid, values))
-        template = spec.get("name")
-        name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
-        runs.append(Run(_safe(name), notebook, {**fixed, **cell}, folder))
+    for grid in _grids(spec):
+        for values in itertools.product(*grid.values()):
+            cell = dict(zip(grid, values))
+            template = spec.get("name")
+            name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
+            runs.append(Run(_safe(name), notebook, {**fixed, **cell}, folder))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError("two runs of the sweep have the same name: give the spec a name template that uses every grid key")

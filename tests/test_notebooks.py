@@ -66,3 +66,9 @@ def test_parameter_files_only_set_existing_parameters():
         names = {line.split("=")[0].strip() for line in source.splitlines() if "=" in line and not line.startswith("#")}
         unknown = set(yaml.safe_load(path.read_text())) - names
         assert not unknown, f"{path.name} sets {unknown}, which {notebook.name} does not have"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_paths_of_this_machine_in_committed_outputs(path):
+    text = path.read_text()
+    assert str(paths.ROOT) not in text and "site-packages" not in text

@@ -101,3 +101,31 @@ def test_paper_spec_covers_both_models_and_the_11_benchmarks():
     assert sorted(spec["grid"]["dataset"]) == sorted(data.PAPER_DATASETS)
     assert spec["parameters"]["n_pairs"] == 12800 and spec["parameters"]["reference"] == "imagenet"
     assert len(sweep.expand(spec)) == 22
+
+
+def test_finetune_specs_follow_table_5():
+    from paperlib import data
+
+    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_paper.yaml")
+    runs = sweep.expand(spec)
+    assert len(runs) == 11 * 7 * 4 * 3
+    steps = {r.parameters["dataset"]: r.parameters["steps"] for r in runs}
+    assert sorted(steps) == sorted(data.PAPER_DATASETS)
+    assert steps["cifar10"] == 10000 and steps["domainnet/sketch"] == 20000 and steps["flowers102"] == 5000 and steps["pets"] == 4000
+    lrs = {r.parameters["lr"] for r in runs if r.parameters["dataset"] == "domainnet/clipart"}
+    assert lrs == {0.003, 0.01, 0.03, 0.06}
+    assert {r.parameters["seed"] for r in runs} == {0, 42, 3407}
+    assert all(r.parameters["batch_size"] == 512 for r in runs)
+    assert len(sweep.expand(sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 28
+
+
+def test_finetune_parameter_files_set_notebook_parameters_only():
+    import nbformat
+
+    nb = nbformat.read(sweep.paths.NOTEBOOKS / "05_finetune.ipynb", as_version=4)
+    source = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    names = {line.split("=")[0].strip() for line in source.splitlines() if "=" in line}
+    files = sorted((sweep.paths.PARAMETERS / "finetune").glob("*.yaml"))
+    assert len(files) == 11
+    for path in files:
+        assert set(yaml.safe_load(path.read_text())) <= names, path.name

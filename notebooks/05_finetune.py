@@ -1,0 +1,82 @@
+# %% [markdown]
+# # 05 · One finetuning run (paper §5.2, appendix C.3, Tables 3-5)
+#
+# The paper finetunes one component at a time (MHA, FC1, FC2, LN2 or LN1 in every block, plus the
+# new head and the final LayerNorm), against full finetuning and linear probing, with SGD
+# (momentum 0.9, no weight decay), warm-up and cosine decay, clipping at norm 1, and reports the
+# test accuracy of the checkpoint with the best validation accuracy. This notebook is one run:
+# `papermill notebooks/05_finetune.ipynb out.ipynb -p component mha`; the paper's protocol for a
+# dataset is in `parameters/finetune/<dataset>.yaml` (Table 5) and the whole grid in
+# `parameters/sweeps/finetune_paper.yaml`.
+#
+# At demo scale (the default): the demo ViT pretrained on digits 0-4, finetuned on digits 5-9, a
+# few hundred steps on a CPU. Demo numbers are not the paper's.
+
+# %% tags=["parameters"]
+model = "demo"  # short name (demo, vit_base_in21k, ...) or any timm ViT name
+dataset = "digits"  # downstream dataset
+component = "mha"  # mha, fc1, fc2, ln2, ln1, full or linear
+lr = 0.03  # peak learning rate (Table 5 grids: 1e-3 to 3e-2, 3e-3 to 6e-2 for DomainNet)
+seed = 0  # the paper's seeds: 0, 42, 3407
+steps = 300  # optimisation steps (Table 5: 4,000 to 20,000)
+batch_size = 64  # images per step (the paper: 512)
+micro_batch = 0  # images per forward pass when a batch does not fit (0: the whole batch)
+warmup = 30  # linear warm-up steps (the authors' code: 2,000)
+eval_every = 25  # validation every this many steps
+device = "cpu"  # cpu or cuda
+data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
+
+# %%
+import matplotlib.pyplot as plt
+
+from paperlib import components, finetune, models, paths, plots
+
+config = finetune.Config(
+    model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
+)
+metrics = finetune.run(config)
+history = finetune.history(config)
+print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")
+
+# %% [markdown]
+# ## What trains (Tables 3 and 4)
+#
+# Trainable parameters of this configuration (the component over all blocks, as in Table 3, and
+# with the head and final norm, as trained here) and the memory of their gradients and SGD
+# momentum in fp32 (Table 4).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+table = components.parameter_table(models.architecture(model, num_classes=metrics.get("num_classes", 5)))
+table.loc[[components.LABELS[component]]]
+
+# %% [markdown]
+# ## Training curves
+#
+# Left: training loss. Middle: global norm of the trainable gradients before clipping (clipped
+# at 1), the quantity of the paper's Fig. 1 and Fig. 4. Right: validation accuracy; the marker is
+# the best-validation checkpoint whose test accuracy is the result.
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+color = plots.COLORS[component]
+axes[0].plot(history["step"], history["train_loss"], color=color)
+axes[0].set(xlabel="step", ylabel="training loss")
+axes[1].plot(history["step"], history["grad_norm"], color=color)
+axes[1].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
+evals = history.dropna(subset=["val_accuracy"])
+axes[2].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=color)
+if metrics["best_step"]:
+    axes[2].scatter([metrics["best_step"]], [metrics["best_val_accuracy"]], s=80, facecolor="none", edgecolor="black", zorder=3)
+axes[2].set(xlabel="step", ylabel="validation accuracy")
+fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}, lr {lr:g}, seed {seed}")
+fig.tight_layout()
+plots.save_figure(fig, paths.figures_dir() / f"05_finetune_{model}_{dataset.replace('/', '_')}_{component}.png")
+plt.show()
+
+# %% [markdown]
+# ## Result
+
+# %%
+{key: metrics[key] for key in ("status", "best_step", "best_val_accuracy", "test_accuracy", "trainable_parameters", "images_per_second")}
