@@ -2,6 +2,8 @@
 
     python -m paperlib.bench plasticity                 # demo ViT, plain definition vs measure
     python -m paperlib.bench plasticity --model vit_base_in21k --pairs 64 --batch-size 16
+    python -m paperlib.bench finetune                   # demo ViT, every configuration
+    python -m paperlib.bench finetune --model vit_base_in21k --batch-size 256 --device cuda
 
     python -m paperlib.bench data                       # fixture Cifar10 at 224, batch 512
     python -m paperlib.bench data --dataset digits --image-size 224
@@ -161,6 +163,107 @@ def bench_plasticity(model_name: str = "demo", pairs: int = 256, batch_size: int
     }
 
 
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
+
+
+def _step_flops(model, images, labels) -> int:
+    """FLOPs of one training step (forward + backward), counted by PyTorch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def bench_finetune(
+    model_name: str = "demo",
+    configs: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
+    batch_size: int = 64,
+    steps: int = 10,
+    device: str = "auto",
+    image_size: int | None = None,
+    workers: int | None = None,
+    source_size: int = 32,
+) -> dict:
+    """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
+
+    Random weights and synthetic uint8 images of ``source_size`` pixels (Cifar-like), upsampled to
+    the model's resolution with the paper's training transform. The library step: images on the
+    device, batched augmentation, bf16 autocast on CUDA, only trainable weights get gradients.
+    The plain loop (what the authors' code does): torchvision transforms in DataLoader workers,
+    fp32, ``requires_grad`` set the same way.
+    """
+    from torch.utils.data import DataLoader
+
+    from . import components, models
+    from .data import ImageDataset
+    from .transforms import paper_transform
+
+    device = _device(device)
+    workers = os.cpu_count() if workers is None else workers
+    cuda = device.type == "cuda"
+    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    size = image_size or model.patch_embed.img_size[0]
+    generator = torch.Generator().manual_seed(0)
+    n = batch_size * 4
+    dataset = ImageDataset(torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
+                           torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
+    fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
+    plain_set = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size))
+    plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0)
+    peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
+    result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
+              "dataloader_workers": workers, "peak_tflops_bf16": peak}
+    for config in configs:
+        components.set_trainable(model, config)
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)
+        images, labels = fast.batch(0)
+        flops = _step_flops(model, images, labels)
+
+        def library_step(step: int) -> None:
+            x, y = fast.batch(step)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+                loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+            optimizer.step()
+
+        def plain_steps(count: int):
+            iterator = _endless(plain_loader)
+            for _ in range(count):
+                x, y = next(iterator)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                optimizer.step()
+            iterator.close()
+
+        rates = {}
+        for name, body in (("library", lambda: [library_step(s) for s in range(steps)]), ("plain", lambda: plain_steps(steps))):
+            library_step(0) if name == "library" else plain_steps(1)  # warm-up
+            _sync(device)
+            start = time.perf_counter()
+            body()
+            _sync(device)
+            rates[name] = batch_size * steps / (time.perf_counter() - start)
+        result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
+        result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
+        result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)
+        achieved = flops / batch_size * rates["library"] / 1e12
+        result[f"{config}_library_tflops"] = round(achieved, 3)
+        if peak:
+            result[f"{config}_library_mfu"] = round(achieved / peak, 3)
+    del plain_loader
+    gc.collect()
+    result["torch"] = torch.__version__
+    return result
+
+
 def _print(result: dict, json_path: Path | None) -> None:
     width = max(map(len, result))
     for key, value in result.items():
@@ -189,12 +292,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--image-size", type=int, default=None, help="default: the model's")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    f = commands.add_parser("finetune", help="training images/s per configuration: library step vs plain fp32 DataLoader loop")
+    f.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
+    f.add_argument("--configs", default="full,mha,fc1,ln1,linear", help="comma-separated configurations")
+    f.add_argument("--batch-size", type=int, default=64)
+    f.add_argument("--steps", type=int, default=10, help="timed steps per path (after one warm-up step)")
+    f.add_argument("--image-size", type=int, default=None, help="default: the model's")
+    f.add_argument("--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)")
+    f.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     try:
         if args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
-        else:
+        elif args.command == "plasticity":
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size)
+        else:
+            result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size, args.workers)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     _print(result, args.json)

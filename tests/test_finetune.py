@@ -131,3 +131,12 @@ def test_lr_schedule():
     assert finetune.lr_factor(9, 10, 100) == pytest.approx(1.0)
     assert finetune.lr_factor(10, 10, 100) == pytest.approx(1.0)
     assert finetune.lr_factor(99, 10, 100) == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
+
+
+def test_finetune_benchmark_runs(capsys):
+    from paperlib import bench
+
+    bench.main(["finetune", "--configs", "ln1,linear", "--batch-size", "8", "--steps", "2", "--workers", "0", "--device", "cpu"])
+    out = capsys.readouterr().out
+    for key in ("ln1_library_images_per_s", "ln1_plain_images_per_s", "linear_speedup", "linear_library_tflops"):
+        assert key in out
