@@ -1,0 +1,87 @@
+"""Finetuning runs as tables (paper §5.2): every run under a results root, histories, what is missing.
+
+``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` folders
+written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
+``diverged`` runs carry their metrics; a run without ``metrics.json`` is ``partial`` (interrupted
+or still running). ``missing(runs, spec)`` lists the runs a sweep spec expects and that have no
+folder at all. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import paths
+
+RUN_COLUMNS = [
+    "model", "dataset", "config", "lr", "seed", "status", "best_val_accuracy", "best_step",
+    "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
+]
+KEYS = ["model", "dataset", "config", "lr", "seed"]
+
+
+def finetune_root(root: str | Path | None = None) -> Path:
+    """``results/finetune`` (or ``<root>/finetune``)."""
+    return (Path(root) if root is not None else paths.results_dir()) / "finetune"
+
+
+def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, histories): one row per run folder, and every run's history with its keys."""
+    runs, histories = [], []
+    for params_file in sorted(finetune_root(root).rglob("params.json")):
+        folder = params_file.parent
+        params = json.loads(params_file.read_text())
+        row = {key: params[key] for key in KEYS} | {"folder": str(folder)}
+        metrics_file = folder / "metrics.json"
+        if metrics_file.is_file():
+            row |= json.loads(metrics_file.read_text())
+        else:
+            row["status"] = "partial"
+        runs.append(row)
+        history_file = folder / "history.csv"
+        if history_file.is_file():
+            history = pd.read_csv(history_file)
+            for key in KEYS:
+                history[key] = params[key]
+            histories.append(history)
+    table = pd.DataFrame(runs).reindex(columns=RUN_COLUMNS)
+    history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame(columns=KEYS + ["step"])
+    return table, history
+
+
+def expected(spec: dict) -> pd.DataFrame:
+    """The runs a finetuning sweep spec asks for (model, dataset, config, lr, seed)."""
+    from .sweep import expand
+
+    return pd.DataFrame(
+        [{"model": r.parameters["model"], "dataset": r.parameters["dataset"], "config": r.parameters["component"],
+          "lr": float(r.parameters["lr"]), "seed": int(r.parameters["seed"])} for r in expand(spec)]
+    )
+
+
+def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
+    """Runs expected by ``spec`` that have no folder under the results root."""
+    wanted = expected(spec)
+    have = runs[KEYS].astype({"lr": float, "seed": int}) if len(runs) else pd.DataFrame(columns=KEYS)
+    merged = wanted.merge(have, on=KEYS, how="left", indicator=True)
+    return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)
+
+
+def ensure(spec: dict, progress: bool = False) -> int:
+    """Run, in this process, every run of a finetuning spec that is not finished; returns how many ran.
+
+    For demo-scale specs; paper-scale sweeps go through ``python -m paperlib.sweep``.
+    """
+    from .finetune import Config, run
+
+    fixed = {k: v for k, v in (spec.get("parameters") or {}).items() if k in Config.__dataclass_fields__}
+    count = 0
+    for _, row in expected(spec).iterrows():
+        config = Config(**{**fixed, "model": row["model"], "dataset": row["dataset"], "config": row["config"], "lr": row["lr"], "seed": int(row["seed"])})
+        if not (config.folder() / "metrics.json").is_file():
+            run(config, progress=progress)
+            count += 1
+    return count

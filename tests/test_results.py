@@ -1,0 +1,132 @@
+"""Results tables and the paper's statistics on a synthetic results tree with known answers."""
+
+import itertools
+import json
+import math
+import statistics
+
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from paperlib import results, stats
+
+DATASETS = ["a", "b", "c", "d", "e", "f"]
+CONFIGS = ["mha", "fc1", "ln1", "linear"]
+LRS = [0.01, 0.03]
+SEEDS = [0, 1, 2]
+
+
+def accuracy(dataset, config, lr, seed):
+    """Test accuracy (fraction) of a synthetic run: config and lr matter, seeds jitter."""
+    base = {"mha": 0.90, "fc1": 0.89, "ln1": 0.85, "linear": 0.70}[config] - 0.01 * DATASETS.index(dataset)
+    return base + (0.02 if lr == 0.03 else 0.0) * (1 if config != "ln1" else -1) + 0.003 * seed
+
+
+def val_accuracy(dataset, config, lr, seed):
+    # validation prefers the other learning rate for ln1, so the two selections differ
+    return accuracy(dataset, config, lr, seed) + (0.05 if (config == "ln1" and lr == 0.03) else 0.0)
+
+
+def write_run(root, dataset, config, lr, seed, status="finished"):
+    folder = root / "finetune" / "demo" / dataset / config / f"lr={lr:g}" / f"seed={seed}"
+    folder.mkdir(parents=True)
+    params = {"model": "demo", "dataset": dataset, "config": config, "lr": lr, "seed": seed}
+    (folder / "params.json").write_text(json.dumps(params))
+    if status == "partial":
+        return
+    test = accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
+    val = val_accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
+    (folder / "metrics.json").write_text(json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10}))
+    pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]}).to_csv(folder / "history.csv", index=False)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    for dataset, config, lr, seed in itertools.product(DATASETS, CONFIGS, LRS, SEEDS):
+        write_run(tmp_path, dataset, config, lr, seed)
+    write_run(tmp_path, "a", "fc2", 0.01, 0, status="partial")
+    write_run(tmp_path, "a", "fc2", 0.03, 0, status="diverged")
+    return tmp_path
+
+
+def test_load_lists_every_run_including_partial_and_diverged(tree):
+    runs, histories = results.load(tree)
+    assert len(runs) == len(DATASETS) * len(CONFIGS) * len(LRS) * len(SEEDS) + 2
+    status = runs.set_index(["config", "lr"]).loc["fc2", "status"]
+    assert sorted(status.tolist()) == ["diverged", "partial"]
+    assert set(histories.columns) >= {"model", "dataset", "config", "lr", "seed", "step", "grad_norm"}
+    assert len(histories) == 2 * (len(runs) - 1)  # the partial run has no history
+
+
+def test_missing_runs_are_listed(tree):
+    runs, _ = results.load(tree)
+    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
+            "grid": {"dataset": ["a"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]}}
+    missing = results.missing(runs, spec)
+    assert missing[["dataset", "config"]].values.tolist() == [["a", "ln2"]]  # fc2 exists (partial): listed by load, not here
+
+
+def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
+    runs, _ = results.load(tree)
+    table = stats.table6(runs).set_index(["dataset", "config"])
+    for dataset, config in itertools.product(DATASETS, CONFIGS):
+        means = {lr: statistics.mean(100 * accuracy(dataset, config, lr, s) for s in SEEDS) for lr in LRS}
+        best = max(means, key=means.get)
+        row = table.loc[(dataset, config)]
+        assert row["lr"] == best and row["mean"] == pytest.approx(means[best])
+        assert row["std"] == pytest.approx(statistics.stdev(100 * accuracy(dataset, config, best, s) for s in SEEDS))
+        assert row["seeds"] == 3
+    assert table.loc[("a", "fc2"), "lr"] == 0.03 if ("a", "fc2") in table.index else True
+    by_val = stats.table6(runs, select="val").set_index(["dataset", "config"])
+    assert by_val.loc[("a", "ln1"), "lr"] == 0.03 and table.loc[("a", "ln1"), "lr"] == 0.01
+    with pytest.raises(ValueError, match="valid selections: test, val"):
+        stats.table6(runs, select="train")
+
+
+def test_diverged_learning_rate_is_never_chosen(tree):
+    runs, _ = results.load(tree)
+    table = stats.table6(runs).set_index(["dataset", "config"])
+    assert ("a", "fc2") not in table.index  # its only finished-or-diverged lr diverged
+
+
+def test_table1_matches_scipy_and_the_definition():
+    rows = []
+    for i, dataset in enumerate(DATASETS):
+        for config, offset in (("mha", 0.0), ("fc1", 0.1 * (-1) ** i), ("fc2", 0.5 + 0.1 * i), ("ln2", 1.0 + 0.05 * i)):
+            rows.append({"dataset": dataset, "config": config, "accuracy": 90.0 - offset - i})
+    accuracies = pd.DataFrame(rows)
+    table = stats.table1(accuracies).set_index("config")
+    assert list(table.index) == ["fc1", "fc2", "ln2"]
+    mha = accuracies[accuracies.config == "mha"].set_index("dataset")["accuracy"]
+    for config in ("fc1", "fc2", "ln2"):
+        other = accuracies[accuracies.config == config].set_index("dataset")["accuracy"]
+        assert table.loc[config, "decrease"] == pytest.approx((mha - other).mean())
+        assert table.loc[config, "p_value"] == pytest.approx(scipy_stats.wilcoxon(mha, other.loc[mha.index]).pvalue)
+    assert not table.loc["fc1", "significant"] and table.loc["fc2", "significant"] and table.loc["ln2", "significant"]
+
+
+def test_table1_on_the_papers_table6():
+    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#")
+    assert len(paper) == 77 and set(paper["config"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"}
+    table = stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("config")
+    # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant)
+    assert table.loc["fc1", "decrease"] == pytest.approx(0.07, abs=0.005) and not table.loc["fc1", "significant"]
+    assert table.loc["fc2", "decrease"] == pytest.approx(0.44, abs=0.005) and table.loc["fc2", "significant"]
+    assert table.loc[["ln1", "ln2"], "significant"].all()
+    averages = paper.groupby("config")["mean"].mean()  # Table 6, last row (printed from unrounded entries)
+    printed = {"fc1": 90.7, "fc2": 90.3, "full": 90.9, "linear": 64.2, "ln1": 89.8, "ln2": 89.9, "mha": 90.8}
+    assert averages.to_dict() == pytest.approx(printed, abs=0.06)
+
+
+def test_relative_gain_and_pooled_standard_error(tree):
+    runs, _ = results.load(tree)
+    table = stats.table6(runs)
+    gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}))
+    a = table.set_index(["dataset", "config"])["mean"]
+    assert gain.loc["a", "mha"] == pytest.approx(100 * (a[("a", "mha")] - a[("a", "linear")]) / a[("a", "linear")])
+    assert "linear" not in gain.columns
+    average = stats.average(table).set_index("config")
+    part = table[table.config == "mha"]
+    assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
+    assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part))
