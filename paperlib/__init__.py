@@ -14,6 +14,8 @@ One module per concern, named for what it holds:
 - ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 - ``finetune``    one finetuning run of the paper's protocol (§5.2), resumable, recorded
+- ``results``     finetuning runs as tables: every run, histories, partial and missing runs
+- ``stats``       Tables 1 and 6, relative gain, pooled standard errors (§5.2)
 - ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``plots``       figures with a fixed colour per component

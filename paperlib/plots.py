@@ -147,3 +147,32 @@ def bounds_along_depth(table, ax: plt.Axes | None = None, label: str = "", lines
     ax.set_xlabel("depth (% of blocks)")
     ax.set_ylabel("upper bound on $\\mathcal{P}(f)$")
     return ax
+
+
+def training_curves(histories, value: str, ax: plt.Axes | None = None, configs=COMPONENTS + ("full",), log: bool = False) -> plt.Axes:
+    """One curve per configuration of ``value`` (e.g. grad_norm, val_loss) against step (Fig. 4 middle/right)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    for config in configs:
+        part = histories[histories["config"] == config].dropna(subset=[value])
+        if len(part):
+            ax.plot(part["step"], part[value], color=COLORS[config], ls="--" if config == "full" else "-", label=LABELS[config])
+    if log:
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(value.replace("_", " "))
+    return ax
+
+
+def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
+    """Test accuracy over learning rates and seeds per configuration (Fig. 4 left, Fig. 18)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["config"] == c).any()]
+    values = [100 * runs.loc[runs["config"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
+    parts = ax.boxplot(values, patch_artist=True, widths=0.6)
+    for box, config in zip(parts["boxes"], configs):
+        box.set_facecolor(COLORS[config])
+    ax.set_xticks(range(1, len(configs) + 1), [LABELS[c] for c in configs])
+    ax.set_ylabel("test accuracy (%)")
+    return ax

@@ -70,18 +70,13 @@ def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
     return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)
 
 
-def ensure(spec: dict, progress: bool = False) -> int:
-    """Run, in this process, every run of a finetuning spec that is not finished; returns how many ran.
+def ensure(spec: dict, progress: bool = False) -> None:
+    """Run, in this process, every run of a finetuning spec not finished with the spec's parameters.
 
     For demo-scale specs; paper-scale sweeps go through ``python -m paperlib.sweep``.
     """
     from .finetune import Config, run
 
     fixed = {k: v for k, v in (spec.get("parameters") or {}).items() if k in Config.__dataclass_fields__}
-    count = 0
     for _, row in expected(spec).iterrows():
-        config = Config(**{**fixed, "model": row["model"], "dataset": row["dataset"], "config": row["config"], "lr": row["lr"], "seed": int(row["seed"])})
-        if not (config.folder() / "metrics.json").is_file():
-            run(config, progress=progress)
-            count += 1
-    return count
+        run(Config(**{**fixed, "model": row["model"], "dataset": row["dataset"], "config": row["config"], "lr": row["lr"], "seed": int(row["seed"])}), progress=progress)

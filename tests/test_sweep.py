@@ -116,7 +116,7 @@ def test_finetune_specs_follow_table_5():
     assert lrs == {0.003, 0.01, 0.03, 0.06}
     assert {r.parameters["seed"] for r in runs} == {0, 42, 3407}
     assert all(r.parameters["batch_size"] == 512 for r in runs)
-    assert len(sweep.expand(sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 28
+    assert len(sweep.expand(sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 42
 
 
 def test_finetune_parameter_files_set_notebook_parameters_only():
