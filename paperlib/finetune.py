@@ -134,19 +134,19 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
-    probe = data.get_dataset(config.dataset, "test", root=root)
-    model = models.create_model(config.model, num_classes=len(probe.classes)).to(device)
+    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed)) for s in ("train", "val", "test")}
+    num_classes = len(splits["test"].classes)
+    model = models.create_model(config.model, num_classes=num_classes).to(device)
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed)) for s in ("train", "val", "test")}
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed)
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device)
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device)
     optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
-    start_step, history, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
+    start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
@@ -154,7 +154,7 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])
-            start_step, history, best = saved["step"], saved["history"], saved["best"]
+            start_step, rows, best = saved["step"], saved["history"], saved["best"]
 
     micro = config.micro_batch or config.batch_size
     status, start, seen = "finished", time.perf_counter(), 0
@@ -172,7 +172,7 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
         seen += len(images)
         row = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "train_loss": loss_value}
         if not math.isfinite(loss_value):
-            history.append({**row, "grad_norm": float("nan")})
+            rows.append({**row, "grad_norm": float("nan")})
             status = "diverged"
             break
         row["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable, config.clip))
@@ -182,19 +182,19 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
             row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": _trainable_state(model)}
-            state = {"params": params, "step": step + 1, "history": history + [row], "best": best,
+            state = {"params": params, "step": step + 1, "history": rows + [row], "best": best,
                      "model": _trainable_state(model), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
             paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress:
                 print(f"step {step + 1:6d}  loss {loss_value:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)
-        history.append(row)
+        rows.append(row)
     wall = time.perf_counter() - start
 
     test_loss = test_accuracy = float("nan")
     if best["state"] is not None:
         model.load_state_dict(best["state"], strict=False)
         test_loss, test_accuracy = evaluate(model, test, autocast)
-    table = pd.DataFrame(history, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
+    table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
     metrics = {
         "status": status,
@@ -203,7 +203,7 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "trainable_parameters": sum(p.numel() for p in trainable),
-        "num_classes": len(probe.classes),
+        "num_classes": num_classes,
         "wall_seconds": round(wall, 2),
         "images_per_second": round(seen / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
