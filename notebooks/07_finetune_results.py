@@ -94,7 +94,7 @@ part = average.set_index("config").loc[configs]
 axes[1].bar([plots.LABELS[c] for c in configs], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in configs], capsize=3)
 axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
 axes[1].set_ylabel("mean test accuracy (%)")
-axes[1].set_title("Fig. 17: average with pooled standard error")
+axes[1].set_title("Fig. 17: average with pooled standard error" + ("" if part["pooled_se"].notna().all() else " (one seed: none)"))
 plots.config_boxes(runs[runs["status"] == "finished"], axes[2])
 axes[2].set_title("Fig. 4 (left) / Fig. 18: over learning rates and seeds")
 fig.tight_layout()

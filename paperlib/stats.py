@@ -89,12 +89,12 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
 
     ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and config). The
     standard error of an average of k independent means, each over s seeds with deviation sd_i,
-    is ``sqrt(sum_i sd_i^2 / s) / k``.
+    is ``sqrt(sum_i sd_i^2 / s) / k``; it is NaN when a dataset has a single seed (no deviation).
     """
     rows = []
     for config, part in table.groupby("config", sort=False):
         k = len(part)
-        se = math.sqrt(((part["std"].fillna(0) ** 2) / part["seeds"]).sum()) / k
+        se = math.sqrt(((part["std"] ** 2) / part["seeds"]).sum(skipna=False)) / k if (part["seeds"] > 1).all() else float("nan")
         rows.append({"config": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
     return out.sort_values("config", key=_config_order).reset_index(drop=True)

@@ -130,3 +130,5 @@ def test_relative_gain_and_pooled_standard_error(tree):
     part = table[table.config == "mha"]
     assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
     assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part))
+    one_seed = stats.table6(runs[runs["seed"] == 0])
+    assert math.isnan(stats.average(one_seed).set_index("config").loc["mha", "pooled_se"])
