@@ -57,6 +57,16 @@ def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> flo
     return rate
 
 
+def _seconds(run, device: torch.device, warmup) -> float:
+    """Wall seconds of ``run()`` after ``warmup()`` (allocations, kernels), device synchronised."""
+    warmup()
+    _sync(device)
+    start = time.perf_counter()
+    run()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def _endless(loader):
     while True:
         yield from loader
@@ -142,14 +152,7 @@ def bench_plasticity(model_name: str = "demo", pairs: int = 256, batch_size: int
     def fast() -> None:
         plasticity.measure(model, TensorDataset(x, torch.zeros(pairs)), TensorDataset(y, torch.zeros(pairs)), pairs, batch_size, device, progress=False)
 
-    rates = {}
-    for name, run in (("plain", plain), ("measure", fast)):
-        run()  # warm-up (allocations, kernels)
-        _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        rates[name] = pairs / (time.perf_counter() - start)
+    rates = {name: pairs / _seconds(run, device, warmup=run) for name, run in (("plain", plain), ("measure", fast))}
     return {
         "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",
         "pairs": pairs,
@@ -243,14 +246,10 @@ def bench_finetune(
                 optimizer.step()
             iterator.close()
 
-        rates = {}
-        for name, body in (("library", lambda: [library_step(s) for s in range(steps)]), ("plain", lambda: plain_steps(steps))):
-            library_step(0) if name == "library" else plain_steps(1)  # warm-up
-            _sync(device)
-            start = time.perf_counter()
-            body()
-            _sync(device)
-            rates[name] = batch_size * steps / (time.perf_counter() - start)
+        rates = {
+            "library": batch_size * steps / _seconds(lambda: [library_step(s) for s in range(steps)], device, warmup=lambda: library_step(0)),
+            "plain": batch_size * steps / _seconds(lambda: plain_steps(steps), device, warmup=lambda: plain_steps(1)),
+        }
         result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
         result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
         result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from torchvision.datasets.folder import default_loader
 
 from . import paths
 from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
@@ -149,8 +150,6 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int):
-        from torchvision.datasets.folder import default_loader
-
         image = default_loader(str(self.files[index]))
         return (self.transform(image) if self.transform is not None else image), int(self.targets[index])
 

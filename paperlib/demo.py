@@ -12,6 +12,7 @@ random generator for shuffling and augmentation, and deterministic torch algorit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -26,6 +27,7 @@ from torch import nn
 
 from . import paths
 from .data import ImageDataset, get_dataset
+from .loader import DeviceLoader
 from .models import create_model
 
 
@@ -53,15 +55,12 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
     return torch.stack([padded[i, :, dy : dy + h, dx : dx + w] for i, (dy, dx) in enumerate(offsets.tolist())])
 
 
-@torch.no_grad()
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
-    """Top-1 accuracy of ``model`` on an in-memory dataset."""
-    model.eval()
-    correct = 0
-    for start in range(0, len(dataset), batch_size):
-        images = dataset.normalize(dataset.images[start : start + batch_size])
-        correct += (model(images).argmax(dim=1) == dataset.targets[start : start + batch_size]).sum().item()
-    return correct / len(dataset)
+    """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
+    from .finetune import evaluate
+
+    loader = DeviceLoader(dataset, batch_size, augment=False, image_size=dataset.images.shape[-1])
+    return evaluate(model, loader, contextlib.nullcontext)[1]
 
 
 def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module, dict]:

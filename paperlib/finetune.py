@@ -180,10 +180,11 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
         schedule.step()
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast)
+            current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
-                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": _trainable_state(model)}
+                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows + [row], "best": best,
-                     "model": _trainable_state(model), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
+                     "model": current, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
             paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress:
                 print(f"step {step + 1:6d}  loss {loss_value:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)

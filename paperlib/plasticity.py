@@ -21,6 +21,8 @@ component output leaves the device: only the rates do, once per batch.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import torch
 from scipy import stats
@@ -261,14 +263,12 @@ def result_folder(model: str, dataset: str, inputs: str = "embedding"):
     return results_root(inputs) / model / dataset
 
 
-def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> "Path":
+def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
 
     ``metadata.json`` is written last: its presence marks a complete result.
     """
     import json
-    from pathlib import Path
-
     from . import paths
 
     folder = Path(folder)
@@ -279,8 +279,6 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> "Path":
 
 def load(folder) -> pd.DataFrame:
     """Read a table written by ``save`` (with ``component`` as the ordered categorical)."""
-    from pathlib import Path
-
     folder = Path(folder)
     if not (folder / "metadata.json").is_file():
         raise FileNotFoundError(f"no complete plasticity result in {folder} (metadata.json missing)")
@@ -300,7 +298,7 @@ def run(
     root=None,
     severity: int = 5,
     progress: bool = True,
-) -> tuple[pd.DataFrame, "Path"]:
+) -> tuple[pd.DataFrame, Path]:
     """Measure one model on one downstream dataset against reference images, and save the result.
 
     The model's pretrained weights; the test splits of both datasets at the model's resolution.
@@ -339,8 +337,6 @@ def collect(inputs: str = "embedding", root=None) -> pd.DataFrame:
     pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``.
     """
     import json
-    from pathlib import Path
-
     base = Path(root) if root is not None else results_root(inputs)
     rows = []
     for metadata_file in sorted(base.rglob("metadata.json")):
