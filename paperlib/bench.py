@@ -9,6 +9,8 @@
     python -m paperlib.bench data --dataset digits --image-size 224
     python -m paperlib.bench data --dataset cifar10 --root /data --device cuda
 
+    python -m paperlib.bench targets --out bench-out     # all of them at the issues' settings, checked
+
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
 device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/normalise).
@@ -23,6 +25,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -57,14 +60,23 @@ def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> flo
     return rate
 
 
-def _seconds(run, device: torch.device, warmup) -> float:
-    """Wall seconds of ``run()`` after ``warmup()`` (allocations, kernels), device synchronised."""
-    warmup()
-    _sync(device)
-    start = time.perf_counter()
-    run()
-    _sync(device)
-    return time.perf_counter() - start
+def _seconds(runs: dict, device: torch.device, repeats: int = 1) -> dict[str, float]:
+    """Median wall seconds of each ``runs[name] = (run, warmup)``, device synchronised.
+
+    Every warm-up (allocations, kernels, compilation) runs first; then the runs are timed in
+    turn, ``repeats`` rounds, so that a slow spell of a shared machine falls on all of them.
+    """
+    for _, warmup in runs.values():
+        warmup()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (run, _) in runs.items():
+            _sync(device)
+            start = time.perf_counter()
+            run()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _endless(loader):
@@ -131,32 +143,57 @@ def _device_name(device: torch.device) -> str:
     return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def bench_plasticity(model_name: str = "demo", pairs: int = 256, batch_size: int = 64, device: str = "auto", image_size: int | None = None) -> dict:
-    """Pairs/s of the plain definition and of ``plasticity.measure`` on random images (no decoding)."""
-    from torch.utils.data import TensorDataset
+class _Cycled(torch.utils.data.Dataset):
+    """``length`` (image, 0) samples cycling through a small pool of images: many pairs, little host memory."""
 
+    def __init__(self, pool: torch.Tensor, length: int):
+        self.pool, self.length = pool, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.pool[index % len(self.pool)], 0
+
+
+def bench_plasticity(
+    model_name: str = "demo", pairs: int = 256, batch_size: int = 64, device: str = "auto", image_size: int | None = None, repeats: int = 3
+) -> dict:
+    """Pairs/s of the plain definition and of ``plasticity.measure`` on random images (no decoding).
+
+    Both stream the same ``pairs`` pairs in batches of ``batch_size`` from host memory (images
+    cycle through a pool of at most 512 per side), after a warm-up on one batch; median of
+    ``repeats`` interleaved timings.
+    """
     from . import models, plasticity
 
     device = _device(device)
     model = models.create_model(model_name, pretrained=False).to(device).eval()
     size = image_size or model.patch_embed.img_size[0]
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(pairs, 3, size, size, generator=generator)
-    y = torch.randn(pairs, 3, size, size, generator=generator)
+    pool = min(pairs, 512)
+    reference = _Cycled(torch.randn(pool, 3, size, size, generator=generator), pairs)
+    target = _Cycled(torch.randn(pool, 3, size, size, generator=generator), pairs)
 
-    def plain() -> None:
+    def plain(count: int) -> None:
         with torch.no_grad():
-            for start in range(0, pairs, batch_size):
-                plasticity.plain_rates(model, x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)).cpu()
+            for start in range(0, count, batch_size):
+                index = range(start, min(start + batch_size, count))
+                x = torch.stack([reference[i][0] for i in index]).to(device, non_blocking=True)
+                y = torch.stack([target[i][0] for i in index]).to(device, non_blocking=True)
+                plasticity.plain_rates(model, x, y).cpu()
 
-    def fast() -> None:
-        plasticity.measure(model, TensorDataset(x, torch.zeros(pairs)), TensorDataset(y, torch.zeros(pairs)), pairs, batch_size, device, progress=False)
+    def fast(count: int) -> None:
+        plasticity.measure(model, reference, target, count, batch_size, device, progress=False)
 
-    rates = {name: pairs / _seconds(run, device, warmup=run) for name, run in (("plain", plain), ("measure", fast))}
+    first = min(batch_size, pairs)
+    seconds = _seconds({"plain": (lambda: plain(pairs), lambda: plain(first)), "measure": (lambda: fast(pairs), lambda: fast(first))}, device, repeats)
+    rates = {name: pairs / value for name, value in seconds.items()}
     return {
         "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",
         "pairs": pairs,
         "batch_size": batch_size,
+        "repeats": repeats,
         "device": _device_name(device),
         "plain_pairs_per_s": round(rates["plain"], 1),
         "measure_pairs_per_s": round(rates["measure"], 1),
@@ -189,18 +226,24 @@ def bench_finetune(
     image_size: int | None = None,
     workers: int | None = None,
     source_size: int = 32,
+    compile: bool = False,
+    plain: bool = True,
+    repeats: int = 3,
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
     Random weights and synthetic uint8 images of ``source_size`` pixels (Cifar-like), upsampled to
-    the model's resolution with the paper's training transform. The library step: images on the
-    device, batched augmentation, bf16 autocast on CUDA, only trainable weights get gradients.
-    The plain loop (what the authors' code does): torchvision transforms in DataLoader workers,
-    fp32, ``requires_grad`` set the same way.
+    the model's resolution with the paper's training transform. The library step is
+    ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
+    batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
+    gradients, ``torch.compile`` with ``compile=True``). The plain loop (what the authors' code
+    does): torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
+    Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
+    Median of ``repeats`` interleaved timings of ``steps`` steps.
     """
     from torch.utils.data import DataLoader
 
-    from . import components, models
+    from . import components, finetune, models
     from .data import ImageDataset
     from .transforms import paper_transform
 
@@ -215,44 +258,46 @@ def bench_finetune(
                            torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     plain_set = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size))
-    plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0)
+    plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
     peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
-              "dataloader_workers": workers, "peak_tflops_bf16": peak}
+              "compile": compile, "steps": steps, "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
+    autocast = finetune.autocast_for(device)
     for config in configs:
         components.set_trainable(model, config)
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)
+        trainable = [p for _, p in components.trainable_parameters(model)]
+        optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
+        forward = torch.compile(model) if compile else model
         images, labels = fast.batch(0)
         flops = _step_flops(model, images, labels)
 
-        def library_step(step: int) -> None:
-            x, y = fast.batch(step)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-                loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-            optimizer.step()
+        def library_steps(first: int, count: int) -> None:
+            for step in range(first, first + count):
+                x, y = fast.batch(step)
+                finetune.training_step(forward, trainable, optimizer, x, y, batch_size, 1.0, autocast)
 
-        def plain_steps(count: int):
-            iterator = _endless(plain_loader)
-            for _ in range(count):
-                x, y = next(iterator)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-                optimizer.step()
-            iterator.close()
+        runs = {"library": (lambda: library_steps(1, steps), lambda: library_steps(0, 1 + 2 * compile))}
+        if plain:
+            plain_optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
 
-        rates = {
-            "library": batch_size * steps / _seconds(lambda: [library_step(s) for s in range(steps)], device, warmup=lambda: library_step(0)),
-            "plain": batch_size * steps / _seconds(lambda: plain_steps(steps), device, warmup=lambda: plain_steps(1)),
-        }
+            def plain_steps(count: int):
+                iterator = _endless(plain_loader)
+                for _ in range(count):
+                    x, y = next(iterator)
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    plain_optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                    plain_optimizer.step()
+                iterator.close()
+
+            runs["plain"] = (lambda: plain_steps(steps), lambda: plain_steps(1))
+        rates = {name: batch_size * steps / value for name, value in _seconds(runs, device, repeats).items()}
+        if plain:
+            result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
+            result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)
         result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
-        result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
-        result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)
         achieved = flops / batch_size * rates["library"] / 1e12
         result[f"{config}_library_tflops"] = round(achieved, 3)
         if peak:
@@ -261,6 +306,90 @@ def bench_finetune(
     gc.collect()
     result["torch"] = torch.__version__
     return result
+
+
+TARGET_PARTS = ("data", "plasticity", "finetune")
+FINETUNE_CONFIGS = ("full", "mha", "fc1", "fc2", "ln2", "ln1", "linear")
+
+
+def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[str, ...] = TARGET_PARTS) -> list[dict]:
+    """Every benchmark at the settings of its issue, each figure checked against its target.
+
+    On CUDA: the data paths on a Cifar10 fixture at 224 (device path >= 5x the DataLoader path);
+    12,800 ViT-Base pairs (plain definition and ``measure``, under a minute); ViT-Base/16
+    training steps at batch 256 for every configuration, eager and compiled (full finetuning at
+    >= 40% FLOP utilisation on an H100, frozen configurations faster than full). On a CPU: the
+    same at CPU scale (device path never slower; ``measure`` >= 2x the plain definition on the
+    demo ViT and ViT-Base; the finetuning step against the plain loop on the demo ViT).
+    Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
+    ``<out>/targets.json``; returns the checks.
+    """
+    for part in parts:
+        if part not in TARGET_PARTS:
+            raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(TARGET_PARTS)}")
+    device = _device(device)
+    cuda = device.type == "cuda"
+    checks: list[dict] = []
+
+    def check(issue: int, target: str, measured: str, met: bool | None) -> None:
+        checks.append({"issue": issue, "target": target, "measured": measured, "met": met})
+        if out:
+            (out / "targets.json").write_text(json.dumps(checks, indent=2) + "\n")
+
+    def keep(part: str, result) -> None:
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    if "data" in parts:
+        result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
+        keep("data", result)
+        need = 5.0 if cuda else 1.0
+        check(3, f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
+              f"{result['device_path_images_per_s']:,.0f} vs {result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
+              result["speedup"] >= need)
+    if "plasticity" in parts:
+        # (model, pairs, batch, repeats): on a GPU, the paper's 12,800 pairs once
+        settings = [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1)] if cuda else [("demo", 256, 64, 3), ("vit_base_in21k", 32, 16, 3)]
+        results = [bench_plasticity(name, pairs, batch, str(device), repeats=repeats) for name, pairs, batch, repeats in settings]
+        keep("plasticity", results)
+        for (name, pairs, _, _), result in zip(settings, results):
+            figures = f"{result['measure_pairs_per_s']:,.1f} vs {result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
+            if cuda:
+                check(4, f"measure vs plain definition, {name}, {pairs:,} pairs", figures, None)
+            else:
+                check(4, f"measure >= 2x the plain definition, {name}", figures, result["speedup"] >= 2.0)
+        if cuda:
+            seconds = results[-1]["seconds_for_12800_pairs"]
+            check(4, "12,800 ViT-Base pairs in under a minute (measure, no decoding)", f"{seconds} s", seconds < 60)
+    if "finetune" in parts:
+        name, batch = ("vit_base_in21k", 256) if cuda else ("demo", 64)
+        eager = bench_finetune(name, FINETUNE_CONFIGS, batch, steps=10, device=str(device))
+        keep("finetune", eager)
+        compiled = bench_finetune(name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile=True, plain=False) if cuda else None
+        if compiled:
+            keep("finetune_compiled", compiled)
+        for config in FINETUNE_CONFIGS:
+            check(6, f"{config}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
+                  f"{eager[f'{config}_library_images_per_s']:,.1f} vs {eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
+                  eager[f"{config}_speedup"] >= 1.0)
+        full = eager["full_library_images_per_s"]
+        slower = [c for c in FINETUNE_CONFIGS[1:] if eager[f"{c}_library_images_per_s"] <= full]
+        check(6, "frozen configurations faster than full finetuning", "slower or equal: " + (", ".join(slower) or "none"), not slower)
+        if cuda:
+            mfu = {"eager": eager.get("full_library_mfu"), "compiled": compiled.get("full_library_mfu")}
+            best = max((v for v in mfu.values() if v is not None), default=None)
+            check(6, "full finetuning at >= 40% model FLOP utilisation (H100)",
+                  ", ".join(f"{k} {v:.1%}" if v is not None else f"{k} n/a (unknown GPU peak)" for k, v in mfu.items()),
+                  None if best is None else best >= 0.40)
+    return checks
+
+
+def _print_checks(checks: list[dict]) -> None:
+    print(f"{'issue':<6}{'met':<6}{'target':<78}measured")
+    for row in checks:
+        met = {True: "yes", False: "NO", None: "-"}[row["met"]]
+        print(f"#{row['issue']:<5}{met:<6}{row['target']:<78}{row['measured']}")
 
 
 def _print(result: dict, json_path: Path | None) -> None:
@@ -290,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=None, help="default: the model's")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     f = commands.add_parser("finetune", help="training images/s per configuration: library step vs plain fp32 DataLoader loop")
     f.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
@@ -299,15 +429,30 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--image-size", type=int, default=None, help="default: the model's")
     f.add_argument("--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)")
     f.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
+    f.add_argument("--compile", action="store_true", help="run the library step's model through torch.compile")
+    f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
+    t.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    t.add_argument("--parts", default=",".join(TARGET_PARTS), help="comma-separated: " + ", ".join(TARGET_PARTS))
+    t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json")
     args = parser.parse_args(argv)
+    if args.command == "targets":
+        try:
+            checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")))
+        except ValueError as error:
+            parser.exit(2, f"error: {error}\n")
+        _print_checks(checks)
+        return
     try:
         if args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "plasticity":
-            result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size)
+            result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
         else:
-            result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size, args.workers)
+            result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
+                                    args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     _print(result, args.json)

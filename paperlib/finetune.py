@@ -15,10 +15,16 @@ while it runs, ``checkpoint.pt``. Started again with the same parameters, a fini
 its metrics and an interrupted one resumes from its last checkpoint; batches are a function of
 (seed, step), so the resumed run ends where an uninterrupted one would. A non-finite loss stops the
 run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU.
+
+Speed (the GPU time is what users pay): one step is ``training_step`` (the function the benchmark
+times), the SGD update is one fused kernel on CUDA, losses and gradient norms stay on the device
+and are read back every ``READ_BACK`` steps and at evaluations (not once per step, which would
+stall the GPU), and ``compile=True`` runs the model through ``torch.compile``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -31,6 +37,8 @@ from torch import nn
 
 from . import components, data, models, paths
 from .loader import DeviceLoader, uint8_images
+
+READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,7 @@ class Config:
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
+    compile: bool = False  # run the model through torch.compile (worth it on a GPU for long runs)
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -80,18 +89,69 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
+def autocast_for(device: torch.device):
+    """The protocol's precision: a context factory, bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."""
+    if device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return lambda: torch.autocast(device.type, enabled=False)
+
+
+def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
+    """SGD with momentum and no weight decay (appendix C.3); one fused update kernel on CUDA."""
+    return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
+
+
+def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, autocast):
+    """One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
+    accumulated), clipping at global norm ``clip``, SGD update.
+
+    Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
+    device: the caller decides when to read them back. ``forward`` is the model, or its compiled twin.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=images.device)
+    for first in range(0, len(images), micro):
+        with autocast():
+            logits = forward(images[first : first + micro])
+        loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
+        loss.backward()
+        total += loss.detach()
+    norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
+    optimizer.step()
+    return total, norm
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DeviceLoader, autocast) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a whole split."""
+def evaluate(model: nn.Module, loader: DeviceLoader, autocast, forward=None) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end."""
     model.eval()
-    loss, correct, count = 0.0, 0, 0
+    forward = model if forward is None else forward
+    totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
     for images, labels in loader:
         with autocast():
-            logits = model(images)
-        loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
-        correct += (logits.argmax(dim=1) == labels).sum().item()
-        count += len(labels)
+            logits = forward(images)
+        loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        totals += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
+    loss, correct = totals.tolist()
+    count = len(loader.images)
     return loss / count, correct / count
+
+
+def _read_back(pending: list, rows: list) -> bool:
+    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if one diverged.
+
+    Rows after the first non-finite loss are dropped: the run stops at that step.
+    """
+    if not pending:
+        return False
+    values = torch.stack([torch.stack([loss.double(), norm.double()]) for _, loss, norm in pending]).tolist()
+    pending_rows = [row for row, _, _ in pending]
+    pending.clear()
+    for row, (loss, norm) in zip(pending_rows, values):
+        rows.append({**row, "train_loss": loss, "grad_norm": norm})
+        if not math.isfinite(loss):
+            return True
+    return False
 
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -114,23 +174,37 @@ def run(config: Config, progress: bool = False) -> dict:
     return train(config, progress)[1]
 
 
+@contextlib.contextmanager
+def _deterministic(enabled: bool):
+    """PyTorch's deterministic algorithms while a run trains; the caller's setting restored after."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
 def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
-    """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics."""
+    """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
+
+    Deterministic on a CPU (same seed, same numbers); on CUDA, as the caller set PyTorch (its
+    deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
+    """
     config.validate()
+    cpu = torch.device(config.device).type != "cuda"
+    with _deterministic(cpu or torch.are_deterministic_algorithms_enabled()):
+        return _train(config, progress)
+
+
+def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     folder = config.folder()
     params = asdict(config)
     _write_json(folder / "params.json", params)
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
-    if cuda:
-        def autocast():
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-    else:
-        def autocast():
-            return torch.autocast("cpu", enabled=False)
-    if not cuda:
-        torch.use_deterministic_algorithms(True)
+    autocast = autocast_for(device)
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
@@ -140,10 +214,11 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
+    forward = torch.compile(model) if config.compile else model
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed)
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device)
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device)
-    optimizer = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=0.0)
+    optimizer = make_optimizer(trainable, config.lr, config.momentum, device)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
     start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
@@ -158,43 +233,36 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
 
     micro = config.micro_batch or config.batch_size
     status, start, seen = "finished", time.perf_counter(), 0
+    pending = []  # steps whose loss and gradient norm are still on the device
     for step in range(start_step, config.steps):
         model.train()
         images, labels = train.batch(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = 0.0
-        for first in range(0, config.batch_size, micro):
-            with autocast():
-                logits = model(images[first : first + micro])
-            loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / config.batch_size)
-            loss.backward()
-            loss_value += loss.item()
+        lr = optimizer.param_groups[0]["lr"]
+        loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, autocast)
+        schedule.step()
         seen += len(images)
-        row = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"], "train_loss": loss_value}
-        if not math.isfinite(loss_value):
-            rows.append({**row, "grad_norm": float("nan")})
+        pending.append(({"step": step + 1, "lr": lr}, loss, norm))
+        evaluation = (step + 1) % config.eval_every == 0 or step + 1 == config.steps
+        if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows):
             status = "diverged"
             break
-        row["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(trainable, config.clip))
-        optimizer.step()
-        schedule.step()
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast)
+        if evaluation:
+            row = rows[-1]
+            row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast, forward)
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
-            state = {"params": params, "step": step + 1, "history": rows + [row], "best": best,
+            state = {"params": params, "step": step + 1, "history": rows, "best": best,
                      "model": current, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
             paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress:
-                print(f"step {step + 1:6d}  loss {loss_value:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)
-        rows.append(row)
+                print(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)
     wall = time.perf_counter() - start
 
     test_loss = test_accuracy = float("nan")
     if best["state"] is not None:
         model.load_state_dict(best["state"], strict=False)
-        test_loss, test_accuracy = evaluate(model, test, autocast)
+        test_loss, test_accuracy = evaluate(model, test, autocast, forward)
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
     metrics = {

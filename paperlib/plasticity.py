@@ -12,11 +12,13 @@ by zero-padding (appendix C.4). ``inputs="in_situ"`` is an extension the paper d
 each component receives its actual input in the forward pass instead of the embedding.
 
 ``rates`` is exact but does less work than the definition read literally (``plain_rates``):
-a difference through a linear map needs one product, not two, and its bias cancels; FC1's
-(4d x d) weight enters only through its d x d Gram matrix, ``||W D||_F^2 = sum((D W^T W) * D)``;
-the zero-lifted FC2 only reads the first d columns of its weight; a LayerNorm's normalisation is
-the same in every block, only its gain differs; MHA runs once on both sides of every pair. No
-component output leaves the device: only the rates do, once per batch.
+a difference through a linear map needs one product, not two, and its bias cancels; better, a
+linear map W enters only through its d x d Gram matrix, ``||D W^T||_F^2 = <D^T D, W^T W>``, so
+the d x d Gram matrix of each pair's difference D, computed once, serves FC1 and FC2 of every
+block (the zero-lifted FC2 only reads the first d columns of its weight); a LayerNorm's
+normalisation is the same in every block, only its gain differs, and its bias cancels; MHA runs
+once on both sides of every pair. Sums of squares are taken in float64. No component output
+leaves the device: only the rates do, once per batch.
 """
 
 from __future__ import annotations
@@ -89,29 +91,54 @@ def plain_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return torch.stack(out)
 
 
-def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def linear_terms(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the linear components contribute to every rate, computed once per model, in float64.
+
+    Returns the (2L, d*d) Gram matrices ``W^T W`` of FC1 and of FC2's first d columns (the
+    zero-lifted input reads no others), and the (2L, d) squared gains of LN2 and LN1, block by
+    block in that order. ``measure`` computes them once for all batches.
+    """
+    d = model.blocks[0].norm1.normalized_shape[-1]
+    grams, gains = [], []
+    for block in model.blocks:
+        for weight in (block.mlp.fc1.weight, block.mlp.fc2.weight[:, :d]):
+            weight = weight.double()
+            grams.append((weight.T @ weight).flatten())
+        for norm in (block.norm2, block.norm1):
+            gamma = norm.weight if norm.weight is not None else torch.ones(d, device=weight.device)
+            gains.append(gamma.double() ** 2)
+    return torch.stack(grams), torch.stack(gains)
+
+
+PAIR_CHUNK = 32  # pairs whose d x d difference Gram matrices are held at once (float64)
+
+
+def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     ex, ey = embed(model, x), embed(model, y)
     difference = ex - ey
+    b, _, d = ex.shape
     denominator = _frobenius(difference)
-    d = ex.shape[-1]
+    grams, gains = terms if terms is not None else linear_terms(model)
+    # FC1 and FC2: ||D W^T||_F^2 = <D^T D, W^T W>, so one d x d Gram matrix of each pair's
+    # difference serves every block, where D W^T costs n*d*4d per block
+    squared = torch.cat([
+        (chunk.transpose(1, 2).double() @ chunk.double()).flatten(1) @ grams.T for chunk in difference.split(PAIR_CHUNK)
+    ]).view(b, -1, 2)
+    # LayerNorms: the normalisation is the same in every block (per eps), only the gain differs,
+    # and the bias cancels: ||C * gamma||_F^2 = sum_j gamma_j^2 sum_t C_tj^2
     both = torch.cat([ex, ey])  # one MHA call for the two sides of every pair
-    b = len(x)
-    cores: dict[float, torch.Tensor] = {}
+    columns: dict[float, torch.Tensor] = {}
     out = []
-    for block in model.blocks:
+    for index, block in enumerate(model.blocks):
         rates = {}
         attn = block.attn(both)
         rates["mha"] = _frobenius(attn[:b] - attn[b:])
-        w1 = block.mlp.fc1.weight
-        gram = w1.T @ w1  # d x d: four times less work than W1 @ difference
-        rates["fc1"] = torch.sqrt(((difference @ gram) * difference).double().flatten(1).sum(dim=1).clamp_min(0))
-        rates["fc2"] = _frobenius(nn.functional.linear(difference, block.mlp.fc2.weight[:, :d]))
-        for component, norm in (("ln2", block.norm2), ("ln1", block.norm1)):
-            if norm.eps not in cores:
+        rates["fc1"], rates["fc2"] = squared[:, index].clamp_min(0).sqrt().unbind(dim=1)
+        for offset, (component, norm) in enumerate((("ln2", block.norm2), ("ln1", block.norm1))):
+            if norm.eps not in columns:
                 core = _layer_norm_core(both, norm)
-                cores[norm.eps] = core[:b] - core[b:]
-            gamma = norm.weight if norm.weight is not None else torch.ones(d, device=ex.device, dtype=ex.dtype)
-            rates[component] = _frobenius(cores[norm.eps] * gamma)
+                columns[norm.eps] = ((core[:b] - core[b:]).double() ** 2).sum(dim=1)  # (B, d)
+            rates[component] = (columns[norm.eps] @ gains[2 * index + offset]).clamp_min(0).sqrt()
         out.append(torch.stack([rates[c] / denominator for c in COMPONENTS]))
     return torch.stack(out)
 
@@ -145,8 +172,11 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 
 
 @torch.no_grad()
-def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding") -> torch.Tensor:
-    """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device."""
+def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None) -> torch.Tensor:
+    """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device.
+
+    ``terms``: ``linear_terms(model)``, when computed once for many batches.
+    """
     check_inputs(inputs)
     if x.shape != y.shape or x.ndim != 4:
         raise ValueError(f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}")
@@ -155,7 +185,7 @@ def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str 
     was_training = model.training
     model.eval()
     try:
-        return (_embedding_rates if inputs == "embedding" else _in_situ_rates)(model, x, y)
+        return _embedding_rates(model, x, y, terms) if inputs == "embedding" else _in_situ_rates(model, x, y)
     finally:
         model.train(was_training)
 
@@ -244,9 +274,11 @@ def measure(
         for dataset in (reference, target)
     ]
     chunks = []
+    with torch.no_grad():
+        terms = linear_terms(model) if inputs == "embedding" else None
     with tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         for (x, _), (y, _) in zip(*loaders):
-            chunks.append(rate_tensor(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs))
+            chunks.append(rate_tensor(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms))
             bar.update(len(x))
     return to_table(torch.cat(chunks, dim=2))
 

@@ -45,6 +45,19 @@ def test_fast_rates_equal_the_plain_definition(request, fixture, size):
     assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-6)
 
 
+def test_layer_norms_with_other_eps_or_no_gain_equal_the_plain_definition():
+    # the shortcut shares each LayerNorm's normalisation across blocks: it must key it by eps and
+    # read a missing gain as ones
+    model = _perturb(models.create_model("demo", pretrained=False), seed=2)
+    d = model.embed_dim
+    model.blocks[1].norm2 = torch.nn.LayerNorm(d, eps=1e-2, elementwise_affine=False)
+    model.blocks[2].norm1 = torch.nn.LayerNorm(d, eps=0.5)
+    x, y = _pairs()
+    with torch.no_grad():
+        plain = plasticity.plain_rates(model, x, y)
+    assert torch.allclose(plasticity.rate_tensor(model, x, y), plain, rtol=1e-4, atol=1e-6)
+
+
 def test_fc2_zero_lift_uses_the_first_d_columns(demo):
     x, y = _pairs(2)
     fc2 = demo.blocks[0].mlp.fc2

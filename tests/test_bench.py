@@ -1,0 +1,60 @@
+"""The benchmark's target checks: each figure compared with its issue's target, results kept on disk."""
+
+import json
+
+import pytest
+
+from paperlib import bench
+
+
+@pytest.fixture
+def fake_benchmarks(monkeypatch):
+    """Stand-ins for the three benchmarks with chosen figures (the checks, not the timings, are tested)."""
+    figures = {"data_speedup": 3.0, "plasticity_speedup": 2.5, "ln1_images": 900.0}
+
+    def data(*args, **kwargs):
+        return {"dataloader_images_per_s": 100.0, "device_path_images_per_s": 100.0 * figures["data_speedup"], "speedup": figures["data_speedup"]}
+
+    def plasticity(name, pairs, batch, device, repeats=3):
+        return {"plain_pairs_per_s": 10.0, "measure_pairs_per_s": 10.0 * figures["plasticity_speedup"],
+                "speedup": figures["plasticity_speedup"], "seconds_for_12800_pairs": 12800 / (10.0 * figures["plasticity_speedup"])}
+
+    def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
+        out = {}
+        for config in configs:
+            library = figures["ln1_images"] if config == "ln1" else (500.0 if config == "full" else 800.0)
+            out.update({f"{config}_library_images_per_s": library, f"{config}_plain_images_per_s": 400.0, f"{config}_speedup": library / 400.0})
+        return out
+
+    monkeypatch.setattr(bench, "bench_data", data)
+    monkeypatch.setattr(bench, "bench_plasticity", plasticity)
+    monkeypatch.setattr(bench, "bench_finetune", finetune)
+    return figures
+
+
+def _met(checks, words):
+    return [row["met"] for row in checks if words in row["target"]]
+
+
+def test_cpu_targets_pass_and_fail_with_the_figures(fake_benchmarks, tmp_path):
+    checks = bench.bench_targets("cpu", tmp_path)
+    assert _met(checks, "device path >= 1x") == [True]
+    assert _met(checks, "measure >= 2x") == [True, True]
+    assert _met(checks, "frozen configurations faster") == [True]
+    assert json.loads((tmp_path / "targets.json").read_text()) == checks
+    assert {p.name for p in tmp_path.iterdir()} == {"targets.json", "data.json", "plasticity.json", "finetune.json"}
+
+    fake_benchmarks.update(data_speedup=0.9, plasticity_speedup=1.5, ln1_images=450.0)
+    checks = bench.bench_targets("cpu", None)
+    assert _met(checks, "device path >= 1x") == [False]
+    assert _met(checks, "measure >= 2x") == [False, False]
+    frozen = next(row for row in checks if "frozen" in row["target"])
+    assert frozen["met"] is False and "ln1" in frozen["measured"]
+
+
+def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
+    checks = bench.bench_targets("cpu", None, ("plasticity",))
+    assert {row["issue"] for row in checks} == {4}
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["targets", "--parts", "data,speed"])
+    assert exit.value.code == 2 and "valid parts: data, plasticity, finetune" in capsys.readouterr().err

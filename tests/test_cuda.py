@@ -1,0 +1,132 @@
+"""The GPU paths against the CPU ones: transforms, loader, plasticity, finetuning, benchmarks.
+
+Skipped where there is no GPU (CI). On a GPU machine: ``pytest tests/test_cuda.py`` (see
+docs/benchmarks.md for the one command that also runs every benchmark). The device is
+``$PAPERLIB_TEST_DEVICE`` (default ``cuda``); ``PAPERLIB_TEST_DEVICE=cpu`` runs the same checks
+on a CPU, to check the tests themselves.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from paperlib import components, data, finetune, models, plasticity
+from paperlib import transforms as T
+from paperlib.finetune import Config
+from paperlib.loader import DeviceLoader
+
+DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
+pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    value, reference = value.double().cpu(), reference.double().cpu()
+    return float(torch.linalg.vector_norm(value - reference) / torch.linalg.vector_norm(reference))
+
+
+def test_resized_crops_on_the_device_equal_the_cpu():
+    images = torch.randint(0, 256, (16, 3, 32, 40), dtype=torch.uint8)
+    boxes = T.sample_crops(16, 32, 40, torch.Generator().manual_seed(0))
+    flips = T.sample_flips(16, torch.Generator().manual_seed(1))
+    cpu = T.resized_crops(images, boxes, 224, flips)
+    device = T.resized_crops(images.to(DEVICE), boxes.to(DEVICE), 224, flips.to(DEVICE))
+    assert device.device.type == DEVICE.type and (device.cpu() - cpu).abs().max() < 1e-5
+    evaluated = T.device_transform(images.to(DEVICE), augment=False, image_size=224)
+    assert (evaluated.cpu() - T.device_transform(images, augment=False, image_size=224)).abs().max() < 1e-4
+
+
+def test_augmentation_statistics_with_a_device_generator():
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    boxes = T.sample_crops(4000, 32, 32, generator, DEVICE).cpu().numpy()
+    torch.manual_seed(0)
+    reference = np.array([T.v2.RandomResizedCrop.get_params(torch.zeros(3, 32, 32), list(T.SCALE), list(T.RATIO)) for _ in range(4000)], float)
+    scale = lambda b: b[:, 2] * b[:, 3] / 32**2  # noqa: E731
+    assert stats.ks_2samp(scale(boxes), scale(reference)).pvalue > 1e-3
+    assert (boxes[:, 0] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= 32).all()
+    flips = T.sample_flips(20000, generator, DEVICE)
+    assert flips.device.type == DEVICE.type and stats.binomtest(int(flips.sum()), len(flips), 0.5).pvalue > 1e-3
+
+
+def test_device_loader_on_the_device():
+    digits = data.get_dataset("digits", "trainval")
+    loader = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3)
+    images, labels = loader.batch(5)
+    assert images.device.type == DEVICE.type and images.shape == (64, 3, 224, 224) and images.dtype == torch.float32
+    again, again_labels = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3).batch(5)
+    assert torch.equal(images, again) and torch.equal(labels, again_labels)
+    # the batch order is drawn on the host: the same images as the CPU loader's batch
+    assert torch.equal(labels.cpu(), DeviceLoader(digits, 64, augment=True, image_size=224, seed=3).batch(5)[1])
+    on_host = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3, images_on="host").batch(5)
+    assert torch.equal(images, on_host[0])
+    plain = DeviceLoader(digits, 64, augment=False, image_size=32, device=DEVICE)
+    assert (next(iter(plain))[0].cpu() - torch.stack([digits[i][0] for i in range(64)])).abs().max() < 1e-5
+
+
+def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
+    model = models.create_model("demo", pretrained=False)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
+    model.eval()
+    x, y = torch.randn(12, 3, 32, 32, generator=generator), torch.randn(12, 3, 32, 32, generator=generator)
+    with torch.no_grad():
+        reference = plasticity.plain_rates(model.double(), x.double(), y.double())
+    model.float()
+    on_device = plasticity.rate_tensor(model.to(DEVICE), x.to(DEVICE), y.to(DEVICE))
+    assert on_device.device.type == DEVICE.type and _relative_error(on_device, reference) < 1e-4
+    table = plasticity.measure(model, torch.utils.data.TensorDataset(x, torch.zeros(12)), torch.utils.data.TensorDataset(y, torch.zeros(12)),
+                               12, 5, DEVICE, progress=False)
+    assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=1e-4)
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    return tmp_path
+
+
+def _small(**overrides):
+    return Config(**{"steps": 12, "batch_size": 32, "warmup": 2, "eval_every": 4, "lr": 0.05, "device": str(DEVICE), **overrides})
+
+
+def test_finetuning_on_the_device_trains_only_the_chosen_component(results):
+    model, metrics = finetune.train(_small(config="fc2"))
+    torch.manual_seed(0)
+    initial = models.create_model("demo", num_classes=5)
+    expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, "fc2"))}
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach().cpu(), initial.state_dict()[n])}
+    assert changed and changed <= expected and "head.weight" in changed
+    assert metrics["status"] == "finished" and 0 <= metrics["test_accuracy"] <= 1
+    assert metrics["device"] == (torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu")
+    history = finetune.history(_small(config="fc2"))
+    assert history["train_loss"].map(np.isfinite).all() and history["grad_norm"].gt(0).all()
+    optimizer = finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE)
+    assert bool(optimizer.defaults["fused"]) == (DEVICE.type == "cuda")
+
+
+def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
+    eager = finetune.run(_small(config="full"))
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "compiled"))
+    compiled = finetune.run(_small(config="full", compile=True))
+    assert compiled["status"] == "finished"
+    losses = finetune.history(_small(config="full"))["train_loss"].to_numpy()
+    compiled_losses = finetune.history(_small(config="full", compile=True))["train_loss"].to_numpy()
+    # bf16 autocast: kernels fused differently round differently
+    assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
+
+
+def test_benchmarks_run_on_the_device(capsys):
+    from paperlib import bench
+
+    result = bench.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
+    assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
+    result = bench.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
+    assert result["measure_pairs_per_s"] > 0
+    result = bench.bench_finetune("demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1)
+    assert result["linear_library_images_per_s"] > 0
+    if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench.PEAK_TFLOPS):
+        assert 0 < result["full_library_mfu"] < 1
