@@ -25,6 +25,7 @@ micro_batch = 0  # images per forward pass when a batch does not fit (0: the who
 warmup = 10  # linear warm-up steps (the authors' code: 2,000)
 eval_every = 10  # validation every this many steps
 device = "cpu"  # cpu or cuda
+compile_model = False  # run the model through torch.compile (worth it on a GPU for long runs)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -34,7 +35,7 @@ from paperlib import components, finetune, models, paths, plots
 
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, compile=compile_model, data_root=data_root,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)
