@@ -187,3 +187,22 @@ def test_plasticity_benchmark_runs(capsys):
     bench.main(["plasticity", "--pairs", "8", "--batch-size", "4", "--device", "cpu"])
     out = capsys.readouterr().out
     assert "plain_pairs_per_s" in out and "measure_pairs_per_s" in out
+
+
+def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    workers = []
+    original = plasticity.measure
+
+    def spy(*args, num_workers=0, **kwargs):
+        workers.append(num_workers)
+        return original(*args, num_workers=num_workers, **kwargs)
+
+    monkeypatch.setattr(plasticity, "measure", spy)
+    table, folder = plasticity.run("demo", "digits", "digits_source", n_pairs=8, batch_size=4, progress=False)
+    assert folder == tmp_path / "plasticity" / "demo" / "digits" and len(plasticity.load(folder)) == len(table) == 8 * 6 * 5
+    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, num_workers=2)
+    assert workers == [0, 2]
+    monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
+    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, device="cuda", progress=False)
+    assert workers[-1] >= 1
