@@ -23,6 +23,7 @@ leaves the device: only the rates do, once per batch.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pandas as pd
@@ -171,23 +172,34 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     return torch.stack(out)
 
 
-@torch.no_grad()
-def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None) -> torch.Tensor:
-    """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device.
-
-    ``terms``: ``linear_terms(model)``, when computed once for many batches.
-    """
+@contextlib.contextmanager
+def _evaluating(model: nn.Module, inputs: str):
+    """Checks the inputs mode and the blocks once, and holds the model in eval mode, no gradients."""
     check_inputs(inputs)
-    if x.shape != y.shape or x.ndim != 4:
-        raise ValueError(f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}")
     for block in model.blocks:
         _check_block(block)
     was_training = model.training
     model.eval()
     try:
-        return _embedding_rates(model, x, y, terms) if inputs == "embedding" else _in_situ_rates(model, x, y)
+        with torch.no_grad():
+            yield
     finally:
         model.train(was_training)
+
+
+def _rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms) -> torch.Tensor:
+    if x.shape != y.shape or x.ndim != 4:
+        raise ValueError(f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}")
+    return _embedding_rates(model, x, y, terms) if inputs == "embedding" else _in_situ_rates(model, x, y)
+
+
+def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None) -> torch.Tensor:
+    """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device.
+
+    ``terms``: ``linear_terms(model)``, when computed once for many batches.
+    """
+    with _evaluating(model, inputs):
+        return _rates(model, x, y, inputs, terms)
 
 
 def to_table(rates: torch.Tensor, first_pair: int = 0) -> pd.DataFrame:
@@ -274,11 +286,10 @@ def measure(
         for dataset in (reference, target)
     ]
     chunks = []
-    with torch.no_grad():
+    with _evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         terms = linear_terms(model) if inputs == "embedding" else None
-    with tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         for (x, _), (y, _) in zip(*loaders):
-            chunks.append(rate_tensor(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms))
+            chunks.append(_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms))
             bar.update(len(x))
     return to_table(torch.cat(chunks, dim=2))
 
