@@ -83,6 +83,29 @@ def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
         sweep.run_sweep({"notebook": str(tiny_notebook), "grid": {"value": [1]}}, executor="gpus")
 
 
+def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
+    # ids need no real GPU: each worker process exports its id as CUDA_VISIBLE_DEVICES, and the
+    # papermill kernel it starts inherits it
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell("value = 1  # a number", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("import os, time\ntime.sleep(1)\nprint('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"),
+    ]
+    notebook = tmp_path / "pinned.ipynb"
+    nbformat.write(nb, notebook)
+    runs = sweep.run_sweep({"notebook": str(notebook), "grid": {"value": [1, 2, 3, 4]}}, executor="gpus", gpus=[3, 5])
+    assert [r.status for r in runs] == ["done"] * 4, [r.error for r in runs]
+    seen = set()
+    for value in (1, 2, 3, 4):
+        text = json.loads((reports / "pinned" / f"{value}.ipynb").read_text())["cells"][-1]["outputs"][0]["text"]
+        _, gpu, _, worker = (text if isinstance(text, str) else "".join(text)).split()
+        seen.add((gpu, worker))
+    gpus = {gpu for gpu, _ in seen}
+    assert gpus <= {"3", "5"} and len(gpus) == 2  # both GPUs served runs
+    assert len({worker for _, worker in seen}) == 2 and len(seen) == 2  # one process per GPU, each always on its own GPU
+
+
 def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
     spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
     spec["grid"]["dataset"] = ["digits_c/snow"]
