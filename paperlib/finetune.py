@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -208,7 +209,12 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
-    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed)) for s in ("train", "val", "test")}
+    # file datasets are decoded once, in parallel, into a cache under the same data root
+    decoders, cache = min(8, os.cpu_count() or 1), Path(root) / "cache" if root else None
+    splits = {
+        s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), cache_dir=cache, workers=decoders)
+        for s in ("train", "val", "test")
+    }
     num_classes = len(splits["test"].classes)
     model = models.create_model(config.model, num_classes=num_classes).to(device)
     size = config.image_size or model.patch_embed.img_size[0]

@@ -194,3 +194,24 @@ def test_deterministic_mode_is_restored_after_a_run():
         patch.setattr(finetune, "_train", spy)
         finetune.train(small(steps=4, eval_every=2))
     assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, monkeypatch):
+    # Pets in its official layout: the images are decoded by DataLoader workers into the uint8
+    # cache under the data root, and the run trains on the cached images
+    from paperlib import fixtures
+
+    fixtures.write_pets(tmp_path / "data")
+    calls = []
+    original = finetune.uint8_images
+
+    def spy(dataset, *args, workers=0, **kwargs):
+        calls.append((dataset.split, workers))
+        return original(dataset, *args, workers=workers, **kwargs)
+
+    monkeypatch.setattr(finetune, "uint8_images", spy)
+    config = small(dataset="pets", data_root=str(tmp_path / "data"), steps=4, batch_size=4, eval_every=2, warmup=1)
+    metrics = finetune.run(config)
+    assert metrics["status"] == "finished" and metrics["num_classes"] == 3
+    assert [split for split, _ in calls] == ["train", "val", "test"] and all(workers >= 1 for _, workers in calls)
+    assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 3
