@@ -76,11 +76,13 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     with torch.no_grad():
         reference = plasticity.plain_rates(model.double(), x.double(), y.double())
     model.float()
+    # cuDNN may run the patch-embedding convolution in TF32 (PyTorch's default): about 1e-3 apart
+    tolerance = 2e-3 if DEVICE.type == "cuda" else 1e-4
     on_device = plasticity.rate_tensor(model.to(DEVICE), x.to(DEVICE), y.to(DEVICE))
-    assert on_device.device.type == DEVICE.type and _relative_error(on_device, reference) < 1e-4
+    assert on_device.device.type == DEVICE.type and _relative_error(on_device, reference) < tolerance
     table = plasticity.measure(model, torch.utils.data.TensorDataset(x, torch.zeros(12)), torch.utils.data.TensorDataset(y, torch.zeros(12)),
                                12, 5, DEVICE, progress=False)
-    assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=1e-4)
+    assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
 
 
 @pytest.fixture
