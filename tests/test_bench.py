@@ -57,4 +57,19 @@ def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
     assert {row["issue"] for row in checks} == {4}
     with pytest.raises(SystemExit) as exit:
         bench.main(["targets", "--parts", "data,speed"])
-    assert exit.value.code == 2 and "valid parts: data, plasticity, finetune" in capsys.readouterr().err
+    assert exit.value.code == 2 and "valid parts: data, plasticity, finetune, compiled" in capsys.readouterr().err
+
+
+def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, monkeypatch):
+    calls = []
+
+    def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
+        calls.append(compile)
+        return {"full_library_mfu": 0.45 if compile else 0.3, "full_library_tflops": 123.0}
+
+    monkeypatch.setattr(bench, "bench_finetune", finetune)
+    checks = bench.bench_targets("cpu", None, ("compiled",))
+    assert calls == [True] and [row["met"] for row in checks] == [True] and "45.0%" in checks[0]["measured"]
+    monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
+    checks = bench.bench_targets("cpu", None, ("compiled",))
+    assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
