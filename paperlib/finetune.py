@@ -221,9 +221,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     forward = torch.compile(model) if config.compile else model
-    train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed)
-    val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device)
-    test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device)
+    train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
+    val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
+    test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
     optimizer = make_optimizer(trainable, config.lr, config.momentum, device)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 

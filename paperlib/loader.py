@@ -63,6 +63,18 @@ def uint8_images(
     return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
 
 
+AUTO_DEVICE_FRACTION = 0.25  # of a GPU's memory, at most, for a dataset's images (the rest: model, activations)
+
+
+def placement(nbytes: int, device: torch.device, total_memory: int | None = None) -> str:
+    """Where ``DeviceLoader(images_on="auto")`` keeps ``nbytes`` of images: "device" or "host"."""
+    if device.type != "cuda":
+        return "device"
+    if total_memory is None:
+        total_memory = torch.cuda.get_device_properties(device).total_memory
+    return "device" if nbytes <= AUTO_DEVICE_FRACTION * total_memory else "host"
+
+
 class DeviceLoader:
     """Batches of (transformed float images, labels) produced on ``device`` from uint8 images.
 
@@ -77,7 +89,9 @@ class DeviceLoader:
         seed: seeds the order and the augmentations; same seed, same batches.
         images_on: ``"device"`` moves every uint8 image to ``device`` once (fastest);
             ``"host"`` keeps them in (pinned) host memory and copies each batch, for datasets
-            larger than the device's memory (DomainNet sketch at 256x256 is about 14 GB).
+            larger than the device's memory (DomainNet sketch at 256x256 is about 14 GB);
+            ``"auto"`` takes ``"device"`` unless the images would fill more than
+            ``AUTO_DEVICE_FRACTION`` of a GPU's memory.
     """
 
     def __init__(
@@ -92,13 +106,16 @@ class DeviceLoader:
         seed: int = 0,
         images_on: str = "device",
     ):
-        if images_on not in ("device", "host"):
-            raise ValueError(f"images_on must be 'device' or 'host', got {images_on!r}")
+        if images_on not in ("device", "host", "auto"):
+            raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
         if not isinstance(dataset, ImageDataset):
             raise TypeError(f"DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), got {type(dataset).__name__}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.device = torch.device(device)
+        if images_on == "auto":
+            images_on = placement(dataset.images.nbytes, self.device)
+        self.images_on = images_on
         if images_on == "device":
             self.images = dataset.images.to(self.device)
         else:

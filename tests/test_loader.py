@@ -90,8 +90,18 @@ def test_images_kept_on_host_give_the_same_batches(digits):
     on_device = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2))
     on_host = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2, images_on="host"))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(on_device, on_host))
-    with pytest.raises(ValueError, match="'device' or 'host'"):
+    with pytest.raises(ValueError, match="'device', 'host' or 'auto'"):
         DeviceLoader(digits, 64, augment=True, image_size=24, images_on="disk")
+
+
+def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
+    from paperlib.loader import placement
+
+    gib = 2**30
+    assert placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"  # DomainNet sketch on an 80 GB GPU
+    assert placement(14 * gib, torch.device("cuda"), total_memory=24 * gib) == "host"
+    assert placement(14 * gib, torch.device("cpu")) == "device"  # on a CPU the images are in memory anyway
+    assert DeviceLoader(digits, 64, augment=False, image_size=24, images_on="auto").images_on == "device"
 
 
 def test_batch_at_step_is_stateless_and_walks_epochs(digits):
