@@ -206,3 +206,43 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
     plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, device="cuda", progress=False)
     assert workers[-1] >= 1
+
+
+def _synthetic_table(levels, n_pairs, blocks=3, noise=0.1, seed=0):
+    """A tidy table whose rates are ``levels[component]`` plus independent noise."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = [
+        {"block": b, "depth": 50.0 * b, "component": c, "pair": p, "rate": levels[c] + noise * rng.standard_normal()}
+        for b in range(blocks) for c in COMPONENTS for p in range(n_pairs)
+    ]
+    table = pd.DataFrame(rows)
+    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
+    return table
+
+
+def test_ranking_uncertainty_separated_and_tied_components():
+    separated = _synthetic_table(dict(zip(COMPONENTS, [5.0, 4.0, 3.0, 2.0, 1.0])), n_pairs=200)
+    sure = plasticity.ranking_uncertainty(separated, n_resamples=500)
+    assert list(sure.index) == ["MHA", "FC1", "FC2", "LN2", "LN1"] and (sure["rank stable"] == 1.0).all()
+    assert sure.attrs["tau"] == pytest.approx((1.0, 1.0)) and sure.attrs["order stable"] == 1.0
+    assert ((sure["low"] <= sure["plasticity"]) & (sure["plasticity"] <= sure["high"])).all()
+    assert (sure["high"] - sure["low"]).max() < 0.05
+
+    tied = _synthetic_table(dict.fromkeys(COMPONENTS, 1.0), n_pairs=200)
+    unsure = plasticity.ranking_uncertainty(tied, n_resamples=500)
+    assert unsure["rank stable"].max() < 0.9 and unsure.attrs["order stable"] < 0.3
+    low, high = unsure.attrs["tau"]
+    assert high - low >= 0.6  # the order of tied components is anyone's guess
+
+
+def test_ranking_uncertainty_is_reproducible_and_shrinks_with_pairs():
+    levels = dict(zip(COMPONENTS, [1.0, 1.02, 1.04, 1.06, 1.08]))
+    few = plasticity.ranking_uncertainty(_synthetic_table(levels, 50), n_resamples=300, seed=3)
+    again = plasticity.ranking_uncertainty(_synthetic_table(levels, 50), n_resamples=300, seed=3)
+    many = plasticity.ranking_uncertainty(_synthetic_table(levels, 2000), n_resamples=300, seed=3)
+    assert few.equals(again)
+    assert ((many["high"] - many["low"]) < (few["high"] - few["low"]).reindex(many.index)).all()
+    assert many["rank stable"].mean() > few["rank stable"].mean()
