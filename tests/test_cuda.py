@@ -75,6 +75,7 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     x, y = torch.randn(12, 3, 32, 32, generator=generator), torch.randn(12, 3, 32, 32, generator=generator)
     with torch.no_grad():
         reference = plasticity.plain_rates(model.double(), x.double(), y.double())
+    in_situ = plasticity.rate_tensor(model, x.double(), y.double(), "in_situ")
     model.float()
     # cuDNN may run the patch-embedding convolution in TF32 (PyTorch's default): about 1e-3 apart
     tolerance = 2e-3 if DEVICE.type == "cuda" else 1e-4
@@ -83,6 +84,7 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     table = plasticity.measure(model, torch.utils.data.TensorDataset(x, torch.zeros(12)), torch.utils.data.TensorDataset(y, torch.zeros(12)),
                                12, 5, DEVICE, progress=False)
     assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
+    assert _relative_error(plasticity.rate_tensor(model, x.to(DEVICE), y.to(DEVICE), "in_situ"), in_situ) < tolerance
 
 
 @pytest.fixture
