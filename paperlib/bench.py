@@ -302,7 +302,7 @@ def bench_finetune(
         result[f"{config}_library_tflops"] = round(achieved, 3)
         if peak:
             result[f"{config}_library_mfu"] = round(achieved / peak, 3)
-    del plain_loader
+    plain_loader = None  # shuts its workers down
     gc.collect()
     result["torch"] = torch.__version__
     return result
