@@ -14,7 +14,9 @@ Each run owns ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/
 while it runs, ``checkpoint.pt``. Started again with the same parameters, a finished run returns
 its metrics and an interrupted one resumes from its last checkpoint; batches are a function of
 (seed, step), so the resumed run ends where an uninterrupted one would. A non-finite loss stops the
-run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU.
+run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU. With
+``micro_batch=0``, a batch that does not fit in GPU memory is split into micro-batches (gradient
+accumulation, the same update) and the step retried.
 
 Speed (the GPU time is what users pay): one step is ``training_step`` (the function the benchmark
 times), the SGD update is one fused kernel on CUDA, losses and gradient norms stay on the device
@@ -53,7 +55,7 @@ class Config:
     seed: int = 0  # head initialisation, validation split, batch order, augmentation
     steps: int = 300  # optimisation steps
     batch_size: int = 64  # images per step (the paper: 512)
-    micro_batch: int = 0  # images per forward pass, 0 = batch_size (gradient accumulation otherwise)
+    micro_batch: int = 0  # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
     warmup: int = 30  # linear warm-up steps
     eval_every: int = 50  # evaluate on val every this many steps (and at the end)
     device: str = "cpu"
@@ -136,6 +138,13 @@ def evaluate(model: nn.Module, loader: DeviceLoader, autocast, forward=None) -> 
     loss, correct = totals.tolist()
     count = len(loader.images)
     return loss / count, correct / count
+
+
+def smaller_micro_batch(batch_size: int, micro: int) -> int:
+    """The largest divisor of ``batch_size`` at most half of ``micro``: the next try after running out of memory."""
+    if micro <= 1:
+        raise ValueError("a micro-batch of one image cannot be split further")
+    return max(d for d in range(1, micro // 2 + 1) if batch_size % d == 0)
 
 
 def _read_back(pending: list, rows: list) -> bool:
@@ -244,7 +253,18 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         model.train()
         images, labels = train.batch(step)
         lr = optimizer.param_groups[0]["lr"]
-        loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, autocast)
+        loss = None
+        while loss is None:
+            try:
+                loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, autocast)
+            except torch.cuda.OutOfMemoryError:
+                if config.micro_batch or micro == 1:  # a micro-batch the user chose is kept: say so
+                    raise
+                micro = smaller_micro_batch(config.batch_size, micro)
+            if loss is None:  # out of the except block, the failed attempt's tensors are freed
+                torch.cuda.empty_cache()
+                if progress:
+                    print(f"step {step + 1}: out of GPU memory, now {config.batch_size // micro} micro-batches of {micro}", flush=True)
         schedule.step()
         seen += len(images)
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
@@ -278,6 +298,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
         "trainable_parameters": sum(p.numel() for p in trainable),
+        "micro_batch": micro,
         "num_classes": num_classes,
         "wall_seconds": round(wall, 2),
         "images_per_second": round(seen / wall, 1) if wall > 0 else None,

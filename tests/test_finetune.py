@@ -215,3 +215,30 @@ def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, mo
     assert metrics["status"] == "finished" and metrics["num_classes"] == 3
     assert [split for split, _ in calls] == ["train", "val", "test"] and all(workers >= 1 for _, workers in calls)
     assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 3
+
+
+def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, monkeypatch):
+    # a stand-in GPU that holds at most 4 images per forward pass
+    original = finetune.training_step
+    tried = []
+
+    def small_gpu(forward, trainable, optimizer, images, labels, micro, *args):
+        tried.append(micro)
+        if micro > 4:
+            forward(images[:1])  # some work done before memory runs out
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(forward, trainable, optimizer, images, labels, micro, *args)
+
+    reference = finetune.run(small(micro_batch=4))
+    reference_losses = finetune.history(small(micro_batch=4))["train_loss"].tolist()
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "small-gpu"))
+    monkeypatch.setattr(finetune, "training_step", small_gpu)
+    metrics = finetune.run(small())
+    assert tried[:3] == [16, 8, 4] and set(tried[3:]) == {4}  # split once, then kept
+    assert metrics["micro_batch"] == 4 and metrics["status"] == "finished"
+    assert finetune.history(small())["train_loss"].tolist() == pytest.approx(reference_losses, rel=1e-5)
+    assert metrics["test_accuracy"] == reference["test_accuracy"]
+    # a micro-batch the user chose is not changed behind their back
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        finetune.run(small(micro_batch=8, seed=1))
+    assert finetune.smaller_micro_batch(512, 512) == 256 and finetune.smaller_micro_batch(48, 48) == 24 and finetune.smaller_micro_batch(20, 5) == 2
