@@ -477,6 +477,7 @@ def get_dataset(
         train, val = deterministic_split(dataset.keys, VAL_FRACTION, salt=f"val:{seed}")
         dataset = dataset.subset(train if split == "train" else val, split)
     dataset.split = split
+    dataset.root = root  # where caches of this dataset go (loader.uint8_images)
     size = image_size or source.image_size
     if transform is not None:
         dataset.transform = transform

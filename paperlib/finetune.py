@@ -218,12 +218,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
-    # file datasets are decoded once, in parallel, into a cache under the same data root
-    decoders, cache = min(8, os.cpu_count() or 1), Path(root) / "cache" if root else None
-    splits = {
-        s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), cache_dir=cache, workers=decoders)
-        for s in ("train", "val", "test")
-    }
+    decoders = min(8, os.cpu_count() or 1)  # file datasets are decoded once, in parallel, then cached under the data root
+    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), workers=decoders) for s in ("train", "val", "test")}
     num_classes = len(splits["test"].classes)
     model = models.create_model(config.model, num_classes=num_classes).to(device)
     size = config.image_size or model.patch_embed.img_size[0]

@@ -38,12 +38,14 @@ def uint8_images(
     """The dataset as uint8 arrays: array datasets as they are; file datasets decoded once.
 
     File images are resized (shorter side to ``cache_size``) and centre-cropped to a square,
-    then stored in ``cache_dir`` (default ``<data root>/cache``) as ``.npy``, written atomically
-    and reused by later calls with the same samples.
+    then stored in ``cache_dir`` (default ``<root>/cache``, the data root the dataset was read
+    from) as ``.npy``, written atomically and reused by later calls with the same samples.
     """
     if isinstance(dataset, ImageDataset):
         return dataset
-    cache_dir = Path(cache_dir) if cache_dir is not None else paths.data_dir() / "cache"
+    if cache_dir is None:
+        cache_dir = Path(getattr(dataset, "root", None) or paths.data_dir()) / "cache"
+    cache_dir = Path(cache_dir)
     file = _cache_file(dataset, cache_size, cache_dir)
     if file.is_file():
         images = np.load(file)

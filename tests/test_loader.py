@@ -63,6 +63,13 @@ def test_file_dataset_decoded_once_and_cached(tmp_path):
     assert images.shape == (4, 3, 16, 16)
 
 
+def test_cache_goes_under_the_data_root_the_dataset_came_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "default"))
+    fixtures.write_pets(tmp_path / "elsewhere")
+    uint8_images(data.get_dataset("pets", "test", root=tmp_path / "elsewhere"), cache_size=16)
+    assert len(list((tmp_path / "elsewhere" / "cache").rglob("*.npy"))) == 1 and not (tmp_path / "default").exists()
+
+
 def test_cached_image_is_resize_then_center_crop(tmp_path):
     fixtures.write_pets(tmp_path)
     dataset = data.get_dataset("pets", "test", root=tmp_path)
