@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from . import data, fixtures
+from . import data, fixtures, paths
 from .loader import DeviceLoader, uint8_images
 
 
@@ -336,12 +336,11 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
     def check(issue: int, target: str, measured: str, met: bool | None) -> None:
         checks.append({"issue": issue, "target": target, "measured": measured, "met": met})
         if out:
-            (out / "targets.json").write_text(json.dumps(checks, indent=2) + "\n")
+            paths.atomic_write_text(out / "targets.json", json.dumps(checks, indent=2) + "\n")
 
     def keep(part: str, result) -> None:
         if out:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"{part}.json").write_text(json.dumps(result, indent=2) + "\n")
+            paths.atomic_write_text(out / f"{part}.json", json.dumps(result, indent=2) + "\n")
 
     if "data" in parts:
         result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
@@ -403,7 +402,7 @@ def _print(result: dict, json_path: Path | None) -> None:
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
     if json_path:
-        json_path.write_text(json.dumps(result, indent=2) + "\n")
+        paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
