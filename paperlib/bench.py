@@ -267,7 +267,7 @@ def bench_finetune(
         components.set_trainable(model, config)
         trainable = [p for _, p in components.trainable_parameters(model)]
         optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-        forward = torch.compile(model) if compile else model
+        forward = finetune.compile_model(model) if compile else model
         images, labels = fast.batch(0)
         flops = _step_flops(model, images, labels)
 
@@ -301,7 +301,7 @@ def bench_finetune(
         achieved = flops / batch_size * rates["library"] / 1e12
         result[f"{config}_library_tflops"] = round(achieved, 3)
         if peak:
-            result[f"{config}_library_mfu"] = round(achieved / peak, 3)
+            result[f"{config}_library_mfu"] = round(achieved / peak, 6)
     plain_loader = None  # shuts its workers down
     gc.collect()
     result["torch"] = torch.__version__

@@ -104,6 +104,19 @@ def make_optimizer(parameters, lr: float, momentum: float, device: torch.device)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
+def compile_model(model: nn.Module):
+    """``torch.compile(model)`` from an empty compilation cache.
+
+    Dynamo may reuse a graph compiled for the same ``forward`` code when only the parameters'
+    ``requires_grad`` differ (pytorch/pytorch#139476; seen on an H100 with torch 2.11: ``linear``
+    compiled after ``full`` ran full finetuning's whole backward). Reused the other way round, a
+    graph compiled for a frozen model would give the blocks no gradients at all. Each run (or
+    benchmarked configuration) therefore compiles afresh.
+    """
+    torch.compiler.reset()
+    return torch.compile(model)
+
+
 def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, autocast):
     """One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
     accumulated), clipping at global norm ``clip``, SGD update.
@@ -225,7 +238,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = torch.compile(model) if config.compile else model
+    forward = compile_model(model) if config.compile else model
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
