@@ -10,6 +10,7 @@
     python -m paperlib.bench data --dataset cifar10 --root /data --device cuda
 
     python -m paperlib.bench targets --out bench-out     # all of them at the issues' settings, checked
+    python -m paperlib.bench profile --model vit_base_in21k --batch-size 256 --device cuda   # where a step's time goes
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
@@ -217,6 +218,15 @@ def _step_flops(model, images, labels) -> int:
     return counter.get_total_flops()
 
 
+def _synthetic_train_set(n: int, source_size: int):
+    """``n`` random uint8 images of ``source_size`` pixels (Cifar-like) with labels of 10 classes."""
+    from .data import ImageDataset
+
+    generator = torch.Generator().manual_seed(0)
+    return ImageDataset(torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
+                        torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
+
+
 def bench_finetune(
     model_name: str = "demo",
     configs: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
@@ -252,10 +262,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = image_size or model.patch_embed.img_size[0]
-    generator = torch.Generator().manual_seed(0)
-    n = batch_size * 4
-    dataset = ImageDataset(torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
-                           torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
+    dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     plain_set = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size))
     plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
@@ -306,6 +313,99 @@ def bench_finetune(
     gc.collect()
     result["torch"] = torch.__version__
     return result
+
+
+PROFILE_GROUPS = ("matrix products", "attention", "other")
+_MATRIX = ("gemm", "nvjet", "cutlass", "xmma", "aten::mm", "aten::addmm", "aten::bmm", "aten::_addmm", "convolution", "mkldnn_linear")
+_ATTENTION = ("flash", "fmha", "attention", "sdpa", "efficient_attention")
+
+
+def _profile_group(name: str) -> str:
+    """The group of a CUDA kernel's name (cuBLAS, cuDNN, Triton) or, on a CPU, of an ATen op's."""
+    name = name.lower()
+    if any(key in name for key in _ATTENTION):
+        return "attention"
+    if any(key in name for key in _MATRIX):
+        return "matrix products"
+    return "other"
+
+
+def bench_profile(
+    model_name: str = "demo",
+    config: str = "full",
+    batch_size: int = 64,
+    steps: int = 3,
+    device: str = "auto",
+    compile: bool = False,
+    top: int = 15,
+    source_size: int = 32,
+) -> dict:
+    """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
+    the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
+
+    On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
+    ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
+    entries; ``time_ms_per_step`` is the profiled time per step (kernel time on CUDA, so launch
+    gaps are not in it).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import components, finetune, models
+
+    components.check_config(config)  # before any work
+    device = _device(device)
+    cuda = device.type == "cuda"
+    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    components.set_trainable(model, config)
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
+    size = model.patch_embed.img_size[0]
+    loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
+    forward = finetune.compile_model(model) if compile else model
+    autocast = finetune.autocast_for(device)
+
+    def run(first: int, count: int) -> None:
+        for step in range(first, first + count):
+            images, labels = loader.batch(step)
+            finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, autocast)
+        _sync(device)
+
+    run(0, 2 + compile)  # warm-up (and compilation)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
+        run(1, steps)
+    times: dict[str, float] = {}
+    for event in profiler.key_averages():
+        if cuda != (event.device_type.name == "CUDA"):
+            continue
+        spent = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if spent > 0:
+            times[event.key] = times.get(event.key, 0.0) + spent
+    total = sum(times.values())
+    if not total:
+        raise RuntimeError("the profiler recorded no time; is this PyTorch build's profiler working?")
+    groups = {group: 0.0 for group in PROFILE_GROUPS}
+    for name, spent in times.items():
+        groups[_profile_group(name)] += spent
+    largest = sorted(times.items(), key=lambda item: -item[1])[:top]
+    return {
+        "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
+        "device": _device_name(device), "compile": compile, "steps": steps,
+        "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
+        "time_ms_per_step": round(total / steps / 1000, 2),
+        "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
+        "largest": [{"name": name, "group": _profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],
+        "torch": torch.__version__,
+    }
+
+
+def _print_profile(result: dict, json_path: Path | None) -> None:
+    print(f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
+          f"{', compiled' if result['compile'] else ''}: {result['time_ms_per_step']} ms per step ({result['measured']})")
+    print("  " + ", ".join(f"{group} {share:.0%}" for group, share in result["shares"].items()))
+    for row in result["largest"]:
+        print(f"  {row['share']:6.1%}  {row['group']:<16} {row['name'][:100]}")
+    if json_path:
+        paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
@@ -438,6 +538,15 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--compile", action="store_true", help="run the library step's model through torch.compile")
     f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
+    r.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
+    r.add_argument("--config", default="full", help="the configuration trained (full, mha, fc1, fc2, ln2, ln1, linear)")
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--steps", type=int, default=3, help="profiled steps (after the warm-up)")
+    r.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    r.add_argument("--compile", action="store_true", help="run the model through torch.compile")
+    r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
+    r.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
     t.add_argument("--device", default="auto", help="cuda, cpu or auto")
     t.add_argument("--parts", default=None, help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)")
@@ -449,6 +558,13 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             parser.exit(2, f"error: {error}\n")
         _print_checks(checks)
+        return
+    if args.command == "profile":
+        try:
+            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top)
+        except ValueError as error:
+            parser.exit(2, f"error: {error}\n")
+        _print_profile(result, args.json)
         return
     try:
         if args.command == "data":

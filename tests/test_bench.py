@@ -73,3 +73,36 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
+
+
+@pytest.mark.parametrize("name, group", [
+    # kernel names from a profile of a ViT-Base/16 training step on an H100 (cuBLAS, cuDNN, Triton, ATen)
+    ("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN", "matrix products"),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32", "matrix products"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x", "attention"),
+    ("triton_poi_fused_gelu_gelu_backward_view_10", "other"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(", "other"),
+    # ATen ops, as a CPU profile names them
+    ("aten::addmm", "matrix products"),
+    ("aten::mm", "matrix products"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+    ("aten::gelu_backward", "other"),
+])
+def test_profile_groups_kernels_and_ops(name, group):
+    assert bench._profile_group(name) == group
+
+
+def test_profile_of_a_training_step_on_the_cpu():
+    result = bench.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
+    shares = result["shares"]
+    assert set(shares) == set(bench.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    # the demo ViT's step multiplies matrices and runs attention (backward too: LN1 is trainable)
+    assert shares["matrix products"] > 0.05 and shares["attention"] > 0.0
+    largest = [row["share"] for row in result["largest"]]
+    assert len(largest) == 5 and largest == sorted(largest, reverse=True) and result["time_ms_per_step"] > 0
+
+
+def test_profile_rejects_an_unknown_configuration(capsys):
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["profile", "--config", "attention", "--device", "cpu"])
+    assert exit.value.code == 2 and "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err

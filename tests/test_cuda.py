@@ -134,3 +134,6 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["linear_library_images_per_s"] > 0
     if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
+    result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
+    assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
