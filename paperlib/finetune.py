@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch
 from torch import nn
 
 from . import components, data, models, paths
-from .loader import DeviceLoader, uint8_images
+from .loader import DeviceLoader, decode_workers, uint8_images
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 
@@ -231,7 +230,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
-    decoders = min(8, os.cpu_count() or 1)  # file datasets are decoded once, in parallel, then cached under the data root
+    decoders = decode_workers()  # file datasets are decoded once, in parallel, then cached under the data root
     splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), workers=decoders) for s in ("train", "val", "test")}
     num_classes = len(splits["test"].classes)
     model = models.create_model(config.model, num_classes=num_classes).to(device)

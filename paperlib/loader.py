@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,11 @@ CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (cr
 def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
     digest = hashlib.sha256("\n".join(map(str, dataset.keys)).encode()).hexdigest()[:16]
     return cache_dir / dataset.name.replace("/", "_") / f"{dataset.split}-{size}px-{digest}.npy"
+
+
+def decode_workers() -> int:
+    """DataLoader workers for decoding image files: one per core, at most 8 (more rarely pays)."""
+    return min(8, os.cpu_count() or 1)
 
 
 def uint8_images(

@@ -382,10 +382,10 @@ def run(
     JPEGs in the main process would leave the GPU waiting; none on a CPU).
     Returns the tidy table and the folder it was saved in (``result_folder``).
     """
-    import os
     import time
 
     from . import data, models
+    from .loader import decode_workers
 
     check_inputs(inputs)
     network = models.create_model(model)
@@ -394,7 +394,7 @@ def run(
     target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity)
     start = time.perf_counter()
     if num_workers is None:
-        num_workers = min(8, os.cpu_count() or 1) if torch.device(device).type == "cuda" else 0
+        num_workers = decode_workers() if torch.device(device).type == "cuda" else 0
     table = measure(network, reference_set, target_set, n_pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress)
     metadata = {
         "model": model,
