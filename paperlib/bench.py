@@ -227,6 +227,26 @@ def _synthetic_train_set(n: int, source_size: int):
                         torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
 
 
+def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool):
+    """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
+    precision, ``compile_model``): returns ``steps(first, count)``, which trains on the loader's
+    batches ``first`` to ``first + count - 1``, and the trainable parameters."""
+    from . import components, finetune
+
+    components.set_trainable(model, config)
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
+    forward = finetune.compile_model(model) if compile else model
+    autocast = finetune.autocast_for(device)
+
+    def steps(first: int, count: int) -> None:
+        for step in range(first, first + count):
+            images, labels = loader.batch(step)
+            finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, autocast)
+
+    return steps, trainable
+
+
 def bench_finetune(
     model_name: str = "demo",
     configs: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
@@ -253,7 +273,7 @@ def bench_finetune(
     """
     from torch.utils.data import DataLoader
 
-    from . import components, finetune, models
+    from . import models
     from .data import ImageDataset
     from .transforms import paper_transform
 
@@ -269,20 +289,10 @@ def bench_finetune(
     peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
               "compile": compile, "steps": steps, "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
-    autocast = finetune.autocast_for(device)
     for config in configs:
-        components.set_trainable(model, config)
-        trainable = [p for _, p in components.trainable_parameters(model)]
-        optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-        forward = finetune.compile_model(model) if compile else model
+        library_steps, trainable = _library_steps(model, config, fast, batch_size, device, compile)
         images, labels = fast.batch(0)
         flops = _step_flops(model, images, labels)
-
-        def library_steps(first: int, count: int) -> None:
-            for step in range(first, first + count):
-                x, y = fast.batch(step)
-                finetune.training_step(forward, trainable, optimizer, x, y, batch_size, 1.0, autocast)
-
         runs = {"library": (lambda: library_steps(1, steps), lambda: library_steps(0, 1 + 2 * compile))}
         if plain:
             plain_optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
@@ -350,24 +360,18 @@ def bench_profile(
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from . import components, finetune, models
+    from . import components, models
 
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-    components.set_trainable(model, config)
-    trainable = [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    forward = finetune.compile_model(model) if compile else model
-    autocast = finetune.autocast_for(device)
+    steps_of, _ = _library_steps(model, config, loader, batch_size, device, compile)
 
     def run(first: int, count: int) -> None:
-        for step in range(first, first + count):
-            images, labels = loader.batch(step)
-            finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, autocast)
+        steps_of(first, count)
         _sync(device)
 
     run(0, 2 + compile)  # warm-up (and compilation)
@@ -552,22 +556,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--parts", default=None, help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)")
     t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json")
     args = parser.parse_args(argv)
-    if args.command == "targets":
-        try:
-            checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
-        except ValueError as error:
-            parser.exit(2, f"error: {error}\n")
-        _print_checks(checks)
-        return
-    if args.command == "profile":
-        try:
-            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top)
-        except ValueError as error:
-            parser.exit(2, f"error: {error}\n")
-        _print_profile(result, args.json)
-        return
     try:
-        if args.command == "data":
+        if args.command == "targets":
+            checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
+        elif args.command == "profile":
+            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top)
+        elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "plasticity":
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
@@ -576,7 +570,12 @@ def main(argv: list[str] | None = None) -> None:
                                     args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
-    _print(result, args.json)
+    if args.command == "targets":
+        _print_checks(checks)
+    elif args.command == "profile":
+        _print_profile(result, args.json)
+    else:
+        _print(result, args.json)
 
 
 if __name__ == "__main__":
