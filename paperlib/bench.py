@@ -11,6 +11,8 @@
 
     python -m paperlib.bench targets --out bench-out     # all of them at the issues' settings, checked
     python -m paperlib.bench profile --model vit_base_in21k --batch-size 256 --device cuda   # where a step's time goes
+    python -m paperlib.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
+        --device cuda --json variants.json                # one step under each compilation / attention kernel
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
@@ -78,6 +80,22 @@ def _seconds(runs: dict, device: torch.device, repeats: int = 1) -> dict[str, fl
             _sync(device)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+class _Timed:
+    """A callable that runs ``run`` and keeps its wall seconds (device synchronised) in ``seconds``
+    and its return value in ``value``."""
+
+    def __init__(self, run, device: torch.device):
+        self.run, self.device, self.seconds, self.value = run, device, float("nan"), None
+
+    def __call__(self):
+        _sync(self.device)
+        start = time.perf_counter()
+        self.value = self.run()
+        _sync(self.device)
+        self.seconds = time.perf_counter() - start
+        return self.value
 
 
 def _endless(loader):
@@ -208,9 +226,13 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor
 
 
 def _step_flops(model, images, labels) -> int:
-    """FLOPs of one training step (forward + backward), counted by PyTorch."""
+    """FLOPs of one training step (forward + backward) of the eager model as its parameters'
+    ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned to eager)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from . import finetune
+
+    finetune.compile_model(model, "none")
     counter = FlopCounterMode(display=False)
     with counter:
         torch.nn.functional.cross_entropy(model(images), labels).backward()
@@ -227,22 +249,24 @@ def _synthetic_train_set(n: int, source_size: int):
                         torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
 
 
-def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool):
+def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool | str = False,
+                   compile_mode: str = "default", attention: str = "auto"):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
-    precision, ``compile_model``): returns ``steps(first, count)``, which trains on the loader's
-    batches ``first`` to ``first + count - 1``, and the trainable parameters."""
+    precision, attention kernel, ``compile_model``): returns ``steps(first, count)``, which trains
+    on the loader's batches ``first`` to ``first + count - 1``, and the trainable parameters."""
     from . import components, finetune
 
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-    forward = finetune.compile_model(model) if compile else model
-    autocast = finetune.autocast_for(device)
+    forward = finetune.compile_model(model, compile, compile_mode)
+    context = finetune.step_context(device, attention)
 
-    def steps(first: int, count: int) -> None:
+    def steps(first: int, count: int):
         for step in range(first, first + count):
             images, labels = loader.batch(step)
-            finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, autocast)
+            last = finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, context)
+        return last
 
     return steps, trainable
 
@@ -256,9 +280,11 @@ def bench_finetune(
     image_size: int | None = None,
     workers: int | None = None,
     source_size: int = 32,
-    compile: bool = False,
+    compile: bool | str = False,
     plain: bool = True,
     repeats: int = 3,
+    compile_mode: str = "default",
+    attention: str = "auto",
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -266,7 +292,8 @@ def bench_finetune(
     the model's resolution with the paper's training transform. The library step is
     ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
-    gradients, ``torch.compile`` with ``compile=True``). The plain loop (what the authors' code
+    gradients, ``finetune.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
+    by ``attention``); the first steps (with any compilation) are timed apart as ``warmup_seconds``. The plain loop (what the authors' code
     does): torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
     Median of ``repeats`` interleaved timings of ``steps`` steps.
@@ -277,9 +304,18 @@ def bench_finetune(
     from .data import ImageDataset
     from .transforms import paper_transform
 
+    from . import components, finetune
+
     device = _device(device)
     workers = os.cpu_count() if workers is None else workers
     cuda = device.type == "cuda"
+    for config in configs:
+        components.check_config(config)
+    how = finetune.compile_choice(compile)
+    finetune.check_compile_mode(compile_mode)
+    finetune.check_attention(attention, device)
+    if plain and how == "blocks":
+        raise ValueError("compile='blocks' compiles the model in place, which the plain loop would then run: benchmark it with plain=False (--no-plain)")
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
@@ -288,12 +324,14 @@ def bench_finetune(
     plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
     peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
-              "compile": compile, "steps": steps, "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
+              "compile": how, "compile_mode": compile_mode, "attention": attention, "steps": steps, "repeats": repeats,
+              "dataloader_workers": workers, "peak_tflops_bf16": peak}
     for config in configs:
-        library_steps, trainable = _library_steps(model, config, fast, batch_size, device, compile)
-        images, labels = fast.batch(0)
-        flops = _step_flops(model, images, labels)
-        runs = {"library": (lambda: library_steps(1, steps), lambda: library_steps(0, 1 + 2 * compile))}
+        components.set_trainable(model, config)
+        flops = _step_flops(model, *fast.batch(0))
+        library_steps, trainable = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention)
+        warmup = _Timed(lambda: library_steps(0, 1 if how == "none" else 3), device)
+        runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
             plain_optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
 
@@ -315,6 +353,7 @@ def bench_finetune(
             result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
             result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)
         result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
+        result[f"{config}_warmup_seconds"] = round(warmup.seconds, 2)
         achieved = flops / batch_size * rates["library"] / 1e12
         result[f"{config}_library_tflops"] = round(achieved, 3)
         if peak:
@@ -323,6 +362,116 @@ def bench_finetune(
     gc.collect()
     result["torch"] = torch.__version__
     return result
+
+
+def _variant_words(row: dict) -> str:
+    """How a step was run, in words: ", compiled (blocks, max-autotune), attention cudnn"."""
+    words = ""
+    if row.get("compile", "none") not in ("none", False):
+        mode = row.get("compile_mode", "default")
+        words += f", compiled ({row['compile']}{'' if mode == 'default' else ', ' + mode})"
+    if row.get("attention", "auto") != "auto":
+        words += f", attention {row['attention']}"
+    return words
+
+
+VARIANT_KEYS = ("batch_size", "compile", "compile_mode", "attention")
+
+
+def bench_variants(
+    model_name: str = "demo",
+    config: str = "full",
+    batch_sizes: tuple[int, ...] = (64,),
+    compiles: tuple[str, ...] = ("none", "model", "blocks"),
+    modes: tuple[str, ...] = ("default",),
+    attentions: tuple[str, ...] = ("auto",),
+    steps: int = 10,
+    repeats: int = 3,
+    device: str = "auto",
+    out: Path | None = None,
+    source_size: int = 32,
+) -> list[dict]:
+    """The library's training step for ``config`` under every combination of batch size, compilation
+    (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode and attention kernel:
+    images/s, TFLOP/s, model FLOP utilisation and warm-up seconds (compilation included) per row.
+
+    Every row starts from the same random weights and the same first batch, and records that first
+    step's loss and gradient norm next to those of the first row (``agrees``: within 5%, the bf16
+    tolerance), so that no variant is fast because it computes something else (a stale compiled graph
+    that skips gradients shows up there). A variant that fails (a kernel missing for this device or
+    shape, a compiler error) is recorded with its error; the others still run. With ``out``, the rows
+    are written there (JSON) as each ends, and rows already there are kept and not measured again:
+    a sweep stopped by a time limit goes on where it stopped.
+    """
+    from . import components, finetune, models
+
+    components.check_config(config)  # every choice is checked before any work
+    device = _device(device)
+    combos = []
+    for batch_size in batch_sizes:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
+        for how in compiles:
+            how = finetune.compile_choice(how)
+            for mode in modes if how != "none" else ("default",):
+                finetune.check_compile_mode(mode)
+                for attention in attentions:
+                    finetune.check_attention(attention, device)
+                    combo = {"batch_size": batch_size, "compile": how, "compile_mode": mode, "attention": attention}
+                    if combo not in combos:
+                        combos.append(combo)
+    rows = json.loads(out.read_text()) if out and out.is_file() else []
+    cuda = device.type == "cuda"
+    peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
+    for combo in combos:
+        if any({key: row.get(key) for key in VARIANT_KEYS} == combo for row in rows):
+            continue
+        row = {"model": model_name, "config": config, **combo, "device": _device_name(device), "torch": torch.__version__}
+        try:
+            torch.manual_seed(0)
+            model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+            size = model.patch_embed.img_size[0]
+            loader = DeviceLoader(_synthetic_train_set(combo["batch_size"] * 2, source_size), combo["batch_size"],
+                                  augment=True, image_size=size, device=device)
+            components.set_trainable(model, config)
+            flops = _step_flops(model, *loader.batch(0))
+            steps_of, _ = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"], combo["attention"])
+            warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
+            more = (lambda: steps_of(1, 2)) if combo["compile"] != "none" else (lambda: None)
+            seconds = _seconds({"step": (lambda: steps_of(3, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
+            loss, norm = (float(v) for v in warmup.value)
+            rate = combo["batch_size"] * steps / seconds
+            achieved = flops / combo["batch_size"] * rate / 1e12
+            row.update({"images_per_s": round(rate, 1), "tflops": round(achieved, 3), "mfu": round(achieved / peak, 6) if peak else None,
+                        "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm})
+            reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == combo["batch_size"]), None)
+            if reference:
+                row["agrees"] = bool(abs(loss - reference["first_loss"]) <= 0.05 * abs(reference["first_loss"])
+                                     and abs(norm - reference["first_grad_norm"]) <= 0.05 * abs(reference["first_grad_norm"]))
+        except Exception as error:  # noqa: BLE001 -- one failing variant must not lose the others
+            row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+        finally:
+            model = loader = steps_of = None
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        if out:
+            paths.atomic_write_text(out, json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def _print_variants(rows: list[dict]) -> None:
+    print(f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}  first loss / grad norm")
+    for row in rows:
+        variant = _variant_words(row).lstrip(", ") or "eager"
+        if "error" in row:
+            print(f"{row['batch_size']:>6}  {variant:<48}{row['error']}")
+            continue
+        mfu = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
+        agrees = {True: "", False: "  DIFFERS from the first row", None: ""}[row.get("agrees")]
+        print(f"{row['batch_size']:>6}  {variant:<48}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
+              f"{row['warmup_seconds']:>11.1f}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}")
 
 
 PROFILE_GROUPS = ("matrix products", "attention", "other")
@@ -346,9 +495,11 @@ def bench_profile(
     batch_size: int = 64,
     steps: int = 3,
     device: str = "auto",
-    compile: bool = False,
+    compile: bool | str = False,
     top: int = 15,
     source_size: int = 32,
+    compile_mode: str = "default",
+    attention: str = "auto",
 ) -> dict:
     """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
     the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
@@ -362,19 +513,24 @@ def bench_profile(
 
     from . import components, models
 
+    from . import finetune
+
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
+    how = finetune.compile_choice(compile)
+    finetune.check_compile_mode(compile_mode)
+    finetune.check_attention(attention, device)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    steps_of, _ = _library_steps(model, config, loader, batch_size, device, compile)
+    steps_of, _ = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
         _sync(device)
 
-    run(0, 2 + compile)  # warm-up (and compilation)
+    run(0, 2 if how == "none" else 3)  # warm-up (and compilation)
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
         run(1, steps)
     times: dict[str, float] = {}
@@ -393,7 +549,7 @@ def bench_profile(
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
         "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
-        "device": _device_name(device), "compile": compile, "steps": steps,
+        "device": _device_name(device), "compile": how, "compile_mode": compile_mode, "attention": attention, "steps": steps,
         "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
@@ -404,7 +560,7 @@ def bench_profile(
 
 def _print_profile(result: dict, json_path: Path | None) -> None:
     print(f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
-          f"{', compiled' if result['compile'] else ''}: {result['time_ms_per_step']} ms per step ({result['measured']})")
+          f"{_variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']})")
     print("  " + ", ".join(f"{group} {share:.0%}" for group, share in result["shares"].items()))
     for row in result["largest"]:
         print(f"  {row['share']:6.1%}  {row['group']:<16} {row['name'][:100]}")
@@ -509,6 +665,13 @@ def _print(result: dict, json_path: Path | None) -> None:
         paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
+def _compile_arguments(parser) -> None:
+    parser.add_argument("--compile", nargs="?", const="model", default="none", metavar="HOW",
+                        help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)")
+    parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, max-autotune-no-cudagraphs, ...")
+    parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m paperlib.bench", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -539,7 +702,7 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)")
     f.add_argument("--device", default="auto", help="cuda, cpu or auto")
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
-    f.add_argument("--compile", action="store_true", help="run the library step's model through torch.compile")
+    _compile_arguments(f)
     f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
@@ -548,9 +711,20 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--steps", type=int, default=3, help="profiled steps (after the warm-up)")
     r.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    r.add_argument("--compile", action="store_true", help="run the model through torch.compile")
+    _compile_arguments(r)
     r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
     r.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    v = commands.add_parser("variants", help="one configuration's step under every combination of batch size, compilation and attention kernel")
+    v.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
+    v.add_argument("--config", default="full", help="the configuration trained (full, mha, fc1, fc2, ln2, ln1, linear)")
+    v.add_argument("--batch-sizes", default="64", help="comma-separated")
+    v.add_argument("--compile", default="none,model,blocks", help="comma-separated, of: none, model, blocks")
+    v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
+    v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
+    v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
+    v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
+    v.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    v.add_argument("--json", type=Path, default=None, help="rows go here as each ends; rows already there are not measured again")
     t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
     t.add_argument("--device", default="auto", help="cuda, cpu or auto")
     t.add_argument("--parts", default=None, help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)")
@@ -560,20 +734,31 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "targets":
             checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
         elif args.command == "profile":
-            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top)
+            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top,
+                                   compile_mode=args.compile_mode, attention=args.attention)
+        elif args.command == "variants":
+            try:
+                batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+            except ValueError:
+                raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
+            rows = bench_variants(args.model, args.config, batch_sizes, tuple(args.compile.split(",")), tuple(args.modes.split(",")),
+                                  tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json)
         elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "plasticity":
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
         else:
             result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
-                                    args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats)
+                                    args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats,
+                                    compile_mode=args.compile_mode, attention=args.attention)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":
         _print_checks(checks)
     elif args.command == "profile":
         _print_profile(result, args.json)
+    elif args.command == "variants":
+        _print_variants(rows)
     else:
         _print(result, args.json)
 

@@ -21,7 +21,8 @@ accumulation, the same update) and the step retried.
 Speed (the GPU time is what users pay): one step is ``training_step`` (the function the benchmark
 times), the SGD update is one fused kernel on CUDA, losses and gradient norms stay on the device
 and are read back every ``READ_BACK`` steps and at evaluations (not once per step, which would
-stall the GPU), and ``compile=True`` runs the model through ``torch.compile``.
+stall the GPU), and ``compile`` runs the model (or each of its blocks) through ``torch.compile``.
+``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class Config:
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
-    compile: bool = False  # run the model through torch.compile (worth it on a GPU for long runs)
+    compile: bool | str = False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile_mode: str = "default"  # torch.compile's mode: default, max-autotune-no-cudagraphs, ...
+    attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -78,6 +81,9 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        compile_choice(self.compile)
+        check_compile_mode(self.compile_mode)
+        check_attention(self.attention, torch.device(self.device))
         return self
 
     def folder(self) -> Path:
@@ -98,22 +104,104 @@ def autocast_for(device: torch.device):
     return lambda: torch.autocast(device.type, enabled=False)
 
 
+# the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
+ATTENTION_CHOICES = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+CPU_ATTENTION = ("auto", "flash", "math")  # the kernels PyTorch has on a CPU
+
+
+def check_attention(attention: str, device: torch.device) -> str:
+    """``attention`` if it names a kernel this device has; otherwise a ValueError with the valid choices."""
+    valid = tuple(ATTENTION_CHOICES) if device.type == "cuda" else CPU_ATTENTION
+    if attention not in valid:
+        raise ValueError(f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}")
+    return attention
+
+
+def step_context(device: torch.device, attention: str = "auto"):
+    """A context factory for forward passes: the protocol's precision (``autocast_for``) and, unless
+    ``attention`` is "auto", the one scaled-dot-product attention kernel allowed to run (the same
+    function in every kernel, to rounding; their speed differs by device)."""
+    autocast = autocast_for(device)
+    if check_attention(attention, device) == "auto":
+        return autocast
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, ATTENTION_CHOICES[attention])
+
+    @contextlib.contextmanager
+    def context():
+        with autocast(), sdpa_kernel(backend):
+            yield
+
+    return context
+
+
+COMPILE_CHOICES = ("none", "model", "blocks")
+
+
+def compile_choice(value: bool | str) -> str:
+    """What ``Config.compile`` asks for: "none", "model" (True) or "blocks"."""
+    if value is False or value is None:
+        return "none"
+    if value is True:
+        return "model"
+    if value not in COMPILE_CHOICES:
+        raise ValueError(f"unknown compile choice {value!r}; valid choices: {', '.join(COMPILE_CHOICES)} (or True/False)")
+    return value
+
+
+def compile_modes() -> tuple[str, ...]:
+    """The modes this PyTorch's ``torch.compile`` accepts."""
+    try:
+        return tuple(torch._inductor.list_mode_options())
+    except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
+        return ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+
+def check_compile_mode(mode: str) -> str:
+    if mode not in compile_modes():
+        raise ValueError(f"unknown torch.compile mode {mode!r}; valid modes: {', '.join(compile_modes())}")
+    return mode
+
+
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
     """SGD with momentum and no weight decay (appendix C.3); one fused update kernel on CUDA."""
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
-def compile_model(model: nn.Module):
-    """``torch.compile(model)`` from an empty compilation cache.
+def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default"):
+    """The model's forward through ``torch.compile``, from an empty compilation cache; returns the
+    callable to train with.
+
+    ``how``: "model" compiles the whole forward (returns the compiled twin); "blocks" compiles each
+    transformer block in place (``nn.Module.compile``): the blocks share their code, so one graph
+    (two when the first block's input needs no gradient) serves them all and compilation does not
+    grow with depth (regional compilation); "none" returns the model as it is. ``mode``:
+    ``torch.compile``'s mode ("default" leaves it out).
 
     Dynamo may reuse a graph compiled for the same ``forward`` code when only the parameters'
     ``requires_grad`` differ (pytorch/pytorch#139476; seen on an H100 with torch 2.11: ``linear``
     compiled after ``full`` ran full finetuning's whole backward). Reused the other way round, a
     graph compiled for a frozen model would give the blocks no gradients at all. Each run (or
-    benchmarked configuration) therefore compiles afresh.
+    benchmarked configuration) therefore compiles afresh, and blocks compiled by an earlier call
+    are returned to eager first.
     """
+    how = compile_choice(how)
+    options = {} if check_compile_mode(mode) == "default" else {"mode": mode}
+    for module in model.modules():  # undo an earlier in-place ("blocks") compilation
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+    if how == "none":
+        return model
     torch.compiler.reset()
-    return torch.compile(model)
+    if how == "model":
+        return torch.compile(model, **options)
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.Sequential):
+        raise ValueError(f"compile='blocks' needs a ViT with a `blocks` sequence; {type(model).__name__} has none (use 'model')")
+    for block in blocks:
+        block.compile(**options)
+    return model
 
 
 def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, autocast):
@@ -226,7 +314,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
-    autocast = autocast_for(device)
+    autocast = step_context(device, config.attention)
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
@@ -237,7 +325,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = compile_model(model) if config.compile else model
+    forward = compile_model(model, config.compile, config.compile_mode)
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")

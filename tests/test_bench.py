@@ -106,3 +106,69 @@ def test_profile_rejects_an_unknown_configuration(capsys):
     with pytest.raises(SystemExit) as exit:
         bench.main(["profile", "--config", "attention", "--device", "cpu"])
     assert exit.value.code == 2 and "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile through dynamo and AOTAutograd without a compiler (CI machines have none)."""
+    import torch
+
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+
+
+def test_variants_measure_every_combination_and_check_the_first_step(aot_eager, tmp_path, capsys):
+    out = tmp_path / "variants.json"
+    bench.main(["variants", "--config", "ln1", "--batch-sizes", "8", "--compile", "none,blocks", "--attention", "auto,math",
+                "--steps", "1", "--repeats", "1", "--device", "cpu", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r["compile"], r["attention"]) for r in rows] == [("none", "auto"), ("none", "math"), ("blocks", "auto"), ("blocks", "math")]
+    assert all("error" not in r and r["images_per_s"] > 0 and r["tflops"] > 0 and r["warmup_seconds"] > 0 for r in rows)
+    # same weights, same first batch: the same first step in every row (to float rounding)
+    assert [r.get("agrees") for r in rows] == [None, True, True, True]
+    assert max(r["first_grad_norm"] for r in rows) == pytest.approx(min(r["first_grad_norm"] for r in rows), rel=1e-4)
+    printed = capsys.readouterr().out
+    assert "compiled (blocks), attention math" in printed and "eager" in printed
+
+
+def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeypatch):
+    out = tmp_path / "variants.json"
+    done = {"batch_size": 4, "compile": "none", "compile_mode": "default", "attention": "auto",
+            "first_loss": 2.3, "first_grad_norm": 1000.0, "images_per_s": 1.0}
+    out.write_text(json.dumps([done]))
+    measured = []
+    original = bench._library_steps
+
+    def library_steps(model, config, loader, batch_size, device, how, mode, attention):
+        measured.append(attention)
+        if attention == "flash":
+            raise RuntimeError("no kernel for this shape\nsecond line")
+        return original(model, config, loader, batch_size, device, how, mode, attention)
+
+    monkeypatch.setattr(bench, "_library_steps", library_steps)
+    rows = bench.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,
+                                device="cpu", out=out)
+    assert measured == ["flash", "math"]  # the finished row is kept, not measured again
+    assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
+    assert rows[2]["agrees"] is False  # its first step differs from the (made-up) kept row's
+    assert json.loads(out.read_text()) == rows
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--compile", "everything"], "valid choices: none, model, blocks"),
+    (["--compile", "model", "--modes", "fastest"], "valid modes: default"),
+    (["--attention", "cudnn"], "valid choices: auto, flash, math"),
+    (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
+    (["--config", "attention"], "valid configurations"),
+])
+def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["variants", "--device", "cpu", "--json", str(tmp_path / "v.json"), *arguments])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "v.json").exists()
+
+
+def test_blocks_compilation_is_not_benchmarked_against_a_plain_loop_it_would_change(capsys):
+    with pytest.raises(SystemExit) as exit:
+        bench.main(["finetune", "--compile", "blocks", "--device", "cpu"])
+    assert exit.value.code == 2 and "--no-plain" in capsys.readouterr().err

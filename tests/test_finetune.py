@@ -146,9 +146,11 @@ def test_finetune_benchmark_runs(capsys):
         assert key in out
 
 
-def test_compiled_model_trains_like_the_eager_one(results, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how, compiled_calls", [(True, 1), ("blocks", 6)])
+def test_compiled_model_trains_like_the_eager_one(how, compiled_calls, results, tmp_path, monkeypatch):
     # torch.compile is stood in for by its eager backend (no compiler needed on CI machines):
     # what is tested is that the run trains, evaluates and checkpoints through the compiled twin
+    # (or the model whose 6 blocks were compiled in place)
     compiled = []
     original = torch.compile
 
@@ -159,15 +161,16 @@ def test_compiled_model_trains_like_the_eager_one(results, tmp_path, monkeypatch
     eager = finetune.run(small(config="fc1"))
     monkeypatch.setattr(torch, "compile", eager_compile)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "compiled"))
-    metrics = finetune.run(small(config="fc1", compile=True))
-    assert len(compiled) == 1
+    metrics = finetune.run(small(config="fc1", compile=how))
+    assert len(compiled) == compiled_calls
     assert metrics["best_step"] == eager["best_step"] and metrics["test_accuracy"] == pytest.approx(eager["test_accuracy"])
-    assert finetune.history(small(config="fc1", compile=True))["train_loss"].tolist() == pytest.approx(
+    assert finetune.history(small(config="fc1", compile=how))["train_loss"].tolist() == pytest.approx(
         finetune.history(small(config="fc1"))["train_loss"].tolist(), rel=1e-5)
 
 
+@pytest.mark.parametrize("how", ["model", "blocks"])
 @pytest.mark.parametrize("order", [("linear", "full", "mha"), ("full", "linear", "ln1")])
-def test_configurations_compiled_one_after_another_train_their_own_parameters(order, monkeypatch):
+def test_configurations_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch):
     # Real dynamo guards and AOTAutograd, which fixes at trace time which inputs get gradients
     # (the "aot_eager" backend: no compiler needed; plain "eager" runs autograd at run time and
     # would hide a stale graph). A graph compiled for one set of trainable parameters must not be
@@ -180,11 +183,76 @@ def test_configurations_compiled_one_after_another_train_their_own_parameters(or
     for config in order:
         for model in (shared, models.create_model("demo", pretrained=False, num_classes=3)):
             components.set_trainable(model, config)
-            forward = finetune.compile_model(model)
+            forward = finetune.compile_model(model, how)
             model.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(forward(images), labels).backward()
             expected = {n for n, p in model.named_parameters() if p.requires_grad}
             assert {n for n, p in model.named_parameters() if p.grad is not None} == expected, config
+
+
+def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch):
+    # regional compilation: the six blocks of the demo ViT run one graph (compiled once, not once
+    # per block), gradients are those of the eager model, and compile_model(..., "none") undoes it
+    from torch._dynamo.utils import counters
+
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+
+    def gradients(forward):
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(forward(images), labels).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    eager = gradients(model)
+    counters.clear()
+    forward = finetune.compile_model(model, "blocks")
+    assert forward is model and all(block._compiled_call_impl is not None for block in model.blocks)
+    compiled = gradients(forward)
+    assert counters["stats"]["unique_graphs"] == 1 and len(model.blocks) == 6
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert finetune.compile_model(model, "none") is model
+    assert not any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    counters.clear()
+    gradients(model)
+    assert not counters["stats"]  # eager again: nothing traced
+
+
+def test_compile_and_attention_choices_fail_before_any_work(results):
+    with pytest.raises(ValueError, match="valid choices: none, model, blocks"):
+        finetune.run(small(compile="everything"))
+    with pytest.raises(ValueError, match="valid modes: default.*max-autotune"):
+        finetune.run(small(compile=True, compile_mode="fastest"))
+    with pytest.raises(ValueError, match="valid choices: auto, flash, math"):
+        finetune.run(small(attention="cudnn"))  # a CUDA kernel asked for on a CPU
+    with pytest.raises(ValueError, match="valid choices: auto, flash, cudnn, efficient, math"):
+        finetune.check_attention("fast", torch.device("cuda"))
+    with pytest.raises(ValueError, match="needs a ViT with a `blocks` sequence"):
+        finetune.compile_model(torch.nn.Linear(2, 2), "blocks")
+    assert not any(results.rglob("*")) if results.exists() else True
+
+
+def test_attention_kernel_is_the_only_one_allowed_while_stepping():
+    cpu = torch.device("cpu")
+    assert finetune.step_context(cpu, "auto") is not None
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    with finetune.step_context(cpu, "math")():
+        assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    with finetune.step_context(cpu, "flash")():
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    model = models.create_model("demo", pretrained=False, num_classes=3).eval()
+    images = torch.randn(4, 3, 32, 32)
+    outputs = {}
+    for attention in finetune.CPU_ATTENTION:
+        with torch.no_grad(), finetune.step_context(cpu, attention)():
+            outputs[attention] = model(images)
+    torch.testing.assert_close(outputs["math"], outputs["auto"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outputs["flash"], outputs["auto"], rtol=1e-4, atol=1e-5)
 
 
 def test_training_step_returns_device_tensors_and_updates_only_trainable_weights():
