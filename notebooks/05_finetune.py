@@ -25,7 +25,9 @@ micro_batch = 0  # images per forward pass (0: the whole batch, split automatica
 warmup = 10  # linear warm-up steps (the authors' code: 2,000)
 eval_every = 10  # validation every this many steps
 device = "cpu"  # cpu or cuda
-compile_model = False  # run the model through torch.compile (worth it on a GPU for long runs)
+compile_model = False  # torch.compile: False, True (the whole model) or "blocks" (one graph for all blocks, compiles faster)
+compile_mode = "default"  # torch.compile's mode (default, max-autotune-no-cudagraphs, ...)
+attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -35,7 +37,8 @@ from paperlib import components, finetune, models, paths, plots
 
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, compile=compile_model, data_root=data_root,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
+    compile=compile_model, compile_mode=compile_mode, attention=attention,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)
