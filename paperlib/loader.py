@@ -136,6 +136,7 @@ class DeviceLoader:
         self.drop_last = drop_last
         self.seed = seed
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._turn, self._staging, self._copied = 0, [None, None], [None, None]  # pinned staging buffers of the host path
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Training batch number ``step`` (0-based), a pure function of (seed, step).
@@ -152,9 +153,36 @@ class DeviceLoader:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
             indices.extend(order[offset : offset + self.batch_size - len(indices)].tolist())
         index = torch.tensor(indices)
+        on_device = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         augment = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + 7919 * (step + 1))
-        images = self.images[index.to(self.images.device)].to(self.device, non_blocking=True)
-        return device_transform(images, self.augment, self.image_size, augment), self.targets[index.to(self.device)]
+        images = self._gather(index, on_device)
+        return device_transform(images, self.augment, self.image_size, augment), self.targets[on_device]
+
+    def _gather(self, index: torch.Tensor, on_device: torch.Tensor) -> torch.Tensor:
+        """The uint8 images at ``index`` (on the host; ``on_device``: the same on ``self.device``),
+        on ``self.device``, without making the host wait for the device.
+
+        Images on the device are indexed there. Images in pinned host memory are gathered into
+        one of two pinned staging buffers and copied asynchronously; a buffer is reused only once
+        the copy out of it has finished, so the next batch is gathered while the device works.
+        (Gathering into pageable memory would make the copy wait for the device.)
+        """
+        if self.images.device == self.device:
+            return self.images[on_device]
+        if not self.images.is_pinned():
+            return self.images[index].to(self.device)
+        slot = self._turn
+        self._turn ^= 1
+        if self._copied[slot] is not None:
+            self._copied[slot].synchronize()  # the copy out of this buffer, two batches ago
+        shape = (len(index), *self.images.shape[1:])
+        if self._staging[slot] is None or self._staging[slot].shape != shape:
+            self._staging[slot] = torch.empty(shape, dtype=self.images.dtype, pin_memory=True)
+        torch.index_select(self.images, 0, index, out=self._staging[slot])
+        images = self._staging[slot].to(self.device, non_blocking=True)
+        self._copied[slot] = torch.cuda.Event()
+        self._copied[slot].record()
+        return images
 
     def __len__(self) -> int:
         n = len(self.images)
@@ -166,7 +194,8 @@ class DeviceLoader:
             order = torch.randperm(n, device=self.device, generator=self.generator)
         else:
             order = torch.arange(n, device=self.device)
+        host_order = order.cpu() if self.images.device != self.device else order
         for batch in range(len(self)):
             index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            images = self.images[index.to(self.images.device)].to(self.device, non_blocking=True)
+            images = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
             yield device_transform(images, self.augment, self.image_size, self.generator), self.targets[index]

@@ -12,6 +12,7 @@ boxes with the distribution of ``torchvision.transforms.v2.RandomResizedCrop`` a
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -117,10 +118,18 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, image_size: int, fl
     return rows[:, None] @ x @ columns.transpose(1, 2)[:, None]
 
 
+@functools.lru_cache(maxsize=None)
+def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # made once per device: a tensor built from Python numbers on a GPU is a blocking copy, which
+    # once per batch would make the host wait for the GPU at every training step
+    # (normal tensors even when first asked for under inference_mode, so that autograd may save them)
+    with torch.inference_mode(False):
+        return (torch.tensor(MEAN, dtype=dtype).view(3, 1, 1).to(device), torch.tensor(STD, dtype=dtype).view(3, 1, 1).to(device))
+
+
 def normalize(images: torch.Tensor) -> torch.Tensor:
     """Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> ImageNet-normalised."""
-    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype).view(3, 1, 1)
-    std = torch.tensor(STD, device=images.device, dtype=images.dtype).view(3, 1, 1)
+    mean, std = _mean_std(images.device, images.dtype)
     return (images - mean) / std
 
 

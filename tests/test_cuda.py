@@ -65,6 +65,67 @@ def test_device_loader_on_the_device():
     assert (next(iter(plain))[0].cpu() - torch.stack([digits[i][0] for i in range(64)])).abs().max() < 1e-5
 
 
+def test_host_images_go_through_reused_staging_buffers_unchanged():
+    # batches of the host path are gathered into two pinned buffers reused in turn: batches made
+    # one after another without waiting (and kept) equal those of images kept on the device
+    digits = data.get_dataset("digits", "trainval")
+    on_device = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1)
+    on_host = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1, images_on="host")
+    batches = [on_host.batch(step) for step in range(6)]
+    for step, (images, labels) in enumerate(batches):
+        expected, expected_labels = on_device.batch(step)
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels), step
+    evaluation = DeviceLoader(digits, 100, augment=False, image_size=32, device=DEVICE, images_on="host")
+    reference = DeviceLoader(digits, 100, augment=False, image_size=32, device=DEVICE)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(evaluation, reference))
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="host-device synchronisation exists on CUDA only")
+def test_a_training_step_never_makes_the_host_wait_for_the_device():
+    # the host must queue step after step: a blocking copy or read-back in the batch or the step
+    # would leave the GPU idle while the host prepares the next one
+    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
+    components.set_trainable(model, "full")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE)
+    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
+    context = finetune.step_context(DEVICE)
+    for step in range(2):  # first steps: lazy initialisation, allocations
+        finetune.training_step(model, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(2, 5):
+            finetune.training_step(model, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("attention", ["flash", "efficient", "cudnn", "math"])
+def test_attention_kernels_on_the_device_compute_the_same_function(attention):
+    if DEVICE.type != "cuda" and attention not in finetune.CPU_ATTENTION:
+        pytest.skip(f"no {attention} kernel on a {DEVICE.type}")
+    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
+    images = torch.randn(8, 3, 32, 32, device=DEVICE)
+    with torch.no_grad(), finetune.step_context(DEVICE)():
+        reference = model(images).float()
+    try:
+        with torch.no_grad(), finetune.step_context(DEVICE, attention)():
+            output = model(images).float()
+    except RuntimeError as error:  # a kernel this GPU (or this PyTorch build) lacks
+        pytest.skip(f"{attention}: {error}".splitlines()[0])
+    assert _relative_error(output, reference) < 2e-2  # bf16 autocast
+
+
+def test_blocks_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
+    assert finetune.run(_small(config="mha"))["status"] == "finished"
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "blocks"))
+    assert finetune.run(_small(config="mha", compile="blocks"))["status"] == "finished"
+    losses = finetune.history(_small(config="mha"))["train_loss"].to_numpy()
+    compiled_losses = finetune.history(_small(config="mha", compile="blocks"))["train_loss"].to_numpy()
+    assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
+
+
 def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     model = models.create_model("demo", pretrained=False)
     generator = torch.Generator().manual_seed(0)
@@ -137,3 +198,5 @@ def test_benchmarks_run_on_the_device(capsys):
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
+    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE))
+    assert [row.get("error") for row in rows] == [None, None] and rows[1]["agrees"] is True

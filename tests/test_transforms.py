@@ -113,3 +113,12 @@ def test_fallback_box_for_extreme_aspect_ratio():
     reference = _torchvision_boxes(50, 4, 400)
     assert np.array_equal(boxes.numpy()[0], reference[0])
     assert math.isclose(boxes[0, 3].item() / boxes[0, 2].item(), 4 / 3, rel_tol=0.2)
+
+
+def test_normalisation_constants_made_under_inference_mode_serve_autograd_later():
+    T._mean_std.cache_clear()
+    with torch.inference_mode():
+        T.normalize(torch.rand(2, 3, 4, 4))
+    images = torch.rand(2, 3, 4, 4, requires_grad=True)
+    T.normalize(images).sum().backward()
+    assert torch.allclose(images.grad, (1 / torch.tensor(T.STD)).view(3, 1, 1).expand(2, 3, 4, 4))
