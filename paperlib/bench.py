@@ -293,18 +293,17 @@ def bench_finetune(
     ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
     gradients, ``finetune.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``); the first steps (with any compilation) are timed apart as ``warmup_seconds``. The plain loop (what the authors' code
-    does): torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
+    by ``attention``); its first steps (with any compilation) are timed apart as ``warmup_seconds``.
+    The plain loop (what the authors' code does): torchvision transforms in DataLoader workers,
+    fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
     Median of ``repeats`` interleaved timings of ``steps`` steps.
     """
     from torch.utils.data import DataLoader
 
-    from . import models
+    from . import components, finetune, models
     from .data import ImageDataset
     from .transforms import paper_transform
-
-    from . import components, finetune
 
     device = _device(device)
     workers = os.cpu_count() if workers is None else workers
@@ -511,9 +510,7 @@ def bench_profile(
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from . import components, models
-
-    from . import finetune
+    from . import components, finetune, models
 
     components.check_config(config)  # before any work
     device = _device(device)

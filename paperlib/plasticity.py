@@ -344,6 +344,7 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     ``metadata.json`` is written last: its presence marks a complete result.
     """
     import json
+
     from . import paths
 
     folder = Path(folder)
