@@ -576,7 +576,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
     12,800 ViT-Base pairs (plain definition and ``measure``, under a minute); ViT-Base/16
     training steps at batch 256 for every configuration (``finetune``: frozen configurations
     faster than full, full finetuning at >= 40% FLOP utilisation on an H100), and compiled for
-    full, MHA, LN1 and linear (``compiled``: the same utilisation target). On a CPU, by default
+    full, MHA, LN1 and linear, and full with its blocks compiled (``compiled``: the same
+    utilisation target). On a CPU, by default
     all but ``compiled``, at CPU scale: device path never slower; ``measure`` >= 2x the plain
     definition on the demo ViT and ViT-Base; the finetuning step against the plain loop on the
     demo ViT. Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
@@ -641,9 +642,12 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         if cuda:
             check_mfu(eager, "eager")
     if "compiled" in parts:
-        compiled = bench_finetune(name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile=True, plain=False)
+        compiled = bench_finetune(name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False)
         keep("finetune_compiled", compiled)
         check_mfu(compiled, "torch.compile")
+        blocks = bench_finetune(name, ("full",), batch, steps=10, device=str(device), compile="blocks", plain=False)
+        keep("finetune_compiled_blocks", blocks)
+        check_mfu(blocks, "torch.compile of the blocks")
     return checks
 
 

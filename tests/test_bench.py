@@ -65,11 +65,12 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
 
     def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
         calls.append(compile)
-        return {"full_library_mfu": 0.45 if compile else 0.3, "full_library_tflops": 123.0}
+        return {"full_library_mfu": {"model": 0.45, "blocks": 0.38}.get(compile, 0.3), "full_library_tflops": 123.0}
 
     monkeypatch.setattr(bench, "bench_finetune", finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
-    assert calls == [True] and [row["met"] for row in checks] == [True] and "45.0%" in checks[0]["measured"]
+    assert calls == ["model", "blocks"] and [row["met"] for row in checks] == [True, False]
+    assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"] and "blocks" in checks[1]["target"]
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
