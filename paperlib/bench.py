@@ -392,7 +392,8 @@ def bench_variants(
 ) -> list[dict]:
     """The library's training step for ``config`` under every combination of batch size, compilation
     (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode and attention kernel:
-    images/s, TFLOP/s, model FLOP utilisation and warm-up seconds (compilation included) per row.
+    images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
+    the peak GPU memory allocated (GiB) per row.
 
     Every row starts from the same random weights and the same first batch, and records that first
     step's loss and gradient norm next to those of the first row (``agrees``: within 5%, the bf16
@@ -435,6 +436,8 @@ def bench_variants(
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
             steps_of, _ = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"], combo["attention"])
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
             more = (lambda: steps_of(1, 2)) if combo["compile"] != "none" else (lambda: None)
             seconds = _seconds({"step": (lambda: steps_of(3, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
@@ -442,7 +445,8 @@ def bench_variants(
             rate = combo["batch_size"] * steps / seconds
             achieved = flops / combo["batch_size"] * rate / 1e12
             row.update({"images_per_s": round(rate, 1), "tflops": round(achieved, 3), "mfu": round(achieved / peak, 6) if peak else None,
-                        "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm})
+                        "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm,
+                        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None})
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == combo["batch_size"]), None)
             if reference:
                 row["agrees"] = bool(abs(loss - reference["first_loss"]) <= 0.05 * abs(reference["first_loss"])
@@ -461,7 +465,7 @@ def bench_variants(
 
 
 def _print_variants(rows: list[dict]) -> None:
-    print(f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}  first loss / grad norm")
+    print(f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}{'GiB':>7}  first loss / grad norm")
     for row in rows:
         variant = _variant_words(row).lstrip(", ") or "eager"
         if "error" in row:
@@ -469,8 +473,9 @@ def _print_variants(rows: list[dict]) -> None:
             continue
         mfu = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
         agrees = {True: "", False: "  DIFFERS from the first row", None: ""}[row.get("agrees")]
+        memory = f"{row['peak_memory_gib']:.1f}" if row.get("peak_memory_gib") is not None else "-"
         print(f"{row['batch_size']:>6}  {variant:<48}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
-              f"{row['warmup_seconds']:>11.1f}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}")
+              f"{row['warmup_seconds']:>11.1f}{memory:>7}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}")
 
 
 PROFILE_GROUPS = ("matrix products", "attention", "other")

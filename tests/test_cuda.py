@@ -200,3 +200,4 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
     rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE))
     assert [row.get("error") for row in rows] == [None, None] and rows[1]["agrees"] is True
+    assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)
