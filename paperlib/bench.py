@@ -310,9 +310,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         components.check_config(config)
-    how = finetune.compile_choice(compile)
-    finetune.check_compile_mode(compile_mode)
-    finetune.check_attention(attention, device)
+    how = finetune.check_step_options(compile, compile_mode, attention, device)
     if plain and how == "blocks":
         raise ValueError("compile='blocks' compiles the model in place, which the plain loop would then run: benchmark it with plain=False (--no-plain)")
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
@@ -412,12 +410,10 @@ def bench_variants(
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
         for how in compiles:
-            how = finetune.compile_choice(how)
-            for mode in modes if how != "none" else ("default",):
-                finetune.check_compile_mode(mode)
+            for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
                 for attention in attentions:
-                    finetune.check_attention(attention, device)
-                    combo = {"batch_size": batch_size, "compile": how, "compile_mode": mode, "attention": attention}
+                    combo = {"batch_size": batch_size, "compile": finetune.check_step_options(how, mode, attention, device),
+                             "compile_mode": mode, "attention": attention}
                     if combo not in combos:
                         combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -520,9 +516,7 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
-    how = finetune.compile_choice(compile)
-    finetune.check_compile_mode(compile_mode)
-    finetune.check_attention(attention, device)
+    how = finetune.check_step_options(compile, compile_mode, attention, device)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)

@@ -81,9 +81,7 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        compile_choice(self.compile)
-        check_compile_mode(self.compile_mode)
-        check_attention(self.attention, torch.device(self.device))
+        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device))
         return self
 
     def folder(self) -> Path:
@@ -162,6 +160,14 @@ def check_compile_mode(mode: str) -> str:
     if mode not in compile_modes():
         raise ValueError(f"unknown torch.compile mode {mode!r}; valid modes: {', '.join(compile_modes())}")
     return mode
+
+
+def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device) -> str:
+    """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``)
+    before any work; returns the compile choice ("none", "model" or "blocks")."""
+    check_compile_mode(mode)
+    check_attention(attention, device)
+    return compile_choice(compile)
 
 
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
