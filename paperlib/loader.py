@@ -136,7 +136,12 @@ class DeviceLoader:
         self.drop_last = drop_last
         self.seed = seed
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._turn, self._staging, self._copied = 0, [None, None], [None, None]  # pinned staging buffers of the host path
+        # images in host memory for a GPU go through two pinned staging buffers (see _gather); compared
+        # by type, since a tensor moved to "cuda" lives on "cuda:0", which is not equal to "cuda"
+        self._staged = self.images.device.type != self.device.type
+        self._staging, self._copied, self._turn = [], [None, None], 0
+        if self._staged:
+            self._staging = [torch.empty((batch_size, *self.images.shape[1:]), dtype=self.images.dtype, pin_memory=True) for _ in range(2)]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Training batch number ``step`` (0-based), a pure function of (seed, step).
@@ -167,19 +172,15 @@ class DeviceLoader:
         the copy out of it has finished, so the next batch is gathered while the device works.
         (Gathering into pageable memory would make the copy wait for the device.)
         """
-        if self.images.device == self.device:
+        if not self._staged:
             return self.images[on_device]
-        if not self.images.is_pinned():
-            return self.images[index].to(self.device)
         slot = self._turn
         self._turn ^= 1
         if self._copied[slot] is not None:
             self._copied[slot].synchronize()  # the copy out of this buffer, two batches ago
-        shape = (len(index), *self.images.shape[1:])
-        if self._staging[slot] is None or self._staging[slot].shape != shape:
-            self._staging[slot] = torch.empty(shape, dtype=self.images.dtype, pin_memory=True)
-        torch.index_select(self.images, 0, index, out=self._staging[slot])
-        images = self._staging[slot].to(self.device, non_blocking=True)
+        staging = self._staging[slot][: len(index)]
+        torch.index_select(self.images, 0, index, out=staging)
+        images = staging.to(self.device, non_blocking=True)
         self._copied[slot] = torch.cuda.Event()
         self._copied[slot].record()
         return images
@@ -194,7 +195,7 @@ class DeviceLoader:
             order = torch.randperm(n, device=self.device, generator=self.generator)
         else:
             order = torch.arange(n, device=self.device)
-        host_order = order.cpu() if self.images.device != self.device else order
+        host_order = order.cpu() if self._staged else order
         for batch in range(len(self)):
             index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
             images = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)

@@ -71,6 +71,8 @@ def test_host_images_go_through_reused_staging_buffers_unchanged():
     digits = data.get_dataset("digits", "trainval")
     on_device = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1)
     on_host = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1, images_on="host")
+    # staged only where the images stay on the host for a GPU (DEVICE is "cuda", the images "cuda:0")
+    assert not on_device._staged and on_host._staged == (DEVICE.type == "cuda")
     batches = [on_host.batch(step) for step in range(6)]
     for step, (images, labels) in enumerate(batches):
         expected, expected_labels = on_device.batch(step)
