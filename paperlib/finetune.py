@@ -210,17 +210,18 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     return model
 
 
-def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, autocast):
+def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, context):
     """One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
     accumulated), clipping at global norm ``clip``, SGD update.
 
     Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
-    device: the caller decides when to read them back. ``forward`` is the model, or its compiled twin.
+    device: the caller decides when to read them back. ``forward`` is the model, or its compiled twin;
+    ``context`` makes the context of its forward passes (``step_context``: precision, attention kernel).
     """
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=images.device)
     for first in range(0, len(images), micro):
-        with autocast():
+        with context():
             logits = forward(images[first : first + micro])
         loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
         loss.backward()
@@ -231,13 +232,13 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DeviceLoader, autocast, forward=None) -> tuple[float, float]:
+def evaluate(model: nn.Module, loader: DeviceLoader, context, forward=None) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end."""
     model.eval()
     forward = model if forward is None else forward
     totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
     for images, labels in loader:
-        with autocast():
+        with context():
             logits = forward(images)
         loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         totals += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
@@ -320,7 +321,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
-    autocast = step_context(device, config.attention)
+    context = step_context(device, config.attention)
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
@@ -358,7 +359,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         loss = None
         while loss is None:
             try:
-                loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, autocast)
+                loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, context)
             except torch.cuda.OutOfMemoryError:
                 if config.micro_batch or micro == 1:  # a micro-batch the user chose is kept: say so
                     raise
@@ -376,7 +377,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             break
         if evaluation:
             row = rows[-1]
-            row["val_loss"], row["val_accuracy"] = evaluate(model, val, autocast, forward)
+            row["val_loss"], row["val_accuracy"] = evaluate(model, val, context, forward)
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
@@ -390,7 +391,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     test_loss = test_accuracy = float("nan")
     if best["state"] is not None:
         model.load_state_dict(best["state"], strict=False)
-        test_loss, test_accuracy = evaluate(model, test, autocast, forward)
+        test_loss, test_accuracy = evaluate(model, test, context, forward)
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
     metrics = {
