@@ -225,6 +225,13 @@ def bench_plasticity(
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
 
+def _peak_tflops(device: torch.device) -> float | None:
+    """The dense bf16 peak of ``device`` if it is a GPU of ``PEAK_TFLOPS``, else None (no utilisation)."""
+    if device.type != "cuda":
+        return None
+    return next((value for name, value in PEAK_TFLOPS.items() if name in torch.cuda.get_device_name(device)), None)
+
+
 def _step_flops(model, images, labels) -> int:
     """FLOPs of one training step (forward + backward) of the eager model as its parameters'
     ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned to eager)."""
@@ -319,7 +326,7 @@ def bench_finetune(
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     plain_set = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size))
     plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
-    peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
+    peak = _peak_tflops(device)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
               "compile": how, "compile_mode": compile_mode, "attention": attention, "steps": steps, "repeats": repeats,
               "dataloader_workers": workers, "peak_tflops_bf16": peak}
@@ -418,7 +425,7 @@ def bench_variants(
                         combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
     cuda = device.type == "cuda"
-    peak = next((v for k, v in PEAK_TFLOPS.items() if cuda and k in torch.cuda.get_device_name(device)), None)
+    peak = _peak_tflops(device)
     for combo in combos:
         if any({key: row.get(key) for key in VARIANT_KEYS} == combo for row in rows):
             continue
