@@ -191,12 +191,17 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     graph compiled for a frozen model would give the blocks no gradients at all. Each run (or
     benchmarked configuration) therefore compiles afresh, and blocks compiled by an earlier call
     are returned to eager first.
+
+    On CUDA the patch embedding's convolution is first replaced by the same function as one matrix
+    product (``models.linear_patch_embed``; same parameters, faster there), compiled or not.
     """
     how = compile_choice(how)
     options = {} if check_compile_mode(mode) == "default" else {"mode": mode}
     for module in model.modules():  # undo an earlier in-place ("blocks") compilation
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
+    if any(p.is_cuda for p in model.parameters()):
+        models.linear_patch_embed(model)
     if how == "none":
         return model
     torch.compiler.reset()

@@ -119,6 +119,17 @@ def test_attention_kernels_on_the_device_compute_the_same_function(attention):
     assert _relative_error(output, reference) < 2e-2  # bf16 autocast
 
 
+def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device():
+    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
+    images = torch.randn(8, 3, 32, 32, device=DEVICE)
+    with torch.no_grad(), finetune.step_context(DEVICE)():
+        reference = model(images).float()
+        forward = finetune.compile_model(model, "none")
+        output = forward(images).float()
+    assert isinstance(model.patch_embed.proj, models.PatchLinear) == (DEVICE.type == "cuda")
+    assert _relative_error(output, reference) < 2e-2  # bf16 autocast
+
+
 def test_blocks_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
     assert finetune.run(_small(config="mha"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "blocks"))
