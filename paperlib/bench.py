@@ -24,6 +24,7 @@ Without ``--root``, a paper dataset is benchmarked on a fixture written in its o
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -257,7 +258,7 @@ def _synthetic_train_set(n: int, source_size: int):
 
 
 def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool | str = False,
-                   compile_mode: str = "default", attention: str = "auto"):
+                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast"):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
     precision, attention kernel, ``compile_model``): returns ``steps(first, count)``, which trains
     on the loader's batches ``first`` to ``first + count - 1``, and the trainable parameters."""
@@ -266,7 +267,10 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-    forward = finetune.compile_model(model, compile, compile_mode)
+    if finetune.check_precision(precision) == "bf16":
+        forward = finetune.MasterWeights(model).compile(compile, compile_mode)
+    else:
+        forward = finetune.compile_model(model, compile, compile_mode)
     context = finetune.step_context(device, attention)
 
     def steps(first: int, count: int):
@@ -292,6 +296,7 @@ def bench_finetune(
     repeats: int = 3,
     compile_mode: str = "default",
     attention: str = "auto",
+    precision: str = "autocast",
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -300,9 +305,9 @@ def bench_finetune(
     ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
     gradients, ``finetune.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``); its first steps (with any compilation) are timed apart as ``warmup_seconds``.
-    The plain loop (what the authors' code does): torchvision transforms in DataLoader workers,
-    fp32, ``requires_grad`` set the same way.
+    by ``attention``, and ``precision``); its first steps (with any compilation) are timed apart as
+    ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
+    created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
     Median of ``repeats`` interleaved timings of ``steps`` steps.
     """
@@ -318,9 +323,9 @@ def bench_finetune(
     for config in configs:
         components.check_config(config)
     how = finetune.check_step_options(compile, compile_mode, attention, device)
-    if plain and how == "blocks":
-        raise ValueError("compile='blocks' compiles the model in place, which the plain loop would then run: benchmark it with plain=False (--no-plain)")
+    finetune.check_precision(precision)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
@@ -328,26 +333,28 @@ def bench_finetune(
     plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
     peak = _peak_tflops(device)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
-              "compile": how, "compile_mode": compile_mode, "attention": attention, "steps": steps, "repeats": repeats,
-              "dataloader_workers": workers, "peak_tflops_bf16": peak}
+              "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision, "steps": steps,
+              "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
     for config in configs:
         components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
-        library_steps, trainable = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention)
+        library_steps, _ = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision)
         warmup = _Timed(lambda: library_steps(0, 1 if how == "none" else 3), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
-            plain_optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
+            components.set_trainable(plain_model, config)
+            plain_trainable = [p for _, p in components.trainable_parameters(plain_model)]
+            plain_optimizer = torch.optim.SGD(plain_trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
 
             def plain_steps(count: int):
                 iterator = _endless(plain_loader)
                 for _ in range(count):
                     x, y = next(iterator)
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss = torch.nn.functional.cross_entropy(plain_model(x), y)
                     plain_optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                    torch.nn.utils.clip_grad_norm_(plain_trainable, 1.0)
                     plain_optimizer.step()
                 iterator.close()
 
@@ -362,7 +369,7 @@ def bench_finetune(
         result[f"{config}_library_tflops"] = round(achieved, 3)
         if peak:
             result[f"{config}_library_mfu"] = round(achieved / peak, 6)
-    plain_loader = None  # shuts its workers down
+    plain_loader = plain_model = None  # shuts its workers down
     gc.collect()
     result["torch"] = torch.__version__
     return result
@@ -376,10 +383,13 @@ def _variant_words(row: dict) -> str:
         words += f", compiled ({row['compile']}{'' if mode == 'default' else ', ' + mode})"
     if row.get("attention", "auto") != "auto":
         words += f", attention {row['attention']}"
+    if row.get("precision", "autocast") != "autocast":
+        words += f", {row['precision']} with fp32 masters"
     return words
 
 
-VARIANT_KEYS = ("batch_size", "compile", "compile_mode", "attention")
+VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast"}
+"""What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
 
 
 def bench_variants(
@@ -394,9 +404,11 @@ def bench_variants(
     device: str = "auto",
     out: Path | None = None,
     source_size: int = 32,
+    precisions: tuple[str, ...] = ("autocast",),
 ) -> list[dict]:
     """The library's training step for ``config`` under every combination of batch size, compilation
-    (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode and attention kernel:
+    (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode, attention kernel and
+    precision (``finetune.PRECISIONS``):
     images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
     the peak GPU memory allocated (GiB) per row.
 
@@ -419,15 +431,16 @@ def bench_variants(
         for how in compiles:
             for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
                 for attention in attentions:
-                    combo = {"batch_size": batch_size, "compile": finetune.check_step_options(how, mode, attention, device),
-                             "compile_mode": mode, "attention": attention}
-                    if combo not in combos:
-                        combos.append(combo)
+                    for precision in precisions:
+                        combo = {"batch_size": batch_size, "compile": finetune.check_step_options(how, mode, attention, device),
+                                 "compile_mode": mode, "attention": attention, "precision": finetune.check_precision(precision)}
+                        if combo not in combos:
+                            combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
     cuda = device.type == "cuda"
     peak = _peak_tflops(device)
     for combo in combos:
-        if any({key: row.get(key) for key in VARIANT_KEYS} == combo for row in rows):
+        if any({key: row.get(key, default) for key, default in VARIANT_KEYS.items()} == combo for row in rows):
             continue
         row = {"model": model_name, "config": config, **combo, "device": _device_name(device), "torch": torch.__version__}
         try:
@@ -438,7 +451,8 @@ def bench_variants(
                                   augment=True, image_size=size, device=device)
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
-            steps_of, _ = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"], combo["attention"])
+            steps_of, _ = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"],
+                                         combo["attention"], combo["precision"])
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
@@ -507,6 +521,7 @@ def bench_profile(
     source_size: int = 32,
     compile_mode: str = "default",
     attention: str = "auto",
+    precision: str = "autocast",
 ) -> dict:
     """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
     the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
@@ -524,10 +539,11 @@ def bench_profile(
     device = _device(device)
     cuda = device.type == "cuda"
     how = finetune.check_step_options(compile, compile_mode, attention, device)
+    finetune.check_precision(precision)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    steps_of, _ = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention)
+    steps_of, _ = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
@@ -552,8 +568,8 @@ def bench_profile(
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
         "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
-        "device": _device_name(device), "compile": how, "compile_mode": compile_mode, "attention": attention, "steps": steps,
-        "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
+        "device": _device_name(device), "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision,
+        "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
         "largest": [{"name": name, "group": _profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],
@@ -675,8 +691,9 @@ def _print(result: dict, json_path: Path | None) -> None:
 def _compile_arguments(parser) -> None:
     parser.add_argument("--compile", nargs="?", const="model", default="none", metavar="HOW",
                         help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)")
-    parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, max-autotune-no-cudagraphs, ...")
+    parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
+    parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -728,6 +745,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--compile", default="none,model,blocks", help="comma-separated, of: none, model, blocks")
     v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
     v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
+    v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")
@@ -742,14 +760,15 @@ def main(argv: list[str] | None = None) -> None:
             checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
         elif args.command == "profile":
             result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top,
-                                   compile_mode=args.compile_mode, attention=args.attention)
+                                   compile_mode=args.compile_mode, attention=args.attention, precision=args.precision)
         elif args.command == "variants":
             try:
                 batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
             except ValueError:
                 raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
             rows = bench_variants(args.model, args.config, batch_sizes, tuple(args.compile.split(",")), tuple(args.modes.split(",")),
-                                  tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json)
+                                  tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json,
+                                  precisions=tuple(args.precision.split(",")))
         elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "plasticity":
@@ -757,7 +776,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
                                     args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats,
-                                    compile_mode=args.compile_mode, attention=args.attention)
+                                    compile_mode=args.compile_mode, attention=args.attention, precision=args.precision)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":

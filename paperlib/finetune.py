@@ -9,12 +9,13 @@ linear warm-up then cosine decay to 0; gradients clipped at global norm 1 (the l
 one clipping saw); evaluation on the ``val`` split (20% of the training set, chosen by the seed)
 every ``eval_every`` steps; the result is the test accuracy of the best-validation checkpoint.
 
-Each run owns ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` with
+Each run owns ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` (``Config.folder``) with
 ``params.json``, ``history.csv``, ``metrics.json`` (written last: a run with it is finished) and,
 while it runs, ``checkpoint.pt``. Started again with the same parameters, a finished run returns
 its metrics and an interrupted one resumes from its last checkpoint; batches are a function of
 (seed, step), so the resumed run ends where an uninterrupted one would. A non-finite loss stops the
-run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU. With
+run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU; or, with
+``precision="bf16"``, forward and backward in bf16 with fp32 master weights (``MasterWeights``). With
 ``micro_batch=0``, a batch that does not fit in GPU memory is split into micro-batches (gradient
 accumulation, the same update) and the step retried.
 
@@ -23,11 +24,13 @@ times), the SGD update is one fused kernel on CUDA, losses and gradient norms st
 and are read back every ``READ_BACK`` steps and at evaluations (not once per step, which would
 stall the GPU), and ``compile`` runs the model (or each of its blocks) through ``torch.compile``.
 ``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
+``compile_mode="coordinate-descent"`` adds inductor's tuning of its own kernels' launch settings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import time
@@ -64,8 +67,9 @@ class Config:
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
     compile: bool | str = False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
-    compile_mode: str = "default"  # torch.compile's mode: default, max-autotune-no-cudagraphs, ...
+    compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
+    precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -82,10 +86,14 @@ class Config:
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device))
+        check_precision(self.precision)
         return self
 
     def folder(self) -> Path:
-        return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / f"seed={self.seed}"
+        """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
+        unless the precision is the protocol's: a bf16 run never replaces an autocast one."""
+        run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
+        return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -148,12 +156,22 @@ def compile_choice(value: bool | str) -> str:
     return value
 
 
+# modes of our own: torch.compile's default mode with these inductor options
+OWN_COMPILE_MODES = {
+    # inductor tunes the launch settings (block sizes, warps) of each kernel it generates, by timing
+    # them: the fused LayerNorm, GELU and residual kernels that bound a bf16 ViT step. ViT-Base/16,
+    # blocks compiled, H100: about a minute more compilation, 1-2% more images/s (docs/benchmarks.md)
+    "coordinate-descent": {"coordinate_descent_tuning": True},
+}
+
+
 def compile_modes() -> tuple[str, ...]:
-    """The modes this PyTorch's ``torch.compile`` accepts."""
+    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and ``OWN_COMPILE_MODES``."""
     try:
-        return tuple(torch._inductor.list_mode_options())
+        modes = tuple(torch._inductor.list_mode_options())
     except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
-        return ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+    return modes + tuple(OWN_COMPILE_MODES)
 
 
 def check_compile_mode(mode: str) -> str:
@@ -170,6 +188,71 @@ def check_step_options(compile: bool | str, mode: str, attention: str, device: t
     return compile_choice(compile)
 
 
+PRECISIONS = ("autocast", "bf16")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
+    return precision
+
+
+class MasterWeights:
+    """``precision="bf16"``: forward and backward through a bf16 copy of ``model``; the optimizer
+    updates ``model`` itself, whose fp32 parameters are the master weights.
+
+    Mixed precision as in Apex's O2 level or FSDP's ``param_dtype``: after each backward the copy's
+    bf16 gradients go to the master parameters as fp32 (``to_master``), clipping and the update run
+    in fp32 there, and the updated weights go back to the copy (``from_master``), so small updates
+    are not lost to bf16 rounding. Unlike autocast, which keeps the residual stream, LayerNorm
+    outputs and their gradients in fp32, activations stay bf16 between blocks: about half the
+    memory traffic of the element-wise kernels that bound a compiled ViT step on a GPU. It is not
+    the paper's protocol (``"autocast"``, the default); its rounding differs.
+
+    Call the instance on images (fp32 images are cast); ``compile`` compiles the copy
+    (``compile_model``); ``module`` is the copy, for ``train()``/``eval()``.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.model, self.dtype = model, dtype
+        self.module = copy.deepcopy(model).to(dtype)
+        self.forward = self.module
+        copies = dict(self.module.named_parameters())
+        trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.masters = [p for _, p in trainable]
+        self.copies = [copies[name] for name, _ in trainable]
+        self._grads = None  # (which masters, their fp32 gradient buffers), made at the first step
+
+    def compile(self, how: bool | str = "model", mode: str = "default") -> "MasterWeights":
+        self.forward = compile_model(self.module, how, mode)
+        return self
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.forward(images.to(self.dtype))
+
+    def zero_grad(self) -> None:
+        self.module.zero_grad(set_to_none=True)
+
+    def to_master(self) -> None:
+        """The copy's gradients, as fp32, become the master parameters' gradients (one multi-tensor
+        copy into buffers kept across steps, rather than a kernel and an allocation per parameter)."""
+        pairs = [(master, copied.grad) for master, copied in zip(self.masters, self.copies) if copied.grad is not None]
+        if not pairs:
+            return
+        key = tuple(id(master) for master, _ in pairs)
+        if self._grads is None or self._grads[0] != key:
+            self._grads = (key, [torch.empty_like(master) for master, _ in pairs])
+        torch._foreach_copy_(self._grads[1], [grad for _, grad in pairs])
+        for (master, _), grad in zip(pairs, self._grads[1]):
+            master.grad = grad
+
+    @torch.no_grad()
+    def from_master(self) -> None:
+        """The master weights, rounded to bf16, into the copy (after each update, and after loading weights)."""
+        if self.copies:
+            torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
+
+
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
     """SGD with momentum and no weight decay (appendix C.3); one fused update kernel on CUDA."""
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
@@ -183,7 +266,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     transformer block in place (``nn.Module.compile``): the blocks share their code, so one graph
     (two when the first block's input needs no gradient) serves them all and compilation does not
     grow with depth (regional compilation); "none" returns the model as it is. ``mode``:
-    ``torch.compile``'s mode ("default" leaves it out).
+    ``torch.compile``'s mode ("default" leaves it out) or one of ``OWN_COMPILE_MODES``.
 
     Dynamo may reuse a graph compiled for the same ``forward`` code when only the parameters'
     ``requires_grad`` differ (pytorch/pytorch#139476; seen on an H100 with torch 2.11: ``linear``
@@ -196,7 +279,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     product (``models.linear_patch_embed``; same parameters, faster there), compiled or not.
     """
     how = compile_choice(how)
-    options = {} if check_compile_mode(mode) == "default" else {"mode": mode}
+    check_compile_mode(mode)
+    options = {} if mode == "default" else {"options": dict(OWN_COMPILE_MODES[mode])} if mode in OWN_COMPILE_MODES else {"mode": mode}
     for module in model.modules():  # undo an earlier in-place ("blocks") compilation
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
@@ -220,10 +304,14 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
     accumulated), clipping at global norm ``clip``, SGD update.
 
     Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
-    device: the caller decides when to read them back. ``forward`` is the model, or its compiled twin;
-    ``context`` makes the context of its forward passes (``step_context``: precision, attention kernel).
+    device: the caller decides when to read them back. ``forward`` is the model, its compiled twin,
+    or ``MasterWeights`` (bf16 compute; ``trainable`` are then its fp32 masters); ``context`` makes
+    the context of its forward passes (``step_context``: precision, attention kernel).
     """
+    master = forward if isinstance(forward, MasterWeights) else None
     optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.zero_grad()
     total = torch.zeros((), device=images.device)
     for first in range(0, len(images), micro):
         with context():
@@ -231,14 +319,20 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
         loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
         loss.backward()
         total += loss.detach()
+    if master is not None:
+        master.to_master()
     norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
     optimizer.step()
+    if master is not None:
+        master.from_master()
     return total, norm
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DeviceLoader, context, forward=None) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end."""
+    """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
+    ``model`` is the module that runs (``MasterWeights.module`` with bf16 precision), ``forward``
+    what calls it (compiled, or ``MasterWeights``)."""
     model.eval()
     forward = model if forward is None else forward
     totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
@@ -337,7 +431,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = compile_model(model, config.compile, config.compile_mode)
+    master = MasterWeights(model) if config.precision == "bf16" else None
+    forward = master.compile(config.compile, config.compile_mode) if master else compile_model(model, config.compile, config.compile_mode)
+    network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
@@ -353,12 +449,14 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])
             start_step, rows, best = saved["step"], saved["history"], saved["best"]
+            if master:
+                master.from_master()
 
     micro = config.micro_batch or config.batch_size
     status, start, seen = "finished", time.perf_counter(), 0
     pending = []  # steps whose loss and gradient norm are still on the device
     for step in range(start_step, config.steps):
-        model.train()
+        network.train()
         images, labels = train.batch(step)
         lr = optimizer.param_groups[0]["lr"]
         loss = None
@@ -382,7 +480,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             break
         if evaluation:
             row = rows[-1]
-            row["val_loss"], row["val_accuracy"] = evaluate(model, val, context, forward)
+            row["val_loss"], row["val_accuracy"] = evaluate(network, val, context, forward)
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
@@ -396,7 +494,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     test_loss = test_accuracy = float("nan")
     if best["state"] is not None:
         model.load_state_dict(best["state"], strict=False)
-        test_loss, test_accuracy = evaluate(model, test, context, forward)
+        if master:
+            master.from_master()
+        test_loss, test_accuracy = evaluate(network, test, context, forward)
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
     metrics = {
@@ -411,6 +511,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "wall_seconds": round(wall, 2),
         "images_per_second": round(seen / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "precision": config.precision,
         "torch": torch.__version__,
     }
     _write_json(folder / "metrics.json", metrics)

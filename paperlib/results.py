@@ -1,7 +1,7 @@
 """Finetuning runs as tables (paper §5.2): every run under a results root, histories, what is missing.
 
-``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` folders
-written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
+``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>]/``
+folders written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
 ``diverged`` runs carry their metrics; a run without ``metrics.json`` is ``partial`` (interrupted
 or still running). ``missing(runs, spec)`` lists the runs a sweep spec expects and that have no
 folder at all. Nothing is dropped silently.
@@ -17,10 +17,12 @@ import pandas as pd
 from . import paths
 
 RUN_COLUMNS = [
-    "model", "dataset", "config", "lr", "seed", "status", "best_val_accuracy", "best_step",
+    "model", "dataset", "config", "lr", "seed", "precision", "status", "best_val_accuracy", "best_step",
     "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
 ]
-KEYS = ["model", "dataset", "config", "lr", "seed"]
+KEYS = ["model", "dataset", "config", "lr", "seed", "precision"]
+DEFAULTS = {"precision": "autocast"}
+"""The value of a key for runs (and specs) written before it existed."""
 
 
 def finetune_root(root: str | Path | None = None) -> Path:
@@ -34,7 +36,8 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     for params_file in sorted(finetune_root(root).rglob("params.json")):
         folder = params_file.parent
         params = json.loads(params_file.read_text())
-        row = {key: params[key] for key in KEYS} | {"folder": str(folder)}
+        keys = {key: params.get(key, DEFAULTS.get(key)) for key in KEYS}
+        row = keys | {"folder": str(folder)}
         metrics_file = folder / "metrics.json"
         if metrics_file.is_file():
             row |= json.loads(metrics_file.read_text())
@@ -44,8 +47,8 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         history_file = folder / "history.csv"
         if history_file.is_file():
             history = pd.read_csv(history_file)
-            for key in KEYS:
-                history[key] = params[key]
+            for key, value in keys.items():
+                history[key] = value
             histories.append(history)
     table = pd.DataFrame(runs).reindex(columns=RUN_COLUMNS)
     history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame(columns=KEYS + ["step"])
@@ -53,12 +56,13 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def expected(spec: dict) -> pd.DataFrame:
-    """The runs a finetuning sweep spec asks for (model, dataset, config, lr, seed)."""
+    """The runs a finetuning sweep spec asks for (model, dataset, config, lr, seed, precision)."""
     from .sweep import expand
 
     return pd.DataFrame(
         [{"model": r.parameters["model"], "dataset": r.parameters["dataset"], "config": r.parameters["component"],
-          "lr": float(r.parameters["lr"]), "seed": int(r.parameters["seed"])} for r in expand(spec)]
+          "lr": float(r.parameters["lr"]), "seed": int(r.parameters["seed"]),
+          "precision": r.parameters.get("precision", DEFAULTS["precision"])} for r in expand(spec)]
     )
 
 

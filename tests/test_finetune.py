@@ -331,3 +331,82 @@ def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, mo
     with pytest.raises(torch.cuda.OutOfMemoryError):
         finetune.run(small(micro_batch=8, seed=1))
     assert finetune.smaller_micro_batch(512, 512) == 256 and finetune.smaller_micro_batch(48, 48) == 24 and finetune.smaller_micro_batch(20, 5) == 2
+
+
+def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, "fc1")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    master = finetune.MasterWeights(model)
+    optimizer = finetune.make_optimizer(trainable, 1e-4, 0.9, torch.device("cpu"))
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+    loss, norm = finetune.training_step(master, trainable, optimizer, images, labels, 8, 1e9, finetune.autocast_for(torch.device("cpu")))
+
+    copies = dict(master.module.named_parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(p.dtype == torch.bfloat16 for p in copies.values())
+    for name, p in model.named_parameters():
+        if p.requires_grad:  # first SGD step (no clipping): p - lr * gradient, the bf16 gradient taken in fp32
+            expected = before[name] - 1e-4 * copies[name].grad.float()
+            torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-7)
+            assert p.grad.dtype == torch.float32
+        else:
+            assert torch.equal(p, before[name]) and copies[name].grad is None
+        assert torch.equal(copies[name], p.detach().to(torch.bfloat16))  # the copy holds the rounded masters
+    # updates below bf16's resolution are kept by the fp32 masters (bf16 weights would lose them)
+    lost_in_bf16 = [((p != before[n]) & (p.to(torch.bfloat16) == before[n].to(torch.bfloat16))).any()
+                    for n, p in model.named_parameters() if p.requires_grad]
+    assert any(lost_in_bf16)
+    with torch.no_grad():  # the same loss as the fp32 model, to bf16 rounding
+        reference = torch.nn.functional.cross_entropy(_fp32_logits(before, images), labels)
+    assert float(loss) == pytest.approx(float(reference), rel=3e-2) and math.isfinite(float(norm))
+
+
+def _fp32_logits(state, images):
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    model.load_state_dict(state)
+    return model(images)
+
+
+def test_bf16_precision_runs_resume_and_record_their_precision(results, tmp_path, monkeypatch):
+    from paperlib import loader
+
+    fp32 = finetune.run(small(config="full"))
+    reference = finetune.run(small(config="full", precision="bf16"))
+    assert reference["status"] == "finished" and reference["precision"] == "bf16" and fp32["precision"] == "autocast"
+    assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
+    losses = finetune.history(small(config="full", precision="bf16"))["train_loss"]
+    # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
+    assert losses[:4].tolist() == pytest.approx(finetune.history(small(config="full"))["train_loss"][:4].tolist(), rel=3e-2)
+
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
+    original = loader.DeviceLoader.batch
+
+    def crash(self, step):
+        if step == 9 and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, step)
+
+    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.run(small(config="full", precision="bf16"))
+    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
+    resumed = finetune.run(small(config="full", precision="bf16"))  # the copy is refreshed from the loaded masters
+    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
+    assert same(resumed) == same(reference)
+    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+        finetune.run(small(precision="fp16"))
+
+
+def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    assert "coordinate-descent" in finetune.compile_modes()
+    finetune.compile_model(model, "model", "coordinate-descent")
+    finetune.compile_model(model, "blocks", "coordinate-descent")
+    finetune.compile_model(model, "model", "max-autotune-no-cudagraphs")
+    finetune.compile_model(model, "model")
+    assert calls[0] == {"options": {"coordinate_descent_tuning": True}} and len(calls) == 1 + len(model.blocks) + 2
+    assert all(c == calls[0] for c in calls[1:-2]) and calls[-2] == {"mode": "max-autotune-no-cudagraphs"} and calls[-1] == {}

@@ -67,6 +67,20 @@ def test_missing_runs_are_listed(tree):
     assert missing[["dataset", "config"]].values.tolist() == [["a", "ln2"]]  # fc2 exists (partial): listed by load, not here
 
 
+def test_runs_in_another_precision_are_other_runs(tree):
+    folder = tree / "finetune" / "demo" / "a" / "ln2" / "lr=0.01" / "seed=0-bf16"
+    folder.mkdir(parents=True)
+    (folder / "params.json").write_text(json.dumps({"model": "demo", "dataset": "a", "config": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}))
+    runs, histories = results.load(tree)
+    assert runs.loc[runs["config"] == "ln2", "precision"].tolist() == ["bf16"]
+    assert set(runs["precision"]) == {"autocast", "bf16"}  # runs written before precisions existed are autocast ones
+    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
+            "grid": {"dataset": ["a"], "component": ["ln2"], "lr": [0.01], "seed": [0]}}
+    assert results.missing(runs, spec)[["config", "precision"]].values.tolist() == [["ln2", "autocast"]]
+    spec["parameters"]["precision"] = "bf16"
+    assert results.missing(runs, spec).empty
+
+
 def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
     runs, _ = results.load(tree)
     table = stats.table6(runs).set_index(["dataset", "config"])
