@@ -26,8 +26,9 @@ warmup = 10  # linear warm-up steps (the authors' code: 2,000)
 eval_every = 10  # validation every this many steps
 device = "cpu"  # cpu or cuda
 compile_model = False  # torch.compile: False, True (the whole model) or "blocks" (one graph for all blocks, compiles faster)
-compile_mode = "default"  # torch.compile's mode (default, max-autotune-no-cudagraphs, ...)
+compile_mode = "default"  # torch.compile's mode (default, coordinate-descent, max-autotune-no-cudagraphs, ...)
 attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
+precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -38,7 +39,7 @@ from paperlib import components, finetune, models, paths, plots
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
-    compile=compile_model, compile_mode=compile_mode, attention=attention,
+    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)

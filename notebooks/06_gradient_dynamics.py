@@ -29,7 +29,7 @@ if compute_missing:
     results.ensure(subset)
 runs, histories = results.load()
 wanted = results.expected(grid_spec)
-shown = histories.merge(wanted, on=["model", "dataset", "config", "lr", "seed"])  # the spec's runs only
+shown = histories.merge(wanted, on=results.KEYS)  # the spec's runs only
 shown = shown[(shown["dataset"] == dataset) & (shown["seed"] == seed)]
 print(f"{shown.groupby(['config', 'lr']).ngroups} runs on {dataset} (seed {seed})")
 

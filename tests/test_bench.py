@@ -64,13 +64,16 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     calls = []
 
     def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
-        calls.append(compile)
-        return {"full_library_mfu": {"model": 0.45, "blocks": 0.38}.get(compile, 0.3), "full_library_tflops": 123.0}
+        calls.append((compile, batch, kwargs.get("precision", "autocast")))
+        mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
+        return {"full_library_mfu": mfu, "full_library_tflops": 123.0}
 
     monkeypatch.setattr(bench, "bench_finetune", finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
-    assert calls == ["model", "blocks"] and [row["met"] for row in checks] == [True, False]
+    assert calls == [("model", 64, "autocast"), ("blocks", 64, "autocast"), ("blocks", 128, "bf16")]
+    assert [row["met"] for row in checks] == [True, False, True]
     assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"] and "blocks" in checks[1]["target"]
+    assert "bf16 with fp32 masters, batch 128" in checks[2]["target"]
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
