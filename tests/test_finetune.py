@@ -66,10 +66,12 @@ def test_best_validation_checkpoint_is_reported():
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
 
 
-def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])  # bf16: the copy is refreshed from the loaded masters
+def test_resume_after_interruption_matches_an_uninterrupted_run(precision, results, tmp_path, monkeypatch):
     from paperlib import loader
 
-    reference = finetune.run(small())
+    config = small(precision=precision)
+    reference = finetune.run(config)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
     original = loader.DeviceLoader.batch
 
@@ -80,16 +82,16 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_pat
 
     monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
     with pytest.raises(KeyboardInterrupt):
-        finetune.run(small())
-    folder = small().folder()
+        finetune.run(config)
+    folder = config.folder()
     assert (folder / "checkpoint.pt").is_file() and not (folder / "metrics.json").exists()
     monkeypatch.setattr(loader.DeviceLoader, "batch", original)
-    resumed = finetune.run(small())
+    resumed = finetune.run(config)
     same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
     assert same(resumed) == same(reference)
     assert not (folder / "checkpoint.pt").exists()
     # a finished run is not repeated
-    assert finetune.run(small()) == resumed
+    assert finetune.run(config) == resumed
 
 
 def test_divergence_is_recorded_not_raised():
@@ -369,32 +371,14 @@ def _fp32_logits(state, images):
     return model(images)
 
 
-def test_bf16_precision_runs_resume_and_record_their_precision(results, tmp_path, monkeypatch):
-    from paperlib import loader
-
+def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results):
     fp32 = finetune.run(small(config="full"))
-    reference = finetune.run(small(config="full", precision="bf16"))
-    assert reference["status"] == "finished" and reference["precision"] == "bf16" and fp32["precision"] == "autocast"
+    bf16 = finetune.run(small(config="full", precision="bf16"))
+    assert bf16["status"] == "finished" and bf16["precision"] == "bf16" and fp32["precision"] == "autocast"
     assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
     losses = finetune.history(small(config="full", precision="bf16"))["train_loss"]
     # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
     assert losses[:4].tolist() == pytest.approx(finetune.history(small(config="full"))["train_loss"][:4].tolist(), rel=3e-2)
-
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
-    original = loader.DeviceLoader.batch
-
-    def crash(self, step):
-        if step == 9 and self.augment:
-            raise KeyboardInterrupt("simulated interruption")
-        return original(self, step)
-
-    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.run(small(config="full", precision="bf16"))
-    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
-    resumed = finetune.run(small(config="full", precision="bf16"))  # the copy is refreshed from the loaded masters
-    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
-    assert same(resumed) == same(reference)
     with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
         finetune.run(small(precision="fp16"))
 
