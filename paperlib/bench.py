@@ -261,16 +261,13 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
                    compile_mode: str = "default", attention: str = "auto", precision: str = "autocast"):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
     precision, attention kernel, ``compile_model``): returns ``steps(first, count)``, which trains
-    on the loader's batches ``first`` to ``first + count - 1``, and the trainable parameters."""
+    on the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
     from . import components, finetune
 
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-    if finetune.check_precision(precision) == "bf16":
-        forward = finetune.MasterWeights(model).compile(compile, compile_mode)
-    else:
-        forward = finetune.compile_model(model, compile, compile_mode)
+    forward = finetune.make_forward(model, compile, compile_mode, precision)
     context = finetune.step_context(device, attention)
 
     def steps(first: int, count: int):
@@ -279,7 +276,7 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
             last = finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, context)
         return last
 
-    return steps, trainable
+    return steps
 
 
 def bench_finetune(
@@ -322,8 +319,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         components.check_config(config)
-    how = finetune.check_step_options(compile, compile_mode, attention, device)
-    finetune.check_precision(precision)
+    how = finetune.check_step_options(compile, compile_mode, attention, device, precision)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
@@ -338,7 +334,7 @@ def bench_finetune(
     for config in configs:
         components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
-        library_steps, _ = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision)
+        library_steps = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision)
         warmup = _Timed(lambda: library_steps(0, 1 if how == "none" else 3), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
@@ -432,8 +428,8 @@ def bench_variants(
             for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
                 for attention in attentions:
                     for precision in precisions:
-                        combo = {"batch_size": batch_size, "compile": finetune.check_step_options(how, mode, attention, device),
-                                 "compile_mode": mode, "attention": attention, "precision": finetune.check_precision(precision)}
+                        combo = {"batch_size": batch_size, "compile": finetune.check_step_options(how, mode, attention, device, precision),
+                                 "compile_mode": mode, "attention": attention, "precision": precision}
                         if combo not in combos:
                             combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -451,7 +447,7 @@ def bench_variants(
                                   augment=True, image_size=size, device=device)
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
-            steps_of, _ = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"],
+            steps_of = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"],
                                          combo["attention"], combo["precision"])
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -538,12 +534,11 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
-    how = finetune.check_step_options(compile, compile_mode, attention, device)
-    finetune.check_precision(precision)
+    how = finetune.check_step_options(compile, compile_mode, attention, device, precision)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    steps_of, _ = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision)
+    steps_of = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)

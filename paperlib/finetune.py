@@ -85,8 +85,7 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device))
-        check_precision(self.precision)
+        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision)
         return self
 
     def folder(self) -> Path:
@@ -180,14 +179,6 @@ def check_compile_mode(mode: str) -> str:
     return mode
 
 
-def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device) -> str:
-    """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``)
-    before any work; returns the compile choice ("none", "model" or "blocks")."""
-    check_compile_mode(mode)
-    check_attention(attention, device)
-    return compile_choice(compile)
-
-
 PRECISIONS = ("autocast", "bf16")
 
 
@@ -195,6 +186,15 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
     return precision
+
+
+def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast") -> str:
+    """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``,
+    the ``precision``) before any work; returns the compile choice ("none", "model" or "blocks")."""
+    check_compile_mode(mode)
+    check_attention(attention, device)
+    check_precision(precision)
+    return compile_choice(compile)
 
 
 class MasterWeights:
@@ -215,14 +215,14 @@ class MasterWeights:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16):
-        self.model, self.dtype = model, dtype
+        self.dtype = dtype
         self.module = copy.deepcopy(model).to(dtype)
         self.forward = self.module
         copies = dict(self.module.named_parameters())
         trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.masters = [p for _, p in trainable]
         self.copies = [copies[name] for name, _ in trainable]
-        self._grads = None  # (which masters, their fp32 gradient buffers), made at the first step
+        self._grads = [torch.empty_like(p) for p in self.masters]  # the masters' fp32 gradients, kept across steps
 
     def compile(self, how: bool | str = "model", mode: str = "default") -> "MasterWeights":
         self.forward = compile_model(self.module, how, mode)
@@ -237,21 +237,26 @@ class MasterWeights:
     def to_master(self) -> None:
         """The copy's gradients, as fp32, become the master parameters' gradients (one multi-tensor
         copy into buffers kept across steps, rather than a kernel and an allocation per parameter)."""
-        pairs = [(master, copied.grad) for master, copied in zip(self.masters, self.copies) if copied.grad is not None]
-        if not pairs:
-            return
-        key = tuple(id(master) for master, _ in pairs)
-        if self._grads is None or self._grads[0] != key:
-            self._grads = (key, [torch.empty_like(master) for master, _ in pairs])
-        torch._foreach_copy_(self._grads[1], [grad for _, grad in pairs])
-        for (master, _), grad in zip(pairs, self._grads[1]):
-            master.grad = grad
+        given = [(master, buffer, copied.grad) for master, buffer, copied in zip(self.masters, self._grads, self.copies)
+                 if copied.grad is not None]
+        if given:
+            torch._foreach_copy_([buffer for _, buffer, _ in given], [grad for _, _, grad in given])
+        for master, buffer, _ in given:
+            master.grad = buffer
 
     @torch.no_grad()
     def from_master(self) -> None:
         """The master weights, rounded to bf16, into the copy (after each update, and after loading weights)."""
         if self.copies:
             torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
+
+
+def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast"):
+    """What a training step calls: ``model`` through ``compile_model``, or with ``precision="bf16"``
+    its bf16 copy, compiled likewise (``MasterWeights``)."""
+    if check_precision(precision) == "bf16":
+        return MasterWeights(model).compile(how, mode)
+    return compile_model(model, how, mode)
 
 
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
@@ -432,8 +437,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    master = MasterWeights(model) if config.precision == "bf16" else None
-    forward = master.compile(config.compile, config.compile_mode) if master else compile_model(model, config.compile, config.compile_mode)
+    forward = make_forward(model, config.compile, config.compile_mode, config.precision)
+    master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")

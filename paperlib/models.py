@@ -146,6 +146,13 @@ def architecture(name: str, num_classes: int | None = None, **kwargs) -> VisionT
         return create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
 
 
+def _is_patching(conv: torch.nn.Module) -> bool:
+    """Whether ``conv`` is a convolution that cuts its input into patches: stride = kernel, no
+    padding, dilation or groups."""
+    return (isinstance(conv, torch.nn.Conv2d) and conv.stride == conv.kernel_size and not isinstance(conv.padding, str)
+            and not any(conv.padding) and conv.dilation == (1, 1) and conv.groups == 1)
+
+
 class PatchLinear(torch.nn.Module):
     """A patch embedding's convolution (kernel = stride, no padding) as one matrix product.
 
@@ -160,8 +167,7 @@ class PatchLinear(torch.nn.Module):
 
     def __init__(self, conv: torch.nn.Conv2d):
         super().__init__()
-        if (conv.stride != conv.kernel_size or any(conv.padding) or conv.dilation != (1, 1) or conv.groups != 1
-                or isinstance(conv.padding, str)):
+        if not _is_patching(conv):
             raise ValueError(f"PatchLinear needs a convolution with stride = kernel and no padding, dilation or groups; got {conv}")
         self.kernel_size = conv.kernel_size
         self.out_channels = conv.out_channels
@@ -186,7 +192,6 @@ def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
     has no such convolution."""
     embed = getattr(model, "patch_embed", None)
     proj = getattr(embed, "proj", None)
-    if isinstance(proj, torch.nn.Conv2d) and proj.stride == proj.kernel_size and not any(proj.padding) \
-            and proj.groups == 1 and proj.dilation == (1, 1):
+    if _is_patching(proj):
         embed.proj = PatchLinear(proj)
     return model
