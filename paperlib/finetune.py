@@ -34,7 +34,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -70,6 +70,7 @@ class Config:
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
+    fused_gelu: bool = False  # fc1's bias and GELU as one fused op that also gives the bias gradient (kernels.bias_gelu; Triton on CUDA)
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -85,7 +86,7 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision)
+        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision, self.fused_gelu)
         return self
 
     def folder(self) -> Path:
@@ -188,12 +189,21 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast") -> str:
+def check_fused_gelu(fused_gelu: bool) -> bool:
+    if not isinstance(fused_gelu, bool):
+        raise ValueError(f"fused_gelu must be True or False, got {fused_gelu!r}")
+    return fused_gelu
+
+
+def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast",
+                       fused_gelu: bool = False) -> str:
     """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``,
-    the ``precision``) before any work; returns the compile choice ("none", "model" or "blocks")."""
+    the ``precision``, ``fused_gelu``) before any work; returns the compile choice ("none", "model"
+    or "blocks")."""
     check_compile_mode(mode)
     check_attention(attention, device)
     check_precision(precision)
+    check_fused_gelu(fused_gelu)
     return compile_choice(compile)
 
 
@@ -224,8 +234,8 @@ class MasterWeights:
         self.copies = [copies[name] for name, _ in trainable]
         self._grads = [torch.empty_like(p) for p in self.masters]  # the masters' fp32 gradients, kept across steps
 
-    def compile(self, how: bool | str = "model", mode: str = "default") -> "MasterWeights":
-        self.forward = compile_model(self.module, how, mode)
+    def compile(self, how: bool | str = "model", mode: str = "default", fused_gelu: bool = False) -> "MasterWeights":
+        self.forward = compile_model(self.module, how, mode, fused_gelu)
         return self
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -251,12 +261,13 @@ class MasterWeights:
             torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
 
 
-def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast"):
+def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast",
+                 fused_gelu: bool = False):
     """What a training step calls: ``model`` through ``compile_model``, or with ``precision="bf16"``
     its bf16 copy, compiled likewise (``MasterWeights``)."""
     if check_precision(precision) == "bf16":
-        return MasterWeights(model).compile(how, mode)
-    return compile_model(model, how, mode)
+        return MasterWeights(model).compile(how, mode, fused_gelu)
+    return compile_model(model, how, mode, fused_gelu)
 
 
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
@@ -264,7 +275,7 @@ def make_optimizer(parameters, lr: float, momentum: float, device: torch.device)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
-def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default"):
+def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused_gelu: bool = False):
     """The model's forward through ``torch.compile``, from an empty compilation cache; returns the
     callable to train with.
 
@@ -282,7 +293,10 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     are returned to eager first.
 
     On CUDA the patch embedding's convolution is first replaced by the same function as one matrix
-    product (``models.linear_patch_embed``; same parameters, faster there), compiled or not.
+    product (``models.linear_patch_embed``; same parameters, faster there), compiled or not. With
+    ``fused_gelu``, on any device, each block's first feedforward bias and GELU become one op whose
+    backward also gives the bias gradient (``models.fuse_bias_gelu``, ``kernels.bias_gelu``; same
+    parameters, the same function to rounding). Neither change is undone by a later call.
     """
     how = compile_choice(how)
     check_compile_mode(mode)
@@ -292,6 +306,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
             module._compiled_call_impl = None
     if any(p.is_cuda for p in model.parameters()):
         models.linear_patch_embed(model)
+    if check_fused_gelu(fused_gelu):
+        models.fuse_bias_gelu(model)
     if how == "none":
         return model
     torch.compiler.reset()
@@ -391,9 +407,16 @@ def run(config: Config, progress: bool = False) -> dict:
     """
     config.validate()
     folder = config.folder()
-    if (folder / "metrics.json").is_file() and json.loads((folder / "params.json").read_text()) == asdict(config):
+    if (folder / "metrics.json").is_file() and same_params(json.loads((folder / "params.json").read_text()), config):
         return json.loads((folder / "metrics.json").read_text())
     return train(config, progress)[1]
+
+
+def same_params(saved: dict, config: Config) -> bool:
+    """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s. A key
+    the record lacks (written before ``Config`` had that field) counts as the field's default."""
+    defaults = {field.name: field.default for field in fields(Config)}
+    return {**defaults, **saved} == asdict(config)
 
 
 @contextlib.contextmanager
@@ -437,7 +460,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = make_forward(model, config.compile, config.compile_mode, config.precision)
+    forward = make_forward(model, config.compile, config.compile_mode, config.precision, config.fused_gelu)
     master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
@@ -450,7 +473,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        if saved["params"] == params:
+        if same_params(saved["params"], config):
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import timm
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import Mlp
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
@@ -194,4 +195,45 @@ def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
     proj = getattr(embed, "proj", None)
     if _is_patching(proj):
         embed.proj = PatchLinear(proj)
+    return model
+
+
+def _is_fusable_mlp(mlp: torch.nn.Module) -> bool:
+    """Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
+    the exact (erf) GELU, the pair ``kernels.bias_gelu`` computes."""
+    fc1, act = getattr(mlp, "fc1", None), getattr(mlp, "act", None)
+    return (isinstance(mlp, Mlp) and type(fc1) is torch.nn.Linear and fc1.bias is not None
+            and type(act) is torch.nn.GELU and act.approximate == "none")
+
+
+class BiasGeluMlp(torch.nn.Module):
+    """A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
+    ``kernels.bias_gelu``: the matrix product runs without its bias, and the op's backward gives
+    the bias gradient from the same pass that gives the product's gradient.
+
+    The same function, and the same submodules (``fc1``, ``act``, ``drop1``, ``norm``, ``fc2``,
+    ``drop2``) and so the same parameter names: state dicts, components and bounds see no difference.
+    """
+
+    def __init__(self, mlp: torch.nn.Module):
+        super().__init__()
+        if not _is_fusable_mlp(mlp):
+            raise ValueError(f"BiasGeluMlp needs a timm Mlp with a biased nn.Linear fc1 and nn.GELU() (exact) act; got {mlp}")
+        for name in ("fc1", "act", "drop1", "norm", "fc2", "drop2"):
+            setattr(self, name, getattr(mlp, name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from . import kernels
+
+        x = kernels.bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
+        return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+
+def fuse_bias_gelu(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace every block's feedforward layer by ``BiasGeluMlp`` (the same function, with
+    ``kernels.bias_gelu``), in place; returns the model. Blocks done already, and feedforward layers
+    of another form (another activation, no bias), are left as they are."""
+    for block in getattr(model, "blocks", ()):
+        if _is_fusable_mlp(getattr(block, "mlp", None)):
+            block.mlp = BiasGeluMlp(block.mlp)
     return model

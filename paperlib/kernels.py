@@ -1,0 +1,179 @@
+"""Fused kernels for what ``torch.compile`` leaves apart in a ViT training step.
+
+``bias_gelu(mm, bias)`` is GELU (the exact, erf form of ``nn.GELU()``) of ``mm + bias``, where
+``mm`` is the first feedforward layer's matrix product without its bias. Its backward returns the
+gradient of ``mm`` *and* the bias gradient (the column sums of that gradient) from one pass over
+the data. Compiled by inductor, the same two results take two passes over two (tokens x 4d)
+tensors: a pointwise kernel writes the gradient for the matrix products and a separate reduction
+reads the inputs again for the bias gradient (an H100 profile of ViT-Base/16 full finetuning,
+compiled blocks, batch 256: 5.2% and 2.3% of the step; docs/benchmarks.md).
+
+On CUDA the op runs two Triton kernels; elsewhere it runs the same arithmetic in PyTorch (the
+reference the kernels are tested against, and what a CPU computes). Both compute in fp32 (float64
+stays float64) and return ``mm``'s dtype; the bias gradient is summed in fp32 before rounding to
+the bias's dtype, as inductor's reduction does. It is a ``torch.library`` custom op with its own
+autograd, so ``torch.compile`` graphs keep it whole. ``models.fuse_bias_gelu`` puts it into a
+ViT's feedforward layers.
+
+The Triton kernels run on a CPU too under Triton's interpreter (``TRITON_INTERPRET=1``), which
+is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+SQRT_HALF = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+# tiles of the Triton kernels: BLOCK_M rows x BLOCK_N columns; the backward kernel walks ROWS rows
+# per program, summing its column totals on the way (one fp32 partial row per ROWS rows)
+BLOCK_M, BLOCK_N, ROWS, WARPS = 32, 128, 256, 4
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def bias_gelu_reference(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GELU(mm + bias) in PyTorch, computed in fp32 (or float64), returned in ``mm``'s dtype."""
+    x = mm.to(_compute_dtype(mm.dtype)) + bias.to(_compute_dtype(mm.dtype))
+    return (0.5 * x * (1.0 + torch.erf(x * SQRT_HALF))).to(mm.dtype)
+
+
+def bias_gelu_backward_reference(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gradient of ``mm``, gradient of ``bias``) of ``bias_gelu`` given the output's ``grad``."""
+    dtype = _compute_dtype(mm.dtype)
+    x = mm.to(dtype) + bias.to(dtype)
+    derivative = 0.5 * (1.0 + torch.erf(x * SQRT_HALF)) + x * torch.exp(-0.5 * x * x) * INV_SQRT_2PI
+    grad_mm = grad.to(dtype) * derivative
+    return grad_mm.to(mm.dtype), grad_mm.reshape(-1, mm.shape[-1]).sum(0).to(bias.dtype)
+
+
+@functools.cache
+def _triton_kernels():
+    """The two Triton kernels, compiled on first use (Triton is imported only then). Their
+    constants are ``SQRT_HALF`` and ``INV_SQRT_2PI`` written out (a kernel reads no Python globals)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def forward_kernel(mm_ptr, bias_ptr, out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        x = tl.load(mm_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def backward_kernel(grad_ptr, mm_ptr, bias_ptr, grad_mm_ptr, partial_ptr, M, N,
+                        ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        total = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, ROWS, BLOCK_M):
+            rows = tl.program_id(0) * ROWS + start + tl.arange(0, BLOCK_M)
+            mask = (rows[:, None] < M) & (cols[None, :] < N)
+            offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+            x = tl.load(mm_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
+            g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            derivative = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
+            d = tl.where(mask, g * derivative, 0.0)
+            tl.store(grad_mm_ptr + offsets, d.to(grad_mm_ptr.dtype.element_ty), mask=mask)
+            total += tl.sum(d, axis=0)
+        tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + cols, total, mask=cols < N)
+
+    return triton, forward_kernel, backward_kernel
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1, t.shape[-1])
+
+
+def bias_gelu_triton(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``bias_gelu`` by the Triton forward kernel (contiguous output of ``mm``'s shape and dtype)."""
+    triton, forward_kernel, _ = _triton_kernels()
+    matrix = _matrix(mm)
+    out = torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
+    rows, cols = matrix.shape
+    if matrix.numel():
+        grid = (triton.cdiv(rows, BLOCK_M), triton.cdiv(cols, BLOCK_N))
+        forward_kernel[grid](matrix, bias.contiguous(), out, rows, cols, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
+    return out
+
+
+def bias_gelu_backward_triton(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``bias_gelu``'s backward by the Triton backward kernel: one pass writes the gradient of
+    ``mm`` and an fp32 partial column sum per ``ROWS`` rows; the partials are then summed (in a
+    fixed order: the result does not depend on scheduling)."""
+    triton, _, backward_kernel = _triton_kernels()
+    matrix, grad_matrix = _matrix(mm), _matrix(grad)
+    rows, cols = matrix.shape
+    grad_mm = torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
+    partial = torch.empty((triton.cdiv(rows, ROWS), cols), dtype=torch.float32, device=mm.device)
+    if matrix.numel():
+        grid = (triton.cdiv(rows, ROWS), triton.cdiv(cols, BLOCK_N))
+        backward_kernel[grid](grad_matrix, matrix, bias.contiguous(), grad_mm, partial, rows, cols,
+                              ROWS=ROWS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
+    return grad_mm, partial.sum(0).to(bias.dtype)
+
+
+def _check(mm: torch.Tensor, bias: torch.Tensor) -> None:
+    if bias.dim() != 1 or mm.dim() < 1 or bias.shape[0] != mm.shape[-1]:
+        raise ValueError(f"bias_gelu needs a bias of the last dimension's size; got {tuple(mm.shape)} and bias {tuple(bias.shape)}")
+
+
+@torch.library.custom_op("paperlib::bias_gelu", mutates_args=())
+def bias_gelu(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GELU(mm + bias) (exact, erf form); its backward gives the bias gradient from the same pass."""
+    _check(mm, bias)
+    return bias_gelu_reference(mm, bias).contiguous()
+
+
+@bias_gelu.register_kernel("cuda")
+def _bias_gelu_cuda(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    _check(mm, bias)
+    return bias_gelu_triton(mm, bias)
+
+
+@bias_gelu.register_fake
+def _bias_gelu_fake(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
+
+
+@torch.library.custom_op("paperlib::bias_gelu_backward", mutates_args=())
+def bias_gelu_backward(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gradient of ``mm``, gradient of ``bias``) of ``bias_gelu``."""
+    grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
+    return grad_mm.contiguous(), grad_bias
+
+
+@bias_gelu_backward.register_kernel("cuda")
+def _bias_gelu_backward_cuda(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return bias_gelu_backward_triton(grad, mm, bias)
+
+
+@bias_gelu_backward.register_fake
+def _bias_gelu_backward_fake(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device), torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    mm, bias = inputs
+    ctx.save_for_backward(mm, bias)
+
+
+def _backward(ctx, grad: torch.Tensor):
+    mm, bias = ctx.saved_tensors
+    grad_mm, grad_bias = bias_gelu_backward(grad, mm, bias)
+    need_mm, need_bias = ctx.needs_input_grad
+    return (grad_mm if need_mm else None), (grad_bias if need_bias else None)
+
+
+bias_gelu.register_autograd(_backward, setup_context=_setup_context)

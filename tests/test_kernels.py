@@ -1,0 +1,172 @@
+"""kernels.bias_gelu: the PyTorch arithmetic, the custom op (autograd, torch.compile), the Triton
+kernels (under Triton's interpreter on a CPU), and models.fuse_bias_gelu."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from paperlib import components, finetune, kernels, models
+
+
+def _gelu_of_sum(mm: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor):
+    """GELU(mm + bias) by nn.functional.gelu, with autograd's gradients of <grad, GELU(mm + bias)>."""
+    mm, bias = mm.detach().double().requires_grad_(), bias.detach().double().requires_grad_()
+    out = torch.nn.functional.gelu(mm + bias)
+    out.backward(grad.double())
+    return out.detach(), mm.grad, bias.grad
+
+
+def test_reference_arithmetic_is_gelu_of_the_sum_and_its_gradients():
+    generator = torch.Generator().manual_seed(0)
+    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) * 3 for shape in ((2, 5, 11), (11,), (2, 5, 11)))
+    out, grad_mm, grad_bias = _gelu_of_sum(mm, bias, grad)
+    assert torch.allclose(kernels.bias_gelu_reference(mm, bias), out, rtol=0, atol=1e-14)
+    mine_mm, mine_bias = kernels.bias_gelu_backward_reference(grad, mm, bias)
+    assert torch.allclose(mine_mm, grad_mm, rtol=0, atol=1e-13) and torch.allclose(mine_bias, grad_bias, rtol=0, atol=1e-12)
+
+
+def test_reference_rounds_once_from_fp32():
+    mm, bias = torch.randn(64, 32).bfloat16(), torch.randn(32)
+    out = kernels.bias_gelu_reference(mm, bias)
+    assert out.dtype == torch.bfloat16
+    exact = torch.nn.functional.gelu(mm.double() + bias.double())
+    # computed in fp32 and rounded once: within half a bf16 unit in the last place (2^-8, relative) of
+    # the exact value, but for fp32's cancellation in 1 + erf(x / sqrt 2) far in the negative tail
+    assert ((out.double() - exact).abs() <= 2.0**-8 * exact.abs() * 1.001 + 1e-6).all()
+
+
+def test_custom_op_autograd_and_registration():
+    generator = torch.Generator().manual_seed(1)
+    mm = torch.randn(3, 4, 7, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(7, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradcheck(kernels.bias_gelu, (mm, bias))
+    torch.library.opcheck(kernels.bias_gelu, (mm, bias))  # fake tensors, schema, autograd registration
+    frozen_bias = bias.detach()
+    kernels.bias_gelu(mm, frozen_bias).sum().backward()  # a frozen bias (configs other than fc1/full) gets no gradient
+    assert frozen_bias.grad is None and mm.grad is not None
+    with pytest.raises(ValueError, match="bias of the last dimension's size"):
+        kernels.bias_gelu(mm, torch.zeros(6, dtype=torch.float64))
+
+
+TRITON_CHECK = textwrap.dedent("""
+    import json, torch
+    from paperlib import kernels
+    results = []
+    generator = torch.Generator().manual_seed(0)
+    # rows and columns that do and do not fill the kernels' tiles (BLOCK_M, BLOCK_N, ROWS)
+    for shape in [(2, 197, 64), (300, 130), (1, 5), (257, 256)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            mm = (torch.randn(shape, generator=generator) * 3).to(dtype)
+            bias = torch.randn(shape[-1], generator=generator)
+            grad = torch.randn(shape, generator=generator).to(dtype)
+            out = kernels.bias_gelu_triton(mm, bias)
+            grad_mm, grad_bias = kernels.bias_gelu_backward_triton(grad, mm, bias)
+            again = kernels.bias_gelu_backward_triton(grad, mm, bias)
+            results.append({"shape": list(shape), "dtype": str(dtype),
+                            "out": out.double().tolist(), "grad_mm": grad_mm.double().tolist(), "grad_bias": grad_bias.double().tolist(),
+                            "out_dtype": str(out.dtype), "grad_mm_dtype": str(grad_mm.dtype), "grad_bias_dtype": str(grad_bias.dtype),
+                            "deterministic": bool(torch.equal(again[0], grad_mm) and torch.equal(again[1], grad_bias)),
+                            "inputs": [mm.double().tolist(), bias.double().tolist(), grad.double().tolist()]})
+    print(json.dumps(results))
+""")
+
+
+@pytest.fixture(scope="module")
+def triton_results():
+    pytest.importorskip("triton")
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=environment, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_triton_kernels_match_autograd_of_gelu(triton_results):
+    """The Triton kernels, run by Triton's interpreter, against float64 autograd of F.gelu(mm + bias):
+    within one rounding of the output dtype (fp32 or bf16) for the values, and for the bias gradient
+    (summed in fp32 from unrounded values) within fp32 summation error."""
+    assert len(triton_results) == 8
+    for case in triton_results:
+        mm, bias, grad = (torch.tensor(values, dtype=torch.float64) for values in case["inputs"])
+        out, grad_mm, grad_bias = _gelu_of_sum(mm, bias, grad)
+        bf16 = case["dtype"] == "torch.bfloat16"
+        assert case["out_dtype"] == case["grad_mm_dtype"] == case["dtype"] and case["grad_bias_dtype"] == "torch.float32"
+        rounding = 2.0**-8 if bf16 else 2.0**-23  # half a unit in the last place, relative
+        for name, mine, expected in (("out", case["out"], out), ("grad_mm", case["grad_mm"], grad_mm)):
+            error = (torch.tensor(mine, dtype=torch.float64) - expected).abs()
+            assert (error <= 2 * rounding * expected.abs() + 1e-6).all(), (case["shape"], case["dtype"], name, float(error.max()))
+        error = (torch.tensor(case["grad_bias"], dtype=torch.float64) - grad_bias).abs()
+        scale = (grad_mm.abs().sum(dim=tuple(range(grad_mm.dim() - 1))) + 1)
+        assert (error <= 1e-5 * scale).all(), (case["shape"], case["dtype"], float(error.max()))
+        assert case["deterministic"]
+
+
+def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3).double()
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    expected_out = model(images)
+    expected_out.square().sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    keys, fc1 = list(model.state_dict()), model.blocks[0].mlp.fc1
+
+    assert models.fuse_bias_gelu(model) is model
+    assert all(isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)
+    assert model.blocks[0].mlp.fc1 is fc1 and list(model.state_dict()) == keys  # checkpoints, components and bounds unchanged
+    out = model(images)
+    out.square().sum().backward()
+    assert torch.allclose(out, expected_out, rtol=0, atol=1e-12)
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-10, atol=1e-12), name
+    mlp = model.blocks[0].mlp
+    models.fuse_bias_gelu(model)  # done already: nothing changes
+    assert model.blocks[0].mlp is mlp
+
+
+def test_only_exact_gelu_after_a_biased_linear_is_fused():
+    model = models.create_model("demo", pretrained=False, act_layer=lambda: torch.nn.GELU(approximate="tanh"))
+    models.fuse_bias_gelu(model)
+    assert not any(isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)  # another function: left alone
+    with pytest.raises(ValueError, match="biased nn.Linear fc1 and nn.GELU"):
+        models.BiasGeluMlp(model.blocks[0].mlp)
+    assert models.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
+
+
+def test_fused_feedforward_compiles_with_the_op_whole():
+    torch.manual_seed(0)
+    block = models.create_model("demo", pretrained=False).blocks[0]
+    tokens = torch.randn(2, 65, 64)
+    expected = block(tokens)
+    fused = models.BiasGeluMlp(block.mlp)
+    block.mlp = fused
+    compiled = torch.compile(block)
+    x = tokens.clone().requires_grad_()
+    out = compiled(x)
+    out.square().sum().backward()
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert fused.fc1.bias.grad is not None and x.grad is not None
+
+
+def test_finetuning_with_the_fused_op_follows_the_plain_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, config="fc1")
+    model, plain = finetune.train(finetune.Config(**small))
+    fused_model, fused = finetune.train(finetune.Config(**small, fused_gelu=True))
+    assert all(isinstance(block.mlp, models.BiasGeluMlp) for block in fused_model.blocks)
+    assert fused["best_val_accuracy"] == pytest.approx(plain["best_val_accuracy"], abs=0.05)
+    plain_history = finetune.history(finetune.Config(**small))
+    fused_history = finetune.history(finetune.Config(**small, fused_gelu=True))
+    assert fused_history["train_loss"].tolist() == pytest.approx(plain_history["train_loss"].tolist(), rel=1e-4)
+    # fc1 (with its bias, whose gradient comes from the fused op) trains; the other components stay as they were
+    trained = {n for n, _ in components.trainable_parameters(model)}
+    assert any(name.endswith("mlp.fc1.bias") for name in trained)
+    for name, p in fused_model.named_parameters():
+        assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
+    with pytest.raises(ValueError, match="fused_gelu must be True or False"):
+        finetune.Config(fused_gelu="yes").validate()
