@@ -29,7 +29,7 @@ compile_model = False  # torch.compile: False, True (the whole model) or "blocks
 compile_mode = "default"  # torch.compile's mode (default, coordinate-descent, max-autotune-no-cudagraphs, ...)
 attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
 precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
-fused_gelu = False  # fc1's bias and GELU as one fused op that also gives the bias gradient (Triton on a GPU; the same function)
+fused = "none"  # our fused ops (Triton on a GPU; the same function): none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -40,7 +40,7 @@ from paperlib import components, finetune, models, paths, plots
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
-    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused_gelu=fused_gelu,
+    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)

@@ -258,16 +258,16 @@ def _synthetic_train_set(n: int, source_size: int):
 
 
 def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool | str = False,
-                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast", fused_gelu: bool = False):
+                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast", fused: str = "none"):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
-    precision, attention kernel, ``compile_model``, ``fused_gelu``): returns ``steps(first, count)``, which trains
+    precision, attention kernel, ``compile_model``, ``fused`` ops): returns ``steps(first, count)``, which trains
     on the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
     from . import components, finetune
 
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-    forward = finetune.make_forward(model, compile, compile_mode, precision, fused_gelu)
+    forward = finetune.make_forward(model, compile, compile_mode, precision, fused)
     context = finetune.step_context(device, attention)
 
     def steps(first: int, count: int):
@@ -294,7 +294,7 @@ def bench_finetune(
     compile_mode: str = "default",
     attention: str = "auto",
     precision: str = "autocast",
-    fused_gelu: bool = False,
+    fused: str = "none",
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -303,7 +303,7 @@ def bench_finetune(
     ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
     gradients, ``finetune.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``, ``precision`` and ``fused_gelu``); its first steps (with any compilation) are timed apart as
+    by ``attention``, ``precision`` and the ``fused`` ops); its first steps (with any compilation) are timed apart as
     ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
     created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
@@ -320,7 +320,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         components.check_config(config)
-    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused_gelu)
+    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
@@ -331,12 +331,12 @@ def bench_finetune(
     peak = _peak_tflops(device)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
               "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision,
-              "fused_gelu": fused_gelu, "steps": steps,
+              "fused": fused, "steps": steps,
               "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
     for config in configs:
         components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
-        library_steps = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision, fused_gelu)
+        library_steps = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision, fused)
         warmup = _Timed(lambda: library_steps(0, 1 if how == "none" else 3), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
@@ -383,12 +383,12 @@ def _variant_words(row: dict) -> str:
         words += f", attention {row['attention']}"
     if row.get("precision", "autocast") != "autocast":
         words += f", {row['precision']} with fp32 masters"
-    if row.get("fused_gelu"):
-        words += ", fused bias+GELU"
+    if row.get("fused", "none") != "none":
+        words += f", fused {row['fused']}"
     return words
 
 
-VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused_gelu": False}
+VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused": "none"}
 """What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
 
 
@@ -405,11 +405,11 @@ def bench_variants(
     out: Path | None = None,
     source_size: int = 32,
     precisions: tuple[str, ...] = ("autocast",),
-    fused_gelus: tuple[bool, ...] = (False,),
+    fuseds: tuple[str, ...] = ("none",),
 ) -> list[dict]:
     """The library's training step for ``config`` under every combination of batch size, compilation
     (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode, attention kernel,
-    precision (``finetune.PRECISIONS``) and ``fused_gelu`` (without and with ``kernels.bias_gelu``):
+    precision (``finetune.PRECISIONS``) and fused ops (``finetune.FUSIONS``):
     images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
     the peak GPU memory allocated (GiB) per row.
 
@@ -433,10 +433,10 @@ def bench_variants(
             for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
                 for attention in attentions:
                     for precision in precisions:
-                        for fused_gelu in fused_gelus:
+                        for fused in fuseds:
                             combo = {"batch_size": batch_size,
-                                     "compile": finetune.check_step_options(how, mode, attention, device, precision, fused_gelu),
-                                     "compile_mode": mode, "attention": attention, "precision": precision, "fused_gelu": fused_gelu}
+                                     "compile": finetune.check_step_options(how, mode, attention, device, precision, fused),
+                                     "compile_mode": mode, "attention": attention, "precision": precision, "fused": fused}
                             if combo not in combos:
                                 combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -455,7 +455,7 @@ def bench_variants(
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
             steps_of = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"],
-                                      combo["attention"], combo["precision"], combo["fused_gelu"])
+                                      combo["attention"], combo["precision"], combo["fused"])
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
@@ -525,7 +525,7 @@ def bench_profile(
     compile_mode: str = "default",
     attention: str = "auto",
     precision: str = "autocast",
-    fused_gelu: bool = False,
+    fused: str = "none",
 ) -> dict:
     """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
     the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
@@ -542,11 +542,11 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
-    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused_gelu)
+    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    steps_of = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision, fused_gelu)
+    steps_of = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision, fused)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
@@ -572,7 +572,7 @@ def bench_profile(
     return {
         "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
         "device": _device_name(device), "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision,
-        "fused_gelu": fused_gelu, "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
+        "fused": fused, "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
         "largest": [{"name": name, "group": _profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],
@@ -679,11 +679,11 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
                                  compile_mode="coordinate-descent", precision="bf16")
         keep("finetune_compiled_fastest", fastest)
         check_mfu(fastest, f"blocks compiled, coordinate-descent, bf16 with fp32 masters, batch {batch * 2}")
-        # the same with fc1's bias and GELU fused (kernels.bias_gelu)
+        # the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split)
         fused = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
-                               compile_mode="coordinate-descent", precision="bf16", fused_gelu=True)
-        keep("finetune_compiled_fused_gelu", fused)
-        check_mfu(fused, f"as above, with fc1's bias and GELU fused, batch {batch * 2}")
+                               compile_mode="coordinate-descent", precision="bf16", fused="all")
+        keep("finetune_compiled_fused", fused)
+        check_mfu(fused, f"as above, with our fused ops (fused='all'), batch {batch * 2}")
     return checks
 
 
@@ -708,16 +708,7 @@ def _compile_arguments(parser) -> None:
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
     parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
-    parser.add_argument("--fused-gelu", action="store_true", help="fc1's bias and GELU as one fused op that also gives the bias gradient (kernels.bias_gelu)")
-
-
-def _on_off(value: str, option: str) -> tuple[bool, ...]:
-    """``"off,on"`` -> (False, True); anything but off and on is refused with the valid choices."""
-    words = {"off": False, "on": True}
-    chosen = value.split(",")
-    if not all(word in words for word in chosen):
-        raise ValueError(f"{option} must be comma-separated, of: off, on; got {value!r}")
-    return tuple(words[word] for word in chosen)
+    parser.add_argument("--fused", default="none", help="our fused ops: none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -770,7 +761,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
     v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
     v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
-    v.add_argument("--fused-gelu", default="off", help="comma-separated, of: off, on (fc1's bias and GELU as one fused op, kernels.bias_gelu)")
+    v.add_argument("--fused", default="none", help="comma-separated, of: none, gelu, qkv, all (our fused ops)")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")
@@ -786,7 +777,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "profile":
             result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top,
                                    compile_mode=args.compile_mode, attention=args.attention, precision=args.precision,
-                                   fused_gelu=args.fused_gelu)
+                                   fused=args.fused)
         elif args.command == "variants":
             try:
                 batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
@@ -794,7 +785,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
             rows = bench_variants(args.model, args.config, batch_sizes, tuple(args.compile.split(",")), tuple(args.modes.split(",")),
                                   tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json,
-                                  precisions=tuple(args.precision.split(",")), fused_gelus=_on_off(args.fused_gelu, "--fused-gelu"))
+                                  precisions=tuple(args.precision.split(",")), fuseds=tuple(args.fused.split(",")))
         elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "plasticity":
@@ -803,7 +794,7 @@ def main(argv: list[str] | None = None) -> None:
             result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
                                     args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats,
                                     compile_mode=args.compile_mode, attention=args.attention, precision=args.precision,
-                                    fused_gelu=args.fused_gelu)
+                                    fused=args.fused)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":

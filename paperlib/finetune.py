@@ -70,7 +70,7 @@ class Config:
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
-    fused_gelu: bool = False  # fc1's bias and GELU as one fused op that also gives the bias gradient (kernels.bias_gelu; Triton on CUDA)
+    fused: str = "none"  # our fused kernels (Triton on CUDA; the same function): none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -86,7 +86,7 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision, self.fused_gelu)
+        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision, self.fused)
         return self
 
     def folder(self) -> Path:
@@ -189,21 +189,39 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def check_fused_gelu(fused_gelu: bool) -> bool:
-    if not isinstance(fused_gelu, bool):
-        raise ValueError(f"fused_gelu must be True or False, got {fused_gelu!r}")
-    return fused_gelu
+# our fused ops (``kernels``) that a step may use, by name: each takes a pair of passes over the
+# data that inductor leaves apart and makes it one (docs/benchmarks.md)
+FUSIONS = {"none": (), "gelu": ("gelu",), "qkv": ("qkv",), "all": ("gelu", "qkv")}
+
+
+def check_fused(fused: str) -> str:
+    if fused not in FUSIONS:
+        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSIONS)}")
+    return fused
+
+
+def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
+    """``model`` with the fused ops of ``fused`` (``FUSIONS``) in its blocks, in place: "gelu",
+    fc1's bias and GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v
+    projection and its split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``). The same
+    parameters and function (to rounding); not undone by a later call."""
+    chosen = FUSIONS[check_fused(fused)]
+    if "gelu" in chosen:
+        models.fuse_bias_gelu(model)
+    if "qkv" in chosen:
+        models.fuse_qkv(model)
+    return model
 
 
 def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast",
-                       fused_gelu: bool = False) -> str:
+                       fused: str = "none") -> str:
     """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``,
-    the ``precision``, ``fused_gelu``) before any work; returns the compile choice ("none", "model"
+    the ``precision``, the ``fused`` ops) before any work; returns the compile choice ("none", "model"
     or "blocks")."""
     check_compile_mode(mode)
     check_attention(attention, device)
     check_precision(precision)
-    check_fused_gelu(fused_gelu)
+    check_fused(fused)
     return compile_choice(compile)
 
 
@@ -234,8 +252,8 @@ class MasterWeights:
         self.copies = [copies[name] for name, _ in trainable]
         self._grads = [torch.empty_like(p) for p in self.masters]  # the masters' fp32 gradients, kept across steps
 
-    def compile(self, how: bool | str = "model", mode: str = "default", fused_gelu: bool = False) -> "MasterWeights":
-        self.forward = compile_model(self.module, how, mode, fused_gelu)
+    def compile(self, how: bool | str = "model", mode: str = "default", fused: str = "none") -> "MasterWeights":
+        self.forward = compile_model(self.module, how, mode, fused)
         return self
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -262,12 +280,12 @@ class MasterWeights:
 
 
 def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast",
-                 fused_gelu: bool = False):
+                 fused: str = "none"):
     """What a training step calls: ``model`` through ``compile_model``, or with ``precision="bf16"``
     its bf16 copy, compiled likewise (``MasterWeights``)."""
     if check_precision(precision) == "bf16":
-        return MasterWeights(model).compile(how, mode, fused_gelu)
-    return compile_model(model, how, mode, fused_gelu)
+        return MasterWeights(model).compile(how, mode, fused)
+    return compile_model(model, how, mode, fused)
 
 
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
@@ -275,7 +293,7 @@ def make_optimizer(parameters, lr: float, momentum: float, device: torch.device)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
-def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused_gelu: bool = False):
+def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused: str = "none"):
     """The model's forward through ``torch.compile``, from an empty compilation cache; returns the
     callable to train with.
 
@@ -294,8 +312,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 
     On CUDA the patch embedding's convolution is first replaced by the same function as one matrix
     product (``models.linear_patch_embed``; same parameters, faster there), compiled or not. With
-    ``fused_gelu``, on any device, each block's first feedforward bias and GELU become one op whose
-    backward also gives the bias gradient (``models.fuse_bias_gelu``, ``kernels.bias_gelu``; same
+    ``fused`` other than "none", on any device, the blocks get our fused ops (``fuse``; same
     parameters, the same function to rounding). Neither change is undone by a later call.
     """
     how = compile_choice(how)
@@ -306,8 +323,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
             module._compiled_call_impl = None
     if any(p.is_cuda for p in model.parameters()):
         models.linear_patch_embed(model)
-    if check_fused_gelu(fused_gelu):
-        models.fuse_bias_gelu(model)
+    fuse(model, fused)
     if how == "none":
         return model
     torch.compiler.reset()
@@ -460,7 +476,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = make_forward(model, config.compile, config.compile_mode, config.precision, config.fused_gelu)
+    forward = make_forward(model, config.compile, config.compile_mode, config.precision, config.fused)
     master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")

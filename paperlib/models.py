@@ -17,9 +17,13 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Mlp
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer import (
+    Attention,
+    VisionTransformer,
+    checkpoint_filter_fn,
+)
 
-from . import paths
+from . import kernels, paths
 
 PAPER_MODELS = {
     "vit_base_in21k": "vit_base_patch16_224.orig_in21k",
@@ -223,8 +227,6 @@ class BiasGeluMlp(torch.nn.Module):
             setattr(self, name, getattr(mlp, name))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from . import kernels
-
         x = kernels.bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
         return self.drop2(self.fc2(self.norm(self.drop1(x))))
 
@@ -236,4 +238,48 @@ def fuse_bias_gelu(model: torch.nn.Module) -> torch.nn.Module:
     for block in getattr(model, "blocks", ()):
         if _is_fusable_mlp(getattr(block, "mlp", None)):
             block.mlp = BiasGeluMlp(block.mlp)
+    return model
+
+
+def _is_fusable_attention(attention: torch.nn.Module) -> bool:
+    """Whether ``attention`` is a timm ``Attention`` with a biased q/k/v projection and no gate, the
+    form ``kernels.QkvHeads`` computes."""
+    qkv = getattr(attention, "qkv", None)
+    return (isinstance(attention, Attention) and type(qkv) is torch.nn.Linear and qkv.bias is not None
+            and getattr(attention, "gate", None) is None)
+
+
+class QkvFusedAttention(torch.nn.Module):
+    """A ViT attention layer (timm's ``Attention``) whose q/k/v projection and split into heads run
+    through ``kernels.QkvHeads``: the backward stacks the head gradients and sums the projection's
+    bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in timm's fused path.
+
+    The same function, and the same submodules (``qkv``, ``q_norm``, ``k_norm``, ``attn_drop``,
+    ``norm``, ``proj``, ``proj_drop``) and so the same parameter names.
+    """
+
+    def __init__(self, attention: torch.nn.Module):
+        super().__init__()
+        if not _is_fusable_attention(attention):
+            raise ValueError(f"QkvFusedAttention needs a timm Attention with a biased nn.Linear qkv and no gate; got {attention}")
+        self.num_heads, self.head_dim, self.attn_dim = attention.num_heads, attention.head_dim, attention.attn_dim
+        for name in ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop"):
+            setattr(self, name, getattr(attention, name))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        q, k, v = kernels.QkvHeads.apply(x, self.qkv.weight, self.qkv.bias, self.num_heads)
+        q, k = self.q_norm(q), self.k_norm(k)
+        x = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                             dropout_p=self.attn_drop.p if self.training else 0.0)
+        x = self.norm(x.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
+        return self.proj_drop(self.proj(x))
+
+
+def fuse_qkv(model: torch.nn.Module) -> torch.nn.Module:
+    """Replace every block's attention by ``QkvFusedAttention`` (the same function), in place;
+    returns the model. Blocks done already, and attention of another form, are left as they are."""
+    for block in getattr(model, "blocks", ()):
+        if _is_fusable_attention(getattr(block, "attn", None)):
+            block.attn = QkvFusedAttention(block.attn)
     return model

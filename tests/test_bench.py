@@ -64,17 +64,17 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     calls = []
 
     def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
-        calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused_gelu", False)))
+        calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none")))
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
         return {"full_library_mfu": mfu, "full_library_tflops": 123.0}
 
     monkeypatch.setattr(bench, "bench_finetune", finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
-    assert calls == [("model", 64, "autocast", False), ("blocks", 64, "autocast", False), ("blocks", 128, "bf16", False),
-                     ("blocks", 128, "bf16", True)]
+    assert calls == [("model", 64, "autocast", "none"), ("blocks", 64, "autocast", "none"), ("blocks", 128, "bf16", "none"),
+                     ("blocks", 128, "bf16", "all")]
     assert [row["met"] for row in checks] == [True, False, True, True]
     assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"] and "blocks" in checks[1]["target"]
-    assert "bf16 with fp32 masters, batch 128" in checks[2]["target"] and "bias and GELU fused" in checks[3]["target"]
+    assert "bf16 with fp32 masters, batch 128" in checks[2]["target"] and "our fused ops" in checks[3]["target"]
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
@@ -144,11 +144,11 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     measured = []
     original = bench._library_steps
 
-    def library_steps(model, config, loader, batch_size, device, how, mode, attention, precision, fused_gelu):
+    def library_steps(model, config, loader, batch_size, device, how, mode, attention, precision, fused):
         measured.append(attention)
         if attention == "flash":
             raise RuntimeError("no kernel for this shape\nsecond line")
-        return original(model, config, loader, batch_size, device, how, mode, attention, precision, fused_gelu)
+        return original(model, config, loader, batch_size, device, how, mode, attention, precision, fused)
 
     monkeypatch.setattr(bench, "_library_steps", library_steps)
     rows = bench.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,
@@ -165,7 +165,7 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     (["--attention", "cudnn"], "valid choices: auto, flash, math"),
     (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
     (["--config", "attention"], "valid configurations"),
-    (["--fused-gelu", "off,yes"], "--fused-gelu must be comma-separated, of: off, on"),
+    (["--fused", "none,gelu,all,fast"], "valid choices: none, gelu, qkv, all"),
 ])
 def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
@@ -210,10 +210,11 @@ def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
     assert "bf16 with fp32 masters" in bench._variant_words(rows[1])
 
 
-def test_fused_gelu_variant_follows_the_plain_first_step(tmp_path, capsys):
-    bench.main(["variants", "--config", "full", "--batch-sizes", "8", "--compile", "none", "--fused-gelu", "off,on",
+def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
+    bench.main(["variants", "--config", "full", "--batch-sizes", "8", "--compile", "none", "--fused", "none,gelu,qkv,all",
                 "--steps", "1", "--repeats", "1", "--device", "cpu", "--json", str(tmp_path / "v.json")])
     rows = json.loads((tmp_path / "v.json").read_text())
-    assert [r["fused_gelu"] for r in rows] == [False, True] and all("error" not in r for r in rows)
-    assert rows[1]["agrees"] is True and rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)
-    assert "fused bias+GELU" in capsys.readouterr().out
+    assert [r["fused"] for r in rows] == ["none", "gelu", "qkv", "all"] and all("error" not in r for r in rows)
+    for row in rows[1:]:
+        assert row["agrees"] is True and row["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)
+    assert "fused gelu" in capsys.readouterr().out

@@ -169,12 +169,24 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     assert bias_on.grad.dtype == torch.float32 and _relative_error(bias_on.grad, expected_bias) < 1e-5
 
 
-def test_fused_bias_gelu_finetuning_on_the_device_follows_the_plain_run(results, monkeypatch, tmp_path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
+    from paperlib import kernels
+
+    packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(dtype)  # ViT-Base/16, two images
+    expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
+    dq, dk, dv = packed.to(DEVICE).permute(2, 0, 3, 1, 4).unbind(0)  # strided as timm's split leaves them
+    stacked, sums = kernels.qkv_heads_backward(dq, dk.contiguous(), dv)
+    assert torch.equal(stacked.cpu(), expected) and sums.dtype == torch.float32
+    assert _relative_error(sums, expected_sums) < 1e-5
+
+
+def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(results, monkeypatch, tmp_path):
     assert finetune.run(_small(config="full", compile="blocks"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "fused"))
-    assert finetune.run(_small(config="full", compile="blocks", fused_gelu=True))["status"] == "finished"
+    assert finetune.run(_small(config="full", compile="blocks", fused="all"))["status"] == "finished"
     losses = finetune.history(_small(config="full", compile="blocks"))["train_loss"].to_numpy()
-    fused_losses = finetune.history(_small(config="full", compile="blocks", fused_gelu=True))["train_loss"].to_numpy()
+    fused_losses = finetune.history(_small(config="full", compile="blocks", fused="all"))["train_loss"].to_numpy()
     assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)  # bf16 autocast: kernels fused differently round differently
 
 
@@ -250,6 +262,6 @@ def test_benchmarks_run_on_the_device(capsys):
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
-    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fused_gelus=(False, True))
+    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"))
     assert [row.get("error") for row in rows] == [None] * 4 and all(row["agrees"] for row in rows[1:])
     assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)

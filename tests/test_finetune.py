@@ -400,8 +400,8 @@ def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch):
     metrics = finetune.run(small())
     params_file = small().folder() / "params.json"
     params = json.loads(params_file.read_text())
-    del params["fused_gelu"], params["precision"]  # as a run written before Config had these fields
+    del params["fused"], params["precision"]  # as a run written before Config had these fields
     params_file.write_text(json.dumps(params))
     monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     assert finetune.run(small()) == metrics  # the missing fields count as their defaults
-    assert finetune.same_params(params, small()) and not finetune.same_params(params, small(fused_gelu=True))
+    assert finetune.same_params(params, small()) and not finetune.same_params(params, small(fused="all"))

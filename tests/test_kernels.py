@@ -1,5 +1,6 @@
-"""kernels.bias_gelu: the PyTorch arithmetic, the custom op (autograd, torch.compile), the Triton
-kernels (under Triton's interpreter on a CPU), and models.fuse_bias_gelu."""
+"""Our fused ops (kernels.bias_gelu, kernels.QkvHeads): the PyTorch arithmetic, the custom ops
+(autograd, torch.compile), the Triton kernels (under Triton's interpreter on a CPU), and the models
+and finetuning runs that use them (finetune.fuse)."""
 
 import json
 import os
@@ -41,12 +42,43 @@ def test_reference_rounds_once_from_fp32():
     assert ((out.double() - exact).abs() <= 2.0**-8 * exact.abs() * 1.001 + 1e-6).all()
 
 
+def test_qkv_stack_reference_undoes_timms_split():
+    generator = torch.Generator().manual_seed(2)
+    batch, heads, tokens, dim = 2, 3, 5, 4
+    qkv = torch.randn(batch, tokens, 3 * heads * dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    q, k, v = qkv.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)  # timm's Attention
+    grads = [torch.randn(q.shape, dtype=torch.float64, generator=generator) for _ in range(3)]
+    torch.autograd.backward([q, k, v], grads)
+    stacked, sums = kernels.qkv_heads_backward_reference(*grads)
+    assert torch.equal(stacked, qkv.grad) and torch.allclose(sums, qkv.grad.sum((0, 1)), rtol=0, atol=1e-12)
+
+
+def test_qkv_heads_gradients_in_float64_and_under_autocast():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 12, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(36, 12, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(36, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w, b: kernels.QkvHeads.apply(a, w, b, 3), (x, weight, bias))
+    # under autocast: the projection in the autocast dtype, as nn.Linear would; gradients in the inputs' dtypes
+    x, weight, bias = (t.detach().float().requires_grad_() for t in (x, weight, bias))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = kernels.QkvHeads.apply(x, weight, bias, 3)
+        expected = torch.nn.functional.linear(x, weight, bias)
+    assert q.dtype == torch.bfloat16 and q.shape == (2, 3, 5, 4)
+    assert torch.equal(torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).reshape(2, 5, 36), expected)
+    (q.float().sum() + 2 * k.float().sum() + 3 * v.float().sum()).backward()
+    assert (x.grad.dtype, weight.grad.dtype, bias.grad.dtype) == (torch.float32,) * 3
+    assert torch.allclose(bias.grad, torch.tensor([1.0] * 12 + [2.0] * 12 + [3.0] * 12).mul(10))
+
+
 def test_custom_op_autograd_and_registration():
     generator = torch.Generator().manual_seed(1)
     mm = torch.randn(3, 4, 7, dtype=torch.float64, generator=generator, requires_grad=True)
     bias = torch.randn(7, dtype=torch.float64, generator=generator, requires_grad=True)
     assert torch.autograd.gradcheck(kernels.bias_gelu, (mm, bias))
     torch.library.opcheck(kernels.bias_gelu, (mm, bias))  # fake tensors, schema, autograd registration
+    heads = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=generator)
+    torch.library.opcheck(kernels.qkv_heads_backward, (heads, heads.clone(), heads.clone()))
     frozen_bias = bias.detach()
     kernels.bias_gelu(mm, frozen_bias).sum().backward()  # a frozen bias (configs other than fc1/full) gets no gradient
     assert frozen_bias.grad is None and mm.grad is not None
@@ -73,7 +105,19 @@ TRITON_CHECK = textwrap.dedent("""
                             "out_dtype": str(out.dtype), "grad_mm_dtype": str(grad_mm.dtype), "grad_bias_dtype": str(grad_bias.dtype),
                             "deterministic": bool(torch.equal(again[0], grad_mm) and torch.equal(again[1], grad_bias)),
                             "inputs": [mm.double().tolist(), bias.double().tolist(), grad.double().tolist()]})
-    print(json.dumps(results))
+    stacks = []
+    for batch, heads, tokens, dim in [(2, 3, 37, 16), (1, 12, 197, 64), (3, 2, 100, 40)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            packed = torch.randn(batch, tokens, 3, heads, dim, generator=generator).to(dtype)
+            dq, dk, dv = packed.permute(2, 0, 3, 1, 4).unbind(0)  # timm's split: strided views
+            dk = dk.contiguous()  # and a contiguous [B, H, N, D] gradient
+            stacked, sums = kernels.qkv_heads_backward_triton(dq, dk, dv)
+            expected = kernels.qkv_heads_backward_reference(dq, dk, dv)
+            stacks.append({"shape": [batch, heads, tokens, dim], "dtype": str(dtype), "stacked_equal": bool(torch.equal(stacked, expected[0])),
+                           "stacked_dtype": str(stacked.dtype), "sums": sums.double().tolist(),
+                           "exact_sums": packed.double().reshape(batch * tokens, -1).sum(0).tolist(),
+                           "scale": packed.double().abs().reshape(batch * tokens, -1).sum(0).tolist()})
+    print(json.dumps({"bias_gelu": results, "qkv": stacks}))
 """)
 
 
@@ -86,12 +130,22 @@ def triton_results():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def test_triton_qkv_stack_matches_the_split_it_undoes(triton_results):
+    """The head gradients, strided as timm's split leaves them or contiguous, stacked exactly (a copy),
+    with the bias gradient summed in fp32 within summation error."""
+    assert len(triton_results["qkv"]) == 6
+    for case in triton_results["qkv"]:
+        assert case["stacked_equal"] and case["stacked_dtype"] == case["dtype"], case["shape"]
+        error = (torch.tensor(case["sums"]) - torch.tensor(case["exact_sums"], dtype=torch.float64)).abs()
+        assert (error <= 1e-5 * (torch.tensor(case["scale"], dtype=torch.float64) + 1)).all(), case["shape"]
+
+
 def test_triton_kernels_match_autograd_of_gelu(triton_results):
     """The Triton kernels, run by Triton's interpreter, against float64 autograd of F.gelu(mm + bias):
     within one rounding of the output dtype (fp32 or bf16) for the values, and for the bias gradient
     (summed in fp32 from unrounded values) within fp32 summation error."""
-    assert len(triton_results) == 8
-    for case in triton_results:
+    assert len(triton_results["bias_gelu"]) == 8
+    for case in triton_results["bias_gelu"]:
         mm, bias, grad = (torch.tensor(values, dtype=torch.float64) for values in case["inputs"])
         out, grad_mm, grad_bias = _gelu_of_sum(mm, bias, grad)
         bf16 = case["dtype"] == "torch.bfloat16"
@@ -114,59 +168,76 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     expected_out.square().sum().backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    keys, fc1 = list(model.state_dict()), model.blocks[0].mlp.fc1
+    keys, fc1, qkv = list(model.state_dict()), model.blocks[0].mlp.fc1, model.blocks[0].attn.qkv
 
-    assert models.fuse_bias_gelu(model) is model
-    assert all(isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)
-    assert model.blocks[0].mlp.fc1 is fc1 and list(model.state_dict()) == keys  # checkpoints, components and bounds unchanged
+    assert finetune.fuse(model, "all") is model
+    assert all(isinstance(block.mlp, models.BiasGeluMlp) and isinstance(block.attn, models.QkvFusedAttention) for block in model.blocks)
+    assert model.blocks[0].mlp.fc1 is fc1 and model.blocks[0].attn.qkv is qkv
+    assert list(model.state_dict()) == keys  # checkpoints, components and bounds unchanged
     out = model(images)
     out.square().sum().backward()
     assert torch.allclose(out, expected_out, rtol=0, atol=1e-12)
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-10, atol=1e-12), name
-    mlp = model.blocks[0].mlp
-    models.fuse_bias_gelu(model)  # done already: nothing changes
-    assert model.blocks[0].mlp is mlp
+    mlp, attn = model.blocks[0].mlp, model.blocks[0].attn
+    finetune.fuse(model, "all")  # done already: nothing changes
+    assert model.blocks[0].mlp is mlp and model.blocks[0].attn is attn
 
 
-def test_only_exact_gelu_after_a_biased_linear_is_fused():
+@pytest.mark.parametrize("fused, fused_types", [("gelu", (models.BiasGeluMlp,)), ("qkv", (models.QkvFusedAttention,)), ("none", ())])
+def test_each_fusion_alone(fused, fused_types):
+    model = finetune.fuse(models.create_model("demo", pretrained=False), fused)
+    kinds = {type(block.mlp) for block in model.blocks} | {type(block.attn) for block in model.blocks}
+    assert {kind for kind in kinds if kind in (models.BiasGeluMlp, models.QkvFusedAttention)} == set(fused_types)
+
+
+def test_only_the_forms_the_ops_compute_are_fused():
     model = models.create_model("demo", pretrained=False, act_layer=lambda: torch.nn.GELU(approximate="tanh"))
     models.fuse_bias_gelu(model)
     assert not any(isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)  # another function: left alone
     with pytest.raises(ValueError, match="biased nn.Linear fc1 and nn.GELU"):
         models.BiasGeluMlp(model.blocks[0].mlp)
+    model = models.create_model("demo", pretrained=False, qkv_bias=False)
+    models.fuse_qkv(model)
+    assert not any(isinstance(block.attn, models.QkvFusedAttention) for block in model.blocks)  # no bias to sum: left alone
+    with pytest.raises(ValueError, match="biased nn.Linear qkv and no gate"):
+        models.QkvFusedAttention(model.blocks[0].attn)
     assert models.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
 
 
-def test_fused_feedforward_compiles_with_the_op_whole():
+def test_fused_block_compiles_into_one_graph():
     torch.manual_seed(0)
     block = models.create_model("demo", pretrained=False).blocks[0]
     tokens = torch.randn(2, 65, 64)
     expected = block(tokens)
-    fused = models.BiasGeluMlp(block.mlp)
-    block.mlp = fused
-    compiled = torch.compile(block)
-    x = tokens.clone().requires_grad_()
-    out = compiled(x)
+    expected.square().sum().backward()
+    expected_grads = {name: p.grad.clone() for name, p in block.named_parameters()}
+    block.zero_grad(set_to_none=True)
+    block.mlp, block.attn = models.BiasGeluMlp(block.mlp), models.QkvFusedAttention(block.attn)
+    explained = torch._dynamo.explain(block)(tokens.clone().requires_grad_())
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    out = torch.compile(block)(tokens.clone().requires_grad_())
     out.square().sum().backward()
     assert torch.allclose(out, expected, rtol=1e-5, atol=1e-5)
-    assert fused.fc1.bias.grad is not None and x.grad is not None
+    for name, p in block.named_parameters():
+        assert torch.allclose(p.grad, expected_grads[name], rtol=1e-4, atol=1e-4), name
 
 
-def test_finetuning_with_the_fused_op_follows_the_plain_run(tmp_path, monkeypatch):
+@pytest.mark.parametrize("config, bias", [("fc1", "mlp.fc1.bias"), ("mha", "attn.qkv.bias")])
+def test_finetuning_with_the_fused_ops_follows_the_plain_run(config, bias, tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, config="fc1")
+    small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, config=config)
     model, plain = finetune.train(finetune.Config(**small))
-    fused_model, fused = finetune.train(finetune.Config(**small, fused_gelu=True))
+    fused_model, fused = finetune.train(finetune.Config(**small, fused="all"))
     assert all(isinstance(block.mlp, models.BiasGeluMlp) for block in fused_model.blocks)
     assert fused["best_val_accuracy"] == pytest.approx(plain["best_val_accuracy"], abs=0.05)
     plain_history = finetune.history(finetune.Config(**small))
-    fused_history = finetune.history(finetune.Config(**small, fused_gelu=True))
+    fused_history = finetune.history(finetune.Config(**small, fused="all"))
     assert fused_history["train_loss"].tolist() == pytest.approx(plain_history["train_loss"].tolist(), rel=1e-4)
-    # fc1 (with its bias, whose gradient comes from the fused op) trains; the other components stay as they were
+    # the component (with its bias, whose gradient comes from a fused op) trains; the other components stay as they were
     trained = {n for n, _ in components.trainable_parameters(model)}
-    assert any(name.endswith("mlp.fc1.bias") for name in trained)
+    assert any(name.endswith(bias) for name in trained)
     for name, p in fused_model.named_parameters():
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
-    with pytest.raises(ValueError, match="fused_gelu must be True or False"):
-        finetune.Config(fused_gelu="yes").validate()
+    with pytest.raises(ValueError, match="valid choices: none, gelu, qkv, all"):
+        finetune.Config(fused="yes").validate()
