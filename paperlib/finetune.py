@@ -25,6 +25,7 @@ and are read back every ``READ_BACK`` steps and at evaluations (not once per ste
 stall the GPU), and ``compile`` runs the model (or each of its blocks) through ``torch.compile``.
 ``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
 ``compile_mode="coordinate-descent"`` adds inductor's tuning of its own kernels' launch settings.
+``fused`` swaps in our fused ops (``kernels``: one pass where inductor makes two; the same function).
 """
 
 from __future__ import annotations
