@@ -42,7 +42,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from . import components, data, models, paths
+from . import components, data, kernels, models, paths
 from .loader import DeviceLoader, decode_workers, uint8_images
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
@@ -195,9 +195,14 @@ def check_precision(precision: str) -> str:
 FUSIONS = {"none": (), "gelu": ("gelu",), "qkv": ("qkv",), "all": ("gelu", "qkv")}
 
 
-def check_fused(fused: str) -> str:
+def check_fused(fused: str, device: torch.device | None = None) -> str:
+    """``fused`` if it names a choice of ``FUSIONS`` that can run on ``device`` (on CUDA the ops are
+    Triton kernels); otherwise a ValueError that says why."""
     if fused not in FUSIONS:
         raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSIONS)}")
+    if fused != "none" and device is not None and device.type == "cuda" and not kernels.triton_available():
+        raise ValueError(f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
+                         "install it (pip install triton) or use fused='none'")
     return fused
 
 
@@ -222,7 +227,7 @@ def check_step_options(compile: bool | str, mode: str, attention: str, device: t
     check_compile_mode(mode)
     check_attention(attention, device)
     check_precision(precision)
-    check_fused(fused)
+    check_fused(fused, device)
     return compile_choice(compile)
 
 

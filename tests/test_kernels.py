@@ -241,3 +241,11 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(config, bias, tmp_p
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
     with pytest.raises(ValueError, match="valid choices: none, gelu, qkv, all"):
         finetune.Config(fused="yes").validate()
+
+
+def test_fused_ops_on_cuda_need_triton(monkeypatch):
+    monkeypatch.setattr(kernels, "triton_available", lambda: False)
+    with pytest.raises(ValueError, match="Triton is not installed"):
+        finetune.check_step_options("none", "default", "auto", torch.device("cuda"), "autocast", "all")
+    assert finetune.check_step_options("none", "default", "auto", torch.device("cuda"), "autocast", "none") == "none"
+    assert finetune.check_step_options("none", "default", "auto", torch.device("cpu"), "autocast", "all") == "none"  # PyTorch arithmetic there
