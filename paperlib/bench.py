@@ -674,16 +674,14 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         blocks = bench_finetune(name, ("full",), batch, steps=10, device=str(device), compile="blocks", plain=False)
         keep("finetune_compiled_blocks", blocks)
         check_mfu(blocks, "torch.compile of the blocks")
-        # the fastest settings measured: the paper's batch, inductor's tuning, bf16 compute with fp32 masters
-        fastest = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
-                                 compile_mode="coordinate-descent", precision="bf16")
-        keep("finetune_compiled_fastest", fastest)
-        check_mfu(fastest, f"blocks compiled, coordinate-descent, bf16 with fp32 masters, batch {batch * 2}")
-        # the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split)
-        fused = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
-                               compile_mode="coordinate-descent", precision="bf16", fused="all")
-        keep("finetune_compiled_fused", fused)
-        check_mfu(fused, f"as above, with our fused ops (fused='all'), batch {batch * 2}")
+        # the fastest settings measured (the paper's batch, inductor's tuning, bf16 compute with fp32
+        # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split)
+        for part, fused, how in (("finetune_compiled_fastest", "none", "blocks compiled, coordinate-descent, bf16 with fp32 masters"),
+                                 ("finetune_compiled_fused", "all", "as above, with our fused ops (fused='all')")):
+            result = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
+                                    compile_mode="coordinate-descent", precision="bf16", fused=fused)
+            keep(part, result)
+            check_mfu(result, f"{how}, batch {batch * 2}")
     return checks
 
 
@@ -702,13 +700,19 @@ def _print(result: dict, json_path: Path | None) -> None:
         paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
-def _compile_arguments(parser) -> None:
+def _step_arguments(parser) -> None:
     parser.add_argument("--compile", nargs="?", const="model", default="none", metavar="HOW",
                         help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)")
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
     parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
     parser.add_argument("--fused", default="none", help="our fused ops: none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
+
+
+def _step_options(args) -> dict:
+    """The options of ``_step_arguments`` as keyword arguments of ``bench_finetune`` and ``bench_profile``."""
+    return {"compile": args.compile, "compile_mode": args.compile_mode, "attention": args.attention, "precision": args.precision,
+            "fused": args.fused}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -741,7 +745,7 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)")
     f.add_argument("--device", default="auto", help="cuda, cpu or auto")
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
-    _compile_arguments(f)
+    _step_arguments(f)
     f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
@@ -750,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--steps", type=int, default=3, help="profiled steps (after the warm-up)")
     r.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    _compile_arguments(r)
+    _step_arguments(r)
     r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
     r.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     v = commands.add_parser("variants", help="one configuration's step under every combination of batch size, compilation and attention kernel")
@@ -775,9 +779,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "targets":
             checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
         elif args.command == "profile":
-            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, args.compile, args.top,
-                                   compile_mode=args.compile_mode, attention=args.attention, precision=args.precision,
-                                   fused=args.fused)
+            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, top=args.top, **_step_options(args))
         elif args.command == "variants":
             try:
                 batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
@@ -792,9 +794,7 @@ def main(argv: list[str] | None = None) -> None:
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
         else:
             result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
-                                    args.workers, compile=args.compile, plain=not args.no_plain, repeats=args.repeats,
-                                    compile_mode=args.compile_mode, attention=args.attention, precision=args.precision,
-                                    fused=args.fused)
+                                    args.workers, plain=not args.no_plain, repeats=args.repeats, **_step_options(args))
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":

@@ -190,9 +190,10 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-# our fused ops (``kernels``) that a step may use, by name: each takes a pair of passes over the
-# data that inductor leaves apart and makes it one (docs/benchmarks.md)
-FUSIONS = {"none": (), "gelu": ("gelu",), "qkv": ("qkv",), "all": ("gelu", "qkv")}
+# our fused ops (``kernels``) that a step may use, by name, as the functions that put them into a
+# model: each takes a pair of passes over the data that inductor leaves apart and makes it one
+# (docs/benchmarks.md)
+FUSIONS = {"none": (), "gelu": (models.fuse_bias_gelu,), "qkv": (models.fuse_qkv,), "all": (models.fuse_bias_gelu, models.fuse_qkv)}
 
 
 def check_fused(fused: str, device: torch.device | None = None) -> str:
@@ -211,11 +212,8 @@ def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
     fc1's bias and GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v
     projection and its split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``). The same
     parameters and function (to rounding); not undone by a later call."""
-    chosen = FUSIONS[check_fused(fused)]
-    if "gelu" in chosen:
-        models.fuse_bias_gelu(model)
-    if "qkv" in chosen:
-        models.fuse_qkv(model)
+    for put_in in FUSIONS[check_fused(fused)]:
+        put_in(model)
     return model
 
 

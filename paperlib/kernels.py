@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -122,7 +123,7 @@ def _triton_kernels():
             total += tl.sum(g.to(tl.float32), axis=0)
         tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * (3 * C) + column + cols, total, mask=cols < C)
 
-    return triton, forward_kernel, backward_kernel, stack_kernel
+    return SimpleNamespace(triton=triton, forward=forward_kernel, backward=backward_kernel, stack=stack_kernel)
 
 
 def _matrix(t: torch.Tensor) -> torch.Tensor:
@@ -131,13 +132,13 @@ def _matrix(t: torch.Tensor) -> torch.Tensor:
 
 def bias_gelu_triton(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``bias_gelu`` by the Triton forward kernel (contiguous output of ``mm``'s shape and dtype)."""
-    triton, forward_kernel, _, _ = _triton_kernels()
+    ops = _triton_kernels()
     matrix = _matrix(mm)
     out = torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
     rows, cols = matrix.shape
     if matrix.numel():
-        grid = (triton.cdiv(rows, BLOCK_M), triton.cdiv(cols, BLOCK_N))
-        forward_kernel[grid](matrix, bias.contiguous(), out, rows, cols, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
+        grid = (ops.triton.cdiv(rows, BLOCK_M), ops.triton.cdiv(cols, BLOCK_N))
+        ops.forward[grid](matrix, bias.contiguous(), out, rows, cols, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
     return out
 
 
@@ -145,14 +146,14 @@ def bias_gelu_backward_triton(grad: torch.Tensor, mm: torch.Tensor, bias: torch.
     """``bias_gelu``'s backward by the Triton backward kernel: one pass writes the gradient of
     ``mm`` and an fp32 partial column sum per ``ROWS`` rows; the partials are then summed (in a
     fixed order: the result does not depend on scheduling)."""
-    triton, _, backward_kernel, _ = _triton_kernels()
+    ops = _triton_kernels()
     matrix, grad_matrix = _matrix(mm), _matrix(grad)
     rows, cols = matrix.shape
     grad_mm = torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
-    partial = torch.empty((triton.cdiv(rows, ROWS), cols), dtype=torch.float32, device=mm.device)
+    partial = torch.empty((ops.triton.cdiv(rows, ROWS), cols), dtype=torch.float32, device=mm.device)
     if matrix.numel():
-        grid = (triton.cdiv(rows, ROWS), triton.cdiv(cols, BLOCK_N))
-        backward_kernel[grid](grad_matrix, matrix, bias.contiguous(), grad_mm, partial, rows, cols,
+        grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(cols, BLOCK_N))
+        ops.backward[grid](grad_matrix, matrix, bias.contiguous(), grad_mm, partial, rows, cols,
                               ROWS=ROWS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
     return grad_mm, partial.sum(0).to(bias.dtype)
 
@@ -223,16 +224,16 @@ def qkv_heads_backward_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.T
 def qkv_heads_backward_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides): one
     pass writes the stacked gradient and fp32 partial column sums per ``ROWS`` rows."""
-    triton, _, _, stack_kernel = _triton_kernels()
+    ops = _triton_kernels()
     batch, heads, tokens, dim = dq.shape
     width = heads * dim
     rows = batch * tokens
     out = torch.empty((batch, tokens, 3 * width), dtype=dq.dtype, device=dq.device)
-    partial = torch.empty((triton.cdiv(rows, ROWS), 3 * width), dtype=torch.float32, device=dq.device)
+    partial = torch.empty((ops.triton.cdiv(rows, ROWS), 3 * width), dtype=torch.float32, device=dq.device)
     if out.numel():
-        grid = (triton.cdiv(rows, ROWS), triton.cdiv(width, BLOCK_N))
+        grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(width, BLOCK_N))
         for which, head in enumerate((dq, dk, dv)):
-            stack_kernel[grid](head, out, partial, rows, tokens, heads, dim, width, which * width, *head.stride(),
+            ops.stack[grid](head, out, partial, rows, tokens, heads, dim, width, which * width, *head.stride(),
                                ROWS=ROWS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=WARPS)
     return out, partial.sum(0)
 

@@ -210,37 +210,6 @@ def _is_fusable_mlp(mlp: torch.nn.Module) -> bool:
             and type(act) is torch.nn.GELU and act.approximate == "none")
 
 
-class BiasGeluMlp(torch.nn.Module):
-    """A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
-    ``kernels.bias_gelu``: the matrix product runs without its bias, and the op's backward gives
-    the bias gradient from the same pass that gives the product's gradient.
-
-    The same function, and the same submodules (``fc1``, ``act``, ``drop1``, ``norm``, ``fc2``,
-    ``drop2``) and so the same parameter names: state dicts, components and bounds see no difference.
-    """
-
-    def __init__(self, mlp: torch.nn.Module):
-        super().__init__()
-        if not _is_fusable_mlp(mlp):
-            raise ValueError(f"BiasGeluMlp needs a timm Mlp with a biased nn.Linear fc1 and nn.GELU() (exact) act; got {mlp}")
-        for name in ("fc1", "act", "drop1", "norm", "fc2", "drop2"):
-            setattr(self, name, getattr(mlp, name))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = kernels.bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
-        return self.drop2(self.fc2(self.norm(self.drop1(x))))
-
-
-def fuse_bias_gelu(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace every block's feedforward layer by ``BiasGeluMlp`` (the same function, with
-    ``kernels.bias_gelu``), in place; returns the model. Blocks done already, and feedforward layers
-    of another form (another activation, no bias), are left as they are."""
-    for block in getattr(model, "blocks", ()):
-        if _is_fusable_mlp(getattr(block, "mlp", None)):
-            block.mlp = BiasGeluMlp(block.mlp)
-    return model
-
-
 def _is_fusable_attention(attention: torch.nn.Module) -> bool:
     """Whether ``attention`` is a timm ``Attention`` with a biased q/k/v projection and no gate, the
     form ``kernels.QkvHeads`` computes."""
@@ -249,22 +218,48 @@ def _is_fusable_attention(attention: torch.nn.Module) -> bool:
             and getattr(attention, "gate", None) is None)
 
 
-class QkvFusedAttention(torch.nn.Module):
+class _FusedLayer(torch.nn.Module):
+    """A timm layer taken over with its submodules (``SUBMODULES``, so the same parameter names:
+    state dicts, components and bounds see no difference) and attributes (``ATTRIBUTES``), for a
+    forward that runs one of our fused ops. ``FUSABLE`` tells the layers of the form it computes."""
+
+    FUSABLE = staticmethod(lambda layer: False)
+    SUBMODULES: tuple[str, ...] = ()
+    ATTRIBUTES: tuple[str, ...] = ()
+    NEEDS = ""  # the form, in words, for the error
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        if not self.FUSABLE(layer):
+            raise ValueError(f"{type(self).__name__} needs {self.NEEDS}; got {layer}")
+        for name in self.SUBMODULES + self.ATTRIBUTES:
+            setattr(self, name, getattr(layer, name))
+
+
+class BiasGeluMlp(_FusedLayer):
+    """A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
+    ``kernels.bias_gelu``: the matrix product runs without its bias, and the op's backward gives
+    the bias gradient from the same pass that gives the product's gradient. The same function."""
+
+    FUSABLE = staticmethod(_is_fusable_mlp)
+    SUBMODULES = ("fc1", "act", "drop1", "norm", "fc2", "drop2")
+    NEEDS = "a timm Mlp with a biased nn.Linear fc1 and nn.GELU() (exact) act"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = kernels.bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
+        return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+
+class QkvFusedAttention(_FusedLayer):
     """A ViT attention layer (timm's ``Attention``) whose q/k/v projection and split into heads run
     through ``kernels.QkvHeads``: the backward stacks the head gradients and sums the projection's
-    bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in timm's fused path.
+    bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in timm's fused
+    path. The same function."""
 
-    The same function, and the same submodules (``qkv``, ``q_norm``, ``k_norm``, ``attn_drop``,
-    ``norm``, ``proj``, ``proj_drop``) and so the same parameter names.
-    """
-
-    def __init__(self, attention: torch.nn.Module):
-        super().__init__()
-        if not _is_fusable_attention(attention):
-            raise ValueError(f"QkvFusedAttention needs a timm Attention with a biased nn.Linear qkv and no gate; got {attention}")
-        self.num_heads, self.head_dim, self.attn_dim = attention.num_heads, attention.head_dim, attention.attn_dim
-        for name in ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop"):
-            setattr(self, name, getattr(attention, name))
+    FUSABLE = staticmethod(_is_fusable_attention)
+    SUBMODULES = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop")
+    ATTRIBUTES = ("num_heads", "head_dim", "attn_dim")
+    NEEDS = "a timm Attention with a biased nn.Linear qkv and no gate"
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         batch, tokens, _ = x.shape
@@ -276,10 +271,23 @@ class QkvFusedAttention(torch.nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-def fuse_qkv(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace every block's attention by ``QkvFusedAttention`` (the same function), in place;
-    returns the model. Blocks done already, and attention of another form, are left as they are."""
+def _fuse_blocks(model: torch.nn.Module, attribute: str, fused: type[_FusedLayer]) -> torch.nn.Module:
+    """Replace ``block.<attribute>`` of every block by ``fused`` where it has the form ``fused``
+    computes, in place; returns the model. Blocks done already, and layers of another form, are
+    left as they are."""
     for block in getattr(model, "blocks", ()):
-        if _is_fusable_attention(getattr(block, "attn", None)):
-            block.attn = QkvFusedAttention(block.attn)
+        if fused.FUSABLE(getattr(block, attribute, None)):
+            setattr(block, attribute, fused(getattr(block, attribute)))
     return model
+
+
+def fuse_bias_gelu(model: torch.nn.Module) -> torch.nn.Module:
+    """Every block's feedforward layer as ``BiasGeluMlp`` (``kernels.bias_gelu``), in place; feedforward
+    layers of another form (another activation, no bias) are left as they are."""
+    return _fuse_blocks(model, "mlp", BiasGeluMlp)
+
+
+def fuse_qkv(model: torch.nn.Module) -> torch.nn.Module:
+    """Every block's attention as ``QkvFusedAttention`` (``kernels.QkvHeads``), in place; attention
+    of another form is left as it is."""
+    return _fuse_blocks(model, "attn", QkvFusedAttention)
