@@ -258,7 +258,7 @@ def _synthetic_train_set(n: int, source_size: int):
 
 
 def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool | str = False,
-                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast", fused: str = "none"):
+                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast", fused: str = "auto"):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
     precision, attention kernel, ``compile_model``, ``fused`` ops): returns ``steps(first, count)``, which trains
     on the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
@@ -294,7 +294,7 @@ def bench_finetune(
     compile_mode: str = "default",
     attention: str = "auto",
     precision: str = "autocast",
-    fused: str = "none",
+    fused: str = "auto",
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -321,6 +321,7 @@ def bench_finetune(
     for config in configs:
         components.check_config(config)
     how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
+    fused = finetune.resolve_fused(fused, device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
@@ -405,11 +406,12 @@ def bench_variants(
     out: Path | None = None,
     source_size: int = 32,
     precisions: tuple[str, ...] = ("autocast",),
-    fuseds: tuple[str, ...] = ("none",),
+    fuseds: tuple[str, ...] = ("auto",),
 ) -> list[dict]:
     """The library's training step for ``config`` under every combination of batch size, compilation
     (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode, attention kernel,
-    precision (``finetune.PRECISIONS``) and fused ops (``finetune.FUSIONS``):
+    precision (``finetune.PRECISIONS``) and fused ops (``finetune.FUSED_CHOICES``; rows record what
+    "auto" resolves to):
     images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
     the peak GPU memory allocated (GiB) per row.
 
@@ -436,7 +438,8 @@ def bench_variants(
                         for fused in fuseds:
                             combo = {"batch_size": batch_size,
                                      "compile": finetune.check_step_options(how, mode, attention, device, precision, fused),
-                                     "compile_mode": mode, "attention": attention, "precision": precision, "fused": fused}
+                                     "compile_mode": mode, "attention": attention, "precision": precision,
+                                     "fused": finetune.resolve_fused(fused, device)}
                             if combo not in combos:
                                 combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -525,7 +528,7 @@ def bench_profile(
     compile_mode: str = "default",
     attention: str = "auto",
     precision: str = "autocast",
-    fused: str = "none",
+    fused: str = "auto",
 ) -> dict:
     """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
     the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
@@ -543,6 +546,7 @@ def bench_profile(
     device = _device(device)
     cuda = device.type == "cuda"
     how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
+    fused = finetune.resolve_fused(fused, device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
@@ -651,6 +655,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
 
     def check_mfu(result: dict, how: str) -> None:
         mfu = result.get("full_library_mfu")
+        if result.get("fused", "none") != "none" and "fused" not in how:
+            how += f", fused ops ({result['fused']})"
         check(6, f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how})",
               f"{mfu:.1%}" if mfu is not None else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
               None if mfu is None else mfu >= 0.40)
@@ -706,7 +712,7 @@ def _step_arguments(parser) -> None:
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
     parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
-    parser.add_argument("--fused", default="none", help="our fused ops: none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
+    parser.add_argument("--fused", default="auto", help="our fused ops: auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
 
 
 def _step_options(args) -> dict:
@@ -765,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
     v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
     v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
-    v.add_argument("--fused", default="none", help="comma-separated, of: none, gelu, qkv, all (our fused ops)")
+    v.add_argument("--fused", default="auto", help="comma-separated, of: auto (all on CUDA, none elsewhere), none, gelu, qkv, all (our fused ops)")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")

@@ -25,7 +25,8 @@ and are read back every ``READ_BACK`` steps and at evaluations (not once per ste
 stall the GPU), and ``compile`` runs the model (or each of its blocks) through ``torch.compile``.
 ``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
 ``compile_mode="coordinate-descent"`` adds inductor's tuning of its own kernels' launch settings.
-``fused`` swaps in our fused ops (``kernels``: one pass where inductor makes two; the same function).
+``fused`` swaps in our fused ops (``kernels``: one pass where inductor makes two; the same function);
+its default, "auto", uses them on CUDA (Triton kernels) and not on a CPU.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Config:
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
-    fused: str = "none"  # our fused kernels (Triton on CUDA; the same function): none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
+    fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -196,29 +197,43 @@ def check_precision(precision: str) -> str:
 FUSIONS = {"none": (), "gelu": (models.fuse_bias_gelu,), "qkv": (models.fuse_qkv,), "all": (models.fuse_bias_gelu, models.fuse_qkv)}
 
 
+FUSED_CHOICES = ("auto", *FUSIONS)
+
+
 def check_fused(fused: str, device: torch.device | None = None) -> str:
-    """``fused`` if it names a choice of ``FUSIONS`` that can run on ``device`` (on CUDA the ops are
-    Triton kernels); otherwise a ValueError that says why."""
-    if fused not in FUSIONS:
-        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSIONS)}")
-    if fused != "none" and device is not None and device.type == "cuda" and not kernels.triton_available():
+    """``fused`` if it is one of ``FUSED_CHOICES`` that can run on ``device`` (on CUDA the ops are
+    Triton kernels); otherwise a ValueError that says why. "auto" always can: it is ``resolve_fused``."""
+    if fused not in FUSED_CHOICES:
+        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}")
+    if fused not in ("none", "auto") and device is not None and device.type == "cuda" and not kernels.triton_available():
         raise ValueError(f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
-                         "install it (pip install triton) or use fused='none'")
+                         "install it (pip install triton) or use fused='none' (or 'auto')")
     return fused
 
 
+def resolve_fused(fused: str, device: torch.device) -> str:
+    """The choice of ``FUSIONS`` that ``fused`` means on ``device``: "auto" is "all" on CUDA when
+    Triton is there (measured faster on an H100: docs/benchmarks.md) and "none" elsewhere (on a
+    CPU the ops run their PyTorch reference, which inductor's own code beats); others are themselves."""
+    if check_fused(fused, device) != "auto":
+        return fused
+    return "all" if torch.device(device).type == "cuda" and kernels.triton_available() else "none"
+
+
 def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
-    """``model`` with the fused ops of ``fused`` (``FUSIONS``) in its blocks, in place: "gelu",
-    fc1's bias and GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v
-    projection and its split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``). The same
-    parameters and function (to rounding); not undone by a later call."""
-    for put_in in FUSIONS[check_fused(fused)]:
+    """``model`` with the fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias and
+    GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v projection and its
+    split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``); "all", both; "auto", what
+    ``resolve_fused`` gives for the model's device. The same parameters and function (to
+    rounding); not undone by a later call."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    for put_in in FUSIONS[resolve_fused(fused, device)]:
         put_in(model)
     return model
 
 
 def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast",
-                       fused: str = "none") -> str:
+                       fused: str = "auto") -> str:
     """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``,
     the ``precision``, the ``fused`` ops) before any work; returns the compile choice ("none", "model"
     or "blocks")."""
@@ -256,7 +271,7 @@ class MasterWeights:
         self.copies = [copies[name] for name, _ in trainable]
         self._grads = [torch.empty_like(p) for p in self.masters]  # the masters' fp32 gradients, kept across steps
 
-    def compile(self, how: bool | str = "model", mode: str = "default", fused: str = "none") -> "MasterWeights":
+    def compile(self, how: bool | str = "model", mode: str = "default", fused: str = "auto") -> "MasterWeights":
         self.forward = compile_model(self.module, how, mode, fused)
         return self
 
@@ -284,7 +299,7 @@ class MasterWeights:
 
 
 def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast",
-                 fused: str = "none"):
+                 fused: str = "auto"):
     """What a training step calls: ``model`` through ``compile_model``, or with ``precision="bf16"``
     its bf16 copy, compiled likewise (``MasterWeights``)."""
     if check_precision(precision) == "bf16":
@@ -297,7 +312,7 @@ def make_optimizer(parameters, lr: float, momentum: float, device: torch.device)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
-def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused: str = "none"):
+def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused: str = "auto"):
     """The model's forward through ``torch.compile``, from an empty compilation cache; returns the
     callable to train with.
 
@@ -316,8 +331,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 
     On CUDA the patch embedding's convolution is first replaced by the same function as one matrix
     product (``models.linear_patch_embed``; same parameters, faster there), compiled or not. With
-    ``fused`` other than "none", on any device, the blocks get our fused ops (``fuse``; same
-    parameters, the same function to rounding). Neither change is undone by a later call.
+    ``fused`` other than "none" (by default "auto": on CUDA only), the blocks get our fused ops
+    (``fuse``; same parameters, the same function to rounding). Neither change is undone by a later call.
     """
     how = compile_choice(how)
     check_compile_mode(mode)

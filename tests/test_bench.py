@@ -165,7 +165,7 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     (["--attention", "cudnn"], "valid choices: auto, flash, math"),
     (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
     (["--config", "attention"], "valid configurations"),
-    (["--fused", "none,gelu,all,fast"], "valid choices: none, gelu, qkv, all"),
+    (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, gelu, qkv, all"),
 ])
 def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
@@ -218,3 +218,9 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
     for row in rows[1:]:
         assert row["agrees"] is True and row["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)
     assert "fused gelu" in capsys.readouterr().out
+
+
+def test_fused_auto_rows_record_what_ran(tmp_path):
+    rows = bench.bench_variants("demo", "full", (8,), ("none",), steps=1, repeats=1, device="cpu", out=tmp_path / "v.json",
+                                fuseds=("auto", "none"))
+    assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
