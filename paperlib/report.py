@@ -13,7 +13,9 @@ notebooks with nbclient, so they keep their cells and metadata and nbval can che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,21 +44,43 @@ def notebook_paths(names: Iterable[str] | None = None) -> list[Path]:
     return chosen
 
 
+# the backend that puts figures into a notebook's outputs (ipykernel's default, unless the
+# environment names another: ``make`` sets MPLBACKEND=Agg for the tests, under which ``plt.show()``
+# shows nothing and the reports would have no figures)
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
+@contextlib.contextmanager
+def _inline_figures():
+    """Kernels started inside get matplotlib's inline backend, whatever MPLBACKEND says outside."""
+    previous = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = previous
+
+
 def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel_name: str = KERNEL) -> Path:
-    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically)."""
+    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically);
+    its figures are in its outputs (the inline backend)."""
     import papermill
 
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.stem}.partial.ipynb")
     try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(partial),
-            parameters=parameters or {},
-            kernel_name=kernel_name,
-            cwd=str(notebook.parent),
-            progress_bar=False,
-        )
+        with _inline_figures():
+            papermill.execute_notebook(
+                str(notebook),
+                str(partial),
+                parameters=parameters or {},
+                kernel_name=kernel_name,
+                cwd=str(notebook.parent),
+                progress_bar=False,
+            )
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)
@@ -116,14 +140,16 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
 
 
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
-    """Re-execute committed notebooks in place with nbclient (no papermill metadata added)."""
+    """Re-execute committed notebooks in place with nbclient (no papermill metadata added; figures
+    in the outputs, as ``execute``)."""
     from nbclient import NotebookClient
 
     for notebook in notebooks:
         notebook = Path(notebook)
         nb = nbformat.read(notebook, as_version=4)
         nb.metadata["kernelspec"] = KERNELSPEC
-        NotebookClient(nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(notebook.parent)}}).execute()
+        with _inline_figures():
+            NotebookClient(nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(notebook.parent)}}).execute()
         paths.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
         print(f"executed {notebook}", flush=True)
 

@@ -6,8 +6,14 @@ import pytest
 from paperlib import report
 
 
+def _figures(notebook) -> int:
+    """How many PNG figures a notebook's outputs hold."""
+    return sum("image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))
+
+
 def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # as `make` sets it: the report must still show its figures
     index = report.run_demo(["00_components"], out_dir=tmp_path / "out")
     page = tmp_path / "out" / "00_components.html"
     assert index == tmp_path / "out" / "index.html"
@@ -16,6 +22,8 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
     assert "Table 3 and Table 4" in html and "data:image/png;base64" in html
     executed = nbformat.read(tmp_path / "out" / "00_components.ipynb", as_version=4)
     assert "papermill" in executed.metadata
+    assert _figures(executed) == 3  # the block diagram, Tables 3 and 4, the demo datasets' samples
+    assert html.count("data:image/png;base64") >= 3 + 1  # each figure as an image (the lab template has one PNG of its own)
     # figures went to the reports folder of the environment, not into the repository
     assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
@@ -35,3 +43,13 @@ def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
     with pytest.raises(Exception):
         report.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
     assert not (tmp_path / "bad.ipynb").exists()
+
+
+def test_notebooks_refreshed_in_place_keep_their_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    notebook = tmp_path / "figure.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()")])
+    nbformat.write(nb, notebook)
+    report.execute_inplace([notebook])
+    assert _figures(nbformat.read(notebook, as_version=4)) == 1
+    assert report.os.environ["MPLBACKEND"] == "Agg"  # the caller's setting is back
