@@ -13,6 +13,7 @@
     python -m paperlib.bench profile --model vit_base_in21k --batch-size 256 --device cuda   # where a step's time goes
     python -m paperlib.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
         --device cuda --json variants.json                # one step under each compilation / attention kernel
+    python -m paperlib.bench kernels --device cuda        # our fused ops alone, against a copy of their bytes
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
@@ -594,6 +595,58 @@ def _print_profile(result: dict, json_path: Path | None) -> None:
         paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
+def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = None, device: str = "auto",
+                  min_run_time: float = 1.0) -> dict:
+    """Our fused ops alone (``kernels``: Triton on CUDA, their PyTorch reference elsewhere) at one
+    model's training shapes, in bf16, against a copy of the same bytes (the memory-bound limit).
+
+    ``batch_size`` images of the model's tokens give the rows (None: 512 on CUDA, the paper's batch,
+    and 8 on a CPU); fc1's (rows x hidden) product for ``bias_gelu`` and its backward (which also sums
+    the bias gradient), timm's strided q/k/v head gradients for ``qkv_heads_backward``. Milliseconds
+    are the median of ``torch.utils.benchmark``'s blocked autorange; GB/s counts the bytes each op
+    must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
+    """
+    from torch.utils.benchmark import Timer
+
+    from . import kernels, models
+
+    device = _device(device)
+    cuda = device.type == "cuda"
+    batch_size = (512 if cuda else 8) if batch_size is None else batch_size
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    model = models.create_model(model_name, pretrained=False)
+    block = model.blocks[0]
+    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
+    del model
+    rows, dtype = batch_size * tokens, torch.bfloat16
+    generator = torch.Generator(device).manual_seed(0)
+    mm = torch.randn(rows, hidden, device=device, dtype=dtype, generator=generator)
+    grad, out = torch.randn_like(mm), torch.empty_like(mm)
+    bias = torch.randn(hidden, device=device, dtype=dtype, generator=generator)
+    packed = torch.randn(batch_size, tokens, 3, heads, width // heads, device=device, dtype=dtype, generator=generator)
+    dq, dk, dv = packed.permute(2, 0, 3, 1, 4).unbind(0)  # timm's split: strided views
+    ops = {
+        "copy (the memory-bound limit)": (lambda: out.copy_(mm), 4 * mm.numel()),
+        "bias_gelu forward": (lambda: kernels.bias_gelu(mm, bias), 4 * mm.numel()),
+        "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
+        "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
+    }
+    if cuda:
+        inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
+        ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
+    result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads,
+              "device": _device_name(device), "torch": torch.__version__,
+              "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference"}
+    for name, (run, nbytes) in ops.items():
+        run()  # compile / warm up
+        seconds = Timer(stmt="run()", globals={"run": run}).blocked_autorange(min_run_time=min_run_time).median
+        result[f"{name}: ms"] = round(seconds * 1e3, 4)
+        result[f"{name}: GB/s"] = round(nbytes / seconds / 1e9, 1)
+    return result
+
+
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 FINETUNE_CONFIGS = ("full", "mha", "fc1", "fc2", "ln2", "ln1", "linear")
 
@@ -776,6 +829,11 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")
     v.add_argument("--json", type=Path, default=None, help="rows go here as each ends; rows already there are not measured again")
+    k = commands.add_parser("kernels", help="our fused ops alone at a model's training shapes, against a copy of the same bytes")
+    k.add_argument("--model", default="vit_base_in21k", help="whose shapes: demo, vit_base_in21k, ...")
+    k.add_argument("--batch-size", type=int, default=None, help="images (default: 512 on CUDA, 8 on a CPU)")
+    k.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    k.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
     t.add_argument("--device", default="auto", help="cuda, cpu or auto")
     t.add_argument("--parts", default=None, help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)")
@@ -796,6 +854,8 @@ def main(argv: list[str] | None = None) -> None:
                                   precisions=tuple(args.precision.split(",")), fuseds=tuple(args.fused.split(",")))
         elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
+        elif args.command == "kernels":
+            result = bench_kernels(args.model, args.batch_size, args.device)
         elif args.command == "plasticity":
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
         else:

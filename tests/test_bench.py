@@ -224,3 +224,14 @@ def test_fused_auto_rows_record_what_ran(tmp_path):
     rows = bench.bench_variants("demo", "full", (8,), ("none",), steps=1, repeats=1, device="cpu", out=tmp_path / "v.json",
                                 fuseds=("auto", "none"))
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
+
+
+def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
+    result = bench.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
+    assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4  # the demo ViT: 64 patches + class token
+    assert result["ops"] == "PyTorch reference"
+    names = ("copy (the memory-bound limit)", "bias_gelu forward", "bias_gelu backward (+ bias gradient)", "qkv_heads_backward (+ bias gradient)")
+    assert all(result[f"{name}: ms"] > 0 and result[f"{name}: GB/s"] > 0 for name in names)
+    with pytest.raises(SystemExit):
+        bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
+    assert "batch_size must be a positive integer" in capsys.readouterr().err

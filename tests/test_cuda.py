@@ -260,6 +260,8 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["fused"] == ("all" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
     if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
+    result = bench.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
+    assert result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference") and result["bias_gelu forward: ms"] > 0
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
