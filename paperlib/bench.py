@@ -234,6 +234,11 @@ def _peak_tflops(device: torch.device) -> float | None:
     return next((value for name, value in PEAK_TFLOPS.items() if name in torch.cuda.get_device_name(device)), None)
 
 
+def _significant(value: float, digits: int = 5) -> float:
+    """``value`` to ``digits`` significant digits (a CPU's TFLOP/s would round to 0.0 at 3 decimals)."""
+    return float(f"{value:.{digits}g}")
+
+
 def _step_flops(model, images, labels) -> int:
     """FLOPs of one training step (forward + backward) of the eager model as its parameters'
     ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned to eager)."""
@@ -241,7 +246,7 @@ def _step_flops(model, images, labels) -> int:
 
     from . import finetune
 
-    finetune.compile_model(model, "none")
+    finetune.compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
         torch.nn.functional.cross_entropy(model(images), labels).backward()
@@ -366,7 +371,7 @@ def bench_finetune(
         result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
         result[f"{config}_warmup_seconds"] = round(warmup.seconds, 2)
         achieved = flops / batch_size * rates["library"] / 1e12
-        result[f"{config}_library_tflops"] = round(achieved, 3)
+        result[f"{config}_library_tflops"] = _significant(achieved)
         if peak:
             result[f"{config}_library_mfu"] = round(achieved / peak, 6)
     plain_loader = plain_model = None  # shuts its workers down
@@ -468,7 +473,7 @@ def bench_variants(
             loss, norm = (float(v) for v in warmup.value)
             rate = combo["batch_size"] * steps / seconds
             achieved = flops / combo["batch_size"] * rate / 1e12
-            row.update({"images_per_s": round(rate, 1), "tflops": round(achieved, 3), "mfu": round(achieved / peak, 6) if peak else None,
+            row.update({"images_per_s": round(rate, 1), "tflops": _significant(achieved), "mfu": round(achieved / peak, 6) if peak else None,
                         "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm,
                         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None})
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == combo["batch_size"]), None)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from paperlib import bench
+from paperlib import bench, finetune
 
 
 @pytest.fixture
@@ -235,3 +235,13 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
     assert "batch_size must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
+    # on CUDA "auto" means "all"; counting a row's FLOPs must not put the ops into its model
+    fused_into = []
+    monkeypatch.setitem(finetune.FUSIONS, "all", (fused_into.append,))
+    resolve = finetune.resolve_fused
+    monkeypatch.setattr(finetune, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
+    rows = bench.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
+    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 1  # the "all" row's model only
