@@ -240,8 +240,11 @@ def _significant(value: float, digits: int = 5) -> float:
 
 
 def _step_flops(model, images, labels) -> int:
-    """FLOPs of one training step (forward + backward) of the eager model as its parameters'
-    ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned to eager)."""
+    """FLOPs of one training step (forward + backward) of the eager model on ``images`` as its
+    parameters' ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned
+    to eager). Counted on one image and multiplied by the batch (every counted op of a ViT is linear
+    in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
+    twice the memory of the bf16 step it is for (batch 1024 ran out of memory on an H100)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from . import finetune
@@ -249,9 +252,9 @@ def _step_flops(model, images, labels) -> int:
     finetune.compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
-        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        torch.nn.functional.cross_entropy(model(images[:1]), labels[:1]).backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    return counter.get_total_flops() * len(images)
 
 
 def _synthetic_train_set(n: int, source_size: int):

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from paperlib import bench, finetune
 
@@ -245,3 +246,18 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     monkeypatch.setattr(finetune, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
     rows = bench.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
     assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 1  # the "all" row's model only
+
+
+def test_step_flops_counted_on_one_image_are_the_whole_batchs():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from paperlib import components, models
+
+    torch.manual_seed(0)
+    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=10), "mha")
+    images, labels = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+    model.zero_grad(set_to_none=True)
+    assert bench._step_flops(model, images, labels) == counter.get_total_flops() > 0
