@@ -244,7 +244,8 @@ def _step_flops(model, images, labels) -> int:
     parameters' ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned
     to eager). Counted on one image and multiplied by the batch (every counted op of a ViT is linear
     in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
-    twice the memory of the bf16 step it is for (batch 1024 ran out of memory on an H100)."""
+    twice the activation memory of the bf16 step it is for (the likely cause of batch 1024 running
+    out of memory on an H100; not yet re-run there)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from . import finetune
