@@ -33,6 +33,7 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -267,18 +268,17 @@ def _synthetic_train_set(n: int, source_size: int):
                         torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
 
 
-def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, compile: bool | str = False,
-                   compile_mode: str = "default", attention: str = "auto", precision: str = "autocast", fused: str = "auto"):
-    """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer,
-    precision, attention kernel, ``compile_model``, ``fused`` ops): returns ``steps(first, count)``, which trains
-    on the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
+def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, options):
+    """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer, and
+    ``options``, a checked ``finetune.StepOptions``): returns ``steps(first, count)``, which trains on
+    the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
     from . import components, finetune
 
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
-    forward = finetune.make_forward(model, compile, compile_mode, precision, fused)
-    context = finetune.step_context(device, attention)
+    forward = finetune.make_forward(model, options)
+    context = finetune.step_context(device, options.attention)
 
     def steps(first: int, count: int):
         for step in range(first, first + count):
@@ -330,8 +330,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         components.check_config(config)
-    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
-    fused = finetune.resolve_fused(fused, device)  # recorded as what ran
+    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
@@ -341,14 +340,13 @@ def bench_finetune(
     plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
     peak = _peak_tflops(device)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
-              "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision,
-              "fused": fused, "steps": steps,
+              **asdict(options), "steps": steps,
               "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
     for config in configs:
         components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
-        library_steps = _library_steps(model, config, fast, batch_size, device, how, compile_mode, attention, precision, fused)
-        warmup = _Timed(lambda: library_steps(0, 1 if how == "none" else 3), device)
+        library_steps = _library_steps(model, config, fast, batch_size, device, options)
+        warmup = _Timed(lambda: library_steps(0, 1 if options.compile == "none" else 3), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
             components.set_trainable(plain_model, config)
@@ -446,10 +444,8 @@ def bench_variants(
                 for attention in attentions:
                     for precision in precisions:
                         for fused in fuseds:
-                            combo = {"batch_size": batch_size,
-                                     "compile": finetune.check_step_options(how, mode, attention, device, precision, fused),
-                                     "compile_mode": mode, "attention": attention, "precision": precision,
-                                     "fused": finetune.resolve_fused(fused, device)}
+                            options = finetune.StepOptions(how, mode, attention, precision, fused).checked(device)
+                            combo = {"batch_size": batch_size, **asdict(options)}
                             if combo not in combos:
                                 combos.append(combo)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -467,8 +463,8 @@ def bench_variants(
                                   augment=True, image_size=size, device=device)
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
-            steps_of = _library_steps(model, config, loader, combo["batch_size"], device, combo["compile"], combo["compile_mode"],
-                                      combo["attention"], combo["precision"], combo["fused"])
+            options = finetune.StepOptions(**{name: combo[name] for name in finetune.STEP_OPTIONS})
+            steps_of = _library_steps(model, config, loader, combo["batch_size"], device, options)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
@@ -555,18 +551,17 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
-    how = finetune.check_step_options(compile, compile_mode, attention, device, precision, fused)
-    fused = finetune.resolve_fused(fused, device)  # recorded as what ran
+    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
-    steps_of = _library_steps(model, config, loader, batch_size, device, how, compile_mode, attention, precision, fused)
+    steps_of = _library_steps(model, config, loader, batch_size, device, options)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
         _sync(device)
 
-    run(0, 2 if how == "none" else 3)  # warm-up (and compilation)
+    run(0, 2 if options.compile == "none" else 3)  # warm-up (and compilation)
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
         run(1, steps)
     times: dict[str, float] = {}
@@ -585,8 +580,7 @@ def bench_profile(
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
         "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
-        "device": _device_name(device), "compile": how, "compile_mode": compile_mode, "attention": attention, "precision": precision,
-        "fused": fused, "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
+        "device": _device_name(device), **asdict(options), "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
         "largest": [{"name": name, "group": _profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],

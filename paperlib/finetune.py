@@ -36,7 +36,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -88,8 +88,12 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        check_step_options(self.compile, self.compile_mode, self.attention, torch.device(self.device), self.precision, self.fused)
+        self.step_options().checked(self.device)
         return self
+
+    def step_options(self) -> StepOptions:
+        """How this run's steps run (``StepOptions``: compilation, attention kernel, precision, fused ops)."""
+        return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
 
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
@@ -232,16 +236,29 @@ def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
     return model
 
 
-def check_step_options(compile: bool | str, mode: str, attention: str, device: torch.device, precision: str = "autocast",
-                       fused: str = "auto") -> str:
-    """Check how a step is to run (``compile``, its ``mode``, the ``attention`` kernel on ``device``,
-    the ``precision``, the ``fused`` ops) before any work; returns the compile choice ("none", "model"
-    or "blocks")."""
-    check_compile_mode(mode)
-    check_attention(attention, device)
-    check_precision(precision)
-    check_fused(fused, device)
-    return compile_choice(compile)
+@dataclass(frozen=True)
+class StepOptions:
+    """How a training step runs, not what it trains: ``Config``'s fields of the same names, passed
+    whole from ``train`` and the benchmarks to ``make_forward`` and ``step_context``."""
+
+    compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
+    compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
+    attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_BACKENDS)
+    precision: str = "autocast"  # PRECISIONS
+    fused: str = "auto"  # FUSED_CHOICES
+
+    def checked(self, device: torch.device) -> "StepOptions":
+        """These options with every choice checked for ``device`` before any work (a ValueError
+        that names the valid choices otherwise), ``compile`` as its choice ("none", "model" or
+        "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
+        device = torch.device(device)
+        check_compile_mode(self.compile_mode)
+        check_attention(self.attention, device)
+        check_precision(self.precision)
+        return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
+
+
+STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))
 
 
 class MasterWeights:
@@ -298,13 +315,12 @@ class MasterWeights:
             torch._foreach_copy_(self.copies, [master.detach() for master in self.masters])
 
 
-def make_forward(model: nn.Module, how: bool | str = "none", mode: str = "default", precision: str = "autocast",
-                 fused: str = "auto"):
-    """What a training step calls: ``model`` through ``compile_model``, or with ``precision="bf16"``
-    its bf16 copy, compiled likewise (``MasterWeights``)."""
-    if check_precision(precision) == "bf16":
-        return MasterWeights(model).compile(how, mode, fused)
-    return compile_model(model, how, mode, fused)
+def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
+    """What a training step calls: ``model`` through ``compile_model`` (``options``' compile, mode
+    and fused ops), or with ``precision="bf16"`` its bf16 copy, compiled likewise (``MasterWeights``)."""
+    if check_precision(options.precision) == "bf16":
+        return MasterWeights(model).compile(options.compile, options.compile_mode, options.fused)
+    return compile_model(model, options.compile, options.compile_mode, options.fused)
 
 
 def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
@@ -495,7 +511,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = make_forward(model, config.compile, config.compile_mode, config.precision, config.fused)
+    forward = make_forward(model, config.step_options().checked(device))
     master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")

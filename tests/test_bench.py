@@ -145,11 +145,11 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     measured = []
     original = bench._library_steps
 
-    def library_steps(model, config, loader, batch_size, device, how, mode, attention, precision, fused):
-        measured.append(attention)
-        if attention == "flash":
+    def library_steps(model, config, loader, batch_size, device, options):
+        measured.append(options.attention)
+        if options.attention == "flash":
             raise RuntimeError("no kernel for this shape\nsecond line")
-        return original(model, config, loader, batch_size, device, how, mode, attention, precision, fused)
+        return original(model, config, loader, batch_size, device, options)
 
     monkeypatch.setattr(bench, "_library_steps", library_steps)
     rows = bench.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,

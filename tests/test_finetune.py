@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -236,6 +237,19 @@ def test_compile_and_attention_choices_fail_before_any_work(results):
     with pytest.raises(ValueError, match="needs a ViT with a `blocks` sequence"):
         finetune.compile_model(torch.nn.Linear(2, 2), "blocks")
     assert not any(results.rglob("*")) if results.exists() else True
+
+
+def test_a_runs_step_options_are_its_config_fields_checked_once():
+    config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
+    options = config.step_options()
+    assert set(finetune.STEP_OPTIONS) <= {field.name for field in fields(finetune.Config)}  # a new option is a Config field too
+    assert [getattr(options, name) for name in finetune.STEP_OPTIONS] == [True, "coordinate-descent", "math", "bf16", "auto"]
+    checked = options.checked("cpu")
+    assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
+    assert finetune.StepOptions().checked(torch.device("cpu")).compile == "none"
+    assert checked.checked("cpu") == checked  # checking is idempotent
+    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+        finetune.StepOptions(precision="fp16").checked("cpu")
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping():

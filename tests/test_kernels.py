@@ -246,11 +246,14 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(config, bias, tmp_p
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
+    def checked(fused, device):
+        return finetune.StepOptions(fused=fused).checked(torch.device(device)).fused
+
     with pytest.raises(ValueError, match="Triton is not installed"):
-        finetune.check_step_options("none", "default", "auto", torch.device("cuda"), "autocast", "all")
-    assert finetune.check_step_options("none", "default", "auto", torch.device("cuda"), "autocast", "none") == "none"
-    assert finetune.check_step_options("none", "default", "auto", torch.device("cpu"), "autocast", "all") == "none"  # PyTorch arithmetic there
-    assert finetune.check_step_options("none", "default", "auto", torch.device("cuda"), "autocast", "auto") == "none"  # auto never fails
+        checked("all", "cuda")
+    assert checked("none", "cuda") == "none"
+    assert checked("all", "cpu") == "all"  # PyTorch arithmetic there
+    assert checked("auto", "cuda") == "none"  # auto never fails
     assert finetune.resolve_fused("auto", torch.device("cuda")) == "none"  # and without Triton it means none
 
 
