@@ -243,7 +243,7 @@ class StepOptions:
 
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
-    attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_BACKENDS)
+    attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
     precision: str = "autocast"  # PRECISIONS
     fused: str = "auto"  # FUSED_CHOICES
 
