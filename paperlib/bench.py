@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import itertools
 import json
 import os
 import platform
@@ -435,23 +436,21 @@ def bench_variants(
 
     components.check_config(config)  # every choice is checked before any work
     device = _device(device)
-    combos = []
+    runs = []  # (batch size, checked step options), each once
     for batch_size in batch_sizes:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
         for how in compiles:
             for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
-                for attention in attentions:
-                    for precision in precisions:
-                        for fused in fuseds:
-                            options = finetune.StepOptions(how, mode, attention, precision, fused).checked(device)
-                            combo = {"batch_size": batch_size, **asdict(options)}
-                            if combo not in combos:
-                                combos.append(combo)
+                for attention, precision, fused in itertools.product(attentions, precisions, fuseds):
+                    run = (batch_size, finetune.StepOptions(how, mode, attention, precision, fused).checked(device))
+                    if run not in runs:
+                        runs.append(run)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
     cuda = device.type == "cuda"
     peak = _peak_tflops(device)
-    for combo in combos:
+    for batch_size, options in runs:
+        combo = {"batch_size": batch_size, **asdict(options)}
         if any({key: row.get(key, default) for key, default in VARIANT_KEYS.items()} == combo for row in rows):
             continue
         row = {"model": model_name, "config": config, **combo, "device": _device_name(device), "torch": torch.__version__}
@@ -459,24 +458,22 @@ def bench_variants(
             torch.manual_seed(0)
             model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
             size = model.patch_embed.img_size[0]
-            loader = DeviceLoader(_synthetic_train_set(combo["batch_size"] * 2, source_size), combo["batch_size"],
-                                  augment=True, image_size=size, device=device)
+            loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
             components.set_trainable(model, config)
             flops = _step_flops(model, *loader.batch(0))
-            options = finetune.StepOptions(**{name: combo[name] for name in finetune.STEP_OPTIONS})
-            steps_of = _library_steps(model, config, loader, combo["batch_size"], device, options)
+            steps_of = _library_steps(model, config, loader, batch_size, device, options)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            more = (lambda: steps_of(1, 2)) if combo["compile"] != "none" else (lambda: None)
+            more = (lambda: steps_of(1, 2)) if options.compile != "none" else (lambda: None)
             seconds = _seconds({"step": (lambda: steps_of(3, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
             loss, norm = (float(v) for v in warmup.value)
-            rate = combo["batch_size"] * steps / seconds
-            achieved = flops / combo["batch_size"] * rate / 1e12
+            rate = batch_size * steps / seconds
+            achieved = flops / batch_size * rate / 1e12
             row.update({"images_per_s": round(rate, 1), "tflops": _significant(achieved), "mfu": round(achieved / peak, 6) if peak else None,
                         "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm,
                         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None})
-            reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == combo["batch_size"]), None)
+            reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == batch_size), None)
             if reference:
                 row["agrees"] = bool(abs(loss - reference["first_loss"]) <= 0.05 * abs(reference["first_loss"])
                                      and abs(norm - reference["first_grad_norm"]) <= 0.05 * abs(reference["first_grad_norm"]))
@@ -772,9 +769,10 @@ def _step_arguments(parser) -> None:
 
 
 def _step_options(args) -> dict:
-    """The options of ``_step_arguments`` as keyword arguments of ``bench_finetune`` and ``bench_profile``."""
-    return {"compile": args.compile, "compile_mode": args.compile_mode, "attention": args.attention, "precision": args.precision,
-            "fused": args.fused}
+    """The options of ``_step_arguments`` (``finetune.STEP_OPTIONS``) as keyword arguments of ``bench_finetune`` and ``bench_profile``."""
+    from . import finetune
+
+    return {name: getattr(args, name) for name in finetune.STEP_OPTIONS}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -252,7 +252,7 @@ def qkv_heads_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> 
     """(the [B, N, 3 H D] gradient of the q/k/v projection, its fp32 column sums) from the head gradients."""
     _check_heads(dq, dk, dv)
     stacked, sums = qkv_heads_backward_reference(dq, dk, dv)
-    return stacked.contiguous(), sums.float() if sums.dtype != torch.float64 else sums
+    return stacked.contiguous(), sums  # sums in _compute_dtype: fp32, or float64 for float64
 
 
 @qkv_heads_backward.register_kernel("cuda")
@@ -264,9 +264,8 @@ def _qkv_heads_backward_cuda(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tenso
 @qkv_heads_backward.register_fake
 def _qkv_heads_backward_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, tokens, dim = dq.shape
-    sums_dtype = torch.float64 if dq.dtype == torch.float64 else torch.float32
     return (torch.empty((batch, tokens, 3 * heads * dim), dtype=dq.dtype, device=dq.device),
-            torch.empty((3 * heads * dim,), dtype=sums_dtype, device=dq.device))
+            torch.empty((3 * heads * dim,), dtype=_compute_dtype(dq.dtype), device=dq.device))
 
 
 class QkvHeads(torch.autograd.Function):
