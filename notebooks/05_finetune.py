@@ -30,6 +30,7 @@ compile_mode = "default"  # torch.compile's mode (default, coordinate-descent, m
 attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
 precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
 fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (all on a GPU, none on a CPU), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
+graph = False  # replay each step from a CUDA graph (GPU only; the same step without the gaps between its kernels)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -40,7 +41,7 @@ from paperlib import components, finetune, models, paths, plots
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
-    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused,
+    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)

@@ -279,12 +279,12 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
     forward = finetune.make_forward(model, options)
-    context = finetune.step_context(device, options.attention)
+    context = finetune.step_context(device, options.attention, options.graph)
+    one_step = finetune.make_step(forward, trainable, optimizer, batch_size, 1.0, context, options.graph)
 
     def steps(first: int, count: int):
         for step in range(first, first + count):
-            images, labels = loader.batch(step)
-            last = finetune.training_step(forward, trainable, optimizer, images, labels, batch_size, 1.0, context)
+            last = one_step(*loader.batch(step))
         return last
 
     return steps
@@ -306,6 +306,7 @@ def bench_finetune(
     attention: str = "auto",
     precision: str = "autocast",
     fused: str = "auto",
+    graph: bool = False,
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -314,7 +315,7 @@ def bench_finetune(
     ``finetune.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
     gradients, ``finetune.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``, ``precision`` and the ``fused`` ops); its first steps (with any compilation) are timed apart as
+    by ``attention``, ``precision``, the ``fused`` ops and ``graph``); its first steps (with any compilation) are timed apart as
     ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
     created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
@@ -331,7 +332,7 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         components.check_config(config)
-    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused).checked(device)  # recorded as what ran
+    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     size = image_size or model.patch_embed.img_size[0]
@@ -347,7 +348,7 @@ def bench_finetune(
         components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
         library_steps = _library_steps(model, config, fast, batch_size, device, options)
-        warmup = _Timed(lambda: library_steps(0, 1 if options.compile == "none" else 3), device)
+        warmup = _Timed(lambda: library_steps(0, finetune.warmup_steps(options)), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
             components.set_trainable(plain_model, config)
@@ -395,10 +396,12 @@ def _variant_words(row: dict) -> str:
         words += f", {row['precision']} with fp32 masters"
     if row.get("fused", "none") != "none":
         words += f", fused {row['fused']}"
+    if row.get("graph"):
+        words += ", CUDA graph"
     return words
 
 
-VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused": "none"}
+VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused": "none", "graph": False}
 """What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
 
 
@@ -416,11 +419,12 @@ def bench_variants(
     source_size: int = 32,
     precisions: tuple[str, ...] = ("autocast",),
     fuseds: tuple[str, ...] = ("auto",),
+    graphs: tuple[bool, ...] = (False,),
 ) -> list[dict]:
     """The library's training step for ``config`` under every combination of batch size, compilation
     (``finetune.compile_model``: none, model, blocks), ``torch.compile`` mode, attention kernel,
-    precision (``finetune.PRECISIONS``) and fused ops (``finetune.FUSED_CHOICES``; rows record what
-    "auto" resolves to):
+    precision (``finetune.PRECISIONS``), fused ops (``finetune.FUSED_CHOICES``; rows record what
+    "auto" resolves to) and CUDA graph or not (``finetune.GraphedStep``):
     images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
     the peak GPU memory allocated (GiB) per row.
 
@@ -442,8 +446,8 @@ def bench_variants(
             raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
         for how in compiles:
             for mode in modes if finetune.compile_choice(how) != "none" else ("default",):
-                for attention, precision, fused in itertools.product(attentions, precisions, fuseds):
-                    run = (batch_size, finetune.StepOptions(how, mode, attention, precision, fused).checked(device))
+                for attention, precision, fused, graph in itertools.product(attentions, precisions, fuseds, graphs):
+                    run = (batch_size, finetune.StepOptions(how, mode, attention, precision, fused, graph).checked(device))
                     if run not in runs:
                         runs.append(run)
     rows = json.loads(out.read_text()) if out and out.is_file() else []
@@ -465,8 +469,9 @@ def bench_variants(
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            more = (lambda: steps_of(1, 2)) if options.compile != "none" else (lambda: None)
-            seconds = _seconds({"step": (lambda: steps_of(3, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
+            ready = finetune.warmup_steps(options)  # then the rest of the warm-up (compilation, a graph's capture)
+            more = (lambda: steps_of(1, ready - 1)) if ready > 1 else (lambda: None)
+            seconds = _seconds({"step": (lambda: steps_of(ready, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
             loss, norm = (float(v) for v in warmup.value)
             rate = batch_size * steps / seconds
             achieved = flops / batch_size * rate / 1e12
@@ -532,6 +537,7 @@ def bench_profile(
     attention: str = "auto",
     precision: str = "autocast",
     fused: str = "auto",
+    graph: bool = False,
 ) -> dict:
     """Where a training step's time goes: ``finetune.training_step`` on synthetic images through
     the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
@@ -548,7 +554,7 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = _device(device)
     cuda = device.type == "cuda"
-    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused).checked(device)  # recorded as what ran
+    options = finetune.StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
@@ -558,7 +564,7 @@ def bench_profile(
         steps_of(first, count)
         _sync(device)
 
-    run(0, 2 if options.compile == "none" else 3)  # warm-up (and compilation)
+    run(0, max(2, finetune.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
         run(1, steps)
     times: dict[str, float] = {}
@@ -659,8 +665,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
     training steps at batch 256 for every configuration (``finetune``: frozen configurations
     faster than full, full finetuning at >= 40% FLOP utilisation on an H100), and compiled for
     full, MHA, LN1 and linear, full with its blocks compiled, and full at the fastest settings
-    measured (batch 512, blocks compiled with ``coordinate-descent``, ``precision="bf16"``)
-    (``compiled``: the same utilisation target). On a CPU, by default
+    measured (batch 512, blocks compiled with ``coordinate-descent``, ``precision="bf16"``), with
+    our fused ops, and with those replayed from a CUDA graph (``compiled``: the same utilisation target). On a CPU, by default
     all but ``compiled``, at CPU scale: device path never slower; ``measure`` >= 2x the plain
     definition on the demo ViT and ViT-Base; the finetuning step against the plain loop on the
     demo ViT. Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
@@ -734,11 +740,14 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         keep("finetune_compiled_blocks", blocks)
         check_mfu(blocks, "torch.compile of the blocks")
         # the fastest settings measured (the paper's batch, inductor's tuning, bf16 compute with fp32
-        # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split)
-        for part, fused, how in (("finetune_compiled_fastest", "none", "blocks compiled, coordinate-descent, bf16 with fp32 masters"),
-                                 ("finetune_compiled_fused", "all", "as above, with our fused ops (fused='all')")):
+        # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split), then
+        # that replayed from a CUDA graph
+        for part, fused, graph, how in (
+                ("finetune_compiled_fastest", "none", False, "blocks compiled, coordinate-descent, bf16 with fp32 masters"),
+                ("finetune_compiled_fused", "all", False, "as above, with our fused ops (fused='all')"),
+                ("finetune_compiled_graph", "all", True, "as above, replayed from a CUDA graph (graph=True)")):
             result = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
-                                    compile_mode="coordinate-descent", precision="bf16", fused=fused)
+                                    compile_mode="coordinate-descent", precision="bf16", fused=fused, graph=graph)
             keep(part, result)
             check_mfu(result, f"{how}, batch {batch * 2}")
     return checks
@@ -766,6 +775,7 @@ def _step_arguments(parser) -> None:
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
     parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
     parser.add_argument("--fused", default="auto", help="our fused ops: auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
+    parser.add_argument("--graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)")
 
 
 def _step_options(args) -> dict:
@@ -773,6 +783,16 @@ def _step_options(args) -> dict:
     from . import finetune
 
     return {name: getattr(args, name) for name in finetune.STEP_OPTIONS}
+
+
+def _booleans(text: str, option: str) -> tuple[bool, ...]:
+    """"false,true" -> (False, True); anything else is a ValueError naming the valid words."""
+    words = {"false": False, "true": True}
+    values = tuple(word.strip().lower() for word in text.split(","))
+    unknown = [value for value in values if value not in words]
+    if unknown:
+        raise ValueError(f"{option} takes comma-separated false/true, got {', '.join(map(repr, unknown))}")
+    return tuple(words[value] for value in values)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -826,6 +846,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
     v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
     v.add_argument("--fused", default="auto", help="comma-separated, of: auto (all on CUDA, none elsewhere), none, gelu, qkv, all (our fused ops)")
+    v.add_argument("--graph", default="false", help="comma-separated, of: false, true (replay each step from a CUDA graph; CUDA only)")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")
@@ -852,7 +873,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
             rows = bench_variants(args.model, args.config, batch_sizes, tuple(args.compile.split(",")), tuple(args.modes.split(",")),
                                   tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json,
-                                  precisions=tuple(args.precision.split(",")), fuseds=tuple(args.fused.split(",")))
+                                  precisions=tuple(args.precision.split(",")), fuseds=tuple(args.fused.split(",")),
+                                  graphs=_booleans(args.graph, "--graph"))
         elif args.command == "data":
             result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
         elif args.command == "kernels":

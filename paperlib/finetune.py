@@ -26,7 +26,8 @@ stall the GPU), and ``compile`` runs the model (or each of its blocks) through `
 ``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
 ``compile_mode="coordinate-descent"`` adds inductor's tuning of its own kernels' launch settings.
 ``fused`` swaps in our fused ops (``kernels``: one pass where inductor makes two; the same function);
-its default, "auto", uses them on CUDA (Triton kernels) and not on a CPU.
+its default, "auto", uses them on CUDA (Triton kernels) and not on a CPU. ``graph=True`` replays
+each step from a CUDA graph (``GraphedStep``; not yet measured on a GPU, so off by default).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Config:
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
     fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
+    graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -109,10 +111,12 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
-def autocast_for(device: torch.device):
-    """The protocol's precision: a context factory, bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."""
+def autocast_for(device: torch.device, cache: bool = True):
+    """The protocol's precision: a context factory, bf16 autocast on CUDA (fp32 master weights), fp32
+    elsewhere. ``cache=False`` turns off autocast's cache of cast weights, as PyTorch asks of
+    autocast inside a CUDA graph capture (``GraphedStep``)."""
     if device.type == "cuda":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return lambda: torch.autocast(device.type, enabled=False)
 
 
@@ -129,11 +133,12 @@ def check_attention(attention: str, device: torch.device) -> str:
     return attention
 
 
-def step_context(device: torch.device, attention: str = "auto"):
-    """A context factory for forward passes: the protocol's precision (``autocast_for``) and, unless
-    ``attention`` is "auto", the one scaled-dot-product attention kernel allowed to run (the same
-    function in every kernel, to rounding; their speed differs by device)."""
-    autocast = autocast_for(device)
+def step_context(device: torch.device, attention: str = "auto", graph: bool = False):
+    """A context factory for forward passes: the protocol's precision (``autocast_for``; its cache
+    off for steps replayed from a CUDA ``graph``) and, unless ``attention`` is "auto", the one
+    scaled-dot-product attention kernel allowed to run (the same function in every kernel, to
+    rounding; their speed differs by device)."""
+    autocast = autocast_for(device, cache=not graph)
     if check_attention(attention, device) == "auto":
         return autocast
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -215,6 +220,17 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
     return fused
 
 
+def check_graph(graph: bool, device: torch.device | None = None) -> bool:
+    """``graph`` if it is a bool, and False or on a CUDA device (graphs are CUDA's); otherwise a
+    ValueError that says what is valid."""
+    if not isinstance(graph, bool):
+        raise ValueError(f"graph must be True or False, got {graph!r}")
+    if graph and device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"graph=True replays steps from a CUDA graph and needs a CUDA device, not {torch.device(device).type!r}; "
+                         "use graph=False there")
+    return graph
+
+
 def resolve_fused(fused: str, device: torch.device) -> str:
     """The choice of ``FUSIONS`` that ``fused`` means on ``device``: "auto" is "all" on CUDA when
     Triton is there (measured faster on an H100: docs/benchmarks.md) and "none" elsewhere (on a
@@ -239,13 +255,14 @@ def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
 @dataclass(frozen=True)
 class StepOptions:
     """How a training step runs, not what it trains: ``Config``'s fields of the same names, passed
-    whole from ``train`` and the benchmarks to ``make_forward`` and ``step_context``."""
+    whole from ``train`` and the benchmarks to ``make_forward``, ``step_context`` and ``make_step``."""
 
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
     attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
     precision: str = "autocast"  # PRECISIONS
     fused: str = "auto"  # FUSED_CHOICES
+    graph: bool = False  # replay steps from a CUDA graph (make_step, GraphedStep)
 
     def checked(self, device: torch.device) -> "StepOptions":
         """These options with every choice checked for ``device`` before any work (a ValueError
@@ -255,6 +272,7 @@ class StepOptions:
         check_compile_mode(self.compile_mode)
         check_attention(self.attention, device)
         check_precision(self.precision)
+        check_graph(self.graph, device)
         return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
 
 
@@ -401,6 +419,103 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
     return total, norm
 
 
+GRAPH_WARMUP = 3  # steps a GraphedStep runs as usual before its capture: every kernel is compiled and loaded by then
+
+
+class GraphedStep:
+    """``training_step`` replayed from a CUDA graph: call it on (images, labels) as
+    ``training_step`` is called, once per step; it returns the same (loss, gradient norm).
+
+    A compiled ViT-Base/16 step launches hundreds of kernels, and the GPU idles between them for
+    the time each launch takes (about 5 of 137 ms per step on an H100, docs/benchmarks.md). A
+    graph launches the whole step (forward, backward, clipping, the update and, with
+    ``MasterWeights``, both copies) at once. The first ``warmup`` calls are ordinary steps, on a
+    side stream as PyTorch asks (compilation, cuBLAS and kernel loading happen there); the next
+    call records the step into a graph, with its inputs, outputs, gradients and activations in
+    memory the graph keeps, and every call replays it: the images and labels are copied into the
+    recorded inputs and the learning rates, which a schedule changes between steps, into device
+    tensors the recorded update reads. The (loss, norm) returned are copies, so they stay valid
+    after the next replay. Same batch shape every call; nothing in the step may wait for the host
+    (``training_step`` does not).
+    """
+
+    def __init__(self, forward, trainable: list[torch.Tensor], optimizer, micro: int, clip: float, context, warmup: int = GRAPH_WARMUP):
+        if not trainable:
+            raise ValueError("a graphed step needs trainable parameters")
+        self.forward, self.trainable, self.optimizer = forward, trainable, optimizer
+        self.micro, self.clip, self.context, self.warmup = micro, clip, context, warmup
+        self.device = trainable[0].device
+        self.calls = 0  # ordinary steps run so far
+        self._lrs = [torch.zeros((), dtype=torch.float32, device=self.device) for _ in optimizer.param_groups]  # fused SGD reads fp32
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._replay = self._inputs = self._outputs = None
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor):
+        """``training_step``, with the optimizer reading its learning rates from ``_lrs`` (its groups'
+        Python numbers, which the schedule and the checkpoints own, are put back after)."""
+        groups = self.optimizer.param_groups
+        kept = [group["lr"] for group in groups]
+        for group, lr in zip(groups, self._lrs):
+            group["lr"] = lr
+        try:
+            return training_step(self.forward, self.trainable, self.optimizer, images, labels, self.micro, self.clip, self.context)
+        finally:
+            for group, lr in zip(groups, kept):
+                group["lr"] = lr
+
+    def _on_side_stream(self, run):
+        if self._stream is None:
+            return run()
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            result = run()
+        current.wait_stream(self._stream)
+        return result
+
+    def _capture(self, run):
+        """Record ``run`` (not run now) into a CUDA graph; returns (the graph's replay, ``run``'s outputs)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self._stream):
+            outputs = run()
+        return graph.replay, outputs
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
+        for group, lr in zip(self.optimizer.param_groups, self._lrs):
+            lr.fill_(group["lr"])
+        if self._replay is None and self.calls < self.warmup:
+            self.calls += 1
+            return self._on_side_stream(lambda: self._step(images, labels))
+        if self._replay is None:
+            self._inputs = (images.clone(), labels.clone())
+            self.optimizer.zero_grad(set_to_none=True)  # the ordinary steps' gradients go before the graph takes its memory
+            if isinstance(self.forward, MasterWeights):
+                self.forward.zero_grad()
+            self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
+        else:
+            if images.shape != self._inputs[0].shape or labels.shape != self._inputs[1].shape:
+                raise ValueError(f"a graphed step replays one batch shape, {tuple(self._inputs[0].shape)}; got {tuple(images.shape)}")
+            self._inputs[0].copy_(images)
+            self._inputs[1].copy_(labels)
+        self._replay()
+        return tuple(output.clone() for output in self._outputs)
+
+
+def make_step(forward, trainable: list[torch.Tensor], optimizer, micro: int, clip: float, context, graph: bool = False):
+    """One training step as a function of (images, labels) -> (loss, gradient norm): ``training_step``
+    with these arguments, or with ``graph`` the same replayed from a CUDA graph (``GraphedStep``)."""
+    if check_graph(graph):
+        return GraphedStep(forward, trainable, optimizer, micro, clip, context)
+    return lambda images, labels: training_step(forward, trainable, optimizer, images, labels, micro, clip, context)
+
+
+def warmup_steps(options: StepOptions) -> int:
+    """Steps before a step of ``options`` runs at its speed: compilation takes the first few
+    (block 0 and the rest, forward and backward), a graph its ``GRAPH_WARMUP`` and the capture."""
+    steps = 1 if compile_choice(options.compile) == "none" else 3
+    return max(steps, GRAPH_WARMUP + 1) if options.graph else steps
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DeviceLoader, context, forward=None) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
@@ -500,7 +615,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
-    context = step_context(device, config.attention)
+    context = step_context(device, config.attention, config.graph)
     torch.manual_seed(config.seed)
 
     root = config.data_root or None
@@ -533,6 +648,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
                 master.from_master()
 
     micro = config.micro_batch or config.batch_size
+    one_step = make_step(forward, trainable, optimizer, micro, config.clip, context, config.graph)
     status, start, seen = "finished", time.perf_counter(), 0
     pending = []  # steps whose loss and gradient norm are still on the device
     for step in range(start_step, config.steps):
@@ -542,11 +658,12 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         loss = None
         while loss is None:
             try:
-                loss, norm = training_step(forward, trainable, optimizer, images, labels, micro, config.clip, context)
+                loss, norm = one_step(images, labels)
             except torch.cuda.OutOfMemoryError:
                 if config.micro_batch or micro == 1:  # a micro-batch the user chose is kept: say so
                     raise
                 micro = smaller_micro_batch(config.batch_size, micro)
+                one_step = make_step(forward, trainable, optimizer, micro, config.clip, context, config.graph)
             if loss is None:  # out of the except block, the failed attempt's tensors are freed
                 torch.cuda.empty_cache()
                 if progress:

@@ -65,17 +65,18 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     calls = []
 
     def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
-        calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none")))
+        calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none"), kwargs.get("graph", False)))
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
         return {"full_library_mfu": mfu, "full_library_tflops": 123.0}
 
     monkeypatch.setattr(bench, "bench_finetune", finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
-    assert calls == [("model", 64, "autocast", "none"), ("blocks", 64, "autocast", "none"), ("blocks", 128, "bf16", "none"),
-                     ("blocks", 128, "bf16", "all")]
-    assert [row["met"] for row in checks] == [True, False, True, True]
+    assert calls == [("model", 64, "autocast", "none", False), ("blocks", 64, "autocast", "none", False),
+                     ("blocks", 128, "bf16", "none", False), ("blocks", 128, "bf16", "all", False), ("blocks", 128, "bf16", "all", True)]
+    assert [row["met"] for row in checks] == [True, False, True, True, True]
     assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"] and "blocks" in checks[1]["target"]
     assert "bf16 with fp32 masters, batch 128" in checks[2]["target"] and "our fused ops" in checks[3]["target"]
+    assert "CUDA graph" in checks[4]["target"]
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
@@ -167,6 +168,8 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
     (["--config", "attention"], "valid configurations"),
     (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, gelu, qkv, all"),
+    (["--graph", "false,maybe"], "--graph takes comma-separated false/true, got 'maybe'"),
+    (["--graph", "false,true"], "graph=True replays steps from a CUDA graph and needs a CUDA device"),
 ])
 def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
@@ -261,3 +264,9 @@ def test_step_flops_counted_on_one_image_are_the_whole_batchs():
         torch.nn.functional.cross_entropy(model(images), labels).backward()
     model.zero_grad(set_to_none=True)
     assert bench._step_flops(model, images, labels) == counter.get_total_flops() > 0
+
+
+def test_a_graphed_row_says_so():
+    row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "all", "graph": True}
+    assert bench._variant_words(row) == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
+    assert "graph" not in bench._variant_words({**row, "graph": False}) and bench.VARIANT_KEYS["graph"] is False

@@ -6,6 +6,7 @@ docs/benchmarks.md for the one command that also runs every benchmark). The devi
 on a CPU, to check the tests themselves.
 """
 
+import copy
 import os
 
 import numpy as np
@@ -190,6 +191,52 @@ def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(resul
     assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)  # bf16 autocast: kernels fused differently round differently
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision):
+    # compiled blocks, our Triton kernels, cuDNN attention, the fused update and (bf16) the master
+    # copies, all inside one graph: each replay must train on its own batch at its own learning rate
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
+    components.set_trainable(model, "full")
+    twin = copy.deepcopy(model)
+    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
+    runs = []
+    for network, graph in ((model, False), (twin, True)):
+        options = finetune.StepOptions(compile="blocks", precision=precision, graph=graph).checked(DEVICE)
+        forward = finetune.make_forward(network, options)
+        trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(network)]
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 10))
+        step = finetune.make_step(forward, trainable, optimizer, 32, 1.0, finetune.step_context(DEVICE, graph=graph), graph)
+        outputs = []
+        for index in range(10):
+            if graph and index == finetune.GRAPH_WARMUP + 1:  # captured: from now on the host never waits
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                outputs.append(torch.stack(step(*loader.batch(index))))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            schedule.step()
+        runs.append((torch.stack(outputs).cpu(), [p.detach().float().cpu() for p in network.parameters()]))
+    (plain, plain_weights), (replayed, replayed_weights) = runs
+    assert isinstance(step, finetune.GraphedStep) and step._replay is not None
+    assert len(set(plain[:, 0].tolist())) == 10  # each batch its own loss: a stale batch would show
+    torch.testing.assert_close(replayed, plain, rtol=2e-2, atol=1e-3)  # the same kernels; the update reads an fp32 learning rate
+    assert max(_relative_error(a, b) for a, b in zip(replayed_weights, plain_weights)) < 1e-2
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
+def test_finetuning_replayed_from_a_cuda_graph_follows_the_plain_run(results, monkeypatch, tmp_path):
+    assert finetune.run(_small(config="full", compile="blocks"))["status"] == "finished"
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "graph"))
+    assert finetune.run(_small(config="full", compile="blocks", graph=True))["status"] == "finished"
+    losses = finetune.history(_small(config="full", compile="blocks"))["train_loss"].to_numpy()
+    graph_losses = finetune.history(_small(config="full", compile="blocks", graph=True))["train_loss"].to_numpy()
+    assert np.allclose(graph_losses, losses, rtol=5e-2, atol=1e-2)
+
+
 def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     model = models.create_model("demo", pretrained=False)
     generator = torch.Generator().manual_seed(0)
@@ -265,6 +312,7 @@ def test_benchmarks_run_on_the_device(capsys):
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
-    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"))
-    assert [row.get("error") for row in rows] == [None] * 4 and all(row["agrees"] for row in rows[1:])
+    graphs = (False, True) if DEVICE.type == "cuda" else (False,)
+    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"), graphs=graphs)
+    assert [row.get("error") for row in rows] == [None] * 4 * len(graphs) and all(row["agrees"] for row in rows[1:])
     assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)

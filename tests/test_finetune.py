@@ -1,5 +1,6 @@
 """One finetuning run: what trains, determinism, logged gradient norms, best checkpoint, resume, divergence."""
 
+import copy
 import json
 import math
 from dataclasses import fields
@@ -117,6 +118,8 @@ def test_divergence_is_recorded_not_raised():
         ({"dataset": "mnist"}, "valid datasets"),
         ({"model": "resnet50"}, "valid short names"),
         ({"micro_batch": 5}, "must divide batch_size"),
+        ({"graph": True}, "needs a CUDA device"),
+        ({"graph": "yes"}, "graph must be True or False"),
     ],
 )
 def test_bad_parameters_fail_before_any_work(results, overrides, message):
@@ -243,7 +246,7 @@ def test_a_runs_step_options_are_its_config_fields_checked_once():
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
     options = config.step_options()
     assert set(finetune.STEP_OPTIONS) <= {field.name for field in fields(finetune.Config)}  # a new option is a Config field too
-    assert [getattr(options, name) for name in finetune.STEP_OPTIONS] == [True, "coordinate-descent", "math", "bf16", "auto"]
+    assert [getattr(options, name) for name in finetune.STEP_OPTIONS] == [True, "coordinate-descent", "math", "bf16", "auto", False]
     checked = options.checked("cpu")
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
     assert finetune.StepOptions().checked(torch.device("cpu")).compile == "none"
@@ -419,3 +422,68 @@ def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch):
     monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     assert finetune.run(small()) == metrics  # the missing fields count as their defaults
     assert finetune.same_params(params, small()) and not finetune.same_params(params, small(fused="all"))
+
+
+class RecordedStep(finetune.GraphedStep):
+    """A GraphedStep whose "graph" is the recorded Python function: capturing runs nothing and
+    replaying runs it into the same output tensors, as a CUDA graph does (CPUs have no graphs)."""
+
+    captures = 0
+
+    def _capture(self, run):
+        type(self).captures += 1
+        outputs = (torch.zeros(()), torch.zeros(()))
+
+        def replay():
+            for output, value in zip(outputs, run()):
+                output.copy_(value)
+
+        return replay, outputs
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(precision):
+    # what a CUDA graph changes (one capture, then replays of recorded inputs, learning rates and
+    # outputs) checked on the CPU against ordinary steps under a changing learning rate
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, "mha")
+    twin = copy.deepcopy(model)
+    cpu = torch.device("cpu")
+    batches = [(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))) for _ in range(7)]
+    runs = []
+    for network, graphed in ((model, False), (twin, True)):
+        trainable = [p for _, p in components.trainable_parameters(network)]
+        options = finetune.StepOptions(precision=precision)
+        forward = finetune.make_forward(network, options)
+        if precision == "bf16":
+            trainable = forward.masters
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
+        context = finetune.step_context(cpu)
+        step = RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2) if graphed else finetune.make_step(
+            forward, trainable, optimizer, 4, 1.0, context)
+        outputs = []
+        for images, labels in batches:
+            outputs.append(step(images, labels))
+            schedule.step()
+            assert isinstance(optimizer.param_groups[0]["lr"], float)  # the schedule's and the checkpoints' number, kept
+        runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
+    (plain, plain_weights), (replayed, replayed_weights) = runs
+    assert RecordedStep.captures >= 1 and step.calls == 2
+    losses = torch.tensor([[float(loss), float(norm)] for loss, norm in plain])
+    assert len(set(losses[:, 0].tolist())) == 7  # every batch gives its own loss, so a stale batch would show
+    torch.testing.assert_close(torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6)
+    for replayed_weight, plain_weight in zip(replayed_weights, plain_weights):
+        torch.testing.assert_close(replayed_weight, plain_weight, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="replays one batch shape"):
+        step(torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,)))
+
+
+def test_warmup_steps_cover_compilation_and_a_graphs_capture():
+    assert finetune.warmup_steps(finetune.StepOptions()) == 1
+    assert finetune.warmup_steps(finetune.StepOptions(compile="blocks")) == 3
+    assert finetune.warmup_steps(finetune.StepOptions(compile="blocks", graph=True)) == finetune.GRAPH_WARMUP + 1
+    assert finetune.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
+    with pytest.raises(ValueError, match="needs trainable parameters"):
+        finetune.make_step(None, [], None, 4, 1.0, None, graph=True)
