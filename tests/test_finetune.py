@@ -424,21 +424,25 @@ def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch):
     assert finetune.same_params(params, small()) and not finetune.same_params(params, small(fused="all"))
 
 
+CAPTURES = []
+
+
+def recorded_capture(step, run):
+    """A stand-in for ``GraphedStep._capture`` where the "graph" is the recorded Python function:
+    capturing runs nothing and replaying runs it into the same output tensors, as a CUDA graph
+    does (CPUs have no graphs)."""
+    CAPTURES.append(step)
+    outputs = (torch.zeros(()), torch.zeros(()))
+
+    def replay():
+        for output, value in zip(outputs, run()):
+            output.copy_(value)
+
+    return replay, outputs
+
+
 class RecordedStep(finetune.GraphedStep):
-    """A GraphedStep whose "graph" is the recorded Python function: capturing runs nothing and
-    replaying runs it into the same output tensors, as a CUDA graph does (CPUs have no graphs)."""
-
-    captures = 0
-
-    def _capture(self, run):
-        type(self).captures += 1
-        outputs = (torch.zeros(()), torch.zeros(()))
-
-        def replay():
-            for output, value in zip(outputs, run()):
-                output.copy_(value)
-
-        return replay, outputs
+    _capture = recorded_capture
 
 
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
@@ -470,7 +474,7 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
             assert isinstance(optimizer.param_groups[0]["lr"], float)  # the schedule's and the checkpoints' number, kept
         runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
     (plain, plain_weights), (replayed, replayed_weights) = runs
-    assert RecordedStep.captures >= 1 and step.calls == 2
+    assert CAPTURES[-1] is step and step.calls == 2
     losses = torch.tensor([[float(loss), float(norm)] for loss, norm in plain])
     assert len(set(losses[:, 0].tolist())) == 7  # every batch gives its own loss, so a stale batch would show
     torch.testing.assert_close(torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6)
@@ -487,3 +491,20 @@ def test_warmup_steps_cover_compilation_and_a_graphs_capture():
     assert finetune.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
     with pytest.raises(ValueError, match="needs trainable parameters"):
         finetune.make_step(None, [], None, 4, 1.0, None, graph=True)
+
+
+def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_path, monkeypatch):
+    # train() with graph=True: warm-up, capture, replays between evaluations and checkpoints
+    reference = finetune.run(small(config="full"))
+    losses = finetune.history(small(config="full"))
+    monkeypatch.setattr(finetune, "check_graph", lambda graph, device=None: graph)  # the CPU stands in for a GPU
+    monkeypatch.setattr(finetune.GraphedStep, "_capture", recorded_capture)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "graphed"))
+    CAPTURES.clear()
+    metrics = finetune.run(small(config="full", graph=True))
+    assert len(CAPTURES) == 1 and CAPTURES[0].calls == finetune.GRAPH_WARMUP
+    graphed = finetune.history(small(config="full", graph=True))
+    assert graphed["lr"].tolist() == losses["lr"].tolist()
+    assert graphed["train_loss"].tolist() == pytest.approx(losses["train_loss"].tolist(), rel=1e-5)
+    assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(losses["val_accuracy"].dropna().tolist(), abs=1e-9)
+    assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
