@@ -8,9 +8,10 @@ tensors: a pointwise kernel writes the gradient for the matrix products and a se
 reads the inputs again for the bias gradient (an H100 profile of ViT-Base/16 full finetuning,
 compiled blocks, batch 256: 5.2% and 2.3% of the step; docs/benchmarks.md).
 
-On CUDA the op runs two Triton kernels; elsewhere it runs the same arithmetic in PyTorch (the
-reference the kernels are tested against, and what a CPU computes). Both compute in fp32 (float64
-stays float64) and return ``mm``'s dtype; the bias gradient is summed in fp32 before rounding to
+On CUDA the op runs two Triton kernels; elsewhere (and for float64, which the kernels, computing
+in fp32, would not keep) it runs the same arithmetic in PyTorch (the reference the kernels are
+tested against, and what a CPU computes). Both compute in fp32 (float64 stays float64) and return
+``mm``'s dtype; the bias gradient is summed in fp32 before rounding to
 the bias's dtype, as inductor's reduction does. It is a ``torch.library`` custom op with its own
 autograd, so ``torch.compile`` graphs keep it whole. ``models.fuse_bias_gelu`` puts it into a
 ViT's feedforward layers.
@@ -45,6 +46,11 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # took the backward from 0.864 to 0.698 ms, and the flat forward ran at 0.478 ms against 0.513 for
 # 32 x 128 tiles (a copy of the same bytes: 0.414 ms).
 BLOCK, BLOCK_M, BLOCK_N, ROWS, STAGES, WARPS = 2048, 32, 128, 512, 3, 4
+
+
+def _on_triton(dtype: torch.dtype) -> bool:
+    """Whether the Triton kernels serve ``dtype`` on CUDA: they compute in fp32, so not float64."""
+    return dtype != torch.float64
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -176,7 +182,7 @@ def bias_gelu(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 @bias_gelu.register_kernel("cuda")
 def _bias_gelu_cuda(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     _check(mm, bias)
-    return bias_gelu_triton(mm, bias)
+    return bias_gelu_triton(mm, bias) if _on_triton(mm.dtype) else bias_gelu_reference(mm, bias).contiguous()
 
 
 @bias_gelu.register_fake
@@ -193,6 +199,9 @@ def bias_gelu_backward(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor)
 
 @bias_gelu_backward.register_kernel("cuda")
 def _bias_gelu_backward_cuda(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not _on_triton(mm.dtype):
+        grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
+        return grad_mm.contiguous(), grad_bias
     return bias_gelu_backward_triton(grad, mm, bias)
 
 
@@ -258,6 +267,9 @@ def qkv_heads_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> 
 @qkv_heads_backward.register_kernel("cuda")
 def _qkv_heads_backward_cuda(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check_heads(dq, dk, dv)
+    if not _on_triton(dq.dtype):
+        stacked, sums = qkv_heads_backward_reference(dq, dk, dv)
+        return stacked.contiguous(), sums
     return qkv_heads_backward_triton(dq, dk, dv)
 
 

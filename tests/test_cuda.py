@@ -182,6 +182,24 @@ def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
     assert _relative_error(sums, expected_sums) < 1e-5
 
 
+def test_fused_ops_keep_float64_on_the_device():
+    # the Triton kernels compute in fp32; float64 (plasticity's precision) takes the PyTorch arithmetic
+    from paperlib import kernels
+
+    generator = torch.Generator().manual_seed(0)
+    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((3, 7, 40), (40,), (3, 7, 40)))
+    expected, (expected_mm, expected_bias) = kernels.bias_gelu_reference(mm, bias), kernels.bias_gelu_backward_reference(grad, mm, bias)
+    mm_on, bias_on = mm.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
+    out = kernels.bias_gelu(mm_on, bias_on)
+    out.backward(grad.to(DEVICE))
+    for mine, reference in ((out, expected), (mm_on.grad, expected_mm), (bias_on.grad, expected_bias)):
+        assert mine.dtype == torch.float64 and _relative_error(mine.detach(), reference) < 1e-12
+    packed = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64, generator=generator)
+    expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
+    stacked, sums = kernels.qkv_heads_backward(*packed.to(DEVICE).permute(2, 0, 3, 1, 4).unbind(0))
+    assert torch.equal(stacked.cpu(), expected) and sums.dtype == torch.float64 and _relative_error(sums, expected_sums) < 1e-12
+
+
 def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(results, monkeypatch, tmp_path):
     assert finetune.run(_small(config="full", compile="blocks", fused="none"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "fused"))

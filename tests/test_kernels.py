@@ -267,3 +267,17 @@ def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
         assert finetune.resolve_fused(choice, torch.device("cuda")) == choice == finetune.resolve_fused(choice, torch.device("cpu"))
     with pytest.raises(ValueError, match="valid choices: auto, none, gelu, qkv, all"):
         finetune.resolve_fused("fastest", torch.device("cpu"))
+
+
+def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):
+    # the Triton kernels compute in fp32: float64 inputs (plasticity's precision) on CUDA must not
+    # reach them; the CUDA registrations are called here directly on CPU tensors
+    monkeypatch.setattr(kernels, "_triton_kernels", lambda: pytest.fail("float64 reached a Triton kernel"))
+    generator = torch.Generator().manual_seed(0)
+    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((2, 5, 11), (11,), (2, 5, 11)))
+    assert torch.equal(kernels._bias_gelu_cuda(mm, bias), kernels.bias_gelu_reference(mm, bias))
+    for mine, reference in zip(kernels._bias_gelu_backward_cuda(grad, mm, bias), kernels.bias_gelu_backward_reference(grad, mm, bias)):
+        assert mine.dtype == torch.float64 and torch.equal(mine, reference)
+    heads = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64, generator=generator).permute(2, 0, 3, 1, 4).unbind(0)
+    for mine, reference in zip(kernels._qkv_heads_backward_cuda(*heads), kernels.qkv_heads_backward_reference(*heads)):
+        assert mine.dtype == torch.float64 and torch.equal(mine, reference)
