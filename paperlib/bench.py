@@ -712,11 +712,11 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
             check(4, "12,800 ViT-Base pairs in under a minute (measure, no decoding)", f"{seconds} s", seconds < 60)
     name, batch = ("vit_base_in21k", 256) if cuda else ("demo", 64)
 
-    def check_mfu(result: dict, how: str) -> None:
+    def check_mfu(result: dict) -> None:
+        """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options, as they resolved)."""
         mfu = result.get("full_library_mfu")
-        if result.get("fused", "none") != "none" and "fused" not in how:
-            how += f", fused ops ({result['fused']})"
-        check(6, f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how})",
+        how = _variant_words(result).lstrip(", ") or "eager"
+        check(6, f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how}, batch {result['batch_size']})",
               f"{mfu:.1%}" if mfu is not None else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
               None if mfu is None else mfu >= 0.40)
 
@@ -731,25 +731,23 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         slower = [c for c in FINETUNE_CONFIGS[1:] if eager[f"{c}_library_images_per_s"] <= full]
         check(6, "frozen configurations faster than full finetuning", "slower or equal: " + (", ".join(slower) or "none"), not slower)
         if cuda:
-            check_mfu(eager, "eager")
+            check_mfu(eager)
     if "compiled" in parts:
         compiled = bench_finetune(name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False)
         keep("finetune_compiled", compiled)
-        check_mfu(compiled, "torch.compile")
+        check_mfu(compiled)
         blocks = bench_finetune(name, ("full",), batch, steps=10, device=str(device), compile="blocks", plain=False)
         keep("finetune_compiled_blocks", blocks)
-        check_mfu(blocks, "torch.compile of the blocks")
+        check_mfu(blocks)
         # the fastest settings measured (the paper's batch, inductor's tuning, bf16 compute with fp32
         # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split), then
         # that replayed from a CUDA graph
-        for part, fused, graph, how in (
-                ("finetune_compiled_fastest", "none", False, "blocks compiled, coordinate-descent, bf16 with fp32 masters"),
-                ("finetune_compiled_fused", "all", False, "as above, with our fused ops (fused='all')"),
-                ("finetune_compiled_graph", "all", True, "as above, replayed from a CUDA graph (graph=True)")):
+        for part, fused, graph in (("finetune_compiled_fastest", "none", False), ("finetune_compiled_fused", "all", False),
+                                   ("finetune_compiled_graph", "all", True)):
             result = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
                                     compile_mode="coordinate-descent", precision="bf16", fused=fused, graph=graph)
             keep(part, result)
-            check_mfu(result, f"{how}, batch {batch * 2}")
+            check_mfu(result)
     return checks
 
 

@@ -1,6 +1,7 @@
 """The benchmark's target checks: each figure compared with its issue's target, results kept on disk."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -64,20 +65,24 @@ def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
 def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, monkeypatch):
     calls = []
 
-    def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
+    def fake_finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
         calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none"), kwargs.get("graph", False)))
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
-        return {"full_library_mfu": mfu, "full_library_tflops": 123.0}
+        options = asdict(finetune.StepOptions(finetune.compile_choice(compile), **kwargs))  # what the real result records
+        options["fused"] = finetune.resolve_fused(options["fused"], torch.device("cpu"))
+        return {"batch_size": batch, **options, "full_library_mfu": mfu, "full_library_tflops": 123.0}
 
-    monkeypatch.setattr(bench, "bench_finetune", finetune)
+    monkeypatch.setattr(bench, "bench_finetune", fake_finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert calls == [("model", 64, "autocast", "none", False), ("blocks", 64, "autocast", "none", False),
                      ("blocks", 128, "bf16", "none", False), ("blocks", 128, "bf16", "all", False), ("blocks", 128, "bf16", "all", True)]
     assert [row["met"] for row in checks] == [True, False, True, True, True]
-    assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"] and "blocks" in checks[1]["target"]
-    assert "bf16 with fp32 masters, batch 128" in checks[2]["target"] and "our fused ops" in checks[3]["target"]
-    assert "CUDA graph" in checks[4]["target"]
-    monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"full_library_tflops": 0.07})
+    assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"]
+    assert "(compiled (model), batch 64)" in checks[0]["target"] and "(compiled (blocks), batch 64)" in checks[1]["target"]
+    assert "(compiled (blocks, coordinate-descent), bf16 with fp32 masters, batch 128)" in checks[2]["target"]
+    assert "bf16 with fp32 masters, fused all, batch 128" in checks[3]["target"]
+    assert "fused all, CUDA graph, batch 128" in checks[4]["target"]
+    monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"batch_size": 64, "full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
 
