@@ -194,6 +194,16 @@ def check_compile_mode(mode: str) -> str:
 PRECISIONS = ("autocast", "bf16")
 
 
+def _graphs_of_its_own(mode: str) -> bool:
+    """Whether ``torch.compile``'s ``mode`` records CUDA graphs itself (reduce-overhead, max-autotune)."""
+    if mode == "default" or mode in OWN_COMPILE_MODES:
+        return False
+    try:
+        return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    except (AttributeError, RuntimeError):  # a PyTorch without the listing: the modes of torch 2.x that do
+        return mode in ("reduce-overhead", "max-autotune")
+
+
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
@@ -273,6 +283,10 @@ class StepOptions:
         check_attention(self.attention, device)
         check_precision(self.precision)
         check_graph(self.graph, device)
+        if self.graph and compile_choice(self.compile) != "none" and _graphs_of_its_own(self.compile_mode):
+            raise ValueError(f"compile_mode={self.compile_mode!r} records CUDA graphs of its own, which cannot be recorded "
+                             "inside graph=True's; use graph=True with a mode without them (default, coordinate-descent, "
+                             "max-autotune-no-cudagraphs) or graph=False")
         return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
 
 

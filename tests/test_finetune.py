@@ -242,7 +242,7 @@ def test_compile_and_attention_choices_fail_before_any_work(results):
     assert not any(results.rglob("*")) if results.exists() else True
 
 
-def test_a_runs_step_options_are_its_config_fields_checked_once():
+def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch):
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
     options = config.step_options()
     assert set(finetune.STEP_OPTIONS) <= {field.name for field in fields(finetune.Config)}  # a new option is a Config field too
@@ -253,6 +253,13 @@ def test_a_runs_step_options_are_its_config_fields_checked_once():
     assert checked.checked("cpu") == checked  # checking is idempotent
     with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
         finetune.StepOptions(precision="fp16").checked("cpu")
+    monkeypatch.setattr(finetune, "check_graph", lambda graph, device=None: graph)  # as on a GPU
+    for mode in ("reduce-overhead", "max-autotune"):  # inductor's own CUDA graphs cannot go inside ours
+        with pytest.raises(ValueError, match="records CUDA graphs of its own"):
+            finetune.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu")
+    for mode in ("default", "coordinate-descent", "max-autotune-no-cudagraphs"):
+        assert finetune.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu").graph
+    assert finetune.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph  # not compiled: no mode applies
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping():
