@@ -545,7 +545,8 @@ def bench_profile(
     On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
     ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
     entries; ``time_ms_per_step`` is the profiled time per step (kernel time on CUDA, so launch
-    gaps are not in it).
+    gaps are not in it) and ``wall_ms_per_step`` the wall time of the same steps run unprofiled
+    just before (on CUDA, the difference is the time the GPU waits between kernels).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -565,6 +566,8 @@ def bench_profile(
         _sync(device)
 
     run(0, max(2, finetune.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
+    wall = _Timed(lambda: run(1, steps), device)
+    wall()  # the same steps unprofiled: wall time against the profiled time shows the gaps between kernels
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
         run(1, steps)
     times: dict[str, float] = {}
@@ -585,6 +588,7 @@ def bench_profile(
         "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
         "device": _device_name(device), **asdict(options), "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
+        "wall_ms_per_step": round(wall.seconds / steps * 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
         "largest": [{"name": name, "group": _profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],
         "torch": torch.__version__,
@@ -593,7 +597,8 @@ def bench_profile(
 
 def _print_profile(result: dict, json_path: Path | None) -> None:
     print(f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
-          f"{_variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']})")
+          f"{_variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']}); "
+          f"wall time {result['wall_ms_per_step']} ms per step")
     print("  " + ", ".join(f"{group} {share:.0%}" for group, share in result["shares"].items()))
     for row in result["largest"]:
         print(f"  {row['share']:6.1%}  {row['group']:<16} {row['name'][:100]}")

@@ -110,6 +110,7 @@ def test_profile_of_a_training_step_on_the_cpu():
     assert set(shares) == set(bench.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
     # the demo ViT's step multiplies matrices and runs attention (backward too: LN1 is trainable)
     assert shares["matrix products"] > 0.05 and shares["attention"] > 0.0
+    assert result["wall_ms_per_step"] > 0 and result["time_ms_per_step"] > 0
     largest = [row["share"] for row in result["largest"]]
     assert len(largest) == 5 and largest == sorted(largest, reverse=True) and result["time_ms_per_step"] > 0
 
