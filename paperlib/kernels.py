@@ -172,17 +172,24 @@ def _check(mm: torch.Tensor, bias: torch.Tensor) -> None:
         raise ValueError(f"bias_gelu needs a bias of the last dimension's size; got {tuple(mm.shape)} and bias {tuple(bias.shape)}")
 
 
-@torch.library.custom_op("paperlib::bias_gelu", mutates_args=())
-def bias_gelu(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """GELU(mm + bias) (exact, erf form); its backward gives the bias gradient from the same pass."""
+def _bias_gelu_pytorch(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The op without Triton: on a CPU, and for float64 on CUDA."""
     _check(mm, bias)
     return bias_gelu_reference(mm, bias).contiguous()
 
 
+@torch.library.custom_op("paperlib::bias_gelu", mutates_args=())
+def bias_gelu(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """GELU(mm + bias) (exact, erf form); its backward gives the bias gradient from the same pass."""
+    return _bias_gelu_pytorch(mm, bias)
+
+
 @bias_gelu.register_kernel("cuda")
 def _bias_gelu_cuda(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    if not _on_triton(mm.dtype):
+        return _bias_gelu_pytorch(mm, bias)
     _check(mm, bias)
-    return bias_gelu_triton(mm, bias) if _on_triton(mm.dtype) else bias_gelu_reference(mm, bias).contiguous()
+    return bias_gelu_triton(mm, bias)
 
 
 @bias_gelu.register_fake
@@ -190,18 +197,22 @@ def _bias_gelu_fake(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
 
 
+def _bias_gelu_backward_pytorch(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op without Triton: on a CPU, and for float64 on CUDA."""
+    grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
+    return grad_mm.contiguous(), grad_bias
+
+
 @torch.library.custom_op("paperlib::bias_gelu_backward", mutates_args=())
 def bias_gelu_backward(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(gradient of ``mm``, gradient of ``bias``) of ``bias_gelu``."""
-    grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
-    return grad_mm.contiguous(), grad_bias
+    return _bias_gelu_backward_pytorch(grad, mm, bias)
 
 
 @bias_gelu_backward.register_kernel("cuda")
 def _bias_gelu_backward_cuda(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not _on_triton(mm.dtype):
-        grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
-        return grad_mm.contiguous(), grad_bias
+        return _bias_gelu_backward_pytorch(grad, mm, bias)
     return bias_gelu_backward_triton(grad, mm, bias)
 
 
@@ -256,20 +267,24 @@ def _check_heads(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
                          f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}")
 
 
-@torch.library.custom_op("paperlib::qkv_heads_backward", mutates_args=())
-def qkv_heads_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the [B, N, 3 H D] gradient of the q/k/v projection, its fp32 column sums) from the head gradients."""
+def _qkv_heads_backward_pytorch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op without Triton: on a CPU, and for float64 on CUDA."""
     _check_heads(dq, dk, dv)
     stacked, sums = qkv_heads_backward_reference(dq, dk, dv)
     return stacked.contiguous(), sums  # sums in _compute_dtype: fp32, or float64 for float64
 
 
+@torch.library.custom_op("paperlib::qkv_heads_backward", mutates_args=())
+def qkv_heads_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the [B, N, 3 H D] gradient of the q/k/v projection, its fp32 column sums) from the head gradients."""
+    return _qkv_heads_backward_pytorch(dq, dk, dv)
+
+
 @qkv_heads_backward.register_kernel("cuda")
 def _qkv_heads_backward_cuda(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_heads(dq, dk, dv)
     if not _on_triton(dq.dtype):
-        stacked, sums = qkv_heads_backward_reference(dq, dk, dv)
-        return stacked.contiguous(), sums
+        return _qkv_heads_backward_pytorch(dq, dk, dv)
+    _check_heads(dq, dk, dv)
     return qkv_heads_backward_triton(dq, dk, dv)
 
 
