@@ -277,7 +277,7 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
 
     components.set_trainable(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device)
+    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device, finetune.fuses_update(options.fused, device))
     forward = finetune.make_forward(model, options)
     context = finetune.step_context(device, options.attention, options.graph)
     one_step = finetune.make_step(forward, trainable, optimizer, batch_size, 1.0, context, options.graph)

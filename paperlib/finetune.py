@@ -73,7 +73,7 @@ class Config:
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
-    fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
+    fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
     graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
 
     def validate(self) -> "Config":
@@ -210,21 +210,41 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-# our fused ops (``kernels``) that a step may use, by name, as the functions that put them into a
-# model: each takes a pair of passes over the data that inductor leaves apart and makes it one
-# (docs/benchmarks.md)
-FUSIONS = {"none": (), "gelu": (models.fuse_bias_gelu,), "qkv": (models.fuse_qkv,), "all": (models.fuse_bias_gelu, models.fuse_qkv)}
+# our fused ops (``kernels``) that a step may use, by name: each takes passes over the data that
+# PyTorch leaves apart and makes them one (docs/benchmarks.md). The model's are put in by these
+# functions; "update" is the optimizer's (``FusedSGD``).
+MODEL_FUSIONS = {"gelu": models.fuse_bias_gelu, "qkv": models.fuse_qkv}
+FUSED_PARTS = (*MODEL_FUSIONS, "update")
+FUSED_CHOICES = ("auto", "none", "all", *FUSED_PARTS)  # and parts joined by "+", e.g. "gelu+qkv"
+# what "auto" means on CUDA: the ops measured faster there (docs/benchmarks.md); "update" is not yet measured on a GPU
+AUTO_FUSED_CUDA = ("gelu", "qkv")
 
 
-FUSED_CHOICES = ("auto", *FUSIONS)
+def fused_parts(fused: str) -> tuple[str, ...]:
+    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names ("none": none, "all": all,
+    else its "+"-joined parts), in ``FUSED_PARTS``' order; a ValueError naming the valid choices otherwise."""
+    if fused == "none":
+        return ()
+    if fused == "all":
+        return FUSED_PARTS
+    parts = fused.split("+") if isinstance(fused, str) else [fused]
+    if not parts or any(part not in FUSED_PARTS for part in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}, "
+                         f"or several of {', '.join(FUSED_PARTS)} joined by '+' (e.g. 'gelu+qkv')")
+    return tuple(part for part in FUSED_PARTS if part in parts)
+
+
+def _fused_name(parts: tuple[str, ...]) -> str:
+    return "none" if not parts else "all" if set(parts) == set(FUSED_PARTS) else "+".join(parts)
 
 
 def check_fused(fused: str, device: torch.device | None = None) -> str:
-    """``fused`` if it is one of ``FUSED_CHOICES`` that can run on ``device`` (on CUDA the ops are
-    Triton kernels); otherwise a ValueError that says why. "auto" always can: it is ``resolve_fused``."""
-    if fused not in FUSED_CHOICES:
-        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}")
-    if fused not in ("none", "auto") and device is not None and device.type == "cuda" and not kernels.triton_available():
+    """``fused`` if it is a valid choice (``FUSED_CHOICES``, or parts joined by "+") that can run on
+    ``device`` (on CUDA the ops are Triton kernels); otherwise a ValueError that says why. "auto"
+    always can: it is ``resolve_fused``."""
+    if fused == "auto":
+        return fused
+    if fused_parts(fused) and device is not None and torch.device(device).type == "cuda" and not kernels.triton_available():
         raise ValueError(f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
                          "install it (pip install triton) or use fused='none' (or 'auto')")
     return fused
@@ -242,23 +262,31 @@ def check_graph(graph: bool, device: torch.device | None = None) -> bool:
 
 
 def resolve_fused(fused: str, device: torch.device) -> str:
-    """The choice of ``FUSIONS`` that ``fused`` means on ``device``: "auto" is "all" on CUDA when
-    Triton is there (measured faster on an H100: docs/benchmarks.md) and "none" elsewhere (on a
-    CPU the ops run their PyTorch reference, which inductor's own code beats); others are themselves."""
+    """What ``fused`` means on ``device``, written one way ("none", "all", or parts joined by "+" in
+    ``FUSED_PARTS``' order): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
+    faster on an H100: docs/benchmarks.md) and "none" elsewhere (on a CPU the ops run their PyTorch
+    reference, which inductor's own code beats)."""
     if check_fused(fused, device) != "auto":
-        return fused
-    return "all" if torch.device(device).type == "cuda" and kernels.triton_available() else "none"
+        return _fused_name(fused_parts(fused))
+    cuda = torch.device(device).type == "cuda" and kernels.triton_available()
+    return _fused_name(AUTO_FUSED_CUDA if cuda else ())
+
+
+def fuses_update(fused: str, device: torch.device) -> bool:
+    """Whether ``fused`` on ``device`` includes the fused SGD update ("update": ``FusedSGD``)."""
+    return "update" in fused_parts(resolve_fused(fused, device))
 
 
 def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
-    """``model`` with the fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias and
-    GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v projection and its
-    split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``); "all", both; "auto", what
-    ``resolve_fused`` gives for the model's device. The same parameters and function (to
-    rounding); not undone by a later call."""
+    """``model`` with the model's fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias
+    and GELU as ``kernels.bias_gelu`` (``models.fuse_bias_gelu``); "qkv", the q/k/v projection and
+    its split into heads as ``kernels.QkvHeads`` (``models.fuse_qkv``); "all" (or "gelu+qkv"),
+    both; "auto", what ``resolve_fused`` gives for the model's device ("update" is the optimizer's,
+    nothing here). The same parameters and function (to rounding); not undone by a later call."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    for put_in in FUSIONS[resolve_fused(fused, device)]:
-        put_in(model)
+    for part in fused_parts(resolve_fused(fused, device)):
+        if part in MODEL_FUSIONS:
+            MODEL_FUSIONS[part](model)
     return model
 
 
@@ -271,7 +299,7 @@ class StepOptions:
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
     attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
     precision: str = "autocast"  # PRECISIONS
-    fused: str = "auto"  # FUSED_CHOICES
+    fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
     graph: bool = False  # replay steps from a CUDA graph (make_step, GraphedStep)
 
     def checked(self, device: torch.device) -> "StepOptions":
@@ -355,8 +383,62 @@ def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
     return compile_model(model, options.compile, options.compile_mode, options.fused)
 
 
-def make_optimizer(parameters, lr: float, momentum: float, device: torch.device) -> torch.optim.SGD:
-    """SGD with momentum and no weight decay (appendix C.3); one fused update kernel on CUDA."""
+class FusedSGD(torch.optim.SGD):
+    """SGD with momentum and no weight decay whose ``step`` clips and updates each parameter in
+    one pass (``kernels.sgd_update``); ``fused="update"``.
+
+    ``torch.optim.SGD``'s parameter groups, learning rates, state (``momentum_buffer``) and
+    checkpoints, so either optimizer resumes the other's run; the same arithmetic to fp32 rounding.
+    Unfused, a step with ``MasterWeights`` is five passes over the parameters: the bf16 gradients
+    copied to fp32, their norm, clipping's product, the SGD update, the masters copied back to bf16.
+    Here the norm is taken from the bf16 gradients themselves (in fp32: the same value) and one
+    kernel per parameter does the rest, writing the bf16 copy as it goes. Learning rates may be
+    floats or 0-d fp32 device tensors (``GraphedStep``'s); nothing waits for the device.
+    """
+
+    def __init__(self, params, lr: float, momentum: float):
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=0.0)
+
+    @torch.no_grad()
+    def step(self, closure=None, *, clip: float = math.inf, master: "MasterWeights | None" = None) -> torch.Tensor:
+        """Clip the gradients at global norm ``clip`` and update, as ``clip_grad_norm_`` then
+        ``torch.optim.SGD.step()`` would; returns the norm before clipping (a device tensor). With
+        ``master``, the gradients are its bf16 copy's, and the updated masters go to that copy."""
+        if closure is not None:
+            raise ValueError("FusedSGD.step takes no closure: run forward and backward first")
+        copies = dict(zip(map(id, master.masters), master.copies)) if master is not None else {}
+        work = []  # (group, parameter, gradient, copy)
+        for group in self.param_groups:
+            for p in group["params"]:
+                copy_ = copies.get(id(p))
+                grad = copy_.grad if copy_ is not None else p.grad
+                if grad is not None:
+                    work.append((group, p, grad, copy_))
+        if not work:
+            return torch.zeros((), device=self.param_groups[0]["params"][0].device)
+        device = work[0][1].device
+        norms = torch._foreach_norm([grad for _, _, grad, _ in work], 2, dtype=torch.float32)
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        scale = torch.clamp(clip / (total + 1e-6), max=1.0)  # clip_grad_norm_'s factor
+        lrs = {}
+        for group, p, grad, copy_ in work:
+            if id(group) not in lrs:
+                lr = group["lr"]
+                lrs[id(group)] = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float32, device=device)
+            state = self.state[p]
+            first = state.get("momentum_buffer") is None
+            if first:
+                state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
+            kernels.sgd_update(grad.contiguous(), p, state["momentum_buffer"], lrs[id(group)], scale, group["momentum"], first, copy_)
+        return total
+
+
+def make_optimizer(parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False) -> torch.optim.SGD:
+    """SGD with momentum and no weight decay (appendix C.3): one fused update kernel on CUDA
+    (``torch.optim.SGD(fused=True)``); with ``fused_update``, ``FusedSGD`` (clipping, the update
+    and master copies in one pass)."""
+    if fused_update:
+        return FusedSGD(parameters, lr=lr, momentum=momentum)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
 
 
@@ -424,6 +506,8 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
         loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
         loss.backward()
         total += loss.detach()
+    if isinstance(optimizer, FusedSGD):
+        return total, optimizer.step(clip=clip, master=master)
     if master is not None:
         master.to_master()
     norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
@@ -640,13 +724,14 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
-    forward = make_forward(model, config.step_options().checked(device))
+    options = config.step_options().checked(device)
+    forward = make_forward(model, options)
     master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
-    optimizer = make_optimizer(trainable, config.lr, config.momentum, device)
+    optimizer = make_optimizer(trainable, config.lr, config.momentum, device, fuses_update(options.fused, device))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
     start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}

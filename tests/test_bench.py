@@ -173,7 +173,7 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     (["--attention", "cudnn"], "valid choices: auto, flash, math"),
     (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
     (["--config", "attention"], "valid configurations"),
-    (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, gelu, qkv, all"),
+    (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, all, gelu, qkv, update"),
     (["--graph", "false,maybe"], "--graph takes comma-separated false/true, got 'maybe'"),
     (["--graph", "false,true"], "graph=True replays steps from a CUDA graph and needs a CUDA device"),
 ])
@@ -250,11 +250,11 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
 def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     # on CUDA "auto" means "all"; counting a row's FLOPs must not put the ops into its model
     fused_into = []
-    monkeypatch.setitem(finetune.FUSIONS, "all", (fused_into.append,))
+    monkeypatch.setattr(finetune, "MODEL_FUSIONS", {"gelu": fused_into.append, "qkv": fused_into.append})
     resolve = finetune.resolve_fused
     monkeypatch.setattr(finetune, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
     rows = bench.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
-    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 1  # the "all" row's model only
+    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 2  # the "all" row's model only, once per op
 
 
 def test_step_flops_counted_on_one_image_are_the_whole_batchs():

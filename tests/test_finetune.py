@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from paperlib import components, finetune, models
+from paperlib import components, finetune, kernels, models
 from paperlib.finetune import Config
 
 
@@ -59,6 +59,29 @@ def test_logged_gradient_norm_is_what_clipping_saw(monkeypatch):
     assert logged == pytest.approx(seen, rel=1e-5) and len(logged) == 12
 
 
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_logged_gradient_norm_is_what_the_fused_update_clipped_with(precision, monkeypatch):
+    # fused="update" clips inside its update kernel: each parameter's factor is clipping's for the logged norm
+    seen = []
+    original = kernels.sgd_update
+
+    def spy(grad, param, buf, lr, scale, momentum, first, copy=None):
+        seen.append((float(grad.float().square().sum()), float(scale)))
+        return original(grad, param, buf, lr, scale, momentum, first, copy)
+
+    monkeypatch.setattr(kernels, "sgd_update", spy)
+    config = small(lr=0.01, precision=precision, fused="update")
+    finetune.run(config)
+    logged = finetune.history(config)["grad_norm"].tolist()
+    per_step = len(seen) // len(logged)
+    assert len(logged) == 12 and per_step * len(logged) == len(seen) and per_step > 2
+    for step, norm in enumerate(logged):
+        squares, scales = zip(*seen[step * per_step : (step + 1) * per_step])
+        assert math.sqrt(sum(squares)) == pytest.approx(norm, rel=1e-5)
+        assert list(scales) == pytest.approx([min(1.0, 1.0 / (norm + 1e-6))] * per_step, rel=1e-6)
+    assert max(logged) > 1.0  # clipping bit on some steps
+
+
 def test_best_validation_checkpoint_is_reported():
     metrics = finetune.run(small())
     history = finetune.history(small()).dropna(subset=["val_accuracy"])
@@ -68,11 +91,12 @@ def test_best_validation_checkpoint_is_reported():
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
 
 
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])  # bf16: the copy is refreshed from the loaded masters
-def test_resume_after_interruption_matches_an_uninterrupted_run(precision, results, tmp_path, monkeypatch):
+# bf16: the copy is refreshed from the loaded masters; update: FusedSGD's momentum comes back from the checkpoint
+@pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "auto"), ("bf16", "update")])
+def test_resume_after_interruption_matches_an_uninterrupted_run(precision, fused, results, tmp_path, monkeypatch):
     from paperlib import loader
 
-    config = small(precision=precision)
+    config = small(precision=precision, fused=fused)
     reference = finetune.run(config)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
     original = loader.DeviceLoader.batch
@@ -452,8 +476,8 @@ class RecordedStep(finetune.GraphedStep):
     _capture = recorded_capture
 
 
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(precision):
+@pytest.mark.parametrize("precision, fused", [("autocast", "none"), ("bf16", "none"), ("bf16", "update")])
+def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(precision, fused):
     # what a CUDA graph changes (one capture, then replays of recorded inputs, learning rates and
     # outputs) checked on the CPU against ordinary steps under a changing learning rate
     torch.manual_seed(0)
@@ -469,7 +493,8 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
         forward = finetune.make_forward(network, options)
         if precision == "bf16":
             trainable = forward.masters
-        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu)
+        # the graphed step with FusedSGD (reading its learning rates from GraphedStep's tensors) against plain SGD
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu, graphed and fused == "update")
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
         context = finetune.step_context(cpu)
         step = RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2) if graphed else finetune.make_step(
