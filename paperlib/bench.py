@@ -616,10 +616,17 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     the bias gradient), timm's strided q/k/v head gradients for ``qkv_heads_backward``. Milliseconds
     are the median of ``torch.utils.benchmark``'s blocked autorange; GB/s counts the bytes each op
     must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
+
+    The SGD update of all the model's parameters with bf16 master weights (clipping at norm 1, the
+    update, the bf16 copy) is timed as ``finetune`` runs it unfused (the gradients copied to the fp32
+    masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters copied back) and fused
+    (``FusedSGD``: the norm, then one pass per parameter); GB/s counts the 22 bytes per parameter
+    that the job must move (a bf16 gradient read twice, an fp32 weight and momentum read and written,
+    a bf16 copy written).
     """
     from torch.utils.benchmark import Timer
 
-    from . import kernels, models
+    from . import finetune, kernels, models
 
     device = _device(device)
     cuda = device.type == "cuda"
@@ -630,7 +637,20 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     block = model.blocks[0]
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
-    del model
+    master = finetune.MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
+    del model, block
+    for copied in master.copies:
+        copied.grad = torch.randn(copied.shape, device=device, generator=torch.Generator(device).manual_seed(1)).to(copied.dtype)
+    unfused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device)
+    fused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device, fused_update=True)
+
+    def unfused_update():
+        master.to_master()
+        torch.nn.utils.clip_grad_norm_(master.masters, 1.0)
+        unfused_sgd.step()
+        master.from_master()
+
+    parameters = sum(p.numel() for p in master.masters)
     rows, dtype = batch_size * tokens, torch.bfloat16
     generator = torch.Generator(device).manual_seed(0)
     mm = torch.randn(rows, hidden, device=device, dtype=dtype, generator=generator)
@@ -643,11 +663,13 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         "bias_gelu forward": (lambda: kernels.bias_gelu(mm, bias), 4 * mm.numel()),
         "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
         "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
+        "SGD update with bf16 masters, unfused": (unfused_update, 22 * parameters),
+        "SGD update with bf16 masters, fused (FusedSGD)": (lambda: fused_sgd.step(clip=1.0, master=master), 22 * parameters),
     }
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
-    result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads,
+    result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads, "parameters": parameters,
               "device": _device_name(device), "torch": torch.__version__,
               "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference"}
     for name, (run, nbytes) in ops.items():
@@ -777,7 +799,8 @@ def _step_arguments(parser) -> None:
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
     parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
-    parser.add_argument("--fused", default="auto", help="our fused ops: auto (all on CUDA, none elsewhere), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all")
+    parser.add_argument("--fused", default="auto", help="our fused ops: auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), "
+                        "qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by '+'")
     parser.add_argument("--graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)")
 
 
@@ -848,7 +871,8 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
     v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
     v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
-    v.add_argument("--fused", default="auto", help="comma-separated, of: auto (all on CUDA, none elsewhere), none, gelu, qkv, all (our fused ops)")
+    v.add_argument("--fused", default="auto", help="comma-separated, of: auto (gelu+qkv on CUDA, none elsewhere), none, all, "
+                   "or gelu, qkv, update joined by '+' (our fused ops)")
     v.add_argument("--graph", default="false", help="comma-separated, of: false, true (replay each step from a CUDA graph; CUDA only)")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")

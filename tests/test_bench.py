@@ -6,7 +6,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from paperlib import bench, finetune
+from paperlib import bench, finetune, models
 
 
 @pytest.fixture
@@ -240,7 +240,9 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
     result = bench.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
     assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4  # the demo ViT: 64 patches + class token
     assert result["ops"] == "PyTorch reference"
-    names = ("copy (the memory-bound limit)", "bias_gelu forward", "bias_gelu backward (+ bias gradient)", "qkv_heads_backward (+ bias gradient)")
+    names = ("copy (the memory-bound limit)", "bias_gelu forward", "bias_gelu backward (+ bias gradient)", "qkv_heads_backward (+ bias gradient)",
+             "SGD update with bf16 masters, unfused", "SGD update with bf16 masters, fused (FusedSGD)")
+    assert result["parameters"] == sum(p.numel() for p in models.create_model("demo", pretrained=False).parameters())
     assert all(result[f"{name}: ms"] > 0 and result[f"{name}: GB/s"] > 0 for name in names)
     with pytest.raises(SystemExit):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])

@@ -84,22 +84,25 @@ def test_host_images_go_through_reused_staging_buffers_unchanged():
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="host-device synchronisation exists on CUDA only")
-def test_a_training_step_never_makes_the_host_wait_for_the_device():
+@pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "update")])
+def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, fused):
     # the host must queue step after step: a blocking copy or read-back in the batch or the step
     # would leave the GPU idle while the host prepares the next one
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
-    trainable = [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE)
+    options = finetune.StepOptions(precision=precision, fused=fused).checked(DEVICE)
+    forward = finetune.make_forward(model, options)
+    trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE, finetune.fuses_update(options.fused, DEVICE))
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
     context = finetune.step_context(DEVICE)
     for step in range(2):  # first steps: lazy initialisation, allocations
-        finetune.training_step(model, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+        finetune.training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for step in range(2, 5):
-            finetune.training_step(model, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+            finetune.training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -170,6 +173,26 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     assert bias_on.grad.dtype == torch.float32 and _relative_error(bias_on.grad, expected_bias) < 1e-5
 
 
+@pytest.mark.parametrize("grad_dtype, first", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)])
+def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, first):
+    """The update kernel against its PyTorch arithmetic on a CPU: the fp32 parameter and momentum
+    within fp32 rounding, the bf16 copy exactly the updated parameter rounded to nearest."""
+    from paperlib import kernels
+
+    generator = torch.Generator().manual_seed(0)
+    size = 768 * 3072 + 5  # fc1's weight of ViT-Base/16, and a tail that does not fill a block
+    grad = torch.randn(size, generator=generator).to(grad_dtype)
+    param, buf = torch.randn(size, generator=generator), torch.randn(size, generator=generator)
+    lr, scale = torch.tensor(0.3), torch.tensor(0.7)
+    on = [t.to(DEVICE, copy=True) for t in (grad, param, buf, lr, scale)]
+    copy_on = torch.empty(size, dtype=torch.bfloat16, device=DEVICE)
+    kernels.sgd_update(*on, 0.9, first, copy_on)
+    kernels.sgd_update_reference(grad, param, buf, lr, scale, 0.9, first)
+    for mine, reference in ((on[1], param), (on[2], buf)):
+        assert ((mine.cpu().double() - reference.double()).abs() <= 2.0**-22 * (reference.double().abs() + 1)).all()
+    assert torch.equal(copy_on, on[1].to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
     from paperlib import kernels
@@ -210,10 +233,11 @@ def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(resul
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision):
+@pytest.mark.parametrize("precision, fused", [("autocast", "gelu+qkv"), ("bf16", "gelu+qkv"), ("bf16", "all")])
+def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision, fused):
     # compiled blocks, our Triton kernels, cuDNN attention, the fused update and (bf16) the master
     # copies, all inside one graph: each replay must train on its own batch at its own learning rate
+    # ("all": FusedSGD's update kernels, reading the graph's learning-rate tensors, against torch's SGD)
     torch.manual_seed(0)
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
@@ -221,10 +245,10 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
     runs = []
     for network, graph in ((model, False), (twin, True)):
-        options = finetune.StepOptions(compile="blocks", precision=precision, graph=graph).checked(DEVICE)
+        options = finetune.StepOptions(compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph).checked(DEVICE)
         forward = finetune.make_forward(network, options)
         trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(network)]
-        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE)
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE, finetune.fuses_update(options.fused, DEVICE))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 10))
         step = finetune.make_step(forward, trainable, optimizer, 32, 1.0, finetune.step_context(DEVICE, graph=graph), graph)
         outputs = []
@@ -322,11 +346,12 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["measure_pairs_per_s"] > 0
     result = bench.bench_finetune("demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1)
     assert result["linear_library_images_per_s"] > 0
-    assert result["fused"] == ("all" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
+    assert result["fused"] == ("gelu+qkv" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
     if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
     result = bench.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
     assert result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference") and result["bias_gelu forward: ms"] > 0
+    assert result["SGD update with bf16 masters, fused (FusedSGD): ms"] > 0
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
