@@ -29,7 +29,7 @@ compile_model = False  # torch.compile: False, True (the whole model) or "blocks
 compile_mode = "default"  # torch.compile's mode (default, coordinate-descent, max-autotune-no-cudagraphs, ...)
 attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
 precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
-fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (all on a GPU, none on a CPU), none, gelu (fc1's bias+GELU), qkv (the q/k/v split), all
+fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (gelu+qkv on a GPU, none on a CPU), none, all, or gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass), several joined by "+"
 graph = False  # replay each step from a CUDA graph (GPU only; the same step without the gaps between its kernels)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 

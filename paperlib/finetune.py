@@ -25,8 +25,9 @@ and are read back every ``READ_BACK`` steps and at evaluations (not once per ste
 stall the GPU), and ``compile`` runs the model (or each of its blocks) through ``torch.compile``.
 ``attention`` picks the attention kernel where PyTorch's own choice is not the fastest.
 ``compile_mode="coordinate-descent"`` adds inductor's tuning of its own kernels' launch settings.
-``fused`` swaps in our fused ops (``kernels``: one pass where inductor makes two; the same function);
-its default, "auto", uses them on CUDA (Triton kernels) and not on a CPU. ``graph=True`` replays
+``fused`` swaps in our fused ops (``kernels``: one pass where PyTorch makes several; the same function):
+"gelu" and "qkv" in the model, "update" in the optimizer (``FusedSGD``); its default, "auto", uses
+the model's on CUDA (Triton kernels) and none on a CPU. ``graph=True`` replays
 each step from a CUDA graph (``GraphedStep``; not yet measured on a GPU, so off by default).
 """
 
