@@ -174,16 +174,31 @@ OWN_COMPILE_MODES = {
     # them: the fused LayerNorm, GELU and residual kernels that bound a bf16 ViT step. ViT-Base/16,
     # blocks compiled, H100: about a minute more compilation, 1-2% more images/s (docs/benchmarks.md)
     "coordinate-descent": {"coordinate_descent_tuning": True},
+    # programmatic dependent launch (Hopper and later): each of inductor's kernels may start while the
+    # one before it finishes, waiting for its data only where it reads it; for the time between
+    # kernels. Not yet measured here (docs/benchmarks.md); on older GPUs inductor leaves it out
+    "pdl": {"triton.enable_pdl": True},
+    "coordinate-descent-pdl": {"coordinate_descent_tuning": True, "triton.enable_pdl": True},
 }
 
 
+def _inductor_knows(options: dict) -> bool:
+    """Whether this PyTorch's inductor has every one of these options (older ones lack some)."""
+    try:
+        known = torch._inductor.config.get_config_copy()
+    except AttributeError:
+        return True
+    return all(name in known for name in options)
+
+
 def compile_modes() -> tuple[str, ...]:
-    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and ``OWN_COMPILE_MODES``."""
+    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and those of
+    ``OWN_COMPILE_MODES`` whose options its inductor has."""
     try:
         modes = tuple(torch._inductor.list_mode_options())
     except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
         modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-    return modes + tuple(OWN_COMPILE_MODES)
+    return modes + tuple(mode for mode, options in OWN_COMPILE_MODES.items() if _inductor_knows(options))
 
 
 def check_compile_mode(mode: str) -> str:

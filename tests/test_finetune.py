@@ -442,6 +442,23 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
     finetune.compile_model(model, "model")
     assert calls[0] == {"options": {"coordinate_descent_tuning": True}} and len(calls) == 1 + len(model.blocks) + 2
     assert all(c == calls[0] for c in calls[1:-2]) and calls[-2] == {"mode": "max-autotune-no-cudagraphs"} and calls[-1] == {}
+    calls.clear()
+    finetune.compile_model(model, "model", "coordinate-descent-pdl")
+    assert calls == [{"options": {"coordinate_descent_tuning": True, "triton.enable_pdl": True}}]
+    # a mode whose options this PyTorch's inductor lacks is not offered, and is refused before any work
+    monkeypatch.setitem(finetune.OWN_COMPILE_MODES, "future", {"triton.no_such_option": True})
+    assert "future" not in finetune.compile_modes() and "pdl" in finetune.compile_modes()
+    with pytest.raises(ValueError, match="unknown torch.compile mode 'future'; valid modes: .*coordinate-descent"):
+        finetune.compile_model(model, "model", "future")
+
+
+def test_the_pdl_mode_compiles_for_real():
+    # its option is one inductor accepts (coordinate-descent's is compiled by the finetuning tests);
+    # on a CPU it changes nothing
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    images = torch.randn(2, 3, 32, 32)
+    expected = model(images)
+    torch.testing.assert_close(finetune.compile_model(model, "model", "pdl")(images), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch):
