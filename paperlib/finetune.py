@@ -362,7 +362,7 @@ class MasterWeights:
         trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.masters = [p for _, p in trainable]
         self.copies = [copies[name] for name, _ in trainable]
-        self._grads = [torch.empty_like(p) for p in self.masters]  # the masters' fp32 gradients, kept across steps
+        self._grads = None  # the masters' fp32 gradients, made by the first to_master (FusedSGD needs none) and kept
 
     def compile(self, how: bool | str = "model", mode: str = "default", fused: str = "auto") -> "MasterWeights":
         self.forward = compile_model(self.module, how, mode, fused)
@@ -377,6 +377,8 @@ class MasterWeights:
     def to_master(self) -> None:
         """The copy's gradients, as fp32, become the master parameters' gradients (one multi-tensor
         copy into buffers kept across steps, rather than a kernel and an allocation per parameter)."""
+        if self._grads is None:
+            self._grads = [torch.empty_like(p) for p in self.masters]
         given = [(master, buffer, copied.grad) for master, buffer, copied in zip(self.masters, self._grads, self.copies)
                  if copied.grad is not None]
         if given:

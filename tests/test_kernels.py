@@ -257,6 +257,8 @@ def test_fused_update_trains_as_clipping_then_sgd(precision):
             assert torch.equal(weight, initial[name]), name  # frozen: bit-identical
         elif copy is not None:
             assert torch.equal(fused_copy[name], weight.detach().bfloat16()), name
+    if precision == "bf16":  # no fp32 gradients for the masters: the kernel reads the copy's bf16 ones
+        assert all(weight.grad is None for weight in fused_weights.values())
     assert fused_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
     # torch's SGD resumes from the fused optimizer's state, and the other way round, where the other would be
     again = _sgd_run(False, precision, steps=2, state=fused_optimizer.state_dict())[4]
