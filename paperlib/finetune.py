@@ -607,7 +607,14 @@ class GraphedStep:
             self.optimizer.zero_grad(set_to_none=True)  # the ordinary steps' gradients go before the graph takes its memory
             if isinstance(self.forward, MasterWeights):
                 self.forward.zero_grad()
-            self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
+            try:
+                self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
+            except torch.cuda.OutOfMemoryError:
+                raise  # train() retries it with micro-batches
+            except RuntimeError as error:  # an op that cannot be recorded: say which option to drop
+                raise RuntimeError(f"recording the training step into a CUDA graph failed ({error}); an op in the step "
+                                   "cannot be recorded: run with graph=False, or try another attention kernel "
+                                   "(attention='flash') or fused='none' to find which") from error
         else:
             if images.shape != self._inputs[0].shape or labels.shape != self._inputs[1].shape:
                 raise ValueError(f"a graphed step replays one batch shape, {tuple(self._inputs[0].shape)}; got {tuple(images.shape)}")

@@ -533,6 +533,22 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
         step(torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,)))
 
 
+def test_a_step_that_cannot_be_recorded_says_what_to_do():
+    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=3), "mha")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"))
+
+    class Unrecordable(finetune.GraphedStep):
+        def _capture(self, run):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    step = Unrecordable(model, trainable, optimizer, 4, 1.0, finetune.step_context(torch.device("cpu")), warmup=1)
+    images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
+    step(images, labels)  # the ordinary warm-up step
+    with pytest.raises(RuntimeError, match=r"CUDA graph failed \(operation not permitted.*run with graph=False"):
+        step(images, labels)
+
+
 def test_warmup_steps_cover_compilation_and_a_graphs_capture():
     assert finetune.warmup_steps(finetune.StepOptions()) == 1
     assert finetune.warmup_steps(finetune.StepOptions(compile="blocks")) == 3
