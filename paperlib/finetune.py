@@ -734,7 +734,13 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     folder = config.folder()
     params = asdict(config)
-    _write_json(folder / "params.json", params)
+    recorded = folder / "params.json"
+    if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config):
+        # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
+        # name): its record goes, so that it is never read back as this run's
+        for stale in ("metrics.json", "history.csv", "checkpoint.pt"):
+            (folder / stale).unlink(missing_ok=True)
+    _write_json(recorded, params)
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
@@ -745,6 +751,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     decoders = decode_workers()  # file datasets are decoded once, in parallel, then cached under the data root
     splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), workers=decoders) for s in ("train", "val", "test")}
     num_classes = len(splits["test"].classes)
+    torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = models.create_model(config.model, num_classes=num_classes).to(device)
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)

@@ -21,6 +21,7 @@ from timm.models.vision_transformer import (
     Attention,
     VisionTransformer,
     checkpoint_filter_fn,
+    init_weights_vit_timm,
 )
 
 from . import kernels, paths
@@ -121,7 +122,7 @@ def create_model(
         pretrained = True
         kwargs["pretrained_cfg_overlay"] = {**kwargs.get("pretrained_cfg_overlay", {}), "file": str(weights)}
     try:
-        return timm.create_model(timm_name, pretrained=pretrained, **kwargs)
+        model = timm.create_model(timm_name, pretrained=pretrained, **kwargs)
     except (OSError, ValueError) as error:
         if not pretrained or weights is not None or not _is_hub_error(error):
             raise
@@ -131,6 +132,12 @@ def create_model(
             f"could not fetch the pretrained weights of {timm_name!r} ({type(error).__name__}: {error}). "
             f"Without internet, download them once from {source} and pass weights=<local file>."
         ) from error
+    if pretrained and num_classes:
+        # timm keeps a pretrained head whose size matches (the demo ViT's 5 classes and a 5-class
+        # dataset); the head asked for is new, initialised as timm initialises a ViT's new head
+        model.reset_classifier(num_classes)
+        model.get_classifier().apply(init_weights_vit_timm)
+    return model
 
 
 def _is_hub_error(error: BaseException) -> bool:

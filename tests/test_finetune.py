@@ -44,6 +44,49 @@ def test_same_seed_same_numbers(results, tmp_path, monkeypatch):
     assert {k: v for k, v in first.items() if "second" not in k} == {k: v for k, v in second.items() if "second" not in k}
 
 
+def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(results, tmp_path, monkeypatch):
+    # decoding a file dataset the first time runs a DataLoader, which draws from torch's generator;
+    # the run's numbers must not depend on whether the decoded cache was there
+    first = finetune.run(small())
+    history = finetune.history(small())
+    original = finetune.uint8_images
+
+    def decoding(dataset, workers=0):
+        torch.rand(3)  # as a first decode's DataLoader does
+        return original(dataset, workers=workers)
+
+    monkeypatch.setattr(finetune, "uint8_images", decoding)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "decoded"))
+    second = finetune.run(small())
+    pd.testing.assert_frame_equal(history, finetune.history(small()))
+    assert second["test_accuracy"] == first["test_accuracy"]
+
+
+def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(results, tmp_path, monkeypatch):
+    # steps, batch size and warm-up are not in the folder's name: a longer run started there, then
+    # interrupted, must not return the shorter run's metrics when started again
+    from paperlib import loader
+
+    short = finetune.run(small(steps=4))
+    original = loader.DeviceLoader.batch
+
+    def crash(self, step):
+        if step == 6 and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, step)
+
+    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.run(small(steps=12))
+    assert not (small().folder() / "metrics.json").exists()
+    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
+    longer = finetune.run(small(steps=12))
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "uninterrupted"))
+    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
+    assert same(longer) == same(finetune.run(small(steps=12))) != same(short)
+    assert longer["best_step"] in (4, 8, 12)
+
+
 def test_logged_gradient_norm_is_what_clipping_saw(monkeypatch):
     seen = []
     original = torch.nn.utils.clip_grad_norm_

@@ -48,6 +48,23 @@ def test_demo_loads_the_committed_weights():
     assert not torch.equal(pretrained.blocks[0].attn.qkv.weight, random.blocks[0].attn.qkv.weight)
 
 
+def test_a_head_asked_for_is_new_even_where_the_pretrained_one_has_its_size():
+    # the demo ViT was pretrained on 5 classes and the demo datasets have 5: timm would keep the
+    # pretrained head; finetuning asks for a new one, drawn from the seed as timm draws new heads
+    pretrained = models.create_model("demo")
+    torch.manual_seed(0)
+    first = models.create_model("demo", num_classes=5)
+    torch.manual_seed(1)
+    second = models.create_model("demo", num_classes=5)
+    torch.manual_seed(0)
+    again = models.create_model("demo", num_classes=5)
+    assert first.head.out_features == 5 and not torch.equal(first.head.weight, pretrained.head.weight)
+    assert not torch.equal(first.head.weight, second.head.weight) and torch.equal(first.head.weight, again.head.weight)
+    assert torch.equal(first.head.bias, torch.zeros(5)) and 0.01 < float(first.head.weight.detach().std()) < 0.03  # timm: N(0, 0.02), truncated
+    assert torch.equal(first.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight)  # the backbone is the pretrained one
+    assert torch.equal(models.create_model("demo").head.weight, pretrained.head.weight)  # no num_classes: the pretrained head
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
 def test_local_weights_round_trip_through_timm(tmp_path, suffix):
     source = models.create_model("demo", pretrained=False)
