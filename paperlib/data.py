@@ -223,7 +223,9 @@ def _digits(name: str, digit_set: tuple[int, ...], corruption: str | None = None
 # The paper's datasets, read from their official layouts
 
 
-def _missing(name: str, expected: Path, how: str) -> FileNotFoundError:
+def _missing(name: str, expected: Path, how: str, downloadable: bool = True) -> FileNotFoundError:
+    if downloadable:  # notebooks, runs and sweeps pass no download=: say how they can
+        how += " (Notebooks, runs and sweeps download it with VIT_PLASTICITY_DOWNLOAD=1 in the environment.)"
     return FileNotFoundError(f"{name} not found: expected {expected}. {how}")
 
 
@@ -380,7 +382,7 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
 def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileDataset:
     folder = root / "imagenet" / ("train" if official == "train" else "val")
     if not folder.is_dir():
-        raise _missing("imagenet", folder, f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.")
+        raise _missing("imagenet", folder, f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.", downloadable=False)
     files, targets, classes = _image_folder(folder)
     return FileDataset(files, targets, classes, "imagenet", official, [f.relative_to(folder).as_posix() for f in files])
 
@@ -443,7 +445,7 @@ def get_dataset(
     name: str,
     split: str = "train",
     root: str | Path | None = None,
-    download: bool = False,
+    download: bool | None = None,
     augment: bool = False,
     image_size: int | None = None,
     severity: int = SEVERITY,
@@ -456,7 +458,8 @@ def get_dataset(
         name: see ``dataset_names()``.
         split: ``train``, ``val``, ``test`` or ``trainval`` (module docstring).
         root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
-        download: fetch missing files where possible.
+        download: fetch missing files where possible (None: if ``$VIT_PLASTICITY_DOWNLOAD`` is 1,
+            which is how notebooks, runs and sweeps, which pass none, are let download).
         augment: the paper's training transform (random resized crop + flip) instead of the
             evaluation one (resize + centre crop).
         image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
@@ -472,6 +475,7 @@ def get_dataset(
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     root = Path(root).expanduser() if root is not None else paths.data_dir()
+    download = paths.download_allowed() if download is None else download
     dataset = source.load(root, "test" if split == "test" else "train", download, severity)
     if split in ("train", "val"):
         train, val = deterministic_split(dataset.keys, VAL_FRACTION, salt=f"val:{seed}")

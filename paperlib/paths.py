@@ -43,6 +43,12 @@ def data_dir() -> Path:
     return _env_path("VIT_PLASTICITY_DATA", ROOT / "data")
 
 
+def download_allowed() -> bool:
+    """Whether missing datasets are downloaded where no ``download=`` is passed, as from notebooks,
+    runs and sweeps: ``VIT_PLASTICITY_DOWNLOAD=1`` (default: not, nothing leaves the machine)."""
+    return os.environ.get("VIT_PLASTICITY_DOWNLOAD", "0").strip().lower() in ("1", "true", "yes")
+
+
 def display(path: str | Path) -> str:
     """``path`` relative to the repository when inside it (for notebook output), else as given."""
     path = Path(path)

@@ -131,6 +131,29 @@ def test_missing_dataset_says_what_to_download_and_where(tmp_path, name):
     assert url in message and str(tmp_path) in message and where in message
 
 
+def test_notebooks_and_sweeps_download_when_the_environment_says_so(tmp_path, monkeypatch):
+    # they pass no download=: VIT_PLASTICITY_DOWNLOAD=1 lets get_dataset fetch (here a stand-in
+    # downloader that writes the official files, as there is no internet), and the error says how
+    fetched = []
+
+    def fake_download(cls_name, root, **kwargs):
+        fetched.append(cls_name)
+        fixtures.write_cifar(root, "cifar10", n_train=20, n_test=10)
+
+    monkeypatch.setattr(data, "_torchvision_download", fake_download)
+    monkeypatch.delenv("VIT_PLASTICITY_DOWNLOAD", raising=False)
+    with pytest.raises(FileNotFoundError, match="with VIT_PLASTICITY_DOWNLOAD=1 in the environment"):
+        data.get_dataset("cifar10", "test", root=tmp_path)
+    assert fetched == []
+    monkeypatch.setenv("VIT_PLASTICITY_DOWNLOAD", "1")
+    assert len(data.get_dataset("cifar10", "test", root=tmp_path)) == 10 and fetched == ["CIFAR10"]
+    with pytest.raises(FileNotFoundError, match="flowers"):  # an explicit download=False wins over the environment
+        data.get_dataset("flowers102", "test", root=tmp_path, download=False)
+    with pytest.raises(FileNotFoundError) as info:  # ImageNet cannot be downloaded: nothing said about the variable
+        data.get_dataset("imagenet", "test", root=tmp_path)
+    assert "VIT_PLASTICITY_DOWNLOAD" not in str(info.value)
+
+
 def test_a_missing_file_inside_a_dataset(tmp_path):
     fixtures.write_cifar10c(tmp_path, ["snow"])
     (tmp_path / "CIFAR-10-C" / "labels.npy").unlink()
