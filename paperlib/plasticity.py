@@ -379,9 +379,11 @@ def run(
     """Measure one model on one downstream dataset against reference images, and save the result.
 
     The model's pretrained weights; the test splits of both datasets at the model's resolution.
-    ``num_workers``: DataLoader workers decoding images (default: up to 8 on CUDA, where decoding
-    JPEGs in the main process would leave the GPU waiting; none on a CPU).
-    Returns the tidy table and the folder it was saved in (``result_folder``).
+    ``n_pairs`` is at most that many pairs: a test split with fewer images (Cifar10-C's 2,000,
+    Pets' 3,669 against the paper's 12,800) gives as many pairs as it has, and the metadata record
+    both (``n_pairs`` used, ``n_pairs_requested``). ``num_workers``: DataLoader workers decoding
+    images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
+    waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
     """
     import time
 
@@ -396,12 +398,18 @@ def run(
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if torch.device(device).type == "cuda" else 0
-    table = measure(network, reference_set, target_set, n_pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress)
+    if n_pairs < 1:
+        raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
+    pairs = min(n_pairs, len(reference_set), len(target_set))
+    if pairs < n_pairs and progress:
+        print(f"{dataset}: {pairs} pairs, not {n_pairs}: {reference} has {len(reference_set)} test images and {dataset} {len(target_set)}")
+    table = measure(network, reference_set, target_set, pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress)
     metadata = {
         "model": model,
         "dataset": dataset,
         "reference": reference,
-        "n_pairs": n_pairs,
+        "n_pairs": pairs,
+        "n_pairs_requested": n_pairs,
         "inputs": inputs,
         "image_size": size,
         "severity": severity if dataset.startswith("cifar10c/") else None,

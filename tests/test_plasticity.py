@@ -208,6 +208,23 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     assert workers[-1] >= 1
 
 
+def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_path, monkeypatch):
+    # the paper's 12,800 pairs against test splits of 2,000 (Cifar10-C) to 3,669 (Pets) images
+    from paperlib import data
+
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or "table")
+    monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
+    available = min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
+    _, metadata = plasticity.run("demo", "digits", "digits_source", n_pairs=12800, progress=False)
+    assert asked == [available] and metadata["n_pairs"] == available and metadata["n_pairs_requested"] == 12800
+    _, metadata = plasticity.run("demo", "digits", "digits_source", n_pairs=5, progress=False)
+    assert asked[-1] == 5 and metadata["n_pairs"] == metadata["n_pairs_requested"] == 5
+    with pytest.raises(ValueError, match="n_pairs must be at least 1"):
+        plasticity.run("demo", "digits", "digits_source", n_pairs=0, progress=False)
+
+
 def _synthetic_table(levels, n_pairs, blocks=3, noise=0.1, seed=0):
     """A tidy table whose rates are ``levels[component]`` plus independent noise."""
     import numpy as np
