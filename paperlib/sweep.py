@@ -8,8 +8,8 @@ A spec (YAML) names a ``notebook``, fixed ``parameters``, a ``grid`` of lists to
 order written; or a list of such grids, expanded one after the other), an optional run ``name`` template (default: the grid values joined by ``/``)
 and optional ``slurm`` settings for submitit. Each run writes
 ``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last: a run counts as
-finished only when that marker exists, and finished runs are skipped when the sweep is started
-again. A failing run leaves ``.error.txt`` with its error and does not stop the others.
+finished only when that marker exists and records the run's parameters, and finished runs are
+skipped when the sweep is started again (a run whose parameters were edited since runs again). A failing run leaves ``.error.txt`` with its error and does not stop the others.
 ``reports/index.html`` is rewritten at the end.
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
@@ -64,6 +64,18 @@ class Run:
     @property
     def error_file(self) -> Path:
         return self.stem.with_name(self.stem.name + ".error.txt")
+
+    @property
+    def finished(self) -> bool:
+        """Whether this run's marker exists and records these parameters (a spec edited since, say
+        its steps, makes its runs unfinished: their names need not change)."""
+        if not self.marker.is_file():
+            return False
+        try:
+            recorded = json.loads(self.marker.read_text()).get("parameters")
+        except (json.JSONDecodeError, AttributeError):
+            return False
+        return recorded == json.loads(json.dumps(self.parameters, default=str))
 
 
 def load_spec(path: str | Path) -> dict:
@@ -122,7 +134,7 @@ def expand(spec: dict, reports: Path | None = None) -> list[Run]:
 
 def execute_run(run: Run) -> Run:
     """Execute one run unless finished; record success (marker) or failure (error file)."""
-    if run.marker.is_file():
+    if run.finished:
         run.status = "skipped"
         return run
     start = time.perf_counter()
@@ -157,9 +169,9 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     runs = expand(spec, reports)
-    todo = [r for r in runs if not r.marker.is_file()]
+    todo = [r for r in runs if not r.finished]
     for run in runs:
-        if run.marker.is_file():
+        if run.finished:
             run.status = "skipped"
     if todo and executor == "local":
         todo = [execute_run(r) for r in todo]
@@ -202,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if args.dry_run:
             for run in expand(spec):
-                print(f"{'finished' if run.marker.is_file() else 'to run':8}  {run.name}  {run.parameters}")
+                print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")
             return 0
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         runs = run_sweep(spec, args.executor, gpus)

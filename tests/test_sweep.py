@@ -76,6 +76,13 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
     (folder / "False" / "4.done.json").unlink()
     assert {r.name: r.status for r in sweep.run_sweep(spec)}["False/4"] == "done"
 
+    # a fixed parameter edited since (not in the runs' names): the runs are not finished any more
+    edited = {**spec, "parameters": {"extra": 5}}
+    assert not any(run.finished for run in sweep.expand(edited)) and all(run.finished for run in sweep.expand(spec)[:2])
+    again = {r.name: r.status for r in sweep.run_sweep(edited)}
+    assert again["False/3"] == again["False/4"] == "done"
+    assert json.loads((folder / "False" / "3.done.json").read_text())["parameters"] == {"extra": 5, "fail": False, "value": 3}
+
 
 def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
     monkeypatch.setattr(sweep, "_visible_gpus", lambda: [])
