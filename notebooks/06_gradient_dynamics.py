@@ -25,8 +25,7 @@ from paperlib import paths, plots, results, sweep
 
 grid_spec = sweep.load_spec(paths.ROOT / spec)
 if compute_missing:
-    subset = dict(grid_spec, grid={**grid_spec["grid"], "dataset": [dataset], "seed": [seed]})
-    results.ensure(subset)
+    results.ensure(sweep.restrict(grid_spec, dataset=[dataset], seed=[seed]))
 runs, histories = results.load()
 wanted = results.expected(grid_spec)
 shown = histories.merge(wanted, on=results.KEYS)  # the spec's runs only

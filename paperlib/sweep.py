@@ -105,6 +105,30 @@ def _grids(spec: dict) -> list[dict]:
     return grid if isinstance(grid, list) else [grid]
 
 
+def restrict(spec: dict, **values) -> dict:
+    """The spec with only the runs whose parameters take the given values (``key=[value, ...]``),
+    for a spec with one grid or a list of them; a ValueError naming the spec's values when no run
+    takes them."""
+    fixed = spec.get("parameters") or {}
+    grids = []
+    for grid in _grids(spec):
+        kept = dict(grid)
+        for key, wanted in values.items():
+            if key in grid:
+                kept[key] = [value for value in grid[key] if value in wanted]
+                if not kept[key]:
+                    break
+            elif fixed.get(key) not in wanted:
+                break
+        else:
+            grids.append(kept)
+    if not grids:
+        offered = {key: sorted({str(v) for grid in _grids(spec) for v in grid.get(key, [fixed.get(key)])}) for key in values}
+        raise ValueError("the spec has no run with " + " and ".join(f"{key} in {list(wanted)}" for key, wanted in values.items())
+                         + "; its values: " + "; ".join(f"{key}: {', '.join(choices)}" for key, choices in offered.items()))
+    return {**spec, "grid": grids if isinstance(spec.get("grid"), list) else grids[0]}
+
+
 def _safe(name: str) -> str:
     parts = [re.sub(r"[^A-Za-z0-9_.=+-]", "_", part) for part in name.split("/") if part not in ("", ".", "..")]
     return "/".join(parts) or "run"

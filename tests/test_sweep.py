@@ -84,6 +84,20 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
     assert json.loads((folder / "False" / "3.done.json").read_text())["parameters"] == {"extra": 5, "fail": False, "value": 3}
 
 
+def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
+    one = {"notebook": str(tiny_notebook), "parameters": {"seed": 0}, "grid": {"dataset": ["a", "b"], "value": [1, 2]}}
+    assert [r.name for r in sweep.expand(sweep.restrict(one, dataset=["b"]))] == ["b/1", "b/2"]
+    # a list of grids (finetune_paper.yaml: one per group of datasets): each is restricted, empty ones go
+    groups = {**one, "grid": [{"dataset": ["a"], "value": [1]}, {"dataset": ["b", "c"], "value": [2, 3]}]}
+    assert [r.name for r in sweep.expand(sweep.restrict(groups, dataset=["c"], seed=[0]))] == ["c/2", "c/3"]
+    with pytest.raises(ValueError, match="no run with dataset in \\['z'\\]; its values: dataset: a, b, c"):
+        sweep.restrict(groups, dataset=["z"])
+    with pytest.raises(ValueError, match="seed: 0"):  # a fixed parameter counts as one value
+        sweep.restrict(groups, seed=[1])
+    paper = sweep.load_spec("parameters/sweeps/finetune_paper.yaml")
+    assert {r.parameters["dataset"] for r in sweep.expand(sweep.restrict(paper, dataset=["pets"], seed=[0]))} == {"pets"}
+
+
 def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
     monkeypatch.setattr(sweep, "_visible_gpus", lambda: [])
     with pytest.raises(RuntimeError, match="no GPU"):
