@@ -80,7 +80,7 @@ if metrics["best_step"]:
 axes[2].set(xlabel="step", ylabel="validation accuracy")
 fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / f"05_finetune_{model}_{dataset.replace('/', '_')}_{component}.png")
+plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision))
 plt.show()
 
 # %% [markdown]

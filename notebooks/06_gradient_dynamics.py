@@ -19,6 +19,8 @@ seed = 0  # seed of the runs shown
 compute_missing = True  # run the spec's missing runs for this dataset first (demo scale only)
 
 # %%
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 
 from paperlib import paths, plots, results, sweep
@@ -44,7 +46,7 @@ plots.training_curves(one, "val_loss", axes[1])
 axes[1].legend(fontsize=7)
 fig.suptitle(f"{dataset}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / f"06_dynamics_{dataset.replace('/', '_')}_lr{lr:g}.png")
+plots.save_figure(fig, plots.figure_path("06_dynamics", Path(spec).stem, dataset, f"lr{lr:g}", f"seed{seed}"))
 plt.show()
 
 # %% [markdown]
@@ -68,5 +70,5 @@ for column, value in enumerate(lrs):
     axes[0, column].set_title(f"lr {value:g}")
 axes[1, -1].legend(fontsize=7)
 fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / f"06_dynamics_grid_{dataset.replace('/', '_')}.png")
+plots.save_figure(fig, plots.figure_path("06_dynamics_grid", Path(spec).stem, dataset, f"seed{seed}"))
 plt.show()

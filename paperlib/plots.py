@@ -8,6 +8,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
+from . import paths
 from .components import COMPONENTS, LABELS
 from .data import ImageDataset
 
@@ -24,11 +25,19 @@ COLORS = {
 
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
-    """Save ``fig`` (PNG, or the suffix's format), creating folders; returns the path."""
+    """Save ``fig`` (PNG, or the suffix's format), creating folders, atomically (runs of a sweep on
+    several GPUs never leave half a file); returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    return path
+    file_format = path.suffix.lstrip(".") or "png"
+    return paths.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
+
+
+def figure_path(stem: str, *keys) -> Path:
+    """``<figures>/<stem>_<key>_<key>....png``: a figure's file named by every parameter that makes
+    it differ (model, dataset, lr, seed...), so the runs of a sweep do not overwrite each other's.
+    Floats are written as ``{:g}``; a dataset's ``/`` becomes ``_``."""
+    words = [format(key, "g") if isinstance(key, float) else str(key).replace("/", "_") for key in keys]
+    return paths.figures_dir() / ("_".join([stem, *words]) + ".png")
 
 
 def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:

@@ -53,3 +53,24 @@ def test_notebooks_refreshed_in_place_keep_their_figures(tmp_path, monkeypatch):
     report.execute_inplace([notebook])
     assert _figures(nbformat.read(notebook, as_version=4)) == 1
     assert report.os.environ["MPLBACKEND"] == "Agg"  # the caller's setting is back
+
+
+def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paperlib import paths, plots
+
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    path = plots.figure_path("05_finetune", "demo", "digits_c/snow", "mha", 0.03, "seed42")
+    assert path == paths.figures_dir() / "05_finetune_demo_digits_c_snow_mha_0.03_seed42.png"
+    assert plots.figure_path("x", "a", 1e-3) != plots.figure_path("x", "a", 3e-3)  # runs of a sweep get their own files
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    assert plots.save_figure(fig, path) == path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(path.parent.iterdir()) == [path]  # no temporary file left
+    pdf = plots.save_figure(fig, tmp_path / "figure.pdf")  # the suffix's format, not the temporary file's
+    assert pdf.read_bytes()[:4] == b"%PDF"
+    plt.close(fig)
