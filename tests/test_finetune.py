@@ -62,28 +62,37 @@ def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(resul
     assert second["test_accuracy"] == first["test_accuracy"]
 
 
+def interrupted(config: Config, step: int, monkeypatch) -> None:
+    """Run ``config`` until it stops with a simulated interruption when it asks for training batch ``step``."""
+    from paperlib import loader
+
+    original = loader.DeviceLoader.batch
+
+    def crash(self, index):
+        if index == step and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loader.DeviceLoader, "batch", crash)
+        with pytest.raises(KeyboardInterrupt):
+            finetune.run(config)
+
+
+def same_metrics(metrics: dict) -> dict:
+    """Metrics without the timings, which differ between runs."""
+    return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second")}
+
+
 def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(results, tmp_path, monkeypatch):
     # steps, batch size and warm-up are not in the folder's name: a longer run started there, then
     # interrupted, must not return the shorter run's metrics when started again
-    from paperlib import loader
-
     short = finetune.run(small(steps=4))
-    original = loader.DeviceLoader.batch
-
-    def crash(self, step):
-        if step == 6 and self.augment:
-            raise KeyboardInterrupt("simulated interruption")
-        return original(self, step)
-
-    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.run(small(steps=12))
+    interrupted(small(steps=12), 6, monkeypatch)
     assert not (small().folder() / "metrics.json").exists()
-    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
     longer = finetune.run(small(steps=12))
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "uninterrupted"))
-    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
-    assert same(longer) == same(finetune.run(small(steps=12))) != same(short)
+    assert same_metrics(longer) == same_metrics(finetune.run(small(steps=12))) != same_metrics(short)
     assert longer["best_step"] in (4, 8, 12)
 
 
@@ -137,27 +146,14 @@ def test_best_validation_checkpoint_is_reported():
 # bf16: the copy is refreshed from the loaded masters; update: FusedSGD's momentum comes back from the checkpoint
 @pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "auto"), ("bf16", "update")])
 def test_resume_after_interruption_matches_an_uninterrupted_run(precision, fused, results, tmp_path, monkeypatch):
-    from paperlib import loader
-
     config = small(precision=precision, fused=fused)
     reference = finetune.run(config)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
-    original = loader.DeviceLoader.batch
-
-    def crash(self, step):
-        if step == 9 and self.augment:
-            raise KeyboardInterrupt("simulated interruption")
-        return original(self, step)
-
-    monkeypatch.setattr(loader.DeviceLoader, "batch", crash)
-    with pytest.raises(KeyboardInterrupt):
-        finetune.run(config)
+    interrupted(config, 9, monkeypatch)
     folder = config.folder()
     assert (folder / "checkpoint.pt").is_file() and not (folder / "metrics.json").exists()
-    monkeypatch.setattr(loader.DeviceLoader, "batch", original)
     resumed = finetune.run(config)
-    same = lambda m: {k: v for k, v in m.items() if k not in ("wall_seconds", "images_per_second")}  # noqa: E731
-    assert same(resumed) == same(reference)
+    assert same_metrics(resumed) == same_metrics(reference)
     assert not (folder / "checkpoint.pt").exists()
     # a finished run is not repeated
     assert finetune.run(config) == resumed
