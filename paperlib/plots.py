@@ -174,14 +174,22 @@ def training_curves(histories, value: str, ax: plt.Axes | None = None, configs=C
 
 
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
-    """Test accuracy over learning rates and seeds per configuration (Fig. 4 left, Fig. 18)."""
+    """Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left
+    on Sketch, Fig. 18 on each benchmark): ``runs`` of that dataset, as ``results.load`` lists them.
+    Boxes are over finished runs; the runs that diverged are counted under each box (a robust
+    configuration is one that neither spreads nor diverges)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
+    if runs["dataset"].nunique() > 1:
+        raise ValueError(f"config_boxes shows one dataset (Fig. 18 has a panel per benchmark), got {', '.join(sorted(runs['dataset'].unique()))}")
     configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["config"] == c).any()]
-    values = [100 * runs.loc[runs["config"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
+    finished = runs[runs["status"] == "finished"]
+    values = [100 * finished.loc[finished["config"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
     parts = ax.boxplot(values, patch_artist=True, widths=0.6)
     for box, config in zip(parts["boxes"], configs):
         box.set_facecolor(COLORS[config])
-    ax.set_xticks(range(1, len(configs) + 1), [LABELS[c] for c in configs])
+    diverged = [int(((runs["config"] == c) & (runs["status"] == "diverged")).sum()) for c in configs]
+    labels = [LABELS[c] + (f"\n{n} diverged" if n else "") for c, n in zip(configs, diverged)]
+    ax.set_xticks(range(1, len(configs) + 1), labels)
     ax.set_ylabel("test accuracy (%)")
     return ax

@@ -24,21 +24,40 @@ SELECTIONS = ("test", "val")
 
 
 def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
-    """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds), ``seeds``.
+    """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; the
+    sample standard deviation, ddof=1), ``seeds``.
 
-    ``runs``: the runs table of ``results.load`` (only ``finished`` runs count; diverged runs of
-    a learning rate make its mean NaN, so it is never chosen).
+    ``runs``: the runs table of ``results.load`` for one model and precision (a ValueError
+    otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
+    runs of a learning rate make its mean NaN, so it is never chosen; a learning rate with fewer
+    seeds than another of its dataset and config (an unfinished sweep) is not chosen either, so
+    that every cell rests on the same seeds.
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
+    for key in ("model", "precision"):
+        if key in runs and runs[key].nunique() > 1:
+            raise ValueError(f"table6 needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
+                             f"select one first (e.g. runs[runs['{key}'] == ...])")
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
     finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
     finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
     per_lr = finished.groupby(["dataset", "config", "lr"]).agg(
         mean=("test", lambda s: s.mean(skipna=False)), std=("test", "std"), seeds=("test", "size"), score=(select, lambda s: s.mean(skipna=False))
     ).reset_index()
-    best = per_lr.dropna(subset=["score"]).sort_values("score", ascending=False).groupby(["dataset", "config"]).head(1)
+    complete = per_lr["seeds"] == per_lr.groupby(["dataset", "config"])["seeds"].transform("max")
+    best = per_lr[complete].dropna(subset=["score"]).sort_values("score", ascending=False).groupby(["dataset", "config"]).head(1)
     return best.drop(columns="score").sort_values(["dataset", "config"], key=_config_order).reset_index(drop=True)
+
+
+def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """``table6`` output as the paper prints it, datasets x configs: "mean ± std (seeds)", or
+    "mean (1)" for a single seed."""
+    def cell(row) -> str:
+        spread = f" ± {row['std']:.{digits}f}" if row["seeds"] > 1 and pd.notna(row["std"]) else ""
+        return f"{row['mean']:.{digits}f}{spread} ({int(row['seeds'])})"
+
+    return wide(table.assign(text=table.apply(cell, axis=1)), "text")
 
 
 def _config_order(column: pd.Series) -> pd.Series:

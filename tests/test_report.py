@@ -74,3 +74,23 @@ def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monke
     pdf = plots.save_figure(fig, tmp_path / "figure.pdf")  # the suffix's format, not the temporary file's
     assert pdf.read_bytes()[:4] == b"%PDF"
     plt.close(fig)
+
+
+def test_robustness_boxes_show_one_dataset_and_count_divergence():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from paperlib import plots
+
+    runs = pd.DataFrame({"dataset": ["a"] * 5, "config": ["mha", "mha", "mha", "ln1", "ln1"],
+                         "status": ["finished", "finished", "diverged", "finished", "finished"],
+                         "test_accuracy": [0.9, 0.8, float("nan"), 0.7, 0.6]})
+    fig, ax = plt.subplots()
+    plots.config_boxes(runs, ax)
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["MHA\n1 diverged", "LN1"]
+    with pytest.raises(ValueError, match="shows one dataset"):
+        plots.config_boxes(pd.concat([runs, runs.assign(dataset="b")]), ax)
+    plt.close(fig)

@@ -104,6 +104,27 @@ def test_diverged_learning_rate_is_never_chosen(tree):
     assert ("a", "fc2") not in table.index  # its only finished-or-diverged lr diverged
 
 
+def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled(tree):
+    runs, _ = results.load(tree)
+    # mha's best lr is 0.03 over three seeds; with one seed left it would still win on its mean
+    partial = runs[~((runs["config"] == "mha") & (runs["lr"] == 0.03) & (runs["seed"] > 0))]
+    row = stats.table6(partial).set_index(["dataset", "config"]).loc[("a", "mha")]
+    assert row["lr"] == 0.01 and row["seeds"] == 3
+    other = runs.assign(model="another")
+    with pytest.raises(ValueError, match="needs the runs of one model, got another, demo"):
+        stats.table6(pd.concat([runs, other]))
+    with pytest.raises(ValueError, match="one precision"):
+        stats.table6(pd.concat([runs, runs.assign(precision="bf16")]))
+
+
+def test_table6_printed_as_the_paper_prints_it():
+    table = pd.DataFrame({"dataset": ["a", "a", "b"], "config": ["mha", "fc1", "mha"], "lr": [0.01] * 3,
+                          "mean": [91.234, 90.0, 88.0], "std": [0.456, float("nan"), 1.0], "seeds": [3, 1, 2]})
+    text = stats.formatted(table)
+    assert list(text.columns) == ["mha", "fc1"]
+    assert text.loc["a", "mha"] == "91.23 ± 0.46 (3)" and text.loc["a", "fc1"] == "90.00 (1)" and text.loc["b", "mha"] == "88.00 ± 1.00 (2)"
+
+
 def test_table1_matches_scipy_and_the_definition():
     rows = []
     for i, dataset in enumerate(DATASETS):
