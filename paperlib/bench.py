@@ -639,17 +639,11 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
     master = finetune.MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
     del model, block
+    gradients = torch.Generator(device).manual_seed(1)
     for copied in master.copies:
-        copied.grad = torch.randn(copied.shape, device=device, generator=torch.Generator(device).manual_seed(1)).to(copied.dtype)
+        copied.grad = torch.randn(copied.shape, device=device, generator=gradients).to(copied.dtype)
     unfused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device)
     fused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device, fused_update=True)
-
-    def unfused_update():
-        master.to_master()
-        torch.nn.utils.clip_grad_norm_(master.masters, 1.0)
-        unfused_sgd.step()
-        master.from_master()
-
     parameters = sum(p.numel() for p in master.masters)
     rows, dtype = batch_size * tokens, torch.bfloat16
     generator = torch.Generator(device).manual_seed(0)
@@ -663,8 +657,8 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         "bias_gelu forward": (lambda: kernels.bias_gelu(mm, bias), 4 * mm.numel()),
         "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
         "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
-        "SGD update with bf16 masters, unfused": (unfused_update, 22 * parameters),
-        "SGD update with bf16 masters, fused (FusedSGD)": (lambda: fused_sgd.step(clip=1.0, master=master), 22 * parameters),
+        "SGD update with bf16 masters, unfused": (lambda: finetune.clip_and_update(unfused_sgd, master.masters, 1.0, master), 22 * parameters),
+        "SGD update with bf16 masters, fused (FusedSGD)": (lambda: finetune.clip_and_update(fused_sgd, master.masters, 1.0, master), 22 * parameters),
     }
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))

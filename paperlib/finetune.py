@@ -514,9 +514,7 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
     the context of its forward passes (``step_context``: precision, attention kernel).
     """
     master = forward if isinstance(forward, MasterWeights) else None
-    optimizer.zero_grad(set_to_none=True)
-    if master is not None:
-        master.zero_grad()
+    zero_grads(forward, optimizer)
     total = torch.zeros((), device=images.device)
     for first in range(0, len(images), micro):
         with context():
@@ -524,15 +522,31 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
         loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
         loss.backward()
         total += loss.detach()
+    return total, clip_and_update(optimizer, trainable, clip, master)
+
+
+def zero_grads(forward, optimizer) -> None:
+    """The gradients of a step gone (set to None): the optimizer's parameters' and, with
+    ``MasterWeights``, its bf16 copy's."""
+    optimizer.zero_grad(set_to_none=True)
+    if isinstance(forward, MasterWeights):
+        forward.zero_grad()
+
+
+def clip_and_update(optimizer, trainable: list[torch.Tensor], clip: float, master: MasterWeights | None = None) -> torch.Tensor:
+    """After a backward: clip the gradients at global norm ``clip`` and update; returns the norm
+    before clipping (a device tensor). With ``master``, the copy's gradients go to the fp32 masters
+    (``trainable``) and the updated masters back to the copy; ``FusedSGD`` does all of it in one
+    pass per parameter."""
     if isinstance(optimizer, FusedSGD):
-        return total, optimizer.step(clip=clip, master=master)
+        return optimizer.step(clip=clip, master=master)
     if master is not None:
         master.to_master()
     norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
     optimizer.step()
     if master is not None:
         master.from_master()
-    return total, norm
+    return norm
 
 
 GRAPH_WARMUP = 3  # steps a GraphedStep runs as usual before its capture: every kernel is compiled and loaded by then
@@ -604,9 +618,7 @@ class GraphedStep:
             return self._on_side_stream(lambda: self._step(images, labels))
         if self._replay is None:
             self._inputs = (images.clone(), labels.clone())
-            self.optimizer.zero_grad(set_to_none=True)  # the ordinary steps' gradients go before the graph takes its memory
-            if isinstance(self.forward, MasterWeights):
-                self.forward.zero_grad()
+            zero_grads(self.forward, self.optimizer)  # the ordinary steps' gradients go before the graph takes its memory
             try:
                 self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
             except torch.cuda.OutOfMemoryError:

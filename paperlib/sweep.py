@@ -193,10 +193,12 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     runs = expand(spec, reports)
-    todo = [r for r in runs if not r.finished]
-    for run in runs:
+    todo = []
+    for run in runs:  # each marker read once
         if run.finished:
             run.status = "skipped"
+        else:
+            todo.append(run)
     if todo and executor == "local":
         todo = [execute_run(r) for r in todo]
     elif todo and executor == "gpus":
