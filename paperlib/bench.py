@@ -122,7 +122,7 @@ def bench_data(
     workers = os.cpu_count() if workers is None else workers
     with tempfile.TemporaryDirectory() as tmp:
         source = "local files"
-        if root is None and data.DATASETS[data.check_dataset(dataset)].group != "demo":
+        if root is None and data.dataset_source(dataset).group not in ("demo", "custom"):
             if dataset not in ("cifar10", "cifar100"):
                 raise ValueError(f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}")
             fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)

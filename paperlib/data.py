@@ -11,6 +11,9 @@ notebooks never special-case a dataset. Names:
   ``domainnet/clipart``, ``domainnet/sketch``, ``flowers102``, ``pets``.
 - reference (pretraining) images for plasticity: ``imagenet`` (what the paper used) and
   ``imagenette`` (a 10-class ImageNet subset that torchvision downloads in one command).
+- your own images: ``custom/<name>`` reads class folders under ``<root>/custom/<name>/``, either
+  ``train/<class>/<image>`` with a held-out ``test/`` (or ``val/``) beside it, or
+  ``<class>/<image>`` alone (then split 80/20 like DomainNet). See ``custom_dataset``.
 
 Splits: ``test`` is the official test set (for ImageNet and Imagenette, which have no public test
 labels, the official validation images); ``trainval`` is the official training set; ``val`` is the
@@ -135,6 +138,7 @@ class FileDataset(Dataset):
         split: str,
         keys: Sequence | None = None,
         transform: Callable | None = None,
+        stat_keyed: bool = False,
     ):
         if len(files) != len(targets):
             raise ValueError(f"{len(files)} files but {len(targets)} targets")
@@ -145,6 +149,9 @@ class FileDataset(Dataset):
         self.split = split
         self.keys = [str(f) for f in self.files] if keys is None else list(keys)
         self.transform = transform
+        # the images may change under the same names (custom datasets): decoded caches are keyed by
+        # each file's size and modification time too (loader.uint8_images)
+        self.stat_keyed = stat_keyed
 
     def __len__(self) -> int:
         return len(self.files)
@@ -163,6 +170,7 @@ class FileDataset(Dataset):
             split,
             [self.keys[i] for i in indices],
             self.transform,
+            self.stat_keyed,
         )
 
     def __repr__(self) -> str:
@@ -379,6 +387,83 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
     return FileDataset([base / "images" / f"{i}.jpg" for i in ids], targets, classes, "pets", official, ids)
 
 
+CUSTOM_HELD_OUT = ("test", "val")  # the first of these beside train/ is the official test split
+CUSTOM_LAYOUT = ("{folder}/train/<class>/<image> with a held-out {folder}/test/<class>/<image> (or val/), "
+                 "or {folder}/<class>/<image> alone for a deterministic 80/20 train/test split")
+
+
+def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
+    """``_image_folder`` with the class indices of ``classes`` (a training folder's) when given: a
+    held-out folder may lack some of them, never add one."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    if classes is None:
+        return _image_folder(folder)
+    found, _ = find_classes(str(folder))
+    unknown = sorted(set(found) - set(classes))
+    if unknown:
+        raise ValueError(f"{folder} has classes that the training images lack: {', '.join(unknown[:10])}"
+                         f"{' ...' if len(unknown) > 10 else ''}; the training classes are {', '.join(classes[:10])}{' ...' if len(classes) > 10 else ''}")
+    samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS, allow_empty=True)
+    if not samples:
+        raise FileNotFoundError(f"no images in {folder} (extensions: {', '.join(IMG_EXTENSIONS)})")
+    return [Path(p) for p, _ in samples], [t for _, t in samples], list(classes)
+
+
+def custom_dataset(name: str, root: str | Path | None = None, official: str = "train") -> FileDataset:
+    """Your own images as a dataset of the paper's kind: ``custom/<name>`` (the official split
+    ``train`` or ``test``; ``get_dataset`` adds ``val`` and ``trainval`` as for every dataset).
+
+    Layouts under ``<root>/custom/<name>/`` (class folders as torchvision's ``ImageFolder`` reads
+    them; any image format PIL opens, converted to RGB):
+
+    - ``train/<class>/<image>`` and ``test/<class>/<image>`` (or ``val/`` when there is no
+      ``test/``): the official split. The classes are the training folder's; a held-out class
+      that has no training images is an error.
+    - ``train/`` alone, or ``<class>/<image>`` with no ``train/``: a deterministic 80/20 split
+      by each file's path, as for DomainNet (appendix C.2).
+
+    Samples are keyed by their path inside the folder, so the splits stay the same when the
+    folder moves. Decoded caches (``loader.uint8_images``) are keyed by each file's size and
+    modification time too, so editing the images invalidates them.
+    """
+    check_dataset(name)
+    if official not in ("train", "test"):
+        raise ValueError(f"official split must be 'train' or 'test', got {official!r}")
+    root = Path(root).expanduser() if root is not None else paths.data_dir()
+    folder = root / name
+    layout = CUSTOM_LAYOUT.format(folder=folder)
+    if not folder.is_dir():
+        found = ", ".join(custom_names(root)) or "none"
+        raise _missing(name, folder, f"Put your images there in class folders: {layout}. Custom datasets found under {root / 'custom'}: {found}.", downloadable=False)
+    train_dir = folder / "train"
+    held_out = next((folder / s for s in CUSTOM_HELD_OUT if (folder / s).is_dir()), None) if train_dir.is_dir() else None
+    try:
+        files, targets, classes = _class_files(train_dir if train_dir.is_dir() else folder)
+        if held_out is not None and official == "test":
+            files, targets, classes = _class_files(held_out, classes)
+    except FileNotFoundError as error:  # torchvision's "no class folder" / "no valid file"
+        raise FileNotFoundError(f"{name}: {str(error).rstrip('.')}. Expected {layout}.") from error
+    keys = [f.relative_to(folder).as_posix() for f in files]
+    if held_out is None:
+        train, test = deterministic_split(keys, salt=name)
+        chosen = (train if official == "train" else test).tolist()
+        files, targets, keys = [files[i] for i in chosen], [targets[i] for i in chosen], [keys[i] for i in chosen]
+    return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
+
+
+def custom_names(root: str | Path | None = None) -> list[str]:
+    """The ``custom/<name>`` datasets found under ``<root>/custom/`` (default root: the data root)."""
+    base = (Path(root).expanduser() if root is not None else paths.data_dir()) / "custom"
+    if not base.is_dir():
+        return []
+    return sorted(paths.CUSTOM + p.name for p in base.iterdir() if p.is_dir() and paths.CUSTOM_NAME.fullmatch(p.name))
+
+
+def _custom_source(name: str) -> "Source":
+    return Source(lambda root, official, download, severity: custom_dataset(name, root, official), PAPER_IMAGE_SIZE, "custom")
+
+
 def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileDataset:
     folder = root / "imagenet" / ("train" if official == "train" else "val")
     if not folder.is_dir():
@@ -403,7 +488,7 @@ class Source:
 
     load: Callable
     image_size: int  # default resolution of get_dataset (the paper's 224, the demo's 32)
-    group: str  # "demo", "paper" or "reference"
+    group: str  # "demo", "paper", "reference" or "custom"
 
 
 DATASETS: dict[str, Source] = {
@@ -429,16 +514,31 @@ PAPER_DATASETS = tuple(name for name, source in DATASETS.items() if source.group
 """The paper's 11 downstream benchmarks (appendix C.2)."""
 
 
-def dataset_names(group: str | None = None) -> list[str]:
-    """Valid names for ``get_dataset`` (optionally only ``demo``, ``paper`` or ``reference``)."""
-    return [name for name, source in DATASETS.items() if group is None or source.group == group]
+DATASET_GROUPS = ("demo", "paper", "reference", "custom")
+
+
+def dataset_names(group: str | None = None, root: str | Path | None = None) -> list[str]:
+    """Valid names for ``get_dataset``: all, or one group of ``DATASET_GROUPS`` (``custom``: the
+    ``custom/<name>`` folders found under the data root, ``root`` or the default)."""
+    if group is not None and group not in DATASET_GROUPS:
+        raise ValueError(f"unknown dataset group {group!r}; valid groups: {', '.join(DATASET_GROUPS)}")
+    names = [name for name, source in DATASETS.items() if group is None or source.group == group]
+    return names + custom_names(root) if group in (None, "custom") else names
 
 
 def check_dataset(name: str) -> str:
-    """Return ``name`` or raise a ValueError that names the valid datasets."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}")
-    return name
+    """Return ``name`` or raise a ValueError that names the valid datasets. ``custom/<name>`` is
+    valid for any folder name (letters, digits, ``_.-``); whether the folder exists is checked when
+    the dataset is read, where the error says where to put it."""
+    if name in DATASETS or paths.custom_name(name, "dataset"):
+        return name
+    raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}; "
+                     f"or custom/<name> for your own class folders under <data root>/custom/<name>/")
+
+
+def dataset_source(name: str) -> Source:
+    """How dataset ``name`` is read (``Source``), for the built-in datasets and ``custom/<name>``."""
+    return DATASETS[name] if name in DATASETS else _custom_source(check_dataset(name))
 
 
 def get_dataset(
@@ -468,7 +568,7 @@ def get_dataset(
         transform: replaces the paper's transform (it receives a PIL image for file datasets
             and a uint8 CHW tensor for array datasets).
     """
-    source = DATASETS[check_dataset(name)]
+    source = dataset_source(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
     check_severity(severity)

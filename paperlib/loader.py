@@ -29,7 +29,10 @@ CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (cr
 
 
 def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
-    digest = hashlib.sha256("\n".join(map(str, dataset.keys)).encode()).hexdigest()[:16]
+    lines = list(map(str, dataset.keys))
+    if dataset.stat_keyed:  # edited images get a new cache (one stat per file; official datasets skip it)
+        lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     return cache_dir / dataset.name.replace("/", "_") / f"{dataset.split}-{size}px-{digest}.npy"
 
 

@@ -5,11 +5,21 @@ Every model is a timm ``VisionTransformer`` and every weight file, from the hub 
 loaded by timm's own pretrained-loading code (``pretrained_cfg_overlay=dict(file=...)`` for a
 local file), so the two paths share their key remapping, position-embedding resizing and
 head handling.
+
+Your own ViT is ``custom/<name>``: a folder ``<models dir>/<name>/`` (``paths.models_dir()``) in
+the layout timm writes for the Hugging Face hub (``config.json`` naming the timm architecture and
+its arguments, weights in ``model.safetensors`` or ``pytorch_model.bin``). ``save_model`` writes one
+from a model in memory; a folder from ``timm.models.save_for_hf`` or downloaded from the hub works
+as it is. Every notebook, run and sweep then takes ``custom/<name>`` where it takes a model name.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import timm
@@ -77,10 +87,83 @@ def vit_names() -> list[str]:
     return sorted(set(timm.list_models(module="vision_transformer")) | {DEMO_ARCH})
 
 
+CUSTOM_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the names timm's save_for_hf writes, in its order of preference
+
+
+def custom_folder(name: str) -> Path:
+    """The folder of model ``custom/<name>``: ``<models dir>/<name>``."""
+    return paths.models_dir() / paths.custom_name(name, "model")
+
+
+def custom_config(name: str) -> tuple[dict, Path]:
+    """(config.json, weight file) of model ``custom/<name>``; errors say what is missing and how to make it."""
+    folder = custom_folder(name)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        found = ", ".join(custom_model_names()) or "none"
+        raise FileNotFoundError(
+            f"model {name!r} not found: expected {config_file}. Save a model there with "
+            f"paperlib.models.save_model(model, {name!r}) (or timm.models.save_for_hf(model, folder)); "
+            f"custom models found in {paths.models_dir()}: {found}."
+        )
+    config = json.loads(config_file.read_text())
+    arch = config.get("architecture")
+    if arch not in vit_names():
+        raise ValueError(f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer (see paperlib.models.vit_names())")
+    weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+    if weights is None:
+        raise FileNotFoundError(f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in CUSTOM_WEIGHTS)}")
+    return config, weights
+
+
+def custom_model_names() -> list[str]:
+    """The ``custom/<name>`` models in ``paths.models_dir()`` (folders with a ``config.json``)."""
+    base = paths.models_dir()
+    if not base.is_dir():
+        return []
+    return sorted(paths.CUSTOM + p.name for p in base.iterdir() if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name))
+
+
+def save_model(model: VisionTransformer, name: str, model_args: dict | None = None, overwrite: bool = False) -> Path:
+    """Save ``model`` as ``custom/<name>`` (returns its folder) with timm's own writer,
+    ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
+
+    ``model_args``: the keyword arguments that rebuild the architecture (``img_size``, ``depth``,
+    ...), for timm versions that do not record them; recent timm records them itself. The folder
+    is written whole or not at all, and an existing one is replaced only with ``overwrite``.
+    """
+    if paths.custom_name(name, "model") is None:
+        raise ValueError(f"a saved model is named custom/<name>, got {name!r}")
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"save_model saves a timm VisionTransformer, got {type(model).__name__}")
+    folder = custom_folder(name)
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace model {name!r}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)
+        if folder.exists():  # replace: the old folder goes aside first, so one of the two is always whole
+            aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))
+            os.replace(folder, aside / folder.name)
+            os.replace(staging, folder)
+            shutil.rmtree(aside)
+        else:
+            os.replace(staging, folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
+
+
 def resolve_name(name: str) -> str:
-    """The timm name (with pretrained tag, if any) for a short name or a timm ViT name."""
+    """The timm name (with pretrained tag, if any) for a short name or a timm ViT name;
+    ``custom/<name>`` as it is, once its folder is found (``custom_config``)."""
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]
+    if paths.custom_name(name, "model"):
+        custom_config(name)
+        return name
     architecture = name.split(".", 1)[0]
     if architecture in vit_names():
         return name
@@ -88,7 +171,8 @@ def resolve_name(name: str) -> str:
     hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
     raise ValueError(
         f"unknown model {name!r}; valid short names: {', '.join(SHORT_NAMES)}; or any timm ViT name "
-        f"(see paperlib.models.vit_names(), e.g. vit_small_patch16_224.augreg_in21k).{hint}"
+        f"(see paperlib.models.vit_names(), e.g. vit_small_patch16_224.augreg_in21k); or custom/<name> "
+        f"for your own ViT saved with paperlib.models.save_model.{hint}"
     )
 
 
@@ -102,7 +186,8 @@ def create_model(
     """Create a ViT by short name (``demo``, ``vit_base_in21k``, ...) or timm name.
 
     Args:
-        name: a key of ``SHORT_NAMES`` or any timm ViT name, optionally with a pretrained tag.
+        name: a key of ``SHORT_NAMES``, any timm ViT name, optionally with a pretrained tag, or
+            ``custom/<name>`` (module docstring).
         pretrained: load pretrained weights (from the hub, or from ``weights`` when given).
         num_classes: a new, randomly initialised classification head with this many classes;
             ``None`` keeps the pretrained head (ImageNet-21k ViTs from timm have none).
@@ -111,6 +196,15 @@ def create_model(
         kwargs: passed to ``timm.create_model`` (e.g. ``img_size``, ``drop_path_rate``).
     """
     timm_name = resolve_name(name)
+    if paths.custom_name(name, "model"):  # the architecture and arguments its config.json records; its head kept unless num_classes
+        config, saved = custom_config(name)
+        timm_name = config["architecture"]
+        kwargs = {**config.get("model_args", {}), **kwargs}
+        kwargs.setdefault("num_classes", config.get("num_classes", kwargs.get("num_classes")))
+        overlay = {"num_classes": config.get("num_classes"), "classifier": config.get("pretrained_cfg", {}).get("classifier", "head")}
+        kwargs["pretrained_cfg_overlay"] = {**overlay, **kwargs.get("pretrained_cfg_overlay", {})}
+        if pretrained and weights is None:
+            weights = saved
     if num_classes is not None:
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be a non-negative integer or None, got {num_classes!r}")

@@ -8,6 +8,7 @@ scratch space without touching the code.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -41,6 +42,27 @@ def results_dir() -> Path:
 def data_dir() -> Path:
     """Datasets read from or downloaded to disk (``VIT_PLASTICITY_DATA``, default ``data/``)."""
     return _env_path("VIT_PLASTICITY_DATA", ROOT / "data")
+
+
+def models_dir() -> Path:
+    """Your own ViTs, ``custom/<name>`` models (``VIT_PLASTICITY_MODELS``, default ``<data root>/models``)."""
+    return _env_path("VIT_PLASTICITY_MODELS", data_dir() / "models")
+
+
+CUSTOM = "custom/"
+"""Prefix of the models and datasets users bring: ``custom/<name>``."""
+CUSTOM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def custom_name(name: object, kind: str) -> str | None:
+    """``<name>`` of a ``custom/<name>`` model or dataset (``kind`` for the error), None for other
+    names; a ValueError if ``<name>`` is not one folder name (it becomes part of result paths)."""
+    if not (isinstance(name, str) and name.startswith(CUSTOM)):
+        return None
+    short = name[len(CUSTOM):]
+    if not CUSTOM_NAME.fullmatch(short):
+        raise ValueError(f"invalid custom {kind} name {name!r}: after {CUSTOM!r} comes one folder name of letters, digits, '_', '.' or '-'")
+    return short
 
 
 def download_allowed() -> bool:

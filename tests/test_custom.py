@@ -1,0 +1,231 @@
+"""Your own ViT and your own images: ``custom/<name>`` models and datasets, end to end."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from paperlib import data, finetune, fixtures, loader, models, plasticity, results
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A data root (and so a models folder) and a results folder of the test's own."""
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
+    return tmp_path
+
+
+def _names(dataset):
+    return sorted(dataset.keys)
+
+
+# --------------------------------------------------------------------------------------------
+# datasets
+
+
+def test_train_and_test_folders_are_the_official_split(home):
+    base = home / "data" / "custom" / "pets"
+    fixtures.write_image_folder(base / "train", ["cat", "dog", "eel"], per_class=10)
+    fixtures.write_image_folder(base / "test", ["cat", "eel"], per_class=3)  # a held-out set may lack a class
+    test = data.get_dataset("custom/pets", "test")
+    assert test.classes == ["cat", "dog", "eel"]
+    assert _names(test) == sorted(f"test/{c}/{c}_{i:03d}.jpg" for c in ("cat", "eel") for i in range(3))
+    for key, target in zip(test.keys, test.targets.tolist()):  # labels are the training classes' indices, by name
+        assert test.classes[target] == key.split("/")[1]
+    trainval = data.get_dataset("custom/pets", "trainval")
+    train, val = data.get_dataset("custom/pets", "train"), data.get_dataset("custom/pets", "val")
+    assert len(trainval) == 30 and all(k.startswith("train/") for k in trainval.keys)
+    assert set(train.keys).isdisjoint(val.keys) and set(train.keys) | set(val.keys) == set(trainval.keys)
+    image, label = test[0]
+    assert image.shape == (3, 224, 224) and image.dtype == torch.float32 and 0 <= label < 3
+
+
+def test_val_folder_is_the_held_out_set_when_there_is_no_test_folder(home):
+    base = home / "data" / "custom" / "scans"
+    fixtures.write_image_folder(base / "train", ["a", "b"], per_class=5)
+    fixtures.write_image_folder(base / "val", ["a", "b"], per_class=2)
+    assert all(k.startswith("val/") for k in data.get_dataset("custom/scans", "test").keys)
+    fixtures.write_image_folder(base / "test", ["a", "b"], per_class=1)  # test/ comes first
+    assert all(k.startswith("test/") for k in data.get_dataset("custom/scans", "test").keys)
+
+
+@pytest.mark.parametrize("layout", ["flat", "train_only"])
+def test_without_a_held_out_folder_the_split_is_deterministic_and_moves_with_the_folder(home, layout):
+    base = home / "data" / "custom" / "leaves"
+    fixtures.write_image_folder(base if layout == "flat" else base / "train", ["oak", "elm", "ash"], per_class=20)
+    train, test = data.get_dataset("custom/leaves", "trainval"), data.get_dataset("custom/leaves", "test")
+    assert set(train.keys).isdisjoint(test.keys) and len(train) + len(test) == 60
+    assert 6 <= len(test) <= 18  # about 20%
+    moved = home / "elsewhere"
+    shutil.copytree(home / "data", moved)
+    assert _names(data.get_dataset("custom/leaves", "test", root=moved)) == _names(test)
+    other = home / "data" / "custom" / "twigs"  # the same files under another name: another split
+    shutil.copytree(base, other)
+    assert _names(data.get_dataset("custom/twigs", "test")) != _names(test)
+
+
+def test_custom_datasets_are_listed_and_named_in_errors(home):
+    fixtures.write_image_folder(home / "data" / "custom" / "mine", ["a", "b"], per_class=2)
+    assert data.dataset_names("custom") == ["custom/mine"]
+    assert "custom/mine" in data.dataset_names() and "cifar10" in data.dataset_names()
+    with pytest.raises(FileNotFoundError, match=r"custom/theirs not found.*train/<class>/<image>.*found under .*: custom/mine") as error:
+        data.get_dataset("custom/theirs", "test")
+    assert "VIT_PLASTICITY_DOWNLOAD" not in str(error.value)  # nothing to download
+    with pytest.raises(ValueError, match="custom/<name>"):
+        data.check_dataset("my_pictures")
+    for bad in ("custom/", "custom/../data", "custom/a/b", "custom/a b"):
+        with pytest.raises(ValueError, match="invalid custom dataset name"):
+            data.check_dataset(bad)
+    with pytest.raises(ValueError, match="valid groups: demo, paper, reference, custom"):
+        data.dataset_names("mine")
+
+
+def test_bad_custom_layouts_say_what_is_wrong(home):
+    base = home / "data" / "custom"
+    (base / "empty").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="custom/empty: .*class folder.*Expected .*<class>/<image>"):
+        data.get_dataset("custom/empty", "train")
+    fixtures.write_image_folder(base / "extra" / "train", ["cat"], per_class=2)
+    fixtures.write_image_folder(base / "extra" / "test", ["cat", "cow"], per_class=1)
+    with pytest.raises(ValueError, match="classes that the training images lack: cow"):
+        data.get_dataset("custom/extra", "test")
+
+
+def test_edited_images_get_a_new_decoded_cache(home):
+    base = home / "data" / "custom" / "edit"
+    fixtures.write_image_folder(base / "train", ["a", "b"], per_class=2)
+    fixtures.write_image_folder(base / "test", ["a", "b"], per_class=2)
+    first = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
+    again = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
+    assert torch.equal(first.images, again.images)
+    assert len(list((home / "data" / "cache").rglob("*.npy"))) == 1  # the second call read the cache
+    edited = base / "test" / "a" / "a_000.jpg"
+    Image.fromarray(np.full((20, 20, 3), 255, np.uint8)).save(edited)
+    os.utime(edited, ns=(10**18, 10**18))  # a new modification time even on coarse clocks
+    now = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
+    position = now.keys.index("test/a/a_000.jpg")
+    assert int(now.images[position].min()) >= 250 and not torch.equal(now.images, first.images)
+
+
+def test_official_datasets_are_not_stat_keyed(home):
+    fixtures.write_domainnet(home / "data")
+    assert not data.get_dataset("domainnet/clipart", "test").stat_keyed
+    assert data.get_dataset("digits", "test").__class__ is data.ImageDataset
+
+
+# --------------------------------------------------------------------------------------------
+# models
+
+
+def test_a_saved_model_comes_back_bit_identical_with_its_head(home):
+    source = models.create_model("demo")
+    folder = models.save_model(source, "custom/copy")
+    assert folder == home / "data" / "models" / "copy"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert models.custom_model_names() == ["custom/copy"]
+    assert models.resolve_name("custom/copy") == "custom/copy"
+    loaded = models.create_model("custom/copy")
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    fresh = models.create_model("custom/copy", num_classes=3)  # a task's new head, the saved backbone
+    assert fresh.head.out_features == 3 and not torch.equal(fresh.head.weight[:3], source.head.weight[:3])
+    assert torch.equal(fresh.blocks[2].attn.qkv.weight, source.blocks[2].attn.qkv.weight)
+
+
+def test_saved_architecture_arguments_rebuild_the_model(home):
+    source = models.create_model("vit_small_patch16_224", pretrained=False, img_size=48, depth=2, num_classes=7)
+    models.save_model(source, "custom/small", model_args={"img_size": 48, "depth": 2})
+    shape = models.architecture("custom/small")  # no weights read, on the meta device
+    assert (shape.patch_embed.img_size, len(shape.blocks), shape.num_classes) == ((48, 48), 2, 7)
+    loaded = models.create_model("custom/small")
+    assert torch.equal(loaded.pos_embed, source.pos_embed) and torch.equal(loaded.head.weight, source.head.weight)
+
+
+def test_a_folder_written_by_timm_itself_loads(home):
+    source = models.create_model("demo", pretrained=False, num_classes=4)
+    timm.models.save_for_hf(source, str(home / "data" / "models" / "byhand"), safe_serialization=False)  # pytorch_model.bin
+    loaded = models.create_model("custom/byhand")
+    assert torch.equal(loaded.blocks[5].mlp.fc2.weight, source.blocks[5].mlp.fc2.weight) and loaded.num_classes == 4
+
+
+def test_models_folder_from_the_environment(home, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_MODELS", str(home / "weights"))
+    assert models.save_model(models.create_model("demo"), "custom/here") == home / "weights" / "here"
+
+
+def test_saving_replaces_only_when_asked_and_never_leaves_half_a_folder(home, monkeypatch):
+    first = models.create_model("demo")
+    models.save_model(first, "custom/kept")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        models.save_model(first, "custom/kept")
+
+    def broken(model, folder, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(timm.models, "save_for_hf", broken)
+        with pytest.raises(OSError, match="disk full"):
+            models.save_model(models.create_model("demo", num_classes=2), "custom/kept", overwrite=True)
+        with pytest.raises(OSError, match="disk full"):
+            models.save_model(first, "custom/new")
+    assert sorted(p.name for p in (home / "data" / "models").iterdir()) == ["kept"]  # no staging folders left
+    assert torch.equal(models.create_model("custom/kept").head.weight, first.head.weight)
+
+
+def test_custom_model_errors(home):
+    models.save_model(models.create_model("demo"), "custom/there")
+    with pytest.raises(FileNotFoundError, match=r"'custom/gone' not found.*save_model.*found in .*: custom/there"):
+        models.resolve_name("custom/gone")
+    with pytest.raises(ValueError, match="custom/<name> for your own ViT"):
+        models.resolve_name("my_vit")
+    with pytest.raises(ValueError, match="invalid custom model name"):
+        models.resolve_name("custom/a/b")
+    config_file = home / "data" / "models" / "there" / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "architecture": "resnet50"}))
+    with pytest.raises(ValueError, match="'resnet50', which is not a timm VisionTransformer"):
+        models.create_model("custom/there")
+    config_file.write_text(json.dumps(config))
+    (config_file.parent / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="has no weights: expected .*model.safetensors or .*pytorch_model.bin"):
+        models.create_model("custom/there")
+    with pytest.raises(ValueError, match="named custom/<name>"):
+        models.save_model(models.create_model("demo"), "mine")
+
+
+# --------------------------------------------------------------------------------------------
+# the analyses on them
+
+
+def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
+    models.save_model(models.create_model("demo"), "custom/vit")
+    fixtures.write_image_folder(home / "data" / "custom" / "shots" / "train", ["cat", "dog", "eel"], per_class=12)
+    fixtures.write_image_folder(home / "data" / "custom" / "shots" / "test", ["cat", "dog", "eel"], per_class=2)
+    fixtures.write_image_folder(home / "data" / "custom" / "pretraining", ["x", "y"], per_class=10)
+
+    config = finetune.Config(model="custom/vit", dataset="custom/shots", config="fc1", steps=4, warmup=1, eval_every=2, batch_size=8)
+    metrics = finetune.run(config)
+    assert metrics["num_classes"] == 3 and 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert config.folder() == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.01" / "seed=0"
+    runs, _ = results.load()
+    assert runs[["model", "dataset", "config"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
+
+    table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
+    assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots"
+    assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images
+    assert plasticity.collect()[["model", "dataset"]].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
+
+
+def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):
+    with pytest.raises(FileNotFoundError, match="custom/absent"):
+        finetune.run(finetune.Config(model="custom/absent", dataset="digits"))
+    assert not (home / "results").exists()
