@@ -20,6 +20,8 @@ n_pairs = 179  # number of (x, y) pairs (the paper: 12,800)
 batch_size = 64  # pairs per batch
 device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
+sample = "first"  # first: the first n_pairs images of each test split, paired by position (the paper); random: a random subset of each
+seed = 0  # seed of the random subset (sample="random")
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -27,7 +29,7 @@ import matplotlib.pyplot as plt
 
 from paperlib import paths, plasticity, plots
 
-table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False)
+table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 
 # %% [markdown]

@@ -18,6 +18,8 @@ n_pairs = 179  # pairs per missing result (the paper: 12,800)
 batch_size = 64  # pairs per batch
 device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ
+sample = "first"  # results whose pairs were drawn this way: first (the paper) or random (notebook 02's sample)
+seed = 0  # the seed of random draws to read and compute
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 include_all_results = False  # also show saved results of models and datasets not listed above
 
@@ -29,9 +31,9 @@ from paperlib import paths, plasticity, plots
 if compute_missing:
     for model in models:
         for dataset in datasets:
-            if not (plasticity.result_folder(model, dataset, inputs) / "metadata.json").is_file():
-                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False)
-summary = plasticity.collect(inputs)
+            if not (plasticity.result_folder(model, dataset, inputs, sample, seed) / "metadata.json").is_file():
+                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed)
+summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None)
 if not include_all_results:
     summary = summary[summary["model"].isin(models) & summary["dataset"].isin(datasets)]
 print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {summary['dataset'].nunique()} dataset(s)")

@@ -43,6 +43,37 @@ def check_inputs(inputs: str) -> str:
     return inputs
 
 
+SAMPLES = ("first", "random")
+"""How the pairs are drawn: ``first``, the first ``n_pairs`` images of each set paired by position
+(the authors' code, DESIGN.md); ``random``, a random subset of each set, drawn with a seed (class
+folders are sorted by class, so the first images of a large set are its first classes)."""
+
+
+def check_sample(sample: str) -> str:
+    """Return ``sample`` or raise a ValueError naming the valid choices."""
+    if sample not in SAMPLES:
+        raise ValueError(f"unknown sample {sample!r}; valid samples: {', '.join(SAMPLES)}")
+    return sample
+
+
+def pair_indices(n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0) -> tuple[list[int], list[int]]:
+    """Which images make the pairs: pair ``i`` is (reference[r[i]], target[t[i]]) for the returned (r, t).
+
+    ``first``: both ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, drawn
+    by one generator seeded with ``seed`` (the reference's first, then the target's), so the same
+    seed gives the same pairs on every machine.
+    """
+    check_sample(sample)
+    if not 1 <= n_pairs <= min(n_reference, n_target):
+        raise ValueError(f"n_pairs must be in 1..{min(n_reference, n_target)} (the reference has {n_reference} images and the target {n_target}), got {n_pairs}")
+    if sample == "first":
+        return list(range(n_pairs)), list(range(n_pairs))
+    generator = torch.Generator().manual_seed(seed)
+    reference = torch.randperm(n_reference, generator=generator)[:n_pairs]
+    target = torch.randperm(n_target, generator=generator)[:n_pairs]
+    return reference.tolist(), target.tolist()
+
+
 def embed(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """Token sequences (B, n, d) of the embedding layer: patches, class token, positions."""
     return model._pos_embed(model.patch_embed(images))
@@ -293,10 +324,13 @@ def measure(
     inputs: str = "embedding",
     num_workers: int = 0,
     progress: bool = True,
+    sample: str = "first",
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Rates of change over ``n_pairs`` image pairs streamed from two datasets (§5.1).
 
-    Pair ``i`` is (``reference[i]``, ``target[i]``): reference = images of the pretraining
+    Pair ``i`` is (``reference[i]``, ``target[i]``) (``sample="first"``, the paper's; or a seeded
+    random subset of each set, ``pair_indices``): reference = images of the pretraining
     distribution, target = the downstream test split, both yielding (normalised image, label).
     Returns the tidy table of ``rates`` for all pairs.
     """
@@ -311,11 +345,12 @@ def measure(
         raise ValueError(f"n_pairs={n_pairs} but only {available} pairs: the reference has {len(reference)} images and the target {len(target)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    indices = pair_indices(len(reference), len(target), n_pairs, sample, seed)
     device = torch.device(device)
     model = model.to(device)
     loaders = [
-        DataLoader(Subset(dataset, range(n_pairs)), batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
-        for dataset in (reference, target)
+        DataLoader(Subset(dataset, chosen), batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+        for dataset, chosen in zip((reference, target), indices)
     ]
     chunks = []
     with _evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
@@ -333,9 +368,11 @@ def results_root(inputs: str = "embedding"):
     return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
 
 
-def result_folder(model: str, dataset: str, inputs: str = "embedding"):
-    """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result."""
-    return results_root(inputs) / model / dataset
+def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0):
+    """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
+    (``<dataset>+random-seed=<seed>`` for pairs drawn at random)."""
+    leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
+    return results_root(inputs) / model / leaf
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
@@ -375,13 +412,17 @@ def run(
     severity: int = 5,
     progress: bool = True,
     num_workers: int | None = None,
+    sample: str = "first",
+    seed: int = 0,
 ) -> tuple[pd.DataFrame, Path]:
     """Measure one model on one downstream dataset against reference images, and save the result.
 
     The model's pretrained weights; the test splits of both datasets at the model's resolution.
     ``n_pairs`` is at most that many pairs: a test split with fewer images (Cifar10-C's 2,000,
     Pets' 3,669 against the paper's 12,800) gives as many pairs as it has, and the metadata record
-    both (``n_pairs`` used, ``n_pairs_requested``). ``num_workers``: DataLoader workers decoding
+    both (``n_pairs`` used, ``n_pairs_requested``). ``sample``/``seed``: which images make the pairs
+    (``SAMPLES``; the paper's ``first``, or ``random`` with its seed, saved in a folder of its own).
+    ``num_workers``: DataLoader workers decoding
     images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
     waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
     """
@@ -391,6 +432,7 @@ def run(
     from .loader import decode_workers
 
     check_inputs(inputs)
+    check_sample(sample)
     network = models.create_model(model)
     size = network.patch_embed.img_size[0]
     reference_set = data.get_dataset(reference, "test", root=root, image_size=size)
@@ -403,13 +445,15 @@ def run(
     pairs = min(n_pairs, len(reference_set), len(target_set))
     if pairs < n_pairs and progress:
         print(f"{dataset}: {pairs} pairs, not {n_pairs}: {reference} has {len(reference_set)} test images and {dataset} {len(target_set)}")
-    table = measure(network, reference_set, target_set, pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress)
+    table = measure(network, reference_set, target_set, pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress, sample=sample, seed=seed)
     metadata = {
         "model": model,
         "dataset": dataset,
         "reference": reference,
         "n_pairs": pairs,
         "n_pairs_requested": n_pairs,
+        "sample": sample,
+        "seed": seed if sample == "random" else None,
         "inputs": inputs,
         "image_size": size,
         "severity": severity if dataset.startswith("cifar10c/") else None,
@@ -417,28 +461,37 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    return table, save(table, result_folder(model, dataset, inputs), metadata)
+    return table, save(table, result_folder(model, dataset, inputs, sample, seed), metadata)
 
 
-def collect(inputs: str = "embedding", root=None) -> pd.DataFrame:
-    """P(f) of every saved result: one row per model, dataset and component.
+def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None) -> pd.DataFrame:
+    """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
-    pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``.
+    pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
+    ``sample``, ``seed``. Only results whose pairs were drawn by ``sample`` (the paper's ``first``
+    by default; None: all) and, if given, ``seed``: a model and dataset measured on several draws
+    would otherwise count twice.
     """
     import json
+    if sample is not None:
+        check_sample(sample)
     base = Path(root) if root is not None else results_root(inputs)
     rows = []
     for metadata_file in sorted(base.rglob("metadata.json")):
         metadata = json.loads(metadata_file.read_text())
+        drawn, drawn_seed = metadata.get("sample", "first"), metadata.get("seed")  # results from before the option: first
+        if (sample is not None and drawn != sample) or (seed is not None and drawn_seed != seed):
+            continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
             rows.append({
                 "model": metadata.get("model"), "dataset": metadata.get("dataset"), "reference": metadata.get("reference"),
                 "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"]), "n_pairs": metadata.get("n_pairs"),
+                "sample": drawn, "seed": drawn_seed,
             })
-    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs"]
+    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs", "sample", "seed"]
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     return table

@@ -225,6 +225,47 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_pat
         plasticity.run("demo", "digits", "digits_source", n_pairs=0, progress=False)
 
 
+def test_pair_indices_first_and_random():
+    assert plasticity.pair_indices(10, 8, 5) == (list(range(5)), list(range(5)))
+    reference, target = plasticity.pair_indices(10, 8, 6, "random", seed=3)
+    assert len(set(reference)) == len(set(target)) == 6 and max(reference) < 10 and max(target) < 8
+    assert plasticity.pair_indices(10, 8, 6, "random", seed=3) == (reference, target)  # the seed fixes the draw
+    assert plasticity.pair_indices(10, 8, 6, "random", seed=4) != (reference, target)
+    many = plasticity.pair_indices(1000, 1000, 500, "random", seed=0)
+    assert many[0] != many[1] and max(many[0]) > 900  # two draws, from the whole sets
+    with pytest.raises(ValueError, match="valid samples: first, random"):
+        plasticity.pair_indices(10, 8, 5, "shuffled")
+    with pytest.raises(ValueError, match=r"n_pairs must be in 1..8"):
+        plasticity.pair_indices(10, 8, 9, "random")
+
+
+def test_random_pairs_are_the_drawn_images_paired(demo):
+    from torch.utils.data import Subset, TensorDataset
+
+    x, y = _pairs(12)
+    model, reference, target = demo, TensorDataset(x, torch.zeros(12)), TensorDataset(y[:10], torch.zeros(10))
+    drawn_reference, drawn_target = plasticity.pair_indices(len(reference), len(target), 6, "random", seed=7)
+    drawn = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False, sample="random", seed=7)
+    by_hand = plasticity.measure(model, Subset(reference, drawn_reference), Subset(target, drawn_target), 6, batch_size=4, progress=False)
+    assert drawn["rate"].tolist() == by_hand["rate"].tolist()
+    first = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False)
+    assert drawn["rate"].tolist() != first["rate"].tolist()
+
+
+def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    _, first = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+    _, drawn = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, sample="random", seed=3)
+    assert first == tmp_path / "plasticity" / "demo" / "digits"
+    assert drawn == plasticity.result_folder("demo", "digits", sample="random", seed=3) == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
+    assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {"first"}  # the paper's draw only, by default
+    assert plasticity.collect(sample="random")["seed"].tolist() == [3] * 5
+    assert plasticity.collect(sample="random", seed=4).empty
+    assert len(plasticity.collect(sample=None)) == 10
+    with pytest.raises(ValueError, match="valid samples"):
+        plasticity.run("demo", "digits", "digits_source", n_pairs=4, progress=False, sample="all")
+
+
 def _synthetic_table(levels, n_pairs, blocks=3, noise=0.1, seed=0):
     """A tidy table whose rates are ``levels[component]`` plus independent noise."""
     import numpy as np
