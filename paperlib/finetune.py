@@ -862,3 +862,30 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 def history(config: Config) -> pd.DataFrame:
     """The history table of a run."""
     return pd.read_csv(config.folder() / "history.csv")
+
+
+NOTEBOOK_NAMES = {"component": "config", "compile_model": "compile"}
+"""Notebook 05's parameter names that differ from ``Config``'s (its parameter files use them)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib.finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]``:
+    one run, as notebook 05 runs it, without the notebook; prints its metrics as JSON."""
+    from . import cli
+
+    defaults = {f.name: f.default for f in fields(Config)}
+    values = cli.parameters(argv, defaults, NOTEBOOK_NAMES, "One finetuning run (paper §5.2); notebook 05's parameters.", "python -m paperlib.finetune", flexible=frozenset({"compile"}))
+    try:
+        config = Config(**values).validate()
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}")
+        return 2
+    metrics = run(config, progress=True)
+    cli.print_json({"folder": paths.display(config.folder()), **metrics})
+    return 0
+
+
+if __name__ == "__main__":  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+    from paperlib.finetune import main as _main
+
+    raise SystemExit(_main())

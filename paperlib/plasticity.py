@@ -495,3 +495,36 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     return table
+
+
+CLI_DEFAULTS = {"model": "demo", "dataset": "digits", "reference": "digits_source", "n_pairs": 179}
+"""``python -m paperlib.plasticity``'s defaults for ``run``'s required arguments: notebook 02's (the demo world)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
+    one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
+    import inspect
+
+    from . import cli, paths
+
+    signature = inspect.signature(run).parameters
+    defaults = {name: CLI_DEFAULTS.get(name, p.default) for name, p in signature.items()}
+    defaults["num_workers"] = 0  # run's None (automatic) as a number a command line can give; None stays automatic
+    values = cli.parameters(argv, defaults, {"data_root": "root"}, "Plasticity of every component (paper §5.1); notebook 02's parameters.", "python -m paperlib.plasticity")
+    values.setdefault("num_workers", None)
+    try:
+        table, folder = run(**{**CLI_DEFAULTS, **values})
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}")
+        return 2
+    ranked = ranking(table)
+    print(ranked.round(4).to_string())
+    print(f"Kendall's tau with the paper's ranking: {paper_agreement(table):.2f}; saved in {paths.display(folder)}")
+    return 0
+
+
+if __name__ == "__main__":  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+    from paperlib.plasticity import main as _main
+
+    raise SystemExit(_main())

@@ -1,0 +1,65 @@
+"""``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line."""
+
+import json
+
+import pytest
+
+from paperlib import cli, finetune, plasticity
+
+
+def test_values_take_the_type_of_the_default():
+    assert cli.coerce("lr", "1e-2", 0.01) == 0.01 and isinstance(cli.coerce("lr", 1, 0.01), float)
+    assert cli.coerce("steps", "1e3", 300) == 1000 and cli.coerce("steps", 40, 300) == 40
+    assert cli.coerce("graph", "True", False) is True and cli.coerce("graph", "no", False) is False
+    assert cli.coerce("data_root", "null", None) is None and cli.coerce("model", 5, "demo") == "5"
+    for name, value, default, message in [("steps", "2.5", 1, "steps must be int"), ("lr", "fast", 0.1, "lr must be float"), ("graph", "maybe", False, "true or false")]:
+        with pytest.raises(ValueError, match=message):
+            cli.coerce(name, value, default)
+
+
+def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("dataset: digits_c/snow\nsteps: 50\nbatch_size: 8\ncompile_model: false\n")
+    second.write_text("steps: 4\nwarmup: 1\neval_every: 2\n")  # later files win
+    assert finetune.main(["-f", str(first), "-f", str(second), "--component", "ln2", "--lr", "3e-2", "--seed", "5"]) == 0
+    config = finetune.Config(dataset="digits_c/snow", config="ln2", lr=0.03, seed=5, steps=4, batch_size=8, warmup=1, eval_every=2)
+    saved = json.loads((config.folder() / "params.json").read_text())
+    assert config.folder().is_relative_to(tmp_path / "results") and saved["steps"] == 4 and saved["config"] == "ln2"
+    assert json.loads((config.folder() / "metrics.json").read_text())["status"] == "finished"
+
+
+def test_finetune_command_prints_the_metrics(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    assert finetune.main(["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4", "--component", "linear"]) == 0
+    out = capsys.readouterr().out
+    printed = json.loads(out[out.index("{\n"):])
+    assert printed["status"] == "finished" and printed["folder"].endswith("linear/lr=0.01/seed=0")
+
+
+def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    assert finetune.main(["--component", "attn"]) == 2
+    assert "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        finetune.main(["--lr", "fast"])
+    assert "lr must be float" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("component: mha\nlearning_rate: 0.1\n")
+    with pytest.raises(SystemExit):
+        finetune.main(["-f", str(bad)])
+    assert "unknown parameter(s) learning_rate; valid: " in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        finetune.main(["--epochs", "3"])
+    assert not (tmp_path / "finetune").exists()
+
+
+def test_plasticity_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    assert plasticity.main(["--n-pairs", "6", "--batch-size", "3", "--progress", "false", "--sample", "random", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Kendall's tau" in out and all(label in out for label in ("MHA", "FC1", "FC2", "LN2", "LN1"))
+    metadata = json.loads((plasticity.result_folder("demo", "digits", sample="random", seed=1) / "metadata.json").read_text())
+    assert (metadata["n_pairs"], metadata["sample"], metadata["seed"], metadata["reference"]) == (6, "random", 1, "digits_source")
+    assert plasticity.main(["--dataset", "digits_c/nowhere", "--progress", "false"]) == 2
+    assert "unknown dataset 'digits_c/nowhere'" in capsys.readouterr().out
