@@ -452,6 +452,31 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
     return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
 
 
+def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path, overwrite: bool = False) -> Path:
+    """Write a dataset split as ``folder/<class>/<image>``, the layout ``custom/<name>`` reads (one
+    ``train/`` or ``test/`` folder of it, or the whole of a flat one). Array images become PNG files
+    (lossless), files are copied as they are; each is named by its key. Written whole or not at all
+    (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
+    ``ImageFolder`` indexes them."""
+    import shutil
+
+    from PIL import Image
+
+    def safe(text) -> str:
+        return str(text).replace("/", "_").replace("\\", "_")
+
+    def fill(staging: Path) -> None:
+        for index, (target, key) in enumerate(zip(dataset.targets.tolist(), dataset.keys)):
+            target_folder = staging / safe(dataset.classes[target])
+            target_folder.mkdir(exist_ok=True)
+            if isinstance(dataset, ImageDataset):
+                Image.fromarray(dataset.images[index].permute(1, 2, 0).numpy()).save(target_folder / f"{safe(key)}.png")
+            else:
+                shutil.copyfile(dataset.files[index], target_folder / f"{safe(Path(key).with_suffix(''))}{dataset.files[index].suffix}")
+
+    return paths.atomic_folder(folder, fill, overwrite)
+
+
 def custom_names(root: str | Path | None = None) -> list[str]:
     """The ``custom/<name>`` datasets found under ``<root>/custom/`` (default root: the data root)."""
     base = (Path(root).expanduser() if root is not None else paths.data_dir()) / "custom"

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import timm
@@ -136,24 +133,8 @@ def save_model(model: VisionTransformer, name: str, model_args: dict | None = No
         raise ValueError(f"a saved model is named custom/<name>, got {name!r}")
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"save_model saves a timm VisionTransformer, got {type(model).__name__}")
-    folder = custom_folder(name)
-    if folder.exists() and not overwrite:
-        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace model {name!r}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
-        timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)
-        if folder.exists():  # replace: the old folder goes aside first, so one of the two is always whole
-            aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))
-            os.replace(folder, aside / folder.name)
-            os.replace(staging, folder)
-            shutil.rmtree(aside)
-        else:
-            os.replace(staging, folder)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
-    return folder
+    write = lambda staging: timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)  # noqa: E731
+    return paths.atomic_folder(custom_folder(name), write, overwrite)
 
 
 def resolve_name(name: str) -> str:

@@ -101,3 +101,31 @@ def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o6
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write a text file atomically (UTF-8)."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
+    """Make ``folder`` through ``fill(staging_folder)`` and a rename: whole or not at all.
+
+    An existing ``folder`` is an error unless ``overwrite``; then it is moved aside before the new
+    one takes its place and deleted after, so one of the two is always whole on disk.
+    """
+    import shutil
+
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        fill(staging)
+        if folder.exists():
+            aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))
+            os.replace(folder, aside / folder.name)
+            os.replace(staging, folder)
+            shutil.rmtree(aside)
+        else:
+            os.replace(staging, folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder

@@ -229,3 +229,23 @@ def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):
     with pytest.raises(FileNotFoundError, match="custom/absent"):
         finetune.run(finetune.Config(model="custom/absent", dataset="digits"))
     assert not (home / "results").exists()
+
+
+def test_exported_class_folders_read_back_as_the_same_images(home):
+    base = home / "data" / "custom" / "digits_copy"
+    for split in ("trainval", "test"):
+        data.export_class_folders(data.get_dataset("digits", split), base / ("train" if split == "trainval" else "test"))
+    for split in ("trainval", "test"):
+        original = data.get_dataset("digits", split)
+        copy = loader.uint8_images(data.get_dataset("custom/digits_copy", split), cache_size=32)
+        assert copy.classes == original.classes == ["5", "6", "7", "8", "9"]
+        by_key = {int(Path(key).stem): i for i, key in enumerate(copy.keys)}
+        order = [by_key[key] for key in original.keys]
+        assert torch.equal(copy.images[order], original.images) and torch.equal(copy.targets[order], original.targets)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        data.export_class_folders(data.get_dataset("digits", "test"), base / "test")
+    files = data.get_dataset("custom/digits_copy", "test")  # files are copied as they are
+    data.export_class_folders(files, home / "copied")
+    first, key = files.files[0], files.keys[0]  # named by key (file names alone may repeat across folders)
+    assert key == f"test/{first.parent.name}/{first.name}"
+    assert (home / "copied" / first.parent.name / f"test_{first.parent.name}_{first.name}").read_bytes() == first.read_bytes()

@@ -1,0 +1,121 @@
+# %% [markdown]
+# # 08 · Your own ViT and your own images (beyond the paper)
+#
+# The paper measures the plasticity of ViT-Base and ViT-Huge on eleven public benchmarks (§5.1)
+# and finetunes each component on them (§5.2). This notebook runs the same two analyses on a model
+# and a dataset you bring: a ViT saved as `custom/<name>` (`<models dir>/<name>/`, timm's hub
+# layout) and images in class folders under `<data root>/custom/<name>/`. Every other notebook,
+# run and sweep takes these names too (README: "Your own ViT and your own images").
+#
+# At demo scale (the default), `make_example` first makes both from the demo world: the demo ViT
+# saved as `custom/demo_vit`, and digits 5-9 written as PNG class folders, `train/` and `test/`, as
+# `custom/demo_digits`. For your own, save your model and put your folders there, then run
+# `papermill notebooks/08_your_own_vit_and_data.ipynb out.ipynb -p make_example False -p model custom/<yours> -p dataset custom/<yours> -p reference imagenet -p device cuda`
+# with the paper's settings (`-p n_pairs 12800 -p steps 10000 -p batch_size 512`).
+# Demo numbers are not the paper's.
+
+# %% tags=["parameters"]
+make_example = True  # save the demo ViT and the demo digits under the names below first, if missing
+model = "custom/demo_vit"  # your ViT: custom/<name> (or any model name the package knows)
+dataset = "custom/demo_digits"  # your images: custom/<name> (or any dataset name)
+reference = "digits_source"  # pretraining-distribution images for plasticity (the paper: imagenet; or custom/<name>)
+n_pairs = 179  # plasticity pairs (the paper: 12,800)
+sample = "first"  # first (the paper: paired by position) or random (a seeded random subset of each set)
+components_to_finetune = ["mha", "fc1", "ln1"]  # finetuning configurations to compare (any of mha, fc1, fc2, ln2, ln1, full, linear)
+lr = 0.03  # peak learning rate of every run
+steps = 60  # optimisation steps per run (the paper: 4,000 to 20,000)
+batch_size = 32  # images per step (the paper: 512)
+warmup = 6  # linear warm-up steps
+eval_every = 10  # validation every this many steps
+seed = 0  # seed of the head, the validation split, the batches and a random sample
+device = "cpu"  # cpu or cuda
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from paperlib import components, data, finetune, models, paths, plasticity, plots
+
+if make_example:
+    if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
+        models.save_model(models.create_model("demo"), model)
+    if dataset.startswith("custom/") and not (paths.data_dir() / dataset).is_dir():
+        for split, folder in (("trainval", "train"), ("test", "test")):
+            data.export_class_folders(data.get_dataset("digits", split), paths.data_dir() / dataset / folder)
+
+# %% [markdown]
+# ## What is there
+#
+# The custom models and datasets found, and what this model and dataset are: the architecture
+# from the model's `config.json`, the classes from the training folder.
+
+# %%
+print("custom models:", ", ".join(models.custom_model_names()) or "none")
+print("custom datasets:", ", ".join(data.dataset_names("custom")) or "none")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+network = models.create_model(model)
+train, test = data.get_dataset(dataset, "trainval"), data.get_dataset(dataset, "test")
+print(f"{model}: {len(network.blocks)} blocks, width {network.embed_dim}, {network.patch_embed.img_size[0]}px input, "
+      f"{sum(p.numel() for p in network.parameters()):,} parameters")
+print(f"{dataset}: {len(train.classes)} classes ({', '.join(train.classes)}), {len(train)} training and {len(test)} test images")
+
+# %% [markdown]
+# ## Plasticity of each component (§5.1, Definition 1)
+#
+# Rates of change `||f(x) - f(y)||_F / ||x - y||_F` of every component of every block on pairs of
+# a reference image x and an image y of your test split, and P(f), their mean, ranked. The paper
+# finds MHA > FC1 > FC2 > LN2 > LN1 on its models; yours need not follow it.
+
+# %%
+table, folder = plasticity.run(model, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed)
+ranked = plasticity.ranking(table)
+print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's tau with the paper's ranking: {plasticity.paper_agreement(table):.2f}")
+ranked.round(3)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+plots.rate_distributions(table, axes[0])
+axes[0].set_title(f"{model} on {dataset}: rates of change")
+plots.plasticity_along_depth(plasticity.plasticity_by_block(table), axes[1])
+axes[1].set_title("plasticity along depth")
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample))
+plt.show()
+
+# %% [markdown]
+# ## Finetuning one component at a time (§5.2)
+#
+# The paper's protocol (SGD with momentum 0.9, warm-up and cosine decay, clipping at norm 1, the
+# test accuracy of the best-validation checkpoint) for each configuration, the new head and the
+# final norm trained with it. The paper finds that the more plastic the component, the better and
+# steadier the result; one learning rate and one seed, as here, is a first look, not its test
+# (notebook 07 and a sweep over learning rates and seeds are).
+
+# %%
+rows = []
+for component in components_to_finetune:
+    config = finetune.Config(model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps,
+                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device)
+    metrics = finetune.run(config)
+    rows.append({"configuration": components.LABELS[component], "plasticity": ranked["plasticity"].get(components.LABELS[component]),
+                 "status": metrics["status"], "test accuracy": metrics.get("test_accuracy"),
+                 "trainable parameters": metrics.get("trainable_parameters"), "history": finetune.history(config)})
+summary = pd.DataFrame(rows).set_index("configuration")
+summary.drop(columns="history").round(3)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+for component, (label, row) in zip(components_to_finetune, summary.iterrows()):
+    history = row["history"]
+    axes[0].plot(history["step"], history["grad_norm"], color=plots.COLORS[component], label=label)
+    evals = history.dropna(subset=["val_accuracy"])
+    axes[1].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=plots.COLORS[component], label=label)
+axes[0].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
+axes[1].set(xlabel="step", ylabel="validation accuracy")
+axes[1].legend(frameon=False)
+fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, f"lr{lr:g}", f"seed{seed}"))
+plt.show()
