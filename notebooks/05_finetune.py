@@ -31,6 +31,8 @@ attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, e
 precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
 fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (gelu+qkv on a GPU, none on a CPU), none, all, or gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass), several joined by "+"
 graph = False  # replay each step from a CUDA graph (GPU only; the same step without the gaps between its kernels)
+optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
+weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -42,6 +44,7 @@ config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
     compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
+    optimizer=optimizer, weight_decay=weight_decay,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)
@@ -80,7 +83,7 @@ if metrics["best_step"]:
 axes[2].set(xlabel="step", ylabel="validation accuracy")
 fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision))
+plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}"))
 plt.show()
 
 # %% [markdown]

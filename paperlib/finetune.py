@@ -4,7 +4,8 @@
     metrics = run(Config(model="demo", dataset="digits", config="mha", lr=0.01, steps=300))
 
 Protocol: a new classification head; trainable = the chosen component in every block + the head
-+ the final LayerNorm (``components.set_trainable``); SGD with momentum 0.9 and no weight decay;
++ the final LayerNorm (``components.set_trainable``); SGD with momentum 0.9 and no weight decay
+(or, beyond the paper, AdamW: ``optimizer``, ``weight_decay``);
 linear warm-up then cosine decay to 0; gradients clipped at global norm 1 (the logged norm is the
 one clipping saw); evaluation on the ``val`` split (20% of the training set, chosen by the seed)
 every ``eval_every`` steps; the result is the test accuracy of the best-validation checkpoint.
@@ -70,6 +71,8 @@ class Config:
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
+    optimizer: str = "sgd"  # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
     compile: bool | str = False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
@@ -91,7 +94,13 @@ class Config:
             raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
-        self.step_options().checked(self.device)
+        check_optimizer(self.optimizer, self.weight_decay)
+        options = self.step_options().checked(self.device)
+        if self.optimizer != "sgd" and fuses_update(options.fused, torch.device(self.device)):
+            raise ValueError(f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
+                             "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
+        if self.optimizer != "sgd" and self.graph:
+            raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
         return self
 
     def step_options(self) -> StepOptions:
@@ -100,8 +109,11 @@ class Config:
 
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
-        unless the precision is the protocol's: a bf16 run never replaces an autocast one."""
+        unless the precision is the protocol's and ``-<optimizer>[-wd<weight decay>]`` unless the
+        optimizer is: a bf16 or AdamW run never replaces one of the paper's."""
         run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
+        if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
+            run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
@@ -451,10 +463,40 @@ class FusedSGD(torch.optim.SGD):
         return total
 
 
-def make_optimizer(parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False) -> torch.optim.SGD:
+OPTIMIZERS = ("sgd", "adamw")
+"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
+tailored optimisation of each module)."""
+
+
+def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
+    """``optimizer`` if valid with ``weight_decay``; otherwise a ValueError with the valid choices."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    if optimizer == "sgd" and weight_decay:
+        raise ValueError("the paper's SGD has no weight decay: weight_decay is for optimizer='adamw'")
+    return optimizer
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """The trainable parameters of ``model`` in two AdamW groups, by timm's rule
+    (``timm.optim.param_groups_weight_decay``): weight matrices decay; biases, norms (1-d) and the
+    model's ``no_weight_decay()`` (a ViT's position embedding and class token) do not."""
+    from timm.optim import param_groups_weight_decay
+
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    return [group for group in param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip) if group["params"]]
+
+
+def make_optimizer(parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False,
+                   optimizer: str = "sgd", weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """SGD with momentum and no weight decay (appendix C.3): one fused update kernel on CUDA
     (``torch.optim.SGD(fused=True)``); with ``fused_update``, ``FusedSGD`` (clipping, the update
-    and master copies in one pass)."""
+    and master copies in one pass). ``optimizer="adamw"``: ``torch.optim.AdamW`` (fused on CUDA)
+    with ``weight_decay``; ``parameters`` may then be ``decay_groups``."""
+    if check_optimizer(optimizer, weight_decay) == "adamw":
+        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
     if fused_update:
         return FusedSGD(parameters, lr=lr, momentum=momentum)
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=0.0, fused=device.type == "cuda")
@@ -775,7 +817,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
     val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
     test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
-    optimizer = make_optimizer(trainable, config.lr, config.momentum, device, fuses_update(options.fused, device))
+    groups = decay_groups(model, config.weight_decay) if config.optimizer == "adamw" else trainable
+    optimizer = make_optimizer(groups, config.lr, config.momentum, device, fuses_update(options.fused, device), config.optimizer, config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
     start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
@@ -852,6 +895,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "images_per_second": round(seen / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "precision": config.precision,
+        "optimizer": config.optimizer,
         "torch": torch.__version__,
     }
     _write_json(folder / "metrics.json", metrics)

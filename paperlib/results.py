@@ -1,6 +1,6 @@
 """Finetuning runs as tables (paper §5.2): every run under a results root, histories, what is missing.
 
-``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>]/``
+``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>][-<optimizer>...]/``
 folders written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
 ``diverged`` runs carry their metrics; a run without ``metrics.json`` is ``partial`` (interrupted
 or still running). ``missing(runs, spec)`` lists the runs a sweep spec expects and that have no
@@ -17,11 +17,11 @@ import pandas as pd
 from . import paths
 
 RUN_COLUMNS = [
-    "model", "dataset", "config", "lr", "seed", "precision", "status", "best_val_accuracy", "best_step",
+    "model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay", "status", "best_val_accuracy", "best_step",
     "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
 ]
-KEYS = ["model", "dataset", "config", "lr", "seed", "precision"]
-DEFAULTS = {"precision": "autocast"}
+KEYS = ["model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay"]
+DEFAULTS = {"precision": "autocast", "optimizer": "sgd", "weight_decay": 0.0}
 """The value of a key for runs (and specs) written before it existed."""
 
 
@@ -56,20 +56,23 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def expected(spec: dict) -> pd.DataFrame:
-    """The runs a finetuning sweep spec asks for (model, dataset, config, lr, seed, precision)."""
+    """The runs a finetuning sweep spec asks for (``KEYS``)."""
     from .sweep import expand
 
     return pd.DataFrame(
         [{"model": r.parameters["model"], "dataset": r.parameters["dataset"], "config": r.parameters["component"],
           "lr": float(r.parameters["lr"]), "seed": int(r.parameters["seed"]),
-          "precision": r.parameters.get("precision", DEFAULTS["precision"])} for r in expand(spec)]
+          "precision": r.parameters.get("precision", DEFAULTS["precision"]),
+          "optimizer": r.parameters.get("optimizer", DEFAULTS["optimizer"]),
+          "weight_decay": float(r.parameters.get("weight_decay", DEFAULTS["weight_decay"]))} for r in expand(spec)],
+        columns=KEYS,
     )
 
 
 def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
     """Runs expected by ``spec`` that have no folder under the results root."""
     wanted = expected(spec)
-    have = runs[KEYS].astype({"lr": float, "seed": int}) if len(runs) else pd.DataFrame(columns=KEYS)
+    have = runs[KEYS].astype({"lr": float, "seed": int, "weight_decay": float}) if len(runs) else pd.DataFrame(columns=KEYS)
     merged = wanted.merge(have, on=KEYS, how="left", indicator=True)
     return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from paperlib import components, finetune, kernels, models
+from paperlib import components, finetune, kernels, models, stats
+from paperlib import results as results_module
 from paperlib.finetune import Config
 
 
@@ -612,3 +613,68 @@ def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_p
     assert graphed["train_loss"].tolist() == pytest.approx(losses["train_loss"].tolist(), rel=1e-5)
     assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(losses["val_accuracy"].dropna().tolist(), abs=1e-9)
     assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
+
+
+def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(results):
+    sgd = finetune.run(small(config="ln2"))
+    model, adamw = finetune.train(small(config="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05))
+    assert adamw["status"] == "finished" and adamw["optimizer"] == "adamw" and sgd["optimizer"] == "sgd"
+    assert small(optimizer="adamw", weight_decay=0.05).folder().name == "seed=0-adamw-wd0.05"
+    assert small(optimizer="adamw", precision="bf16").folder().name == "seed=0-bf16-adamw"
+    torch.manual_seed(0)
+    initial = components.set_trainable(models.create_model("demo", num_classes=5), "ln2")
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
+    assert changed and changed <= {n for n, _ in components.trainable_parameters(initial)}
+    runs, _ = results_module.load()
+    assert sorted(runs["optimizer"]) == ["adamw", "sgd"] and sorted(runs["weight_decay"]) == [0.0, 0.05]
+
+
+def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
+    model = components.set_trainable(models.create_model("demo", num_classes=5), "full")
+    groups = finetune.decay_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
+    kept = {names[id(p)] for g in groups if not g["weight_decay"] for p in g["params"]}
+    assert "blocks.0.attn.qkv.weight" in decayed and "head.weight" in decayed
+    assert {"blocks.0.attn.qkv.bias", "blocks.0.norm1.weight", "pos_embed", "cls_token", "norm.weight"} <= kept
+    assert decayed.isdisjoint(kept) and decayed | kept == {n for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = finetune.make_optimizer(groups, 1e-3, 0.9, torch.device("cpu"), optimizer="adamw", weight_decay=0.1)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.999)
+    weight, bias = model.head.weight, model.head.bias
+    before_w, before_b = weight.detach().clone(), bias.detach().clone()
+    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)  # no gradient: only the decay moves a weight
+    optimizer.step()
+    assert torch.allclose(weight, before_w * (1 - 1e-3 * 0.1)) and torch.equal(bias, before_b)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"optimizer": "adam"}, "valid optimizers: sgd, adamw"),
+        ({"weight_decay": 0.05}, "weight_decay is for optimizer='adamw'"),
+        ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a non-negative number"),
+        ({"optimizer": "adamw", "fused": "update"}, "fused SGD update, which adamw does not have"),
+    ],
+)
+def test_bad_optimizer_parameters_fail_before_any_work(results, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        finetune.run(small(**overrides))
+    assert not results.exists()
+
+
+def test_adamw_resumes_after_an_interruption_as_if_uninterrupted(results, tmp_path, monkeypatch):
+    config = small(config="fc1", optimizer="adamw", lr=1e-3, weight_decay=0.01)
+    reference = finetune.run(config)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
+    interrupted(config, 9, monkeypatch)
+    assert (config.folder() / "checkpoint.pt").is_file()
+    assert same_metrics(finetune.run(config)) == same_metrics(reference)
+
+
+def test_table6_refuses_runs_of_two_optimizers(results):
+    finetune.run(small(config="ln2", steps=4, eval_every=2))
+    finetune.run(small(config="ln2", steps=4, eval_every=2, optimizer="adamw", lr=1e-3))
+    runs, _ = results_module.load()
+    with pytest.raises(ValueError, match="one optimizer, got adamw, sgd"):
+        stats.table6(runs)
+    assert len(stats.table6(runs[runs["optimizer"] == "sgd"])) == 1
