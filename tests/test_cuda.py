@@ -8,6 +8,7 @@ on a CPU, to check the tests themselves.
 
 import copy
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -151,6 +152,21 @@ def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_
     bf16_losses = finetune.history(_small(config="full", precision="bf16"))["train_loss"].to_numpy()
     assert np.allclose(bf16_losses[:4], losses[:4], rtol=3e-2)  # later steps drift apart, as any two roundings do
     assert bf16_losses[-4:].mean() < bf16_losses[:4].mean()  # and it trains
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_adamw_finetuning_on_the_device_follows_the_cpu_run(precision, results, monkeypatch, tmp_path):
+    # fused AdamW on CUDA (with fp32 masters under bf16) against torch's reference AdamW on the CPU
+    config = _small(config="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
+    metrics = finetune.run(config)
+    assert metrics["status"] == "finished" and metrics["optimizer"] == "adamw"
+    assert bool(finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE, optimizer="adamw").defaults["fused"]) == (DEVICE.type == "cuda")
+    losses = finetune.history(config)["train_loss"].to_numpy()
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
+    cpu = replace(config, device="cpu", precision="autocast")
+    finetune.run(cpu)
+    assert np.allclose(losses[:4], finetune.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert losses[-4:].mean() < losses[:4].mean()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
