@@ -82,8 +82,12 @@ def ensure(spec: dict, progress: bool = False) -> None:
 
     For demo-scale specs; paper-scale sweeps go through ``python -m paperlib.sweep``.
     """
-    from .finetune import Config, run
+    from . import cli
+    from .finetune import NOTEBOOK_NAMES, Config, run
+    from .sweep import expand
 
-    fixed = {k: v for k, v in (spec.get("parameters") or {}).items() if k in Config.__dataclass_fields__}
-    for _, row in expected(spec).iterrows():
-        run(Config(**{**fixed, "model": row["model"], "dataset": row["dataset"], "config": row["config"], "lr": row["lr"], "seed": int(row["seed"])}), progress=progress)
+    defaults = {name: field.default for name, field in Config.__dataclass_fields__.items()}
+    for spec_run in expand(spec):  # each run's own parameters: the fixed ones and its grid's (precision, steps...)
+        values = {NOTEBOOK_NAMES.get(key, key): value for key, value in spec_run.parameters.items()}
+        config = {key: value if key == "compile" else cli.coerce(key, value, defaults[key]) for key, value in values.items() if key in defaults}
+        run(Config(**config), progress=progress)

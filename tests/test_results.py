@@ -167,3 +167,27 @@ def test_relative_gain_and_pooled_standard_error(tree):
     assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part))
     one_seed = stats.table6(runs[runs["seed"] == 0])
     assert math.isnan(stats.average(one_seed).set_index("config").loc["mha", "pooled_se"])
+
+
+def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkeypatch):
+    # a list of grids with their own steps (as the paper's spec has per dataset group), a grid key
+    # (precision, optimizer) that is not a fixed parameter, notebook names (component,
+    # compile_model) and a learning rate that YAML reads as a string
+    from paperlib import finetune
+
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    started = []
+    monkeypatch.setattr(finetune, "run", lambda config, progress=False: started.append(config) or {})
+    spec = {"notebook": "notebooks/05_finetune.ipynb",
+            "parameters": {"model": "demo", "batch_size": 8, "warmup": 1, "eval_every": 2, "compile_model": False, "device": "cpu"},
+            "grid": [{"dataset": ["digits"], "component": ["ln2"], "lr": ["1e-2"], "seed": [0], "steps": [4], "precision": ["autocast", "bf16"]},
+                     {"dataset": ["digits_c/snow"], "component": ["mha"], "lr": [0.03], "seed": [1], "steps": [6],
+                      "optimizer": ["adamw"], "weight_decay": [0.05]}]}
+    results.ensure(spec)
+    assert [(c.dataset, c.config, c.lr, c.seed, c.steps, c.precision, c.optimizer, c.weight_decay, c.batch_size, c.compile) for c in started] == [
+        ("digits", "ln2", 0.01, 0, 4, "autocast", "sgd", 0.0, 8, False),
+        ("digits", "ln2", 0.01, 0, 4, "bf16", "sgd", 0.0, 8, False),
+        ("digits_c/snow", "mha", 0.03, 1, 6, "autocast", "adamw", 0.05, 8, False),
+    ]
+    assert results.expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
+        ["autocast", "sgd", 0.0], ["bf16", "sgd", 0.0], ["autocast", "adamw", 0.05]]
