@@ -319,7 +319,9 @@ def bench_finetune(
     ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
     created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
-    Median of ``repeats`` interleaved timings of ``steps`` steps.
+    Median of ``repeats`` interleaved timings of ``steps`` steps. With ``graph``, the graph keeps its
+    activations' memory while the plain loop runs beside it: at large batches pass ``plain=False``
+    (``--no-plain``), as ``bench targets`` does for its compiled parts.
     """
     from torch.utils.data import DataLoader
 
@@ -401,6 +403,10 @@ def _variant_words(row: dict) -> str:
     return words
 
 
+CHECK_STEP = 4
+"""The step (0-based) whose loss and gradient norm every variant row records beside its first's: by
+then every variant runs as it is timed (``finetune.warmup_steps``; a graphed step replays)."""
+
 VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused": "none", "graph": False}
 """What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
 
@@ -428,10 +434,12 @@ def bench_variants(
     images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
     the peak GPU memory allocated (GiB) per row.
 
-    Every row starts from the same random weights and the same first batch, and records that first
-    step's loss and gradient norm next to those of the first row (``agrees``: within 5%, the bf16
-    tolerance), so that no variant is fast because it computes something else (a stale compiled graph
-    that skips gradients shows up there). A variant that fails (a kernel missing for this device or
+    Every row starts from the same random weights and the same batches, and records the loss and
+    gradient norm of its first step and of step ``CHECK_STEP`` (after that many updates, and for a
+    graphed step a replay of its graph) next to those of the first row (``agrees``: both within 5%,
+    the bf16 tolerance), so that no variant is fast because it computes something else: a stale
+    compiled graph that skips gradients, a replay with stale inputs or learning rates, an update
+    that does not update. A variant that fails (a kernel missing for this device or
     shape, a compiler error) is recorded with its error; the others still run. With ``out``, the rows
     are written there (JSON) as each ends, and rows already there are kept and not measured again:
     a sweep stopped by a time limit goes on where it stopped.
@@ -469,19 +477,23 @@ def bench_variants(
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = _Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            ready = finetune.warmup_steps(options)  # then the rest of the warm-up (compilation, a graph's capture)
-            more = (lambda: steps_of(1, ready - 1)) if ready > 1 else (lambda: None)
-            seconds = _seconds({"step": (lambda: steps_of(ready, steps), lambda: (warmup(), more()))}, device, repeats)["step"]
+            assert finetune.warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"  # compilation, a graph's capture
+            more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731
+            check = _Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now: a graph replays
+            seconds = _seconds({"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))}, device, repeats)["step"]
             loss, norm = (float(v) for v in warmup.value)
+            check_loss, check_norm = (float(v) for v in check.value)
             rate = batch_size * steps / seconds
             achieved = flops / batch_size * rate / 1e12
             row.update({"images_per_s": round(rate, 1), "tflops": _significant(achieved), "mfu": round(achieved / peak, 6) if peak else None,
                         "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm,
+                        "check_loss": check_loss, "check_grad_norm": check_norm,
                         "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None})
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == batch_size), None)
             if reference:
-                row["agrees"] = bool(abs(loss - reference["first_loss"]) <= 0.05 * abs(reference["first_loss"])
-                                     and abs(norm - reference["first_grad_norm"]) <= 0.05 * abs(reference["first_grad_norm"]))
+                near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
+                row["agrees"] = bool(near("first_loss") and near("first_grad_norm")
+                                     and ("check_loss" not in reference or (near("check_loss") and near("check_grad_norm"))))
         except Exception as error:  # noqa: BLE001 -- one failing variant must not lose the others
             row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         finally:
@@ -565,6 +577,9 @@ def bench_profile(
         steps_of(first, count)
         _sync(device)
 
+    if options.graph:  # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
+        with profile():
+            pass
     run(0, max(2, finetune.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
     wall = _Timed(lambda: run(1, steps), device)
     wall()  # the same steps unprofiled: wall time against the profiled time shows the gaps between kernels
@@ -622,7 +637,9 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters copied back) and fused
     (``FusedSGD``: the norm, then one pass per parameter); GB/s counts the 22 bytes per parameter
     that the job must move (a bf16 gradient read twice, an fp32 weight and momentum read and written,
-    a bf16 copy written).
+    a bf16 copy written). Timed eagerly, both include the host's kernel launches (one per parameter
+    fused), which a training step mostly hides behind its backward; on CUDA both are also timed
+    replayed from a CUDA graph (as ``graph=True`` runs them), which leaves the device's time alone.
     """
     from torch.utils.benchmark import Timer
 
@@ -663,6 +680,14 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
+    errors = {}
+    if cuda:  # the updates without the host's launches (one per parameter fused, a few per step unfused)
+        for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd)):
+            try:
+                ops[f"SGD update with bf16 masters, {name}, replayed from a CUDA graph"] = (
+                    _graphed(lambda optimizer=optimizer: finetune.clip_and_update(optimizer, master.masters, 1.0, master), device), 22 * parameters)
+            except RuntimeError as error:  # a step that cannot be recorded: say so, time the rest
+                errors[f"SGD update with bf16 masters, {name}, replayed from a CUDA graph: error"] = str(error).splitlines()[0][:300]
     result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads, "parameters": parameters,
               "device": _device_name(device), "torch": torch.__version__,
               "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference"}
@@ -671,7 +696,22 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         seconds = Timer(stmt="run()", globals={"run": run}).blocked_autorange(min_run_time=min_run_time).median
         result[f"{name}: ms"] = round(seconds * 1e3, 4)
         result[f"{name}: GB/s"] = round(nbytes / seconds / 1e9, 1)
-    return result
+    return result | errors
+
+
+def _graphed(run, device: torch.device):
+    """``run`` recorded into a CUDA graph (after three runs on a side stream, as PyTorch asks:
+    kernels compiled, state allocated); returns the graph's replay."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
 
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")

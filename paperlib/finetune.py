@@ -614,6 +614,8 @@ class GraphedStep:
     def __init__(self, forward, trainable: list[torch.Tensor], optimizer, micro: int, clip: float, context, warmup: int = GRAPH_WARMUP):
         if not trainable:
             raise ValueError("a graphed step needs trainable parameters")
+        if warmup < 2:  # the capture must not record a first step (the momentum's initialisation) or compile kernels
+            raise ValueError(f"a graphed step needs at least 2 ordinary steps before its capture, got warmup={warmup}")
         self.forward, self.trainable, self.optimizer = forward, trainable, optimizer
         self.micro, self.clip, self.context, self.warmup = micro, clip, context, warmup
         self.device = trainable[0].device
@@ -640,10 +642,11 @@ class GraphedStep:
             return run()
         current = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            result = run()
-        current.wait_stream(self._stream)
-        return result
+        try:
+            with torch.cuda.stream(self._stream):
+                return run()
+        finally:  # also when the step fails (out of memory): later work waits for what it started
+            current.wait_stream(self._stream)
 
     def _capture(self, run):
         """Record ``run`` (not run now) into a CUDA graph; returns (the graph's replay, ``run``'s outputs)."""

@@ -278,3 +278,23 @@ def test_a_graphed_row_says_so():
     row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "all", "graph": True}
     assert bench._variant_words(row) == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
     assert "graph" not in bench._variant_words({**row, "graph": False}) and bench.VARIANT_KEYS["graph"] is False
+
+
+def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agrees(tmp_path, monkeypatch):
+    # the first step's loss and norm come before any update: a broken update (or a graph replaying
+    # stale learning rates) shows only in the later step that every row also records
+    from paperlib import finetune
+
+    made = []
+    original = finetune.make_optimizer
+
+    def make_optimizer(parameters, lr, *args, **kwargs):
+        made.append(lr)
+        return original(parameters, lr * (1 if len(made) == 1 else 300), *args, **kwargs)
+
+    monkeypatch.setattr(finetune, "make_optimizer", make_optimizer)
+    rows = bench.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto", "math"), steps=1, repeats=1, device="cpu",
+                                out=tmp_path / "v.json")
+    assert len(made) == 2 and all("error" not in r for r in rows)
+    assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
+    assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False

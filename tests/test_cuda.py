@@ -368,6 +368,11 @@ def test_benchmarks_run_on_the_device(capsys):
     result = bench.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
     assert result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference") and result["bias_gelu forward: ms"] > 0
     assert result["SGD update with bf16 masters, fused (FusedSGD): ms"] > 0
+    if DEVICE.type == "cuda":  # and replayed from a graph, without the host's launches
+        assert not [key for key in result if key.endswith(": error")]
+        assert result["SGD update with bf16 masters, fused (FusedSGD), replayed from a CUDA graph: ms"] > 0
+    result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda")
+    assert result["shares"]["matrix products"] > 0  # a profile taken of a graph's replays still sees its kernels
     result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0

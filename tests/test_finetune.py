@@ -596,6 +596,9 @@ def test_warmup_steps_cover_compilation_and_a_graphs_capture():
     assert finetune.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
     with pytest.raises(ValueError, match="needs trainable parameters"):
         finetune.make_step(None, [], None, 4, 1.0, None, graph=True)
+    weight = torch.zeros(2, requires_grad=True)  # a capture of the first step would record the momentum's initialisation
+    with pytest.raises(ValueError, match="at least 2 ordinary steps before its capture, got warmup=1"):
+        finetune.GraphedStep(None, [weight], torch.optim.SGD([weight], lr=0.1, momentum=0.9), 4, 1.0, None, warmup=1)
 
 
 def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_path, monkeypatch):
