@@ -669,6 +669,8 @@ class GraphedStep:
             except torch.cuda.OutOfMemoryError:
                 raise  # train() retries it with micro-batches
             except RuntimeError as error:  # an op that cannot be recorded: say which option to drop
+                if "out of memory" in str(error).lower():  # the allocator's error may come through the capture as a plain one
+                    raise torch.cuda.OutOfMemoryError(str(error)) from error
                 raise RuntimeError(f"recording the training step into a CUDA graph failed ({error}); an op in the step "
                                    "cannot be recorded: run with graph=False, or try another attention kernel "
                                    "(attention='flash') or fused='none' to find which") from error

@@ -582,10 +582,21 @@ def test_a_step_that_cannot_be_recorded_says_what_to_do():
         def _capture(self, run):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    step = Unrecordable(model, trainable, optimizer, 4, 1.0, finetune.step_context(torch.device("cpu")), warmup=1)
+    step = Unrecordable(model, trainable, optimizer, 4, 1.0, finetune.step_context(torch.device("cpu")), warmup=2)
     images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
-    step(images, labels)  # the ordinary warm-up step
+    step(images, labels)  # the ordinary warm-up steps
+    step(images, labels)
     with pytest.raises(RuntimeError, match=r"CUDA graph failed \(operation not permitted.*run with graph=False"):
+        step(images, labels)
+
+    class OutOfMemoryWhileRecording(finetune.GraphedStep):
+        def _capture(self, run):  # the allocator's error inside a capture can come as a plain RuntimeError
+            raise RuntimeError("CUDA error: out of memory")
+
+    step = OutOfMemoryWhileRecording(model, trainable, optimizer, 4, 1.0, finetune.step_context(torch.device("cpu")), warmup=2)
+    step(images, labels)
+    step(images, labels)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):  # train() then retries with micro-batches
         step(images, labels)
 
 
