@@ -20,6 +20,7 @@ cluster executor, one job per run) and ``submitit-local`` (submitit's local exec
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import itertools
 import json
@@ -134,19 +135,55 @@ def _safe(name: str) -> str:
     return "/".join(parts) or "run"
 
 
+def notebook_parameters(notebook: Path) -> dict:
+    """The names and default values of a notebook's ``parameters`` cell (``None`` for a default that
+    is not a literal). Read with ``ast``: papermill's ``inspect_notebook`` cannot parse every line
+    of ours (a comment holding quotes)."""
+    import nbformat
+
+    cells = [c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    if not cells:
+        raise ValueError(f"{notebook} has no cell tagged 'parameters'")
+    defaults = {}
+    for node in ast.parse(cells[0].source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                defaults[node.targets[0].id] = None
+    return defaults
+
+
+def _typed(name: str, value, default):
+    """A spec's value for a numeric parameter given as a string (YAML reads ``1e-2`` as one) as a number."""
+    from .cli import coerce
+
+    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+    return coerce(name, value, default) if numeric and isinstance(value, str) else value
+
+
 def expand(spec: dict, reports: Path | None = None) -> list[Run]:
-    """The runs of a spec: the grid's product, in the order its keys and values are written."""
+    """The runs of a spec: the grid's product, in the order its keys and values are written.
+
+    Every parameter must be one of the notebook's (papermill would pass a misspelt one on and the
+    notebook would run on its default); numbers written as strings are read as numbers.
+    """
     notebook = Path(spec["notebook"])
     if not notebook.is_absolute():
         notebook = paths.ROOT / notebook
     if not notebook.is_file():
         raise FileNotFoundError(f"notebook not found: {notebook}")
-    fixed = spec.get("parameters") or {}
+    defaults = notebook_parameters(notebook)
+    given = set(spec.get("parameters") or {}) | {key for grid in _grids(spec) for key in grid}
+    unknown = sorted(given - set(defaults))
+    if unknown:
+        raise ValueError(f"{notebook.name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(defaults)}")
+    fixed = {key: _typed(key, value, defaults[key]) for key, value in (spec.get("parameters") or {}).items()}
     folder = (reports or paths.reports_dir()) / notebook.stem
     runs = []
     for grid in _grids(spec):
         for values in itertools.product(*grid.values()):
-            cell = dict(zip(grid, values))
+            cell = {key: _typed(key, value, defaults[key]) for key, value in zip(grid, values)}
             template = spec.get("name")
             name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
             runs.append(Run(_safe(name), notebook, {**fixed, **cell}, folder))

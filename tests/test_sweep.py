@@ -15,7 +15,8 @@ def tiny_notebook(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_markdown_cell("# tiny"),
-        nbformat.v4.new_code_cell("value = 1  # a number\nfail = False  # raise on purpose", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\ndataset = \"a\"  # a name (\"quoted\")\nrate = 0.5\ntag = \"\"\nextra = 0",
+                                  metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell("if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)"),
     ]
     path = tmp_path / "tiny.ipynb"
@@ -173,3 +174,15 @@ def test_finetune_parameter_files_set_notebook_parameters_only():
     assert len(files) == 11
     for path in files:
         assert set(yaml.safe_load(path.read_text())) <= names, path.name
+
+
+def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(tiny_notebook):
+    assert sweep.notebook_parameters(tiny_notebook) == {"value": 1, "fail": False, "seed": 0, "dataset": "a", "rate": 0.5, "tag": "", "extra": 0}
+    with pytest.raises(ValueError, match="tiny.ipynb has no parameter learning_rate, vlaue; its parameters: value, fail, seed, dataset, rate, tag, extra"):
+        sweep.expand({"notebook": str(tiny_notebook), "parameters": {"learning_rate": 0.1}, "grid": {"vlaue": [1]}})
+    runs = sweep.expand({"notebook": str(tiny_notebook), "parameters": {"rate": "1e-2"}, "grid": {"value": ["3", 4], "dataset": ["1e-2"]}})
+    assert [(r.parameters["rate"], r.parameters["value"], r.parameters["dataset"]) for r in runs] == [(0.01, 3, "1e-2"), (0.01, 4, "1e-2")]
+    with pytest.raises(ValueError, match="value must be int, got 'three'"):
+        sweep.expand({"notebook": str(tiny_notebook), "grid": {"value": ["three"]}})
+    for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):  # the project's specs name real parameters
+        assert sweep.expand(sweep.load_spec(f"parameters/sweeps/{spec}.yaml"))
