@@ -39,9 +39,10 @@ from paperlib import components, data, finetune, models, paths, plasticity, plot
 if make_example:
     if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
         models.save_model(models.create_model("demo"), model)
-    if dataset.startswith("custom/") and not (paths.data_dir() / dataset).is_dir():
+    if dataset.startswith("custom/"):  # each folder whole or not at all: one missing (an interrupted first run) is made again
         for split, folder in (("trainval", "train"), ("test", "test")):
-            data.export_class_folders(data.get_dataset("digits", split), paths.data_dir() / dataset / folder)
+            if not (paths.data_dir() / dataset / folder).is_dir():
+                data.export_class_folders(data.get_dataset("digits", split), paths.data_dir() / dataset / folder)
 
 # %% [markdown]
 # ## What is there
@@ -81,7 +82,7 @@ axes[0].set_title(f"{model} on {dataset}: rates of change")
 plots.plasticity_along_depth(plasticity.plasticity_by_block(table), axes[1])
 axes[1].set_title("plasticity along depth")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample))
+plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample, f"seed{seed}"))
 plt.show()
 
 # %% [markdown]
@@ -117,5 +118,5 @@ axes[1].set(xlabel="step", ylabel="validation accuracy")
 axes[1].legend(frameon=False)
 fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, f"lr{lr:g}", f"seed{seed}"))
+plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}"))
 plt.show()

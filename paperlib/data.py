@@ -392,18 +392,27 @@ CUSTOM_LAYOUT = ("{folder}/train/<class>/<image> with a held-out {folder}/test/<
                  "or {folder}/<class>/<image> alone for a deterministic 80/20 train/test split")
 
 
-def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
-    """``_image_folder`` with the class indices of ``classes`` (a training folder's) when given: a
-    held-out folder may lack some of them, never add one."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+def _listed(names: Sequence[str]) -> str:
+    return ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
 
+
+def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[list[Path], list[int], list[str]]:
+    """Files, labels and classes of a custom dataset's class folders (torchvision's ``ImageFolder``
+    rules, hidden folders such as ``.ipynb_checkpoints`` skipped), with the class indices of
+    ``classes`` (a training folder's) when given: a held-out folder may lack some, never add one."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no folder {folder}")
+    found = sorted(entry.name for entry in folder.iterdir() if entry.is_dir() and not entry.name.startswith("."))
     if classes is None:
-        return _image_folder(folder)
-    found, _ = find_classes(str(folder))
+        if len(found) < 2:
+            raise ValueError(f"{folder} has {len(found)} class folder(s){' (' + _listed(found) + ')' if found else ''}; "
+                             "a classification dataset needs at least 2")
+        classes = found
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise ValueError(f"{folder} has classes that the training images lack: {', '.join(unknown[:10])}"
-                         f"{' ...' if len(unknown) > 10 else ''}; the training classes are {', '.join(classes[:10])}{' ...' if len(classes) > 10 else ''}")
+        raise ValueError(f"{folder} has classes that the training images lack: {_listed(unknown)}; the training classes are {_listed(list(classes))}")
     samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS, allow_empty=True)
     if not samples:
         raise FileNotFoundError(f"no images in {folder} (extensions: {', '.join(IMG_EXTENSIONS)})")
@@ -442,11 +451,13 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
         files, targets, classes = _class_files(train_dir if train_dir.is_dir() else folder)
         if held_out is not None and official == "test":
             files, targets, classes = _class_files(held_out, classes)
-    except FileNotFoundError as error:  # torchvision's "no class folder" / "no valid file"
+    except FileNotFoundError as error:
         raise FileNotFoundError(f"{name}: {str(error).rstrip('.')}. Expected {layout}.") from error
+    except ValueError as error:  # too few classes (a misnamed Train/ folder reads as one class)
+        raise ValueError(f"{name}: {error}. Expected {layout}.") from error
     keys = [f.relative_to(folder).as_posix() for f in files]
     if held_out is None:
-        train, test = deterministic_split(keys, salt=name)
+        train, test = deterministic_split(keys, salt="custom")  # by path alone: a copy of the folder (cleaned, renamed) keeps the split
         chosen = (train if official == "train" else test).tolist()
         files, targets, keys = [files[i] for i in chosen], [targets[i] for i in chosen], [keys[i] for i in chosen]
     return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
@@ -475,6 +486,19 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
                 shutil.copyfile(dataset.files[index], target_folder / f"{safe(Path(key).with_suffix(''))}{dataset.files[index].suffix}")
 
     return paths.atomic_folder(folder, fill, overwrite)
+
+
+def content_fingerprint(name: str, root: str | Path | None = None) -> str | None:
+    """A digest of what dataset ``name`` holds now, for ``custom/<name>``: every file's path, size
+    and modification time under its folder (None for the built-in datasets, which do not change,
+    and for a folder not there). A finetuning run records it, so that editing the images is a new run."""
+    if not paths.custom_name(name, "dataset"):
+        return None
+    folder = (Path(root).expanduser() if root is not None else paths.data_dir()) / name
+    if not folder.is_dir():
+        return None
+    entries = sorted(f"{f.relative_to(folder).as_posix()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in folder.rglob("*") if f.is_file())
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
 def custom_names(root: str | Path | None = None) -> list[str]:

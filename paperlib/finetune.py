@@ -38,6 +38,7 @@ import contextlib
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -101,6 +102,8 @@ class Config:
                              "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
         if self.optimizer != "sgd" and self.graph:
             raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
+        if self.optimizer != "sgd" and self.momentum != Config.momentum:
+            raise ValueError(f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}")
         return self
 
     def step_options(self) -> StepOptions:
@@ -760,11 +763,28 @@ def run(config: Config, progress: bool = False) -> dict:
     return train(config, progress)[1]
 
 
+def input_fingerprints(config: Config) -> dict:
+    """What a custom dataset and model hold now (``data.content_fingerprint``,
+    ``models.content_fingerprint``), for the run's record; empty for the built-in ones."""
+    found = {"dataset": data.content_fingerprint(config.dataset, config.data_root or None),
+             "model": models.content_fingerprint(config.model)}
+    return {key: value for key, value in found.items() if value}
+
+
+def run_record(config: Config) -> dict:
+    """What ``params.json`` (and a checkpoint) record of a run: its parameters and, for custom
+    datasets and models, their fingerprints."""
+    fingerprints = input_fingerprints(config)
+    return asdict(config) | ({"fingerprints": fingerprints} if fingerprints else {})
+
+
 def same_params(saved: dict, config: Config) -> bool:
-    """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s. A key
-    the record lacks (written before ``Config`` had that field) counts as the field's default."""
+    """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
+    the same custom data and model as now. A key the record lacks (written before ``Config`` had
+    that field) counts as the field's default."""
     defaults = {field.name: field.default for field in fields(Config)}
-    return {**defaults, **saved} == asdict(config)
+    recorded = {key: value for key, value in saved.items() if key != "fingerprints"}
+    return {**defaults, **recorded} == asdict(config) and saved.get("fingerprints", {}) == input_fingerprints(config)
 
 
 @contextlib.contextmanager
@@ -792,14 +812,8 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
 
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     folder = config.folder()
-    params = asdict(config)
+    params = run_record(config)
     recorded = folder / "params.json"
-    if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config):
-        # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
-        # name): its record goes, so that it is never read back as this run's
-        for stale in ("metrics.json", "history.csv", "checkpoint.pt"):
-            (folder / stale).unlink(missing_ok=True)
-    _write_json(recorded, params)
 
     device = torch.device(config.device)
     cuda = device.type == "cuda"
@@ -812,6 +826,13 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     num_classes = len(splits["test"].classes)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = models.create_model(config.model, num_classes=num_classes).to(device)
+    if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config):
+        # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
+        # name): its record goes, so that it is never read back as this run's; only now that this
+        # run's data and model have loaded, so that a run that cannot start loses nothing
+        for stale in ("metrics.json", "history.csv", "checkpoint.pt"):
+            (folder / stale).unlink(missing_ok=True)
+    _write_json(recorded, params)
     size = config.image_size or model.patch_embed.img_size[0]
     components.set_trainable(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
@@ -926,10 +947,11 @@ def main(argv: list[str] | None = None) -> int:
     values = cli.parameters(argv, defaults, NOTEBOOK_NAMES, "One finetuning run (paper §5.2); notebook 05's parameters.", "python -m paperlib.finetune", flexible=frozenset({"compile"}))
     try:
         config = Config(**values).validate()
+        with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
+            metrics = run(config, progress=True)
     except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    metrics = run(config, progress=True)
     cli.print_json({"folder": paths.display(config.folder()), **metrics})
     return 0
 

@@ -16,6 +16,7 @@ as it is. Every notebook, run and sweep then takes ``custom/<name>`` where it ta
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from pathlib import Path
 
@@ -113,6 +114,17 @@ def custom_config(name: str) -> tuple[dict, Path]:
     return config, weights
 
 
+def content_fingerprint(name: str) -> str | None:
+    """A digest of model ``custom/<name>`` as saved now (its ``config.json`` and its weight file's
+    size and modification time); None for other names, whose weights do not change under them."""
+    if not paths.custom_name(name, "model"):
+        return None
+    config, weights = custom_config(name)
+    stat = weights.stat()
+    text = json.dumps(config, sort_keys=True) + f"\n{weights.name}:{stat.st_size}:{stat.st_mtime_ns}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def custom_model_names() -> list[str]:
     """The ``custom/<name>`` models in ``paths.models_dir()`` (folders with a ``config.json``)."""
     base = paths.models_dir()
@@ -133,6 +145,9 @@ def save_model(model: VisionTransformer, name: str, model_args: dict | None = No
         raise ValueError(f"a saved model is named custom/<name>, got {name!r}")
     if not isinstance(model, VisionTransformer):
         raise TypeError(f"save_model saves a timm VisionTransformer, got {type(model).__name__}")
+    if not getattr(model, "pretrained_cfg", None) or "architecture" not in model.pretrained_cfg:
+        raise ValueError("save_model needs a model made by timm (timm.create_model or paperlib.models.create_model, "
+                         "with its architecture's arguments), which records its architecture; this one has none")
     write = lambda staging: timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)  # noqa: E731
     return paths.atomic_folder(custom_folder(name), write, overwrite)
 
@@ -145,8 +160,8 @@ def resolve_name(name: str) -> str:
     if paths.custom_name(name, "model"):
         custom_config(name)
         return name
-    architecture = name.split(".", 1)[0]
-    if architecture in vit_names():
+    architecture, _, tag = name.partition(".")
+    if architecture in vit_names() and (not tag or paths.CUSTOM_NAME.fullmatch(tag)):  # a tag is one folder name in result paths
         return name
     suggestions = difflib.get_close_matches(name, list(SHORT_NAMES) + vit_names(), n=3)
     hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""

@@ -117,6 +117,9 @@ def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: b
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folders are private (0700); a saved model or dataset is not
         fill(staging)
         if folder.exists():
             aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))

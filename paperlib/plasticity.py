@@ -59,18 +59,18 @@ def check_sample(sample: str) -> str:
 def pair_indices(n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0) -> tuple[list[int], list[int]]:
     """Which images make the pairs: pair ``i`` is (reference[r[i]], target[t[i]]) for the returned (r, t).
 
-    ``first``: both ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, drawn
-    by one generator seeded with ``seed`` (the reference's first, then the target's), so the same
-    seed gives the same pairs on every machine.
+    ``first``: both ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, each
+    set drawn by a generator of its own (seeded ``2 * seed`` for the reference, ``2 * seed + 1`` for
+    the target), so the same seed gives the same images of a set on every machine, whatever the
+    other set, and the two draws are not the same permutation.
     """
     check_sample(sample)
     if not 1 <= n_pairs <= min(n_reference, n_target):
         raise ValueError(f"n_pairs must be in 1..{min(n_reference, n_target)} (the reference has {n_reference} images and the target {n_target}), got {n_pairs}")
     if sample == "first":
         return list(range(n_pairs)), list(range(n_pairs))
-    generator = torch.Generator().manual_seed(seed)
-    reference = torch.randperm(n_reference, generator=generator)[:n_pairs]
-    target = torch.randperm(n_target, generator=generator)[:n_pairs]
+    reference = torch.randperm(n_reference, generator=torch.Generator().manual_seed(2 * seed))[:n_pairs]
+    target = torch.randperm(n_target, generator=torch.Generator().manual_seed(2 * seed + 1))[:n_pairs]
     return reference.tolist(), target.tolist()
 
 
@@ -494,6 +494,7 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
     columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs", "sample", "seed"]
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
+    table["seed"] = table["seed"].astype("Int64")  # None (the paper's draw has no seed) stays missing, not NaN in a float column
     return table
 
 
@@ -505,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
     import inspect
+    import sys
 
     from . import cli, paths
 
@@ -516,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table, folder = run(**{**CLI_DEFAULTS, **values})
     except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
         return 2
     ranked = ranking(table)
     print(ranked.round(4).to_string())

@@ -12,6 +12,9 @@ def test_values_take_the_type_of_the_default():
     assert cli.coerce("steps", "1e3", 300) == 1000 and cli.coerce("steps", 40, 300) == 40
     assert cli.coerce("graph", "True", False) is True and cli.coerce("graph", "no", False) is False
     assert cli.coerce("data_root", "null", None) is None and cli.coerce("model", 5, "demo") == "5"
+    assert cli.coerce("data_root", None, "") == ""  # a YAML null for a folder: the default folder
+    with pytest.raises(ValueError, match="seed must be int, got True"):  # YAML's true for a number
+        cli.coerce("seed", True, 0)
     for name, value, default, message in [("steps", "2.5", 1, "steps must be int"), ("lr", "fast", 0.1, "lr must be float"), ("graph", "maybe", False, "true or false")]:
         with pytest.raises(ValueError, match=message):
             cli.coerce(name, value, default)
@@ -32,15 +35,16 @@ def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeyp
 def test_finetune_command_prints_the_metrics(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
     assert finetune.main(["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4", "--component", "linear"]) == 0
-    out = capsys.readouterr().out
-    printed = json.loads(out[out.index("{\n"):])
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)  # stdout is the JSON alone; progress went to stderr
     assert printed["status"] == "finished" and printed["folder"].endswith("linear/lr=0.01/seed=0")
+    assert "step      2" in captured.err
 
 
 def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
     assert finetune.main(["--component", "attn"]) == 2
-    assert "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().out
+    assert "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         finetune.main(["--lr", "fast"])
     assert "lr must be float" in capsys.readouterr().err
@@ -62,4 +66,4 @@ def test_plasticity_command(tmp_path, monkeypatch, capsys):
     metadata = json.loads((plasticity.result_folder("demo", "digits", sample="random", seed=1) / "metadata.json").read_text())
     assert (metadata["n_pairs"], metadata["sample"], metadata["seed"], metadata["reference"]) == (6, "random", 1, "digits_source")
     assert plasticity.main(["--dataset", "digits_c/nowhere", "--progress", "false"]) == 2
-    assert "unknown dataset 'digits_c/nowhere'" in capsys.readouterr().out
+    assert "unknown dataset 'digits_c/nowhere'" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Your own ViT and your own images: ``custom/<name>`` models and datasets, end to end."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -67,9 +68,9 @@ def test_without_a_held_out_folder_the_split_is_deterministic_and_moves_with_the
     moved = home / "elsewhere"
     shutil.copytree(home / "data", moved)
     assert _names(data.get_dataset("custom/leaves", "test", root=moved)) == _names(test)
-    other = home / "data" / "custom" / "twigs"  # the same files under another name: another split
+    other = home / "data" / "custom" / "twigs"  # the same files under another name (a cleaned copy): the same split
     shutil.copytree(base, other)
-    assert _names(data.get_dataset("custom/twigs", "test")) != _names(test)
+    assert _names(data.get_dataset("custom/twigs", "test")) == _names(test)
 
 
 def test_custom_datasets_are_listed_and_named_in_errors(home):
@@ -91,9 +92,21 @@ def test_custom_datasets_are_listed_and_named_in_errors(home):
 def test_bad_custom_layouts_say_what_is_wrong(home):
     base = home / "data" / "custom"
     (base / "empty").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="custom/empty: .*class folder.*Expected .*<class>/<image>"):
+    with pytest.raises(ValueError, match="custom/empty: .* has 0 class folder.*at least 2. Expected .*<class>/<image>"):
         data.get_dataset("custom/empty", "train")
-    fixtures.write_image_folder(base / "extra" / "train", ["cat"], per_class=2)
+    fixtures.write_image_folder(base / "capital" / "Train", ["cat", "dog"], per_class=2)  # Train/ is not train/: one class
+    with pytest.raises(ValueError, match=r"has 1 class folder\(s\) \(Train\); a classification dataset needs at least 2"):
+        data.get_dataset("custom/capital", "train")
+    fixtures.write_image_folder(base / "notebooks", ["a", "b"], per_class=5)
+    (base / "notebooks" / ".ipynb_checkpoints").mkdir()  # hidden folders are not classes
+    assert data.get_dataset("custom/notebooks", "trainval").classes == ["a", "b"]
+    (base / "classless").mkdir()
+    (base / "classless" / "train").mkdir()
+    (base / "classless" / "train" / "a").mkdir()
+    (base / "classless" / "train" / "b").mkdir()
+    with pytest.raises(FileNotFoundError, match="no images in"):
+        data.get_dataset("custom/classless", "train")
+    fixtures.write_image_folder(base / "extra" / "train", ["cat", "dog"], per_class=2)
     fixtures.write_image_folder(base / "extra" / "test", ["cat", "cow"], per_class=1)
     with pytest.raises(ValueError, match="classes that the training images lack: cow"):
         data.get_dataset("custom/extra", "test")
@@ -249,3 +262,35 @@ def test_exported_class_folders_read_back_as_the_same_images(home):
     first, key = files.files[0], files.keys[0]  # named by key (file names alone may repeat across folders)
     assert key == f"test/{first.parent.name}/{first.name}"
     assert (home / "copied" / first.parent.name / f"test_{first.parent.name}_{first.name}").read_bytes() == first.read_bytes()
+
+
+def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
+    models.save_model(models.create_model("demo"), "custom/vit")
+    base = home / "data" / "custom" / "shots"
+    fixtures.write_image_folder(base / "train", ["cat", "dog"], per_class=8)
+    fixtures.write_image_folder(base / "test", ["cat", "dog"], per_class=2)
+    config = finetune.Config(model="custom/vit", dataset="custom/shots", config="ln2", steps=2, warmup=0, eval_every=2, batch_size=8)
+    first = finetune.run(config)
+    assert first["num_classes"] == 2 and finetune.run(config) == first  # unchanged inputs: not repeated
+    params = json.loads((config.folder() / "params.json").read_text())
+    assert set(params["fingerprints"]) == {"dataset", "model"}
+    fixtures.write_image_folder(base / "train", ["eel"], per_class=8, seed=1)  # a class more
+    fixtures.write_image_folder(base / "test", ["eel"], per_class=2, seed=1)
+    assert finetune.run(config)["num_classes"] == 3
+    again = finetune.run(config)
+    models.save_model(models.create_model("demo", num_classes=2), "custom/vit", overwrite=True)  # other weights, same name
+    assert finetune.run(config)["test_accuracy"] is not None and json.loads((config.folder() / "params.json").read_text())["fingerprints"] != params["fingerprints"]
+    assert again["num_classes"] == 3
+
+
+def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
+    fixtures.write_image_folder(home / "data" / "custom" / "shots", ["cat", "dog"], per_class=6)
+    config = finetune.Config(dataset="custom/shots", config="ln2", steps=2, warmup=0, eval_every=2, batch_size=4)
+    finished = finetune.run(config)
+    (home / "empty").mkdir()
+    elsewhere = dataclasses.replace(config, data_root=str(home / "empty"))  # the same folder, data that are not there
+    assert elsewhere.folder() == config.folder()
+    with pytest.raises(FileNotFoundError, match="custom/shots not found"):
+        finetune.run(elsewhere)
+    assert json.loads((config.folder() / "metrics.json").read_text()) == finished
+    assert finetune.run(config) == finished

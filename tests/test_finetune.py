@@ -668,6 +668,7 @@ def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
         ({"weight_decay": 0.05}, "weight_decay is for optimizer='adamw'"),
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a non-negative number"),
         ({"optimizer": "adamw", "fused": "update"}, "fused SGD update, which adamw does not have"),
+        ({"optimizer": "adamw", "momentum": 0.5}, "momentum is SGD's; adamw has its own"),
     ],
 )
 def test_bad_optimizer_parameters_fail_before_any_work(results, overrides, message):

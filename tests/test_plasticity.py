@@ -233,6 +233,7 @@ def test_pair_indices_first_and_random():
     assert plasticity.pair_indices(10, 8, 6, "random", seed=4) != (reference, target)
     many = plasticity.pair_indices(1000, 1000, 500, "random", seed=0)
     assert many[0] != many[1] and max(many[0]) > 900  # two draws, from the whole sets
+    assert plasticity.pair_indices(1000, 50, 40, "random", seed=0)[1] == plasticity.pair_indices(70, 50, 40, "random", seed=0)[1]  # a set's draw is its own
     with pytest.raises(ValueError, match="valid samples: first, random"):
         plasticity.pair_indices(10, 8, 5, "shuffled")
     with pytest.raises(ValueError, match=r"n_pairs must be in 1..8"):
@@ -260,6 +261,7 @@ def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_
     assert drawn == plasticity.result_folder("demo", "digits", sample="random", seed=3) == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
     assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {"first"}  # the paper's draw only, by default
     assert plasticity.collect(sample="random")["seed"].tolist() == [3] * 5
+    assert plasticity.collect()["seed"].isna().all() and str(plasticity.collect(sample=None)["seed"].dtype) == "Int64"
     assert plasticity.collect(sample="random", seed=4).empty
     assert len(plasticity.collect(sample=None)) == 10
     with pytest.raises(ValueError, match="valid samples"):
