@@ -152,6 +152,7 @@ class FileDataset(Dataset):
         # the images may change under the same names (custom datasets): decoded caches are keyed by
         # each file's size and modification time too (loader.uint8_images)
         self.stat_keyed = stat_keyed
+        self.parent, self.parent_indices = None, None  # set by subset()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -162,7 +163,7 @@ class FileDataset(Dataset):
 
     def subset(self, indices: Sequence[int], split: str) -> "FileDataset":
         indices = [int(i) for i in indices]
-        return FileDataset(
+        part = FileDataset(
             [self.files[i] for i in indices],
             self.targets[indices].tolist(),
             self.classes,
@@ -172,6 +173,10 @@ class FileDataset(Dataset):
             self.transform,
             self.stat_keyed,
         )
+        # where it came from: loader.uint8_images decodes (and caches) the whole once, so the
+        # protocol's train and val splits of every seed share one cache of the official split
+        part.parent, part.parent_indices = (self.parent, [self.parent_indices[i] for i in indices]) if self.parent is not None else (self, indices)
+        return part
 
     def __repr__(self) -> str:
         return f"FileDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"

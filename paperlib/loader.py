@@ -33,7 +33,7 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
     if dataset.stat_keyed:  # edited images get a new cache (one stat per file; official datasets skip it)
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    return cache_dir / dataset.name.replace("/", "_") / f"{dataset.split}-{size}px-{digest}.npy"
+    return cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"  # by content, not split name: trainval and the train/val parts share it
 
 
 def decode_workers() -> int:
@@ -48,16 +48,32 @@ def uint8_images(
 
     File images are resized (shorter side to ``cache_size``) and centre-cropped to a square,
     then stored in ``cache_dir`` (default ``<root>/cache``, the data root the dataset was read
-    from) as ``.npy``, written atomically and reused by later calls with the same samples.
+    from) as ``.npy``, written atomically and reused by later calls with the same samples. A part
+    of a dataset (``FileDataset.subset``: the protocol's train and val splits of the official
+    training set) is read from the whole's cache, memory-mapped, so every seed's splits share one.
     """
     if isinstance(dataset, ImageDataset):
         return dataset
     if cache_dir is None:
         cache_dir = Path(getattr(dataset, "root", None) or paths.data_dir()) / "cache"
-    cache_dir = Path(cache_dir)
+    whole, indices = (dataset.parent, dataset.parent_indices) if dataset.parent is not None else (dataset, None)
+    images = _decoded(whole, cache_size, Path(cache_dir), workers)
+    if indices is None:
+        images = np.array(images)  # into memory (a cache file is memory-mapped)
+    else:
+        order = np.argsort(indices)  # in file order, then back: a memory map reads forward
+        picked = np.empty((len(indices), *images.shape[1:]), np.uint8)
+        picked[order] = images[np.asarray(indices)[order]]
+        images = picked
+    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
+
+
+def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> np.ndarray:
+    """The dataset's images decoded at ``cache_size``: from its cache file (memory-mapped), or
+    decoded now and cached."""
     file = _cache_file(dataset, cache_size, cache_dir)
     if file.is_file():
-        images = np.load(file)
+        images = np.load(file, mmap_mode="r")
     else:
         decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True), v2.CenterCrop(cache_size)])
         view = FileDataset(dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode)
@@ -71,7 +87,7 @@ def uint8_images(
                 np.save(handle, images)
 
         paths.atomic_write(file, write)
-    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
+    return images
 
 
 AUTO_DEVICE_FRACTION = 0.25  # of a GPU's memory, at most, for a dataset's images (the rest: model, activations)

@@ -121,3 +121,25 @@ def test_batch_at_step_is_stateless_and_walks_epochs(digits):
     seen = torch.cat([plain.batch(s)[0] for s in range(len(digits) // 100)])  # the first epoch: no repeats
     assert len({bytes(image.numpy()) for image in seen}) == 700
     assert loader.batch(7)[0].shape == (100, 3, 32, 32)  # crosses into the second epoch
+
+
+def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(tmp_path):
+    from paperlib import fixtures
+
+    fixtures.write_domainnet(tmp_path, n_classes=3, per_class=10)
+    whole = uint8_images(data.get_dataset("domainnet/clipart", "trainval", root=tmp_path), cache_size=16)
+    by_key = {key: i for i, key in enumerate(whole.keys)}
+    for seed in (0, 42):
+        for split in ("train", "val"):
+            part = data.get_dataset("domainnet/clipart", split, root=tmp_path, seed=seed)
+            cached = uint8_images(part, cache_size=16)
+            assert cached.keys == part.keys and torch.equal(cached.targets, part.targets)
+            assert torch.equal(cached.images, whole.images[[by_key[k] for k in part.keys]])  # the part's own images, in its order
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 1  # the official training split's, once
+    uint8_images(data.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2
+    # the part decoded on its own gives the same pixels as the part taken from the whole's cache
+    alone = data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42)
+    alone.parent = None
+    assert torch.equal(uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images,
+                       uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images)
