@@ -236,6 +236,11 @@ def _digits(name: str, digit_set: tuple[int, ...], corruption: str | None = None
 # The paper's datasets, read from their official layouts
 
 
+def _data_root(root: str | Path | None) -> Path:
+    """``root``, or the data root (``paths.data_dir()``) when None."""
+    return Path(root).expanduser() if root is not None else paths.data_dir()
+
+
 def _missing(name: str, expected: Path, how: str, downloadable: bool = True) -> FileNotFoundError:
     if downloadable:  # notebooks, runs and sweeps pass no download=: say how they can
         how += " (Notebooks, runs and sweeps download it with VIT_PLASTICITY_DOWNLOAD=1 in the environment.)"
@@ -444,7 +449,7 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
     check_dataset(name)
     if official not in ("train", "test"):
         raise ValueError(f"official split must be 'train' or 'test', got {official!r}")
-    root = Path(root).expanduser() if root is not None else paths.data_dir()
+    root = _data_root(root)
     folder = root / name
     layout = CUSTOM_LAYOUT.format(folder=folder)
     if not folder.is_dir():
@@ -499,16 +504,17 @@ def content_fingerprint(name: str, root: str | Path | None = None) -> str | None
     and for a folder not there). A finetuning run records it, so that editing the images is a new run."""
     if not paths.custom_name(name, "dataset"):
         return None
-    folder = (Path(root).expanduser() if root is not None else paths.data_dir()) / name
+    folder = _data_root(root) / name
     if not folder.is_dir():
         return None
-    entries = sorted(f"{f.relative_to(folder).as_posix()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in folder.rglob("*") if f.is_file())
+    entries = sorted(f"{f.relative_to(folder).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}"
+                     for f in folder.rglob("*") if f.is_file() for stat in [f.stat()])
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
 def custom_names(root: str | Path | None = None) -> list[str]:
     """The ``custom/<name>`` datasets found under ``<root>/custom/`` (default root: the data root)."""
-    base = (Path(root).expanduser() if root is not None else paths.data_dir()) / "custom"
+    base = _data_root(root) / "custom"
     if not base.is_dir():
         return []
     return sorted(paths.CUSTOM + p.name for p in base.iterdir() if p.is_dir() and paths.CUSTOM_NAME.fullmatch(p.name))
@@ -628,7 +634,7 @@ def get_dataset(
     check_severity(severity)
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
-    root = Path(root).expanduser() if root is not None else paths.data_dir()
+    root = _data_root(root)
     download = paths.download_allowed() if download is None else download
     dataset = source.load(root, "test" if split == "test" else "train", download, severity)
     if split in ("train", "val"):

@@ -97,13 +97,14 @@ class Config:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_optimizer(self.optimizer, self.weight_decay)
         options = self.step_options().checked(self.device)
-        if self.optimizer != "sgd" and fuses_update(options.fused, torch.device(self.device)):
-            raise ValueError(f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
-                             "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
-        if self.optimizer != "sgd" and self.graph:
-            raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
-        if self.optimizer != "sgd" and self.momentum != Config.momentum:
-            raise ValueError(f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}")
+        if self.optimizer != "sgd":  # what only SGD has
+            if fuses_update(options.fused, torch.device(self.device)):
+                raise ValueError(f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
+                                 "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
+            if self.graph:
+                raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
+            if self.momentum != Config.momentum:
+                raise ValueError(f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}")
         return self
 
     def step_options(self) -> StepOptions:
@@ -778,13 +779,14 @@ def run_record(config: Config) -> dict:
     return asdict(config) | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
-def same_params(saved: dict, config: Config) -> bool:
+def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
     """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
-    the same custom data and model as now. A key the record lacks (written before ``Config`` had
-    that field) counts as the field's default."""
-    defaults = {field.name: field.default for field in fields(Config)}
-    recorded = {key: value for key, value in saved.items() if key != "fingerprints"}
-    return {**defaults, **recorded} == asdict(config) and saved.get("fingerprints", {}) == input_fingerprints(config)
+    the same custom data and model as now (``record``: ``run_record(config)``, if already made:
+    it reads every file's status). A key the record lacks (written before ``Config`` had that
+    field, or no fingerprints) counts as the field's default (none)."""
+    record = run_record(config) if record is None else record
+    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
+    return {**defaults, **saved} == {**defaults, **record}
 
 
 @contextlib.contextmanager
@@ -826,7 +828,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     num_classes = len(splits["test"].classes)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = models.create_model(config.model, num_classes=num_classes).to(device)
-    if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config):
+    if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config, params):
         # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
         # name): its record goes, so that it is never read back as this run's; only now that this
         # run's data and model have loaded, so that a run that cannot start loses nothing
@@ -851,7 +853,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        if same_params(saved["params"], config):
+        if same_params(saved["params"], config, params):
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])

@@ -191,7 +191,6 @@ def create_model(
             loaded through timm's pretrained-loading path; implies ``pretrained=True``.
         kwargs: passed to ``timm.create_model`` (e.g. ``img_size``, ``drop_path_rate``).
     """
-    timm_name = resolve_name(name)
     if paths.custom_name(name, "model"):  # the architecture and arguments its config.json records; its head kept unless num_classes
         config, saved = custom_config(name)
         timm_name = config["architecture"]
@@ -201,6 +200,8 @@ def create_model(
         kwargs["pretrained_cfg_overlay"] = {**overlay, **kwargs.get("pretrained_cfg_overlay", {})}
         if pretrained and weights is None:
             weights = saved
+    else:
+        timm_name = resolve_name(name)
     if num_classes is not None:
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be a non-negative integer or None, got {num_classes!r}")

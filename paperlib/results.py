@@ -55,18 +55,26 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     return table, history
 
 
-def expected(spec: dict) -> pd.DataFrame:
-    """The runs a finetuning sweep spec asks for (``KEYS``)."""
+def spec_configs(spec: dict) -> list:
+    """Each run of a finetuning sweep spec (``sweep.expand``: its fixed parameters and its grid's)
+    as the ``finetune.Config`` that notebook 05 makes of them: its names mapped to Config's
+    (``component`` -> ``config``...), values typed by Config's defaults (YAML reads ``1e-2`` as a string)."""
+    from . import cli
+    from .finetune import NOTEBOOK_NAMES, Config
     from .sweep import expand
 
-    return pd.DataFrame(
-        [{"model": r.parameters["model"], "dataset": r.parameters["dataset"], "config": r.parameters["component"],
-          "lr": float(r.parameters["lr"]), "seed": int(r.parameters["seed"]),
-          "precision": r.parameters.get("precision", DEFAULTS["precision"]),
-          "optimizer": r.parameters.get("optimizer", DEFAULTS["optimizer"]),
-          "weight_decay": float(r.parameters.get("weight_decay", DEFAULTS["weight_decay"]))} for r in expand(spec)],
-        columns=KEYS,
-    )
+    defaults = {name: field.default for name, field in Config.__dataclass_fields__.items()}
+    configs = []
+    for spec_run in expand(spec):
+        values = {NOTEBOOK_NAMES.get(key, key): value for key, value in spec_run.parameters.items()}
+        configs.append(Config(**{key: value if key == "compile" else cli.coerce(key, value, defaults[key])
+                                 for key, value in values.items() if key in defaults}))
+    return configs
+
+
+def expected(spec: dict) -> pd.DataFrame:
+    """The runs a finetuning sweep spec asks for (``KEYS``)."""
+    return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in spec_configs(spec)], columns=KEYS)
 
 
 def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
@@ -82,12 +90,7 @@ def ensure(spec: dict, progress: bool = False) -> None:
 
     For demo-scale specs; paper-scale sweeps go through ``python -m paperlib.sweep``.
     """
-    from . import cli
-    from .finetune import NOTEBOOK_NAMES, Config, run
-    from .sweep import expand
+    from .finetune import run
 
-    defaults = {name: field.default for name, field in Config.__dataclass_fields__.items()}
-    for spec_run in expand(spec):  # each run's own parameters: the fixed ones and its grid's (precision, steps...)
-        values = {NOTEBOOK_NAMES.get(key, key): value for key, value in spec_run.parameters.items()}
-        config = {key: value if key == "compile" else cli.coerce(key, value, defaults[key]) for key, value in values.items() if key in defaults}
-        run(Config(**config), progress=progress)
+    for config in spec_configs(spec):  # each run's own parameters: the fixed ones and its grid's (precision, steps...)
+        run(config, progress=progress)
