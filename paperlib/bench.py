@@ -674,20 +674,19 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         "bias_gelu forward": (lambda: kernels.bias_gelu(mm, bias), 4 * mm.numel()),
         "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
         "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
-        "SGD update with bf16 masters, unfused": (lambda: finetune.clip_and_update(unfused_sgd, master.masters, 1.0, master), 22 * parameters),
-        "SGD update with bf16 masters, fused (FusedSGD)": (lambda: finetune.clip_and_update(fused_sgd, master.masters, 1.0, master), 22 * parameters),
     }
+    updates = {f"SGD update with bf16 masters, {name}": (lambda optimizer=optimizer: finetune.clip_and_update(optimizer, master.masters, 1.0, master))
+               for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd))}
+    ops |= {name: (update, 22 * parameters) for name, update in updates.items()}
+    errors = {}
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
-    errors = {}
-    if cuda:  # the updates without the host's launches (one per parameter fused, a few per step unfused)
-        for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd)):
+        for name, update in updates.items():  # without the host's launches (one per parameter fused, a few per step unfused)
             try:
-                ops[f"SGD update with bf16 masters, {name}, replayed from a CUDA graph"] = (
-                    _graphed(lambda optimizer=optimizer: finetune.clip_and_update(optimizer, master.masters, 1.0, master), device), 22 * parameters)
+                ops[f"{name}, replayed from a CUDA graph"] = (_graphed(update, device), 22 * parameters)
             except RuntimeError as error:  # a step that cannot be recorded: say so, time the rest
-                errors[f"SGD update with bf16 masters, {name}, replayed from a CUDA graph: error"] = str(error).splitlines()[0][:300]
+                errors[f"{name}, replayed from a CUDA graph: error"] = str(error).splitlines()[0][:300]
     result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads, "parameters": parameters,
               "device": _device_name(device), "torch": torch.__version__,
               "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference"}
