@@ -33,18 +33,21 @@ fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (gelu
 graph = False  # replay each step from a CUDA graph (GPU only; the same step without the gaps between its kernels)
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
+lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
+lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
+lora_dropout = 0.0  # dropout on the LoRA updates' input
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, finetune, models, paths, plots
+from paperlib import components, finetune, lora, models, paths, plots
 
 config = finetune.Config(
     model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
     compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
-    optimizer=optimizer, weight_decay=weight_decay,
+    optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)
@@ -55,12 +58,18 @@ print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; result
 #
 # Trainable parameters of this configuration (the component over all blocks, as in Table 3, and
 # with the head and final norm, as trained here) and the memory of their gradients and SGD
-# momentum in fp32 (Table 4).
+# momentum in fp32 (Table 4). With `lora_rank`, the LoRA updates that train in the component's
+# place (`paperlib.lora`): their share of the weights they adapt, and the memory they need.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-table = components.parameter_table(models.architecture(model, num_classes=metrics.get("num_classes", 5)))
-table.loc[[components.LABELS[component]]]
+architecture = models.architecture(model, num_classes=metrics.get("num_classes", 5))
+if lora_rank:
+    table = lora.parameter_table(architecture, lora_rank)
+    table = table.loc[[f"{components.LABELS[component]} (LoRA r={lora_rank})"]]
+else:
+    table = components.parameter_table(architecture).loc[[components.LABELS[component]]]
+table
 
 # %% [markdown]
 # ## Training curves
@@ -81,9 +90,10 @@ axes[2].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=color
 if metrics["best_step"]:
     axes[2].scatter([metrics["best_step"]], [metrics["best_val_accuracy"]], s=80, facecolor="none", edgecolor="black", zorder=3)
 axes[2].set(xlabel="step", ylabel="validation accuracy")
-fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}, lr {lr:g}, seed {seed}")
+fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}{f' (LoRA r={lora_rank})' if lora_rank else ''}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}"))
+plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}",
+                                    *([f"lora-r{lora_rank}-a{lora_alpha:g}-d{lora_dropout:g}"] if lora_rank else [])))
 plt.show()
 
 # %% [markdown]

@@ -5,7 +5,8 @@
 
 Protocol: a new classification head; trainable = the chosen component in every block + the head
 + the final LayerNorm (``components.set_trainable``); SGD with momentum 0.9 and no weight decay
-(or, beyond the paper, AdamW: ``optimizer``, ``weight_decay``);
+(or, beyond the paper, AdamW: ``optimizer``, ``weight_decay``; and LoRA in place of the component's
+weights: ``lora_rank``, ``paperlib.lora``);
 linear warm-up then cosine decay to 0; gradients clipped at global norm 1 (the logged norm is the
 one clipping saw); evaluation on the ``val`` split (20% of the training set, chosen by the seed)
 every ``eval_every`` steps; the result is the test accuracy of the best-validation checkpoint.
@@ -47,7 +48,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from . import components, data, kernels, models, paths
+from . import components, data, kernels, lora, models, paths
 from .loader import DeviceLoader, decode_workers, uint8_images
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
@@ -80,6 +81,9 @@ class Config:
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
     fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
     graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
+    lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
+    lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1)
+    lora_dropout: float = 0.0  # dropout on the LoRA updates' input
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -96,6 +100,7 @@ class Config:
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_optimizer(self.optimizer, self.weight_decay)
+        lora.check(self.config, self.lora_rank, self.lora_alpha, self.lora_dropout)
         options = self.step_options().checked(self.device)
         if self.optimizer != "sgd":  # what only SGD has
             if fuses_update(options.fused, torch.device(self.device)):
@@ -113,11 +118,15 @@ class Config:
 
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
-        unless the precision is the protocol's and ``-<optimizer>[-wd<weight decay>]`` unless the
-        optimizer is: a bf16 or AdamW run never replaces one of the paper's."""
+        unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
+        optimizer is, and ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA: a bf16, AdamW or LoRA
+        run never replaces one of the paper's."""
         run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
         if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
             run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
+        if self.lora_rank:
+            run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha not in (0, self.lora_rank) else "")
+            run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
@@ -802,6 +811,7 @@ def _deterministic(enabled: bool):
 
 def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
     """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
+    A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT.
 
     Deterministic on a CPU (same seed, same numbers); on CUDA, as the caller set PyTorch (its
     deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
@@ -828,6 +838,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     num_classes = len(splits["test"].classes)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = models.create_model(config.model, num_classes=num_classes).to(device)
+    if config.lora_rank:  # after the head, so a LoRA run's head starts as the component-wise run's; before the fused ops
+        lora.add_lora(model, config.config, config.lora_rank, config.lora_alpha, config.lora_dropout)
     if recorded.is_file() and not same_params(json.loads(recorded.read_text()), config, params):
         # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
         # name): its record goes, so that it is never read back as this run's; only now that this
@@ -836,7 +848,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             (folder / stale).unlink(missing_ok=True)
     _write_json(recorded, params)
     size = config.image_size or model.patch_embed.img_size[0]
-    components.set_trainable(model, config.config)
+    (lora.set_trainable if config.lora_rank else components.set_trainable)(model, config.config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     options = config.step_options().checked(device)
     forward = make_forward(model, options)
@@ -924,6 +936,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "precision": config.precision,
         "optimizer": config.optimizer,
+        "lora_rank": config.lora_rank,
         "torch": torch.__version__,
     }
     _write_json(folder / "metrics.json", metrics)

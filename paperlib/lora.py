@@ -1,0 +1,155 @@
+"""LoRA on one component (beyond the paper: its §7 names "applying LoRa only to the components
+with high plasticity" as future work).
+
+    from paperlib.finetune import Config, run
+    run(Config(config="mha", lora_rank=8, lr=0.05))   # LoRA on every block's attention
+
+Where component-wise finetuning (``components.set_trainable``) trains a component's weights
+themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
+``r``, scaled by ``alpha / r``) beside each of the component's weight matrices, through the
+field's library, peft (``inject_adapter_in_model``: the model stays a timm ViT, its linear layers
+wrapped in peft's ``lora.Linear``). The rest of the protocol is the component-wise one: the new
+head and the final LayerNorm train too, everything else is frozen. ``B`` starts at zero, so the
+model starts as the pretrained one.
+
+The weight matrices of each configuration (``TARGETS``): ``mha``, the attention's q/k/v and
+output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four (the usual
+LoRA of a ViT). LayerNorms have no weight matrix, so ``ln1``, ``ln2`` and ``linear`` take none.
+``merge`` folds the updates into the weights and gives back a plain timm ViT (for plasticity,
+saving with ``models.save_model``...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from torch import nn
+
+from . import components
+
+TARGETS = {
+    "mha": ("attn.qkv", "attn.proj"),
+    "fc1": ("mlp.fc1",),
+    "fc2": ("mlp.fc2",),
+    "full": ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"),
+}
+"""The weight matrices (paths inside a timm ViT block) that LoRA adapts for each configuration."""
+
+CONFIGS = tuple(TARGETS)
+
+
+def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
+    """Fail before any work, with the valid choices: ``rank`` 0 (no LoRA: the component's own weights
+    train) or a positive integer for a configuration that has weight matrices; ``alpha`` 0 (the
+    rank: a scale of 1) or positive; ``dropout`` in [0, 1)."""
+    components.check_config(config)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
+    for name, value, valid in (("lora_alpha", alpha, lambda v: v >= 0), ("lora_dropout", dropout, lambda v: 0 <= v < 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not valid(value):
+            raise ValueError(f"{name} must be {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}")
+    if rank == 0:
+        if alpha or dropout:
+            raise ValueError("lora_alpha and lora_dropout are LoRA's: set lora_rank (e.g. 8) too, or leave them at 0")
+        return
+    if config not in TARGETS:
+        raise ValueError(f"LoRA adapts weight matrices and {config!r} has none; with lora_rank use one of "
+                         f"{', '.join(CONFIGS)}, or lora_rank=0 to finetune {config!r} itself")
+
+
+def target_names(model: nn.Module, config: str) -> list[str]:
+    """The full names of the linear layers that LoRA adapts for ``config``, block by block."""
+    if config not in TARGETS:
+        raise ValueError(f"unknown LoRA configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
+    names = []
+    for index, block in enumerate(components._blocks(model)):
+        for path in TARGETS[config]:
+            try:
+                layer = block.get_submodule(path)
+            except AttributeError as error:
+                raise TypeError(f"block {index} has no {path!r}: LoRA here expects a timm ViT block") from error
+            if not isinstance(layer, nn.Linear):
+                raise TypeError(f"blocks.{index}.{path} is a {type(layer).__name__}, not a linear layer LoRA can adapt "
+                                "(LoRA goes on before the fused ops, which finetune.train does)")
+            names.append(f"blocks.{index}.{path}")
+    return names
+
+
+def add_lora(model: nn.Module, config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> nn.Module:
+    """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``config``
+    (``TARGETS``), in place; ``alpha`` 0 means the rank. ``A`` is drawn from torch's generator
+    (peft's Kaiming-uniform), ``B`` is zero: the function is unchanged until training."""
+    check(config, rank, alpha, dropout)
+    if rank == 0:
+        raise ValueError("add_lora needs a positive rank")
+    # peft imports transformers: only when LoRA is asked for
+    from peft import LoraConfig, inject_adapter_in_model
+
+    settings = LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=dropout, bias="none",
+                          target_modules=target_names(model, config))
+    return inject_adapter_in_model(settings, model)
+
+
+def adapted_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers of ``model`` that carry a LoRA update (peft's ``LoraLayer``), in order."""
+    from peft.tuners.lora import LoraLayer
+
+    return [module for module in model.modules() if isinstance(module, LoraLayer)]
+
+
+def set_trainable(model: nn.Module, config: str) -> nn.Module:
+    """Freeze every parameter except the LoRA updates (``add_lora``), the head and the final
+    LayerNorm, the component-wise protocol with LoRA in place of the component's weights."""
+    layers = adapted_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA layers: add_lora(model, config, rank) first")
+    model.requires_grad_(False)
+    for module in components.head_modules(model) + components.final_norm_modules(model):
+        module.requires_grad_(True)
+    for layer in layers:
+        layer.lora_A.requires_grad_(True)
+        layer.lora_B.requires_grad_(True)
+    return model
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """Fold every LoRA update into its weight matrix (peft's ``merge``) and put the plain linear
+    layer back, in place: a timm ViT with its usual parameter names and the same function (to
+    rounding). Returns the model."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, layer in [(name, module) for name, module in model.named_modules() if isinstance(module, LoraLayer)]:
+        layer.merge()
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, layer.get_base_layer())
+    return model
+
+
+def lora_parameters(model: nn.Module, config: str, rank: int) -> int:
+    """Parameters of the LoRA updates of rank ``rank`` for ``config`` over all blocks: ``rank *
+    (inputs + outputs)`` per adapted matrix (``model`` without LoRA)."""
+    return sum(rank * (layer.in_features + layer.out_features)
+               for layer in (model.get_submodule(name) for name in target_names(model, config)))
+
+
+def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> pd.DataFrame:
+    """Table 3 and 4's columns for LoRA of rank ``rank`` (``model`` without LoRA): per configuration,
+    the updates' parameters over all blocks, as a share of the weights they adapt and of the whole
+    model, their memory load (gradients and optimizer states), and ``trainable`` (with the head and
+    the final norm, as trained here)."""
+    total = components.count_parameters([model])
+    shared = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
+    rows = []
+    for config in CONFIGS:
+        count = lora_parameters(model, config, rank)
+        adapted = sum(model.get_submodule(name).weight.numel() for name in target_names(model, config))
+        rows.append({
+            "configuration": f"{components.LABELS[config]} (LoRA r={rank})",
+            "parameters": count,
+            "% of adapted weights": 100.0 * count / adapted,
+            "% of total": 100.0 * count / total,
+            "memory load (MiB)": components.memory_load(count, bytes_per_parameter, optimizer) / 2**20,
+            "trainable": count + shared,
+        })
+    return pd.DataFrame(rows).set_index("configuration")

@@ -1,0 +1,195 @@
+"""LoRA on one component (paperlib.lora): what trains, what the updates compute, merging, the run's
+record and folder, resume, bad parameters."""
+
+import pytest
+import torch
+from test_finetune import interrupted, same_metrics, small
+
+from paperlib import components, finetune, lora, models, stats
+from paperlib import results as results_module
+from paperlib.finetune import Config
+
+
+@pytest.fixture(autouse=True)
+def results(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    return tmp_path / "results"
+
+
+def demo(seed: int = 0):
+    torch.manual_seed(seed)
+    return models.create_model("demo", num_classes=5).eval()
+
+
+def images(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def test_targets_are_the_weight_matrices_of_each_component_in_every_block():
+    model = demo()
+    depth = len(model.blocks)
+    assert lora.target_names(model, "fc2") == [f"blocks.{i}.mlp.fc2" for i in range(depth)]
+    assert lora.target_names(model, "mha")[:2] == ["blocks.0.attn.qkv", "blocks.0.attn.proj"]
+    assert len(lora.target_names(model, "full")) == 4 * depth
+    with pytest.raises(ValueError, match="valid configurations: mha, fc1, fc2, full"):
+        lora.target_names(model, "ln1")
+
+
+def test_lora_starts_as_the_pretrained_function_and_trains_only_its_updates_head_and_final_norm():
+    model, reference = demo(), demo()
+    x = images()
+    lora.add_lora(model, "mha", rank=4)
+    with torch.no_grad():
+        assert torch.equal(model(x), reference(x))  # B starts at zero
+    lora.set_trainable(model, "mha")
+    trainable = {name for name, _ in components.trainable_parameters(model)}
+    expected = ({f"blocks.{i}.attn.{m}.lora_{ab}.default.weight" for i in range(len(model.blocks)) for m in ("qkv", "proj") for ab in "AB"}
+                | {"head.weight", "head.bias", "norm.weight", "norm.bias"})
+    assert trainable == expected
+    assert sum(p.numel() for _, p in components.trainable_parameters(model)) == lora.parameter_table(reference, 4).loc["MHA (LoRA r=4)", "trainable"]
+
+
+def test_an_update_is_alpha_over_rank_times_b_a_and_merging_folds_it_into_the_weight():
+    model, reference = demo(), demo()
+    lora.add_lora(model, "fc1", rank=2, alpha=6.0)
+    layer = model.blocks[1].mlp.fc1
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.fc1.lora_B.default.weight.normal_()
+        A, B = layer.lora_A.default.weight.clone(), layer.lora_B.default.weight.clone()
+        x = torch.randn(5, A.shape[1])
+        w, b = reference.blocks[1].mlp.fc1.weight, reference.blocks[1].mlp.fc1.bias
+        assert torch.allclose(layer(x), x @ (w + 3.0 * B @ A).T + b, atol=1e-5)  # alpha / rank = 3
+        before = model(images())
+    merged = lora.merge(model)
+    assert merged is model and not lora.adapted_layers(model)
+    assert type(model.blocks[1].mlp.fc1) is torch.nn.Linear
+    assert set(model.state_dict()) == set(reference.state_dict())  # timm's names again: loads into a plain ViT
+    assert torch.allclose(model.blocks[1].mlp.fc1.weight, w + 3.0 * B @ A, atol=1e-6)
+    with torch.no_grad():
+        assert torch.allclose(model(images()), before, atol=1e-5)
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, reference.blocks[1].mlp.fc2.weight)
+
+
+@pytest.mark.parametrize("config", ["mha", "fc2", "full"])
+def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config):
+    model, metrics = finetune.train(small(config=config, lora_rank=4))
+    initial = demo()  # the run's initialisation: same seed, same head (LoRA goes on after the head)
+    weights = dict(model.named_parameters())
+    changed_lora = set()
+    for name, layer in ((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A")):
+        assert torch.equal(layer.base_layer.weight, initial.get_submodule(name).weight)  # frozen, bit for bit
+        if not torch.equal(layer.lora_B.default.weight, torch.zeros_like(layer.lora_B.default.weight)):
+            changed_lora.add(name)
+    assert changed_lora == set(lora.target_names(initial, config))
+    plain = {name.replace(".base_layer", ""): p for name, p in weights.items() if "lora_" not in name}
+    changed = {n for n, p in plain.items() if not torch.equal(p.detach(), initial.state_dict()[n])}
+    assert changed == {"head.weight", "head.bias", "norm.weight", "norm.bias"}
+    assert metrics["trainable_parameters"] == lora.parameter_table(initial, 4).loc[f"{components.LABELS[config]} (LoRA r=4)", "trainable"]
+    assert metrics["lora_rank"] == 4
+
+
+def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp_path, monkeypatch):
+    plain, adapted = small(config="fc1"), small(config="fc1", lora_rank=4)
+    assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
+    assert small(config="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
+    assert small(config="fc1", lora_rank=4, lora_alpha=4.0).folder() == adapted.folder()  # alpha = rank is the default
+    first = finetune.run(adapted)
+    finetune.run(plain)
+    assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
+    runs, _ = results_module.load()
+    assert sorted(runs["lora_rank"]) == [0, 4]
+    with pytest.raises(ValueError, match="one lora_rank, got 0, 4"):
+        stats.table6(runs)
+    assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "again"))
+    assert same_metrics(finetune.run(adapted)) == same_metrics(first)  # same seed, same LoRA initialisation, same numbers
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, results, tmp_path, monkeypatch):
+    config = small(config="mha", lora_rank=2, precision=precision)
+    reference = finetune.run(config)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
+    interrupted(config, 9, monkeypatch)
+    assert (config.folder() / "checkpoint.pt").is_file()
+    assert same_metrics(finetune.run(config)) == same_metrics(reference)
+
+
+def test_fused_ops_leave_layers_with_lora_alone():
+    # the fused attention reads qkv's weight itself: on a LoRA layer it would skip the update
+    model = demo()
+    lora.add_lora(model, "mha", rank=2)
+    with torch.no_grad():
+        for layer in lora.adapted_layers(model):
+            layer.lora_B.default.weight.normal_()
+        before = model(images())
+    finetune.fuse(model, "gelu+qkv")
+    assert not isinstance(model.blocks[0].attn, models.QkvFusedAttention)
+    assert isinstance(model.blocks[0].mlp, models.BiasGeluMlp)  # the feedforward layer has no LoRA: fused
+    with torch.no_grad():
+        assert torch.allclose(model(images()), before, atol=1e-5)
+
+
+def test_the_run_fuses_after_adding_lora(results, monkeypatch):
+    seen = []
+    original = finetune.fuse
+
+    def spy(model, fused="all"):
+        seen.append(len(lora.adapted_layers(model)))
+        return original(model, fused)
+
+    monkeypatch.setattr(finetune, "fuse", spy)
+    finetune.run(small(config="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
+    assert seen and seen[0] == len(lora.target_names(demo(), "fc1"))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"config": "ln1", "lora_rank": 4}, "'ln1' has none; with lora_rank use one of mha, fc1, fc2, full"),
+        ({"config": "linear", "lora_rank": 4}, "use one of mha, fc1, fc2, full"),
+        ({"lora_rank": -1}, "lora_rank must be 0"),
+        ({"lora_rank": 2.5}, "lora_rank must be 0"),
+        ({"lora_alpha": 8.0}, "set lora_rank"),
+        ({"lora_rank": 4, "lora_alpha": -1.0}, "lora_alpha must be >= 0"),
+        ({"lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be in \[0, 1\)"),
+    ],
+)
+def test_bad_lora_parameters_fail_before_any_work(results, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        finetune.run(small(**overrides))
+    assert not results.exists()
+
+
+def test_the_command_line_and_notebook_take_the_lora_parameters():
+    from paperlib import sweep
+
+    names = sweep.notebook_parameters("notebooks/05_finetune.ipynb")
+    assert {"lora_rank", "lora_alpha", "lora_dropout"} <= set(names)
+    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4},
+            "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]}}
+    wanted = results_module.expected(spec)
+    assert sorted(zip(wanted["config"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
+    assert isinstance(Config(lora_rank=4).lora_rank, int)
+
+
+@pytest.mark.parametrize("how", ["model", "blocks"])
+def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
+    # real dynamo and AOTAutograd (the "aot_eager" backend: no compiler needed) through peft's layers:
+    # the same loss, and gradients for exactly the LoRA updates, the head and the final norm
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    x, labels = images(8), torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(2))
+    grads = []
+    for compiled in (False, True):
+        model = lora.set_trainable(lora.add_lora(demo(), "full", rank=2), "full")
+        with torch.no_grad():
+            for layer in lora.adapted_layers(model):
+                layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))
+        forward = finetune.compile_model(model, how) if compiled else model
+        torch.nn.functional.cross_entropy(forward(x), labels).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        assert set(grads[-1]) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for name, grad in grads[0].items():
+        assert torch.allclose(grads[1][name], grad, atol=1e-5, rtol=1e-4), name
