@@ -153,3 +153,40 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
             "trainable": count + shared,
         })
     return pd.DataFrame(rows).set_index("configuration")
+
+
+def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
+    """How a run trains its component, for tables and legends: "weights" (the paper: the component's
+    own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
+    if not lora_rank:
+        return "weights"
+    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + ([f"dropout={lora_dropout:g}"] if lora_dropout else [])
+    return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def with_method(runs: pd.DataFrame) -> pd.DataFrame:
+    """``results.load``'s runs of the configurations LoRA has (``CONFIGS``) with a ``method`` column (``method``)."""
+    runs = runs[runs["config"].isin(CONFIGS)]
+    return runs.assign(method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])])
+
+
+def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
+    """Table 6 for each method of ``runs`` (one model and precision; ``with_method``): one row per
+    dataset, configuration and method with the learning rate chosen by ``select``, the mean and
+    standard deviation (%) over seeds, the seeds, and the trainable parameters."""
+    from . import stats
+
+    runs = with_method(runs)
+    tables = []
+    for name, group in runs.groupby("method", sort=False):
+        table = stats.table6(group.drop(columns="method"), select=select)
+        trainable = group.groupby(["dataset", "config"], as_index=False)["trainable_parameters"].max()
+        tables.append(table.merge(trainable, on=["dataset", "config"], how="left").assign(method=name))
+    columns = ["dataset", "config", "method", "lr", "mean", "std", "seeds", "trainable_parameters"]
+    if not tables:
+        return pd.DataFrame(columns=columns)
+    order = {config: i for i, config in enumerate(CONFIGS)}
+    table = pd.concat(tables, ignore_index=True)[columns]
+    table["_order"] = table["config"].map(order)
+    table["_lora"] = table["method"] != "weights"
+    return table.sort_values(["dataset", "_order", "_lora", "method"]).drop(columns=["_order", "_lora"]).reset_index(drop=True)

@@ -193,3 +193,20 @@ def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
         assert set(grads[-1]) == {n for n, p in model.named_parameters() if p.requires_grad}
     for name, grad in grads[0].items():
         assert torch.allclose(grads[1][name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results):
+    for rank in (0, 2):
+        for lr in (0.01, 0.3):
+            finetune.run(small(config="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
+    finetune.run(small(config="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
+    runs, _ = results_module.load()
+    table = lora.comparison(runs)
+    assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["config"]) == {"fc2"}
+    for rank, row in zip((0, 2), table.itertuples()):
+        mine = runs[(runs["lora_rank"] == rank) & (runs["config"] == "fc2")]
+        best = mine.loc[mine["test_accuracy"].idxmax()]
+        assert row.lr == best["lr"] and row.mean == pytest.approx(100 * best["test_accuracy"])
+        assert row.trainable_parameters == best["trainable_parameters"]
+    assert table["trainable_parameters"].iloc[1] < table["trainable_parameters"].iloc[0]
+    assert lora.method(4, 8.0, 0.1) == "LoRA r=4 (alpha=8, dropout=0.1)" and lora.method(4, 4.0) == "LoRA r=4"

@@ -1,0 +1,141 @@
+# %% [markdown]
+# # 09 · LoRA on the components of high plasticity (beyond the paper: its §7 future work)
+#
+# The paper finetunes each component's own weights (§5.2) and proposes, as future work, "applying
+# LoRa only to the components with high plasticity" (§7). This notebook runs that comparison:
+# LoRA of rank r on the weight matrices of one component in every block (MHA: the q/k/v and
+# output projections; FC1; FC2), or of all of them (the usual LoRA of a ViT), with the head and
+# the final LayerNorm trained as in the component-wise protocol, against finetuning the same
+# components' own weights (`paperlib.lora`; LayerNorms have no weight matrix for LoRA). One run is
+# `papermill notebooks/05_finetune.ipynb out.ipynb -p component mha -p lora_rank 8`.
+#
+# At demo scale (the default) the runs are those of `parameters/sweeps/lora_demo.yaml`: the demo
+# ViT on digits, rank 4 and the components' own weights, three learning rates, one seed, computed
+# here when missing (about 4 minutes on a CPU). At paper scale, run
+# `parameters/sweeps/lora_paper.yaml` and set `spec` to it and `plain_spec` to
+# `parameters/sweeps/finetune_paper.yaml`. Demo numbers are not the paper's, and one seed on one
+# small dataset decides nothing.
+
+# %% tags=["parameters"]
+spec = "parameters/sweeps/lora_demo.yaml"  # the sweep of LoRA runs (at demo scale it also holds the runs of the components' own weights)
+plain_spec = ""  # a sweep whose component-wise runs to compare with ("": those of spec); paper scale: parameters/sweeps/finetune_paper.yaml
+compute_missing = True  # run the specs' missing runs first (demo scale only)
+select = "test"  # learning rate chosen by test accuracy (as the paper's Table 6) or val (no test-set selection)
+reference = "digits_source"  # reference images for the plasticity of the model (the paper: imagenet)
+n_pairs = 179  # plasticity pairs when a result is missing (the paper: 12,800)
+device = "cpu"  # device for missing plasticity measurements and runs
+data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from paperlib import components, lora, paths, plasticity, plots, results, sweep
+
+specs = [sweep.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
+if compute_missing:
+    for grid_spec in specs:
+        results.ensure(grid_spec)
+wanted = pd.concat([results.expected(grid_spec) for grid_spec in specs]).drop_duplicates()
+runs, histories = results.load()
+runs = runs.merge(wanted, on=results.KEYS)  # the specs' runs only
+runs = lora.with_method(runs)
+print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
+      + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+missing = pd.concat([results.missing(runs, grid_spec) for grid_spec in specs])
+not_finished = runs[runs["status"] != "finished"][["dataset", "config", "method", "lr", "seed", "status"]]
+print("runs not finished:", "none" if not_finished.empty else "\n" + not_finished.to_string(index=False))
+print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(index=False))
+
+# %% [markdown]
+# ## Accuracy at each method's best learning rate (as the paper's Table 6)
+#
+# For each dataset, configuration and method: the learning rate chosen by `select`, the test
+# accuracy (%, mean ± standard deviation over seeds) there, and the parameters that train (the
+# LoRA updates or the component, with the head and the final norm). Each method gets its own
+# learning rate: LoRA's updates start at zero and take larger ones.
+
+# %%
+table = lora.comparison(runs, select=select)
+shown = table.assign(configuration=table["config"].map(components.LABELS))
+shown.set_index(["dataset", "configuration", "method"]).drop(columns="config").round(2)
+
+# %% [markdown]
+# ## Per component, averaged over datasets
+#
+# Left: test accuracy at each method's best learning rate, components in the paper's plasticity
+# order (MHA > FC1 > FC2), then all of them. Right: the same against the parameters that train.
+
+# %%
+methods = list(dict.fromkeys(table["method"]))
+average = table.groupby(["config", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
+configs = [config for config in lora.CONFIGS if config in set(average["config"])]
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+width = 0.8 / max(len(methods), 1)
+for i, name in enumerate(methods):
+    part = average[average["method"] == name].set_index("config").reindex(configs)
+    positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(configs))]
+    axes[0].bar(positions, part["mean"], width, label=name, color=[plots.COLORS[c] for c in configs],
+                alpha=1.0 if name == "weights" else 0.55, hatch=None if name == "weights" else "//", edgecolor="black")
+    axes[1].plot(part["trainable_parameters"], part["mean"], marker="o" if name == "weights" else "s", linestyle="none", label=name, color="gray")
+    for config, row in part.iterrows():
+        axes[1].annotate(components.LABELS[config], (row["trainable_parameters"], row["mean"]), fontsize=8,
+                         xytext=(4, 2), textcoords="offset points", color=plots.COLORS[config])
+axes[0].set_xticks(range(len(configs)), [components.LABELS[c] for c in configs])
+low = average["mean"].min()
+axes[0].set(ylabel="test accuracy (%)", ylim=(max(0, low - 10), None))
+axes[0].legend(fontsize=8)
+axes[1].set(xscale="log", xlabel="trainable parameters", ylabel="test accuracy (%)")
+axes[1].legend(fontsize=8)
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("09_lora_by_plasticity", *runs["model"].unique()))
+plt.show()
+
+# %% [markdown]
+# ## Over the learning-rate grid (as the paper's Fig. 4, left)
+#
+# Test accuracy at every learning rate (mean over datasets and seeds; a diverged run counts as
+# missing). The paper finds high-plasticity components both better and steadier across learning
+# rates when their weights train; here the same question for their LoRA updates.
+
+# %%
+finished = runs[runs["status"] == "finished"]
+grid = finished.groupby(["config", "method", "lr"], as_index=False)["test_accuracy"].mean()
+fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
+for ax, name in zip(axes[0], methods):
+    for config in configs:
+        part = grid[(grid["method"] == name) & (grid["config"] == config)]
+        ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=plots.COLORS[config], label=components.LABELS[config])
+    ax.set(xscale="log", xlabel="learning rate", title=name)
+    ax.set_xticks(sorted(grid["lr"].unique()), [f"{lr:g}" for lr in sorted(grid["lr"].unique())])
+    ax.minorticks_off()
+axes[0][0].set(ylabel="test accuracy (%)")
+axes[0][0].legend(fontsize=8)
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("09_lora_by_plasticity_lr", *runs["model"].unique()))
+plt.show()
+
+# %% [markdown]
+# ## Plasticity of the components (paper §5.1)
+#
+# The model's plasticity P(f) per component on the datasets of these runs (notebook 02; measured
+# here when missing), beside the accuracy of each method on that component. The paper's
+# hypothesis, carried over to LoRA: the components of higher plasticity adapt better. The demo
+# ViT, trained from scratch on a few thousand digits, need not share the ranking the paper
+# measures on pretrained ViTs (MHA > FC1 > FC2); compare the orders within this table.
+
+# %%
+pairs = runs[["model", "dataset"]].drop_duplicates().itertuples(index=False)
+for model, dataset in pairs:
+    if compute_missing and not (plasticity.result_folder(model, dataset) / "metadata.json").is_file():
+        plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False)
+measured = plasticity.collect()
+measured = measured.merge(runs[["model", "dataset"]].drop_duplicates(), on=["model", "dataset"])
+side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()
+        .rename("P(f)").to_frame())
+side = side.join(average.pivot(index="config", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))
+side.index = side.index.map(components.LABELS)
+side.round(3)
