@@ -169,6 +169,25 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(precision, results, 
     assert losses[-4:].mean() < losses[:4].mean()
 
 
+@pytest.mark.parametrize("precision, compile", [("autocast", False), ("bf16", "blocks")])
+def test_lora_finetuning_on_the_device_follows_the_cpu_run(precision, compile, results, monkeypatch, tmp_path):
+    # peft's LoRA layers under autocast, or in the bf16 copy with fp32 masters, compiled, with the
+    # fused ops on the layers that have no LoRA (fused="auto"), against the plain CPU run
+    config = _small(config="mha", lora_rank=4, lr=0.1, precision=precision, compile=compile)
+    model, metrics = finetune.train(config)
+    assert metrics["status"] == "finished" and metrics["lora_rank"] == 4
+    torch.manual_seed(0)
+    initial = models.create_model("demo", num_classes=5)
+    for name, layer in ((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A")):
+        assert torch.equal(layer.base_layer.weight.detach().cpu(), initial.get_submodule(name).weight)  # frozen
+    losses = finetune.history(config)["train_loss"].to_numpy()
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
+    cpu = replace(config, device="cpu", precision="autocast", compile=False)
+    finetune.run(cpu)
+    assert np.allclose(losses[:4], finetune.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert losses[-4:].mean() < losses[:4].mean()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     """On CUDA the op runs the Triton kernels; on a CPU, the PyTorch arithmetic they are tested against."""
