@@ -269,13 +269,14 @@ def _synthetic_train_set(n: int, source_size: int):
                         torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
 
 
-def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, options):
+def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, options, lora_rank: int = 0):
     """The library's training step for ``config``, as ``finetune.train`` runs it (its optimizer, and
-    ``options``, a checked ``finetune.StepOptions``): returns ``steps(first, count)``, which trains on
-    the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
-    from . import components, finetune
+    ``options``, a checked ``finetune.StepOptions``; with ``lora_rank``, the model carries its LoRA
+    layers): returns ``steps(first, count)``, which trains on the loader's batches ``first`` to
+    ``first + count - 1`` and returns the last (loss, norm)."""
+    from . import components, finetune, lora
 
-    components.set_trainable(model, config)
+    (lora.set_trainable if lora_rank else components.set_trainable)(model, config)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device, finetune.fuses_update(options.fused, device))
     forward = finetune.make_forward(model, options)
@@ -307,6 +308,7 @@ def bench_finetune(
     precision: str = "autocast",
     fused: str = "auto",
     graph: bool = False,
+    lora_rank: int = 0,
 ) -> dict:
     """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
 
@@ -321,11 +323,13 @@ def bench_finetune(
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
     Median of ``repeats`` interleaved timings of ``steps`` steps. With ``graph``, the graph keeps its
     activations' memory while the plain loop runs beside it: at large batches pass ``plain=False``
-    (``--no-plain``), as ``bench targets`` does for its compiled parts.
+    (``--no-plain``), as ``bench targets`` does for its compiled parts. With ``lora_rank`` > 0 each
+    configuration trains LoRA updates of that rank instead of its weights (``lora``), in both
+    loops, each on a fresh copy of the model with peft's layers.
     """
     from torch.utils.data import DataLoader
 
-    from . import components, finetune, models
+    from . import components, finetune, lora, models
     from .data import ImageDataset
     from .transforms import paper_transform
 
@@ -333,10 +337,11 @@ def bench_finetune(
     workers = os.cpu_count() if workers is None else workers
     cuda = device.type == "cuda"
     for config in configs:
-        components.check_config(config)
+        lora.check(config, lora_rank)
     options = finetune.StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
+    pristine = copy.deepcopy(model) if lora_rank else None  # LoRA goes on before the fused ops: on an untouched copy per configuration
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
@@ -345,15 +350,19 @@ def bench_finetune(
     peak = _peak_tflops(device)
     result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": _device_name(device),
               **asdict(options), "steps": steps,
-              "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak}
+              "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak, "lora_rank": lora_rank}
     for config in configs:
-        components.set_trainable(model, config)
+        if lora_rank:
+            model = lora.set_trainable(lora.add_lora(copy.deepcopy(pristine), config, lora_rank), config)
+            plain_model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank) if plain else None
+        else:
+            components.set_trainable(model, config)
         flops = _step_flops(model, *fast.batch(0))
-        library_steps = _library_steps(model, config, fast, batch_size, device, options)
+        library_steps = _library_steps(model, config, fast, batch_size, device, options, lora_rank)
         warmup = _Timed(lambda: library_steps(0, finetune.warmup_steps(options)), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
-            components.set_trainable(plain_model, config)
+            (lora.set_trainable if lora_rank else components.set_trainable)(plain_model, config)
             plain_trainable = [p for _, p in components.trainable_parameters(plain_model)]
             plain_optimizer = torch.optim.SGD(plain_trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
 
@@ -886,6 +895,7 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     _step_arguments(f)
     f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
+    f.add_argument("--lora-rank", type=int, default=0, help="train LoRA updates of this rank instead of each configuration's weights (of mha, fc1, fc2, full)")
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
     r.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
@@ -943,7 +953,7 @@ def main(argv: list[str] | None = None) -> None:
             result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
         else:
             result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
-                                    args.workers, plain=not args.no_plain, repeats=args.repeats, **_step_options(args))
+                                    args.workers, plain=not args.no_plain, repeats=args.repeats, lora_rank=args.lora_rank, **_step_options(args))
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":

@@ -26,7 +26,7 @@ import math
 import pandas as pd
 from torch import nn
 
-from . import components
+from . import components, models
 
 TARGETS = {
     "mha": ("attn.qkv", "attn.proj"),
@@ -70,8 +70,11 @@ def target_names(model: nn.Module, config: str) -> list[str]:
             except AttributeError as error:
                 raise TypeError(f"block {index} has no {path!r}: LoRA here expects a timm ViT block") from error
             if not isinstance(layer, nn.Linear):
-                raise TypeError(f"blocks.{index}.{path} is a {type(layer).__name__}, not a linear layer LoRA can adapt "
-                                "(LoRA goes on before the fused ops, which finetune.train does)")
+                raise TypeError(f"blocks.{index}.{path} is a {type(layer).__name__}, not a linear layer LoRA can adapt")
+            if isinstance(block.get_submodule(path.rpartition(".")[0]), models._FusedLayer):
+                # a fused layer reads the weight itself and would skip the update
+                raise ValueError(f"blocks.{index}.{path.rpartition('.')[0]} runs one of our fused ops, which would bypass LoRA: "
+                                 "add LoRA before finetune.fuse / compile_model (as finetune.train does)")
             names.append(f"blocks.{index}.{path}")
     return names
 

@@ -298,3 +298,20 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
     assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False
+
+
+def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
+    from paperlib import lora
+
+    seen = []
+    original = lora.set_trainable
+    monkeypatch.setattr(lora, "set_trainable", lambda model, config: seen.append(model) or original(model, config))
+    result = bench.bench_finetune("demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+    assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
+    models_seen = list({id(model): model for model in seen}.values())
+    assert len(models_seen) == 4  # a fresh LoRA model per configuration and loop
+    for model in models_seen:
+        layers = lora.adapted_layers(model)
+        assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
+    with pytest.raises(ValueError, match="use one of mha, fc1, fc2, full"):
+        bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)

@@ -131,6 +131,14 @@ def test_fused_ops_leave_layers_with_lora_alone():
         assert torch.allclose(model(images()), before, atol=1e-5)
 
 
+def test_lora_refuses_layers_that_already_run_fused_ops():
+    model = finetune.fuse(demo(), "gelu+qkv")  # fused layers read their weights themselves
+    with pytest.raises(ValueError, match="add LoRA before finetune.fuse"):
+        lora.add_lora(model, "fc1", rank=2)
+    assert not any(hasattr(m, "lora_A") for m in model.modules())
+    lora.add_lora(finetune.fuse(demo(), "qkv"), "fc2", rank=2)  # fc2 is called as a module: fine
+
+
 def test_the_run_fuses_after_adding_lora(results, monkeypatch):
     seen = []
     original = finetune.fuse
