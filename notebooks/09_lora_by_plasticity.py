@@ -56,7 +56,9 @@ print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(ind
 # For each dataset, configuration and method: the learning rate chosen by `select`, the test
 # accuracy (%, mean ± standard deviation over seeds) there, and the parameters that train (the
 # LoRA updates or the component, with the head and the final norm). Each method gets its own
-# learning rate: LoRA's updates start at zero and take larger ones.
+# learning rate: LoRA's updates start at zero and take larger ones. For `full` the two are not the
+# same parameters: the weights' run trains every parameter (LayerNorms and embeddings too), LoRA's
+# the updates of the four weight matrices of each block (with the head and the final norm).
 
 # %%
 table = lora.comparison(runs, select=select)

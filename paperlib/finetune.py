@@ -82,8 +82,14 @@ class Config:
     fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
     graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
     lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
-    lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1)
+    lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+
+    def __post_init__(self):
+        # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
+        # run (one folder, one record, one row of the results tables)
+        if self.lora_alpha == 0 and isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank > 0:
+            object.__setattr__(self, "lora_alpha", float(self.lora_rank))
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
@@ -125,7 +131,7 @@ class Config:
         if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
             run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
         if self.lora_rank:
-            run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha not in (0, self.lora_rank) else "")
+            run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
             run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
@@ -870,6 +876,10 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])
             start_step, rows, best = saved["step"], saved["history"], saved["best"]
+            if "rng" in saved:  # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+                torch.set_rng_state(saved["rng"]["cpu"])
+                if cuda and saved["rng"].get("cuda") is not None:
+                    torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
             if master:
                 master.from_master()
 
@@ -907,7 +917,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
-            state = {"params": params, "step": step + 1, "history": rows, "best": best,
+            rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}
+            state = {"params": params, "step": step + 1, "history": rows, "best": best, "rng": rng,
                      "model": current, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
             paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress:

@@ -26,7 +26,7 @@ import math
 import pandas as pd
 from torch import nn
 
-from . import components, models
+from . import components
 
 TARGETS = {
     "mha": ("attn.qkv", "attn.proj"),
@@ -48,7 +48,7 @@ def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> N
         raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
     for name, value, valid in (("lora_alpha", alpha, lambda v: v >= 0), ("lora_dropout", dropout, lambda v: 0 <= v < 1)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not valid(value):
-            raise ValueError(f"{name} must be {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}")
+            raise ValueError(f"{name} must be a finite number {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}")
     if rank == 0:
         if alpha or dropout:
             raise ValueError("lora_alpha and lora_dropout are LoRA's: set lora_rank (e.g. 8) too, or leave them at 0")
@@ -71,10 +71,11 @@ def target_names(model: nn.Module, config: str) -> list[str]:
                 raise TypeError(f"block {index} has no {path!r}: LoRA here expects a timm ViT block") from error
             if not isinstance(layer, nn.Linear):
                 raise TypeError(f"blocks.{index}.{path} is a {type(layer).__name__}, not a linear layer LoRA can adapt")
-            if isinstance(block.get_submodule(path.rpartition(".")[0]), models._FusedLayer):
-                # a fused layer reads the weight itself and would skip the update
-                raise ValueError(f"blocks.{index}.{path.rpartition('.')[0]} runs one of our fused ops, which would bypass LoRA: "
-                                 "add LoRA before finetune.fuse / compile_model (as finetune.train does)")
+            parent, _, child = path.rpartition(".")
+            if child in getattr(block.get_submodule(parent), "READS", ()):
+                # a fused op reads this layer's weight itself and would skip the update
+                raise ValueError(f"blocks.{index}.{parent} runs one of our fused ops, which reads {child}'s weight itself and would "
+                                 "bypass LoRA: add LoRA before finetune.fuse / compile_model (as finetune.train does)")
             names.append(f"blocks.{index}.{path}")
     return names
 

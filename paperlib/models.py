@@ -324,6 +324,7 @@ class _FusedLayer(torch.nn.Module):
     FUSABLE = staticmethod(lambda layer: False)
     SUBMODULES: tuple[str, ...] = ()
     ATTRIBUTES: tuple[str, ...] = ()
+    READS: tuple[str, ...] = ()  # submodules whose weights the fused op reads itself (not called as modules: LoRA there would be skipped)
     NEEDS = ""  # the form, in words, for the error
 
     def __init__(self, layer: torch.nn.Module):
@@ -341,6 +342,7 @@ class BiasGeluMlp(_FusedLayer):
 
     FUSABLE = staticmethod(_is_fusable_mlp)
     SUBMODULES = ("fc1", "act", "drop1", "norm", "fc2", "drop2")
+    READS = ("fc1",)
     NEEDS = "a timm Mlp with a biased nn.Linear fc1 and nn.GELU() (exact) act"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -356,6 +358,7 @@ class QkvFusedAttention(_FusedLayer):
 
     FUSABLE = staticmethod(_is_fusable_attention)
     SUBMODULES = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop")
+    READS = ("qkv",)
     ATTRIBUTES = ("num_heads", "head_dim", "attn_dim")
     NEEDS = "a timm Attention with a biased nn.Linear qkv and no gate"
 

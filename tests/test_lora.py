@@ -1,6 +1,7 @@
 """LoRA on one component (paperlib.lora): what trains, what the updates compute, merging, the run's
 record and folder, resume, bad parameters."""
 
+import pandas as pd
 import pytest
 import torch
 from test_finetune import interrupted, same_metrics, small
@@ -93,7 +94,7 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp
     plain, adapted = small(config="fc1"), small(config="fc1", lora_rank=4)
     assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
     assert small(config="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
-    assert small(config="fc1", lora_rank=4, lora_alpha=4.0).folder() == adapted.folder()  # alpha = rank is the default
+    assert small(config="fc1", lora_rank=4, lora_alpha=4.0) == adapted  # alpha 0 means the rank: one run, one folder, one record
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
@@ -106,14 +107,17 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp
     assert same_metrics(finetune.run(adapted)) == same_metrics(first)  # same seed, same LoRA initialisation, same numbers
 
 
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, results, tmp_path, monkeypatch):
-    config = small(config="mha", lora_rank=2, precision=precision)
+@pytest.mark.parametrize("precision, dropout", [("autocast", 0.0), ("bf16", 0.0), ("autocast", 0.3)])
+def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, dropout, results, tmp_path, monkeypatch):
+    # dropout draws from torch's generator: the checkpoint carries its state
+    config = small(config="mha", lora_rank=2, precision=precision, lora_dropout=dropout)
     reference = finetune.run(config)
+    history = finetune.history(config)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
     interrupted(config, 9, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file()
     assert same_metrics(finetune.run(config)) == same_metrics(reference)
+    pd.testing.assert_frame_equal(finetune.history(config), history)
 
 
 def test_fused_ops_leave_layers_with_lora_alone():
@@ -136,7 +140,8 @@ def test_lora_refuses_layers_that_already_run_fused_ops():
     with pytest.raises(ValueError, match="add LoRA before finetune.fuse"):
         lora.add_lora(model, "fc1", rank=2)
     assert not any(hasattr(m, "lora_A") for m in model.modules())
-    lora.add_lora(finetune.fuse(demo(), "qkv"), "fc2", rank=2)  # fc2 is called as a module: fine
+    lora.add_lora(model, "fc2", rank=2)  # fc2 and proj are called as modules, even in the fused layers: fine
+    lora.add_lora(finetune.fuse(demo(), "qkv"), "fc1", rank=2)
 
 
 def test_the_run_fuses_after_adding_lora(results, monkeypatch):
@@ -160,8 +165,8 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch):
         ({"lora_rank": -1}, "lora_rank must be 0"),
         ({"lora_rank": 2.5}, "lora_rank must be 0"),
         ({"lora_alpha": 8.0}, "set lora_rank"),
-        ({"lora_rank": 4, "lora_alpha": -1.0}, "lora_alpha must be >= 0"),
-        ({"lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be in \[0, 1\)"),
+        ({"lora_rank": 4, "lora_alpha": -1.0}, "lora_alpha must be a finite number >= 0"),
+        ({"lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be a finite number in \[0, 1\)"),
     ],
 )
 def test_bad_lora_parameters_fail_before_any_work(results, overrides, message):
@@ -218,3 +223,14 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results):
         assert row.trainable_parameters == best["trainable_parameters"]
     assert table["trainable_parameters"].iloc[1] < table["trainable_parameters"].iloc[0]
     assert lora.method(4, 8.0, 0.1) == "LoRA r=4 (alpha=8, dropout=0.1)" and lora.method(4, 4.0) == "LoRA r=4"
+
+
+def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results):
+    finetune.run(small(config="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
+    finetune.run(small(config="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
+    runs, _ = results_module.load()
+    assert runs["lora_alpha"].tolist() == [2.0, 2.0]
+    assert lora.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
+    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
+            "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]}}
+    assert results_module.missing(runs, spec).empty
