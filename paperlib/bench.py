@@ -274,9 +274,9 @@ def _library_steps(model, config: str, loader: DeviceLoader, batch_size: int, de
     ``options``, a checked ``finetune.StepOptions``; with ``lora_rank``, the model carries its LoRA
     layers): returns ``steps(first, count)``, which trains on the loader's batches ``first`` to
     ``first + count - 1`` and returns the last (loss, norm)."""
-    from . import components, finetune, lora
+    from . import components, finetune
 
-    (lora.set_trainable if lora_rank else components.set_trainable)(model, config)
+    finetune.set_trainable(model, config, lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device, finetune.fuses_update(options.fused, device))
     forward = finetune.make_forward(model, options)
@@ -340,8 +340,8 @@ def bench_finetune(
         lora.check(config, lora_rank)
     options = finetune.StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-    plain_model = copy.deepcopy(model) if plain else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
-    pristine = copy.deepcopy(model) if lora_rank else None  # LoRA goes on before the fused ops: on an untouched copy per configuration
+    plain_model = copy.deepcopy(model) if plain and not lora_rank else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
+    pristine = copy.deepcopy(model) if lora_rank else None  # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
@@ -353,16 +353,15 @@ def bench_finetune(
               "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak, "lora_rank": lora_rank}
     for config in configs:
         if lora_rank:
-            model = lora.set_trainable(lora.add_lora(copy.deepcopy(pristine), config, lora_rank), config)
+            model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank)
             plain_model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank) if plain else None
-        else:
-            components.set_trainable(model, config)
+        finetune.set_trainable(model, config, lora_rank)
         flops = _step_flops(model, *fast.batch(0))
         library_steps = _library_steps(model, config, fast, batch_size, device, options, lora_rank)
         warmup = _Timed(lambda: library_steps(0, finetune.warmup_steps(options)), device)
         runs = {"library": (lambda: library_steps(1, steps), warmup)}
         if plain:
-            (lora.set_trainable if lora_rank else components.set_trainable)(plain_model, config)
+            finetune.set_trainable(plain_model, config, lora_rank)
             plain_trainable = [p for _, p in components.trainable_parameters(plain_model)]
             plain_optimizer = torch.optim.SGD(plain_trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
 

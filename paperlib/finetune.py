@@ -136,6 +136,12 @@ class Config:
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
+def set_trainable(model: nn.Module, config: str, lora_rank: int = 0) -> nn.Module:
+    """Freeze all but what a run of ``config`` trains: the component (``components.set_trainable``)
+    or, with ``lora_rank``, the LoRA updates that the model carries beside it (``lora.set_trainable``)."""
+    return (lora.set_trainable if lora_rank else components.set_trainable)(model, config)
+
+
 def lr_factor(step: int, warmup: int, steps: int) -> float:
     """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine decay to 0."""
     if step < warmup:
@@ -854,7 +860,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             (folder / stale).unlink(missing_ok=True)
     _write_json(recorded, params)
     size = config.image_size or model.patch_embed.img_size[0]
-    (lora.set_trainable if config.lora_rank else components.set_trainable)(model, config.config)
+    set_trainable(model, config.config, config.lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
     options = config.step_options().checked(device)
     forward = make_forward(model, options)
