@@ -44,7 +44,7 @@ from torchvision.datasets.folder import default_loader
 
 from . import paths
 from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
-from .transforms import normalize, paper_transform
+from .transforms import IMAGENET, as_mean_std, normalize, paper_transform
 
 SPLITS = ("train", "val", "test", "trainval")
 TEST_FRACTION = 0.2  # deterministic test split of datasets without an official one
@@ -100,6 +100,7 @@ class ImageDataset(Dataset):
         self.split = split
         self.keys = list(range(len(images))) if keys is None else list(keys)
         self.transform = transform
+        self.mean_std = IMAGENET  # how items without a transform are normalised (get_dataset sets it)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -110,8 +111,9 @@ class ImageDataset(Dataset):
         return image, int(self.targets[index])
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (any leading shape) to floats normalised with the ImageNet statistics."""
-        return normalize(images.float() / 255.0)
+        """uint8 images (any leading shape) to floats normalised with ``mean_std`` (ImageNet's
+        statistics unless ``get_dataset`` was given others)."""
+        return normalize(images.float() / 255.0, self.mean_std)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole split as (normalised float images, labels), for small in-memory sets."""
@@ -120,7 +122,9 @@ class ImageDataset(Dataset):
     def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         keys = [self.keys[i] for i in index.tolist()]
-        return ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform)
+        part = ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform)
+        part.mean_std = self.mean_std
+        return part
 
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
@@ -611,6 +615,7 @@ def get_dataset(
     severity: int = SEVERITY,
     seed: int = 0,
     transform: Callable | None = None,
+    mean_std: tuple = IMAGENET,
 ) -> ImageDataset | FileDataset:
     """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
 
@@ -627,6 +632,8 @@ def get_dataset(
         seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
         transform: replaces the paper's transform (it receives a PIL image for file datasets
             and a uint8 CHW tensor for array datasets).
+        mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
+            the paper, by default (``models.normalization`` gives a model's own).
     """
     source = dataset_source(name)
     if split not in SPLITS:
@@ -634,6 +641,7 @@ def get_dataset(
     check_severity(severity)
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    mean_std = as_mean_std(*mean_std)
     root = _data_root(root)
     download = paths.download_allowed() if download is None else download
     dataset = source.load(root, "test" if split == "test" else "train", download, severity)
@@ -642,11 +650,12 @@ def get_dataset(
         dataset = dataset.subset(train if split == "train" else val, split)
     dataset.split = split
     dataset.root = root  # where caches of this dataset go (loader.uint8_images)
+    dataset.mean_std = mean_std
     size = image_size or source.image_size
     if transform is not None:
         dataset.transform = transform
     elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
-        dataset.transform = paper_transform(augment, size)
+        dataset.transform = paper_transform(augment, size, mean_std)
     return dataset
 
 

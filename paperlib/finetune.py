@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from . import components, data, kernels, lora, models, paths
-from .loader import DeviceLoader, decode_workers, uint8_images
+from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 
@@ -70,6 +70,7 @@ class Config:
     eval_every: int = 50  # evaluate on val every this many steps (and at the end)
     device: str = "cpu"
     image_size: int = 0  # 0 = the model's resolution
+    normalize: str = "imagenet"  # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with; models.normalization)
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
@@ -107,6 +108,7 @@ class Config:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.config, self.lora_rank, self.lora_alpha, self.lora_dropout)
+        models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here, before any work
         options = self.step_options().checked(self.device)
         if self.optimizer != "sgd":  # what only SGD has
             if fuses_update(options.fused, torch.device(self.device)):
@@ -125,14 +127,16 @@ class Config:
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
         unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
-        optimizer is, and ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA: a bf16, AdamW or LoRA
-        run never replaces one of the paper's."""
+        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, and ``-norm-model`` for
+        the model's own normalisation: a bf16, AdamW, LoRA or ``normalize="model"`` run never
+        replaces one of the paper's."""
         run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
         if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
             run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
         if self.lora_rank:
             run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
             run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
+        run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
@@ -846,7 +850,10 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     root = config.data_root or None
     decoders = decode_workers()  # file datasets are decoded once, in parallel, then cached under the data root
-    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), workers=decoders) for s in ("train", "val", "test")}
+    size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
+    side = cache_side(size)  # a model above 224 gets a larger cache, so its crops are not upsampled from 256
+    splits = {s: uint8_images(data.get_dataset(config.dataset, s, root=root, seed=config.seed), cache_size=side, workers=decoders) for s in ("train", "val", "test")}
+    mean_std = models.normalization(config.model, config.normalize)
     num_classes = len(splits["test"].classes)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = models.create_model(config.model, num_classes=num_classes).to(device)
@@ -859,16 +866,15 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         for stale in ("metrics.json", "history.csv", "checkpoint.pt"):
             (folder / stale).unlink(missing_ok=True)
     _write_json(recorded, params)
-    size = config.image_size or model.patch_embed.img_size[0]
     set_trainable(model, config.config, config.lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
     options = config.step_options().checked(device)
     forward = make_forward(model, options)
     master = forward if isinstance(forward, MasterWeights) else None
     network = master.module if master else model  # the module that runs
-    train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto")
-    val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto")
-    test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto")
+    train = DeviceLoader(splits["train"], config.batch_size, augment=True, image_size=size, device=device, seed=config.seed, images_on="auto", mean_std=mean_std)
+    val = DeviceLoader(splits["val"], 256, augment=False, image_size=size, device=device, images_on="auto", mean_std=mean_std)
+    test = DeviceLoader(splits["test"], 256, augment=False, image_size=size, device=device, images_on="auto", mean_std=mean_std)
     groups = decay_groups(model, config.weight_decay) if config.optimizer == "adamw" else trainable
     optimizer = make_optimizer(groups, config.lr, config.momentum, device, fuses_update(options.fused, device), config.optimizer, config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
@@ -954,6 +960,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "precision": config.precision,
         "optimizer": config.optimizer,
         "lora_rank": config.lora_rank,
+        "normalize": config.normalize,
+        "mean": list(mean_std[0]),
+        "std": list(mean_std[1]),
         "torch": torch.__version__,
     }
     _write_json(folder / "metrics.json", metrics)

@@ -69,12 +69,13 @@ def write_cifar10c(root: Path, corruptions=("contrast",), per_severity: int = 50
     return base
 
 
-def write_image_folder(folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg") -> Path:
-    """``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts)."""
+def write_image_folder(folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg", size: tuple[int, int] = (48, 40)) -> Path:
+    """``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size``
+    (width, height)."""
     rng = _rng(seed)
     for c in classes:
         for i in range(per_class):
-            _jpeg(Path(folder) / c / f"{c}_{i:03d}{suffix}", rng)
+            _jpeg(Path(folder) / c / f"{c}_{i:03d}{suffix}", rng, size)
     return Path(folder)
 
 

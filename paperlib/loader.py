@@ -23,9 +23,18 @@ from torchvision.transforms import v2
 
 from . import paths
 from .data import FileDataset, ImageDataset
-from .transforms import device_transform
+from .transforms import IMAGENET, as_mean_std, device_transform
 
 CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (crops of 224 come from it)
+
+
+def cache_side(image_size: int) -> int:
+    """The side of the cached square images for a model of ``image_size``: ``CACHE_SIZE`` up to
+    224, and above it as much larger as 256 is than 224 (439 for a 384 model), so that a larger
+    model's crops are cut from images that have its resolution, not upsampled from 256."""
+    if not isinstance(image_size, int) or image_size < 1:
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    return max(CACHE_SIZE, math.ceil(image_size * CACHE_SIZE / 224))
 
 
 def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
@@ -114,6 +123,8 @@ class DeviceLoader:
         shuffle: a new order every epoch (default: ``augment``).
         drop_last: drop the last incomplete batch.
         seed: seeds the order and the augmentations; same seed, same batches.
+        mean_std: (mean, std) per RGB channel to normalise with (ImageNet's, the paper's, by
+            default; ``models.normalization`` gives a model's own).
         images_on: ``"device"`` moves every uint8 image to ``device`` once (fastest);
             ``"host"`` keeps them in (pinned) host memory and copies each batch, for datasets
             larger than the device's memory (DomainNet sketch at 256x256 is about 14 GB);
@@ -132,6 +143,7 @@ class DeviceLoader:
         drop_last: bool = False,
         seed: int = 0,
         images_on: str = "device",
+        mean_std: tuple = IMAGENET,
     ):
         if images_on not in ("device", "host", "auto"):
             raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
@@ -143,6 +155,7 @@ class DeviceLoader:
         if images_on == "auto":
             images_on = placement(dataset.images.nbytes, self.device)
         self.images_on = images_on
+        self.mean_std = as_mean_std(*mean_std)
         if images_on == "device":
             self.images = dataset.images.to(self.device)
         else:
@@ -180,7 +193,7 @@ class DeviceLoader:
         on_device = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         augment = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + 7919 * (step + 1))
         images = self._gather(index, on_device)
-        return device_transform(images, self.augment, self.image_size, augment), self.targets[on_device]
+        return device_transform(images, self.augment, self.image_size, augment, self.mean_std), self.targets[on_device]
 
     def _gather(self, index: torch.Tensor, on_device: torch.Tensor) -> torch.Tensor:
         """The uint8 images at ``index`` (on the host; ``on_device``: the same on ``self.device``),
@@ -218,4 +231,4 @@ class DeviceLoader:
         for batch in range(len(self)):
             index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
             images = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
-            yield device_transform(images, self.augment, self.image_size, self.generator), self.targets[index]
+            yield device_transform(images, self.augment, self.image_size, self.generator, self.mean_std), self.targets[index]

@@ -33,6 +33,7 @@ from timm.models.vision_transformer import (
 )
 
 from . import kernels, paths
+from .transforms import IMAGENET, as_mean_std, check_normalize
 
 PAPER_MODELS = {
     "vit_base_in21k": "vit_base_patch16_224.orig_in21k",
@@ -172,6 +173,34 @@ def resolve_name(name: str) -> str:
     )
 
 
+def normalization(name: str, normalize: str = "imagenet") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The (mean, std) per RGB channel that images for model ``name`` are normalised with.
+
+    ``normalize="imagenet"``: ImageNet's, for every model, as in the paper (appendix C.2).
+    ``"model"`` (beyond the paper): those the model was pretrained with, from its pretrained
+    configuration: timm's for a hub name (0.5 and 0.5 for the paper's ImageNet-21k ViTs, CLIP's
+    own for a CLIP ViT), the ``pretrained_cfg`` of a ``custom/<name>``'s ``config.json``. Read
+    without creating the model or fetching anything.
+    """
+    check_normalize(normalize)
+    if normalize == "imagenet":
+        return IMAGENET
+    if paths.custom_name(name, "model"):
+        config, _ = custom_config(name)
+        cfg, where = config.get("pretrained_cfg") or {}, f"{custom_folder(name) / 'config.json'}'s pretrained_cfg"
+    else:
+        timm_name = resolve_name(name)
+        try:
+            found = timm.models.get_pretrained_cfg(timm_name)
+        except RuntimeError as error:  # a tag timm does not know
+            raise ValueError(f"normalize='model': timm has no pretrained configuration for {timm_name!r} ({error}); use normalize='imagenet'") from error
+        cfg, where = (found.to_dict() if found is not None else {}), f"timm's pretrained configuration of {timm_name!r}"
+    if cfg.get("mean") is None or cfg.get("std") is None:
+        raise ValueError(f"normalize='model': {where} records no mean and std; use normalize='imagenet' "
+                         "(or save the model with them: its pretrained_cfg's 'mean' and 'std')")
+    return as_mean_std(cfg["mean"], cfg["std"])
+
+
 def create_model(
     name: str,
     pretrained: bool = True,
@@ -196,7 +225,9 @@ def create_model(
         timm_name = config["architecture"]
         kwargs = {**config.get("model_args", {}), **kwargs}
         kwargs.setdefault("num_classes", config.get("num_classes", kwargs.get("num_classes")))
-        overlay = {"num_classes": config.get("num_classes"), "classifier": config.get("pretrained_cfg", {}).get("classifier", "head")}
+        saved_cfg = config.get("pretrained_cfg") or {}
+        overlay = {"num_classes": config.get("num_classes"), "classifier": saved_cfg.get("classifier", "head")}
+        overlay |= {key: tuple(saved_cfg[key]) for key in ("mean", "std") if saved_cfg.get(key) is not None}  # model.pretrained_cfg as saved
         kwargs["pretrained_cfg_overlay"] = {**overlay, **kwargs.get("pretrained_cfg_overlay", {})}
         if pretrained and weights is None:
             weights = saved

@@ -368,10 +368,14 @@ def results_root(inputs: str = "embedding"):
     return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
 
 
-def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0):
+def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0, normalize: str = "imagenet"):
     """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
-    (``<dataset>+random-seed=<seed>`` for pairs drawn at random)."""
+    (``<dataset>+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
+    normalised with the model's own statistics)."""
+    from .transforms import check_normalize
+
     leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
+    leaf += "" if check_normalize(normalize) == "imagenet" else f"+norm-{normalize}"
     return results_root(inputs) / model / leaf
 
 
@@ -414,6 +418,7 @@ def run(
     num_workers: int | None = None,
     sample: str = "first",
     seed: int = 0,
+    normalize: str = "imagenet",
 ) -> tuple[pd.DataFrame, Path]:
     """Measure one model on one downstream dataset against reference images, and save the result.
 
@@ -422,6 +427,8 @@ def run(
     Pets' 3,669 against the paper's 12,800) gives as many pairs as it has, and the metadata record
     both (``n_pairs`` used, ``n_pairs_requested``). ``sample``/``seed``: which images make the pairs
     (``SAMPLES``; the paper's ``first``, or ``random`` with its seed, saved in a folder of its own).
+    ``normalize``: ``imagenet`` (the paper's ImageNet mean and std) or ``model`` (the statistics the
+    model was pretrained with, ``models.normalization``; a folder of its own).
     ``num_workers``: DataLoader workers decoding
     images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
     waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
@@ -433,10 +440,11 @@ def run(
 
     check_inputs(inputs)
     check_sample(sample)
+    mean_std = models.normalization(model, normalize)
     network = models.create_model(model)
     size = network.patch_embed.img_size[0]
-    reference_set = data.get_dataset(reference, "test", root=root, image_size=size)
-    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity)
+    reference_set = data.get_dataset(reference, "test", root=root, image_size=size, mean_std=mean_std)
+    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity, mean_std=mean_std)
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if torch.device(device).type == "cuda" else 0
@@ -455,33 +463,42 @@ def run(
         "sample": sample,
         "seed": seed if sample == "random" else None,
         "inputs": inputs,
+        "normalize": normalize,
+        "mean": list(mean_std[0]),
+        "std": list(mean_std[1]),
         "image_size": size,
         "severity": severity if dataset.startswith("cifar10c/") else None,
         "device": str(device),
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    return table, save(table, result_folder(model, dataset, inputs, sample, seed), metadata)
+    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize), metadata)
 
 
-def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None) -> pd.DataFrame:
+def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet") -> pd.DataFrame:
     """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
     pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
-    ``sample``, ``seed``. Only results whose pairs were drawn by ``sample`` (the paper's ``first``
-    by default; None: all) and, if given, ``seed``: a model and dataset measured on several draws
-    would otherwise count twice.
+    ``sample``, ``seed``, ``normalize``. Only results whose pairs were drawn by ``sample`` (the
+    paper's ``first`` by default; None: all) and, if given, ``seed``, and whose images were
+    normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all): a model and
+    dataset measured several ways would otherwise count twice.
     """
     import json
+
+    from .transforms import check_normalize
     if sample is not None:
         check_sample(sample)
+    if normalize is not None:
+        check_normalize(normalize)
     base = Path(root) if root is not None else results_root(inputs)
     rows = []
     for metadata_file in sorted(base.rglob("metadata.json")):
         metadata = json.loads(metadata_file.read_text())
         drawn, drawn_seed = metadata.get("sample", "first"), metadata.get("seed")  # results from before the option: first
-        if (sample is not None and drawn != sample) or (seed is not None and drawn_seed != seed):
+        normalized = metadata.get("normalize", "imagenet")  # results from before the option: the paper's
+        if (sample is not None and drawn != sample) or (seed is not None and drawn_seed != seed) or (normalize is not None and normalized != normalize):
             continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
@@ -489,9 +506,9 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
             rows.append({
                 "model": metadata.get("model"), "dataset": metadata.get("dataset"), "reference": metadata.get("reference"),
                 "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"]), "n_pairs": metadata.get("n_pairs"),
-                "sample": drawn, "seed": drawn_seed,
+                "sample": drawn, "seed": drawn_seed, "normalize": normalized,
             })
-    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs", "sample", "seed"]
+    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs", "sample", "seed", "normalize"]
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     table["seed"] = table["seed"].astype("Int64")  # None (the paper's draw has no seed) stays missing, not NaN in a float column

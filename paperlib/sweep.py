@@ -8,8 +8,10 @@ A spec (YAML) names a ``notebook``, fixed ``parameters``, a ``grid`` of lists to
 order written; or a list of such grids, expanded one after the other), an optional run ``name`` template (default: the grid values joined by ``/``)
 and optional ``slurm`` settings for submitit. Each run writes
 ``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last: a run counts as
-finished only when that marker exists and records the run's parameters, and finished runs are
-skipped when the sweep is started again (a run whose parameters were edited since runs again). A failing run leaves ``.error.txt`` with its error and does not stop the others.
+finished only when that marker exists and records the run's parameters and, for the
+``custom/<name>`` models and datasets it names, what they held (``input_fingerprints``); finished
+runs are skipped when the sweep is started again (a run whose parameters were edited since, or
+whose custom images or model changed since, runs again). A failing run leaves ``.error.txt`` with its error and does not stop the others.
 ``reports/index.html`` is rewritten at the end.
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
@@ -67,16 +69,59 @@ class Run:
         return self.stem.with_name(self.stem.name + ".error.txt")
 
     @property
+    def fingerprints(self) -> dict:
+        """``input_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
+        them for all runs, each dataset read once)."""
+        if "fingerprints" not in self.extra:
+            self.extra["fingerprints"] = input_fingerprints(self.parameters)
+        return self.extra["fingerprints"]
+
+    @property
     def finished(self) -> bool:
         """Whether this run's marker exists and records these parameters (a spec edited since, say
-        its steps, makes its runs unfinished: their names need not change)."""
+        its steps, makes its runs unfinished: their names need not change) and the custom models
+        and datasets as they are now (edited images, a re-saved model: unfinished)."""
         if not self.marker.is_file():
             return False
         try:
-            recorded = json.loads(self.marker.read_text()).get("parameters")
+            marker = json.loads(self.marker.read_text())
+            recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
         except (json.JSONDecodeError, AttributeError):
             return False
-        return recorded == json.loads(json.dumps(self.parameters, default=str))
+        return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
+
+
+def input_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
+    """What the ``custom/<name>`` models and datasets among a run's parameter values (names, or
+    lists of names) hold now: ``{"model:<name>": models.content_fingerprint, "dataset:<name>":
+    data.content_fingerprint}`` (datasets under the run's ``data_root``); empty when it names none.
+    A name that is not there, or not valid, is left out: the run itself says what is wrong.
+    ``memo`` keeps fingerprints across the runs of one sweep, so a dataset is read once."""
+    memo = {} if memo is None else memo
+    root = parameters.get("data_root") or None
+    found = {}
+    for value in parameters.values():
+        for name in value if isinstance(value, (list, tuple)) else [value]:
+            if not (isinstance(name, str) and name.startswith(paths.CUSTOM)):
+                continue
+            for kind in ("model", "dataset"):
+                key = (kind, name, str(root))
+                if key not in memo:
+                    memo[key] = _fingerprint(kind, name, root)
+                if memo[key] is not None:
+                    found[f"{kind}:{name}"] = memo[key]
+    return found
+
+
+def _fingerprint(kind: str, name: str, root) -> str | None:
+    from . import data, models
+
+    try:
+        if kind == "model":
+            return models.content_fingerprint(name) if (models.custom_folder(name) / "config.json").is_file() else None
+        return data.content_fingerprint(name, root)
+    except (ValueError, FileNotFoundError):
+        return None
 
 
 def load_spec(path: str | Path) -> dict:
@@ -203,7 +248,8 @@ def execute_run(run: Run) -> Run:
         executed = report.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
         report.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
-        marker = {"name": run.name, "notebook": run.notebook.name, "parameters": run.parameters, "seconds": run.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        marker = {"name": run.name, "notebook": run.notebook.name, "parameters": run.parameters, "fingerprints": run.fingerprints,
+                  "seconds": run.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         run.error_file.unlink(missing_ok=True)
         paths.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
         run.status = "done"
@@ -230,6 +276,9 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     runs = expand(spec, reports)
+    memo: dict = {}
+    for run in runs:  # the custom inputs as they are before any run: each dataset read once
+        run.extra["fingerprints"] = input_fingerprints(run.parameters, memo)
     todo = []
     for run in runs:  # each marker read once
         if run.finished:

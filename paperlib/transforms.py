@@ -2,7 +2,9 @@
 
 Appendix C.2: training images get a random resized crop to 224 and a random horizontal flip;
 evaluation images are resized to 224 and centre-cropped to 224; all are normalised with the
-ImageNet mean and standard deviation. The resolution is a parameter (the demo world uses 32).
+ImageNet mean and standard deviation. The resolution is a parameter (the demo world uses 32), and
+so is the normalisation (``mean_std``; ``NORMALIZATIONS`` name the choices: the paper's ImageNet
+statistics, or those a model was pretrained with, beyond the paper).
 
 ``paper_transform`` is the torchvision path (per image, in DataLoader workers). The device path
 does the same on whole uint8 batches where they live (GPU or CPU): ``sample_crops`` draws crop
@@ -21,17 +23,45 @@ from torchvision.transforms import v2
 
 MEAN = IMAGENET_DEFAULT_MEAN
 STD = IMAGENET_DEFAULT_STD
+IMAGENET = (tuple(MEAN), tuple(STD))
+"""The paper's normalisation (appendix C.2): ImageNet's per-channel mean and standard deviation."""
+
+NORMALIZATIONS = ("imagenet", "model")
+"""How images are normalised: ``imagenet`` (the paper's statistics, for every model) or ``model``
+(the mean and standard deviation the model's pretrained configuration records, e.g. 0.5 for the
+original ImageNet-21k ViTs, CLIP's own for CLIP models; beyond the paper)."""
+
+
+def check_normalize(normalize: str) -> str:
+    """Return ``normalize`` or raise a ValueError that names the valid choices."""
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
+                         "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)")
+    return normalize
+
+
+def as_mean_std(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(mean, std)`` as two tuples of three finite floats, the standard deviations positive
+    (hashable: the device tensors made from them are cached)."""
+    try:
+        pair = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"mean and std must be three numbers each (one per RGB channel), got {mean!r} and {std!r}") from error
+    if len(pair[0]) != 3 or len(pair[1]) != 3 or not all(map(math.isfinite, pair[0] + pair[1])) or min(pair[1]) <= 0:
+        raise ValueError(f"mean and std must be three finite numbers each (one per RGB channel), std positive; got {mean!r} and {std!r}")
+    return pair
 SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as in the paper's protocol
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
-def paper_transform(augment: bool, image_size: int = 224) -> v2.Compose:
-    """PIL image or uint8 tensor -> normalised float tensor (appendix C.2)."""
+def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAGENET) -> v2.Compose:
+    """PIL image or uint8 tensor -> normalised float tensor (appendix C.2; ``mean_std``: the
+    normalisation, ImageNet's by default)."""
     if augment:
         geometry = [v2.RandomResizedCrop(image_size, scale=SCALE, ratio=RATIO, antialias=True), v2.RandomHorizontalFlip()]
     else:
         geometry = [v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)]
-    return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(*mean_std)])
 
 
 def sample_crops(
@@ -119,17 +149,18 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, image_size: int, fl
 
 
 @functools.lru_cache(maxsize=None)
-def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _mean_std(device: torch.device, dtype: torch.dtype, pair: tuple = IMAGENET) -> tuple[torch.Tensor, torch.Tensor]:
     # made once per device: a tensor built from Python numbers on a GPU is a blocking copy, which
     # once per batch would make the host wait for the GPU at every training step
     # (normal tensors even when first asked for under inference_mode, so that autograd may save them)
     with torch.inference_mode(False):
-        return (torch.tensor(MEAN, dtype=dtype).view(3, 1, 1).to(device), torch.tensor(STD, dtype=dtype).view(3, 1, 1).to(device))
+        return tuple(torch.tensor(values, dtype=dtype).view(3, 1, 1).to(device) for values in pair)
 
 
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> ImageNet-normalised."""
-    mean, std = _mean_std(images.device, images.dtype)
+def normalize(images: torch.Tensor, mean_std: tuple = IMAGENET) -> torch.Tensor:
+    """Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> normalised with ``mean_std``
+    (ImageNet's by default)."""
+    mean, std = _mean_std(images.device, images.dtype, mean_std)
     return (images - mean) / std
 
 
@@ -139,15 +170,16 @@ def sample_flips(n: int, generator: torch.Generator, device: torch.device | str 
 
 
 def device_transform(
-    images: torch.Tensor, augment: bool, image_size: int, generator: torch.Generator | None = None
+    images: torch.Tensor, augment: bool, image_size: int, generator: torch.Generator | None = None, mean_std: tuple = IMAGENET
 ) -> torch.Tensor:
-    """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives.
+    """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
+    the normalisation, ImageNet's by default).
 
     Normalisation commutes with bilinear resampling (its weights sum to one), so it is applied
     to the small source images, not to the 224x224 outputs.
     """
     b, _, height, width = images.shape
-    x = normalize(images.float() / 255.0)
+    x = normalize(images.float() / 255.0, mean_std)
     if augment:
         if generator is None:
             raise ValueError("augment=True needs a torch.Generator on the images' device")

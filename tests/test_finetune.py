@@ -52,9 +52,9 @@ def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(resul
     history = finetune.history(small())
     original = finetune.uint8_images
 
-    def decoding(dataset, workers=0):
+    def decoding(dataset, **options):
         torch.rand(3)  # as a first decode's DataLoader does
-        return original(dataset, workers=workers)
+        return original(dataset, **options)
 
     monkeypatch.setattr(finetune, "uint8_images", decoding)
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "decoded"))

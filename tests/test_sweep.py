@@ -85,6 +85,35 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
     assert json.loads((folder / "False" / "3.done.json").read_text())["parameters"] == {"extra": 5, "fail": False, "value": 3}
 
 
+def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(tiny_notebook, reports, tmp_path, monkeypatch):
+    from paperlib import fixtures, models
+
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
+    monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["cat", "dog"], per_class=2)
+    models.save_model(models.create_model("demo"), "custom/vit")
+    spec = {"notebook": str(tiny_notebook), "parameters": {"tag": "custom/vit"}, "grid": {"dataset": ["custom/shots", "a"]}}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "done"}
+    marker = json.loads((reports / "tiny" / "custom" / "shots.done.json").read_text())
+    assert set(marker["fingerprints"]) == {"dataset:custom/shots", "model:custom/vit"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
+
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["eel"], per_class=2)  # a class more
+    assert [run.finished for run in sweep.expand(spec)] == [False, True]
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "skipped"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
+
+    models.save_model(models.create_model("demo", num_classes=3), "custom/vit", overwrite=True)  # other weights, same name
+    assert [run.finished for run in sweep.expand(spec)] == [False, False]
+    # markers written before fingerprints were recorded: a run naming custom inputs runs again once
+    for run in sweep.run_sweep(spec):
+        marker = json.loads(run.marker.read_text())
+        assert run.status == "done" and marker.pop("fingerprints") == run.fingerprints
+        run.marker.write_text(json.dumps(marker))
+    assert [run.finished for run in sweep.expand(spec)] == [False, False]  # tag names the custom model in both
+    assert sweep.input_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
+
+
 def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
     one = {"notebook": str(tiny_notebook), "parameters": {"seed": 0}, "grid": {"dataset": ["a", "b"], "value": [1, 2]}}
     assert [r.name for r in sweep.expand(sweep.restrict(one, dataset=["b"]))] == ["b/1", "b/2"]
