@@ -19,6 +19,7 @@ reference = "digits_source"  # pretraining-distribution images for the measured 
 n_images = 179  # images used for the data constants and pairs for the measured plasticity
 device = "cpu"  # cpu or cuda
 paper_r = 19.4  # the paper's r for Fig. 6: RMS token norm of ViT-Base on Cifar10
+normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (r, sigma and E change with it)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -29,7 +30,8 @@ from paperlib import bounds, data, models, paths, plasticity, plots
 
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
-target = data.get_dataset(dataset, "test", root=data_root, image_size=size)
+mean_std = models.normalization(model, normalize)
+target = data.get_dataset(dataset, "test", root=data_root, image_size=size, mean_std=mean_std)
 images, _ = data.stack(target, n_images)
 constants = bounds.data_constants(network, images.to(device))
 pd.Series(constants, name=f"{model} on {dataset}").to_frame().T.round(4)
@@ -78,7 +80,7 @@ print("paper's Takeaway 1: MHA > FC1, FC2 > LN2, LN1")
 # images. `bound / plasticity` is at least 1 where the bound holds; the larger, the looser.
 
 # %%
-reference_set = data.get_dataset(reference, "test", root=data_root, image_size=size)
+reference_set = data.get_dataset(reference, "test", root=data_root, image_size=size, mean_std=mean_std)
 rates = plasticity.measure(network, reference_set, target, min(n_images, len(reference_set)), device=device, progress=False)
 tight = bounds.tightness(at_rms, rates)
 tight.pivot_table(index="component", values=["bound", "plasticity", "bound / plasticity"], aggfunc="median", observed=True).round(3)

@@ -22,6 +22,7 @@ device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
 sample = "first"  # first: the first n_pairs images of each test split, paired by position (the paper); random: a random subset of each
 seed = 0  # seed of the random subset (sample="random")
+normalize = "imagenet"  # imagenet: ImageNet's mean and std for every model (the paper); model: the statistics the model was pretrained with (0.5 for vit_base_in21k)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -29,7 +30,7 @@ import matplotlib.pyplot as plt
 
 from paperlib import paths, plasticity, plots
 
-table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed)
+table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 
 # %% [markdown]

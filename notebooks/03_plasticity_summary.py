@@ -20,6 +20,7 @@ device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ
 sample = "first"  # results whose pairs were drawn this way: first (the paper) or random (notebook 02's sample)
 seed = 0  # the seed of random draws to read and compute
+normalize = "imagenet"  # results whose images were normalised this way: imagenet (the paper) or model (notebook 02's normalize)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 include_all_results = False  # also show saved results of models and datasets not listed above
 
@@ -31,9 +32,9 @@ from paperlib import paths, plasticity, plots
 if compute_missing:
     for model in models:
         for dataset in datasets:
-            if not (plasticity.result_folder(model, dataset, inputs, sample, seed) / "metadata.json").is_file():
-                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed)
-summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None)
+            if not (plasticity.result_folder(model, dataset, inputs, sample, seed, normalize) / "metadata.json").is_file():
+                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
+summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize)
 if not include_all_results:
     summary = summary[summary["model"].isin(models) & summary["dataset"].isin(datasets)]
 print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {summary['dataset'].nunique()} dataset(s)")

@@ -21,6 +21,7 @@ warmup = 10  # linear warm-up steps
 eval_every = 10  # validation every this many steps
 device = "cpu"  # cpu or cuda
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
+normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with
 
 # %%
 import pandas as pd
@@ -33,7 +34,7 @@ for dataset in datasets:
         for seed in seeds:
             config = finetune.Config(
                 model=model, dataset=dataset, config="linear", lr=lr, seed=seed, steps=steps,
-                batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
+                batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, normalize=normalize,
             )
             rows.append({"dataset": dataset, "config": "linear", "lr": lr, "seed": seed, **finetune.run(config)})
 runs = pd.DataFrame(rows)

@@ -36,6 +36,7 @@ weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
 lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
 lora_dropout = 0.0  # dropout on the LoRA updates' input
+normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (beyond the paper; its runs get their own folder)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 
 # %%
@@ -48,6 +49,7 @@ config = finetune.Config(
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
     compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+    normalize=normalize,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)
@@ -93,7 +95,8 @@ axes[2].set(xlabel="step", ylabel="validation accuracy")
 fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}{f' (LoRA r={lora_rank})' if lora_rank else ''}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}",
-                                    *([f"lora-r{lora_rank}-a{lora_alpha:g}-d{lora_dropout:g}"] if lora_rank else [])))
+                                    *([f"lora-r{lora_rank}-a{lora_alpha:g}-d{lora_dropout:g}"] if lora_rank else []),
+                                    *([f"norm-{normalize}"] if normalize != "imagenet" else [])))
 plt.show()
 
 # %% [markdown]
