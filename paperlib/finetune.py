@@ -13,7 +13,9 @@ every ``eval_every`` steps; the result is the test accuracy of the best-validati
 
 Each run owns ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>/`` (``Config.folder``) with
 ``params.json``, ``history.csv``, ``metrics.json`` (written last: a run with it is finished) and,
-while it runs, ``checkpoint.pt``. Started again with the same parameters, a finished run returns
+while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``: what the run
+trained, as it was at the best-validation checkpoint, from which ``load_model`` rebuilds the
+finetuned model. Started again with the same parameters, a finished run returns
 its metrics and an interrupted one resumes from its last checkpoint; batches are a function of
 (seed, step), so the resumed run ends where an uninterrupted one would. A non-finite loss stops the
 run and is recorded as ``diverged``. bf16 autocast on CUDA (fp32 weights), fp32 on CPU; or, with
@@ -85,6 +87,7 @@ class Config:
     lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
     lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+    save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
 
     def __post_init__(self):
         # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
@@ -109,6 +112,8 @@ class Config:
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.config, self.lora_rank, self.lora_alpha, self.lora_dropout)
         models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here, before any work
+        if not isinstance(self.save_weights, bool):
+            raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
         options = self.step_options().checked(self.device)
         if self.optimizer != "sgd":  # what only SGD has
             if fuses_update(options.fused, torch.device(self.device)):
@@ -780,13 +785,46 @@ def _write_json(path: Path, payload: dict) -> None:
 def run(config: Config, progress: bool = False) -> dict:
     """Finetune, evaluate and record one run; returns its metrics (see module docstring).
 
-    A run already finished with the same parameters is not repeated: its metrics are returned.
+    A run already finished with the same parameters is not repeated: its metrics are returned
+    (trained again only if ``save_weights`` asks for weights it did not keep).
     """
     config.validate()
     folder = config.folder()
     if (folder / "metrics.json").is_file() and same_params(json.loads((folder / "params.json").read_text()), config):
-        return json.loads((folder / "metrics.json").read_text())
+        if not config.save_weights or (folder / WEIGHTS).is_file():
+            return json.loads((folder / "metrics.json").read_text())
     return train(config, progress)[1]
+
+
+def load_model(config: Config, merge: bool = True) -> nn.Module:
+    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation
+    checkpoint, in eval mode: the pretrained model with the run's new head, and the parameters the
+    run trained (component, head, final norm; or its LoRA updates) as it kept them. A LoRA run's
+    updates are merged into a plain timm ViT (``lora.merge``) unless ``merge=False``. Save it as your
+    own model with ``models.save_model(model, "custom/<name>")``."""
+    from safetensors.torch import load_file
+
+    config.validate()
+    folder = config.folder()
+    weights = folder / WEIGHTS
+    if not (folder / "metrics.json").is_file() or not weights.is_file():
+        raise FileNotFoundError(f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
+                                "(Config(save_weights=True), -p save_weights True, --save-weights true)")
+    if not same_params(json.loads((folder / "params.json").read_text()), config):
+        raise ValueError(f"the run in {paths.display(folder)} was made with other parameters, or on a custom model or "
+                         "dataset that has changed since: run this configuration again to finetune it")
+    metrics = json.loads((folder / "metrics.json").read_text())
+    model = models.create_model(config.model, num_classes=metrics["num_classes"])
+    if config.lora_rank:
+        lora.add_lora(model, config.config, config.lora_rank, config.lora_alpha, config.lora_dropout)
+    state = load_file(str(weights))
+    unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
+    if unexpected:
+        raise ValueError(f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}")
+    model.load_state_dict(state, strict=False)
+    if config.lora_rank and merge:
+        model = lora.merge(model)
+    return model.eval()
 
 
 def input_fingerprints(config: Config) -> dict:
@@ -804,14 +842,23 @@ def run_record(config: Config) -> dict:
     return asdict(config) | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
+OUTPUT_ONLY = ("save_weights",)
+"""``Config`` fields that say what a run keeps, not what it computes: runs that differ only in them
+are the same run."""
+
+WEIGHTS = "weights.safetensors"
+"""The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
+
+
 def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
     """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
     the same custom data and model as now (``record``: ``run_record(config)``, if already made:
     it reads every file's status). A key the record lacks (written before ``Config`` had that
-    field, or no fingerprints) counts as the field's default (none)."""
+    field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
     record = run_record(config) if record is None else record
     defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
-    return {**defaults, **saved} == {**defaults, **record}
+    identity = lambda values: {k: v for k, v in {**defaults, **values}.items() if k not in OUTPUT_ONLY}  # noqa: E731
+    return identity(saved) == identity(record)
 
 
 @contextlib.contextmanager
@@ -863,7 +910,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         # the folder held a run of other parameters (steps, batch size, warm-up... are not in its
         # name): its record goes, so that it is never read back as this run's; only now that this
         # run's data and model have loaded, so that a run that cannot start loses nothing
-        for stale in ("metrics.json", "history.csv", "checkpoint.pt"):
+        for stale in ("metrics.json", "history.csv", "checkpoint.pt", WEIGHTS):
             (folder / stale).unlink(missing_ok=True)
     _write_json(recorded, params)
     set_trainable(model, config.config, config.lora_rank)
@@ -945,6 +992,14 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         test_loss, test_accuracy = evaluate(network, test, context, forward)
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / "history.csv", lambda tmp: table.to_csv(tmp, index=False))
+    kept = config.save_weights and best["state"] is not None
+    if kept:
+        from safetensors.torch import save_file
+
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
+        paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
+    else:  # weights of an earlier training of this run would not be this training's
+        (folder / WEIGHTS).unlink(missing_ok=True)
     metrics = {
         "status": status,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
@@ -961,6 +1016,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "optimizer": config.optimizer,
         "lora_rank": config.lora_rank,
         "normalize": config.normalize,
+        "weights": WEIGHTS if kept else None,
         "mean": list(mean_std[0]),
         "std": list(mean_std[1]),
         "torch": torch.__version__,

@@ -693,3 +693,66 @@ def test_table6_refuses_runs_of_two_optimizers(results):
     with pytest.raises(ValueError, match="one optimizer, got adamw, sgd"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["optimizer"] == "sgd"])) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the finetuned model, kept (save_weights) and rebuilt (load_model)
+
+
+def _test_accuracy(model) -> float:
+    """Test accuracy of ``model`` on the demo's test split, computed here: the evaluation transform
+    (the digits are at the model's resolution), ImageNet's statistics, one batch."""
+    from paperlib import data
+
+    images, labels = data.get_dataset("digits", "test").tensors()
+    with torch.no_grad():
+        return (model(images).argmax(dim=1) == labels).double().mean().item()
+
+
+@pytest.mark.parametrize("config", ["mha", "linear"])
+def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(config):
+    run = small(config=config, save_weights=True)
+    metrics = finetune.run(run)
+    assert metrics["weights"] == "weights.safetensors" and (run.folder() / "weights.safetensors").is_file()
+    model = finetune.load_model(run)
+    assert not model.training and _test_accuracy(model) == pytest.approx(metrics["test_accuracy"], abs=1e-12)
+    # only what the run trained differs from the pretrained model; the file holds exactly that
+    from safetensors.torch import load_file
+
+    pretrained = models.create_model("demo", num_classes=5).state_dict()
+    trained = {n for n, _ in components.trainable_parameters(components.set_trainable(models.create_model("demo", num_classes=5), config))}
+    assert set(load_file(str(run.folder() / "weights.safetensors"))) == trained
+    for name, tensor in model.state_dict().items():
+        if name not in trained:
+            assert torch.equal(tensor, pretrained[name]), name
+    # the best checkpoint's, not the last step's: a run that trains on keeps its best
+    history = finetune.history(run).dropna(subset=["val_accuracy"])
+    assert metrics["best_step"] == int(history.loc[history["val_accuracy"].idxmax(), "step"])
+
+
+def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_same_numbers():
+    plain = finetune.run(small())
+    assert plain["weights"] is None and not (small().folder() / "weights.safetensors").exists()
+    with pytest.raises(FileNotFoundError, match="save_weights=True"):
+        finetune.load_model(small())
+    kept = finetune.run(small(save_weights=True))
+    assert same_metrics({**kept, "weights": None}) == same_metrics(plain)
+    assert finetune.run(small()) == kept  # the same run: save_weights is not part of what it is
+    assert _test_accuracy(finetune.load_model(small())) == pytest.approx(kept["test_accuracy"], abs=1e-12)
+    with pytest.raises(ValueError, match="save_weights must be True or False"):
+        small(save_weights="yes").validate()
+    # a run of other parameters in the folder: its weights go with its record
+    finetune.run(small(steps=8))
+    assert not (small().folder() / "weights.safetensors").exists()
+
+
+def test_a_lora_runs_kept_updates_merge_into_a_plain_vit():
+    run = small(config="mha", lora_rank=2, save_weights=True)
+    metrics = finetune.run(run)
+    unmerged, merged = finetune.load_model(run, merge=False), finetune.load_model(run)
+    assert _test_accuracy(unmerged) == pytest.approx(metrics["test_accuracy"], abs=1e-12)
+    assert type(merged.blocks[0].attn.qkv) is torch.nn.Linear
+    assert set(merged.state_dict()) == set(models.create_model("demo", num_classes=5).state_dict())
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(merged(images), unmerged(images), atol=1e-5)
