@@ -28,6 +28,7 @@ batch_size = 32  # images per step (the paper: 512)
 warmup = 6  # linear warm-up steps
 eval_every = 10  # validation every this many steps
 seed = 0  # seed of the head, the validation split, the batches and a random sample
+keep_weights = True  # keep what each run trained (weights.safetensors in its folder), to measure the plasticity of the best finetuned model below
 device = "cpu"  # cpu or cuda
 
 # %%
@@ -98,10 +99,10 @@ plt.show()
 rows = []
 for component in components_to_finetune:
     config = finetune.Config(model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps,
-                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device)
+                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, save_weights=keep_weights)
     metrics = finetune.run(config)
     rows.append({"configuration": components.LABELS[component], "plasticity": ranked["plasticity"].get(components.LABELS[component]),
-                 "status": metrics["status"], "test accuracy": metrics.get("test_accuracy"),
+                 "status": metrics["status"], "best val accuracy": metrics.get("best_val_accuracy"), "test accuracy": metrics.get("test_accuracy"),
                  "trainable parameters": metrics.get("trainable_parameters"), "history": finetune.history(config)})
 summary = pd.DataFrame(rows).set_index("configuration")
 summary.drop(columns="history").round(3)
@@ -120,3 +121,29 @@ fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}"))
 plt.show()
+
+# %% [markdown]
+# ## Beyond the paper: the plasticity of the finetuned model
+#
+# The paper measures plasticity on the pretrained model only. Here the run with the best
+# validation accuracy (the test set plays no part in the choice) is rebuilt from the weights it
+# kept (`finetune.load_model`: the pretrained model with what the run trained, at its
+# best-validation checkpoint), saved as a model of its own, and measured on the same pairs. The
+# ratio is finetuned / pretrained P(f) per component. Definition 1 feeds every component the same
+# embedded pair, so a component the run did not train keeps its rates exactly (ratio 1; only
+# `full` trains the patch embedding): what changes is the plasticity of the component trained.
+
+# %%
+if keep_weights and (summary["status"] == "finished").any():
+    chosen = components_to_finetune[list(summary.index).index(summary["best val accuracy"].astype(float).idxmax())]
+    config = finetune.Config(model=model, dataset=dataset, config=chosen, lr=lr, seed=seed, steps=steps,
+                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, save_weights=True)
+    finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
+    models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
+    after, _ = plasticity.run(finetuned_name, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed)
+    change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity.ranking(after)["plasticity"]})
+    change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]
+    print(f"{finetuned_name}: {components.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity.ranking(after).index)}")
+    display(change.round(3))
+else:
+    print("keep_weights is off, or no run finished: nothing to measure")
