@@ -36,6 +36,7 @@ weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
 lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
 lora_dropout = 0.0  # dropout on the LoRA updates' input
+tag = ""  # a name of your own for runs that change steps, batch size, warm-up, momentum or clip (not in the folder name): their own folder, kept beside the others
 save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (beyond the paper; its runs get their own folder)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
@@ -50,7 +51,7 @@ config = finetune.Config(
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
     compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-    normalize=normalize, save_weights=save_weights,
+    normalize=normalize, tag=tag, save_weights=save_weights,
 )
 metrics = finetune.run(config)
 history = finetune.history(config)

@@ -87,6 +87,7 @@ class Config:
     lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
     lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+    tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>-<tag>) and results column, so an ablation keeps every run
     save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
 
     def __post_init__(self):
@@ -112,6 +113,8 @@ class Config:
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.config, self.lora_rank, self.lora_alpha, self.lora_dropout)
         models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here, before any work
+        if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
+            raise ValueError(f"tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), got {self.tag!r}")
         if not isinstance(self.save_weights, bool):
             raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
         options = self.step_options().checked(self.device)
@@ -132,9 +135,11 @@ class Config:
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
         unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
-        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, and ``-norm-model`` for
-        the model's own normalisation: a bf16, AdamW, LoRA or ``normalize="model"`` run never
-        replaces one of the paper's."""
+        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-norm-model`` for
+        the model's own normalisation, and ``-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"``
+        or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
+        warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
+        run in its folder unless it has a tag of its own."""
         run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
         if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
             run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
@@ -142,6 +147,7 @@ class Config:
             run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
             run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
         run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
+        run += f"-{self.tag}" if self.tag else ""
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 

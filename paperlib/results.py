@@ -1,6 +1,6 @@
 """Finetuning runs as tables (paper §5.2): every run under a results root, histories, what is missing.
 
-``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>][-<optimizer>...][-lora-r<rank>...][-norm-model]/``
+``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>][-<optimizer>...][-lora-r<rank>...][-norm-model][-<tag>]/``
 folders written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
 ``diverged`` runs carry their metrics; a run without ``metrics.json`` is ``partial`` (interrupted
 or still running). ``missing(runs, spec)`` lists the runs a sweep spec expects and that have no
@@ -17,11 +17,11 @@ import pandas as pd
 from . import paths
 
 RUN_COLUMNS = [
-    "model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "status", "best_val_accuracy", "best_step",
+    "model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag", "status", "best_val_accuracy", "best_step",
     "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
 ]
-KEYS = ["model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize"]
-DEFAULTS = {"precision": "autocast", "optimizer": "sgd", "weight_decay": 0.0, "lora_rank": 0, "lora_alpha": 0.0, "lora_dropout": 0.0, "normalize": "imagenet"}
+KEYS = ["model", "dataset", "config", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"]
+DEFAULTS = {"precision": "autocast", "optimizer": "sgd", "weight_decay": 0.0, "lora_rank": 0, "lora_alpha": 0.0, "lora_dropout": 0.0, "normalize": "imagenet", "tag": ""}
 """The value of a key for runs (and specs) written before it existed."""
 
 

@@ -27,7 +27,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; the
     sample standard deviation, ddof=1), ``seeds``.
 
-    ``runs``: the runs table of ``results.load`` for one model, precision, optimizer, LoRA setting and normalisation (a ValueError
+    ``runs``: the runs table of ``results.load`` for one model, precision, optimizer, LoRA setting, normalisation and tag (a ValueError
     otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
     runs of a learning rate make its mean NaN, so it is never chosen; a learning rate with fewer
     seeds than another of its dataset and config (an unfinished sweep) is not chosen either, so
@@ -35,7 +35,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
-    for key in ("model", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize"):
+    for key in ("model", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"):
         if key in runs and runs[key].nunique() > 1:
             raise ValueError(f"table6 needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
                              f"select one first (e.g. runs[runs['{key}'] == ...])")

@@ -746,6 +746,22 @@ def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_s
     assert not (small().folder() / "weights.safetensors").exists()
 
 
+def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols():
+    protocol = finetune.run(small(steps=8))
+    longer = small(steps=12, tag="steps12")
+    assert longer.folder().name == "seed=0-steps12" and longer.folder().parent == small().folder().parent
+    finetune.run(longer)
+    assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
+    runs, _ = results_module.load()
+    assert sorted(runs["tag"]) == ["", "steps12"]
+    with pytest.raises(ValueError, match="one tag"):
+        stats.table6(runs)
+    assert len(stats.table6(runs[runs["tag"] == "steps12"])) == 1
+    for bad in ("a/b", "-x", "two words", 3):
+        with pytest.raises(ValueError, match="tag must be"):
+            small(tag=bad).validate()
+
+
 def test_a_lora_runs_kept_updates_merge_into_a_plain_vit():
     run = small(config="mha", lora_rank=2, save_weights=True)
     metrics = finetune.run(run)
