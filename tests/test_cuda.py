@@ -399,3 +399,27 @@ def test_benchmarks_run_on_the_device(capsys):
     rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"), graphs=graphs)
     assert [row.get("error") for row in rows] == [None] * 4 * len(graphs) and all(row["agrees"] for row in rows[1:])
     assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)
+
+
+def test_the_device_loader_normalises_with_other_statistics_on_the_device():
+    half = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    digits = data.get_dataset("digits", "trainval")
+    for augment in (False, True):
+        cpu, _ = DeviceLoader(digits, 32, augment=augment, image_size=48, seed=1, mean_std=half).batch(3)
+        on_device, _ = DeviceLoader(digits, 32, augment=augment, image_size=48, device=DEVICE, seed=1, mean_std=half).batch(3)
+        if not augment:  # the same crops only without augmentation: a device generator draws other numbers than the CPU's
+            assert (on_device.cpu() - cpu).abs().max() < 1e-4
+        assert on_device.min() >= -1 - 1e-4 and on_device.max() <= 1 + 1e-4  # (x - 0.5) / 0.5 of [0, 1]
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, results):
+    # the fp32 masters are what a bf16 run keeps; the model rebuilt on the CPU evaluates in fp32
+    config = _small(config="mha", precision=precision, save_weights=True)
+    metrics = finetune.run(config)
+    model = finetune.load_model(config)
+    assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32
+    images, labels = data.get_dataset("digits", "test").tensors()
+    with torch.no_grad():
+        accuracy = (model(images).argmax(dim=1) == labels).double().mean().item()
+    assert abs(accuracy - metrics["test_accuracy"]) <= 0.03  # bf16 on the device against fp32 here: a few of 180 images may flip
