@@ -132,9 +132,9 @@ plt.show()
 # %%
 pairs = runs[["model", "dataset"]].drop_duplicates().itertuples(index=False)
 for model, dataset in pairs:
-    if compute_missing and not (plasticity.result_folder(model, dataset) / "metadata.json").is_file():
+    if compute_missing and not (plasticity.result_folder(model, dataset, reference=reference) / "metadata.json").is_file():
         plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False)
-measured = plasticity.collect()
+measured = plasticity.collect(reference=reference)
 measured = measured.merge(runs[["model", "dataset"]].drop_duplicates(), on=["model", "dataset"])
 side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())

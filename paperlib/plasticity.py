@@ -368,14 +368,27 @@ def results_root(inputs: str = "embedding"):
     return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
 
 
-def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0, normalize: str = "imagenet"):
+def default_reference(dataset: str) -> str:
+    """The reference images a dataset is measured against unless asked otherwise: the demo
+    world's ``digits_source`` for its datasets, ImageNet (the paper's) for every other."""
+    from . import data
+
+    source = data.DATASETS.get(dataset)  # a custom dataset need not be there any more for its results to be read
+    return "digits_source" if source is not None and source.group == "demo" else "imagenet"
+
+
+def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
+                  normalize: str = "imagenet", reference: str | None = None):
     """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
     (``<dataset>+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
-    normalised with the model's own statistics)."""
+    normalised with the model's own statistics, ``+ref-<reference>`` against reference images
+    other than the dataset's ``default_reference``; None: the default)."""
     from .transforms import check_normalize
 
     leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
     leaf += "" if check_normalize(normalize) == "imagenet" else f"+norm-{normalize}"
+    if reference is not None and reference != default_reference(dataset):
+        leaf += f"+ref-{reference.replace('/', '_')}"
     return results_root(inputs) / model / leaf
 
 
@@ -472,18 +485,20 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize), metadata)
+    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference), metadata)
 
 
-def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet") -> pd.DataFrame:
+def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",
+            reference: str | None = "default") -> pd.DataFrame:
     """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
     pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
     ``sample``, ``seed``, ``normalize``. Only results whose pairs were drawn by ``sample`` (the
-    paper's ``first`` by default; None: all) and, if given, ``seed``, and whose images were
-    normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all): a model and
-    dataset measured several ways would otherwise count twice.
+    paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
+    normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
+    reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
+    name; None: all): a model and dataset measured several ways would otherwise count twice.
     """
     import json
 
@@ -499,6 +514,9 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
         drawn, drawn_seed = metadata.get("sample", "first"), metadata.get("seed")  # results from before the option: first
         normalized = metadata.get("normalize", "imagenet")  # results from before the option: the paper's
         if (sample is not None and drawn != sample) or (seed is not None and drawn_seed != seed) or (normalize is not None and normalized != normalize):
+            continue
+        against = metadata.get("reference")
+        if reference is not None and against is not None and against != (default_reference(metadata["dataset"]) if reference == "default" else reference):
             continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():

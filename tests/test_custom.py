@@ -233,9 +233,10 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     assert runs[["model", "dataset", "config"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
-    assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots"
+    assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"  # not ImageNet, the default
     assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images
-    assert plasticity.collect()[["model", "dataset"]].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
+    assert plasticity.collect(reference="custom/pretraining")[["model", "dataset"]].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
+    assert plasticity.collect().empty  # against each dataset's default reference: none here
 
 
 def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):

@@ -306,3 +306,19 @@ def test_ranking_uncertainty_is_reproducible_and_shrinks_with_pairs():
     assert few.equals(again)
     assert ((many["high"] - many["low"]) < (few["high"] - few["low"]).reindex(many.index)).all()
     assert many["rank stable"].mean() > few["rank stable"].mean()
+
+
+def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    assert plasticity.default_reference("digits_c/snow") == "digits_source"
+    assert plasticity.default_reference("cifar10") == plasticity.default_reference("custom/anything") == "imagenet"
+    default, default_folder = plasticity.run("demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False)
+    other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
+    assert default_folder == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
+    assert other_folder == default_folder.with_name("snow+ref-digits") == plasticity.result_folder("demo", "digits_c/snow", reference="digits")
+    assert plasticity.result_folder("demo", "digits_c/snow", reference="digits_source") == default_folder
+    assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()  # not replaced
+    assert other["rate"].tolist() != default["rate"].tolist()
+    assert set(plasticity.collect()["reference"]) == {"digits_source"}
+    assert set(plasticity.collect(reference="digits")["reference"]) == {"digits"}
+    assert len(plasticity.collect(reference=None)) == 10
