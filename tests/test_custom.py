@@ -15,15 +15,6 @@ from PIL import Image
 from paperlib import data, finetune, fixtures, loader, models, plasticity, results
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A data root (and so a models folder) and a results folder of the test's own."""
-    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
-    return tmp_path
-
-
 def _names(dataset):
     return sorted(dataset.keys)
 

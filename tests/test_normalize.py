@@ -28,14 +28,6 @@ from paperlib import transforms as T
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
-    return tmp_path
-
-
 def save_demo(name: str, mean=None, std=None) -> None:
     """The demo ViT saved as ``custom/<name>``, its pretrained configuration recording ``mean``
     and ``std`` (None: leave the demo's; ``"drop"``: no record of them in its config.json, as a
