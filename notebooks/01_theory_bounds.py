@@ -59,7 +59,7 @@ plots.bounds_along_depth(at_paper[at_paper.component == "mha"], axes[1], f" (r =
 axes[1].set_title(f"rigorous r = {constants['r_max']:.2f} and the paper's r = {paper_r}")
 axes[1].legend(fontsize=7, ncol=2)
 fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / f"01_bounds_{model}.png")
+plots.save_figure(fig, paths.figures_dir() / f"01_bounds_{model}{'' if normalize == 'imagenet' else '_norm-' + normalize}.png")
 plt.show()
 
 # %% [markdown]

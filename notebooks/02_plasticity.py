@@ -49,7 +49,7 @@ axes[0].set_title(f"{model} on {dataset}: rates of change")
 plots.plasticity_along_depth(by_block, axes[1])
 axes[1].set_title("plasticity along depth")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("02_plasticity", model, dataset, reference, inputs, sample, f"seed{seed}"))
+plots.save_figure(fig, plots.figure_path("02_plasticity", model, dataset, reference, inputs, sample, f"seed{seed}", normalize))
 plt.show()
 
 # %% [markdown]

@@ -98,7 +98,7 @@ fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}{f' (LoRA r={
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}",
                                     *([f"lora-r{lora_rank}-a{lora_alpha:g}-d{lora_dropout:g}"] if lora_rank else []),
-                                    *([f"norm-{normalize}"] if normalize != "imagenet" else [])))
+                                    *([f"norm-{normalize}"] if normalize != "imagenet" else []), *([tag] if tag else [])))
 plt.show()
 
 # %% [markdown]

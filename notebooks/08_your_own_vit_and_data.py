@@ -28,6 +28,7 @@ batch_size = 32  # images per step (the paper: 512)
 warmup = 6  # linear warm-up steps
 eval_every = 10  # validation every this many steps
 seed = 0  # seed of the head, the validation split, the batches and a random sample
+normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: those your model was pretrained with (its config.json's; e.g. CLIP's)
 keep_weights = True  # keep what each run trained (weights.safetensors in its folder), to measure the plasticity of the best finetuned model below
 device = "cpu"  # cpu or cuda
 
@@ -71,7 +72,7 @@ print(f"{dataset}: {len(train.classes)} classes ({', '.join(train.classes)}), {l
 # finds MHA > FC1 > FC2 > LN2 > LN1 on its models; yours need not follow it.
 
 # %%
-table, folder = plasticity.run(model, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed)
+table, folder = plasticity.run(model, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed, normalize=normalize)
 ranked = plasticity.ranking(table)
 print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's tau with the paper's ranking: {plasticity.paper_agreement(table):.2f}")
 ranked.round(3)
@@ -83,7 +84,7 @@ axes[0].set_title(f"{model} on {dataset}: rates of change")
 plots.plasticity_along_depth(plasticity.plasticity_by_block(table), axes[1])
 axes[1].set_title("plasticity along depth")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample, f"seed{seed}"))
+plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample, f"seed{seed}", normalize))
 plt.show()
 
 # %% [markdown]
@@ -99,7 +100,7 @@ plt.show()
 rows = []
 for component in components_to_finetune:
     config = finetune.Config(model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps,
-                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, save_weights=keep_weights)
+                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=keep_weights)
     metrics = finetune.run(config)
     rows.append({"configuration": components.LABELS[component], "plasticity": ranked["plasticity"].get(components.LABELS[component]),
                  "status": metrics["status"], "best val accuracy": metrics.get("best_val_accuracy"), "test accuracy": metrics.get("test_accuracy"),
@@ -119,7 +120,7 @@ axes[1].set(xlabel="step", ylabel="validation accuracy")
 axes[1].legend(frameon=False)
 fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}"))
+plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}", normalize))
 plt.show()
 
 # %% [markdown]
@@ -137,10 +138,10 @@ plt.show()
 if keep_weights and (summary["status"] == "finished").any():
     chosen = components_to_finetune[list(summary.index).index(summary["best val accuracy"].astype(float).idxmax())]
     config = finetune.Config(model=model, dataset=dataset, config=chosen, lr=lr, seed=seed, steps=steps,
-                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, save_weights=True)
+                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
     models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
-    after, _ = plasticity.run(finetuned_name, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed)
+    after, _ = plasticity.run(finetuned_name, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed, normalize=normalize)
     change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity.ranking(after)["plasticity"]})
     change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]
     print(f"{finetuned_name}: {components.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity.ranking(after).index)}")

@@ -130,12 +130,11 @@ plt.show()
 # measures on pretrained ViTs (MHA > FC1 > FC2); compare the orders within this table.
 
 # %%
-pairs = runs[["model", "dataset"]].drop_duplicates().itertuples(index=False)
-for model, dataset in pairs:
-    if compute_missing and not (plasticity.result_folder(model, dataset, reference=reference) / "metadata.json").is_file():
-        plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False)
-measured = plasticity.collect(reference=reference)
-measured = measured.merge(runs[["model", "dataset"]].drop_duplicates(), on=["model", "dataset"])
+measured_as = runs[["model", "dataset", "normalize"]].drop_duplicates()  # plasticity on images normalised as the runs' were
+for model, dataset, normalize in measured_as.itertuples(index=False):
+    if compute_missing and not (plasticity.result_folder(model, dataset, normalize=normalize, reference=reference) / "metadata.json").is_file():
+        plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False, normalize=normalize)
+measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
 side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())
 side = side.join(average.pivot(index="config", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))

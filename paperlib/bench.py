@@ -41,7 +41,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import data, fixtures, paths
-from .loader import DeviceLoader, uint8_images
+from .loader import DeviceLoader, cache_side, uint8_images
 
 
 def _sync(device: torch.device) -> None:
@@ -136,7 +136,7 @@ def bench_data(
         del loader  # shut its workers down before the next measurement
         gc.collect()
         start = time.perf_counter()
-        cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_dir=Path(tmp) / "cache", workers=workers)
+        cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_side(image_size), cache_dir=Path(tmp) / "cache", workers=workers)
         device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)
         setup = time.perf_counter() - start
         device_rate = _rate(_endless(device_loader), device, batches)

@@ -806,8 +806,9 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     """The model a finished run with ``save_weights=True`` finetuned, at its best-validation
     checkpoint, in eval mode: the pretrained model with the run's new head, and the parameters the
     run trained (component, head, final norm; or its LoRA updates) as it kept them. A LoRA run's
-    updates are merged into a plain timm ViT (``lora.merge``) unless ``merge=False``. Save it as your
-    own model with ``models.save_model(model, "custom/<name>")``."""
+    updates are merged into a plain timm ViT (``lora.merge``) unless ``merge=False``. Its
+    ``pretrained_cfg`` records the normalisation the run used. Save it as your own model with
+    ``models.save_model(model, "custom/<name>")``."""
     from safetensors.torch import load_file
 
     config.validate()
@@ -830,6 +831,8 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     model.load_state_dict(state, strict=False)
     if config.lora_rank and merge:
         model = lora.merge(model)
+    if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
+        model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
     return model.eval()
 
 

@@ -74,7 +74,9 @@ def uint8_images(
         picked = np.empty((len(indices), *images.shape[1:]), np.uint8)
         picked[order] = images[np.asarray(indices)[order]]
         images = picked
-    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
+    out = ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
+    out.mean_std = getattr(dataset, "mean_std", IMAGENET)  # the normalisation get_dataset was given
+    return out
 
 
 def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> np.ndarray:
@@ -123,8 +125,9 @@ class DeviceLoader:
         shuffle: a new order every epoch (default: ``augment``).
         drop_last: drop the last incomplete batch.
         seed: seeds the order and the augmentations; same seed, same batches.
-        mean_std: (mean, std) per RGB channel to normalise with (ImageNet's, the paper's, by
-            default; ``models.normalization`` gives a model's own).
+        mean_std: (mean, std) per RGB channel to normalise with (default: the dataset's, which
+            ``get_dataset(mean_std=...)`` sets, ImageNet's unless given; ``models.normalization``
+            gives a model's own).
         images_on: ``"device"`` moves every uint8 image to ``device`` once (fastest);
             ``"host"`` keeps them in (pinned) host memory and copies each batch, for datasets
             larger than the device's memory (DomainNet sketch at 256x256 is about 14 GB);
@@ -143,7 +146,7 @@ class DeviceLoader:
         drop_last: bool = False,
         seed: int = 0,
         images_on: str = "device",
-        mean_std: tuple = IMAGENET,
+        mean_std: tuple | None = None,
     ):
         if images_on not in ("device", "host", "auto"):
             raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
@@ -155,7 +158,7 @@ class DeviceLoader:
         if images_on == "auto":
             images_on = placement(dataset.images.nbytes, self.device)
         self.images_on = images_on
-        self.mean_std = as_mean_std(*mean_std)
+        self.mean_std = as_mean_std(*(mean_std if mean_std is not None else dataset.mean_std))
         if images_on == "device":
             self.images = dataset.images.to(self.device)
         else:

@@ -134,13 +134,18 @@ def custom_model_names() -> list[str]:
     return sorted(paths.CUSTOM + p.name for p in base.iterdir() if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name))
 
 
-def save_model(model: VisionTransformer, name: str, model_args: dict | None = None, overwrite: bool = False) -> Path:
+def save_model(model: VisionTransformer, name: str, model_args: dict | None = None, overwrite: bool = False,
+               mean=None, std=None) -> Path:
     """Save ``model`` as ``custom/<name>`` (returns its folder) with timm's own writer,
     ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
 
     ``model_args``: the keyword arguments that rebuild the architecture (``img_size``, ``depth``,
     ...), for timm versions that do not record them; recent timm records them itself. The folder
     is written whole or not at all, and an existing one is replaced only with ``overwrite``.
+    ``mean``, ``std``: the per-channel statistics the model was trained with, recorded in its
+    pretrained configuration (``normalize="model"`` reads them); by default the model's own
+    ``pretrained_cfg``'s, which for weights loaded from a file into a timm architecture are the
+    architecture's default tag's, not necessarily those the weights were trained with.
     """
     if paths.custom_name(name, "model") is None:
         raise ValueError(f"a saved model is named custom/<name>, got {name!r}")
@@ -149,8 +154,17 @@ def save_model(model: VisionTransformer, name: str, model_args: dict | None = No
     if not getattr(model, "pretrained_cfg", None) or "architecture" not in model.pretrained_cfg:
         raise ValueError("save_model needs a model made by timm (timm.create_model or paperlib.models.create_model, "
                          "with its architecture's arguments), which records its architecture; this one has none")
+    if (mean is None) != (std is None):
+        raise ValueError("give both mean and std (three numbers each), or neither")
+    recorded = model.pretrained_cfg
+    if mean is not None:
+        pair = as_mean_std(mean, std)
+        model.pretrained_cfg = {**recorded, "mean": pair[0], "std": pair[1]}
     write = lambda staging: timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)  # noqa: E731
-    return paths.atomic_folder(custom_folder(name), write, overwrite)
+    try:
+        return paths.atomic_folder(custom_folder(name), write, overwrite)
+    finally:
+        model.pretrained_cfg = recorded
 
 
 def resolve_name(name: str) -> str:

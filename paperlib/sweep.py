@@ -113,6 +113,15 @@ def input_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
     return found
 
 
+def fingerprinted(runs: list[Run]) -> list[Run]:
+    """``runs`` with their ``fingerprints`` computed as the custom inputs are now, each dataset
+    read once for all of them (what ``finished`` compares the markers with); returns them."""
+    memo: dict = {}
+    for run in runs:
+        run.extra["fingerprints"] = input_fingerprints(run.parameters, memo)
+    return runs
+
+
 def _fingerprint(kind: str, name: str, root) -> str | None:
     from . import data, models
 
@@ -248,6 +257,8 @@ def execute_run(run: Run) -> Run:
         executed = report.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
         report.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
+        # the custom inputs as the run leaves them: a run that makes its own (notebook 08's example) records them
+        run.extra["fingerprints"] = input_fingerprints(run.parameters)
         marker = {"name": run.name, "notebook": run.notebook.name, "parameters": run.parameters, "fingerprints": run.fingerprints,
                   "seconds": run.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
         run.error_file.unlink(missing_ok=True)
@@ -275,10 +286,7 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
     """Execute every unfinished run of ``spec``; returns the runs with their status."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
-    runs = expand(spec, reports)
-    memo: dict = {}
-    for run in runs:  # the custom inputs as they are before any run: each dataset read once
-        run.extra["fingerprints"] = input_fingerprints(run.parameters, memo)
+    runs = fingerprinted(expand(spec, reports))
     todo = []
     for run in runs:  # each marker read once
         if run.finished:
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec)
         if args.dry_run:
-            for run in expand(spec):
+            for run in fingerprinted(expand(spec)):
                 print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")
             return 0
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None

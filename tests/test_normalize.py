@@ -1,6 +1,7 @@
 """Normalisation (beyond the paper): the paper's ImageNet statistics, or the model's own; and the
 decoded cache's resolution for models above 224."""
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -60,6 +61,8 @@ def test_choices_and_bad_values_are_named():
         with pytest.raises(ValueError, match="three"):
             T.as_mean_std(mean, std)
     assert T.as_mean_std([1, 2, 3], (4, 5, 6)) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    images = torch.rand(2, 3, 4, 4)
+    assert torch.allclose(T.normalize(images, ([0.5] * 3, [0.5] * 3)), images * 2 - 1)  # lists as well as tuples
 
 
 def test_the_paper_normalises_every_model_with_imagenet_statistics_and_model_reads_each_models_own():
@@ -76,6 +79,12 @@ def test_a_saved_model_keeps_its_statistics(home):
     save_demo("half", *HALF)
     assert models.normalization("custom/half", "model") == HALF
     assert tuple(models.create_model("custom/half").pretrained_cfg["mean"]) == HALF[0]  # and the model built from it says so
+    demo = models.create_model("demo")
+    models.save_model(demo, "custom/given", mean=[0.1, 0.2, 0.3], std=(0.4, 0.5, 0.6))  # weights trained with statistics of their own
+    assert models.normalization("custom/given", "model") == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
+    assert tuple(demo.pretrained_cfg["mean"]) == tuple(IMAGENET_DEFAULT_MEAN)  # the model itself is left as it was
+    with pytest.raises(ValueError, match="both mean and std"):
+        models.save_model(demo, "custom/half_given", mean=(0.5,) * 3)
     save_demo("bare", "drop", "drop")
     assert models.normalization("custom/bare") == T.IMAGENET
     with pytest.raises(ValueError, match="records no mean and std; use normalize='imagenet'"):
@@ -118,6 +127,18 @@ def test_datasets_and_the_device_loader_carry_the_statistics():
         assert torch.equal(a[1], b[1]) and torch.allclose(b[0], affine(a[0], T.IMAGENET, HALF), atol=1e-5)
 
 
+def test_decoded_file_datasets_keep_the_statistics_they_were_read_with(home):
+    fixtures.write_image_folder(home / "data" / "custom" / "photos", ["a", "b"], per_class=3)
+    read = data.get_dataset("custom/photos", "test", mean_std=HALF)
+    decoded = loader.uint8_images(read, cache_size=16)
+    assert decoded.mean_std == HALF
+    assert torch.allclose(decoded.tensors()[0], decoded.images.float() / 255 * 2 - 1)
+    batch, _ = loader.DeviceLoader(decoded, 2, augment=False, image_size=16).batch(0)  # the dataset's, unless given
+    assert batch.min() >= -1 - 1e-6 and batch.max() <= 1 + 1e-6
+    given, _ = loader.DeviceLoader(decoded, 2, augment=False, image_size=16, mean_std=T.IMAGENET).batch(0)
+    assert torch.allclose(given, affine(batch, HALF, T.IMAGENET), atol=1e-5)
+
+
 def DeviceBatch(dataset, augment, pair):
     """Batch 2 of a seeded DeviceLoader normalising with ``pair`` (the same crops for any pair)."""
     return loader.DeviceLoader(dataset, 16, augment=augment, image_size=24, seed=3, mean_std=pair).batch(2)
@@ -141,6 +162,11 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home):
     assert (metrics["normalize"], metrics["mean"], metrics["std"]) == ("model", [0.5] * 3, [0.5] * 3)
     assert paper["normalize"] == "imagenet" and paper["mean"] == list(IMAGENET_DEFAULT_MEAN)
     assert finetune.history(own)["train_loss"].tolist() != finetune.history(small(model="custom/half"))["train_loss"].tolist()
+    # the finetuned model records the statistics its run used, for normalize="model" once saved
+    for config, pair in ((own, HALF), (small(model="custom/half"), T.IMAGENET)):
+        finetune.run(dataclasses.replace(config, save_weights=True))
+        models.save_model(finetune.load_model(config), "custom/tuned", overwrite=True)
+        assert models.normalization("custom/tuned", "model") == pair
     # a model pretrained with ImageNet's statistics: "model" is the paper's run, number for number
     same_model, same_paper = small(model="custom/same", normalize="model"), small(model="custom/same")
     finetune.run(same_model), finetune.run(same_paper)

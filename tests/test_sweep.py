@@ -114,6 +114,24 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(tiny_n
     assert sweep.input_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
 
 
+def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, monkeypatch):
+    # notebook 08's example writes its dataset the first time: the marker must describe what is there after
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell('dataset = "custom/made"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("from paperlib import fixtures, paths\n"
+                                  "if not (paths.data_dir() / dataset).is_dir():\n"
+                                  "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)"),
+    ]
+    nbformat.write(nb, tmp_path / "maker.ipynb")
+    spec = {"notebook": str(tmp_path / "maker.ipynb"), "grid": {"dataset": ["custom/made"]}}
+    assert [r.status for r in sweep.run_sweep(spec)] == ["done"]
+    assert "dataset:custom/made" in json.loads(sweep.expand(spec)[0].marker.read_text())["fingerprints"]
+    assert [r.status for r in sweep.run_sweep(spec)] == ["skipped"]
+
+
 def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
     one = {"notebook": str(tiny_notebook), "parameters": {"seed": 0}, "grid": {"dataset": ["a", "b"], "value": [1, 2]}}
     assert [r.name for r in sweep.expand(sweep.restrict(one, dataset=["b"]))] == ["b/1", "b/2"]
