@@ -87,10 +87,12 @@ class Config:
     lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
     lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
-    tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>-<tag>) and results column, so an ablation keeps every run
+    tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
 
     def __post_init__(self):
+        if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a sweep spec's `tag: [2000]`
+            object.__setattr__(self, "tag", f"{self.tag:g}")
         # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
         # run (one folder, one record, one row of the results tables)
         if self.lora_alpha == 0 and isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank > 0:
@@ -136,7 +138,8 @@ class Config:
         """``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>``, with ``-<precision>``
         unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
         optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-norm-model`` for
-        the model's own normalisation, and ``-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"``
+        the model's own normalisation, and ``+<tag>`` last (``+``, which no tag has, so that no tag
+        can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
         or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
         warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
         run in its folder unless it has a tag of its own."""
@@ -147,7 +150,7 @@ class Config:
             run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
             run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
         run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
-        run += f"-{self.tag}" if self.tag else ""
+        run += f"+{self.tag}" if self.tag else ""
         return paths.results_dir() / "finetune" / self.model / self.dataset / self.config / f"lr={self.lr:g}" / run
 
 
@@ -797,8 +800,10 @@ def run(config: Config, progress: bool = False) -> dict:
     config.validate()
     folder = config.folder()
     if (folder / "metrics.json").is_file() and same_params(json.loads((folder / "params.json").read_text()), config):
-        if not config.save_weights or (folder / WEIGHTS).is_file():
-            return json.loads((folder / "metrics.json").read_text())
+        metrics = json.loads((folder / "metrics.json").read_text())
+        if not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None:  # diverged before any checkpoint: nothing to keep
+            return metrics
+        (folder / "metrics.json").unlink()  # trained again for its weights: partial until that training ends
     return train(config, progress)[1]
 
 
@@ -817,9 +822,13 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     if not (folder / "metrics.json").is_file() or not weights.is_file():
         raise FileNotFoundError(f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
                                 "(Config(save_weights=True), -p save_weights True, --save-weights true)")
-    if not same_params(json.loads((folder / "params.json").read_text()), config):
-        raise ValueError(f"the run in {paths.display(folder)} was made with other parameters, or on a custom model or "
-                         "dataset that has changed since: run this configuration again to finetune it")
+    recorded, wanted = json.loads((folder / "params.json").read_text()), run_record(config)
+    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
+    differ = sorted(key for key in {**defaults, **recorded, **wanted} if key not in OUTPUT_ONLY + HOW_IT_RAN
+                    and {**defaults, **recorded}.get(key) != {**defaults, **wanted}.get(key))
+    if differ:
+        raise ValueError(f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
+                         "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it")
     metrics = json.loads((folder / "metrics.json").read_text())
     model = models.create_model(config.model, num_classes=metrics["num_classes"])
     if config.lora_rank:
@@ -854,6 +863,10 @@ def run_record(config: Config) -> dict:
 OUTPUT_ONLY = ("save_weights",)
 """``Config`` fields that say what a run keeps, not what it computes: runs that differ only in them
 are the same run."""
+
+HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "attention", "fused", "graph")
+"""``Config`` fields that say how a run ran, not what it trains: ``load_model`` rebuilds a run's
+model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
 
 WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""

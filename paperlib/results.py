@@ -1,6 +1,6 @@
 """Finetuning runs as tables (paper §5.2): every run under a results root, histories, what is missing.
 
-``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>][-<optimizer>...][-lora-r<rank>...][-norm-model][-<tag>]/``
+``load()`` reads ``results/finetune/<model>/<dataset>/<config>/lr=<lr>/seed=<seed>[-<precision>][-<optimizer>...][-lora-r<rank>...][-norm-model][+<tag>]/``
 folders written by ``paperlib.finetune``. Every folder with a ``params.json`` is a row: ``finished`` and
 ``diverged`` runs carry their metrics; a run without ``metrics.json`` is ``partial`` (interrupted
 or still running). ``missing(runs, spec)`` lists the runs a sweep spec expects and that have no

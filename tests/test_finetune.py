@@ -741,15 +741,38 @@ def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_s
     assert _test_accuracy(finetune.load_model(small())) == pytest.approx(kept["test_accuracy"], abs=1e-12)
     with pytest.raises(ValueError, match="save_weights must be True or False"):
         small(save_weights="yes").validate()
+    # rebuilt whatever ran it (device, micro-batches, compilation...), but not from a run of other steps
+    assert _test_accuracy(finetune.load_model(small(micro_batch=8, fused="none"))) == pytest.approx(kept["test_accuracy"], abs=1e-12)
+    with pytest.raises(ValueError, match="differs from this configuration in steps"):
+        finetune.load_model(small(steps=8))
     # a run of other parameters in the folder: its weights go with its record
     finetune.run(small(steps=8))
     assert not (small().folder() / "weights.safetensors").exists()
 
 
+def test_weights_asked_of_a_run_that_diverged_before_any_checkpoint_do_not_train_it_again(monkeypatch):
+    diverged = finetune.run(small(lr=1e9, steps=3, warmup=0, eval_every=3))
+    assert diverged["status"] == "diverged" and diverged["best_step"] is None
+    monkeypatch.setattr(finetune, "train", lambda *args, **kwargs: pytest.fail("trained again"))
+    again = finetune.run(small(lr=1e9, steps=3, warmup=0, eval_every=3, save_weights=True))
+    assert json.dumps(again, sort_keys=True) == json.dumps(diverged, sort_keys=True)  # NaNs too
+
+
+def test_a_run_trained_again_for_its_weights_is_partial_until_it_ends(monkeypatch):
+    finetune.run(small())
+    interrupted(small(save_weights=True), 6, monkeypatch)
+    assert not (small().folder() / "metrics.json").exists()
+    assert results_module.load()[0]["status"].tolist() == ["partial"]
+
+
 def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols():
     protocol = finetune.run(small(steps=8))
     longer = small(steps=12, tag="steps12")
-    assert longer.folder().name == "seed=0-steps12" and longer.folder().parent == small().folder().parent
+    assert longer.folder().name == "seed=0+steps12" and longer.folder().parent == small().folder().parent
+    for clash in ("bf16", "adamw", "norm-model", "lora-r8"):  # no tag spells another suffix
+        assert small(tag=clash).folder() not in {small(precision="bf16").folder(), small(optimizer="adamw").folder()}
+        assert small(tag=clash).folder().name == f"seed=0+{clash}"
+    assert small(tag=2000).tag == "2000"  # a sweep spec's number
     finetune.run(longer)
     assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
     runs, _ = results_module.load()
@@ -757,7 +780,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols():
     with pytest.raises(ValueError, match="one tag"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["tag"] == "steps12"])) == 1
-    for bad in ("a/b", "-x", "two words", 3):
+    for bad in ("a/b", "-x", "two words", ["x"]):
         with pytest.raises(ValueError, match="tag must be"):
             small(tag=bad).validate()
 
