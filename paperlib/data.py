@@ -88,6 +88,7 @@ class ImageDataset(Dataset):
         split: str,
         keys: Sequence | None = None,
         transform: Callable | None = None,
+        mean_std: tuple = IMAGENET,
     ):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
             raise ValueError(f"expected uint8 images of shape (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -100,7 +101,7 @@ class ImageDataset(Dataset):
         self.split = split
         self.keys = list(range(len(images))) if keys is None else list(keys)
         self.transform = transform
-        self.mean_std = IMAGENET  # how items without a transform are normalised (get_dataset sets it)
+        self.mean_std = mean_std  # how items without a transform are normalised (get_dataset sets it)
 
     def __len__(self) -> int:
         return len(self.images)
@@ -122,9 +123,7 @@ class ImageDataset(Dataset):
     def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         keys = [self.keys[i] for i in index.tolist()]
-        part = ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform)
-        part.mean_std = self.mean_std
-        return part
+        return ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std)
 
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"

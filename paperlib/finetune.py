@@ -822,10 +822,7 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     if not (folder / "metrics.json").is_file() or not weights.is_file():
         raise FileNotFoundError(f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
                                 "(Config(save_weights=True), -p save_weights True, --save-weights true)")
-    recorded, wanted = json.loads((folder / "params.json").read_text()), run_record(config)
-    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
-    differ = sorted(key for key in {**defaults, **recorded, **wanted} if key not in OUTPUT_ONLY + HOW_IT_RAN
-                    and {**defaults, **recorded}.get(key) != {**defaults, **wanted}.get(key))
+    differ = differing(json.loads((folder / "params.json").read_text()), run_record(config), OUTPUT_ONLY + HOW_IT_RAN)
     if differ:
         raise ValueError(f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
                          "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it")
@@ -877,10 +874,15 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
     the same custom data and model as now (``record``: ``run_record(config)``, if already made:
     it reads every file's status). A key the record lacks (written before ``Config`` had that
     field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
-    record = run_record(config) if record is None else record
+    return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
+
+
+def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The keys whose values differ between two run records (``params.json``, ``run_record``),
+    a key one lacks counting as the field's default (none for fingerprints); ``ignore``d keys aside."""
     defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
-    identity = lambda values: {k: v for k, v in {**defaults, **values}.items() if k not in OUTPUT_ONLY}  # noqa: E731
-    return identity(saved) == identity(record)
+    saved, record = {**defaults, **saved}, {**defaults, **record}
+    return sorted(key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key))
 
 
 @contextlib.contextmanager

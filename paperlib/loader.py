@@ -74,9 +74,8 @@ def uint8_images(
         picked = np.empty((len(indices), *images.shape[1:]), np.uint8)
         picked[order] = images[np.asarray(indices)[order]]
         images = picked
-    out = ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys)
-    out.mean_std = getattr(dataset, "mean_std", IMAGENET)  # the normalisation get_dataset was given
-    return out
+    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys,
+                        mean_std=getattr(dataset, "mean_std", IMAGENET))  # the normalisation get_dataset was given
 
 
 def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> np.ndarray:

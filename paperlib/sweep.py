@@ -127,7 +127,7 @@ def _fingerprint(kind: str, name: str, root) -> str | None:
 
     try:
         if kind == "model":
-            return models.content_fingerprint(name) if (models.custom_folder(name) / "config.json").is_file() else None
+            return models.content_fingerprint(name)  # a model that is not there raises FileNotFoundError
         return data.content_fingerprint(name, root)
     except (ValueError, FileNotFoundError):
         return None
