@@ -16,14 +16,17 @@ spec = "parameters/sweeps/finetune_demo.yaml"  # finetuning sweep whose runs are
 dataset = "digits"  # dataset of the figure
 lr = 0.03  # learning rate of the first figure (Fig. 4 uses the best one)
 seed = 0  # seed of the runs shown
-compute_missing = True  # run the spec's missing runs for this dataset first (demo scale only)
+compute_missing = True  # run the spec's missing runs for this dataset, and measure its missing plasticity, first (demo scale only)
+reference = None  # reference images of the plasticity (None: each dataset's default: ImageNet, or digits_source in the demo world)
+n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800; a smaller test split gives as many as it has)
+device = "cpu"  # device for a missing plasticity measurement
 
 # %%
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plots, results, sweep
+from paperlib import paths, plasticity, plots, results, stats, sweep
 
 grid_spec = sweep.load_spec(paths.ROOT / spec)
 if compute_missing:
@@ -54,8 +57,30 @@ plt.show()
 # the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (with `full` above all, having every weight).
 
 # %%
-early = one[one["step"] <= one["step"].max() / 5].groupby("config")["grad_norm"].mean().sort_values(ascending=False)
+early = stats.early_gradient_norm(one, 0.2).set_index("config")["grad_norm"].sort_values(ascending=False)
 early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
+
+# %% [markdown]
+# ## Beyond the paper: gradient norm against the measured plasticity
+#
+# The figure's reading ("the higher plasticity, the larger gradient norms") as a number: Kendall's
+# tau between the five components' P(f) (notebook 02's measurement of this model, measured here
+# for this dataset when missing) and their early gradient norm, on every dataset of the spec with
+# runs at this learning rate and seed, and a Wilcoxon signed-rank test of the taus across datasets
+# (notebook 07 does the same for accuracy and its spread). The paper predicts tau > 0.
+
+# %%
+at = histories.merge(wanted, on=results.KEYS)
+at = at[(at["lr"] == lr) & (at["seed"] == seed)]
+norms = stats.early_gradient_norm(at, 0.2)
+model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
+if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
+    plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
+measured = plasticity.collect(normalize=normalize, reference=reference or "default")
+per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
+print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs;",
+      ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
+per_dataset.round(3)
 
 # %% [markdown]
 # ## Over the learning-rate grid (Figs. 19-51)

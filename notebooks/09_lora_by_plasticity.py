@@ -132,7 +132,7 @@ plt.show()
 # %%
 measured_as = runs[["model", "dataset", "normalize"]].drop_duplicates()  # plasticity on images normalised as the runs' were
 for model, dataset, normalize in measured_as.itertuples(index=False):
-    if compute_missing and not (plasticity.result_folder(model, dataset, normalize=normalize, reference=reference) / "metadata.json").is_file():
+    if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
         plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False, normalize=normalize)
 measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
 side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()

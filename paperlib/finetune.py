@@ -954,7 +954,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        if same_params(saved["params"], config, params):
+        if same_params(saved["params"], config, params) and saved.get("cache_side", 256) == side:  # on the images it started on (checkpoints before the option: 256)
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])
@@ -1001,7 +1001,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}
-            state = {"params": params, "step": step + 1, "history": rows, "best": best, "rng": rng,
+            state = {"params": params, "step": step + 1, "history": rows, "best": best, "rng": rng, "cache_side": side,
                      "model": current, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
             paths.atomic_write(checkpoint, lambda tmp: torch.save(state, tmp))
             if progress:
@@ -1040,6 +1040,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "optimizer": config.optimizer,
         "lora_rank": config.lora_rank,
         "normalize": config.normalize,
+        "cache_side": side,
         "weights": WEIGHTS if kept else None,
         "mean": list(mean_std[0]),
         "std": list(mean_std[1]),

@@ -392,6 +392,44 @@ def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: s
     return results_root(inputs) / model / leaf
 
 
+def _metadata(folder: Path) -> dict | None:
+    """The ``metadata.json`` of a complete result in ``folder``, or None."""
+    import json
+
+    file = Path(folder) / "metadata.json"
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def _measured_against(metadata: dict) -> str:
+    """The reference images of a saved result (results from before the option: the dataset's default)."""
+    return metadata.get("reference") or default_reference(metadata["dataset"])
+
+
+def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
+               normalize: str = "imagenet", reference: str | None = None) -> bool:
+    """Whether ``result_folder`` holds a complete result measured as asked: a result saved against
+    other reference images before those had folders of their own (``+ref-``) sits in the default's
+    folder and does not count as the default's (``run`` then moves it to its own folder)."""
+    metadata = _metadata(result_folder(model, dataset, inputs, sample, seed, normalize, reference))
+    return metadata is not None and _measured_against({"dataset": dataset, **metadata}) == (reference or default_reference(dataset))
+
+
+def _make_room(folder: Path, reference: str, inputs: str, sample: str, seed: int, normalize: str) -> None:
+    """Before a result against ``reference`` is saved in ``folder``: a result there measured
+    against other reference images (saved before ``+ref-`` folders) moves to its own folder,
+    unless that folder holds one already, so that measuring the default does not overwrite it."""
+    import shutil
+
+    metadata = _metadata(folder)
+    if metadata is None or _measured_against(metadata) == reference:
+        return
+    own = result_folder(metadata["model"], metadata["dataset"], inputs, sample, seed, normalize, _measured_against(metadata))
+    if own != folder and _metadata(own) is None:
+        shutil.rmtree(own, ignore_errors=True)  # an incomplete result (no metadata.json) is nothing to keep
+        own.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(own)
+
+
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
 
@@ -485,7 +523,9 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference), metadata)
+    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference)
+    _make_room(folder, reference, inputs, sample, seed, normalize)
+    return table, save(table, folder, metadata)
 
 
 def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",

@@ -144,6 +144,27 @@ def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
+def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: str | None = None) -> plt.Axes:
+    """A finetuning result against P(f): one point per dataset and component, coloured by component,
+    the value taken relative to its dataset's mean over the components (so that datasets of
+    different accuracy share an axis) and each dataset's points joined in plasticity order.
+    ``table``: columns ``dataset``, ``component``, ``plasticity`` and ``value``."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    for _, part in table.groupby("dataset"):
+        part = part.sort_values("plasticity")
+        relative = part[value] - part[value].mean()
+        ax.plot(part["plasticity"], relative, color="grey", lw=0.7, alpha=0.6, zorder=1)
+        ax.scatter(part["plasticity"], relative, c=[COLORS[str(c)] for c in part["component"]], edgecolor="black", s=18, zorder=3)
+    for component in COMPONENTS:
+        ax.scatter([], [], color=COLORS[component], edgecolor="black", s=18, label=LABELS[component])
+    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("plasticity $\\mathcal{P}(f)$")
+    ax.set_ylabel(ylabel or f"{value} - dataset mean")
+    ax.legend(frameon=False, fontsize=7)
+    return ax
+
+
 def bounds_along_depth(table, ax: plt.Axes | None = None, label: str = "", linestyle: str = "-", propositions=("1", "2", "3")) -> plt.Axes:
     """Upper bounds per block for each component on a log scale (paper Fig. 6)."""
     if ax is None:

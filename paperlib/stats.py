@@ -8,6 +8,20 @@
   benchmarks, with a Wilcoxon signed-rank test across benchmarks (scipy), significant at 5%.
 - ``relative_gain``: percentage improvement over linear probing (Fig. 2 right).
 - ``average``: mean over benchmarks with the pooled standard error (Fig. 17).
+
+Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
+stable finetuning performance" (§5.2).
+
+- ``grid_spread``: per dataset and config, the spread of test accuracy over every finished run
+  of the grid (learning rates x seeds: what Fig. 4 left and Fig. 18 draw as boxes).
+- ``plasticity_correlation``: per dataset, Kendall's tau (scipy) between the components' P(f)
+  and a finetuning result (accuracy, spread...), with its exact p-value over the five components.
+- ``correlation_summary``: the taus across benchmarks, with a Wilcoxon signed-rank test of their
+  median against 0 (the test of Table 1, over the same benchmarks).
+- ``early_gradient_norm``: per run, the mean gradient norm over the first part of training (Fig. 4
+  middle: "the higher plasticity, the larger gradient norms"), to correlate with P(f) in turn.
+- ``paper_order``: the paper's ranking as scores, for a Table 6 without measured plasticity
+  (the paper finds MHA > FC1 > FC2 > LN2 > LN1 on every benchmark, Fig. 2 middle).
 """
 
 from __future__ import annotations
@@ -35,10 +49,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
-    for key in ("model", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"):
-        if key in runs and runs[key].nunique() > 1:
-            raise ValueError(f"table6 needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
-                             f"select one first (e.g. runs[runs['{key}'] == ...])")
+    _check_one_setting(runs, "table6")
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
     finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
     finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
@@ -117,3 +128,90 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
         rows.append({"config": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
     return out.sort_values("config", key=_config_order).reset_index(drop=True)
+
+
+def grid_spread(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per dataset and config: the spread of test accuracy (%) over the grid's finished runs
+    (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1),
+    ``iqr`` (interquartile range), ``range``, ``median``, ``finished`` and ``diverged`` run counts.
+    A diverged run has no accuracy: it is counted, not spread. ``runs``: ``results.load``'s table for
+    one model, precision, optimizer, LoRA setting, normalisation and tag (a ValueError otherwise)."""
+    _check_one_setting(runs, "grid_spread")
+    done = runs[runs["status"] == "finished"].assign(test=lambda t: t["test_accuracy"] * 100)
+    spread = done.groupby(["dataset", "config"])["test"].agg(
+        std="std", iqr=lambda s: s.quantile(0.75) - s.quantile(0.25), range=lambda s: s.max() - s.min(), median="median", finished="size")
+    diverged = runs[runs["status"] == "diverged"].groupby(["dataset", "config"]).size().rename("diverged")
+    table = spread.join(diverged, how="outer").reset_index()
+    table["finished"] = table["finished"].fillna(0).astype(int)
+    table["diverged"] = table["diverged"].fillna(0).astype(int)
+    return table.sort_values(["dataset", "config"], key=_config_order).reset_index(drop=True)
+
+
+def _check_one_setting(runs: pd.DataFrame, what: str) -> None:
+    for key in ("model", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"):
+        if key in runs and runs[key].nunique() > 1:
+            raise ValueError(f"{what} needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
+                             f"select one first (e.g. runs[runs['{key}'] == ...])")
+
+
+def paper_order(datasets) -> pd.DataFrame:
+    """The paper's plasticity ranking (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2
+    middle) as a ``plasticity`` column of scores 5..1 per dataset: for ``plasticity_correlation``,
+    which uses only the order, when P(f) was not measured (the paper prints no P(f) table)."""
+    return pd.DataFrame([{"dataset": d, "component": c, "plasticity": float(len(COMPONENTS) - i)}
+                         for d in datasets for i, c in enumerate(COMPONENTS)])
+
+
+def plasticity_correlation(plasticity: pd.DataFrame, results: pd.DataFrame, value: str = "accuracy", alternative: str = "two-sided") -> pd.DataFrame:
+    """Per dataset, how the components' finetuning ``value`` follows their plasticity.
+
+    ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
+    one model, or ``paper_order``); ``results``: columns ``dataset``, ``config`` and ``value`` (e.g.
+    ``table6``'s ``mean`` renamed ``accuracy``, or ``grid_spread``'s ``std``). Over the components
+    both have (``full`` and ``linear`` have no plasticity), one row per dataset: ``tau`` (Kendall's
+    tau-b, scipy; +1: the more plastic, the higher the value), ``p_value`` (exact for untied
+    values: with five components the smallest two-sided p-value is 2/120 = 0.017, so one benchmark
+    alone can barely be significant; see ``correlation_summary``), ``components``,
+    ``most_plastic`` and ``highest`` (the component of the highest value).
+    """
+    if "model" in plasticity and plasticity["model"].nunique() > 1:
+        raise ValueError(f"plasticity_correlation needs the plasticity of one model, got {', '.join(sorted(plasticity['model'].unique()))}")
+    if value not in results:
+        raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
+    table = plasticity.assign(component=plasticity["component"].astype(str)).merge(
+        results.rename(columns={"config": "component"})[["dataset", "component", value]], on=["dataset", "component"]).dropna(subset=["plasticity", value])
+    rows = []
+    for dataset, part in table.groupby("dataset", sort=True):
+        if len(part) < 3:  # two points always agree or disagree: no test
+            continue
+        test = stats.kendalltau(part["plasticity"], part[value], alternative=alternative)
+        rows.append({"dataset": dataset, "tau": float(test.statistic), "p_value": float(test.pvalue), "components": len(part),
+                     "most_plastic": part.loc[part["plasticity"].idxmax(), "component"], "highest": part.loc[part[value].idxmax(), "component"]})
+    return pd.DataFrame(rows, columns=["dataset", "tau", "p_value", "components", "most_plastic", "highest"])
+
+
+def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> dict:
+    """The per-dataset taus of ``plasticity_correlation`` across benchmarks: their ``mean`` and
+    ``median``, how many are ``positive``, ``negative`` and zero, and a Wilcoxon signed-rank test
+    (scipy; zeros left out, as in ``table1``) of their median against 0: ``p_value`` (NaN with
+    fewer than two non-zero taus), ``significant`` (p < ``level``)."""
+    taus = per_dataset["tau"].dropna()
+    nonzero = taus[taus != 0]
+    p_value = float(stats.wilcoxon(nonzero, alternative=alternative).pvalue) if len(nonzero) >= 2 else float("nan")
+    return {"datasets": len(taus), "mean": float(taus.mean()) if len(taus) else float("nan"), "median": float(taus.median()) if len(taus) else float("nan"),
+            "positive": int((taus > 0).sum()), "negative": int((taus < 0).sum()), "zero": int((taus == 0).sum()),
+            "p_value": p_value, "significant": bool(p_value < level)}
+
+
+def early_gradient_norm(histories: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
+    """Per run of ``histories`` (``results.load``'s second table), the mean gradient norm (before
+    clipping) over its first ``fraction`` of steps (steps <= fraction x its last step; at least its
+    first step): one row per run with its keys and ``grad_norm``."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    from .results import KEYS
+
+    keys = [k for k in KEYS if k in histories]
+    last = histories.groupby(keys, dropna=False)["step"].transform("max")
+    early = histories[(histories["step"] <= fraction * last) | (histories["step"] == histories.groupby(keys, dropna=False)["step"].transform("min"))]
+    return early.groupby(keys, dropna=False)["grad_norm"].mean().reset_index()

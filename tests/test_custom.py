@@ -286,3 +286,31 @@ def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
         finetune.run(elsewhere)
     assert json.loads((config.folder() / "metrics.json").read_text()) == finished
     assert finetune.run(config) == finished
+
+
+def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resuming_on_other_images(home, monkeypatch):
+    # a run's crops come from its decoded cache; a checkpoint made on another cache (a 384-px run
+    # started before the cache grew with the model) must not be continued on these images
+    base = home / "data" / "custom" / "shots"
+    fixtures.write_image_folder(base / "train", ["cat", "dog"], per_class=12, size=(72, 60))
+    fixtures.write_image_folder(base / "test", ["cat", "dog"], per_class=3, size=(72, 60))
+    config = finetune.Config(dataset="custom/shots", config="fc1", steps=6, warmup=1, eval_every=2, batch_size=8, lr=0.1)
+    original = loader.DeviceLoader.batch
+
+    def crash(self, index):
+        if index == 4 and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(finetune, "cache_side", lambda size: 48)  # the checkpoint's cache
+        patch.setattr(loader.DeviceLoader, "batch", crash)
+        with pytest.raises(KeyboardInterrupt):
+            finetune.run(config)
+    assert torch.load(config.folder() / "checkpoint.pt", weights_only=False)["cache_side"] == 48
+    resumed = finetune.run(config)  # now on the default cache of 256
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(home / "uninterrupted"))
+    fresh = finetune.run(config)
+    assert resumed["cache_side"] == fresh["cache_side"] == 256
+    timings = ("wall_seconds", "images_per_second")
+    assert {k: v for k, v in resumed.items() if k not in timings} == {k: v for k, v in fresh.items() if k not in timings}

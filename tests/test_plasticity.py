@@ -322,3 +322,21 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     assert set(plasticity.collect()["reference"]) == {"digits_source"}
     assert set(plasticity.collect(reference="digits")["reference"]) == {"digits"}
     assert len(plasticity.collect(reference=None)) == 10
+
+
+def test_a_result_saved_against_other_images_in_the_default_folder_is_not_the_default_and_moves_when_it_is_measured(monkeypatch, tmp_path):
+    # results measured against non-default reference images before they had folders of their own sat in the plain folder
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
+    default_folder = plasticity.result_folder("demo", "digits_c/snow")
+    other_folder.rename(default_folder)  # where such a result used to be saved
+    assert plasticity.has_result("demo", "digits_c/snow", reference="digits_source") is False
+    assert plasticity.has_result("demo", "digits_c/snow", reference=None) is False
+    assert plasticity.has_result("demo", "digits_c/snow", reference="digits") is False  # not where it belongs yet
+    default, folder = plasticity.run("demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False)
+    assert folder == default_folder
+    assert plasticity.has_result("demo", "digits_c/snow") and plasticity.has_result("demo", "digits_c/snow", reference="digits")
+    assert plasticity.load(other_folder)["rate"].tolist() == other["rate"].tolist()  # moved, not lost
+    assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()
+    assert set(plasticity.collect(reference=None)["reference"]) == {"digits", "digits_source"}
+    assert not plasticity.has_result("demo", "digits_c/snow", sample="random")

@@ -191,3 +191,83 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
     ]
     assert results.expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
         ["autocast", "sgd", 0.0], ["bf16", "sgd", 0.0], ["autocast", "adamw", 0.05]]
+
+
+# --------------------------------------------------------------------------------------------
+# beyond the paper: Takeaway 2 ("higher plasticity: better and more stable") as a test
+
+
+def test_grid_spread_is_over_every_finished_run_of_the_grid(tree):
+    runs, _ = results.load(tree)
+    spread = stats.grid_spread(runs).set_index(["dataset", "config"])
+    values = [100 * accuracy("b", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
+    row = spread.loc[("b", "fc1")]
+    assert row["std"] == pytest.approx(statistics.stdev(values))
+    assert row["iqr"] == pytest.approx(statistics.quantiles(values, n=4, method="inclusive")[2] - statistics.quantiles(values, n=4, method="inclusive")[0])
+    assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(statistics.median(values))
+    assert (row["finished"], row["diverged"]) == (6, 0)
+    fc2 = spread.loc[("a", "fc2")]  # one diverged run, one that did not finish: counted, not spread
+    assert (fc2["finished"], fc2["diverged"]) == (0, 1) and math.isnan(fc2["std"])
+    with pytest.raises(ValueError, match="one model"):
+        stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
+
+
+def _plasticity(order_by_dataset):
+    return pd.DataFrame([{"model": "m", "dataset": d, "component": c, "plasticity": 10.0 - i}
+                         for d, order in order_by_dataset.items() for i, c in enumerate(order)])
+
+
+def test_plasticity_correlation_is_kendalls_tau_per_dataset():
+    components = ["mha", "fc1", "fc2", "ln2", "ln1"]
+    plasticity = _plasticity({"same": components, "reversed": components, "one swap": components, "short": components})
+    rows = []
+    for i, c in enumerate(components + ["full", "linear"]):  # full and linear have no plasticity: left out
+        rows += [{"dataset": "same", "config": c, "accuracy": 90.0 - i}, {"dataset": "reversed", "config": c, "accuracy": 80.0 + i}]
+    swapped = dict(zip(components, [90.0, 91.0, 89.0, 88.0, 87.0]))  # FC1 above MHA: one discordant pair of ten
+    rows += [{"dataset": "one swap", "config": c, "accuracy": a} for c, a in swapped.items()]
+    rows += [{"dataset": "short", "config": c, "accuracy": 1.0} for c in ("mha", "fc1")]  # two components: no test
+    table = stats.plasticity_correlation(plasticity, pd.DataFrame(rows)).set_index("dataset")
+    assert list(table.index) == ["one swap", "reversed", "same"]
+    assert table.loc["same", "tau"] == pytest.approx(1.0) and table.loc["reversed", "tau"] == pytest.approx(-1.0)
+    assert table.loc["one swap", "tau"] == pytest.approx((9 - 1) / 10)
+    assert table.loc["same", "p_value"] == pytest.approx(2 / 120)  # exact: 2 of the 5! orders are as extreme
+    assert table.loc["one swap", "p_value"] == pytest.approx(2 * 5 / 120)  # orders with at most one discordant pair: 1 + 4
+    assert (table["components"] == 5).all()
+    assert table.loc["one swap", "most_plastic"] == "mha" and table.loc["one swap", "highest"] == "fc1"
+    with pytest.raises(ValueError, match="one model"):
+        stats.plasticity_correlation(pd.concat([plasticity, plasticity.assign(model="n")]), pd.DataFrame(rows))
+    with pytest.raises(ValueError, match="no column 'std'.*accuracy"):
+        stats.plasticity_correlation(plasticity, pd.DataFrame(rows), value="std")
+
+
+def test_correlation_summary_tests_the_taus_against_zero():
+    summary = stats.correlation_summary(pd.DataFrame({"tau": [1.0, 0.8, -0.2, 0.0]}))
+    assert (summary["datasets"], summary["positive"], summary["negative"], summary["zero"]) == (4, 2, 1, 1)
+    assert summary["mean"] == pytest.approx(0.4) and summary["median"] == pytest.approx(0.4)
+    # zeros left out; |taus| ranked 1 (0.2), 2 (0.8), 3 (1.0): W- = 1; of the 8 sign patterns, 2 have W- <= 1
+    assert summary["p_value"] == pytest.approx(2 * 2 / 8) and not summary["significant"]
+    assert math.isnan(stats.correlation_summary(pd.DataFrame({"tau": [0.5, 0.0]}))["p_value"])
+
+
+def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
+    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#")
+    order = stats.paper_order(sorted(paper["dataset"].unique()))
+    assert len(order) == 55 and order.groupby("dataset")["plasticity"].apply(list).map(lambda s: s == [5.0, 4.0, 3.0, 2.0, 1.0]).all()
+    table = stats.plasticity_correlation(order, paper.rename(columns={"mean": "accuracy"})).set_index("dataset")
+    assert len(table) == 11
+    # read off the CSV: motion blur's accuracies fall in the ranking's order exactly; Pets' LN2 and LN1 beat MHA
+    assert table.loc["cifar10c/motion_blur", "tau"] == pytest.approx(1.0) and table.loc["pets", "tau"] < 0
+    summary = stats.correlation_summary(table)
+    assert (summary["positive"], summary["negative"], summary["zero"]) == (8, 1, 2)
+    assert summary["significant"] and 0.3 < summary["mean"] < 0.45
+
+
+def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_run():
+    rows = [{"model": "m", "dataset": "a", "config": c, "lr": 0.01, "seed": 0, "step": step, "grad_norm": float(step * scale)}
+            for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
+    rows += [{"model": "m", "dataset": "a", "config": "fc1", "lr": 0.01, "seed": 0, "step": 4, "grad_norm": 7.0}]  # one logged step
+    norms = stats.early_gradient_norm(pd.DataFrame(rows), 0.2).set_index("config")["grad_norm"]
+    assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})  # steps 1 and 2 of 10
+    assert stats.early_gradient_norm(pd.DataFrame(rows), 1.0).set_index("config").loc["ln1", "grad_norm"] == pytest.approx(5.5)
+    with pytest.raises(ValueError, match="fraction"):
+        stats.early_gradient_norm(pd.DataFrame(rows), 0)
