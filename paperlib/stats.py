@@ -6,6 +6,8 @@
   picks it by validation accuracy instead, the choice that does not look at the test set.
 - ``table1``: mean decrease (accuracy points) between MHA and each other component over the
   benchmarks, with a Wilcoxon signed-rank test across benchmarks (scipy), significant at 5%.
+  Beyond the paper, ``p_holm``: the p-values adjusted for its four comparisons (Holm).
+- ``pairwise``: every pair of configurations, the same test, Holm-adjusted over all the pairs.
 - ``relative_gain``: percentage improvement over linear probing (Fig. 2 right).
 - ``average``: mean over benchmarks with the pooled standard error (Fig. 17).
 
@@ -98,11 +100,62 @@ def table1(accuracies: pd.DataFrame, alternative: str = "two-sided", level: floa
     for config in COMPONENTS[1:]:
         if config not in table:
             continue
-        pair = table[["mha", config]].dropna()
-        difference = pair["mha"] - pair[config]
-        p_value = stats.wilcoxon(pair["mha"], pair[config], alternative=alternative).pvalue if (difference != 0).any() else 1.0
-        rows.append({"config": config, "decrease": difference.mean(), "p_value": float(p_value), "significant": bool(p_value < level), "datasets": len(pair)})
-    return pd.DataFrame(rows)
+        difference, p_value, datasets = _signed_rank(table["mha"], table[config], alternative)
+        rows.append({"config": config, "decrease": difference, "p_value": p_value, "significant": bool(p_value < level), "datasets": datasets})
+    out = pd.DataFrame(rows, columns=["config", "decrease", "p_value", "significant", "datasets"])
+    out["p_holm"] = holm(out["p_value"])
+    out["significant_holm"] = out["p_holm"] < level
+    return out
+
+
+def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple[float, float, int]:
+    """Mean of ``first - second`` over the datasets both have, the Wilcoxon signed-rank p-value
+    (scipy; 1 when every difference is 0), and that number of datasets."""
+    pair = pd.concat([first, second], axis=1).dropna()
+    difference = pair.iloc[:, 0] - pair.iloc[:, 1]
+    p_value = stats.wilcoxon(pair.iloc[:, 0], pair.iloc[:, 1], alternative=alternative).pvalue if (difference != 0).any() else 1.0
+    return float(difference.mean()), float(p_value), len(pair)
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate):
+    the i-th smallest of m is multiplied by m - i + 1, then made non-decreasing in that order and
+    capped at 1. NaNs stay NaN and do not count in m."""
+    p = np.asarray(p_values, dtype=float)
+    adjusted = np.full_like(p, np.nan)
+    present = np.flatnonzero(~np.isnan(p))
+    order = present[np.argsort(p[present], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for i, index in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def pairwise(accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "two-sided", level: float = 0.05) -> pd.DataFrame:
+    """Table 1 for every pair of ``configs`` (beyond the paper, which compares MHA with each): one
+    row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of
+    first minus second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``,
+    ``p_value`` (Wilcoxon signed-rank over the datasets both have), ``p_holm`` (Holm-adjusted over
+    all the pairs) and ``significant_holm`` (``p_holm`` < ``level``).
+    ``accuracies``: columns ``dataset``, ``config``, ``accuracy``."""
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(CONFIGS)}")
+    table = wide(accuracies)
+    present = [c for c in configs if c in table]
+    rows = []
+    for i, first in enumerate(present):
+        for second in present[i + 1:]:
+            difference, p_value, datasets = _signed_rank(table[first], table[second], alternative)
+            both = table[[first, second]].dropna()
+            rows.append({"first": first, "second": second, "difference": difference, "wins": int((both[first] > both[second]).sum()),
+                         "datasets": datasets, "p_value": p_value})
+    out = pd.DataFrame(rows, columns=["first", "second", "difference", "wins", "datasets", "p_value"])
+    out["p_holm"] = holm(out["p_value"])
+    out["significant_holm"] = out["p_holm"] < level
+    return out
 
 
 def relative_gain(accuracies: pd.DataFrame, baseline: str = "linear") -> pd.DataFrame:
@@ -215,3 +268,12 @@ def early_gradient_norm(histories: pd.DataFrame, fraction: float = 0.2) -> pd.Da
     last = histories.groupby(keys, dropna=False)["step"].transform("max")
     early = histories[(histories["step"] <= fraction * last) | (histories["step"] == histories.groupby(keys, dropna=False)["step"].transform("min"))]
     return early.groupby(keys, dropna=False)["grad_norm"].mean().reset_index()
+
+
+def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """``pairwise`` output as a matrix, first configuration x second: "difference (p_holm)", with
+    ``*`` where ``significant_holm``; configurations in plasticity order, empty cells where no pair."""
+    text = pairs.apply(lambda r: f"{r['difference']:+.{digits}f} ({r['p_holm']:.3f}){'*' if r['significant_holm'] else ''}", axis=1)
+    matrix = pairs.assign(text=text).pivot(index="first", columns="second", values="text")
+    matrix = matrix.reindex(index=[c for c in CONFIGS if c in matrix.index], columns=[c for c in CONFIGS if c in matrix.columns]).fillna("")
+    return matrix.rename_axis(index=None, columns=None)

@@ -271,3 +271,37 @@ def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_run():
     assert stats.early_gradient_norm(pd.DataFrame(rows), 1.0).set_index("config").loc["ln1", "grad_norm"] == pytest.approx(5.5)
     with pytest.raises(ValueError, match="fraction"):
         stats.early_gradient_norm(pd.DataFrame(rows), 0)
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (never below the one before)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped
+    adjusted = stats.holm([0.01, float("nan"), 0.02])
+    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)  # m = 2
+
+
+def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
+    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
+    table = stats.table1(paper).set_index("config")
+    assert table["p_holm"].tolist() == pytest.approx(stats.holm(table["p_value"]).tolist())
+    # the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four tests are counted
+    assert table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
+    pairs = stats.pairwise(paper)
+    assert len(pairs) == 10 and pairs[["first", "second"]].values.tolist()[:2] == [["mha", "fc1"], ["mha", "fc2"]]
+    wide = stats.wide(paper)
+    row = pairs.set_index(["first", "second"]).loc[("fc1", "fc2")]
+    assert row["difference"] == pytest.approx((wide["fc1"] - wide["fc2"]).mean()) and row["wins"] == int((wide["fc1"] > wide["fc2"]).sum())
+    assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
+    assert pairs["p_holm"].tolist() == pytest.approx(stats.holm(pairs["p_value"]).tolist())
+    assert stats.pairwise(paper, configs=["mha", "full", "linear"])["first"].tolist() == ["mha", "mha", "full"]
+    with pytest.raises(ValueError, match="unknown configuration.*valid configurations: mha"):
+        stats.pairwise(paper, configs=["mha", "attn"])
+
+
+def test_pairwise_printed_as_a_matrix():
+    pairs = pd.DataFrame({"first": ["mha", "mha", "fc1"], "second": ["fc1", "ln1", "ln1"], "difference": [0.071, 0.9346, 0.86],
+                          "p_holm": [1.0, 0.0293, 0.0547], "significant_holm": [False, True, False]})
+    matrix = stats.formatted_pairs(pairs)
+    assert list(matrix.index) == ["mha", "fc1"] and list(matrix.columns) == ["fc1", "ln1"]
+    assert matrix.loc["mha", "ln1"] == "+0.93 (0.029)*" and matrix.loc["fc1", "ln1"] == "+0.86 (0.055)" and matrix.loc["fc1", "fc1"] == ""
