@@ -57,7 +57,7 @@ plt.show()
 # the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (with `full` above all, having every weight).
 
 # %%
-early = stats.early_gradient_norm(one, 0.2).set_index("config")["grad_norm"].sort_values(ascending=False)
+early = stats.early_gradient_norm(one, runs, 0.2).set_index("config")["grad_norm"].sort_values(ascending=False)
 early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
 
 # %% [markdown]
@@ -72,15 +72,18 @@ early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20
 # %%
 at = histories.merge(wanted, on=results.KEYS)
 at = at[(at["lr"] == lr) & (at["seed"] == seed)]
-norms = stats.early_gradient_norm(at, 0.2)
-model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
-if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
-    plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
-measured = plasticity.collect(normalize=normalize, reference=reference or "default")
-per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
-print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs;",
-      ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
-per_dataset.round(3)
+norms = stats.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one stopped early
+if norms.empty:
+    print(f"no finished run at lr {lr:g} and seed {seed}")
+else:
+    model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
+    if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
+        plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
+    measured = plasticity.collect(normalize=normalize, reference=reference or "default")
+    per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
+    print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs;",
+          ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
+    display(per_dataset.round(3))
 
 # %% [markdown]
 # ## Over the learning-rate grid (Figs. 19-51)

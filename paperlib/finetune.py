@@ -954,7 +954,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        if same_params(saved["params"], config, params) and saved.get("cache_side", 256) == side:  # on the images it started on (checkpoints before the option: 256)
+        if same_params(saved["params"], config, params) and saved.get("cache_side", 256 if size <= 224 else None) == side:
+            # on the images it started on; a checkpoint from before the record: 256 up to 224 px, and above, not known (it starts again)
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])

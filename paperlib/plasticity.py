@@ -378,17 +378,20 @@ def default_reference(dataset: str) -> str:
 
 
 def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
-                  normalize: str = "imagenet", reference: str | None = None):
+                  normalize: str = "imagenet", reference: str | None = None, severity: int = 5):
     """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
     (``<dataset>+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
     normalised with the model's own statistics, ``+ref-<reference>`` against reference images
-    other than the dataset's ``default_reference``; None: the default)."""
+    other than the dataset's ``default_reference`` (None: the default), ``+severity-<s>`` for a
+    Cifar10-C corruption at another severity than the paper's 5)."""
     from .transforms import check_normalize
 
     leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
     leaf += "" if check_normalize(normalize) == "imagenet" else f"+norm-{normalize}"
     if reference is not None and reference != default_reference(dataset):
         leaf += f"+ref-{reference.replace('/', '_')}"
+    if dataset.startswith("cifar10c/") and severity != 5:
+        leaf += f"+severity-{severity}"
     return results_root(inputs) / model / leaf
 
 
@@ -400,34 +403,49 @@ def _metadata(folder: Path) -> dict | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def _measured_against(metadata: dict) -> str:
-    """The reference images of a saved result (results from before the option: the dataset's default)."""
-    return metadata.get("reference") or default_reference(metadata["dataset"])
+def _measured_as(metadata: dict, inputs: str = "embedding") -> dict:
+    """How a saved result was measured, as ``result_folder``'s arguments (a result from before an
+    option has its default: the paper's pairs and normalisation, the dataset's default reference)."""
+    return {"model": metadata["model"], "dataset": metadata["dataset"], "inputs": metadata.get("inputs") or inputs,
+            "sample": metadata.get("sample") or "first", "seed": metadata.get("seed") or 0, "normalize": metadata.get("normalize") or "imagenet",
+            "reference": metadata.get("reference") or default_reference(metadata["dataset"]), "severity": metadata.get("severity") or 5}
+
+
+def _settle(folder: Path, inputs: str) -> None:
+    """A result in ``folder`` that belongs elsewhere (saved against other reference images before
+    those had ``+ref-`` folders, so in the default's) moves to the folder ``result_folder`` gives
+    it; if that folder exists already (a result of its own, or one being measured), it moves aside
+    to ``<folder>.moved-<n>`` instead, with a warning: nothing is deleted or overwritten."""
+    import warnings
+
+    metadata = _metadata(folder)
+    if metadata is None:
+        return
+    own = result_folder(**_measured_as(metadata, inputs))
+    if own == folder:
+        return
+    if not own.exists():
+        own.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(own)
+        return
+    n = 1
+    while folder.with_name(f"{folder.name}.moved-{n}").exists():
+        n += 1
+    aside = folder.with_name(f"{folder.name}.moved-{n}")
+    folder.rename(aside)
+    warnings.warn(f"{folder} held a result measured against {metadata.get('reference')}, whose folder {own} exists already: "
+                  f"it is kept in {aside}, and read by neither has_result nor collect", stacklevel=3)
 
 
 def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
-               normalize: str = "imagenet", reference: str | None = None) -> bool:
-    """Whether ``result_folder`` holds a complete result measured as asked: a result saved against
-    other reference images before those had folders of their own (``+ref-``) sits in the default's
-    folder and does not count as the default's (``run`` then moves it to its own folder)."""
-    metadata = _metadata(result_folder(model, dataset, inputs, sample, seed, normalize, reference))
-    return metadata is not None and _measured_against({"dataset": dataset, **metadata}) == (reference or default_reference(dataset))
-
-
-def _make_room(folder: Path, reference: str, inputs: str, sample: str, seed: int, normalize: str) -> None:
-    """Before a result against ``reference`` is saved in ``folder``: a result there measured
-    against other reference images (saved before ``+ref-`` folders) moves to its own folder,
-    unless that folder holds one already, so that measuring the default does not overwrite it."""
-    import shutil
-
+               normalize: str = "imagenet", reference: str | None = None, severity: int = 5) -> bool:
+    """Whether a complete result measured as asked is in ``result_folder``. A result saved against
+    other reference images before those had folders of their own (``+ref-``) sat in the default's
+    folder: it is first moved to its own (``_settle``), so it counts for its reference, not the default."""
+    _settle(result_folder(model, dataset, inputs, sample, seed, normalize, None, severity), inputs)
+    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
     metadata = _metadata(folder)
-    if metadata is None or _measured_against(metadata) == reference:
-        return
-    own = result_folder(metadata["model"], metadata["dataset"], inputs, sample, seed, normalize, _measured_against(metadata))
-    if own != folder and _metadata(own) is None:
-        shutil.rmtree(own, ignore_errors=True)  # an incomplete result (no metadata.json) is nothing to keep
-        own.parent.mkdir(parents=True, exist_ok=True)
-        folder.rename(own)
+    return metadata is not None and result_folder(**_measured_as(metadata, inputs)) == folder
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
@@ -523,13 +541,12 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference)
-    _make_room(folder, reference, inputs, sample, seed, normalize)
-    return table, save(table, folder, metadata)
+    _settle(result_folder(model, dataset, inputs, sample, seed, normalize, None, severity), inputs)  # a result from before +ref- folders: kept
+    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata)
 
 
 def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",
-            reference: str | None = "default") -> pd.DataFrame:
+            reference: str | None = "default", severity: int | None = 5) -> pd.DataFrame:
     """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
@@ -538,7 +555,10 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
     paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
-    name; None: all): a model and dataset measured several ways would otherwise count twice.
+    name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
+    all): a model and dataset measured several ways would otherwise count twice. A result outside
+    its own folder (saved before ``+ref-`` folders, or moved aside by ``_settle``) counts only if its
+    own folder holds none, so that no measurement counts twice either.
     """
     import json
 
@@ -557,6 +577,11 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
             continue
         against = metadata.get("reference")
         if reference is not None and against is not None and against != (default_reference(metadata["dataset"]) if reference == "default" else reference):
+            continue
+        if severity is not None and (metadata.get("severity") or severity) != severity:
+            continue
+        own = result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
+        if metadata_file.parent.relative_to(base) != own and (base / own / "metadata.json").is_file():
             continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():

@@ -183,21 +183,36 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values("config", key=_config_order).reset_index(drop=True)
 
 
-def grid_spread(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per dataset and config: the spread of test accuracy (%) over the grid's finished runs
-    (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1),
-    ``iqr`` (interquartile range), ``range``, ``median``, ``finished`` and ``diverged`` run counts.
-    A diverged run has no accuracy: it is counted, not spread. ``runs``: ``results.load``'s table for
-    one model, precision, optimizer, LoRA setting, normalisation and tag (a ValueError otherwise)."""
+def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> pd.DataFrame:
+    """One row per dataset and config of ``configs``: the spread of test accuracy (%) over the grid
+    (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
+    (interquartile range), ``range``, ``median``, over ``finished`` runs; ``diverged`` (runs that
+    diverged) and ``cells`` (the grid's learning rate and seed pairs counted).
+
+    The configurations are compared on one grid: only the (learning rate, seed) cells where every
+    one of them has a run that finished or diverged count (an unfinished sweep's missing runs would
+    otherwise leave one configuration a grid of its own), and, with ``common``, a cell where any of
+    them diverged is left out for all, so that a configuration that diverges at the largest
+    learning rates is not made to look steadier by losing them: its divergences are in
+    ``diverged``. ``runs``: ``results.load``'s table for one model, precision, optimizer, LoRA
+    setting, normalisation and tag (a ValueError otherwise)."""
     _check_one_setting(runs, "grid_spread")
-    done = runs[runs["status"] == "finished"].assign(test=lambda t: t["test_accuracy"] * 100)
-    spread = done.groupby(["dataset", "config"])["test"].agg(
-        std="std", iqr=lambda s: s.quantile(0.75) - s.quantile(0.25), range=lambda s: s.max() - s.min(), median="median", finished="size")
-    diverged = runs[runs["status"] == "diverged"].groupby(["dataset", "config"]).size().rename("diverged")
-    table = spread.join(diverged, how="outer").reset_index()
-    table["finished"] = table["finished"].fillna(0).astype(int)
-    table["diverged"] = table["diverged"].fillna(0).astype(int)
-    return table.sort_values(["dataset", "config"], key=_config_order).reset_index(drop=True)
+    columns = ["dataset", "config", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
+    rows = []
+    for dataset, part in runs[runs["config"].isin(configs)].groupby("dataset", sort=True):
+        present = [c for c in configs if c in set(part["config"])]
+        if part.duplicated(["lr", "seed", "config"]).any():
+            raise ValueError(f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first")
+        status = part.pivot(index=["lr", "seed"], columns="config", values="status")[present]
+        accuracy = part.pivot(index=["lr", "seed"], columns="config", values="test_accuracy")[present] * 100
+        complete = status.isin(["finished", "diverged"]).all(axis=1)
+        kept = complete & (status == "finished").all(axis=1) if common else complete
+        for config in present:
+            values = accuracy.loc[kept & (status[config] == "finished"), config]
+            rows.append({"dataset": dataset, "config": config, "std": values.std(), "iqr": values.quantile(0.75) - values.quantile(0.25),
+                         "range": values.max() - values.min(), "median": values.median(), "finished": len(values),
+                         "diverged": int((complete & (status[config] == "diverged")).sum()), "cells": int(complete.sum())})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _check_one_setting(runs: pd.DataFrame, what: str) -> None:
@@ -222,52 +237,90 @@ def plasticity_correlation(plasticity: pd.DataFrame, results: pd.DataFrame, valu
     one model, or ``paper_order``); ``results``: columns ``dataset``, ``config`` and ``value`` (e.g.
     ``table6``'s ``mean`` renamed ``accuracy``, or ``grid_spread``'s ``std``). Over the components
     both have (``full`` and ``linear`` have no plasticity), one row per dataset: ``tau`` (Kendall's
-    tau-b, scipy; +1: the more plastic, the higher the value), ``p_value`` (exact for untied
-    values: with five components the smallest two-sided p-value is 2/120 = 0.017, so one benchmark
-    alone can barely be significant; see ``correlation_summary``), ``components``,
+    tau-b, scipy; +1: the more plastic, the higher the value; NaN if either side is constant),
+    ``p_value`` (exact, over the 120 pairings of five components: the smallest two-sided p-value is
+    2/120 = 0.017, so one benchmark alone can barely be significant; see ``correlation_summary``), ``components``,
     ``most_plastic`` and ``highest`` (the component of the highest value).
     """
     if "model" in plasticity and plasticity["model"].nunique() > 1:
         raise ValueError(f"plasticity_correlation needs the plasticity of one model, got {', '.join(sorted(plasticity['model'].unique()))}")
     if value not in results:
         raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
-    table = plasticity.assign(component=plasticity["component"].astype(str)).merge(
-        results.rename(columns={"config": "component"})[["dataset", "component", value]], on=["dataset", "component"]).dropna(subset=["plasticity", value])
+    plasticity = plasticity.assign(component=plasticity["component"].astype(str))
+    results = results.rename(columns={"config": "component"})
+    for name, table in (("plasticity", plasticity), ("results", results)):
+        repeated = table[table.duplicated(["dataset", "component"], keep=False)]
+        if not repeated.empty:
+            raise ValueError(f"the {name} have more than one row for {', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
+                             "select one model, setting and measurement first")
+    table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(subset=["plasticity", value])
     rows = []
     for dataset, part in table.groupby("dataset", sort=True):
         if len(part) < 3:  # two points always agree or disagree: no test
             continue
-        test = stats.kendalltau(part["plasticity"], part[value], alternative=alternative)
-        rows.append({"dataset": dataset, "tau": float(test.statistic), "p_value": float(test.pvalue), "components": len(part),
+        tau, p_value = _kendall(part["plasticity"].to_numpy(float), part[value].to_numpy(float), alternative)
+        rows.append({"dataset": dataset, "tau": tau, "p_value": p_value, "components": len(part),
                      "most_plastic": part.loc[part["plasticity"].idxmax(), "component"], "highest": part.loc[part[value].idxmax(), "component"]})
     return pd.DataFrame(rows, columns=["dataset", "tau", "p_value", "components", "most_plastic", "highest"])
 
 
+def _kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, float]:
+    """Kendall's tau-b and its p-value: exact over every pairing of the values for up to 8 of them
+    (scipy's permutation test; with ties, scipy's own p-value uses a normal approximation that
+    understates p at five components), scipy's ``kendalltau`` beyond; NaN for constant values."""
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan"), float("nan")
+    tau = stats.kendalltau(x, y).statistic
+    if len(x) > 8:
+        return float(tau), float(stats.kendalltau(x, y, alternative=alternative).pvalue)
+    test = stats.permutation_test((x, y), _tau_b, permutation_type="pairings", n_resamples=np.inf, alternative=alternative, vectorized=True)
+    return float(tau), float(test.pvalue)
+
+
+def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Kendall's tau-b along ``axis``, vectorised for the permutation test (scipy's ``kendalltau``
+    takes one pair of samples a call): (concordant - discordant pairs) / sqrt((pairs - ties in x)
+    (pairs - ties in y))."""
+    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
+    x, y = np.broadcast_arrays(x, y)
+    n = x.shape[-1]
+    dx = np.sign(x[..., :, None] - x[..., None, :])
+    dy = np.sign(y[..., :, None] - y[..., None, :])
+    pairs = n * (n - 1) / 2
+    score = (dx * dy).sum(axis=(-2, -1)) / 2
+    ties_x = ((dx == 0).sum(axis=(-2, -1)) - n) / 2
+    ties_y = ((dy == 0).sum(axis=(-2, -1)) - n) / 2
+    return score / np.sqrt((pairs - ties_x) * (pairs - ties_y))
+
+
 def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> dict:
-    """The per-dataset taus of ``plasticity_correlation`` across benchmarks: their ``mean`` and
+    """The per-dataset taus of ``plasticity_correlation`` across benchmarks (``datasets``; those of
+    constant values, without a tau, counted as ``undefined``): their ``mean`` and
     ``median``, how many are ``positive``, ``negative`` and zero, and a Wilcoxon signed-rank test
     (scipy; zeros left out, as in ``table1``) of their median against 0: ``p_value`` (NaN with
     fewer than two non-zero taus), ``significant`` (p < ``level``)."""
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
     p_value = float(stats.wilcoxon(nonzero, alternative=alternative).pvalue) if len(nonzero) >= 2 else float("nan")
-    return {"datasets": len(taus), "mean": float(taus.mean()) if len(taus) else float("nan"), "median": float(taus.median()) if len(taus) else float("nan"),
+    return {"datasets": len(taus), "undefined": int(per_dataset["tau"].isna().sum()), "mean": float(taus.mean()) if len(taus) else float("nan"), "median": float(taus.median()) if len(taus) else float("nan"),
             "positive": int((taus > 0).sum()), "negative": int((taus < 0).sum()), "zero": int((taus == 0).sum()),
             "p_value": p_value, "significant": bool(p_value < level)}
 
 
-def early_gradient_norm(histories: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
-    """Per run of ``histories`` (``results.load``'s second table), the mean gradient norm (before
-    clipping) over its first ``fraction`` of steps (steps <= fraction x its last step; at least its
-    first step): one row per run with its keys and ``grad_norm``."""
+def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
+    """Per finished run of ``runs`` (``results.load``'s tables: the histories and the runs), the
+    mean gradient norm (before clipping) over its first ``fraction`` of steps (steps <= fraction x
+    its length; at least its first logged step): one row per run with its keys and ``grad_norm``.
+    A diverged run is left out: it stopped early, so its first fraction would be another window."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
     from .results import KEYS
 
-    keys = [k for k in KEYS if k in histories]
-    last = histories.groupby(keys, dropna=False)["step"].transform("max")
-    early = histories[(histories["step"] <= fraction * last) | (histories["step"] == histories.groupby(keys, dropna=False)["step"].transform("min"))]
-    return early.groupby(keys, dropna=False)["grad_norm"].mean().reset_index()
+    finished = runs.loc[runs["status"] == "finished", KEYS]
+    history = histories.merge(finished, on=KEYS)
+    steps = history.groupby(KEYS, dropna=False)["step"]
+    early = history[(history["step"] <= fraction * steps.transform("max")) | (history["step"] == steps.transform("min"))]
+    return early.groupby(KEYS, dropna=False)["grad_norm"].mean().reset_index()
 
 
 def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:

@@ -1,5 +1,7 @@
 """The plasticity measurement against Definition 1 read literally."""
 
+import shutil
+
 import pytest
 import timm
 import torch
@@ -324,19 +326,44 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     assert len(plasticity.collect(reference=None)) == 10
 
 
-def test_a_result_saved_against_other_images_in_the_default_folder_is_not_the_default_and_moves_when_it_is_measured(monkeypatch, tmp_path):
+def test_a_result_saved_against_other_images_in_the_default_folder_counts_for_its_own_reference(monkeypatch, tmp_path):
     # results measured against non-default reference images before they had folders of their own sat in the plain folder
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
     other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
     default_folder = plasticity.result_folder("demo", "digits_c/snow")
     other_folder.rename(default_folder)  # where such a result used to be saved
+    assert len(plasticity.collect(reference=None)) == 5  # read once, though not in its own folder
+    assert plasticity.collect().empty  # and not as the default's
     assert plasticity.has_result("demo", "digits_c/snow", reference="digits_source") is False
-    assert plasticity.has_result("demo", "digits_c/snow", reference=None) is False
-    assert plasticity.has_result("demo", "digits_c/snow", reference="digits") is False  # not where it belongs yet
+    assert not default_folder.exists() and plasticity.load(other_folder)["rate"].tolist() == other["rate"].tolist()  # moved to its own
+    assert plasticity.has_result("demo", "digits_c/snow", reference="digits")  # so it is not measured again
     default, folder = plasticity.run("demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False)
-    assert folder == default_folder
-    assert plasticity.has_result("demo", "digits_c/snow") and plasticity.has_result("demo", "digits_c/snow", reference="digits")
-    assert plasticity.load(other_folder)["rate"].tolist() == other["rate"].tolist()  # moved, not lost
-    assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()
-    assert set(plasticity.collect(reference=None)["reference"]) == {"digits", "digits_source"}
+    assert folder == default_folder and plasticity.has_result("demo", "digits_c/snow")
+    assert set(plasticity.collect(reference=None)["reference"]) == {"digits", "digits_source"} and len(plasticity.collect(reference=None)) == 10
     assert not plasticity.has_result("demo", "digits_c/snow", sample="random")
+
+
+def test_a_misplaced_result_whose_own_folder_is_taken_is_set_aside_not_deleted(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
+    few, few_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=4, batch_size=4, progress=False)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    many, many_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=12, batch_size=4, progress=False)
+    default_folder = plasticity.result_folder("demo", "digits_c/snow")
+    many_folder.rename(default_folder)  # an old result of 12 pairs in the default's folder
+    shutil.copytree(few_folder, many_folder)  # and a newer one of 4 pairs in its own
+    assert len(plasticity.collect(reference="digits")) == 5  # the one in its folder; the misplaced one not counted twice
+    with pytest.warns(UserWarning, match="kept in .*moved-1"):
+        assert not plasticity.has_result("demo", "digits_c/snow")
+    aside = default_folder.with_name("snow.moved-1")
+    assert plasticity.load(aside)["rate"].tolist() == many["rate"].tolist()  # nothing lost
+    assert plasticity.load(many_folder)["rate"].tolist() == few["rate"].tolist()  # nothing overwritten
+    assert plasticity.collect(reference="digits")["n_pairs"].unique().tolist() == [4]
+
+
+def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    five = plasticity.result_folder("m", "cifar10c/snow")
+    assert plasticity.result_folder("m", "cifar10c/snow", severity=5) == five
+    assert plasticity.result_folder("m", "cifar10c/snow", severity=3) == five.with_name("snow+severity-3")
+    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder("m", "digits_c/snow")  # the demo's corruptions have one severity

@@ -197,19 +197,38 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
 # beyond the paper: Takeaway 2 ("higher plasticity: better and more stable") as a test
 
 
-def test_grid_spread_is_over_every_finished_run_of_the_grid(tree):
+def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     runs, _ = results.load(tree)
-    spread = stats.grid_spread(runs).set_index(["dataset", "config"])
+    spread = stats.grid_spread(runs, configs=["mha", "fc1", "ln1"]).set_index(["dataset", "config"])
     values = [100 * accuracy("b", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
     row = spread.loc[("b", "fc1")]
     assert row["std"] == pytest.approx(statistics.stdev(values))
     assert row["iqr"] == pytest.approx(statistics.quantiles(values, n=4, method="inclusive")[2] - statistics.quantiles(values, n=4, method="inclusive")[0])
     assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(statistics.median(values))
-    assert (row["finished"], row["diverged"]) == (6, 0)
-    fc2 = spread.loc[("a", "fc2")]  # one diverged run, one that did not finish: counted, not spread
-    assert (fc2["finished"], fc2["diverged"]) == (0, 1) and math.isnan(fc2["std"])
+    assert (row["finished"], row["diverged"], row["cells"]) == (6, 0, 6)
+    assert set(spread.index.get_level_values("config")) == {"mha", "fc1", "ln1"}
+    # FC2 of dataset a has one diverged run and one that did not finish: no cell of a has every configuration
+    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "a"], configs=["mha", "fc2"]).set_index("config")
+    assert with_fc2["cells"].tolist() == [1, 1] and with_fc2.loc["fc2", "diverged"] == 1 and with_fc2.loc["mha", "finished"] == 0
+    assert stats.grid_spread(runs[runs["dataset"] == "a"], configs=["mha", "fc2"], common=False).set_index("config").loc["mha", "finished"] == 1
     with pytest.raises(ValueError, match="one model"):
         stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
+
+
+def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_steadier():
+    rows = []
+    for lr, seed in itertools.product([0.01, 0.1, 1.0], [0, 1]):
+        rows.append({"model": "m", "dataset": "d", "config": "mha", "lr": lr, "seed": seed, "status": "diverged" if lr == 1.0 else "finished",
+                     "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: float("nan")}[lr] + 0.001 * seed})
+        rows.append({"model": "m", "dataset": "d", "config": "ln1", "lr": lr, "seed": seed, "status": "finished",
+                     "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed})
+    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("config")
+    assert spread["cells"].tolist() == [6, 6] and spread.loc["mha", "diverged"] == 2
+    assert spread["finished"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
+    ln1 = [80.0, 80.1, 85.0, 85.1]
+    assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev(ln1))
+    everything = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"], common=False).set_index("config")
+    assert everything.loc["ln1", "finished"] == 6 and everything.loc["mha", "finished"] == 4
 
 
 def _plasticity(order_by_dataset):
@@ -238,6 +257,32 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
         stats.plasticity_correlation(pd.concat([plasticity, plasticity.assign(model="n")]), pd.DataFrame(rows))
     with pytest.raises(ValueError, match="no column 'std'.*accuracy"):
         stats.plasticity_correlation(plasticity, pd.DataFrame(rows), value="std")
+    with pytest.raises(ValueError, match="more than one row for same/mha"):  # two settings' runs together
+        stats.plasticity_correlation(plasticity, pd.concat([pd.DataFrame(rows), pd.DataFrame(rows[:1])]))
+
+
+def test_plasticity_correlation_p_values_are_exact_with_ties():
+    components = ["mha", "fc1", "fc2", "ln2", "ln1"]
+    plasticity = _plasticity({"tied": components, "flat": components})
+    tied = [5.0, 4.0, 4.0, 2.0, 1.0]  # FC1 and FC2 tie
+    results_ = pd.DataFrame([{"dataset": "tied", "config": c, "accuracy": a} for c, a in zip(components, tied)]
+                            + [{"dataset": "flat", "config": c, "accuracy": 3.0} for c in components])
+    table = stats.plasticity_correlation(plasticity, results_).set_index("dataset")
+
+    def tau_b(x, y):  # by the definition: (concordant - discordant) / sqrt((pairs - ties in x) (pairs - ties in y))
+        pairs = list(itertools.combinations(range(len(x)), 2))
+        signs = [(x[i] - x[j]) * (y[i] - y[j]) for i, j in pairs]
+        tx, ty = sum(x[i] == x[j] for i, j in pairs), sum(y[i] == y[j] for i, j in pairs)
+        return (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / math.sqrt((len(pairs) - tx) * (len(pairs) - ty))
+
+    scores = [10.0, 9.0, 8.0, 7.0, 6.0]
+    observed = tau_b(scores, tied)
+    extreme = sum(abs(tau_b(scores, list(order))) >= abs(observed) - 1e-12 for order in itertools.permutations(tied))
+    assert table.loc["tied", "tau"] == pytest.approx(observed)
+    assert table.loc["tied", "p_value"] == pytest.approx(extreme / 120)  # every pairing of the accuracies with the plasticities
+    assert math.isnan(table.loc["flat", "tau"]) and math.isnan(table.loc["flat", "p_value"])
+    summary = stats.correlation_summary(table.reset_index())
+    assert (summary["datasets"], summary["undefined"]) == (1, 1)
 
 
 def test_correlation_summary_tests_the_taus_against_zero():
@@ -262,15 +307,17 @@ def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
     assert summary["significant"] and 0.3 < summary["mean"] < 0.45
 
 
-def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_run():
-    rows = [{"model": "m", "dataset": "a", "config": c, "lr": 0.01, "seed": 0, "step": step, "grad_norm": float(step * scale)}
-            for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
-    rows += [{"model": "m", "dataset": "a", "config": "fc1", "lr": 0.01, "seed": 0, "step": 4, "grad_norm": 7.0}]  # one logged step
-    norms = stats.early_gradient_norm(pd.DataFrame(rows), 0.2).set_index("config")["grad_norm"]
-    assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})  # steps 1 and 2 of 10
-    assert stats.early_gradient_norm(pd.DataFrame(rows), 1.0).set_index("config").loc["ln1", "grad_norm"] == pytest.approx(5.5)
+def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_run():
+    keys = {k: results.DEFAULTS.get(k) for k in results.KEYS} | {"model": "m", "dataset": "a", "lr": 0.01, "seed": 0}
+    rows = [keys | {"config": c, "step": step, "grad_norm": float(step * scale)} for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
+    rows += [keys | {"config": "fc1", "step": 4, "grad_norm": 7.0}]  # one logged step
+    rows += [keys | {"config": "fc2", "step": step, "grad_norm": 1e3} for step in range(1, 4)]  # diverged at step 3
+    runs = pd.DataFrame([keys | {"config": c, "status": "diverged" if c == "fc2" else "finished"} for c in ("mha", "ln1", "fc1", "fc2")])
+    norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("config")["grad_norm"]
+    assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})  # steps 1 and 2 of 10; FC2 left out
+    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("config").loc["ln1", "grad_norm"] == pytest.approx(5.5)
     with pytest.raises(ValueError, match="fraction"):
-        stats.early_gradient_norm(pd.DataFrame(rows), 0)
+        stats.early_gradient_norm(pd.DataFrame(rows), runs, 0)
 
 
 def test_holm_adjusts_step_down_and_keeps_the_order():
