@@ -419,7 +419,7 @@ def _settle(folder: Path, inputs: str) -> None:
     import warnings
 
     metadata = _metadata(folder)
-    if metadata is None:
+    if metadata is None or not {"model", "dataset"} <= metadata.keys():  # a result saved without run()'s record: nothing to go by
         return
     own = result_folder(**_measured_as(metadata, inputs))
     if own == folder:
@@ -445,6 +445,8 @@ def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str 
     _settle(result_folder(model, dataset, inputs, sample, seed, normalize, None, severity), inputs)
     folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
     metadata = _metadata(folder)
+    if metadata is not None and not {"model", "dataset"} <= metadata.keys():
+        return True  # saved without run()'s record (plasticity.save(table, folder)): taken as asked
     return metadata is not None and result_folder(**_measured_as(metadata, inputs)) == folder
 
 
@@ -580,9 +582,10 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
             continue
-        own = result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
-        if metadata_file.parent.relative_to(base) != own and (base / own / "metadata.json").is_file():
-            continue
+        if {"model", "dataset"} <= metadata.keys():  # a result saved without run()'s record has no folder of its own to check
+            own = result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
+            if metadata_file.parent.relative_to(base) != own and (base / own / "metadata.json").is_file():
+                continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)

@@ -367,3 +367,11 @@ def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_pat
     assert plasticity.result_folder("m", "cifar10c/snow", severity=5) == five
     assert plasticity.result_folder("m", "cifar10c/snow", severity=3) == five.with_name("snow+severity-3")
     assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder("m", "digits_c/snow")  # the demo's corruptions have one severity
+
+
+def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+    folder = plasticity.save(table, plasticity.result_folder("mine", "elsewhere"))  # plasticity.save with no metadata
+    assert plasticity.has_result("mine", "elsewhere")
+    assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
