@@ -67,7 +67,10 @@ early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20
 # tau between the five components' P(f) (notebook 02's measurement of this model, measured here
 # for this dataset when missing) and their early gradient norm, on every dataset of the spec with
 # runs at this learning rate and seed, and a Wilcoxon signed-rank test of the taus across datasets
-# (notebook 07 does the same for accuracy and its spread). The paper predicts tau > 0.
+# (notebook 07 does the same for accuracy and its spread). The paper predicts tau > 0. Runs that
+# diverged are left out (they stopped early, so their first 20% is another window); they are
+# likely the components of the largest gradients, which biases tau against the paper's reading:
+# their number is printed.
 
 # %%
 at = histories.merge(wanted, on=results.KEYS)
@@ -81,7 +84,8 @@ else:
         plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
     measured = plasticity.collect(normalize=normalize, reference=reference or "default")
     per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
-    print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs;",
+    lost = runs.merge(wanted, on=results.KEYS).query("lr == @lr and seed == @seed and status == 'diverged'")
+    print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs ({len(lost)} diverged runs left out);",
           ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
     display(per_dataset.round(3))
 

@@ -411,11 +411,22 @@ def _measured_as(metadata: dict, inputs: str = "embedding") -> dict:
             "reference": metadata.get("reference") or default_reference(metadata["dataset"]), "severity": metadata.get("severity") or 5}
 
 
-def _settle(folder: Path, inputs: str) -> None:
-    """A result in ``folder`` that belongs elsewhere (saved against other reference images before
-    those had ``+ref-`` folders, so in the default's) moves to the folder ``result_folder`` gives
-    it; if that folder exists already (a result of its own, or one being measured), it moves aside
-    to ``<folder>.moved-<n>`` instead, with a warning: nothing is deleted or overwritten."""
+def _belongs(folder: Path, inputs: str) -> bool:
+    """Whether ``folder`` holds a complete result that ``result_folder`` puts there (one saved
+    without ``run``'s record counts: there is nothing to say it belongs elsewhere)."""
+    metadata = _metadata(folder)
+    if metadata is None:
+        return False
+    return not {"model", "dataset"} <= metadata.keys() or result_folder(**_measured_as(metadata, inputs)) == folder
+
+
+def _settle(folder: Path, inputs: str, seen: tuple = ()) -> None:
+    """A result in ``folder`` that belongs elsewhere (saved before ``+ref-`` folders, against other
+    reference images, in the default's; or before ``+severity-`` folders, at another severity) moves
+    to the folder ``result_folder`` gives it, after that folder's own misplaced result, if any, has
+    moved on. If that folder holds a result of its own, or an incomplete one (a measurement
+    interrupted, or under way in another process), the result moves aside to
+    ``<folder>.moved-<n>`` instead, with a warning: nothing is deleted or overwritten."""
     import warnings
 
     metadata = _metadata(folder)
@@ -424,6 +435,8 @@ def _settle(folder: Path, inputs: str) -> None:
     own = result_folder(**_measured_as(metadata, inputs))
     if own == folder:
         return
+    if own not in seen:
+        _settle(own, inputs, seen + (folder,))
     if not own.exists():
         own.parent.mkdir(parents=True, exist_ok=True)
         folder.rename(own)
@@ -433,21 +446,30 @@ def _settle(folder: Path, inputs: str) -> None:
         n += 1
     aside = folder.with_name(f"{folder.name}.moved-{n}")
     folder.rename(aside)
-    warnings.warn(f"{folder} held a result measured against {metadata.get('reference')}, whose folder {own} exists already: "
-                  f"it is kept in {aside}, and read by neither has_result nor collect", stacklevel=3)
+    warnings.warn(f"{folder} held a result that belongs in {own} (against {metadata.get('reference')}, severity {metadata.get('severity') or 5}), "
+                  f"which holds {'a result' if _metadata(own) is not None else 'an incomplete one'} already: it is kept in {aside}"
+                  f"{', and not read while that folder holds a result of its own' if _metadata(own) is not None else ''}", stacklevel=3)
+
+
+def _tidy(model: str, dataset: str, inputs: str, sample: str, seed: int, normalize: str, reference: str | None, severity: int) -> None:
+    """Before a result is looked for or saved: the folders earlier versions may have put it in,
+    or put another result in, settled (``_settle``): the folder asked for, the default reference's
+    and this reference's at the paper's severity."""
+    folders = [result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity),
+               result_folder(model, dataset, inputs, sample, seed, normalize, reference, 5),
+               result_folder(model, dataset, inputs, sample, seed, normalize, None, 5)]
+    for folder in dict.fromkeys(folders):
+        _settle(folder, inputs)
 
 
 def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
                normalize: str = "imagenet", reference: str | None = None, severity: int = 5) -> bool:
-    """Whether a complete result measured as asked is in ``result_folder``. A result saved against
-    other reference images before those had folders of their own (``+ref-``) sat in the default's
-    folder: it is first moved to its own (``_settle``), so it counts for its reference, not the default."""
-    _settle(result_folder(model, dataset, inputs, sample, seed, normalize, None, severity), inputs)
-    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
-    metadata = _metadata(folder)
-    if metadata is not None and not {"model", "dataset"} <= metadata.keys():
-        return True  # saved without run()'s record (plasticity.save(table, folder)): taken as asked
-    return metadata is not None and result_folder(**_measured_as(metadata, inputs)) == folder
+    """Whether a complete result measured as asked is in ``result_folder``. Results that earlier
+    versions saved where they no longer belong (against other reference images in the default's
+    folder, before ``+ref-`` folders; at another severity, before ``+severity-``) are first moved
+    to their own folders (``_settle``), so that each counts for what it measured."""
+    _tidy(model, dataset, inputs, sample, seed, normalize, reference, severity)
+    return _belongs(result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), inputs)
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
@@ -543,8 +565,16 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    _settle(result_folder(model, dataset, inputs, sample, seed, normalize, None, severity), inputs)  # a result from before +ref- folders: kept
+    _tidy(model, dataset, inputs, sample, seed, normalize, reference, severity)  # results of earlier versions' folders: moved, not overwritten
     return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata)
+
+
+def _own_place(metadata: dict, inputs: str) -> Path | None:
+    """Where ``run`` puts a result of this record, relative to ``results_root(inputs)`` (None: saved
+    without ``run``'s record)."""
+    if not {"model", "dataset"} <= metadata.keys():
+        return None
+    return result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
 
 
 def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",
@@ -582,9 +612,10 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
             continue
-        if {"model", "dataset"} <= metadata.keys():  # a result saved without run()'s record has no folder of its own to check
-            own = result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
-            if metadata_file.parent.relative_to(base) != own and (base / own / "metadata.json").is_file():
+        own = _own_place(metadata, inputs)
+        if own is not None and metadata_file.parent.relative_to(base) != own:  # misplaced: counted unless its own folder holds its own result
+            there = _metadata(base / own)
+            if there is not None and _own_place(there, inputs) in (None, own):
                 continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():

@@ -112,6 +112,8 @@ def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple
     """Mean of ``first - second`` over the datasets both have, the Wilcoxon signed-rank p-value
     (scipy; 1 when every difference is 0), and that number of datasets."""
     pair = pd.concat([first, second], axis=1).dropna()
+    if pair.empty:  # no dataset in common: no test (NaN, which Holm does not count)
+        return float("nan"), float("nan"), 0
     difference = pair.iloc[:, 0] - pair.iloc[:, 1]
     p_value = stats.wilcoxon(pair.iloc[:, 0], pair.iloc[:, 1], alternative=alternative).pvalue if (difference != 0).any() else 1.0
     return float(difference.mean()), float(p_value), len(pair)
@@ -205,7 +207,8 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
             raise ValueError(f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first")
         status = part.pivot(index=["lr", "seed"], columns="config", values="status")[present]
         accuracy = part.pivot(index=["lr", "seed"], columns="config", values="test_accuracy")[present] * 100
-        complete = status.isin(["finished", "diverged"]).all(axis=1)
+        ended = (status == "diverged") | ((status == "finished") & accuracy.notna())  # a finished run without a test accuracy is not counted
+        complete = ended.all(axis=1)
         kept = complete & (status == "finished").all(axis=1) if common else complete
         for config in present:
             values = accuracy.loc[kept & (status[config] == "finished"), config]

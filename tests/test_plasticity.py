@@ -375,3 +375,36 @@ def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path):
     folder = plasticity.save(table, plasticity.result_folder("mine", "elsewhere"))  # plasticity.save with no metadata
     assert plasticity.has_result("mine", "elsewhere")
     assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
+
+
+def _old_result(table, folder, **record):
+    """A result as an earlier version saved it: ``record`` in its metadata, in ``folder``."""
+    return plasticity.save(table, folder, {"model": "demo", "dataset": "cifar10c/snow", "inputs": "embedding", "sample": "first", "seed": None,
+                                           "normalize": "imagenet", "n_pairs": 4, **record})
+
+
+def test_results_of_earlier_severity_and_reference_folders_each_move_to_their_own(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
+    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    plain = plasticity.result_folder("demo", "cifar10c/snow")
+    against = plasticity.result_folder("demo", "cifar10c/snow", reference="cifar10")
+    # before +ref- folders: against cifar10 at severity 5 in the plain folder; before +severity-: severity 3 in +ref-cifar10
+    _old_result(table, plain, reference="cifar10", severity=5)
+    _old_result(table, against, reference="cifar10", severity=3)
+    assert len(plasticity.collect(reference="cifar10")) == 5 and len(plasticity.collect(reference="cifar10", severity=3)) == 5
+    assert plasticity.has_result("demo", "cifar10c/snow", reference="cifar10")  # found, once each has moved
+    assert plasticity.has_result("demo", "cifar10c/snow", reference="cifar10", severity=3)
+    assert not plain.exists() and not plasticity.has_result("demo", "cifar10c/snow")
+    assert (against.with_name("snow+ref-cifar10+severity-3") / "metadata.json").is_file()
+    assert len(plasticity.collect(reference="cifar10")) == 5 and len(plasticity.collect(reference="cifar10", severity=3)) == 5
+    assert len(plasticity.collect(reference=None, severity=None)) == 10
+
+
+def test_an_old_result_at_another_severity_in_the_plain_folder_counts_for_its_severity(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
+    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    _old_result(table, plasticity.result_folder("demo", "cifar10c/snow"), reference="imagenet", severity=3)
+    assert plasticity.has_result("demo", "cifar10c/snow", severity=3)
+    assert not plasticity.has_result("demo", "cifar10c/snow")

@@ -352,3 +352,15 @@ def test_pairwise_printed_as_a_matrix():
     matrix = stats.formatted_pairs(pairs)
     assert list(matrix.index) == ["mha", "fc1"] and list(matrix.columns) == ["fc1", "ln1"]
     assert matrix.loc["mha", "ln1"] == "+0.93 (0.029)*" and matrix.loc["fc1", "ln1"] == "+0.86 (0.055)" and matrix.loc["fc1", "fc1"] == ""
+
+
+def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_cell():
+    accuracies = pd.DataFrame({"dataset": ["a", "b", "a", "b"], "config": ["mha", "mha", "fc1", "ln1"], "accuracy": [1.0, 2.0, 0.5, 1.5]})
+    pairs = stats.pairwise(accuracies).set_index(["first", "second"])
+    assert pairs.loc[("fc1", "ln1"), "datasets"] == 0 and math.isnan(pairs.loc[("fc1", "ln1"), "p_value"])
+    assert pairs["p_holm"].notna().sum() == 2  # Holm over the two pairs that have a test
+    rows = [{"model": "m", "dataset": "d", "config": c, "lr": 0.1, "seed": seed, "status": "finished",
+             "test_accuracy": float("nan") if (c, seed) == ("mha", 2) else 0.8 + 0.01 * seed} for c in ("mha", "ln1") for seed in range(3)]
+    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("config")
+    assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
+    assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
