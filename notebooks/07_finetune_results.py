@@ -175,6 +175,9 @@ measured = plasticity.collect(normalize=normalize, reference=reference or "defau
 measured = measured[(measured["model"] == model) & measured["dataset"].isin(datasets)]
 print(f"P(f) of {model} on {measured['dataset'].nunique()} of {len(datasets)} datasets"
       + ("" if measured["dataset"].nunique() == len(datasets) else f"; none on {', '.join(sorted(set(datasets) - set(measured['dataset'])))}"))
+if measured.empty:  # e.g. paper scale before the plasticity sweep: the order the paper found stands in, as for its own Table 6
+    measured = stats.paper_order(datasets).assign(model=model)
+    print("no P(f) saved for these runs: the paper's ranking (MHA > FC1 > FC2 > LN2 > LN1) stands in for it")
 accuracy_tau = stats.plasticity_correlation(measured, ours.rename(columns={"mean": "accuracy"}))
 spread = stats.grid_spread(runs)
 spread_tau = stats.plasticity_correlation(measured, spread, value="std")
