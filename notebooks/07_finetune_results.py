@@ -171,13 +171,12 @@ datasets = sorted(ours["dataset"].unique())
 for dataset in datasets:
     if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
         plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
-measured = plasticity.collect(normalize=normalize, reference=reference or "default")
-measured = measured[(measured["model"] == model) & measured["dataset"].isin(datasets)]
-print(f"P(f) of {model} on {measured['dataset'].nunique()} of {len(datasets)} datasets"
-      + ("" if measured["dataset"].nunique() == len(datasets) else f"; none on {', '.join(sorted(set(datasets) - set(measured['dataset'])))}"))
-if measured.empty:  # e.g. paper scale before the plasticity sweep: the order the paper found stands in, as for its own Table 6
-    measured = stats.paper_order(datasets).assign(model=model)
-    print("no P(f) saved for these runs: the paper's ranking (MHA > FC1 > FC2 > LN2 > LN1) stands in for it")
+measured, source = results.plasticity_for(runs, reference)  # where none is saved (paper scale before the plasticity sweep), the paper's ranking
+if source == "paper":
+    print("no P(f) saved for these runs: the paper's ranking (MHA > FC1 > FC2 > LN2 > LN1) stands in for it, as for its own Table 6")
+else:
+    print(f"P(f) of {model} on {measured['dataset'].nunique()} of {len(datasets)} datasets"
+          + ("" if measured["dataset"].nunique() == len(datasets) else f"; none on {', '.join(sorted(set(datasets) - set(measured['dataset'])))}"))
 accuracy_tau = stats.plasticity_correlation(measured, ours.rename(columns={"mean": "accuracy"}))
 spread = stats.grid_spread(runs)
 spread_tau = stats.plasticity_correlation(measured, spread, value="std")

@@ -364,3 +364,43 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
     spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("config")
     assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
+
+
+def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
+                    f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n")
+    assert results.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    out = capsys.readouterr().out
+    grid = len(DATASETS) * len(LRS) * len(SEEDS)
+    # every run of the tree's configurations, and of FC2 a partial and a diverged run on a; the other FC2 runs missing
+    assert f"{grid * len(CONFIGS) + 2} runs of" in out and f"{grid * len(CONFIGS)} finished, 1 partial, 1 diverged; {grid - 2} missing" in out
+    assert "Table 6" in out and "p_holm" in out and "no P(f)" not in out
+    written = {p.stem for p in (tmp_path / "tables").iterdir()}
+    assert written == {"table6", "table1", "pairwise", "accuracy_tau", "spread_tau", "takeaway2"}
+    takeaway = pd.read_csv(tmp_path / "tables" / "takeaway2.csv", index_col=0)
+    assert takeaway["plasticity"].tolist() == ["paper", "paper"]  # nothing measured in this tree: the paper's ranking
+    # the synthetic accuracies put MHA > FC1 > LN1 on every dataset, the paper's order: tau 1 on each
+    tau = pd.read_csv(tmp_path / "tables" / "accuracy_tau.csv")
+    assert len(tau) == len(DATASETS) and (tau["tau"] == 1.0).all()
+    assert results.main([str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch):
+    from paperlib import plasticity
+
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
+    runs, _ = results.load(tree)
+    # a saved P(f) of the runs' model on dataset a, in the reverse of the paper's order, and one of another model
+    reverse = {"mha": 1.0, "fc1": 2.0, "fc2": 3.0, "ln2": 4.0, "ln1": 5.0}
+    rates = pd.DataFrame([{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)])
+    for model in ("demo", "other"):
+        plasticity.save(rates, plasticity.result_folder(model, "a"), {"model": model, "dataset": "a", "reference": "imagenet", "sample": "first", "normalize": "imagenet"})
+    measured, source = results.plasticity_for(runs)
+    assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"a"}
+    assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)
+    tau = results.summary(runs)["accuracy_tau"]
+    assert tau["dataset"].tolist() == ["a"] and tau["tau"].iloc[0] == pytest.approx(-1.0)  # MHA > FC1 > LN1 in accuracy: the reverse
+    with pytest.raises(ValueError, match="one model"):
+        results.plasticity_for(pd.concat([runs, runs.assign(model="other")]))
