@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from . import components, data, kernels, lora, models, paths
-from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
+from .loader import CACHE_SIZE, DeviceLoader, cache_side, decode_workers, uint8_images
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 
@@ -954,8 +954,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     checkpoint = folder / "checkpoint.pt"
     if checkpoint.is_file():
         saved = torch.load(checkpoint, map_location=device, weights_only=False)
-        if same_params(saved["params"], config, params) and saved.get("cache_side", 256 if size <= 224 else None) == side:
-            # on the images it started on; a checkpoint from before the record: 256 up to 224 px, and above, not known (it starts again)
+        if same_params(saved["params"], config, params) and saved.get("cache_side", CACHE_SIZE if size <= 224 else None) == side:
+            # on the images it started on; a checkpoint from before the record: CACHE_SIZE up to 224 px, and above, not known (it starts again)
             model.load_state_dict(saved["model"], strict=False)
             optimizer.load_state_dict(saved["optimizer"])
             schedule.load_state_dict(saved["schedule"])

@@ -446,9 +446,10 @@ def _settle(folder: Path, inputs: str, seen: tuple = ()) -> None:
         n += 1
     aside = folder.with_name(f"{folder.name}.moved-{n}")
     folder.rename(aside)
+    complete = _metadata(own) is not None
     warnings.warn(f"{folder} held a result that belongs in {own} (against {metadata.get('reference')}, severity {metadata.get('severity') or 5}), "
-                  f"which holds {'a result' if _metadata(own) is not None else 'an incomplete one'} already: it is kept in {aside}"
-                  f"{', and not read while that folder holds a result of its own' if _metadata(own) is not None else ''}", stacklevel=3)
+                  f"which holds {'a result' if complete else 'an incomplete one'} already: it is kept in {aside}"
+                  f"{', and not read while that folder holds a result of its own' if complete else ''}", stacklevel=3)
 
 
 def _tidy(model: str, dataset: str, inputs: str, sample: str, seed: int, normalize: str, reference: str | None, severity: int) -> None:

@@ -35,8 +35,13 @@ import pandas as pd
 from scipy import stats
 
 from .components import COMPONENTS, CONFIGS
+from .results import KEYS
 
 SELECTIONS = ("test", "val")
+
+SETTING = tuple(key for key in KEYS if key not in ("dataset", "config", "lr", "seed"))
+"""The run keys that make one setting (model, precision, optimizer, LoRA, normalisation, tag): runs
+that differ in them are not seeds or learning rates of one another."""
 
 
 def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
@@ -219,7 +224,7 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
 
 
 def _check_one_setting(runs: pd.DataFrame, what: str) -> None:
-    for key in ("model", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"):
+    for key in SETTING:
         if key in runs and runs[key].nunique() > 1:
             raise ValueError(f"{what} needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
                              f"select one first (e.g. runs[runs['{key}'] == ...])")
@@ -317,8 +322,6 @@ def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: f
     A diverged run is left out: it stopped early, so its first fraction would be another window."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
-    from .results import KEYS
-
     finished = runs.loc[runs["status"] == "finished", KEYS]
     history = histories.merge(finished, on=KEYS)
     steps = history.groupby(KEYS, dropna=False)["step"]
