@@ -51,7 +51,7 @@ pd.DataFrame(
     {
         "component": [components.LABELS[c] for c in components.COMPONENTS],
         "timm module (in model.blocks[i])": [components.MODULE_PATHS[c] for c in components.COMPONENTS],
-        "blocks": [len(components.component_modules(model, c)) for c in components.COMPONENTS],
+        "modules": [len(components.component_modules(model, c)) for c in components.COMPONENTS],  # one per block (two for a SwiGLU's FC1)
     }
 )
 

@@ -16,17 +16,25 @@ The propositions are about bias-free attention and tokens that are linear images
 timm's ViTs add query/key/value biases, a class token and position embeddings, so for them the
 bounds are what the paper computes from the weights, not guarantees. The paper's Fig. 6 takes
 r = 19.4, the RMS token norm of ViT-Base on Cifar10; a rigorous bound needs the largest token norm.
+
+Beyond the paper's ViTs (``components``), Prop. 2 holds for every feedforward layer (FC1 of a
+SwiGLU block: its gate and value weights stacked), but Props. 1, 3 and 4 are about the paper's
+LayerNorm and attention: for an RMSNorm, or an attention with rotary position embeddings, q/k
+normalisation, a normalisation inside or a gate (DINOv3, EVA-02, AIMv2, ...), the bound is left
+empty (NaN) and ``outside_propositions`` says why.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import pandas as pd
 import torch
+from timm.models.vision_transformer import Attention
 from torch import nn
 
-from .components import COMPONENTS
+from .components import COMPONENTS, block_component
 from .plasticity import embed
 
 PAPER_R = 19.4
@@ -84,25 +92,61 @@ def patch_embedding_norm(model: nn.Module) -> float:
     return spectral_norm(weight.reshape(weight.shape[0], -1))
 
 
+def _attention_outside(attn: nn.Module, model: nn.Module) -> str | None:
+    """Why Props. 3-4 do not bound ``attn``, or None when they do (the paper's attention)."""
+    if getattr(model, "rope", None) is not None:
+        return "its attention rotates queries and keys by position (RoPE), which Props. 3-4 do not model"
+    if not isinstance(attn, Attention) or not isinstance(getattr(attn, "qkv", None), nn.Linear):
+        return f"its attention ({type(attn).__name__}) is not the fused-q/k/v attention of Props. 3-4"
+    extras = [name for name in ("q_norm", "k_norm", "norm") if not isinstance(getattr(attn, name, None), (nn.Identity, type(None)))]
+    extras += ["gate"] if getattr(attn, "gate", None) is not None else []
+    if extras:
+        return f"its attention has {', '.join(extras)}, which Props. 3-4 do not model"
+    if attn.qkv.out_features != 3 * attn.qkv.in_features:
+        return "its attention's heads do not span the embedding width, as Props. 3-4 take them to"
+    return None
+
+
+def outside_propositions(model: nn.Module) -> dict[str, str]:
+    """The components of ``model`` that the propositions do not bound, with the reason: ``mha`` when
+    its attention is not the paper's, ``ln1``/``ln2`` when the norm is not a LayerNorm (Prop. 1)."""
+    reasons = {}
+    for block in model.blocks:
+        if "mha" not in reasons and (why := _attention_outside(block.attn, model)):
+            reasons["mha"] = why
+        for component in ("ln2", "ln1"):
+            norm = block_component(block, component)
+            if component not in reasons and not isinstance(norm, nn.LayerNorm):
+                reasons[component] = f"it is a {type(norm).__name__}; Prop. 1 bounds a LayerNorm"
+    return reasons
+
+
 def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | None = None, n: int | None = None) -> pd.DataFrame:
-    """Bounds per block, component and proposition: columns block, depth, component, proposition, bound."""
+    """Bounds per block, component and proposition: columns block, depth, component, proposition, bound.
+
+    A component the propositions do not bound for this model (``outside_propositions``) gets NaN,
+    with a warning that says why."""
     if r <= 0 or sigma <= 0:
         raise ValueError(f"r and sigma must be positive, got r={r!r}, sigma={sigma!r}")
     n = n or sequence_length(model)
     alpha = patch_embedding_norm(model) if energy is not None else None
+    outside = outside_propositions(model)
+    for component, why in outside.items():
+        warnings.warn(f"no bound for {component.upper()}: {why}", stacklevel=2)
     blocks = len(model.blocks)
     rows = []
     for index, block in enumerate(model.blocks):
         depth = 100.0 * index / max(blocks - 1, 1)
+        bound = lambda component, compute: math.nan if component in outside else compute()  # noqa: E731
         values = {
-            ("mha", "3"): mha_bound_prop3(block.attn, n, r),
-            ("fc1", "2"): spectral_norm(block.mlp.fc1.weight),
-            ("fc2", "2"): spectral_norm(block.mlp.fc2.weight),
-            ("ln2", "1"): layer_norm_bound(block.norm2, sigma),
-            ("ln1", "1"): layer_norm_bound(block.norm1, sigma),
+            ("mha", "3"): bound("mha", lambda: mha_bound_prop3(block.attn, n, r)),
+            ("fc1", "2"): spectral_norm(block_component(block, "fc1").weight),
+            ("fc2", "2"): spectral_norm(block_component(block, "fc2").weight),
+            ("ln2", "1"): bound("ln2", lambda: layer_norm_bound(block.norm2, sigma)),
+            ("ln1", "1"): bound("ln1", lambda: layer_norm_bound(block.norm1, sigma)),
         }
         if energy is not None:
-            values[("mha", "4")] = mha_bound_prop4(block.attn, n, alpha, energy)
+            values[("mha", "4")] = bound("mha", lambda: mha_bound_prop4(block.attn, n, alpha, energy))
         for (component, proposition), bound in values.items():
             rows.append({"block": index, "depth": depth, "component": component, "proposition": proposition, "bound": bound})
     table = pd.DataFrame(rows)
@@ -168,6 +212,8 @@ def tightness(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposi
 
 
 def violations(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposition: str = "3") -> pd.Series:
-    """Share of measured rates of change above their block's bound, per component."""
+    """Share of measured rates of change above their block's bound, per component (NaN where
+    there is no bound: ``outside_propositions``)."""
     merged = rates_table.merge(_one_bound_per_component(bounds_table, mha_proposition), on=["block", "component"])
-    return (merged["rate"] > merged["bound"]).groupby(merged["component"], observed=True).mean().reindex(list(COMPONENTS))
+    above = (merged["rate"] > merged["bound"]).where(merged["bound"].notna())
+    return above.groupby(merged["component"], observed=True).mean().reindex(list(COMPONENTS))

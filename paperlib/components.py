@@ -2,6 +2,14 @@
 
 Paper §2 (Fig. 2, left) and appendix C.3 (Tables 3 and 4). Components are listed in the
 plasticity order of the paper (§5.1): MHA > FC1 > FC2 > LN2 > LN1.
+
+Beyond the paper's ViTs, the blocks of timm's later ViTs have the same five components under the
+same names, and are taken as they are: ``Eva`` models (DINOv3, EVA-02, Perception Encoder, the
+RoPE ViTs), whose attention takes a rotary position embedding, and ViTs with RMSNorm (AIMv2).
+Where the feedforward layer is a SwiGLU with separate gate and value layers (``mlp.fc1_g`` and
+``mlp.fc1_x``), FC1 is the two together: one linear map from d to 2h, the first layer of the
+feedforward network, as a packed SwiGLU's single ``fc1`` is. Blocks without separate components
+(timm's parallel blocks) are refused with the reason (``check_model``).
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import pandas as pd
+import torch
 from torch import nn
 
 COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
@@ -65,20 +74,76 @@ def _blocks(model: nn.Module) -> nn.Module:
     return blocks
 
 
+SPLIT_FC1 = ("mlp.fc1_g", "mlp.fc1_x")
+"""FC1 of a SwiGLU feedforward layer with separate gate and value layers (timm's ``SwiGLU``)."""
+
+
+class JointLinear(nn.Module):
+    """Linear layers that read the same input, as one linear map: their outputs side by side.
+
+    FC1 of a SwiGLU block is its gate and value layers (``SPLIT_FC1``); this module holds the two
+    (the model's own layers: training it trains them) and computes ``x -> [x W_g^T + b_g, x W_x^T
+    + b_x]``, whose weight is the two weights stacked. It is not part of the model.
+    """
+
+    def __init__(self, parts: list[nn.Linear]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(part.out_features for part in parts)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return torch.cat([part.weight for part in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def _missing(block: nn.Module, path: str) -> TypeError:
+    return TypeError(f"block {type(block).__name__} has no {path!r}: expected a timm ViT block with attn, mlp.fc1 "
+                     f"(or SwiGLU's mlp.fc1_g and mlp.fc1_x), mlp.fc2, norm1 and norm2 (timm's VisionTransformer or Eva)")
+
+
 def block_component(block: nn.Module, component: str) -> nn.Module:
-    """The module of ``component`` inside one transformer block."""
+    """The module of ``component`` inside one transformer block (FC1 of a SwiGLU block: its gate
+    and value layers as one ``JointLinear``)."""
     check_component(component)
+    path = MODULE_PATHS[component]
     try:
-        return block.get_submodule(MODULE_PATHS[component])
+        return block.get_submodule(path)
     except AttributeError as error:
-        raise TypeError(
-            f"block {type(block).__name__} has no {MODULE_PATHS[component]!r}: expected a timm ViT block"
-        ) from error
+        if component == "fc1":
+            try:
+                return JointLinear([block.get_submodule(part) for part in SPLIT_FC1])
+            except AttributeError:
+                pass
+        raise _missing(block, path) from error
+
+
+def component_parts(module: nn.Module) -> list[nn.Module]:
+    """The model's own modules behind ``block_component``'s result: itself, or a ``JointLinear``'s parts."""
+    return list(module.parts) if isinstance(module, JointLinear) else [module]
 
 
 def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
-    """The module of ``component`` in every block, from the first block to the last."""
-    return [block_component(block, component) for block in _blocks(model)]
+    """The modules of ``component`` in every block, from the first block to the last (FC1 of a
+    SwiGLU block: its gate and value layers, one after the other)."""
+    return [part for block in _blocks(model) for part in component_parts(block_component(block, component))]
+
+
+def check_model(model: nn.Module, name: str | None = None) -> nn.Module:
+    """``model``, once every block is found to have the five components; otherwise a TypeError
+    that says which is missing (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no
+    separate attention and feedforward layers)."""
+    for block in _blocks(model):
+        for component in COMPONENTS:
+            try:
+                block_component(block, component)
+            except TypeError as error:
+                what = f"model {name!r}" if name else type(model).__name__
+                raise TypeError(f"{what} does not have the paper's five components in each block: {error}") from None
+    return model
 
 
 def head_modules(model: nn.Module) -> list[nn.Module]:

@@ -582,7 +582,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     if how == "model":
         return torch.compile(model, **options)
     blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Sequential):
+    if not isinstance(blocks, (nn.Sequential, nn.ModuleList)):  # VisionTransformer's Sequential, Eva's ModuleList
         raise ValueError(f"compile='blocks' needs a ViT with a `blocks` sequence; {type(model).__name__} has none (use 'model')")
     for block in blocks:
         block.compile(**options)

@@ -12,8 +12,8 @@ wrapped in peft's ``lora.Linear``). The rest of the protocol is the component-wi
 head and the final LayerNorm train too, everything else is frozen. ``B`` starts at zero, so the
 model starts as the pretrained one.
 
-The weight matrices of each configuration (``TARGETS``): ``mha``, the attention's q/k/v and
-output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four (the usual
+The weight matrices of each configuration (``TARGETS``): ``mha``, the attention's q/k/v (one
+fused matrix, or three) and output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four (the usual
 LoRA of a ViT). LayerNorms have no weight matrix, so ``ln1``, ``ln2`` and ``linear`` take none.
 ``merge`` folds the updates into the weights and gives back a plain timm ViT (for plasticity,
 saving with ``models.save_model``...).
@@ -34,9 +34,32 @@ TARGETS = {
     "fc2": ("mlp.fc2",),
     "full": ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"),
 }
-"""The weight matrices (paths inside a timm ViT block) that LoRA adapts for each configuration."""
+"""The weight matrices (paths inside a timm ViT block) that LoRA adapts for each configuration.
+
+Blocks of timm's later ViTs (``components``) name some of them otherwise, and LoRA adapts what
+they have in their place (``ALTERNATIVES``): separate query, key and value projections for
+``attn.qkv`` (EVA-02, AIMv2's relatives); a SwiGLU's gate and value layers for ``mlp.fc1``."""
+
+ALTERNATIVES = {
+    "attn.qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj"),
+    "mlp.fc1": components.SPLIT_FC1,
+}
 
 CONFIGS = tuple(TARGETS)
+
+
+def _block_paths(block: nn.Module, path: str) -> tuple[str, ...]:
+    """``path``, or what stands in its place in ``block`` (``ALTERNATIVES``) when it has not it."""
+    if _has(block, path) or path not in ALTERNATIVES or not all(_has(block, other) for other in ALTERNATIVES[path]):
+        return (path,)
+    return ALTERNATIVES[path]
+
+
+def _has(block: nn.Module, path: str) -> bool:
+    try:
+        return block.get_submodule(path) is not None
+    except AttributeError:
+        return False
 
 
 def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
@@ -64,7 +87,7 @@ def target_names(model: nn.Module, config: str) -> list[str]:
         raise ValueError(f"unknown LoRA configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
     names = []
     for index, block in enumerate(components._blocks(model)):
-        for path in TARGETS[config]:
+        for path in (found for target in TARGETS[config] for found in _block_paths(block, target)):
             try:
                 layer = block.get_submodule(path)
             except AttributeError as error:
@@ -72,10 +95,16 @@ def target_names(model: nn.Module, config: str) -> list[str]:
             if not isinstance(layer, nn.Linear):
                 raise TypeError(f"blocks.{index}.{path} is a {type(layer).__name__}, not a linear layer LoRA can adapt")
             parent, _, child = path.rpartition(".")
-            if child in getattr(block.get_submodule(parent), "READS", ()):
+            owner = block.get_submodule(parent)
+            if child in getattr(owner, "READS", ()):
                 # a fused op reads this layer's weight itself and would skip the update
                 raise ValueError(f"blocks.{index}.{parent} runs one of our fused ops, which reads {child}'s weight itself and would "
                                  "bypass LoRA: add LoRA before finetune.fuse / compile_model (as finetune.train does)")
+            if child == "qkv" and getattr(owner, "q_bias", None) is not None and not getattr(owner, "qkv_bias_separate", True):
+                # timm's EvaAttention with separate q/v biases multiplies by qkv.weight itself (F.linear)
+                raise ValueError(f"blocks.{index}.{parent} ({type(owner).__name__} with separate query and value biases) applies "
+                                 f"{child}'s weight itself, which would bypass LoRA: LoRA on {config!r} is not available for this "
+                                 "model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2")
             names.append(f"blocks.{index}.{path}")
     return names
 

@@ -1,7 +1,9 @@
 """The paper's vision transformers by short name, any timm ViT, and the demo ViT.
 
 Appendix C.1 (Table 2): ViT-Base/16 and ViT-Huge/14 pretrained on ImageNet-21k; we add ViT-Large/16.
-Every model is a timm ``VisionTransformer`` and every weight file, from the hub or from disk, is
+Every model is a timm ``VisionTransformer`` or, beyond the paper, one of timm's ``Eva`` ViTs (DINOv3,
+EVA-02, Perception Encoder, the RoPE ViTs: ``VIT_MODULES``), whose blocks have the same five
+components (``components``); every weight file, from the hub or from disk, is
 loaded by timm's own pretrained-loading code (``pretrained_cfg_overlay=dict(file=...)`` for a
 local file), so the two paths share their key remapping, position-embedding resizing and
 head handling.
@@ -25,6 +27,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import Mlp
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.eva import Eva
 from timm.models.vision_transformer import (
     Attention,
     VisionTransformer,
@@ -32,7 +35,7 @@ from timm.models.vision_transformer import (
     init_weights_vit_timm,
 )
 
-from . import kernels, paths
+from . import components, kernels, paths
 from .transforms import IMAGENET, as_mean_std, check_normalize
 
 PAPER_MODELS = {
@@ -81,9 +84,16 @@ def vit_demo_patch4_32(pretrained: bool = False, **kwargs) -> VisionTransformer:
     )
 
 
+VIT_MODULES = ("vision_transformer", "eva")
+"""timm's modules whose architectures paperlib takes: ``VisionTransformer`` and ``Eva``."""
+
+VIT_CLASSES = (VisionTransformer, Eva)
+
+
 def vit_names() -> list[str]:
-    """timm architectures that build a ``VisionTransformer`` (valid ``create_model`` names)."""
-    return sorted(set(timm.list_models(module="vision_transformer")) | {DEMO_ARCH})
+    """timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT (valid ``create_model``
+    names; the few whose blocks have no separate components are refused when built)."""
+    return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
 
 CUSTOM_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the names timm's save_for_hf writes, in its order of preference
@@ -108,7 +118,7 @@ def custom_config(name: str) -> tuple[dict, Path]:
     config = json.loads(config_file.read_text())
     arch = config.get("architecture")
     if arch not in vit_names():
-        raise ValueError(f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer (see paperlib.models.vit_names())")
+        raise ValueError(f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer or Eva ViT (see paperlib.models.vit_names())")
     weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
     if weights is None:
         raise FileNotFoundError(f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in CUSTOM_WEIGHTS)}")
@@ -134,7 +144,7 @@ def custom_model_names() -> list[str]:
     return sorted(paths.CUSTOM + p.name for p in base.iterdir() if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name))
 
 
-def save_model(model: VisionTransformer, name: str, model_args: dict | None = None, overwrite: bool = False,
+def save_model(model: torch.nn.Module, name: str, model_args: dict | None = None, overwrite: bool = False,
                mean=None, std=None) -> Path:
     """Save ``model`` as ``custom/<name>`` (returns its folder) with timm's own writer,
     ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
@@ -149,8 +159,8 @@ def save_model(model: VisionTransformer, name: str, model_args: dict | None = No
     """
     if paths.custom_name(name, "model") is None:
         raise ValueError(f"a saved model is named custom/<name>, got {name!r}")
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"save_model saves a timm VisionTransformer, got {type(model).__name__}")
+    if not isinstance(model, VIT_CLASSES):
+        raise TypeError(f"save_model saves a timm VisionTransformer or Eva ViT, got {type(model).__name__}")
     if not getattr(model, "pretrained_cfg", None) or "architecture" not in model.pretrained_cfg:
         raise ValueError("save_model needs a model made by timm (timm.create_model or paperlib.models.create_model, "
                          "with its architecture's arguments), which records its architecture; this one has none")
@@ -221,7 +231,7 @@ def create_model(
     num_classes: int | None = None,
     weights: str | Path | None = None,
     **kwargs,
-) -> VisionTransformer:
+) -> torch.nn.Module:
     """Create a ViT by short name (``demo``, ``vit_base_in21k``, ...) or timm name.
 
     Args:
@@ -233,6 +243,9 @@ def create_model(
         weights: a local weight file (``.safetensors``, ``.pth``, ``.bin`` or big_vision ``.npz``)
             loaded through timm's pretrained-loading path; implies ``pretrained=True``.
         kwargs: passed to ``timm.create_model`` (e.g. ``img_size``, ``drop_path_rate``).
+
+    A timm ViT whose blocks lack one of the five components (timm's parallel blocks) is refused
+    with the reason, before any weights are fetched.
     """
     if paths.custom_name(name, "model"):  # the architecture and arguments its config.json records; its head kept unless num_classes
         config, saved = custom_config(name)
@@ -257,6 +270,9 @@ def create_model(
             raise FileNotFoundError(f"weight file not found: {weights}")
         pretrained = True
         kwargs["pretrained_cfg_overlay"] = {**kwargs.get("pretrained_cfg_overlay", {}), "file": str(weights)}
+    if pretrained:  # the architecture alone first (no memory, nothing fetched), to refuse it before any download
+        with torch.device("meta"):
+            components.check_model(timm.create_model(timm_name, pretrained=False, **kwargs), timm_name)
     try:
         model = timm.create_model(timm_name, pretrained=pretrained, **kwargs)
     except (OSError, ValueError) as error:
@@ -268,6 +284,7 @@ def create_model(
             f"could not fetch the pretrained weights of {timm_name!r} ({type(error).__name__}: {error}). "
             f"Without internet, download them once from {source} and pass weights=<local file>."
         ) from error
+    components.check_model(model, timm_name)
     if pretrained and num_classes:
         # timm keeps a pretrained head whose size matches (the demo ViT's 5 classes and a 5-class
         # dataset); the head asked for is new, initialised as timm initialises a ViT's new head
@@ -285,7 +302,7 @@ def _is_hub_error(error: BaseException) -> bool:
     return False
 
 
-def architecture(name: str, num_classes: int | None = None, **kwargs) -> VisionTransformer:
+def architecture(name: str, num_classes: int | None = None, **kwargs) -> torch.nn.Module:
     """The architecture of ``name`` on the meta device: shapes without memory or weights.
 
     Enough for parameter counts (Tables 3 and 4) of ViT-Huge on a laptop.

@@ -11,6 +11,11 @@ and the plasticity P(f) is its mean over pairs. FC2 takes 4d inputs: tokens are 
 by zero-padding (appendix C.4). ``inputs="in_situ"`` is an extension the paper does not have:
 each component receives its actual input in the forward pass instead of the embedding.
 
+The same holds for timm's later ViTs (``components``): an ``Eva`` model's embedding
+(DINOv3, EVA-02, ...) is its ``_pos_embed`` tokens, and its attention is applied to them with the
+rotary position embedding the model gives its blocks; RMSNorm is measured as LayerNorm is; FC1 of
+a SwiGLU block is its gate and value layers together.
+
 ``rates`` is exact but does less work than the definition read literally (``plain_rates``):
 a difference through a linear map needs one product, not two, and its bias cancels; better, a
 linear map W enters only through its d x d Gram matrix, ``||D W^T||_F^2 = <D^T D, W^T W>``, so
@@ -29,9 +34,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 from scipy import stats
+from timm.layers import RmsNorm
 from torch import nn
 
-from .components import COMPONENTS, LABELS, block_component
+from .components import COMPONENTS, LABELS, block_component, component_parts
 
 INPUTS = ("embedding", "in_situ")
 
@@ -74,9 +80,23 @@ def pair_indices(n_reference: int, n_target: int, n_pairs: int, sample: str = "f
     return reference.tolist(), target.tolist()
 
 
+def _embedded(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[dict]]:
+    """The embedding's tokens (B, n, d), and per block what its attention takes beside them: nothing
+    for a ``VisionTransformer``; for an ``Eva`` model, whose ``_pos_embed`` also returns the rotary
+    position embedding (RoPE), that embedding as its blocks get it (one per block when mixed)."""
+    out = model._pos_embed(model.patch_embed(images))
+    if not isinstance(out, tuple):
+        return out, [{} for _ in model.blocks]
+    tokens, rope = out
+    if rope is None:
+        return tokens, [{} for _ in model.blocks]
+    mixed = getattr(model, "rope_mixed", False)
+    return tokens, [{"rope": rope[index] if mixed else rope} for index in range(len(model.blocks))]
+
+
 def embed(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """Token sequences (B, n, d) of the embedding layer: patches, class token, positions."""
-    return model._pos_embed(model.patch_embed(images))
+    return _embedded(model, images)[0]
 
 
 def _frobenius(difference: torch.Tensor) -> torch.Tensor:
@@ -89,17 +109,33 @@ def _lift(tokens: torch.Tensor, width: int) -> torch.Tensor:
     return nn.functional.pad(tokens, (0, width - tokens.shape[-1]))
 
 
-def _layer_norm_core(tokens: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    """(x - mean) / std of each token: the part of a LayerNorm shared by every block."""
-    return nn.functional.layer_norm(tokens, norm.normalized_shape, None, None, norm.eps)
+def _norm_kind(norm: nn.Module) -> str | None:
+    """"layer" for a LayerNorm, "rms" for an RMSNorm (timm's or torch's), None otherwise."""
+    if isinstance(norm, nn.LayerNorm):
+        return "layer"
+    if isinstance(norm, (RmsNorm, getattr(nn, "RMSNorm", RmsNorm))):
+        return "rms"
+    return None
+
+
+def _norm_core(tokens: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """Each token normalised without the gain: the part of a LayerNorm ((x - mean) / std) or of an
+    RMSNorm (x / rms) shared by every block with the same eps."""
+    if _norm_kind(norm) == "layer":
+        return nn.functional.layer_norm(tokens, norm.normalized_shape, None, None, norm.eps)
+    return nn.functional.rms_norm(tokens, norm.normalized_shape, None, norm.eps)
 
 
 def _check_block(block: nn.Module) -> None:
+    width = block.norm1.normalized_shape[-1] if hasattr(block, "norm1") else None
     for component in COMPONENTS:
-        block_component(block, component)
+        module = block_component(block, component)
+        if component == "fc2" and width is not None and getattr(module, "in_features", width) < width:
+            raise TypeError(f"FC2's input ({module.in_features}) is narrower than the tokens ({width}): the zero-lifting "
+                            "of appendix C.4 needs a hidden width of at least the embedding's")
     for name in ("norm1", "norm2"):
-        if not isinstance(getattr(block, name), nn.LayerNorm):
-            raise TypeError(f"plasticity expects LayerNorm {name}, got {type(getattr(block, name)).__name__}")
+        if _norm_kind(getattr(block, name)) is None:
+            raise TypeError(f"plasticity expects a LayerNorm or an RMSNorm as {name}, got {type(getattr(block, name)).__name__}")
 
 
 def plain_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -107,15 +143,17 @@ def plain_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
     The reference that ``rates`` is tested against, and the baseline of the benchmark.
     """
-    ex, ey = embed(model, x), embed(model, y)
+    (ex, extras), (ey, _) = _embedded(model, x), _embedded(model, y)
     denominator = _frobenius(ex - ey)
     out = []
-    for block in model.blocks:
+    for block, extra in zip(model.blocks, extras):
         row = []
         for component in COMPONENTS:
             module = block_component(block, component)
             if component == "fc2":
                 fx, fy = module(_lift(ex, module.in_features)), module(_lift(ey, module.in_features))
+            elif component == "mha":
+                fx, fy = module(ex, **extra), module(ey, **extra)
             else:
                 fx, fy = module(ex), module(ey)
             row.append(_frobenius(fx - fy) / denominator)
@@ -133,7 +171,7 @@ def linear_terms(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     d = model.blocks[0].norm1.normalized_shape[-1]
     grams, gains = [], []
     for block in model.blocks:
-        for weight in (block.mlp.fc1.weight, block.mlp.fc2.weight[:, :d]):
+        for weight in (block_component(block, "fc1").weight, block_component(block, "fc2").weight[:, :d]):
             weight = weight.double()
             grams.append((weight.T @ weight).flatten())
         for norm in (block.norm2, block.norm1):
@@ -146,7 +184,7 @@ PAIR_CHUNK = 32  # pairs whose d x d difference Gram matrices are held at once (
 
 
 def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    ex, ey = embed(model, x), embed(model, y)
+    (ex, extras), (ey, _) = _embedded(model, x), _embedded(model, y)
     difference = ex - ey
     b, _, d = ex.shape
     denominator = _frobenius(difference)
@@ -156,51 +194,60 @@ def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: 
     squared = torch.cat([
         (chunk.transpose(1, 2).double() @ chunk.double()).flatten(1) @ grams.T for chunk in difference.split(PAIR_CHUNK)
     ]).view(b, -1, 2)
-    # LayerNorms: the normalisation is the same in every block (per eps), only the gain differs,
-    # and the bias cancels: ||C * gamma||_F^2 = sum_j gamma_j^2 sum_t C_tj^2
+    # LayerNorms (and RMSNorms): the normalisation is the same in every block (per kind and eps),
+    # only the gain differs, and the bias cancels: ||C * gamma||_F^2 = sum_j gamma_j^2 sum_t C_tj^2
     both = torch.cat([ex, ey])  # one MHA call for the two sides of every pair
-    columns: dict[float, torch.Tensor] = {}
+    columns: dict[tuple, torch.Tensor] = {}
     out = []
-    for index, block in enumerate(model.blocks):
+    for index, (block, extra) in enumerate(zip(model.blocks, extras)):
         rates = {}
-        attn = block.attn(both)
+        attn = block.attn(both, **extra)
         rates["mha"] = _frobenius(attn[:b] - attn[b:])
         rates["fc1"], rates["fc2"] = squared[:, index].clamp_min(0).sqrt().unbind(dim=1)
         for offset, (component, norm) in enumerate((("ln2", block.norm2), ("ln1", block.norm1))):
-            if norm.eps not in columns:
-                core = _layer_norm_core(both, norm)
-                columns[norm.eps] = ((core[:b] - core[b:]).double() ** 2).sum(dim=1)  # (B, d)
-            rates[component] = (columns[norm.eps] @ gains[2 * index + offset]).clamp_min(0).sqrt()
+            key = (_norm_kind(norm), norm.eps)
+            if key not in columns:
+                core = _norm_core(both, norm)
+                columns[key] = ((core[:b] - core[b:]).double() ** 2).sum(dim=1)  # (B, d)
+            rates[component] = (columns[key] @ gains[2 * index + offset]).clamp_min(0).sqrt()
         out.append(torch.stack([rates[c] / denominator for c in COMPONENTS]))
     return torch.stack(out)
 
 
 def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Each component fed its actual input in the forward pass (an extension of the paper)."""
+    """Each component fed its actual input in the forward pass (an extension of the paper).
+
+    The model runs its own ``forward_features`` on both sides of every pair at once, and a hook on
+    each component (on both layers of a SwiGLU's FC1) reads its input and output as they pass, so
+    whatever the block does between components (LayerScale, post-norm, RoPE) is what it does.
+    """
     b = len(x)
-    h = model.norm_pre(model.patch_drop(torch.cat([embed(model, x), embed(model, y)])))
-    out = []
-    for block in model.blocks:
-        rates = {}
+    squares: dict[tuple[int, str], list[torch.Tensor]] = {}
 
-        def rate(component, inputs, outputs):
-            rates[component] = _frobenius(outputs[:b] - outputs[b:]) / _frobenius(inputs[:b] - inputs[b:])
+    def recorder(key):
+        def hook(module, args, output):
+            inputs = args[0]
+            record = squares.setdefault(key, [_frobenius(inputs[:b] - inputs[b:]) ** 2, 0])
+            record[1] = record[1] + _frobenius(output[:b] - output[b:]) ** 2
+        return hook
 
-        n1 = block.norm1(h)
-        rate("ln1", h, n1)
-        a = block.attn(n1)
-        rate("mha", n1, a)
-        h = h + block.drop_path1(block.ls1(a))
-        n2 = block.norm2(h)
-        rate("ln2", h, n2)
-        hidden = block.mlp.fc1(n2)
-        rate("fc1", n2, hidden)
-        act = block.mlp.norm(block.mlp.drop1(block.mlp.act(hidden)))
-        m = block.mlp.fc2(act)
-        rate("fc2", act, m)
-        h = h + block.drop_path2(block.ls2(block.mlp.drop2(m)))
-        out.append(torch.stack([rates[c] for c in COMPONENTS]))
-    return torch.stack(out)
+    handles = []
+    try:
+        for index, block in enumerate(model.blocks):
+            for component in COMPONENTS:
+                for part in component_parts(block_component(block, component)):
+                    handles.append(part.register_forward_hook(recorder((index, component))))
+        model.forward_features(torch.cat([x, y]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [key for key in ((i, c) for i in range(len(model.blocks)) for c in COMPONENTS) if key not in squares]
+    if missing:
+        raise TypeError(f"{type(model).__name__}'s forward pass did not call {missing[0][1]} of block {missing[0][0]}: "
+                        "in-situ rates need each component called once per block")
+    return torch.stack([
+        torch.stack([(squares[index, c][1] / squares[index, c][0]).sqrt() for c in COMPONENTS]) for index in range(len(model.blocks))
+    ])
 
 
 @contextlib.contextmanager
