@@ -296,3 +296,17 @@ def test_blocks_of_an_eva_model_compile_in_place():
     assert isinstance(model.blocks, nn.ModuleList)  # not VisionTransformer's Sequential
     assert finetune.compile_model(model, "blocks", fused="none") is model
     assert all(getattr(block, "_compiled_call_impl", None) is not None for block in model.blocks)
+
+
+def test_the_later_vits_sweep_names_models_that_build_and_normalise():
+    from paperlib import sweep
+
+    spec = sweep.load_spec("parameters/sweeps/plasticity_later_vits.yaml")
+    runs = sweep.expand(spec)
+    names = spec["grid"]["model"]
+    assert len(runs) == len(names) * 11 and {r.parameters["normalize"] for r in runs} == {"model"}
+    for name in names:
+        model = models.architecture(name)  # the meta device: shapes only, nothing fetched
+        assert components.check_model(model) is model
+        mean, std = models.normalization(name, "model")
+        assert len(mean) == len(std) == 3
