@@ -31,11 +31,18 @@ import warnings
 
 import pandas as pd
 import torch
+from timm.layers import AttentionRope
+from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import Attention
 from torch import nn
 
 from .components import COMPONENTS, block_component
-from .plasticity import embed
+from .models import QkvFusedAttention
+from .plasticity import _evaluating, check_measurable, embed
+
+PAPER_ATTENTION = (Attention, QkvFusedAttention, EvaAttention, AttentionRope)
+"""Attention classes that compute the paper's multi-head attention when they have no RoPE, no
+q/k or inner normalisation, no gate and as many key/value heads as query heads."""
 
 PAPER_R = 19.4
 """The radius of the paper's Fig. 6: RMS token norm of ViT-Base on Cifar10 (§4)."""
@@ -46,12 +53,25 @@ def spectral_norm(matrix: torch.Tensor) -> float:
     return float(torch.linalg.matrix_norm(matrix.detach().double(), ord=2))
 
 
+def _qkv_weight(attn: nn.Module) -> torch.Tensor | None:
+    """The (3d, d) query, key and value rows of ``attn``: its fused ``qkv`` layer's weight, or its
+    three projections' stacked; None if it has neither."""
+    qkv = getattr(attn, "qkv", None)
+    if isinstance(qkv, nn.Linear):
+        return qkv.weight
+    parts = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if all(isinstance(part, nn.Linear) for part in parts):
+        return torch.cat([part.weight for part in parts])
+    return None
+
+
 def head_weights(attn: nn.Module) -> list[tuple[torch.Tensor, ...]]:
-    """(Q^h, K^h, V^h, O^h) of every head of a timm ``Attention``: k x d, k x d, k x d, d x k."""
-    d = attn.qkv.in_features
+    """(Q^h, K^h, V^h, O^h) of every head of a timm attention: k x d, k x d, k x d, d x k."""
+    weight = _qkv_weight(attn).detach()
+    d = weight.shape[1]
     heads = attn.num_heads
     k = d // heads
-    q, key, v = attn.qkv.weight.detach().reshape(3, d, d)  # fused (3d, d): query, key, value rows
+    q, key, v = weight.reshape(3, d, d)  # (3d, d): query, key, value rows
     o = attn.proj.weight.detach()
     return [(q[h * k : (h + 1) * k], key[h * k : (h + 1) * k], v[h * k : (h + 1) * k], o[:, h * k : (h + 1) * k]) for h in range(heads)]
 
@@ -96,13 +116,15 @@ def _attention_outside(attn: nn.Module, model: nn.Module) -> str | None:
     """Why Props. 3-4 do not bound ``attn``, or None when they do (the paper's attention)."""
     if getattr(model, "rope", None) is not None:
         return "its attention rotates queries and keys by position (RoPE), which Props. 3-4 do not model"
-    if not isinstance(attn, Attention) or not isinstance(getattr(attn, "qkv", None), nn.Linear):
-        return f"its attention ({type(attn).__name__}) is not the fused-q/k/v attention of Props. 3-4"
+    weight = _qkv_weight(attn)
+    if not isinstance(attn, PAPER_ATTENTION) or weight is None or not isinstance(getattr(attn, "proj", None), nn.Linear):
+        return f"its attention ({type(attn).__name__}) computes another function than the multi-head attention of Props. 3-4"
     extras = [name for name in ("q_norm", "k_norm", "norm") if not isinstance(getattr(attn, name, None), (nn.Identity, type(None)))]
     extras += ["gate"] if getattr(attn, "gate", None) is not None else []
+    extras += ["fewer key/value heads than query heads"] if getattr(attn, "num_kv_groups", 1) != 1 else []
     if extras:
         return f"its attention has {', '.join(extras)}, which Props. 3-4 do not model"
-    if attn.qkv.out_features != 3 * attn.qkv.in_features:
+    if weight.shape[0] != 3 * weight.shape[1]:
         return "its attention's heads do not span the embedding width, as Props. 3-4 take them to"
     return None
 
@@ -128,6 +150,7 @@ def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | No
     with a warning that says why."""
     if r <= 0 or sigma <= 0:
         raise ValueError(f"r and sigma must be positive, got r={r!r}, sigma={sigma!r}")
+    check_measurable(model)  # e.g. unmerged LoRA updates, which the weights read here would miss
     n = n or sequence_length(model)
     alpha = patch_embedding_norm(model) if energy is not None else None
     outside = outside_propositions(model)
@@ -157,7 +180,8 @@ def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | No
 @torch.no_grad()
 def token_radius(model: nn.Module, images: torch.Tensor, kind: str = "rms") -> float:
     """Norm of the embedded tokens: ``rms`` (root mean square, the paper's r) or ``max`` (rigorous)."""
-    norms = torch.linalg.vector_norm(embed(model, images).double(), dim=-1)
+    with _evaluating(model, "embedding"):  # in eval mode: an Eva model's embedding drops patches when training
+        norms = torch.linalg.vector_norm(embed(model, images).double(), dim=-1)
     if kind == "rms":
         return float(norms.pow(2).mean().sqrt())
     if kind == "max":
@@ -172,7 +196,8 @@ def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean") -> f
     ``mean`` averages each position's token deviation over images (the proposition's assumption
     says it is the same for all images); ``min`` takes the smallest over images too.
     """
-    std = embed(model, images).double().std(dim=-1, unbiased=False)  # (images, positions)
+    with _evaluating(model, "embedding"):
+        std = embed(model, images).double().std(dim=-1, unbiased=False)  # (images, positions)
     if kind == "mean":
         return float(std.mean(dim=0).min())
     if kind == "min":

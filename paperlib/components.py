@@ -128,8 +128,14 @@ def component_parts(module: nn.Module) -> list[nn.Module]:
 
 def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
     """The modules of ``component`` in every block, from the first block to the last (FC1 of a
-    SwiGLU block: its gate and value layers, one after the other)."""
-    return [part for block in _blocks(model) for part in component_parts(block_component(block, component))]
+    SwiGLU block: its gate and value layers, one after the other). MHA also owns a rotary position
+    embedding with parameters (the learnable per-block frequencies of timm's mixed RoPE ViTs),
+    which acts inside the attention only."""
+    modules = [part for block in _blocks(model) for part in component_parts(block_component(block, component))]
+    rope = getattr(model, "rope", None)
+    if component == "mha" and isinstance(rope, nn.Module) and any(True for _ in rope.parameters()):
+        modules.append(rope)
+    return modules
 
 
 def check_model(model: nn.Module, name: str | None = None) -> nn.Module:

@@ -37,7 +37,8 @@ from scipy import stats
 from timm.layers import RmsNorm
 from torch import nn
 
-from .components import COMPONENTS, LABELS, block_component, component_parts
+from .components import COMPONENTS, LABELS, block_component
+from .components import _blocks as components_blocks
 
 INPUTS = ("embedding", "in_situ")
 
@@ -127,6 +128,9 @@ def _norm_core(tokens: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 
 def _check_block(block: nn.Module) -> None:
+    if any(type(module).__module__.startswith("peft.") for module in block.modules()):
+        raise TypeError("the model carries LoRA updates that are not merged into its weights, which the rates of the "
+                        "linear components would not see: lora.merge(model) first (finetune.load_model merges them)")
     width = block.norm1.normalized_shape[-1] if hasattr(block, "norm1") else None
     for component in COMPONENTS:
         module = block_component(block, component)
@@ -218,44 +222,58 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     """Each component fed its actual input in the forward pass (an extension of the paper).
 
     The model runs its own ``forward_features`` on both sides of every pair at once, and a hook on
-    each component (on both layers of a SwiGLU's FC1) reads its input and output as they pass, so
-    whatever the block does between components (LayerScale, post-norm, RoPE) is what it does.
+    each component reads its input and output as they pass, so whatever the block does between
+    components (LayerScale, post-norm, RoPE) is what it does. FC1 is read at the feedforward
+    layer's input, which is its input, and applied there (both layers of a SwiGLU; also when a
+    fused op reads its weight instead of calling it). A component called other than once per
+    forward pass (blocks sharing weights) has no in-situ rate, and is refused.
     """
     b = len(x)
-    squares: dict[tuple[int, str], list[torch.Tensor]] = {}
+    rates: dict[tuple[int, str], list] = {}
 
-    def recorder(key):
+    def recorder(key, apply=None):
         def hook(module, args, output):
             inputs = args[0]
-            record = squares.setdefault(key, [_frobenius(inputs[:b] - inputs[b:]) ** 2, 0])
-            record[1] = record[1] + _frobenius(output[:b] - output[b:]) ** 2
+            output = apply(inputs) if apply is not None else output
+            rate = _frobenius(output[:b] - output[b:]) / _frobenius(inputs[:b] - inputs[b:])
+            rates.setdefault(key, []).append(rate)
         return hook
 
     handles = []
     try:
         for index, block in enumerate(model.blocks):
             for component in COMPONENTS:
-                for part in component_parts(block_component(block, component)):
-                    handles.append(part.register_forward_hook(recorder((index, component))))
+                module = block_component(block, component)
+                if component == "fc1":
+                    handles.append(block.mlp.register_forward_hook(recorder((index, component), module)))
+                else:
+                    handles.append(module.register_forward_hook(recorder((index, component))))
         model.forward_features(torch.cat([x, y]))
     finally:
         for handle in handles:
             handle.remove()
-    missing = [key for key in ((i, c) for i in range(len(model.blocks)) for c in COMPONENTS) if key not in squares]
-    if missing:
-        raise TypeError(f"{type(model).__name__}'s forward pass did not call {missing[0][1]} of block {missing[0][0]}: "
-                        "in-situ rates need each component called once per block")
-    return torch.stack([
-        torch.stack([(squares[index, c][1] / squares[index, c][0]).sqrt() for c in COMPONENTS]) for index in range(len(model.blocks))
-    ])
+    for key in ((i, c) for i in range(len(model.blocks)) for c in COMPONENTS):
+        calls = len(rates.get(key, ()))
+        if calls != 1:
+            raise TypeError(f"{type(model).__name__}'s forward pass called {key[1]} of block {key[0]} {calls} times "
+                            "(blocks sharing weights?): in-situ rates need each component called once per block")
+    return torch.stack([torch.stack([rates[index, c][0] for c in COMPONENTS]) for index in range(len(model.blocks))])
+
+
+def check_measurable(model: nn.Module) -> nn.Module:
+    """``model``, once every block is found to have the five components in a form the rates are
+    defined for (LayerNorm or RMSNorm, FC2 at least as wide as the tokens, no unmerged LoRA
+    update); otherwise a TypeError that says what is wrong."""
+    for block in components_blocks(model):
+        _check_block(block)
+    return model
 
 
 @contextlib.contextmanager
 def _evaluating(model: nn.Module, inputs: str):
     """Checks the inputs mode and the blocks once, and holds the model in eval mode, no gradients."""
     check_inputs(inputs)
-    for block in model.blocks:
-        _check_block(block)
+    check_measurable(model)
     was_training = model.training
     model.eval()
     try:

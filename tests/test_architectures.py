@@ -2,6 +2,7 @@
 RMSNorm and SwiGLU (AIMv2). Tiny random-weight versions of the real timm architectures, built
 offline; the paper's definitions are written out by hand here, from the blocks' own layers."""
 
+import copy
 import math
 import warnings
 
@@ -310,3 +311,78 @@ def test_the_later_vits_sweep_names_models_that_build_and_normalise():
         assert components.check_model(model) is model
         mean, std = models.normalization(name, "model")
         assert len(mean) == len(std) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# what a review found: fused ops, LoRA, shared blocks, EVA-01, mixed RoPE, patch dropout
+
+
+@torch.no_grad()
+def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
+    plain = models.create_model("demo", pretrained=False).eval()
+    fused = finetune.fuse(copy.deepcopy(plain), "gelu+qkv")
+    assert type(fused.blocks[0].mlp).__name__ == "BiasGeluMlp"  # fc1 is read, not called
+    x, y = _pairs()
+    assert torch.allclose(plasticity.rate_tensor(fused, x, y, inputs="in_situ"), plasticity.rate_tensor(plain, x, y, inputs="in_situ"), rtol=1e-4)
+    ours, theirs = (bounds.upper_bounds(m, r=10.0, sigma=1.0) for m in (fused, plain))
+    assert ours["bound"].notna().all() and torch.allclose(torch.tensor(ours["bound"].values), torch.tensor(theirs["bound"].values))
+
+
+def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them():
+    model = models.create_model("demo", pretrained=False)
+    lora.add_lora(model, "fc1", rank=2)
+    x, y = _pairs()
+    with pytest.raises(TypeError, match=r"lora.merge\(model\) first"):
+        plasticity.rate_tensor(model, x, y)
+    with pytest.raises(TypeError, match=r"lora.merge\(model\) first"):
+        bounds.upper_bounds(model, r=10.0, sigma=1.0)
+    lora.merge(model)
+    assert torch.isfinite(plasticity.rate_tensor(model, x, y)).all()
+
+
+@torch.no_grad()
+def test_blocks_sharing_weights_have_no_in_situ_rate():
+    model = models.create_model("demo", pretrained=False).eval()
+    model.blocks[1] = model.blocks[0]
+    x, y = _pairs()
+    with pytest.raises(TypeError, match="called mha of block 0 2 times"):
+        plasticity.rate_tensor(model, x, y, inputs="in_situ")
+    assert torch.isfinite(plasticity.rate_tensor(model, x, y)).all()  # Definition 1 applies each block to e(x) alone
+
+
+def test_eva01_attention_is_the_papers_and_gets_its_bound():
+    eva01 = timm.create_model("eva_giant_patch14_224", pretrained=False, **SMALL).eval()
+    assert getattr(eva01, "rope", None) is None and "mha" not in bounds.outside_propositions(eva01)
+    attn = eva01.blocks[0].attn
+    paper = timm.models.vision_transformer.Attention(64, num_heads=4, qkv_bias=True)
+    with torch.no_grad():
+        paper.qkv.weight.copy_(attn.qkv.weight)
+        paper.proj.weight.copy_(attn.proj.weight)
+    assert bounds.mha_bound_prop3(attn, 65, 10.0) == pytest.approx(bounds.mha_bound_prop3(paper, 65, 10.0))
+    # and EVA-02-Base's three projections are read as one q/k/v weight
+    eva02_base = timm.create_model("eva02_base_patch14_224", pretrained=False, **SMALL)
+    attn = eva02_base.blocks[0].attn
+    q, k, v, _ = bounds.head_weights(attn)[1]
+    assert torch.equal(q, attn.q_proj.weight[16:32]) and torch.equal(k, attn.k_proj.weight[16:32]) and torch.equal(v, attn.v_proj.weight[16:32])
+
+
+def test_mixed_rope_frequencies_train_with_the_attention():
+    model = _build("rope_mixed")
+    frequencies = {name for name, _ in model.named_parameters() if name.startswith("rope.")}
+    assert frequencies
+    components.set_trainable(model, "mha")
+    assert all(p.requires_grad for name, p in model.named_parameters() if name in frequencies)
+    components.set_trainable(model, "fc1")
+    assert not any(p.requires_grad for name, p in model.named_parameters() if name in frequencies)
+    per_block = sum(p.numel() for b in model.blocks for p in b.attn.parameters())
+    assert components.component_parameters(model, "mha") == per_block + sum(p.numel() for p in model.rope.parameters())
+
+
+def test_token_constants_are_taken_without_patch_dropout():
+    model = timm.create_model("vit_small_patch16_dinov3", pretrained=False, patch_drop_rate=0.5, **SMALL).train()
+    images = torch.randn(4, 3, 32, 32)
+    radius = bounds.token_radius(model, images, "max")
+    assert model.training  # left as it was
+    assert radius == bounds.token_radius(model.eval(), images, "max")
+    with torch.no_grad():
+        assert model.train()._pos_embed(model.patch_embed(images))[0].shape[1] < plasticity.embed(model.eval(), images).shape[1]
