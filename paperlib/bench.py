@@ -660,6 +660,9 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     model = models.create_model(model_name, pretrained=False)
     block = model.blocks[0]
+    if not (models._is_fusable_mlp(block.mlp) and models._is_fusable_attention(block.attn)):
+        raise ValueError(f"bench kernels times our fused ops at a model's shapes, and {model_name!r} has not the layers they "
+                         "compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)")
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
     master = finetune.MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable

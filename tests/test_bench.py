@@ -247,6 +247,8 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
     assert "batch_size must be a positive integer" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="has not the layers they compute"):  # a SwiGLU ViT with RMSNorm (AIMv2)
+        bench.bench_kernels("aimv2_large_patch14_224", batch_size=1, device="cpu", min_run_time=0.01)
 
 
 def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
