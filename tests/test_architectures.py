@@ -386,3 +386,14 @@ def test_token_constants_are_taken_without_patch_dropout():
     assert radius == bounds.token_radius(model.eval(), images, "max")
     with torch.no_grad():
         assert model.train()._pos_embed(model.patch_embed(images))[0].shape[1] < plasticity.embed(model.eval(), images).shape[1]
+
+
+@torch.no_grad()
+def test_the_gpu_rewrites_keep_each_models_function(model):
+    """What finetuning does to a model on CUDA (the patch embedding as one matrix product, our fused
+    ops where a layer has their form), here on the CPU: the same function."""
+    x = torch.randn(2, 3, 32, 32)
+    before = model.forward_features(x)
+    rewritten = finetune.fuse(models.linear_patch_embed(copy.deepcopy(model)), "gelu+qkv")
+    assert type(rewritten.patch_embed.proj).__name__ == "PatchLinear"
+    assert torch.allclose(rewritten.forward_features(x), before, atol=1e-4, rtol=1e-4)
