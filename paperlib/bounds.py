@@ -156,20 +156,20 @@ def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | No
     outside = outside_propositions(model)
     for component, why in outside.items():
         warnings.warn(f"no bound for {component.upper()}: {why}", stacklevel=2)
+    within = lambda component, compute: math.nan if component in outside else compute()  # noqa: E731
     blocks = len(model.blocks)
     rows = []
     for index, block in enumerate(model.blocks):
         depth = 100.0 * index / max(blocks - 1, 1)
-        bound = lambda component, compute: math.nan if component in outside else compute()  # noqa: E731
         values = {
-            ("mha", "3"): bound("mha", lambda: mha_bound_prop3(block.attn, n, r)),
+            ("mha", "3"): within("mha", lambda: mha_bound_prop3(block.attn, n, r)),
             ("fc1", "2"): spectral_norm(block_component(block, "fc1").weight),
             ("fc2", "2"): spectral_norm(block_component(block, "fc2").weight),
-            ("ln2", "1"): bound("ln2", lambda: layer_norm_bound(block.norm2, sigma)),
-            ("ln1", "1"): bound("ln1", lambda: layer_norm_bound(block.norm1, sigma)),
+            ("ln2", "1"): within("ln2", lambda: layer_norm_bound(block.norm2, sigma)),
+            ("ln1", "1"): within("ln1", lambda: layer_norm_bound(block.norm1, sigma)),
         }
         if energy is not None:
-            values[("mha", "4")] = bound("mha", lambda: mha_bound_prop4(block.attn, n, alpha, energy))
+            values[("mha", "4")] = within("mha", lambda: mha_bound_prop4(block.attn, n, alpha, energy))
         for (component, proposition), bound in values.items():
             rows.append({"block": index, "depth": depth, "component": component, "proposition": proposition, "bound": bound})
     table = pd.DataFrame(rows)

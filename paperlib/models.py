@@ -284,7 +284,8 @@ def create_model(
             f"could not fetch the pretrained weights of {timm_name!r} ({type(error).__name__}: {error}). "
             f"Without internet, download them once from {source} and pass weights=<local file>."
         ) from error
-    components.check_model(model, timm_name)
+    if not pretrained:  # a pretrained one was checked on the meta device above
+        components.check_model(model, timm_name)
     if pretrained and num_classes:
         # timm keeps a pretrained head whose size matches (the demo ViT's 5 classes and a 5-class
         # dataset); the head asked for is new, initialised as timm initialises a ViT's new head

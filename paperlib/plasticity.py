@@ -86,9 +86,7 @@ def _embedded(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, lis
     for a ``VisionTransformer``; for an ``Eva`` model, whose ``_pos_embed`` also returns the rotary
     position embedding (RoPE), that embedding as its blocks get it (one per block when mixed)."""
     out = model._pos_embed(model.patch_embed(images))
-    if not isinstance(out, tuple):
-        return out, [{} for _ in model.blocks]
-    tokens, rope = out
+    tokens, rope = out if isinstance(out, tuple) else (out, None)
     if rope is None:
         return tokens, [{} for _ in model.blocks]
     mixed = getattr(model, "rope_mixed", False)
