@@ -30,10 +30,7 @@ import matplotlib.pyplot as plt
 from paperlib import paths, plasticity, plots
 
 if compute_missing:
-    for model in models:
-        for dataset in datasets:
-            if not plasticity.has_result(model, dataset, inputs, sample, seed, normalize, reference):
-                plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
+    plasticity.measure_missing(models, datasets, reference, n_pairs, batch_size, device, inputs, sample, seed, normalize, root=data_root)
 against = "default" if all(reference == plasticity.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
 summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against)
 if not include_all_results:

@@ -4,7 +4,7 @@
 # Linear probing trains only a new classification head on the frozen model's final class-token
 # representation: the baseline that every component-wise finetuning of §5.2 should beat. The
 # paper reports it per dataset in the last column of Table 6. Runs use the same protocol and code
-# as notebook 05 (`finetune.run` with `config="linear"`), so they are shared with the sweeps.
+# as notebook 05 (`finetune.run` with `component="linear"`), so they are shared with the sweeps.
 #
 # At demo scale (the default): the demo ViT on the six demo downstream sets, with the protocol of
 # the demo finetuning sweep (its `linear` runs are these). Demo numbers are not the paper's.
@@ -24,20 +24,17 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with
 
 # %%
-import pandas as pd
-
 from paperlib import finetune, stats
+from paperlib.runs import for_spec
 
-rows = []
-for dataset in datasets:
-    for lr in lrs:
-        for seed in seeds:
-            config = finetune.Config(
-                model=model, dataset=dataset, config="linear", lr=lr, seed=seed, steps=steps,
-                batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, normalize=normalize,
-            )
-            rows.append({"dataset": dataset, "config": "linear", "lr": lr, "seed": seed, **finetune.run(config)})
-runs = pd.DataFrame(rows)
+grid = {  # the runs of this baseline as a sweep spec: notebook 05's runs of the linear configuration
+    "notebook": "notebooks/05_finetune.ipynb",
+    "parameters": {"model": model, "component": "linear", "steps": steps, "batch_size": batch_size, "warmup": warmup,
+                   "eval_every": eval_every, "device": device, "data_root": data_root, "normalize": normalize},
+    "grid": {"dataset": datasets, "lr": lrs, "seed": seeds},
+}
+finetune.run_spec(grid)
+runs, _, _ = for_spec(grid)
 print(f"{len(runs)} linear-probing runs, {(runs['status'] == 'finished').sum()} finished")
 
 # %% [markdown]

@@ -25,12 +25,7 @@ micro_batch = 0  # images per forward pass (0: the whole batch, split automatica
 warmup = 10  # linear warm-up steps (the authors' code: 2,000)
 eval_every = 10  # validation every this many steps
 device = "cpu"  # cpu or cuda
-compile_model = False  # torch.compile: False, True (the whole model) or "blocks" (one graph for all blocks, compiles faster)
-compile_mode = "default"  # torch.compile's mode (default, coordinate-descent, max-autotune-no-cudagraphs, ...)
-attention = "auto"  # attention kernel: auto (PyTorch's choice), flash, cudnn, efficient or math
-precision = "autocast"  # autocast (the protocol: bf16 autocast on a GPU) or bf16 (bf16 compute, fp32 master weights; faster, not the paper's)
-fused = "auto"  # our fused ops (Triton on a GPU; the same function): auto (gelu+qkv on a GPU, none on a CPU), none, all, or gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass), several joined by "+"
-graph = False  # replay each step from a CUDA graph (GPU only; the same step without the gaps between its kernels)
+speed = "auto"  # how steps are made fast, the same step to rounding (beyond the paper): auto, none, a file of parameters/speed/ (e.g. h100), or a mapping of step options
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
@@ -44,17 +39,16 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, finetune, lora, models, paths, plots
+from paperlib import components, finetune, lora, models, paths, plots, runs
 
-config = finetune.Config(
-    model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root,
-    compile=compile_model, compile_mode=compile_mode, attention=attention, precision=precision, fused=fused, graph=graph,
+config = runs.config_from(dict(
+    model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, speed=speed,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
     normalize=normalize, tag=tag, save_weights=save_weights,
-)
+))
 metrics = finetune.run(config)
-history = finetune.history(config)
+history = runs.history(config)
 print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")
 
 # %% [markdown]
@@ -96,9 +90,7 @@ if metrics["best_step"]:
 axes[2].set(xlabel="step", ylabel="validation accuracy")
 fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}{f' (LoRA r={lora_rank})' if lora_rank else ''}, lr {lr:g}, seed {seed}")
 fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("05_finetune", model, dataset, component, f"lr{lr:g}", f"seed{seed}", precision, optimizer, f"wd{weight_decay:g}",
-                                    *([f"lora-r{lora_rank}-a{lora_alpha:g}-d{lora_dropout:g}"] if lora_rank else []),
-                                    *([f"norm-{normalize}"] if normalize != "imagenet" else []), *([tag] if tag else [])))
+plots.save_figure(fig, plots.figure_path("05_finetune", *config.folder().relative_to(runs.finetune_root()).parts))
 plt.show()
 
 # %% [markdown]

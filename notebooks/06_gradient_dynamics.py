@@ -26,16 +26,15 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plasticity, plots, results, stats, sweep
+from paperlib import finetune, paths, plasticity, plots, specs, stats
+from paperlib.runs import for_spec
 
-grid_spec = sweep.load_spec(paths.ROOT / spec)
+grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
-    results.ensure(sweep.restrict(grid_spec, dataset=[dataset], seed=[seed]))
-runs, histories = results.load()
-wanted = results.expected(grid_spec)
-shown = histories.merge(wanted, on=results.KEYS)  # the spec's runs only
-shown = shown[(shown["dataset"] == dataset) & (shown["seed"] == seed)]
-print(f"{shown.groupby(['config', 'lr']).ngroups} runs on {dataset} (seed {seed})")
+    finetune.run_spec(specs.restrict(grid_spec, dataset=[dataset], seed=[seed]))
+runs, histories, _ = for_spec(grid_spec)  # the spec's runs only
+shown = histories[(histories["dataset"] == dataset) & (histories["seed"] == seed)]
+print(f"{shown.groupby(['component', 'lr']).ngroups} runs on {dataset} (seed {seed})")
 
 # %% [markdown]
 # ## Gradient norm and validation loss per component (Fig. 4, middle and right)
@@ -57,7 +56,7 @@ plt.show()
 # the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (with `full` above all, having every weight).
 
 # %%
-early = stats.early_gradient_norm(one, runs, 0.2).set_index("config")["grad_norm"].sort_values(ascending=False)
+early = stats.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_norm"].sort_values(ascending=False)
 early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
 
 # %% [markdown]
@@ -73,18 +72,17 @@ early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20
 # their number is printed.
 
 # %%
-at = histories.merge(wanted, on=results.KEYS)
-at = at[(at["lr"] == lr) & (at["seed"] == seed)]
+at = histories[(histories["lr"] == lr) & (histories["seed"] == seed)]
 norms = stats.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one stopped early
 if norms.empty:
     print(f"no finished run at lr {lr:g} and seed {seed}")
 else:
     model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
-    if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
-        plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
+    if compute_missing:
+        plasticity.measure_missing(model, dataset, reference=reference, n_pairs=n_pairs, device=device, normalize=normalize)
     measured = plasticity.collect(normalize=normalize, reference=reference or "default")
     per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
-    lost = runs.merge(wanted, on=results.KEYS).query("lr == @lr and seed == @seed and status == 'diverged'")
+    lost = runs.query("lr == @lr and seed == @seed and status == 'diverged'")
     print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs ({len(lost)} diverged runs left out);",
           ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
     display(per_dataset.round(3))

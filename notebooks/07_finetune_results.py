@@ -27,19 +27,21 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import paths, plasticity, plots, results, stats, sweep
+from paperlib import finetune, paths, plasticity, plots, specs, stats
+from paperlib.runs import KEYS, for_spec
 
-grid_spec = sweep.load_spec(paths.ROOT / spec)
+grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
-    results.ensure(grid_spec)
-runs, _ = results.load()
-runs = runs.merge(results.expected(grid_spec), on=results.KEYS)  # the spec's runs only
-missing = results.missing(runs, grid_spec)
+    finetune.run_spec(grid_spec)
+runs, _, missing = for_spec(grid_spec)  # the spec's runs only
+model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]  # the tables below take the runs of one model and normalisation
+if compute_missing:  # P(f) of the runs' model on their datasets, for the Takeaway 2 test below
+    plasticity.measure_missing(model, sorted(runs["dataset"].unique()), reference=reference, n_pairs=n_pairs, device=device, normalize=normalize)
 print(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) + f"; {len(missing)} missing")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-not_finished = runs[runs["status"] != "finished"][results.KEYS + ["status"]]
+not_finished = runs[runs["status"] != "finished"][KEYS + ["status"]]
 print("runs not finished:", "none" if not_finished.empty else "")
 if not not_finished.empty:
     print(not_finished.to_string(index=False))
@@ -55,19 +57,18 @@ if not missing.empty:
 # all finished is not chosen.
 
 # %%
-ours = stats.table6(runs, select=select)
-ours_wide = stats.wide(ours, "mean")
-stats.formatted(ours).rename(columns=plots.LABELS)
+ours = stats.summary(runs, select=select, reference=reference)  # every table below, of these runs
+paper = stats.paper_summary()  # the same tables of the paper's own Table 6
+stats.formatted(ours["table6"]).rename(columns=plots.LABELS)
 
 # %%
-paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
-common = sorted(set(ours["dataset"]) & set(paper["dataset"]))
+ours_wide, paper_wide = stats.wide(ours["table6"], "mean"), stats.wide(paper["table6"], "mean")
+common = sorted(set(ours_wide.index) & set(paper_wide.index))
 if common:
-    side = stats.wide(paper, "mean").loc[common].add_suffix(" (paper)")
-    display(pd.concat([ours_wide.loc[common], side], axis=1).round(2))
+    display(pd.concat([ours_wide.loc[common], paper_wide.loc[common].add_suffix(" (paper)")], axis=1).round(2))
 else:
     print("No dataset in common with the paper's Table 6 (demo scale): the paper's table follows.")
-stats.wide(paper, "mean").rename(columns=plots.LABELS)
+paper_wide.rename(columns=plots.LABELS)
 
 # %% [markdown]
 # ## Table 1: MHA against the other components
@@ -85,13 +86,7 @@ stats.wide(paper, "mean").rename(columns=plots.LABELS)
 # lead over LN2 (p = 0.042) is no longer significant at 5% once the four tests are counted.
 
 # %%
-pd.concat(
-    {
-        "paper's Table 6": stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("config"),
-        "ours": stats.table1(ours.rename(columns={"mean": "accuracy"})).set_index("config"),
-    },
-    axis=1,
-).round(4)
+pd.concat({"paper's Table 6": paper["table1"].set_index("component"), "ours": ours["table1"].set_index("component")}, axis=1).round(4)
 
 # %% [markdown]
 # Every pair of components, the same test (beyond the paper, whose Table 1 compares MHA with each):
@@ -100,20 +95,20 @@ pd.concat(
 # pairs stay below 5%: MHA over LN1 and FC1 over FC2.
 
 # %%
-display(stats.formatted_pairs(stats.pairwise(paper.rename(columns={"mean": "accuracy"}))).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("paper's Table 6"))
-stats.formatted_pairs(stats.pairwise(ours.rename(columns={"mean": "accuracy"}))).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("ours")
+display(stats.formatted_pairs(paper["pairwise"]).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("paper's Table 6"))
+stats.formatted_pairs(ours["pairwise"]).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("ours")
 
 # %% [markdown]
 # ## Relative gain over linear probing (Fig. 2 right) and the average over benchmarks (Fig. 17)
 
 # %%
-gain = stats.relative_gain(ours.rename(columns={"mean": "accuracy"}))
-average = stats.average(ours)
+gain = stats.relative_gain(ours["table6"], value="mean")
+average = stats.average(ours["table6"])
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 plots.component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
 axes[0].set_title("Fig. 2 (right):\nmean over datasets")
-configs = [c for c in average["config"] if c != "linear"]
-part = average.set_index("config").loc[configs]
+configs = [c for c in average["component"] if c != "linear"]
+part = average.set_index("component").loc[configs]
 axes[1].bar([plots.LABELS[c] for c in configs], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in configs], capsize=3)
 axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
 axes[1].set_ylabel("mean test accuracy (%)")
@@ -166,36 +161,21 @@ plt.show()
 # this small model measures, not as a check of the paper.
 
 # %%
-model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]  # table6 above took the runs of one model and normalisation
-datasets = sorted(ours["dataset"].unique())
-for dataset in datasets:
-    if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
-        plasticity.run(model, dataset, reference or plasticity.default_reference(dataset), n_pairs, device=device, progress=False, normalize=normalize)
-measured, source = results.plasticity_for(runs, reference)  # where none is saved (paper scale before the plasticity sweep), the paper's ranking
+datasets = sorted(ours["table6"]["dataset"].unique())
+measured, source = stats.plasticity_for(runs, reference)  # where none is saved (paper scale before the plasticity sweep), the paper's ranking
 if source == "paper":
     print("no P(f) saved for these runs: the paper's ranking (MHA > FC1 > FC2 > LN2 > LN1) stands in for it, as for its own Table 6")
 else:
     print(f"P(f) of {model} on {measured['dataset'].nunique()} of {len(datasets)} datasets"
           + ("" if measured["dataset"].nunique() == len(datasets) else f"; none on {', '.join(sorted(set(datasets) - set(measured['dataset'])))}"))
-accuracy_tau = stats.plasticity_correlation(measured, ours.rename(columns={"mean": "accuracy"}))
-spread = stats.grid_spread(runs)
-spread_tau = stats.plasticity_correlation(measured, spread, value="std")
-paper_order = stats.paper_order(sorted(paper["dataset"].unique()))
-paper_accuracy_tau = stats.plasticity_correlation(paper_order, paper.rename(columns={"mean": "accuracy"}))
-paper_std_tau = stats.plasticity_correlation(paper_order, paper, value="std")
-pd.DataFrame.from_dict({
-    "ours: accuracy": stats.correlation_summary(accuracy_tau),
-    "ours: spread over the grid": stats.correlation_summary(spread_tau),
-    "paper's Table 6: accuracy": stats.correlation_summary(paper_accuracy_tau),
-    "paper's Table 6: std over seeds": stats.correlation_summary(paper_std_tau),
-}, orient="index").rename_axis("Kendall's tau of P(f) with").round(3)
+pd.concat({"ours": ours["takeaway2"], "paper's Table 6": paper["takeaway2"]}).drop(columns="plasticity").round(3)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-plots.plasticity_vs_result(measured.merge(ours.rename(columns={"config": "component"})[["dataset", "component", "mean"]], on=["dataset", "component"]),
+plots.plasticity_vs_result(measured.merge(ours["table6"][["dataset", "component", "mean"]], on=["dataset", "component"]),
                            "mean", axes[0], "test accuracy (%) - dataset mean")
 axes[0].set_title(f"{model}: accuracy against plasticity")
-taus = pd.concat([accuracy_tau.assign(source="ours"), paper_accuracy_tau.assign(source="paper's Table 6")])
+taus = pd.concat([ours["accuracy_tau"].assign(source="ours"), paper["accuracy_tau"].assign(source="paper's Table 6")])
 for offset, (source, part) in zip((-0.15, 0.15), taus.groupby("source", sort=False)):
     rows = {name: i for i, name in enumerate(sorted(taus["dataset"].unique()))}
     axes[1].scatter(part["tau"], [rows[d] + offset for d in part["dataset"]], label=source, s=18)
@@ -209,6 +189,6 @@ plots.save_figure(fig, plots.figure_path("07_plasticity_vs_accuracy", Path(spec)
 plt.show()
 
 # %%
-diverged = spread.groupby("dataset")[["diverged", "cells"]].agg({"diverged": "sum", "cells": "max"}).rename(columns={"diverged": "diverged runs", "cells": "grid cells"})
-accuracy_tau.merge(spread_tau[["dataset", "tau", "p_value"]], on="dataset", how="left", suffixes=("", " (spread)")).merge(diverged, on="dataset", how="left").round(3)
+diverged = stats.grid_spread(runs).groupby("dataset")[["diverged", "cells"]].agg({"diverged": "sum", "cells": "max"}).rename(columns={"diverged": "diverged runs", "cells": "grid cells"})
+ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on="dataset", how="left", suffixes=("", " (spread)")).merge(diverged, on="dataset", how="left").round(3)
 

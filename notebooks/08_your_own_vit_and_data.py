@@ -38,7 +38,7 @@ device = "cpu"  # cpu or cuda
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, data, finetune, models, paths, plasticity, plots
+from paperlib import components, data, finetune, models, paths, plasticity, plots, runs
 
 if make_example:
     if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
@@ -101,12 +101,12 @@ plt.show()
 # %%
 rows = []
 for component in components_to_finetune:
-    config = finetune.Config(model=model, dataset=dataset, config=component, lr=lr, seed=seed, steps=steps,
-                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=keep_weights)
+    config = runs.Config(model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps,
+                         batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=keep_weights)
     metrics = finetune.run(config)
     rows.append({"configuration": components.LABELS[component], "plasticity": ranked["plasticity"].get(components.LABELS[component]),
                  "status": metrics["status"], "best val accuracy": metrics.get("best_val_accuracy"), "test accuracy": metrics.get("test_accuracy"),
-                 "trainable parameters": metrics.get("trainable_parameters"), "history": finetune.history(config)})
+                 "trainable parameters": metrics.get("trainable_parameters"), "history": runs.history(config)})
 summary = pd.DataFrame(rows).set_index("configuration")
 summary.drop(columns="history").round(3)
 
@@ -139,8 +139,8 @@ plt.show()
 # %%
 if keep_weights and (summary["status"] == "finished").any():
     chosen = components_to_finetune[list(summary.index).index(summary["best val accuracy"].astype(float).idxmax())]
-    config = finetune.Config(model=model, dataset=dataset, config=chosen, lr=lr, seed=seed, steps=steps,
-                             batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
+    config = runs.Config(model=model, dataset=dataset, component=chosen, lr=lr, seed=seed, steps=steps,
+                         batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
     models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
     after, _ = plasticity.run(finetuned_name, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed, normalize=normalize)

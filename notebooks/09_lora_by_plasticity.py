@@ -30,23 +30,21 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, lora, paths, plasticity, plots, results, sweep
+from paperlib import components, finetune, lora, paths, plasticity, plots, specs, stats
+from paperlib.runs import for_spec
 
-specs = [sweep.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
+spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
 if compute_missing:
-    for grid_spec in specs:
-        results.ensure(grid_spec)
-wanted = pd.concat([results.expected(grid_spec) for grid_spec in specs]).drop_duplicates()
-runs, histories = results.load()
-runs = runs.merge(wanted, on=results.KEYS)  # the specs' runs only
-runs = lora.with_method(runs)
+    for grid_spec in spec_list:
+        finetune.run_spec(grid_spec)
+runs, histories, missing = for_spec(*spec_list)  # the specs' runs only
+runs = stats.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-missing = pd.concat([results.missing(runs, grid_spec) for grid_spec in specs])
-not_finished = runs[runs["status"] != "finished"][["dataset", "config", "method", "lr", "seed", "status"]]
+not_finished = runs[runs["status"] != "finished"][["dataset", "component", "method", "lr", "seed", "status"]]
 print("runs not finished:", "none" if not_finished.empty else "\n" + not_finished.to_string(index=False))
 print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(index=False))
 
@@ -61,9 +59,9 @@ print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(ind
 # the updates of the four weight matrices of each block (with the head and the final norm).
 
 # %%
-table = lora.comparison(runs, select=select)
-shown = table.assign(configuration=table["config"].map(components.LABELS))
-shown.set_index(["dataset", "configuration", "method"]).drop(columns="config").round(2)
+table = stats.comparison(runs, select=select)
+shown = table.assign(configuration=table["component"].map(components.LABELS))
+shown.set_index(["dataset", "configuration", "method"]).drop(columns="component").round(2)
 
 # %% [markdown]
 # ## Per component, averaged over datasets
@@ -73,12 +71,12 @@ shown.set_index(["dataset", "configuration", "method"]).drop(columns="config").r
 
 # %%
 methods = list(dict.fromkeys(table["method"]))
-average = table.groupby(["config", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
-configs = [config for config in lora.CONFIGS if config in set(average["config"])]
+average = table.groupby(["component", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
+configs = [config for config in lora.CONFIGS if config in set(average["component"])]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 width = 0.8 / max(len(methods), 1)
 for i, name in enumerate(methods):
-    part = average[average["method"] == name].set_index("config").reindex(configs)
+    part = average[average["method"] == name].set_index("component").reindex(configs)
     positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(configs))]
     axes[0].bar(positions, part["mean"], width, label=name, color=[plots.COLORS[c] for c in configs],
                 alpha=1.0 if name == "weights" else 0.55, hatch=None if name == "weights" else "//", edgecolor="black")
@@ -105,11 +103,11 @@ plt.show()
 
 # %%
 finished = runs[runs["status"] == "finished"]
-grid = finished.groupby(["config", "method", "lr"], as_index=False)["test_accuracy"].mean()
+grid = finished.groupby(["component", "method", "lr"], as_index=False)["test_accuracy"].mean()
 fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
 for ax, name in zip(axes[0], methods):
     for config in configs:
-        part = grid[(grid["method"] == name) & (grid["config"] == config)]
+        part = grid[(grid["method"] == name) & (grid["component"] == config)]
         ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=plots.COLORS[config], label=components.LABELS[config])
     ax.set(xscale="log", xlabel="learning rate", title=name)
     ax.set_xticks(sorted(grid["lr"].unique()), [f"{lr:g}" for lr in sorted(grid["lr"].unique())])
@@ -132,11 +130,11 @@ plt.show()
 # %%
 measured_as = runs[["model", "dataset", "normalize"]].drop_duplicates()  # plasticity on images normalised as the runs' were
 for model, dataset, normalize in measured_as.itertuples(index=False):
-    if compute_missing and not plasticity.has_result(model, dataset, normalize=normalize, reference=reference):
-        plasticity.run(model, dataset, reference, n_pairs, 64, device, root=data_root, progress=False, normalize=normalize)
+    if compute_missing:
+        plasticity.measure_missing(model, dataset, reference=reference, n_pairs=n_pairs, device=device, normalize=normalize, root=data_root)
 measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
 side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())
-side = side.join(average.pivot(index="config", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))
+side = side.join(average.pivot(index="component", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))
 side.index = side.index.map(components.LABELS)
 side.round(3)

@@ -37,8 +37,8 @@ from timm.models.vision_transformer import Attention
 from torch import nn
 
 from .components import COMPONENTS, block_component
-from .models import QkvFusedAttention
-from .plasticity import _evaluating, check_measurable, embed
+from .speed.layers import QkvFusedAttention
+from .plasticity import check_measurable, embed, evaluating
 
 PAPER_ATTENTION = (Attention, QkvFusedAttention, EvaAttention, AttentionRope)
 """Attention classes that compute the paper's multi-head attention when they have no RoPE, no
@@ -180,7 +180,7 @@ def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | No
 @torch.no_grad()
 def token_radius(model: nn.Module, images: torch.Tensor, kind: str = "rms") -> float:
     """Norm of the embedded tokens: ``rms`` (root mean square, the paper's r) or ``max`` (rigorous)."""
-    with _evaluating(model, "embedding"):  # in eval mode: an Eva model's embedding drops patches when training
+    with evaluating(model, "embedding"):  # in eval mode: an Eva model's embedding drops patches when training
         norms = torch.linalg.vector_norm(embed(model, images).double(), dim=-1)
     if kind == "rms":
         return float(norms.pow(2).mean().sqrt())
@@ -196,7 +196,7 @@ def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean") -> f
     ``mean`` averages each position's token deviation over images (the proposition's assumption
     says it is the same for all images); ``min`` takes the smallest over images too.
     """
-    with _evaluating(model, "embedding"):
+    with evaluating(model, "embedding"):
         std = embed(model, images).double().std(dim=-1, unbiased=False)  # (images, positions)
     if kind == "mean":
         return float(std.mean(dim=0).min())

@@ -64,14 +64,15 @@ def check_config(config: str) -> str:
     return config
 
 
-def _blocks(model: nn.Module) -> nn.Module:
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or len(blocks) == 0:
+def blocks(model: nn.Module) -> nn.Module:
+    """The transformer blocks of ``model`` (``model.blocks``); a TypeError if it has none."""
+    found = getattr(model, "blocks", None)
+    if found is None or len(found) == 0:
         raise TypeError(
             f"{type(model).__name__} has no transformer blocks: paperlib expects a timm VisionTransformer "
             "(model.blocks[i] with attn, mlp.fc1, mlp.fc2, norm1, norm2)"
         )
-    return blocks
+    return found
 
 
 SPLIT_FC1 = ("mlp.fc1_g", "mlp.fc1_x")
@@ -131,7 +132,7 @@ def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
     SwiGLU block: its gate and value layers, one after the other). MHA also owns a rotary position
     embedding with parameters (the learnable per-block frequencies of timm's mixed RoPE ViTs),
     which acts inside the attention only."""
-    modules = [part for block in _blocks(model) for part in component_parts(block_component(block, component))]
+    modules = [part for block in blocks(model) for part in component_parts(block_component(block, component))]
     rope = getattr(model, "rope", None)
     if component == "mha" and isinstance(rope, nn.Module) and any(True for _ in rope.parameters()):
         modules.append(rope)
@@ -142,7 +143,7 @@ def check_model(model: nn.Module, name: str | None = None) -> nn.Module:
     """``model``, once every block is found to have the five components; otherwise a TypeError
     that says which is missing (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no
     separate attention and feedforward layers)."""
-    for block in _blocks(model):
+    for block in blocks(model):
         for component in COMPONENTS:
             try:
                 block_component(block, component)

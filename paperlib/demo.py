@@ -27,6 +27,7 @@ from torch import nn
 
 from . import paths
 from .data import ImageDataset, get_dataset
+from .finetune import evaluate
 from .loader import DeviceLoader
 from .models import create_model
 
@@ -57,8 +58,6 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
 
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
-    from .finetune import evaluate
-
     loader = DeviceLoader(dataset, batch_size, augment=False, image_size=dataset.images.shape[-1])
     return evaluate(model, loader, contextlib.nullcontext)[1]
 

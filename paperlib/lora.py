@@ -1,8 +1,9 @@
 """LoRA on one component (beyond the paper: its §7 names "applying LoRa only to the components
 with high plasticity" as future work).
 
-    from paperlib.finetune import Config, run
-    run(Config(config="mha", lora_rank=8, lr=0.05))   # LoRA on every block's attention
+    from paperlib import finetune
+    from paperlib.runs import Config
+    finetune.run(Config(component="mha", lora_rank=8, lr=0.05))   # LoRA on every block's attention
 
 Where component-wise finetuning (``components.set_trainable``) trains a component's weights
 themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
@@ -86,7 +87,7 @@ def target_names(model: nn.Module, config: str) -> list[str]:
     if config not in TARGETS:
         raise ValueError(f"unknown LoRA configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
     names = []
-    for index, block in enumerate(components._blocks(model)):
+    for index, block in enumerate(components.blocks(model)):
         for path in (found for target in TARGETS[config] for found in _block_paths(block, target)):
             try:
                 layer = block.get_submodule(path)
@@ -186,40 +187,3 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
             "trainable": count + shared,
         })
     return pd.DataFrame(rows).set_index("configuration")
-
-
-def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
-    """How a run trains its component, for tables and legends: "weights" (the paper: the component's
-    own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
-    if not lora_rank:
-        return "weights"
-    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + ([f"dropout={lora_dropout:g}"] if lora_dropout else [])
-    return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
-
-
-def with_method(runs: pd.DataFrame) -> pd.DataFrame:
-    """``results.load``'s runs of the configurations LoRA has (``CONFIGS``) with a ``method`` column (``method``)."""
-    runs = runs[runs["config"].isin(CONFIGS)]
-    return runs.assign(method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])])
-
-
-def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
-    """Table 6 for each method of ``runs`` (one model and precision; ``with_method``): one row per
-    dataset, configuration and method with the learning rate chosen by ``select``, the mean and
-    standard deviation (%) over seeds, the seeds, and the trainable parameters."""
-    from . import stats
-
-    runs = with_method(runs)
-    tables = []
-    for name, group in runs.groupby("method", sort=False):
-        table = stats.table6(group.drop(columns="method"), select=select)
-        trainable = group.groupby(["dataset", "config"], as_index=False)["trainable_parameters"].max()
-        tables.append(table.merge(trainable, on=["dataset", "config"], how="left").assign(method=name))
-    columns = ["dataset", "config", "method", "lr", "mean", "std", "seeds", "trainable_parameters"]
-    if not tables:
-        return pd.DataFrame(columns=columns)
-    order = {config: i for i, config in enumerate(CONFIGS)}
-    table = pd.concat(tables, ignore_index=True)[columns]
-    table["_order"] = table["config"].map(order)
-    table["_lora"] = table["method"] != "weights"
-    return table.sort_values(["dataset", "_order", "_lora", "method"]).drop(columns=["_order", "_lora"]).reset_index(drop=True)

@@ -24,21 +24,34 @@ block (the zero-lifted FC2 only reads the first d columns of its weight); a Laye
 normalisation is the same in every block, only its gain differs, and its bias cancels; MHA runs
 once on both sides of every pair. Sums of squares are taken in float64. No component output
 leaves the device: only the rates do, once per batch.
+
+``run`` measures one model on one dataset and saves the result in its ``result_folder``;
+``has_result`` says whether that folder holds a complete result, ``measure_missing`` runs what is
+not there yet, and ``collect`` reads every saved result as one table of P(f).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import json
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
 from timm.layers import RmsNorm
 from torch import nn
+from torch.utils.data import DataLoader, Subset
+from tqdm.auto import tqdm
 
-from .components import COMPONENTS, LABELS, block_component
-from .components import _blocks as components_blocks
+from . import cli, data, models, paths
+from .components import COMPONENTS, LABELS, block_component, blocks
+from .loader import decode_workers
+from .transforms import check_normalize
 
 INPUTS = ("embedding", "in_situ")
 
@@ -52,7 +65,7 @@ def check_inputs(inputs: str) -> str:
 
 SAMPLES = ("first", "random")
 """How the pairs are drawn: ``first``, the first ``n_pairs`` images of each set paired by position
-(the authors' code, DESIGN.md); ``random``, a random subset of each set, drawn with a seed (class
+(as the authors' code pairs them); ``random``, a random subset of each set, drawn with a seed (class
 folders are sorted by class, so the first images of a large set are its first classes)."""
 
 
@@ -262,14 +275,15 @@ def check_measurable(model: nn.Module) -> nn.Module:
     """``model``, once every block is found to have the five components in a form the rates are
     defined for (LayerNorm or RMSNorm, FC2 at least as wide as the tokens, no unmerged LoRA
     update); otherwise a TypeError that says what is wrong."""
-    for block in components_blocks(model):
+    for block in blocks(model):
         _check_block(block)
     return model
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module, inputs: str):
-    """Checks the inputs mode and the blocks once, and holds the model in eval mode, no gradients."""
+def evaluating(model: nn.Module, inputs: str):
+    """Checks the inputs mode and the blocks once (``check_inputs``, ``check_measurable``), and
+    holds the model in eval mode, without gradients, for the ``with`` block; its mode is restored after."""
     check_inputs(inputs)
     check_measurable(model)
     was_training = model.training
@@ -292,7 +306,7 @@ def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str 
 
     ``terms``: ``linear_terms(model)``, when computed once for many batches.
     """
-    with _evaluating(model, inputs):
+    with evaluating(model, inputs):
         return _rates(model, x, y, inputs, terms)
 
 
@@ -355,8 +369,6 @@ def ranking_uncertainty(table: pd.DataFrame, n_resamples: int = 2000, confidence
     interval of Kendall's tau with the paper's ranking, ``attrs["order stable"]`` the fraction of
     resamples with the whole order unchanged.
     """
-    import numpy as np
-
     per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
     result = stats.bootstrap(
         (per_pair.to_numpy(),), np.mean, axis=0, n_resamples=n_resamples, confidence_level=confidence,
@@ -397,9 +409,6 @@ def measure(
     distribution, target = the downstream test split, both yielding (normalised image, label).
     Returns the tidy table of ``rates`` for all pairs.
     """
-    from torch.utils.data import DataLoader, Subset
-    from tqdm.auto import tqdm
-
     check_inputs(inputs)
     if n_pairs < 1:
         raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
@@ -416,7 +425,7 @@ def measure(
         for dataset, chosen in zip((reference, target), indices)
     ]
     chunks = []
-    with _evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
+    with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         terms = linear_terms(model) if inputs == "embedding" else None
         for (x, _), (y, _) in zip(*loaders):
             chunks.append(_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms))
@@ -426,16 +435,12 @@ def measure(
 
 def results_root(inputs: str = "embedding"):
     """``results/plasticity`` (``results/plasticity_in_situ`` for the extension)."""
-    from . import paths
-
     return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
 
 
 def default_reference(dataset: str) -> str:
     """The reference images a dataset is measured against unless asked otherwise: the demo
     world's ``digits_source`` for its datasets, ImageNet (the paper's) for every other."""
-    from . import data
-
     source = data.DATASETS.get(dataset)  # a custom dataset need not be there any more for its results to be read
     return "digits_source" if source is not None and source.group == "demo" else "imagenet"
 
@@ -447,8 +452,6 @@ def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: s
     normalised with the model's own statistics, ``+ref-<reference>`` against reference images
     other than the dataset's ``default_reference`` (None: the default), ``+severity-<s>`` for a
     Cifar10-C corruption at another severity than the paper's 5)."""
-    from .transforms import check_normalize
-
     leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
     leaf += "" if check_normalize(normalize) == "imagenet" else f"+norm-{normalize}"
     if reference is not None and reference != default_reference(dataset):
@@ -458,82 +461,11 @@ def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: s
     return results_root(inputs) / model / leaf
 
 
-def _metadata(folder: Path) -> dict | None:
-    """The ``metadata.json`` of a complete result in ``folder``, or None."""
-    import json
-
-    file = Path(folder) / "metadata.json"
-    return json.loads(file.read_text()) if file.is_file() else None
-
-
-def _measured_as(metadata: dict, inputs: str = "embedding") -> dict:
-    """How a saved result was measured, as ``result_folder``'s arguments (a result from before an
-    option has its default: the paper's pairs and normalisation, the dataset's default reference)."""
-    return {"model": metadata["model"], "dataset": metadata["dataset"], "inputs": metadata.get("inputs") or inputs,
-            "sample": metadata.get("sample") or "first", "seed": metadata.get("seed") or 0, "normalize": metadata.get("normalize") or "imagenet",
-            "reference": metadata.get("reference") or default_reference(metadata["dataset"]), "severity": metadata.get("severity") or 5}
-
-
-def _belongs(folder: Path, inputs: str) -> bool:
-    """Whether ``folder`` holds a complete result that ``result_folder`` puts there (one saved
-    without ``run``'s record counts: there is nothing to say it belongs elsewhere)."""
-    metadata = _metadata(folder)
-    if metadata is None:
-        return False
-    return not {"model", "dataset"} <= metadata.keys() or result_folder(**_measured_as(metadata, inputs)) == folder
-
-
-def _settle(folder: Path, inputs: str, seen: tuple = ()) -> None:
-    """A result in ``folder`` that belongs elsewhere (saved before ``+ref-`` folders, against other
-    reference images, in the default's; or before ``+severity-`` folders, at another severity) moves
-    to the folder ``result_folder`` gives it, after that folder's own misplaced result, if any, has
-    moved on. If that folder holds a result of its own, or an incomplete one (a measurement
-    interrupted, or under way in another process), the result moves aside to
-    ``<folder>.moved-<n>`` instead, with a warning: nothing is deleted or overwritten."""
-    import warnings
-
-    metadata = _metadata(folder)
-    if metadata is None or not {"model", "dataset"} <= metadata.keys():  # a result saved without run()'s record: nothing to go by
-        return
-    own = result_folder(**_measured_as(metadata, inputs))
-    if own == folder:
-        return
-    if own not in seen:
-        _settle(own, inputs, seen + (folder,))
-    if not own.exists():
-        own.parent.mkdir(parents=True, exist_ok=True)
-        folder.rename(own)
-        return
-    n = 1
-    while folder.with_name(f"{folder.name}.moved-{n}").exists():
-        n += 1
-    aside = folder.with_name(f"{folder.name}.moved-{n}")
-    folder.rename(aside)
-    complete = _metadata(own) is not None
-    warnings.warn(f"{folder} held a result that belongs in {own} (against {metadata.get('reference')}, severity {metadata.get('severity') or 5}), "
-                  f"which holds {'a result' if complete else 'an incomplete one'} already: it is kept in {aside}"
-                  f"{', and not read while that folder holds a result of its own' if complete else ''}", stacklevel=3)
-
-
-def _tidy(model: str, dataset: str, inputs: str, sample: str, seed: int, normalize: str, reference: str | None, severity: int) -> None:
-    """Before a result is looked for or saved: the folders earlier versions may have put it in,
-    or put another result in, settled (``_settle``): the folder asked for, the default reference's
-    and this reference's at the paper's severity."""
-    folders = [result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity),
-               result_folder(model, dataset, inputs, sample, seed, normalize, reference, 5),
-               result_folder(model, dataset, inputs, sample, seed, normalize, None, 5)]
-    for folder in dict.fromkeys(folders):
-        _settle(folder, inputs)
-
-
 def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
                normalize: str = "imagenet", reference: str | None = None, severity: int = 5) -> bool:
-    """Whether a complete result measured as asked is in ``result_folder``. Results that earlier
-    versions saved where they no longer belong (against other reference images in the default's
-    folder, before ``+ref-`` folders; at another severity, before ``+severity-``) are first moved
-    to their own folders (``_settle``), so that each counts for what it measured."""
-    _tidy(model, dataset, inputs, sample, seed, normalize, reference, severity)
-    return _belongs(result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), inputs)
+    """Whether ``result_folder`` for these arguments holds a complete result (its ``metadata.json``,
+    which ``save`` writes last)."""
+    return (result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity) / "metadata.json").is_file()
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
@@ -541,10 +473,6 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
 
     ``metadata.json`` is written last: its presence marks a complete result.
     """
-    import json
-
-    from . import paths
-
     folder = Path(folder)
     paths.atomic_write(folder / "rates.csv.gz", lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
     paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata or {}, indent=2, default=str) + "\n")
@@ -590,11 +518,6 @@ def run(
     images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
     waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
     """
-    import time
-
-    from . import data, models
-    from .loader import decode_workers
-
     check_inputs(inputs)
     check_sample(sample)
     mean_std = models.normalization(model, normalize)
@@ -629,16 +552,31 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    _tidy(model, dataset, inputs, sample, seed, normalize, reference, severity)  # results of earlier versions' folders: moved, not overwritten
     return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata)
 
 
-def _own_place(metadata: dict, inputs: str) -> Path | None:
-    """Where ``run`` puts a result of this record, relative to ``results_root(inputs)`` (None: saved
-    without ``run``'s record)."""
-    if not {"model", "dataset"} <= metadata.keys():
-        return None
-    return result_folder(**{**_measured_as(metadata, inputs), "inputs": inputs}).relative_to(results_root(inputs))
+def measure_missing(models: str | list[str], datasets: str | list[str], reference: str | None = None, n_pairs: int = 179,
+                    batch_size: int = 64, device: str = "cpu", inputs: str = "embedding", sample: str = "first", seed: int = 0,
+                    normalize: str = "imagenet", root=None, progress: bool = False) -> list[tuple[str, str]]:
+    """Measure every model on every dataset that has no result yet, as the notebooks do before ``collect``.
+
+    ``models``, ``datasets``: a name or a list of names. For each (model, dataset), models outer,
+    without ``has_result`` for these arguments, ``run`` measures it against ``reference`` (None:
+    the dataset's ``default_reference``) with the other arguments as they are given. ``n_pairs``:
+    notebook 02's 179 unless given (``run`` has no default; the paper's is 12,800). Returns the
+    (model, dataset) pairs measured, in that order.
+    """
+    models = [models] if isinstance(models, str) else list(models)
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
+    measured = []
+    for model in models:
+        for dataset in datasets:
+            if has_result(model, dataset, inputs, sample, seed, normalize, reference):
+                continue
+            against = reference if reference is not None else default_reference(dataset)
+            run(model, dataset, against, n_pairs, batch_size, device, inputs, root=root, progress=progress, sample=sample, seed=seed, normalize=normalize)
+            measured.append((model, dataset))
+    return measured
 
 
 def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",
@@ -652,13 +590,8 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
-    all): a model and dataset measured several ways would otherwise count twice. A result outside
-    its own folder (saved before ``+ref-`` folders, or moved aside by ``_settle``) counts only if its
-    own folder holds none, so that no measurement counts twice either.
+    all): a model and dataset measured several ways would otherwise count twice.
     """
-    import json
-
-    from .transforms import check_normalize
     if sample is not None:
         check_sample(sample)
     if normalize is not None:
@@ -676,11 +609,6 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
             continue
-        own = _own_place(metadata, inputs)
-        if own is not None and metadata_file.parent.relative_to(base) != own:  # misplaced: counted unless its own folder holds its own result
-            there = _metadata(base / own)
-            if there is not None and _own_place(there, inputs) in (None, own):
-                continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
@@ -703,11 +631,6 @@ CLI_DEFAULTS = {"model": "demo", "dataset": "digits", "reference": "digits_sourc
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
-    import inspect
-    import sys
-
-    from . import cli, paths
-
     signature = inspect.signature(run).parameters
     defaults = {name: CLI_DEFAULTS.get(name, p.default) for name, p in signature.items()}
     defaults["num_workers"] = 0  # run's None (automatic) as a number a command line can give; None stays automatic

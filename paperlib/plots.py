@@ -184,7 +184,7 @@ def training_curves(histories, value: str, ax: plt.Axes | None = None, configs=C
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for config in configs:
-        part = histories[histories["config"] == config].dropna(subset=[value])
+        part = histories[histories["component"] == config].dropna(subset=[value])
         if len(part):
             ax.plot(part["step"], part[value], color=COLORS[config], ls="--" if config == "full" else "-", label=LABELS[config])
     if log:
@@ -203,13 +203,13 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
         raise ValueError(f"config_boxes shows one dataset (Fig. 18 has a panel per benchmark), got {', '.join(sorted(runs['dataset'].unique()))}")
-    configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["config"] == c).any()]
+    configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
     finished = runs[runs["status"] == "finished"]
-    values = [100 * finished.loc[finished["config"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
+    values = [100 * finished.loc[finished["component"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
     parts = ax.boxplot(values, patch_artist=True, widths=0.6)
     for box, config in zip(parts["boxes"], configs):
         box.set_facecolor(COLORS[config])
-    diverged = [int(((runs["config"] == c) & (runs["status"] == "diverged")).sum()) for c in configs]
+    diverged = [int(((runs["component"] == c) & (runs["status"] == "diverged")).sum()) for c in configs]
     labels = [LABELS[c] + (f"\n{n} diverged" if n else "") for c, n in zip(configs, diverged)]
     ax.set_xticks(range(1, len(configs) + 1), labels)
     ax.set_ylabel("test accuracy (%)")

@@ -28,18 +28,22 @@ stable finetuning performance" (§5.2).
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from . import lora, paths, plasticity, runs, specs
 from .components import COMPONENTS, CONFIGS
-from .results import KEYS
+from .runs import KEYS, method
 
 SELECTIONS = ("test", "val")
 
-SETTING = tuple(key for key in KEYS if key not in ("dataset", "config", "lr", "seed"))
+SETTING = tuple(key for key in KEYS if key not in ("dataset", "component", "lr", "seed"))
 """The run keys that make one setting (model, precision, optimizer, LoRA, normalisation, tag): runs
 that differ in them are not seeds or learning rates of one another."""
 
@@ -60,12 +64,12 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
     finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
     finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
-    per_lr = finished.groupby(["dataset", "config", "lr"]).agg(
+    per_lr = finished.groupby(["dataset", "component", "lr"]).agg(
         mean=("test", lambda s: s.mean(skipna=False)), std=("test", "std"), seeds=("test", "size"), score=(select, lambda s: s.mean(skipna=False))
     ).reset_index()
-    complete = per_lr["seeds"] == per_lr.groupby(["dataset", "config"])["seeds"].transform("max")
-    best = per_lr[complete].dropna(subset=["score"]).sort_values("score", ascending=False).groupby(["dataset", "config"]).head(1)
-    return best.drop(columns="score").sort_values(["dataset", "config"], key=_config_order).reset_index(drop=True)
+    complete = per_lr["seeds"] == per_lr.groupby(["dataset", "component"])["seeds"].transform("max")
+    best = per_lr[complete].dropna(subset=["score"]).sort_values("score", ascending=False).groupby(["dataset", "component"]).head(1)
+    return best.drop(columns="score").sort_values(["dataset", "component"], key=_config_order).reset_index(drop=True)
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
@@ -79,14 +83,14 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def _config_order(column: pd.Series) -> pd.Series:
-    if column.name == "config":
+    if column.name == "component":
         return column.map({c: i for i, c in enumerate(CONFIGS)})
     return column
 
 
 def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     """datasets x configs, configs in plasticity order."""
-    table = accuracies.pivot(index="dataset", columns="config", values=value)
+    table = accuracies.pivot(index="dataset", columns="component", values=value)
     return table[[c for c in CONFIGS if c in table.columns]]
 
 
@@ -106,8 +110,8 @@ def table1(accuracies: pd.DataFrame, alternative: str = "two-sided", level: floa
         if config not in table:
             continue
         difference, p_value, datasets = _signed_rank(table["mha"], table[config], alternative)
-        rows.append({"config": config, "decrease": difference, "p_value": p_value, "significant": bool(p_value < level), "datasets": datasets})
-    out = pd.DataFrame(rows, columns=["config", "decrease", "p_value", "significant", "datasets"])
+        rows.append({"component": config, "decrease": difference, "p_value": p_value, "significant": bool(p_value < level), "datasets": datasets})
+    out = pd.DataFrame(rows, columns=["component", "decrease", "p_value", "significant", "datasets"])
     out["p_holm"] = holm(out["p_value"])
     out["significant_holm"] = out["p_holm"] < level
     return out
@@ -165,9 +169,10 @@ def pairwise(accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "t
     return out
 
 
-def relative_gain(accuracies: pd.DataFrame, baseline: str = "linear") -> pd.DataFrame:
-    """Percentage improvement of each config over ``baseline`` per dataset (Fig. 2 right): datasets x configs."""
-    table = wide(accuracies)
+def relative_gain(accuracies: pd.DataFrame, baseline: str = "linear", value: str = "accuracy") -> pd.DataFrame:
+    """Percentage improvement of each config over ``baseline`` per dataset (Fig. 2 right): datasets x configs
+    (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``)."""
+    table = wide(accuracies, value)
     if baseline not in table:
         raise ValueError(f"relative_gain needs the baseline config {baseline!r}")
     gain = table.drop(columns=baseline).sub(table[baseline], axis=0).div(table[baseline], axis=0) * 100
@@ -182,12 +187,12 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
     is ``sqrt(sum_i sd_i^2 / s) / k``; it is NaN when a dataset has a single seed (no deviation).
     """
     rows = []
-    for config, part in table.groupby("config", sort=False):
+    for config, part in table.groupby("component", sort=False):
         k = len(part)
         se = math.sqrt(((part["std"] ** 2) / part["seeds"]).sum(skipna=False)) / k if (part["seeds"] > 1).all() else float("nan")
-        rows.append({"config": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
+        rows.append({"component": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
-    return out.sort_values("config", key=_config_order).reset_index(drop=True)
+    return out.sort_values("component", key=_config_order).reset_index(drop=True)
 
 
 def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> pd.DataFrame:
@@ -204,20 +209,20 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     ``diverged``. ``runs``: ``results.load``'s table for one model, precision, optimizer, LoRA
     setting, normalisation and tag (a ValueError otherwise)."""
     _check_one_setting(runs, "grid_spread")
-    columns = ["dataset", "config", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
+    columns = ["dataset", "component", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
     rows = []
-    for dataset, part in runs[runs["config"].isin(configs)].groupby("dataset", sort=True):
-        present = [c for c in configs if c in set(part["config"])]
-        if part.duplicated(["lr", "seed", "config"]).any():
+    for dataset, part in runs[runs["component"].isin(configs)].groupby("dataset", sort=True):
+        present = [c for c in configs if c in set(part["component"])]
+        if part.duplicated(["lr", "seed", "component"]).any():
             raise ValueError(f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first")
-        status = part.pivot(index=["lr", "seed"], columns="config", values="status")[present]
-        accuracy = part.pivot(index=["lr", "seed"], columns="config", values="test_accuracy")[present] * 100
+        status = part.pivot(index=["lr", "seed"], columns="component", values="status")[present]
+        accuracy = part.pivot(index=["lr", "seed"], columns="component", values="test_accuracy")[present] * 100
         ended = (status == "diverged") | ((status == "finished") & accuracy.notna())  # a finished run without a test accuracy is not counted
         complete = ended.all(axis=1)
         kept = complete & (status == "finished").all(axis=1) if common else complete
         for config in present:
             values = accuracy.loc[kept & (status[config] == "finished"), config]
-            rows.append({"dataset": dataset, "config": config, "std": values.std(), "iqr": values.quantile(0.75) - values.quantile(0.25),
+            rows.append({"dataset": dataset, "component": config, "std": values.std(), "iqr": values.quantile(0.75) - values.quantile(0.25),
                          "range": values.max() - values.min(), "median": values.median(), "finished": len(values),
                          "diverged": int((complete & (status[config] == "diverged")).sum()), "cells": int(complete.sum())})
     return pd.DataFrame(rows, columns=columns)
@@ -255,7 +260,6 @@ def plasticity_correlation(plasticity: pd.DataFrame, results: pd.DataFrame, valu
     if value not in results:
         raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
     plasticity = plasticity.assign(component=plasticity["component"].astype(str))
-    results = results.rename(columns={"config": "component"})
     for name, table in (("plasticity", plasticity), ("results", results)):
         repeated = table[table.duplicated(["dataset", "component"], keep=False)]
         if not repeated.empty:
@@ -336,3 +340,131 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     matrix = pairs.assign(text=text).pivot(index="first", columns="second", values="text")
     matrix = matrix.reindex(index=[c for c in CONFIGS if c in matrix.index], columns=[c for c in CONFIGS if c in matrix.columns]).fillna("")
     return matrix.rename_axis(index=None, columns=None)
+
+
+# Beyond the paper: LoRA against the components' own weights (notebook 09)
+
+
+def with_method(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs.load``'s runs of the configurations LoRA has (``lora.CONFIGS``) with a ``method`` column (``method``)."""
+    runs = runs[runs["component"].isin(lora.CONFIGS)]
+    return runs.assign(method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])])
+
+
+def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
+    """Table 6 for each method of ``runs`` (one model and precision; ``with_method``): one row per
+    dataset, configuration and method with the learning rate chosen by ``select``, the mean and
+    standard deviation (%) over seeds, the seeds, and the trainable parameters."""
+    runs = with_method(runs)
+    tables = []
+    for name, group in runs.groupby("method", sort=False):
+        table = table6(group.drop(columns="method"), select=select)
+        trainable = group.groupby(["dataset", "component"], as_index=False)["trainable_parameters"].max()
+        tables.append(table.merge(trainable, on=["dataset", "component"], how="left").assign(method=name))
+    columns = ["dataset", "component", "method", "lr", "mean", "std", "seeds", "trainable_parameters"]
+    if not tables:
+        return pd.DataFrame(columns=columns)
+    order = {component: i for i, component in enumerate(lora.CONFIGS)}
+    table = pd.concat(tables, ignore_index=True)[columns]
+    table["_order"] = table["component"].map(order)
+    table["_lora"] = table["method"] != "weights"
+    return table.sort_values(["dataset", "_order", "_lora", "method"]).drop(columns=["_order", "_lora"]).reset_index(drop=True)
+
+
+# Every table of a sweep's runs, and the command line
+
+
+def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd.DataFrame, str]:
+    """P(f) of the runs' model on their datasets, measured on images normalised as the runs' were
+    (``plasticity.collect``: the paper's pairs, against ``reference``, None: each dataset's default),
+    and where it comes from: ``"measured"``, or, where none is saved, ``"paper"``: the ranking the
+    paper finds on every benchmark (``paper_order``), which uses the order only, as the
+    Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
+    for key in ("model", "normalize"):
+        if runs[key].nunique() != 1:
+            raise ValueError(f"plasticity_for needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}")
+    model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]
+    datasets = sorted(runs["dataset"].unique())
+    measured = plasticity.collect(normalize=normalize, reference=reference or "default")
+    measured = measured[(measured["model"] == model) & measured["dataset"].isin(datasets)]
+    if measured.empty:
+        return paper_order(datasets).assign(model=model), "paper"
+    return measured, "measured"
+
+
+def summary(runs: pd.DataFrame, select: str = "test", reference: str | None = None) -> dict[str, pd.DataFrame]:
+    """Notebook 07's tables for the runs of one setting: ``table6`` and its ``comparisons``, with
+    P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
+    accuracy_table = table6(runs, select=select)
+    measured, source = plasticity_for(runs, reference)
+    return {"table6": accuracy_table, **comparisons(accuracy_table, measured, source, grid_spread(runs), "spread over the grid")}
+
+
+PAPER_TABLE6 = paths.PARAMETERS / "paper" / "table6.csv"
+"""The paper's own Table 6 (appendix D.2), transcribed: dataset, component, mean, std."""
+
+
+def paper_summary() -> dict[str, pd.DataFrame]:
+    """The tables of ``summary`` computed on the paper's own Table 6 (``PAPER_TABLE6``), with the
+    paper's ranking in place of P(f) (``paper_order``) and its standard deviation over seeds as the spread."""
+    paper = pd.read_csv(PAPER_TABLE6, comment="#")
+    order = paper_order(sorted(paper["dataset"].unique()))
+    return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
+
+
+def comparisons(accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: str, spread: pd.DataFrame,
+                spread_name: str) -> dict[str, pd.DataFrame]:
+    """The tables that compare components across datasets, from a Table 6 (``mean`` per dataset and
+    component): ``table1`` (with Holm), ``pairwise``, and the Takeaway 2 test against P(f)
+    (``measured``; ``source`` says where it comes from): ``accuracy_tau`` and ``spread_tau`` (per
+    dataset; ``spread``: a ``std`` per dataset and component) and ``takeaway2`` (their summaries)."""
+    accuracies = accuracy_table.rename(columns={"mean": "accuracy"})
+    accuracy_tau = plasticity_correlation(measured, accuracies)
+    spread_tau = plasticity_correlation(measured, spread, value="std")
+    takeaway2 = pd.DataFrame.from_dict({"accuracy": correlation_summary(accuracy_tau), spread_name: correlation_summary(spread_tau)},
+                                       orient="index").rename_axis("Kendall's tau of P(f) with").assign(plasticity=source)
+    return {"table1": table1(accuracies), "pairwise": pairwise(accuracies), "accuracy_tau": accuracy_tau,
+            "spread_tau": spread_tau, "takeaway2": takeaway2}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``: notebook 07's
+    tables for a finetuning sweep's runs, without the notebook: what is finished and missing, Table 6,
+    Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test."""
+    parser = argparse.ArgumentParser(prog="python -m paperlib.stats", description=main.__doc__.split(":", 1)[1].strip())
+    parser.add_argument("spec", help="a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml")
+    parser.add_argument("--select", default="test", choices=SELECTIONS, help="pick each learning rate by test (the paper) or val accuracy")
+    parser.add_argument("--reference", default=None, help="reference images of the P(f) to read (default: each dataset's default)")
+    parser.add_argument("--csv", default=None, metavar="DIR", help="also write each table as DIR/<table>.csv")
+    args = parser.parse_args(argv)
+    try:
+        spec = specs.load_spec(args.spec)
+        found, _, missing = runs.for_spec(spec)
+        if found.empty:
+            raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
+        tables = summary(found, args.select, args.reference)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
+    print(f"{len(found)} runs of {args.spec}: {counts}; {len(missing)} missing\n")
+    shown = {"Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
+             "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
+             "Every pair of components (difference, Holm-adjusted p over the pairs)": formatted_pairs(tables["pairwise"]),
+             "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
+             "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3)}
+    for title, table in shown.items():
+        print(f"{title}\n{table.to_string()}\n")
+    if args.csv:
+        folder = Path(args.csv)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            paths.atomic_write(folder / f"{name}.csv", lambda tmp, table=table, index=name == "takeaway2": table.to_csv(tmp, index=index))
+        print(f"tables written to {paths.display(folder)}")
+    return 0
+
+
+if __name__ == "__main__":  # the package's module, not this __main__ copy of it
+    from paperlib.stats import main as _main
+
+    raise SystemExit(_main())

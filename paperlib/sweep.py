@@ -4,15 +4,12 @@
     python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor gpus     # all GPUs here
     python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor slurm    # via submitit
 
-A spec (YAML) names a ``notebook``, fixed ``parameters``, a ``grid`` of lists to expand (in the
-order written; or a list of such grids, expanded one after the other), an optional run ``name`` template (default: the grid values joined by ``/``)
-and optional ``slurm`` settings for submitit. Each run writes
-``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last: a run counts as
-finished only when that marker exists and records the run's parameters and, for the
-``custom/<name>`` models and datasets it names, what they held (``input_fingerprints``); finished
-runs are skipped when the sweep is started again (a run whose parameters were edited since, or
-whose custom images or model changed since, runs again). A failing run leaves ``.error.txt`` with its error and does not stop the others.
-``reports/index.html`` is rewritten at the end.
+A spec (``specs``: a notebook, fixed parameters, a grid) expands into runs. Each run writes
+``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last; finished runs
+(``Run.finished``: for a finetuning run, its run folder says so, ``runs.is_finished``) are skipped
+when the sweep is started again (a run whose parameters were edited since, or whose custom images
+or model changed since, runs again). A failing run leaves ``.error.txt`` with its error and does
+not stop the others. ``reports/index.html`` is rewritten at the end.
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
 visible GPU, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm`` (submitit's
@@ -22,25 +19,22 @@ cluster executor, one job per run) and ``submitit-local`` (submitit's local exec
 from __future__ import annotations
 
 import argparse
-import ast
 import concurrent.futures
-import itertools
 import json
 import multiprocessing
 import os
-import re
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+import submitit
+import torch
 
-from . import paths, report
+from . import data, models, paths, report, runs, specs
 
 EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
-SPEC_KEYS = {"notebook", "parameters", "grid", "name", "slurm"}
 
 
 @dataclass
@@ -78,11 +72,19 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """Whether this run's marker exists and records these parameters (a spec edited since, say
-        its steps, makes its runs unfinished: their names need not change) and the custom models
-        and datasets as they are now (edited images, a re-saved model: unfinished)."""
+        """Whether this run is finished as its spec asks now. A finetuning run (notebook 05) asks
+        its run folder (``runs.is_finished``: the parameters it recorded, the custom inputs as they
+        are now), and its report must be there (the marker). Another notebook's run asks its
+        marker: it must record these parameters (a spec edited since, say its steps, makes its
+        runs unfinished: their names need not change) and the custom models and datasets as they
+        are now (edited images, a re-saved model: unfinished)."""
         if not self.marker.is_file():
             return False
+        if self.notebook.stem == runs.NOTEBOOK:
+            try:
+                return runs.is_finished(runs.config_from(self.parameters))
+            except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
+                return False
         try:
             marker = json.loads(self.marker.read_text())
             recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
@@ -123,8 +125,6 @@ def fingerprinted(runs: list[Run]) -> list[Run]:
 
 
 def _fingerprint(kind: str, name: str, root) -> str | None:
-    from . import data, models
-
     try:
         if kind == "model":
             return models.content_fingerprint(name)  # a model that is not there raises FileNotFoundError
@@ -133,118 +133,11 @@ def _fingerprint(kind: str, name: str, root) -> str | None:
         return None
 
 
-def load_spec(path: str | Path) -> dict:
-    """Read and check a sweep spec."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"sweep spec not found: {path}")
-    spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - SPEC_KEYS
-    if unknown:
-        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
-    if "notebook" not in spec:
-        raise ValueError(f"{path} names no notebook")
-    for grid in _grids(spec):
-        for key, values in grid.items():
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"grid entry {key!r} in {path} must be a non-empty list, got {values!r}")
-        overlap = set(grid) & set(spec.get("parameters") or {})
-        if overlap:
-            raise ValueError(f"{', '.join(sorted(overlap))} both fixed and in the grid of {path}")
-    return spec
-
-
-def _grids(spec: dict) -> list[dict]:
-    """A spec's grid, or its list of grids (e.g. one per group of datasets with its own steps)."""
-    grid = spec.get("grid") or {}
-    return grid if isinstance(grid, list) else [grid]
-
-
-def restrict(spec: dict, **values) -> dict:
-    """The spec with only the runs whose parameters take the given values (``key=[value, ...]``),
-    for a spec with one grid or a list of them; a ValueError naming the spec's values when no run
-    takes them."""
-    fixed = spec.get("parameters") or {}
-    grids = []
-    for grid in _grids(spec):
-        kept = dict(grid)
-        for key, wanted in values.items():
-            if key in grid:
-                kept[key] = [value for value in grid[key] if value in wanted]
-                if not kept[key]:
-                    break
-            elif fixed.get(key) not in wanted:
-                break
-        else:
-            grids.append(kept)
-    if not grids:
-        offered = {key: sorted({str(v) for grid in _grids(spec) for v in grid.get(key, [fixed.get(key)])}) for key in values}
-        raise ValueError("the spec has no run with " + " and ".join(f"{key} in {list(wanted)}" for key, wanted in values.items())
-                         + "; its values: " + "; ".join(f"{key}: {', '.join(choices)}" for key, choices in offered.items()))
-    return {**spec, "grid": grids if isinstance(spec.get("grid"), list) else grids[0]}
-
-
-def _safe(name: str) -> str:
-    parts = [re.sub(r"[^A-Za-z0-9_.=+-]", "_", part) for part in name.split("/") if part not in ("", ".", "..")]
-    return "/".join(parts) or "run"
-
-
-def notebook_parameters(notebook: Path) -> dict:
-    """The names and default values of a notebook's ``parameters`` cell (``None`` for a default that
-    is not a literal). Read with ``ast``: papermill's ``inspect_notebook`` cannot parse every line
-    of ours (a comment holding quotes)."""
-    import nbformat
-
-    cells = [c for c in nbformat.read(notebook, as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
-    if not cells:
-        raise ValueError(f"{notebook} has no cell tagged 'parameters'")
-    defaults = {}
-    for node in ast.parse(cells[0].source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                defaults[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                defaults[node.targets[0].id] = None
-    return defaults
-
-
-def _typed(name: str, value, default):
-    """A spec's value for a numeric parameter given as a string (YAML reads ``1e-2`` as one) as a number."""
-    from .cli import coerce
-
-    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-    return coerce(name, value, default) if numeric and isinstance(value, str) else value
-
-
 def expand(spec: dict, reports: Path | None = None) -> list[Run]:
-    """The runs of a spec: the grid's product, in the order its keys and values are written.
-
-    Every parameter must be one of the notebook's (papermill would pass a misspelt one on and the
-    notebook would run on its default); numbers written as strings are read as numbers.
-    """
-    notebook = Path(spec["notebook"])
-    if not notebook.is_absolute():
-        notebook = paths.ROOT / notebook
-    if not notebook.is_file():
-        raise FileNotFoundError(f"notebook not found: {notebook}")
-    defaults = notebook_parameters(notebook)
-    given = set(spec.get("parameters") or {}) | {key for grid in _grids(spec) for key in grid}
-    unknown = sorted(given - set(defaults))
-    if unknown:
-        raise ValueError(f"{notebook.name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(defaults)}")
-    fixed = {key: _typed(key, value, defaults[key]) for key, value in (spec.get("parameters") or {}).items()}
-    folder = (reports or paths.reports_dir()) / notebook.stem
-    runs = []
-    for grid in _grids(spec):
-        for values in itertools.product(*grid.values()):
-            cell = {key: _typed(key, value, defaults[key]) for key, value in zip(grid, values)}
-            template = spec.get("name")
-            name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
-            runs.append(Run(_safe(name), notebook, {**fixed, **cell}, folder))
-    names = [r.name for r in runs]
-    if len(set(names)) != len(names):
-        raise ValueError("two runs of the sweep have the same name: give the spec a name template that uses every grid key")
-    return runs
+    """The runs of a spec (``specs.cells``), each with its outputs under ``reports/<notebook>/``."""
+    found = specs.cells(spec)
+    folder = (reports or paths.reports_dir()) / found[0][1].stem if found else None
+    return [Run(name, notebook, parameters, folder) for name, notebook, parameters in found]
 
 
 def execute_run(run: Run) -> Run:
@@ -277,8 +170,6 @@ def _pin_gpu(queue) -> None:
 
 
 def _visible_gpus() -> list[int]:
-    import torch
-
     return list(range(torch.cuda.device_count()))
 
 
@@ -306,8 +197,6 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
         with concurrent.futures.ProcessPoolExecutor(len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)) as pool:
             todo = list(pool.map(execute_run, todo))
     elif todo:
-        import submitit
-
         folder = (reports or paths.reports_dir()) / runs[0].notebook.stem / ".submitit"
         if executor == "slurm":
             pool = submitit.AutoExecutor(folder=folder)
@@ -331,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     args = parser.parse_args(argv)
     try:
-        spec = load_spec(args.spec)
+        spec = specs.load_spec(args.spec)
         if args.dry_run:
             for run in fingerprinted(expand(spec)):
                 print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")

@@ -1,15 +1,55 @@
+"""Fixtures shared by every test: a seeded random state, a results root of the test's own, small
+finetuning runs of the demo world, and the demo ViT."""
+
 import os
 
 import pytest
 import torch
 
+from paperlib import models
+from paperlib.runs import Config
+
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+SMALL = {"steps": 12, "batch_size": 16, "warmup": 2, "eval_every": 4, "lr": 0.05}
+"""A finetuning run of the demo world small enough for a unit test (seconds on a CPU)."""
 
 
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same global random state."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def results(tmp_path, monkeypatch):
+    """Every test's results root (``VIT_PLASTICITY_RESULTS``): a folder of its own."""
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    return tmp_path / "results"
+
+
+@pytest.fixture
+def move_results(tmp_path, monkeypatch):
+    """``move_results(name)``: the results root moves to ``<tmp_path>/<name>`` (a second root in one
+    test, e.g. an uninterrupted run beside an interrupted one); returns it."""
+
+    def move(name: str):
+        monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / name))
+        return tmp_path / name
+
+    return move
+
+
+@pytest.fixture
+def small():
+    """``small(**overrides)``: a ``Config`` of ``SMALL`` with the overrides."""
+    return lambda **overrides: Config(**{**SMALL, **overrides})
+
+
+@pytest.fixture
+def demo_model():
+    """The demo ViT, pretrained weights, eval mode."""
+    return models.create_model("demo").eval()
 
 
 @pytest.fixture

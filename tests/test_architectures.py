@@ -12,7 +12,10 @@ import torch
 from torch import nn
 
 from paperlib import bounds, components, finetune, lora, models, plasticity
+from paperlib import specs
+from paperlib import speed
 from paperlib.components import COMPONENTS
+from paperlib.runs import Config
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4)
 
@@ -275,7 +278,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
     assert type(back).__name__ == "Eva"
     assert all(torch.equal(p, saved.state_dict()[n]) for n, p in back.state_dict().items())
 
-    config = finetune.Config(model="custom/tiny_dinov3", dataset="digits", config="fc1", steps=6, warmup=1, eval_every=3,
+    config = Config(model="custom/tiny_dinov3", dataset="digits", component="fc1", steps=6, warmup=1, eval_every=3,
                              batch_size=16, lr=0.1, save_weights=True)
     metrics = finetune.run(config)
     assert metrics["trainable_parameters"] == components.config_parameters(models.create_model("custom/tiny_dinov3", num_classes=5), "fc1")
@@ -284,7 +287,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
     assert {name.split(".mlp.")[1].split(".")[0] for name in changed if ".mlp." in name} == {"fc1_g", "fc1_x"}
     assert {name for name in changed if ".mlp." not in name} <= {name for name in start if name.startswith(("head.", "norm."))}
 
-    lora_config = finetune.Config(model="custom/tiny_dinov3", dataset="digits", config="mha", steps=4, warmup=1, eval_every=2,
+    lora_config = Config(model="custom/tiny_dinov3", dataset="digits", component="mha", steps=4, warmup=1, eval_every=2,
                                   batch_size=16, lr=0.1, lora_rank=2)
     assert 0.0 <= finetune.run(lora_config)["test_accuracy"] <= 1.0
 
@@ -295,14 +298,14 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
 def test_blocks_of_an_eva_model_compile_in_place():
     model = _build("dinov3_swiglu")
     assert isinstance(model.blocks, nn.ModuleList)  # not VisionTransformer's Sequential
-    assert finetune.compile_model(model, "blocks", fused="none") is model
+    assert speed.step.compile_model(model, "blocks", fused="none") is model
     assert all(getattr(block, "_compiled_call_impl", None) is not None for block in model.blocks)
 
 
 def test_the_later_vits_sweep_names_models_that_build_and_normalise():
     from paperlib import sweep
 
-    spec = sweep.load_spec("parameters/sweeps/plasticity_later_vits.yaml")
+    spec = specs.load_spec("parameters/sweeps/plasticity_later_vits.yaml")
     runs = sweep.expand(spec)
     names = spec["grid"]["model"]
     assert len(runs) == len(names) * 11 and {r.parameters["normalize"] for r in runs} == {"model"}
@@ -320,7 +323,7 @@ def test_the_later_vits_sweep_names_models_that_build_and_normalise():
 @torch.no_grad()
 def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
     plain = models.create_model("demo", pretrained=False).eval()
-    fused = finetune.fuse(copy.deepcopy(plain), "gelu+qkv")
+    fused = speed.step.fuse(copy.deepcopy(plain), "gelu+qkv")
     assert type(fused.blocks[0].mlp).__name__ == "BiasGeluMlp"  # fc1 is read, not called
     x, y = _pairs()
     assert torch.allclose(plasticity.rate_tensor(fused, x, y, inputs="in_situ"), plasticity.rate_tensor(plain, x, y, inputs="in_situ"), rtol=1e-4)
@@ -394,6 +397,6 @@ def test_the_gpu_rewrites_keep_each_models_function(model):
     ops where a layer has their form), here on the CPU: the same function."""
     x = torch.randn(2, 3, 32, 32)
     before = model.forward_features(x)
-    rewritten = finetune.fuse(models.linear_patch_embed(copy.deepcopy(model)), "gelu+qkv")
+    rewritten = speed.step.fuse(speed.layers.linear_patch_embed(copy.deepcopy(model)), "gelu+qkv")
     assert type(rewritten.patch_embed.proj).__name__ == "PatchLinear"
     assert torch.allclose(rewritten.forward_features(x), before, atol=1e-4, rtol=1e-4)

@@ -6,7 +6,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from paperlib import bench, finetune, models
+from paperlib import models
+from paperlib.speed import bench, bench_step, step
+from paperlib.speed.options import StepOptions, compile_choice, resolve_fused
 
 
 @pytest.fixture
@@ -68,8 +70,8 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     def fake_finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
         calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none"), kwargs.get("graph", False)))
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
-        options = asdict(finetune.StepOptions(finetune.compile_choice(compile), **kwargs))  # what the real result records
-        options["fused"] = finetune.resolve_fused(options["fused"], torch.device("cpu"))
+        options = asdict(StepOptions(compile_choice(compile), **kwargs))  # what the real result records
+        options["fused"] = resolve_fused(options["fused"], torch.device("cpu"))
         return {"batch_size": batch, **options, "full_library_mfu": mfu, "full_library_tflops": 123.0}
 
     monkeypatch.setattr(bench, "bench_finetune", fake_finetune)
@@ -101,13 +103,13 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     ("aten::gelu_backward", "other"),
 ])
 def test_profile_groups_kernels_and_ops(name, group):
-    assert bench._profile_group(name) == group
+    assert bench_step.profile_group(name) == group
 
 
 def test_profile_of_a_training_step_on_the_cpu():
-    result = bench.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
+    result = bench_step.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
     shares = result["shares"]
-    assert set(shares) == set(bench.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert set(shares) == set(bench_step.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
     # the demo ViT's step multiplies matrices and runs attention (backward too: LN1 is trainable)
     assert shares["matrix products"] > 0.05 and shares["attention"] > 0.0
     assert result["wall_ms_per_step"] > 0 and result["time_ms_per_step"] > 0
@@ -150,7 +152,7 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
             "first_loss": 2.3, "first_grad_norm": 1000.0, "images_per_s": 1.0}
     out.write_text(json.dumps([done]))
     measured = []
-    original = bench._library_steps
+    original = bench_step.library_steps
 
     def library_steps(model, config, loader, batch_size, device, options):
         measured.append(options.attention)
@@ -158,8 +160,8 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
             raise RuntimeError("no kernel for this shape\nsecond line")
         return original(model, config, loader, batch_size, device, options)
 
-    monkeypatch.setattr(bench, "_library_steps", library_steps)
-    rows = bench.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,
+    monkeypatch.setattr(bench_step, "library_steps", library_steps)
+    rows = bench_step.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,
                                 device="cpu", out=out)
     assert measured == ["flash", "math"]  # the finished row (written before rows had a precision) is kept, not measured again
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
@@ -193,7 +195,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
     from paperlib import models
 
     twins = []
-    monkeypatch.setattr(bench, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1]))
+    monkeypatch.setattr(bench_step, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1]))
     before = {}
     original_create = models.create_model
 
@@ -203,7 +205,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
         return model
 
     monkeypatch.setattr(models, "create_model", create)
-    result = bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, compile="blocks", repeats=1)
+    result = bench_step.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, compile="blocks", repeats=1)
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
     twin = twins[0]
     assert not any(getattr(block, "_compiled_call_impl", None) for block in twin.blocks)  # the library's model was compiled in place
@@ -213,11 +215,11 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
-    rows = bench.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto",), steps=1, repeats=1, device="cpu",
+    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto",), steps=1, repeats=1, device="cpu",
                                 out=tmp_path / "v.json", precisions=("autocast", "bf16"))
     assert [r["precision"] for r in rows] == ["autocast", "bf16"] and all("error" not in r for r in rows)
     assert rows[1]["agrees"] is True  # bf16 rounding, the same first step
-    assert "bf16 with fp32 masters" in bench._variant_words(rows[1])
+    assert "bf16 with fp32 masters" in bench_step.variant_words(rows[1])
 
 
 def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
@@ -231,13 +233,13 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
 
 
 def test_fused_auto_rows_record_what_ran(tmp_path):
-    rows = bench.bench_variants("demo", "full", (8,), ("none",), steps=1, repeats=1, device="cpu", out=tmp_path / "v.json",
+    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), steps=1, repeats=1, device="cpu", out=tmp_path / "v.json",
                                 fuseds=("auto", "none"))
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
 
 
 def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
-    result = bench.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
+    result = bench_step.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
     assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4  # the demo ViT: 64 patches + class token
     assert result["ops"] == "PyTorch reference"
     names = ("copy (the memory-bound limit)", "bias_gelu forward", "bias_gelu backward (+ bias gradient)", "qkv_heads_backward (+ bias gradient)",
@@ -248,16 +250,16 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
     assert "batch_size must be a positive integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="has not the layers they compute"):  # a SwiGLU ViT with RMSNorm (AIMv2)
-        bench.bench_kernels("aimv2_large_patch14_224", batch_size=1, device="cpu", min_run_time=0.01)
+        bench_step.bench_kernels("aimv2_large_patch14_224", batch_size=1, device="cpu", min_run_time=0.01)
 
 
 def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     # on CUDA "auto" means "all"; counting a row's FLOPs must not put the ops into its model
     fused_into = []
-    monkeypatch.setattr(finetune, "MODEL_FUSIONS", {"gelu": fused_into.append, "qkv": fused_into.append})
-    resolve = finetune.resolve_fused
-    monkeypatch.setattr(finetune, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
-    rows = bench.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
+    monkeypatch.setattr(step, "MODEL_FUSIONS", {"gelu": fused_into.append, "qkv": fused_into.append})
+    resolve = step.resolve_fused
+    monkeypatch.setattr(step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
+    rows = bench_step.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
     assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 2  # the "all" row's model only, once per op
 
 
@@ -273,13 +275,13 @@ def test_step_flops_counted_on_one_image_are_the_whole_batchs():
     with counter:
         torch.nn.functional.cross_entropy(model(images), labels).backward()
     model.zero_grad(set_to_none=True)
-    assert bench._step_flops(model, images, labels) == counter.get_total_flops() > 0
+    assert bench_step.step_flops(model, images, labels) == counter.get_total_flops() > 0
 
 
 def test_a_graphed_row_says_so():
     row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "all", "graph": True}
-    assert bench._variant_words(row) == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
-    assert "graph" not in bench._variant_words({**row, "graph": False}) and bench.VARIANT_KEYS["graph"] is False
+    assert bench_step.variant_words(row) == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
+    assert "graph" not in bench_step.variant_words({**row, "graph": False}) and bench_step.VARIANT_KEYS["graph"] is False
 
 
 def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agrees(tmp_path, monkeypatch):
@@ -295,7 +297,7 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
         return original(parameters, lr * (1 if len(made) == 1 else 300), *args, **kwargs)
 
     monkeypatch.setattr(finetune, "make_optimizer", make_optimizer)
-    rows = bench.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto", "math"), steps=1, repeats=1, device="cpu",
+    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto", "math"), steps=1, repeats=1, device="cpu",
                                 out=tmp_path / "v.json")
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
@@ -308,7 +310,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     seen = []
     original = lora.set_trainable
     monkeypatch.setattr(lora, "set_trainable", lambda model, config: seen.append(model) or original(model, config))
-    result = bench.bench_finetune("demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+    result = bench_step.bench_finetune("demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
     models_seen = list({id(model): model for model in seen}.values())
     assert len(models_seen) == 4  # a fresh LoRA model per configuration and loop
@@ -316,4 +318,4 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
         layers = lora.adapted_layers(model)
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
     with pytest.raises(ValueError, match="use one of mha, fc1, fc2, full"):
-        bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+        bench_step.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from paperlib import cli, finetune, plasticity
+from paperlib.runs import Config
 
 
 def test_values_take_the_type_of_the_default():
@@ -20,29 +21,29 @@ def test_values_take_the_type_of_the_default():
             cli.coerce(name, value, default)
 
 
-def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeypatch, capsys, move_results):
+    move_results("results")
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    first.write_text("dataset: digits_c/snow\nsteps: 50\nbatch_size: 8\ncompile_model: false\n")
+    first.write_text("dataset: digits_c/snow\nsteps: 50\nbatch_size: 8\ncompile: false\n")
     second.write_text("steps: 4\nwarmup: 1\neval_every: 2\n")  # later files win
     assert finetune.main(["-f", str(first), "-f", str(second), "--component", "ln2", "--lr", "3e-2", "--seed", "5"]) == 0
-    config = finetune.Config(dataset="digits_c/snow", config="ln2", lr=0.03, seed=5, steps=4, batch_size=8, warmup=1, eval_every=2)
+    config = Config(dataset="digits_c/snow", component="ln2", lr=0.03, seed=5, steps=4, batch_size=8, warmup=1, eval_every=2)
     saved = json.loads((config.folder() / "params.json").read_text())
-    assert config.folder().is_relative_to(tmp_path / "results") and saved["steps"] == 4 and saved["config"] == "ln2"
+    assert config.folder().is_relative_to(tmp_path / "results") and saved["steps"] == 4 and saved["component"] == "ln2"
     assert json.loads((config.folder() / "metrics.json").read_text())["status"] == "finished"
 
 
-def test_finetune_command_prints_the_metrics(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_finetune_command_prints_the_metrics(tmp_path, monkeypatch, capsys, move_results):
+    move_results(".")
     assert finetune.main(["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4", "--component", "linear"]) == 0
     captured = capsys.readouterr()
     printed = json.loads(captured.out)  # stdout is the JSON alone; progress went to stderr
-    assert printed["status"] == "finished" and printed["folder"].endswith("linear/lr=0.01/seed=0")
+    assert printed["status"] == "finished" and printed["folder"].endswith("linear/lr=0.03/seed=0")
     assert "step      2" in captured.err
 
 
-def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys, move_results):
+    move_results(".")
     assert finetune.main(["--component", "attn"]) == 2
     assert "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -58,8 +59,8 @@ def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "finetune").exists()
 
 
-def test_plasticity_command(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_plasticity_command(tmp_path, monkeypatch, capsys, move_results):
+    move_results(".")
     assert plasticity.main(["--n-pairs", "6", "--batch-size", "3", "--progress", "false", "--sample", "random", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     assert "Kendall's tau" in out and all(label in out for label in ("MHA", "FC1", "FC2", "LN2", "LN1"))

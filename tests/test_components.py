@@ -138,3 +138,10 @@ def test_demo_counts_follow_its_architecture():
     total = components.count_parameters([model])
     assert math.isclose(components.parameter_table(model).loc["All", "% of total"], 100.0)
     assert components.config_parameters(model, "full") == total
+
+
+def test_blocks_are_the_models_transformer_blocks():
+    model = models.create_model("demo", pretrained=False)
+    assert components.blocks(model) is model.blocks
+    with pytest.raises(TypeError, match="has no transformer blocks"):
+        components.blocks(torch.nn.Linear(3, 3))

@@ -15,10 +15,13 @@ import pytest
 import torch
 from scipy import stats
 
-from paperlib import components, data, finetune, models, plasticity
+from paperlib import components, data, finetune, models, plasticity, runs
 from paperlib import transforms as T
-from paperlib.finetune import Config
 from paperlib.loader import DeviceLoader
+from paperlib.runs import Config
+from paperlib.speed import layers
+from paperlib.speed.options import CPU_ATTENTION, StepOptions, fuses_update
+from paperlib.speed.step import GRAPH_WARMUP, GraphedStep, compile_model, make_forward, make_step, step_context, training_step
 
 DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -91,33 +94,33 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, fus
     # would leave the GPU idle while the host prepares the next one
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
-    options = finetune.StepOptions(precision=precision, fused=fused).checked(DEVICE)
-    forward = finetune.make_forward(model, options)
+    options = StepOptions(precision=precision, fused=fused).checked(DEVICE)
+    forward = make_forward(model, options)
     trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE, finetune.fuses_update(options.fused, DEVICE))
+    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE, fuses_update(options.fused, DEVICE))
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
-    context = finetune.step_context(DEVICE)
+    context = step_context(DEVICE)
     for step in range(2):  # first steps: lazy initialisation, allocations
-        finetune.training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+        training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for step in range(2, 5):
-            finetune.training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+            training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.parametrize("attention", ["flash", "efficient", "cudnn", "math"])
 def test_attention_kernels_on_the_device_compute_the_same_function(attention):
-    if DEVICE.type != "cuda" and attention not in finetune.CPU_ATTENTION:
+    if DEVICE.type != "cuda" and attention not in CPU_ATTENTION:
         pytest.skip(f"no {attention} kernel on a {DEVICE.type}")
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
-    with torch.no_grad(), finetune.step_context(DEVICE)():
+    with torch.no_grad(), step_context(DEVICE)():
         reference = model(images).float()
     try:
-        with torch.no_grad(), finetune.step_context(DEVICE, attention)():
+        with torch.no_grad(), step_context(DEVICE, attention)():
             output = model(images).float()
     except RuntimeError as error:  # a kernel this GPU (or this PyTorch build) lacks
         pytest.skip(f"{attention}: {error}".splitlines()[0])
@@ -127,29 +130,29 @@ def test_attention_kernels_on_the_device_compute_the_same_function(attention):
 def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device():
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
-    with torch.no_grad(), finetune.step_context(DEVICE)():
+    with torch.no_grad(), step_context(DEVICE)():
         reference = model(images).float()
-        forward = finetune.compile_model(model, "none")
+        forward = compile_model(model, "none")
         output = forward(images).float()
-    assert isinstance(model.patch_embed.proj, models.PatchLinear) == (DEVICE.type == "cuda")
+    assert isinstance(model.patch_embed.proj, layers.PatchLinear) == (DEVICE.type == "cuda")
     assert _relative_error(output, reference) < 2e-2  # bf16 autocast
 
 
 def test_blocks_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(config="mha"))["status"] == "finished"
+    assert finetune.run(_small(component="mha"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "blocks"))
-    assert finetune.run(_small(config="mha", compile="blocks"))["status"] == "finished"
-    losses = finetune.history(_small(config="mha"))["train_loss"].to_numpy()
-    compiled_losses = finetune.history(_small(config="mha", compile="blocks"))["train_loss"].to_numpy()
+    assert finetune.run(_small(component="mha", compile="blocks"))["status"] == "finished"
+    losses = runs.history(_small(component="mha"))["train_loss"].to_numpy()
+    compiled_losses = runs.history(_small(component="mha", compile="blocks"))["train_loss"].to_numpy()
     assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
 
 
 def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_run(results):
-    reference = finetune.run(_small(config="full"))
-    metrics = finetune.run(_small(config="full", precision="bf16"))
+    reference = finetune.run(_small(component="full"))
+    metrics = finetune.run(_small(component="full", precision="bf16"))
     assert metrics["status"] == "finished" and metrics["precision"] == "bf16" and reference["precision"] == "autocast"
-    losses = finetune.history(_small(config="full"))["train_loss"].to_numpy()
-    bf16_losses = finetune.history(_small(config="full", precision="bf16"))["train_loss"].to_numpy()
+    losses = runs.history(_small(component="full"))["train_loss"].to_numpy()
+    bf16_losses = runs.history(_small(component="full", precision="bf16"))["train_loss"].to_numpy()
     assert np.allclose(bf16_losses[:4], losses[:4], rtol=3e-2)  # later steps drift apart, as any two roundings do
     assert bf16_losses[-4:].mean() < bf16_losses[:4].mean()  # and it trains
 
@@ -157,15 +160,15 @@ def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
 def test_adamw_finetuning_on_the_device_follows_the_cpu_run(precision, results, monkeypatch, tmp_path):
     # fused AdamW on CUDA (with fp32 masters under bf16) against torch's reference AdamW on the CPU
-    config = _small(config="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
+    config = _small(component="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["optimizer"] == "adamw"
     assert bool(finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE, optimizer="adamw").defaults["fused"]) == (DEVICE.type == "cuda")
-    losses = finetune.history(config)["train_loss"].to_numpy()
+    losses = runs.history(config)["train_loss"].to_numpy()
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
     cpu = replace(config, device="cpu", precision="autocast")
     finetune.run(cpu)
-    assert np.allclose(losses[:4], finetune.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
     assert losses[-4:].mean() < losses[:4].mean()
 
 
@@ -173,25 +176,25 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(precision, results, 
 def test_lora_finetuning_on_the_device_follows_the_cpu_run(precision, compile, results, monkeypatch, tmp_path):
     # peft's LoRA layers under autocast, or in the bf16 copy with fp32 masters, compiled, with the
     # fused ops on the layers that have no LoRA (fused="auto"), against the plain CPU run
-    config = _small(config="mha", lora_rank=4, lr=0.1, precision=precision, compile=compile)
+    config = _small(component="mha", lora_rank=4, lr=0.1, precision=precision, compile=compile)
     model, metrics = finetune.train(config)
     assert metrics["status"] == "finished" and metrics["lora_rank"] == 4
     torch.manual_seed(0)
     initial = models.create_model("demo", num_classes=5)
     for name, layer in ((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A")):
         assert torch.equal(layer.base_layer.weight.detach().cpu(), initial.get_submodule(name).weight)  # frozen
-    losses = finetune.history(config)["train_loss"].to_numpy()
+    losses = runs.history(config)["train_loss"].to_numpy()
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
     cpu = replace(config, device="cpu", precision="autocast", compile=False)
     finetune.run(cpu)
-    assert np.allclose(losses[:4], finetune.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
     assert losses[-4:].mean() < losses[:4].mean()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     """On CUDA the op runs the Triton kernels; on a CPU, the PyTorch arithmetic they are tested against."""
-    from paperlib import kernels
+    from paperlib.speed import kernels
 
     generator = torch.Generator().manual_seed(0)
     mm = (torch.randn(2, 197, 3072, generator=generator) * 3).to(dtype)  # ViT-Base/16's fc1 output for two images
@@ -212,7 +215,7 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
 def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, first):
     """The update kernel against its PyTorch arithmetic on a CPU: the fp32 parameter and momentum
     within fp32 rounding, the bf16 copy exactly the updated parameter rounded to nearest."""
-    from paperlib import kernels
+    from paperlib.speed import kernels
 
     generator = torch.Generator().manual_seed(0)
     size = 768 * 3072 + 5  # fc1's weight of ViT-Base/16, and a tail that does not fill a block
@@ -230,7 +233,7 @@ def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, fi
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
-    from paperlib import kernels
+    from paperlib.speed import kernels
 
     packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(dtype)  # ViT-Base/16, two images
     expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
@@ -242,7 +245,7 @@ def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
 
 def test_fused_ops_keep_float64_on_the_device():
     # the Triton kernels compute in fp32; float64 (plasticity's precision) takes the PyTorch arithmetic
-    from paperlib import kernels
+    from paperlib.speed import kernels
 
     generator = torch.Generator().manual_seed(0)
     mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((3, 7, 40), (40,), (3, 7, 40)))
@@ -259,11 +262,11 @@ def test_fused_ops_keep_float64_on_the_device():
 
 
 def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(config="full", compile="blocks", fused="none"))["status"] == "finished"
+    assert finetune.run(_small(component="full", compile="blocks", fused="none"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "fused"))
-    assert finetune.run(_small(config="full", compile="blocks", fused="all"))["status"] == "finished"
-    losses = finetune.history(_small(config="full", compile="blocks", fused="none"))["train_loss"].to_numpy()
-    fused_losses = finetune.history(_small(config="full", compile="blocks", fused="all"))["train_loss"].to_numpy()
+    assert finetune.run(_small(component="full", compile="blocks", fused="all"))["status"] == "finished"
+    losses = runs.history(_small(component="full", compile="blocks", fused="none"))["train_loss"].to_numpy()
+    fused_losses = runs.history(_small(component="full", compile="blocks", fused="all"))["train_loss"].to_numpy()
     assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)  # bf16 autocast: kernels fused differently round differently
 
 
@@ -280,15 +283,15 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
     runs = []
     for network, graph in ((model, False), (twin, True)):
-        options = finetune.StepOptions(compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph).checked(DEVICE)
-        forward = finetune.make_forward(network, options)
+        options = StepOptions(compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph).checked(DEVICE)
+        forward = make_forward(network, options)
         trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(network)]
-        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE, finetune.fuses_update(options.fused, DEVICE))
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE, fuses_update(options.fused, DEVICE))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 10))
-        step = finetune.make_step(forward, trainable, optimizer, 32, 1.0, finetune.step_context(DEVICE, graph=graph), graph)
+        step = make_step(forward, trainable, optimizer, 32, 1.0, step_context(DEVICE, graph=graph), graph)
         outputs = []
         for index in range(10):
-            if graph and index == finetune.GRAPH_WARMUP + 1:  # captured: from now on the host never waits
+            if graph and index == GRAPH_WARMUP + 1:  # captured: from now on the host never waits
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")
             try:
@@ -298,7 +301,7 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
             schedule.step()
         runs.append((torch.stack(outputs).cpu(), [p.detach().float().cpu() for p in network.parameters()]))
     (plain, plain_weights), (replayed, replayed_weights) = runs
-    assert isinstance(step, finetune.GraphedStep) and step._replay is not None
+    assert isinstance(step, GraphedStep) and step._replay is not None
     assert len(set(plain[:, 0].tolist())) == 10  # each batch its own loss: a stale batch would show
     torch.testing.assert_close(replayed, plain, rtol=2e-2, atol=1e-3)  # the same kernels; the update reads an fp32 learning rate
     assert max(_relative_error(a, b) for a, b in zip(replayed_weights, plain_weights)) < 1e-2
@@ -306,11 +309,11 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
 def test_finetuning_replayed_from_a_cuda_graph_follows_the_plain_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(config="full", compile="blocks"))["status"] == "finished"
+    assert finetune.run(_small(component="full", compile="blocks"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "graph"))
-    assert finetune.run(_small(config="full", compile="blocks", graph=True))["status"] == "finished"
-    losses = finetune.history(_small(config="full", compile="blocks"))["train_loss"].to_numpy()
-    graph_losses = finetune.history(_small(config="full", compile="blocks", graph=True))["train_loss"].to_numpy()
+    assert finetune.run(_small(component="full", compile="blocks", graph=True))["status"] == "finished"
+    losses = runs.history(_small(component="full", compile="blocks"))["train_loss"].to_numpy()
+    graph_losses = runs.history(_small(component="full", compile="blocks", graph=True))["train_loss"].to_numpy()
     assert np.allclose(graph_losses, losses, rtol=5e-2, atol=1e-2)
 
 
@@ -347,7 +350,7 @@ def _small(**overrides):
 
 
 def test_finetuning_on_the_device_trains_only_the_chosen_component(results):
-    model, metrics = finetune.train(_small(config="fc2"))
+    model, metrics = finetune.train(_small(component="fc2"))
     torch.manual_seed(0)
     initial = models.create_model("demo", num_classes=5)
     expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, "fc2"))}
@@ -355,48 +358,48 @@ def test_finetuning_on_the_device_trains_only_the_chosen_component(results):
     assert changed and changed <= expected and "head.weight" in changed
     assert metrics["status"] == "finished" and 0 <= metrics["test_accuracy"] <= 1
     assert metrics["device"] == (torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu")
-    history = finetune.history(_small(config="fc2"))
+    history = runs.history(_small(component="fc2"))
     assert history["train_loss"].map(np.isfinite).all() and history["grad_norm"].gt(0).all()
     optimizer = finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE)
     assert bool(optimizer.defaults["fused"]) == (DEVICE.type == "cuda")
 
 
 def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(config="full"))["status"] == "finished"
+    assert finetune.run(_small(component="full"))["status"] == "finished"
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "compiled"))
-    compiled = finetune.run(_small(config="full", compile=True))
+    compiled = finetune.run(_small(component="full", compile=True))
     assert compiled["status"] == "finished"
-    losses = finetune.history(_small(config="full"))["train_loss"].to_numpy()
-    compiled_losses = finetune.history(_small(config="full", compile=True))["train_loss"].to_numpy()
+    losses = runs.history(_small(component="full"))["train_loss"].to_numpy()
+    compiled_losses = runs.history(_small(component="full", compile=True))["train_loss"].to_numpy()
     # bf16 autocast: kernels fused differently round differently
     assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
 
 
 def test_benchmarks_run_on_the_device(capsys):
-    from paperlib import bench
+    from paperlib.speed import bench_data, bench_step
 
-    result = bench.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
+    result = bench_data.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
     assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
-    result = bench.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
+    result = bench_data.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
     assert result["measure_pairs_per_s"] > 0
-    result = bench.bench_finetune("demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1)
+    result = bench_step.bench_finetune("demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1)
     assert result["linear_library_images_per_s"] > 0
     assert result["fused"] == ("gelu+qkv" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
-    if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench.PEAK_TFLOPS):
+    if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench_step.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
-    result = bench.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
+    result = bench_step.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
     assert result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference") and result["bias_gelu forward: ms"] > 0
     assert result["SGD update with bf16 masters, fused (FusedSGD): ms"] > 0
     if DEVICE.type == "cuda":  # and replayed from a graph, without the host's launches
         assert not [key for key in result if key.endswith(": error")]
         assert result["SGD update with bf16 masters, fused (FusedSGD), replayed from a CUDA graph: ms"] > 0
-    result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda")
+    result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda")
     assert result["shares"]["matrix products"] > 0  # a profile taken of a graph's replays still sees its kernels
-    result = bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
+    result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
     graphs = (False, True) if DEVICE.type == "cuda" else (False,)
-    rows = bench.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"), graphs=graphs)
+    rows = bench_step.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"), graphs=graphs)
     assert [row.get("error") for row in rows] == [None] * 4 * len(graphs) and all(row["agrees"] for row in rows[1:])
     assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)
 
@@ -415,7 +418,7 @@ def test_the_device_loader_normalises_with_other_statistics_on_the_device():
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
 def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, results):
     # the fp32 masters are what a bf16 run keeps; the model rebuilt on the CPU evaluates in fp32
-    config = _small(config="mha", precision=precision, save_weights=True)
+    config = _small(component="mha", precision=precision, save_weights=True)
     metrics = finetune.run(config)
     model = finetune.load_model(config)
     assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32

@@ -12,7 +12,8 @@ import timm
 import torch
 from PIL import Image
 
-from paperlib import data, finetune, fixtures, loader, models, plasticity, results
+from paperlib import data, finetune, fixtures, loader, models, plasticity
+from paperlib import runs as run_files
 
 
 def _names(dataset):
@@ -216,11 +217,11 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     fixtures.write_image_folder(home / "data" / "custom" / "shots" / "test", ["cat", "dog", "eel"], per_class=2)
     fixtures.write_image_folder(home / "data" / "custom" / "pretraining", ["x", "y"], per_class=10)
 
-    config = finetune.Config(model="custom/vit", dataset="custom/shots", config="fc1", steps=4, warmup=1, eval_every=2, batch_size=8)
+    config = Config(model="custom/vit", dataset="custom/shots", component="fc1", steps=4, warmup=1, eval_every=2, batch_size=8)
     metrics = finetune.run(config)
     assert metrics["num_classes"] == 3 and 0.0 <= metrics["test_accuracy"] <= 1.0
     assert config.folder() == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.01" / "seed=0"
-    runs, _ = results.load()
+    runs, _ = run_files.load()
     assert runs[["model", "dataset", "config"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
@@ -232,7 +233,7 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
 
 def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):
     with pytest.raises(FileNotFoundError, match="custom/absent"):
-        finetune.run(finetune.Config(model="custom/absent", dataset="digits"))
+        finetune.run(Config(model="custom/absent", dataset="digits"))
     assert not (home / "results").exists()
 
 
@@ -261,7 +262,7 @@ def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
     base = home / "data" / "custom" / "shots"
     fixtures.write_image_folder(base / "train", ["cat", "dog"], per_class=8)
     fixtures.write_image_folder(base / "test", ["cat", "dog"], per_class=2)
-    config = finetune.Config(model="custom/vit", dataset="custom/shots", config="ln2", steps=2, warmup=0, eval_every=2, batch_size=8)
+    config = Config(model="custom/vit", dataset="custom/shots", component="ln2", steps=2, warmup=0, eval_every=2, batch_size=8)
     first = finetune.run(config)
     assert first["num_classes"] == 2 and finetune.run(config) == first  # unchanged inputs: not repeated
     params = json.loads((config.folder() / "params.json").read_text())
@@ -277,7 +278,7 @@ def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
 
 def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
     fixtures.write_image_folder(home / "data" / "custom" / "shots", ["cat", "dog"], per_class=6)
-    config = finetune.Config(dataset="custom/shots", config="ln2", steps=2, warmup=0, eval_every=2, batch_size=4)
+    config = Config(dataset="custom/shots", component="ln2", steps=2, warmup=0, eval_every=2, batch_size=4)
     finished = finetune.run(config)
     (home / "empty").mkdir()
     elsewhere = dataclasses.replace(config, data_root=str(home / "empty"))  # the same folder, data that are not there
@@ -288,13 +289,13 @@ def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
     assert finetune.run(config) == finished
 
 
-def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resuming_on_other_images(home, monkeypatch):
+def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resuming_on_other_images(home, monkeypatch, move_results):
     # a run's crops come from its decoded cache; a checkpoint made on another cache (a 384-px run
     # started before the cache grew with the model) must not be continued on these images
     base = home / "data" / "custom" / "shots"
     fixtures.write_image_folder(base / "train", ["cat", "dog"], per_class=12, size=(72, 60))
     fixtures.write_image_folder(base / "test", ["cat", "dog"], per_class=3, size=(72, 60))
-    config = finetune.Config(dataset="custom/shots", config="fc1", steps=6, warmup=1, eval_every=2, batch_size=8, lr=0.1)
+    config = Config(dataset="custom/shots", component="fc1", steps=6, warmup=1, eval_every=2, batch_size=8, lr=0.1)
     original = loader.DeviceLoader.batch
 
     def crash(self, index):
@@ -309,7 +310,7 @@ def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resumin
             finetune.run(config)
     assert torch.load(config.folder() / "checkpoint.pt", weights_only=False)["cache_side"] == 48
     resumed = finetune.run(config)  # now on the default cache of 256
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(home / "uninterrupted"))
+    move_results("uninterrupted")
     fresh = finetune.run(config)
     assert resumed["cache_side"] == fresh["cache_side"] == 256
     timings = ("wall_seconds", "images_per_second")

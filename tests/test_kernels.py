@@ -1,6 +1,6 @@
 """Our fused ops (kernels.bias_gelu, kernels.QkvHeads): the PyTorch arithmetic, the custom ops
 (autograd, torch.compile), the Triton kernels (under Triton's interpreter on a CPU), and the models
-and finetuning runs that use them (finetune.fuse)."""
+and finetuning runs that use them (speed.step.fuse)."""
 
 import json
 import os
@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib import components, finetune, kernels, models
+from paperlib import components, finetune, models, runs
+from paperlib.speed import kernels, layers
+from paperlib.speed.options import StepOptions, fused_parts, fuses_update, resolve_fused
+from paperlib.speed.step import FusedSGD, MasterWeights, fuse, make_forward, step_context, training_step
 
 
 def _gelu_of_sum(mm: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor):
@@ -88,7 +91,7 @@ def test_custom_op_autograd_and_registration():
 
 TRITON_CHECK = textwrap.dedent("""
     import json, torch
-    from paperlib import kernels
+    from paperlib.speed import kernels
     results = []
     generator = torch.Generator().manual_seed(0)
     # rows and columns that do and do not fill the kernels' tiles (BLOCK, BLOCK_M, BLOCK_N, ROWS)
@@ -217,23 +220,23 @@ def _sgd_run(fused_update: bool, precision: str, steps: int = 4, state: dict | N
     clipping that bites on the first steps): (losses, norms, fp32 weights, the run's bf16 copy or None, optimizer)."""
     torch.manual_seed(0)
     model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=5), "fc1")
-    options = finetune.StepOptions(precision=precision, fused="update" if fused_update else "none").checked(torch.device("cpu"))
-    forward = finetune.make_forward(model, options)
-    trainable = forward.masters if isinstance(forward, finetune.MasterWeights) else [p for p in model.parameters() if p.requires_grad]
-    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"), finetune.fuses_update(options.fused, torch.device("cpu")))
+    options = StepOptions(precision=precision, fused="update" if fused_update else "none").checked(torch.device("cpu"))
+    forward = make_forward(model, options)
+    trainable = forward.masters if isinstance(forward, MasterWeights) else [p for p in model.parameters() if p.requires_grad]
+    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"), fuses_update(options.fused, torch.device("cpu")))
     if state is not None:
         optimizer.load_state_dict(state)
-    context = finetune.step_context(torch.device("cpu"))
+    context = step_context(torch.device("cpu"))
     generator = torch.Generator().manual_seed(1)
     losses, norms = [], []
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = 0.05 * (step + 1)
         images, labels = torch.randn(8, 3, 32, 32, generator=generator), torch.randint(0, 5, (8,), generator=generator)
-        loss, norm = finetune.training_step(forward, trainable, optimizer, images, labels, 4, 1.0, context)
+        loss, norm = training_step(forward, trainable, optimizer, images, labels, 4, 1.0, context)
         losses.append(float(loss))
         norms.append(float(norm))
-    copy = dict(forward.module.named_parameters()) if isinstance(forward, finetune.MasterWeights) else None
+    copy = dict(forward.module.named_parameters()) if isinstance(forward, MasterWeights) else None
     return losses, norms, dict(model.named_parameters()), copy, optimizer
 
 
@@ -245,7 +248,7 @@ def test_fused_update_trains_as_clipping_then_sgd(precision):
     that torch's SGD takes over."""
     losses, norms, weights, copy, optimizer = _sgd_run(False, precision)
     fused_losses, fused_norms, fused_weights, fused_copy, fused_optimizer = _sgd_run(True, precision)
-    assert isinstance(fused_optimizer, finetune.FusedSGD) and not isinstance(optimizer, finetune.FusedSGD)
+    assert isinstance(fused_optimizer, FusedSGD) and not isinstance(optimizer, FusedSGD)
     assert norms[0] > 1.0  # the first steps are clipped
     assert torch.allclose(torch.tensor(fused_norms), torch.tensor(norms), rtol=1e-5)
     assert torch.allclose(torch.tensor(fused_losses), torch.tensor(losses), rtol=1e-5)
@@ -262,8 +265,8 @@ def test_fused_update_trains_as_clipping_then_sgd(precision):
     assert fused_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
     # torch's SGD resumes from the fused optimizer's state, and the other way round, where the other would be
     again = _sgd_run(False, precision, steps=2, state=fused_optimizer.state_dict())[4]
-    assert isinstance(again, torch.optim.SGD) and not isinstance(again, finetune.FusedSGD)
-    assert isinstance(_sgd_run(True, precision, steps=2, state=optimizer.state_dict())[4], finetune.FusedSGD)
+    assert isinstance(again, torch.optim.SGD) and not isinstance(again, FusedSGD)
+    assert isinstance(_sgd_run(True, precision, steps=2, state=optimizer.state_dict())[4], FusedSGD)
 
 
 def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
@@ -276,8 +279,8 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     model.zero_grad(set_to_none=True)
     keys, fc1, qkv = list(model.state_dict()), model.blocks[0].mlp.fc1, model.blocks[0].attn.qkv
 
-    assert finetune.fuse(model, "all") is model
-    assert all(isinstance(block.mlp, models.BiasGeluMlp) and isinstance(block.attn, models.QkvFusedAttention) for block in model.blocks)
+    assert fuse(model, "all") is model
+    assert all(isinstance(block.mlp, layers.BiasGeluMlp) and isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)
     assert model.blocks[0].mlp.fc1 is fc1 and model.blocks[0].attn.qkv is qkv
     assert list(model.state_dict()) == keys  # checkpoints, components and bounds unchanged
     out = model(images)
@@ -286,30 +289,30 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-10, atol=1e-12), name
     mlp, attn = model.blocks[0].mlp, model.blocks[0].attn
-    finetune.fuse(model, "all")  # done already: nothing changes
+    fuse(model, "all")  # done already: nothing changes
     assert model.blocks[0].mlp is mlp and model.blocks[0].attn is attn
 
 
-@pytest.mark.parametrize("fused, fused_types", [("gelu", (models.BiasGeluMlp,)), ("qkv", (models.QkvFusedAttention,)), ("none", ()),
+@pytest.mark.parametrize("fused, fused_types", [("gelu", (layers.BiasGeluMlp,)), ("qkv", (layers.QkvFusedAttention,)), ("none", ()),
                                                ("auto", ())])  # auto on a CPU: none (inductor's own code is faster there)
 def test_each_fusion_alone(fused, fused_types):
-    model = finetune.fuse(models.create_model("demo", pretrained=False), fused)
+    model = fuse(models.create_model("demo", pretrained=False), fused)
     kinds = {type(block.mlp) for block in model.blocks} | {type(block.attn) for block in model.blocks}
-    assert {kind for kind in kinds if kind in (models.BiasGeluMlp, models.QkvFusedAttention)} == set(fused_types)
+    assert {kind for kind in kinds if kind in (layers.BiasGeluMlp, layers.QkvFusedAttention)} == set(fused_types)
 
 
 def test_only_the_forms_the_ops_compute_are_fused():
     model = models.create_model("demo", pretrained=False, act_layer=lambda: torch.nn.GELU(approximate="tanh"))
-    models.fuse_bias_gelu(model)
-    assert not any(isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)  # another function: left alone
+    layers.fuse_bias_gelu(model)
+    assert not any(isinstance(block.mlp, layers.BiasGeluMlp) for block in model.blocks)  # another function: left alone
     with pytest.raises(ValueError, match="biased nn.Linear fc1 and nn.GELU"):
-        models.BiasGeluMlp(model.blocks[0].mlp)
+        layers.BiasGeluMlp(model.blocks[0].mlp)
     model = models.create_model("demo", pretrained=False, qkv_bias=False)
-    models.fuse_qkv(model)
-    assert not any(isinstance(block.attn, models.QkvFusedAttention) for block in model.blocks)  # no bias to sum: left alone
+    layers.fuse_qkv(model)
+    assert not any(isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)  # no bias to sum: left alone
     with pytest.raises(ValueError, match="biased nn.Linear qkv and no gate"):
-        models.QkvFusedAttention(model.blocks[0].attn)
-    assert models.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
+        layers.QkvFusedAttention(model.blocks[0].attn)
+    assert layers.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
 
 
 def test_fused_block_compiles_into_one_graph():
@@ -320,7 +323,7 @@ def test_fused_block_compiles_into_one_graph():
     expected.square().sum().backward()
     expected_grads = {name: p.grad.clone() for name, p in block.named_parameters()}
     block.zero_grad(set_to_none=True)
-    block.mlp, block.attn = models.BiasGeluMlp(block.mlp), models.QkvFusedAttention(block.attn)
+    block.mlp, block.attn = layers.BiasGeluMlp(block.mlp), layers.QkvFusedAttention(block.attn)
     explained = torch._dynamo.explain(block)(tokens.clone().requires_grad_())
     assert explained.graph_count == 1 and explained.graph_break_count == 0
     out = torch.compile(block)(tokens.clone().requires_grad_())
@@ -330,16 +333,16 @@ def test_fused_block_compiles_into_one_graph():
         assert torch.allclose(p.grad, expected_grads[name], rtol=1e-4, atol=1e-4), name
 
 
-@pytest.mark.parametrize("config, bias", [("fc1", "mlp.fc1.bias"), ("mha", "attn.qkv.bias")])
-def test_finetuning_with_the_fused_ops_follows_the_plain_run(config, bias, tmp_path, monkeypatch):
+@pytest.mark.parametrize("component, bias", [("fc1", "mlp.fc1.bias"), ("mha", "attn.qkv.bias")])
+def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, config=config)
-    model, plain = finetune.train(finetune.Config(**small))
-    fused_model, fused = finetune.train(finetune.Config(**small, fused="all"))
-    assert all(isinstance(block.mlp, models.BiasGeluMlp) for block in fused_model.blocks)
+    small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, component=component)
+    model, plain = finetune.train(runs.Config(**small))
+    fused_model, fused = finetune.train(runs.Config(**small, fused="all"))
+    assert all(isinstance(block.mlp, layers.BiasGeluMlp) for block in fused_model.blocks)
     assert fused["best_val_accuracy"] == pytest.approx(plain["best_val_accuracy"], abs=0.05)
-    plain_history = finetune.history(finetune.Config(**small))
-    fused_history = finetune.history(finetune.Config(**small, fused="all"))
+    plain_history = runs.history(runs.Config(**small))
+    fused_history = runs.history(runs.Config(**small, fused="all"))
     assert fused_history["train_loss"].tolist() == pytest.approx(plain_history["train_loss"].tolist(), rel=1e-4)
     # the component (with its bias, whose gradient comes from a fused op) trains; the other components stay as they were
     trained = {n for n, _ in components.trainable_parameters(model)}
@@ -347,44 +350,44 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(config, bias, tmp_p
     for name, p in fused_model.named_parameters():
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
     with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv, update"):
-        finetune.Config(fused="yes").validate()
+        runs.Config(fused="yes")  # validated when made
 
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
     def checked(fused, device):
-        return finetune.StepOptions(fused=fused).checked(torch.device(device)).fused
+        return StepOptions(fused=fused).checked(torch.device(device)).fused
 
     with pytest.raises(ValueError, match="Triton is not installed"):
         checked("all", "cuda")
     assert checked("none", "cuda") == "none"
     assert checked("all", "cpu") == "all"  # PyTorch arithmetic there
     assert checked("auto", "cuda") == "none"  # auto never fails
-    assert finetune.resolve_fused("auto", torch.device("cuda")) == "none"  # and without Triton it means none
+    assert resolve_fused("auto", torch.device("cuda")) == "none"  # and without Triton it means none
 
 
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
-    assert finetune.Config().fused == "auto"
+    assert runs.Config().fused == "auto"
     monkeypatch.setattr(kernels, "triton_available", lambda: True)
-    assert finetune.resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones; not yet the update
-    assert finetune.resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
-    assert finetune.resolve_fused("auto", torch.device("cpu")) == "none"
+    assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones; not yet the update
+    assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
+    assert resolve_fused("auto", torch.device("cpu")) == "none"
     for choice in ("none", "all", "gelu", "qkv", "update", "gelu+qkv", "qkv+update"):
-        assert finetune.resolve_fused(choice, torch.device("cuda")) == choice == finetune.resolve_fused(choice, torch.device("cpu"))
+        assert resolve_fused(choice, torch.device("cuda")) == choice == resolve_fused(choice, torch.device("cpu"))
     # combinations are written one way: in FUSED_PARTS' order, and "all" for all of them
-    assert finetune.resolve_fused("qkv+gelu", torch.device("cpu")) == "gelu+qkv"
-    assert finetune.resolve_fused("update+qkv+gelu", torch.device("cpu")) == "all"
-    assert finetune.fused_parts("all") == ("gelu", "qkv", "update") and finetune.fused_parts("none") == ()
-    assert finetune.fuses_update("all", torch.device("cpu")) and finetune.fuses_update("gelu+update", torch.device("cpu"))
-    assert not finetune.fuses_update("auto", torch.device("cuda")) and not finetune.fuses_update("gelu+qkv", torch.device("cpu"))
+    assert resolve_fused("qkv+gelu", torch.device("cpu")) == "gelu+qkv"
+    assert resolve_fused("update+qkv+gelu", torch.device("cpu")) == "all"
+    assert fused_parts("all") == ("gelu", "qkv", "update") and fused_parts("none") == ()
+    assert fuses_update("all", torch.device("cpu")) and fuses_update("gelu+update", torch.device("cpu"))
+    assert not fuses_update("auto", torch.device("cuda")) and not fuses_update("gelu+qkv", torch.device("cpu"))
     for bad in ("fastest", "gelu+gelu", "gelu+", "", "all+update", None):
         with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv, update, or several of gelu, qkv, update joined by"):
-            finetune.resolve_fused(bad, torch.device("cpu"))
+            resolve_fused(bad, torch.device("cpu"))
 
 
 def test_fusing_a_model_puts_in_only_its_own_parts():
-    model = finetune.fuse(models.create_model("demo", pretrained=False), "qkv+update")  # the update is the optimizer's
-    assert all(isinstance(block.attn, models.QkvFusedAttention) and not isinstance(block.mlp, models.BiasGeluMlp) for block in model.blocks)
+    model = fuse(models.create_model("demo", pretrained=False), "qkv+update")  # the update is the optimizer's
+    assert all(isinstance(block.attn, layers.QkvFusedAttention) and not isinstance(block.mlp, layers.BiasGeluMlp) for block in model.blocks)
 
 
 def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):

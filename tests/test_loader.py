@@ -85,7 +85,7 @@ def test_cached_image_is_resize_then_center_crop(tmp_path):
 
 
 def test_data_benchmark_runs_and_reports_both_paths(capsys):
-    from paperlib import bench
+    from paperlib.speed import bench
 
     bench.main(["data", "--dataset", "cifar10", "--batch-size", "8", "--image-size", "16", "--batches", "2", "--workers", "0", "--fixture-size", "40", "--device", "cpu"])
     out = capsys.readouterr().out

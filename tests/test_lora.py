@@ -7,14 +7,10 @@ import torch
 from test_finetune import interrupted, same_metrics, small
 
 from paperlib import components, finetune, lora, models, stats
-from paperlib import results as results_module
-from paperlib.finetune import Config
-
-
-@pytest.fixture(autouse=True)
-def results(tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    return tmp_path / "results"
+from paperlib import specs
+from paperlib import speed
+from paperlib import runs as run_files
+from paperlib.runs import Config
 
 
 def demo(seed: int = 0):
@@ -73,8 +69,8 @@ def test_an_update_is_alpha_over_rank_times_b_a_and_merging_folds_it_into_the_we
 
 
 @pytest.mark.parametrize("config", ["mha", "fc2", "full"])
-def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config):
-    model, metrics = finetune.train(small(config=config, lora_rank=4))
+def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config, small):
+    model, metrics = finetune.train(small(component=config, lora_rank=4))
     initial = demo()  # the run's initialisation: same seed, same head (LoRA goes on after the head)
     weights = dict(model.named_parameters())
     changed_lora = set()
@@ -90,34 +86,34 @@ def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config)
     assert metrics["lora_rank"] == 4
 
 
-def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp_path, monkeypatch):
-    plain, adapted = small(config="fc1"), small(config="fc1", lora_rank=4)
+def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp_path, monkeypatch, small, move_results):
+    plain, adapted = small(component="fc1"), small(component="fc1", lora_rank=4)
     assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
-    assert small(config="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
-    assert small(config="fc1", lora_rank=4, lora_alpha=4.0) == adapted  # alpha 0 means the rank: one run, one folder, one record
+    assert small(component="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
+    assert small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted  # alpha 0 means the rank: one run, one folder, one record
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
-    runs, _ = results_module.load()
+    runs, _ = run_files.load()
     assert sorted(runs["lora_rank"]) == [0, 4]
     with pytest.raises(ValueError, match="one lora_rank, got 0, 4"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "again"))
+    move_results("again")
     assert same_metrics(finetune.run(adapted)) == same_metrics(first)  # same seed, same LoRA initialisation, same numbers
 
 
 @pytest.mark.parametrize("precision, dropout", [("autocast", 0.0), ("bf16", 0.0), ("autocast", 0.3)])
-def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, dropout, results, tmp_path, monkeypatch):
+def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, dropout, results, tmp_path, monkeypatch, small, move_results):
     # dropout draws from torch's generator: the checkpoint carries its state
-    config = small(config="mha", lora_rank=2, precision=precision, lora_dropout=dropout)
+    config = small(component="mha", lora_rank=2, precision=precision, lora_dropout=dropout)
     reference = finetune.run(config)
-    history = finetune.history(config)
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "interrupted"))
+    history = run_files.history(config)
+    move_results("interrupted")
     interrupted(config, 9, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file()
     assert same_metrics(finetune.run(config)) == same_metrics(reference)
-    pd.testing.assert_frame_equal(finetune.history(config), history)
+    pd.testing.assert_frame_equal(run_files.history(config), history)
 
 
 def test_fused_ops_leave_layers_with_lora_alone():
@@ -128,40 +124,40 @@ def test_fused_ops_leave_layers_with_lora_alone():
         for layer in lora.adapted_layers(model):
             layer.lora_B.default.weight.normal_()
         before = model(images())
-    finetune.fuse(model, "gelu+qkv")
-    assert not isinstance(model.blocks[0].attn, models.QkvFusedAttention)
-    assert isinstance(model.blocks[0].mlp, models.BiasGeluMlp)  # the feedforward layer has no LoRA: fused
+    speed.step.fuse(model, "gelu+qkv")
+    assert not isinstance(model.blocks[0].attn, speed.layers.QkvFusedAttention)
+    assert isinstance(model.blocks[0].mlp, speed.layers.BiasGeluMlp)  # the feedforward layer has no LoRA: fused
     with torch.no_grad():
         assert torch.allclose(model(images()), before, atol=1e-5)
 
 
 def test_lora_refuses_layers_that_already_run_fused_ops():
-    model = finetune.fuse(demo(), "gelu+qkv")  # fused layers read their weights themselves
-    with pytest.raises(ValueError, match="add LoRA before finetune.fuse"):
+    model = speed.step.fuse(demo(), "gelu+qkv")  # fused layers read their weights themselves
+    with pytest.raises(ValueError, match="add LoRA before speed.step.fuse"):
         lora.add_lora(model, "fc1", rank=2)
     assert not any(hasattr(m, "lora_A") for m in model.modules())
     lora.add_lora(model, "fc2", rank=2)  # fc2 and proj are called as modules, even in the fused layers: fine
-    lora.add_lora(finetune.fuse(demo(), "qkv"), "fc1", rank=2)
+    lora.add_lora(speed.step.fuse(demo(), "qkv"), "fc1", rank=2)
 
 
-def test_the_run_fuses_after_adding_lora(results, monkeypatch):
+def test_the_run_fuses_after_adding_lora(results, monkeypatch, small):
     seen = []
-    original = finetune.fuse
+    original = speed.step.fuse
 
     def spy(model, fused="all"):
         seen.append(len(lora.adapted_layers(model)))
         return original(model, fused)
 
-    monkeypatch.setattr(finetune, "fuse", spy)
-    finetune.run(small(config="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
+    monkeypatch.setattr(speed.step, "fuse", spy)
+    finetune.run(small(component="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
     assert seen and seen[0] == len(lora.target_names(demo(), "fc1"))
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"config": "ln1", "lora_rank": 4}, "'ln1' has none; with lora_rank use one of mha, fc1, fc2, full"),
-        ({"config": "linear", "lora_rank": 4}, "use one of mha, fc1, fc2, full"),
+        ({"component": "ln1", "lora_rank": 4}, "'ln1' has none; with lora_rank use one of mha, fc1, fc2, full"),
+        ({"component": "linear", "lora_rank": 4}, "use one of mha, fc1, fc2, full"),
         ({"lora_rank": -1}, "lora_rank must be 0"),
         ({"lora_rank": 2.5}, "lora_rank must be 0"),
         ({"lora_alpha": 8.0}, "set lora_rank"),
@@ -169,7 +165,7 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch):
         ({"lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be a finite number in \[0, 1\)"),
     ],
 )
-def test_bad_lora_parameters_fail_before_any_work(results, overrides, message):
+def test_bad_lora_parameters_fail_before_any_work(results, overrides, message, small):
     with pytest.raises(ValueError, match=message):
         finetune.run(small(**overrides))
     assert not results.exists()
@@ -178,11 +174,11 @@ def test_bad_lora_parameters_fail_before_any_work(results, overrides, message):
 def test_the_command_line_and_notebook_take_the_lora_parameters():
     from paperlib import sweep
 
-    names = sweep.notebook_parameters("notebooks/05_finetune.ipynb")
+    names = specs.notebook_parameters("notebooks/05_finetune.ipynb")
     assert {"lora_rank", "lora_alpha", "lora_dropout"} <= set(names)
     spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4},
             "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]}}
-    wanted = results_module.expected(spec)
+    wanted = run_files.expected(spec)
     assert sorted(zip(wanted["config"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
     assert isinstance(Config(lora_rank=4).lora_rank, int)
 
@@ -200,7 +196,7 @@ def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
         with torch.no_grad():
             for layer in lora.adapted_layers(model):
                 layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))
-        forward = finetune.compile_model(model, how) if compiled else model
+        forward = speed.step.compile_model(model, how) if compiled else model
         torch.nn.functional.cross_entropy(forward(x), labels).backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
         assert set(grads[-1]) == {n for n, p in model.named_parameters() if p.requires_grad}
@@ -208,13 +204,13 @@ def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
         assert torch.allclose(grads[1][name], grad, atol=1e-5, rtol=1e-4), name
 
 
-def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results):
+def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, small):
     for rank in (0, 2):
         for lr in (0.01, 0.3):
-            finetune.run(small(config="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
-    finetune.run(small(config="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
-    runs, _ = results_module.load()
-    table = lora.comparison(runs)
+            finetune.run(small(component="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
+    finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
+    runs, _ = run_files.load()
+    table = stats.comparison(runs)
     assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["config"]) == {"fc2"}
     for rank, row in zip((0, 2), table.itertuples()):
         mine = runs[(runs["lora_rank"] == rank) & (runs["config"] == "fc2")]
@@ -222,15 +218,15 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results):
         assert row.lr == best["lr"] and row.mean == pytest.approx(100 * best["test_accuracy"])
         assert row.trainable_parameters == best["trainable_parameters"]
     assert table["trainable_parameters"].iloc[1] < table["trainable_parameters"].iloc[0]
-    assert lora.method(4, 8.0, 0.1) == "LoRA r=4 (alpha=8, dropout=0.1)" and lora.method(4, 4.0) == "LoRA r=4"
+    assert run_files.method(4, 8.0, 0.1) == "LoRA r=4 (alpha=8, dropout=0.1)" and run_files.method(4, 4.0) == "LoRA r=4"
 
 
-def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results):
-    finetune.run(small(config="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
-    finetune.run(small(config="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
-    runs, _ = results_module.load()
+def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results, small):
+    finetune.run(small(component="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
+    finetune.run(small(component="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
+    runs, _ = run_files.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
-    assert lora.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
+    assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
     spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
             "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]}}
-    assert results_module.missing(runs, spec).empty
+    assert run_files.missing(runs, spec).empty

@@ -4,6 +4,7 @@ import torch
 from safetensors.torch import save_file
 
 from paperlib import models, paths
+from paperlib import speed
 
 
 def test_short_names_map_to_the_papers_timm_weights():
@@ -120,30 +121,30 @@ def test_patch_embedding_as_a_matrix_product_is_the_same_function():
     keys = list(model.state_dict())
     model.zero_grad(set_to_none=True)
 
-    assert models.linear_patch_embed(model) is model
+    assert speed.layers.linear_patch_embed(model) is model
     proj = model.patch_embed.proj
-    assert isinstance(proj, models.PatchLinear) and proj.weight is conv.weight and proj.bias is conv.bias
+    assert isinstance(proj, speed.layers.PatchLinear) and proj.weight is conv.weight and proj.bias is conv.bias
     assert list(model.state_dict()) == keys  # same parameters under the same names: checkpoints and bounds are unchanged
     out = model(images)
     out.square().sum().backward()
     assert torch.allclose(out, expected_out, rtol=0, atol=1e-12)
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-10, atol=1e-12), name
-    models.linear_patch_embed(model)  # done already: nothing changes
+    speed.layers.linear_patch_embed(model)  # done already: nothing changes
     assert model.patch_embed.proj is proj
 
 
 def test_patch_linear_drops_the_pixels_that_fill_no_patch_like_the_convolution():
     conv = torch.nn.Conv2d(3, 8, kernel_size=(4, 5), stride=(4, 5)).double()
     images = torch.randn(2, 3, 19, 23, dtype=torch.float64)
-    out = models.PatchLinear(conv)(images)
+    out = speed.layers.PatchLinear(conv)(images)
     assert out.shape == (2, 8, 4, 4) and torch.allclose(out, conv(images), rtol=0, atol=1e-12)
 
 
 def test_patch_linear_refuses_convolutions_that_are_not_patchings():
     with pytest.raises(ValueError, match="stride = kernel"):
-        models.PatchLinear(torch.nn.Conv2d(3, 8, kernel_size=4, stride=2))
+        speed.layers.PatchLinear(torch.nn.Conv2d(3, 8, kernel_size=4, stride=2))
     with pytest.raises(ValueError, match="stride = kernel"):
-        models.PatchLinear(torch.nn.Conv2d(3, 8, kernel_size=4, stride=4, padding=1))
+        speed.layers.PatchLinear(torch.nn.Conv2d(3, 8, kernel_size=4, stride=4, padding=1))
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3))
-    assert models.linear_patch_embed(model) is model  # no patch embedding: left as it is
+    assert speed.layers.linear_patch_embed(model) is model  # no patch embedding: left as it is

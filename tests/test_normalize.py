@@ -21,10 +21,10 @@ from paperlib import (
     loader,
     models,
     plasticity,
-    results,
     stats,
 )
 from paperlib import transforms as T
+from paperlib import runs as run_files
 
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -90,7 +90,7 @@ def test_a_saved_model_keeps_its_statistics(home):
     with pytest.raises(ValueError, match="records no mean and std; use normalize='imagenet'"):
         models.normalization("custom/bare", "model")
     with pytest.raises(ValueError, match="records no mean and std"):  # before any work
-        finetune.Config(model="custom/bare", normalize="model").validate()
+        Config(model="custom/bare", normalize="model").validate()
     assert not (home / "results").exists()
 
 
@@ -147,45 +147,42 @@ def DeviceBatch(dataset, augment, pair):
 # --------------------------------------------------------------------------------------------
 # finetuning and plasticity
 
+LN2 = {"component": "ln2", "steps": 4, "warmup": 1, "eval_every": 2}  # a quick run of the small ones
 
-def small(**kwargs) -> finetune.Config:
-    return finetune.Config(**{"config": "ln2", "steps": 4, "warmup": 1, "eval_every": 2, "batch_size": 16, **kwargs})
-
-
-def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home):
+def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     save_demo("half", *HALF)
     save_demo("same")  # the demo's own statistics: ImageNet's
-    paper = finetune.run(small(model="custom/half"))
-    own = small(model="custom/half", normalize="model")
-    assert own.folder().name == "seed=0-norm-model" and own.folder().parent == small(model="custom/half").folder().parent
+    paper = finetune.run(small(model="custom/half", **LN2))
+    own = small(model="custom/half", normalize="model", **LN2)
+    assert own.folder().name == "seed=0-norm-model" and own.folder().parent == small(model="custom/half", **LN2).folder().parent
     metrics = finetune.run(own)
     assert (metrics["normalize"], metrics["mean"], metrics["std"]) == ("model", [0.5] * 3, [0.5] * 3)
     assert paper["normalize"] == "imagenet" and paper["mean"] == list(IMAGENET_DEFAULT_MEAN)
-    assert finetune.history(own)["train_loss"].tolist() != finetune.history(small(model="custom/half"))["train_loss"].tolist()
+    assert run_files.history(own)["train_loss"].tolist() != run_files.history(small(model="custom/half", **LN2))["train_loss"].tolist()
     # the finetuned model records the statistics its run used, for normalize="model" once saved
-    for config, pair in ((own, HALF), (small(model="custom/half"), T.IMAGENET)):
+    for config, pair in ((own, HALF), (small(model="custom/half", **LN2), T.IMAGENET)):
         finetune.run(dataclasses.replace(config, save_weights=True))
         models.save_model(finetune.load_model(config), "custom/tuned", overwrite=True)
         assert models.normalization("custom/tuned", "model") == pair
     # a model pretrained with ImageNet's statistics: "model" is the paper's run, number for number
-    same_model, same_paper = small(model="custom/same", normalize="model"), small(model="custom/same")
+    same_model, same_paper = small(model="custom/same", normalize="model", **LN2), small(model="custom/same", **LN2)
     finetune.run(same_model), finetune.run(same_paper)
-    pd.testing.assert_frame_equal(finetune.history(same_model), finetune.history(same_paper))
+    pd.testing.assert_frame_equal(run_files.history(same_model), run_files.history(same_paper))
 
-    runs, _ = results.load()
+    runs, _ = run_files.load()
     assert sorted(runs["normalize"]) == ["imagenet", "imagenet", "model", "model"]
     with pytest.raises(ValueError, match="one normalize"):
         stats.table6(runs[runs["model"] == "custom/half"])
     assert len(stats.table6(runs[(runs["model"] == "custom/half") & (runs["normalize"] == "model")])) == 1
 
 
-def test_runs_recorded_before_the_option_are_the_papers(home):
-    config = small()
+def test_runs_recorded_before_the_option_are_the_papers(home, small):
+    config = small(**LN2)
     finetune.run(config)
     params = json.loads((config.folder() / "params.json").read_text())
     del params["normalize"]
     (config.folder() / "params.json").write_text(json.dumps(params))
-    assert results.load()[0]["normalize"].tolist() == ["imagenet"]
+    assert run_files.load()[0]["normalize"].tolist() == ["imagenet"]
     metrics = json.loads((config.folder() / "metrics.json").read_text())
     assert finetune.run(config) == metrics  # still this run: not trained again
 
@@ -224,11 +221,11 @@ def test_cache_side_keeps_the_models_resolution():
         loader.cache_side(0)
 
 
-def test_a_model_above_224_trains_on_images_cached_at_its_resolution(home):
+def test_a_model_above_224_trains_on_images_cached_at_its_resolution(home, small):
     vit = models.create_model("vit_demo_patch4_32", pretrained=False, img_size=240, patch_size=40, embed_dim=16, depth=1, num_heads=2, num_classes=2)
     models.save_model(vit, "custom/big", model_args=dict(img_size=240, patch_size=40, embed_dim=16, depth=1, num_heads=2))
     fixtures.write_image_folder(home / "data" / "custom" / "photos", ["a", "b"], per_class=6, size=(300, 320))
-    metrics = finetune.run(small(model="custom/big", dataset="custom/photos", batch_size=4, steps=2, warmup=0))
+    metrics = finetune.run(small(**{**LN2, "steps": 2, "warmup": 0}, model="custom/big", dataset="custom/photos", batch_size=4))
     assert metrics["status"] == "finished"
     cached = {p.name.split("-")[0] for p in (home / "data" / "cache").rglob("*.npy")}
     assert cached == {"275px"}  # ceil(240 * 256 / 224), not 256

@@ -1,7 +1,5 @@
 """The plasticity measurement against Definition 1 read literally."""
 
-import shutil
-
 import pytest
 import timm
 import torch
@@ -184,7 +182,7 @@ def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path):
 
 
 def test_plasticity_benchmark_runs(capsys):
-    from paperlib import bench
+    from paperlib.speed import bench
 
     bench.main(["plasticity", "--pairs", "8", "--batch-size", "4", "--device", "cpu"])
     out = capsys.readouterr().out
@@ -326,41 +324,6 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     assert len(plasticity.collect(reference=None)) == 10
 
 
-def test_a_result_saved_against_other_images_in_the_default_folder_counts_for_its_own_reference(monkeypatch, tmp_path):
-    # results measured against non-default reference images before they had folders of their own sat in the plain folder
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
-    default_folder = plasticity.result_folder("demo", "digits_c/snow")
-    other_folder.rename(default_folder)  # where such a result used to be saved
-    assert len(plasticity.collect(reference=None)) == 5  # read once, though not in its own folder
-    assert plasticity.collect().empty  # and not as the default's
-    assert plasticity.has_result("demo", "digits_c/snow", reference="digits_source") is False
-    assert not default_folder.exists() and plasticity.load(other_folder)["rate"].tolist() == other["rate"].tolist()  # moved to its own
-    assert plasticity.has_result("demo", "digits_c/snow", reference="digits")  # so it is not measured again
-    default, folder = plasticity.run("demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False)
-    assert folder == default_folder and plasticity.has_result("demo", "digits_c/snow")
-    assert set(plasticity.collect(reference=None)["reference"]) == {"digits", "digits_source"} and len(plasticity.collect(reference=None)) == 10
-    assert not plasticity.has_result("demo", "digits_c/snow", sample="random")
-
-
-def test_a_misplaced_result_whose_own_folder_is_taken_is_set_aside_not_deleted(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
-    few, few_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=4, batch_size=4, progress=False)
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    many, many_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=12, batch_size=4, progress=False)
-    default_folder = plasticity.result_folder("demo", "digits_c/snow")
-    many_folder.rename(default_folder)  # an old result of 12 pairs in the default's folder
-    shutil.copytree(few_folder, many_folder)  # and a newer one of 4 pairs in its own
-    assert len(plasticity.collect(reference="digits")) == 5  # the one in its folder; the misplaced one not counted twice
-    with pytest.warns(UserWarning, match="kept in .*moved-1"):
-        assert not plasticity.has_result("demo", "digits_c/snow")
-    aside = default_folder.with_name("snow.moved-1")
-    assert plasticity.load(aside)["rate"].tolist() == many["rate"].tolist()  # nothing lost
-    assert plasticity.load(many_folder)["rate"].tolist() == few["rate"].tolist()  # nothing overwritten
-    assert plasticity.collect(reference="digits")["n_pairs"].unique().tolist() == [4]
-
-
 def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
     five = plasticity.result_folder("m", "cifar10c/snow")
@@ -377,34 +340,42 @@ def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path):
     assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
 
 
-def _old_result(table, folder, **record):
-    """A result as an earlier version saved it: ``record`` in its metadata, in ``folder``."""
-    return plasticity.save(table, folder, {"model": "demo", "dataset": "cifar10c/snow", "inputs": "embedding", "sample": "first", "seed": None,
-                                           "normalize": "imagenet", "n_pairs": 4, **record})
-
-
-def test_results_of_earlier_severity_and_reference_folders_each_move_to_their_own(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
-    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+def test_measure_missing_measures_a_missing_pair_and_skips_a_present_one(monkeypatch, tmp_path):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    plain = plasticity.result_folder("demo", "cifar10c/snow")
-    against = plasticity.result_folder("demo", "cifar10c/snow", reference="cifar10")
-    # before +ref- folders: against cifar10 at severity 5 in the plain folder; before +severity-: severity 3 in +ref-cifar10
-    _old_result(table, plain, reference="cifar10", severity=5)
-    _old_result(table, against, reference="cifar10", severity=3)
-    assert len(plasticity.collect(reference="cifar10")) == 5 and len(plasticity.collect(reference="cifar10", severity=3)) == 5
-    assert plasticity.has_result("demo", "cifar10c/snow", reference="cifar10")  # found, once each has moved
-    assert plasticity.has_result("demo", "cifar10c/snow", reference="cifar10", severity=3)
-    assert not plain.exists() and not plasticity.has_result("demo", "cifar10c/snow")
-    assert (against.with_name("snow+ref-cifar10+severity-3") / "metadata.json").is_file()
-    assert len(plasticity.collect(reference="cifar10")) == 5 and len(plasticity.collect(reference="cifar10", severity=3)) == 5
-    assert len(plasticity.collect(reference=None, severity=None)) == 10
+    calls = []
+    original = plasticity.run
+    monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or original(*args, **kwargs))
+    assert not plasticity.has_result("demo", "digits")
+    assert plasticity.measure_missing("demo", "digits", n_pairs=4, batch_size=4) == [("demo", "digits")]
+    folder = plasticity.result_folder("demo", "digits")
+    assert plasticity.has_result("demo", "digits") and len(plasticity.load(folder)) == 4 * 6 * 5
+    assert not plasticity.has_result("demo", "digits", sample="random")  # another draw is another result
+    # run gets the dataset's default reference and every argument as given
+    assert calls == [(("demo", "digits", "digits_source", 4, 4, "cpu", "embedding"),
+                      {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"})]
+    first = plasticity.load(folder)["rate"].tolist()
+    # present: skipped, and not replaced; missing: measured, models outer and datasets inner
+    assert plasticity.measure_missing(["demo"], ["digits", "digits_c/snow"], "digits_source", n_pairs=6, batch_size=4) == [("demo", "digits_c/snow")]
+    assert plasticity.load(folder)["rate"].tolist() == first and len(calls) == 2
+    assert plasticity.has_result("demo", "digits_c/snow") and plasticity.load(plasticity.result_folder("demo", "digits_c/snow"))["pair"].nunique() == 6
+    assert plasticity.measure_missing("demo", ["digits", "digits_c/snow"], n_pairs=6) == [] and len(calls) == 2
+    assert len(plasticity.collect()) == 10
 
 
-def test_an_old_result_at_another_severity_in_the_plain_folder_counts_for_its_severity(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "elsewhere"))
-    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_path):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    _old_result(table, plasticity.result_folder("demo", "cifar10c/snow"), reference="imagenet", severity=3)
-    assert plasticity.has_result("demo", "cifar10c/snow", severity=3)
-    assert not plasticity.has_result("demo", "cifar10c/snow")
+    calls = []
+    monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
+    plasticity.save(plasticity.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"})
+    # another reference, draw or normalisation is another result: measured, with those arguments
+    assert plasticity.measure_missing("demo", "digits", "digits") == [("demo", "digits")]
+    assert plasticity.measure_missing("demo", "digits", sample="random", seed=3, n_pairs=5, device="cuda", root="elsewhere", progress=True) == [("demo", "digits")]
+    assert plasticity.measure_missing("demo", "digits", normalize="model", inputs="in_situ") == [("demo", "digits")]
+    assert calls == [
+        (("demo", "digits", "digits", 179, 64, "cpu", "embedding"), {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"}),
+        (("demo", "digits", "digits_source", 5, 64, "cuda", "embedding"), {"root": "elsewhere", "progress": True, "sample": "random", "seed": 3, "normalize": "imagenet"}),
+        (("demo", "digits", "digits_source", 179, 64, "cpu", "in_situ"), {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "model"}),
+    ]
+    assert plasticity.measure_missing("demo", "digits") == [] and plasticity.measure_missing("demo", "digits", "digits_source") == []
+    with pytest.raises(ValueError, match="valid samples"):
+        plasticity.measure_missing("demo", "digits", sample="all")

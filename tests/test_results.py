@@ -1,6 +1,7 @@
 """Results tables and the paper's statistics on a synthetic results tree with known answers."""
 
 import itertools
+from dataclasses import fields
 import json
 import math
 import statistics
@@ -9,9 +10,10 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import results, stats
+from paperlib import finetune, paths, stats
+from paperlib.runs import KEYS, Config, expected, load, missing
 
-DATASETS = ["a", "b", "c", "d", "e", "f"]
+DATASETS = ["digits", "digits_c/contrast", "digits_c/gaussian_noise", "digits_c/motion_blur", "digits_c/snow", "digits_c/speckle_noise"]  # real names: a Config validates its dataset
 CONFIGS = ["mha", "fc1", "ln1", "linear"]
 LRS = [0.01, 0.03]
 SEEDS = [0, 1, 2]
@@ -31,7 +33,7 @@ def val_accuracy(dataset, config, lr, seed):
 def write_run(root, dataset, config, lr, seed, status="finished"):
     folder = root / "finetune" / "demo" / dataset / config / f"lr={lr:g}" / f"seed={seed}"
     folder.mkdir(parents=True)
-    params = {"model": "demo", "dataset": dataset, "config": config, "lr": lr, "seed": seed}
+    params = {field.name: field.default for field in fields(Config)} | {"model": "demo", "dataset": dataset, "component": config, "lr": lr, "seed": seed}
     (folder / "params.json").write_text(json.dumps(params))
     if status == "partial":
         return
@@ -45,45 +47,45 @@ def write_run(root, dataset, config, lr, seed, status="finished"):
 def tree(tmp_path):
     for dataset, config, lr, seed in itertools.product(DATASETS, CONFIGS, LRS, SEEDS):
         write_run(tmp_path, dataset, config, lr, seed)
-    write_run(tmp_path, "a", "fc2", 0.01, 0, status="partial")
-    write_run(tmp_path, "a", "fc2", 0.03, 0, status="diverged")
+    write_run(tmp_path, "digits", "fc2", 0.01, 0, status="partial")
+    write_run(tmp_path, "digits", "fc2", 0.03, 0, status="diverged")
     return tmp_path
 
 
 def test_load_lists_every_run_including_partial_and_diverged(tree):
-    runs, histories = results.load(tree)
+    runs, histories = load(tree)
     assert len(runs) == len(DATASETS) * len(CONFIGS) * len(LRS) * len(SEEDS) + 2
-    status = runs.set_index(["config", "lr"]).loc["fc2", "status"]
+    status = runs.set_index(["component", "lr"]).loc["fc2", "status"]
     assert sorted(status.tolist()) == ["diverged", "partial"]
-    assert set(histories.columns) >= {"model", "dataset", "config", "lr", "seed", "step", "grad_norm"}
+    assert set(histories.columns) >= {"model", "dataset", "component", "lr", "seed", "step", "grad_norm"}
     assert len(histories) == 2 * (len(runs) - 1)  # the partial run has no history
 
 
 def test_missing_runs_are_listed(tree):
-    runs, _ = results.load(tree)
+    runs, _ = load(tree)
     spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
-            "grid": {"dataset": ["a"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]}}
-    missing = results.missing(runs, spec)
-    assert missing[["dataset", "config"]].values.tolist() == [["a", "ln2"]]  # fc2 exists (partial): listed by load, not here
+            "grid": {"dataset": ["digits"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]}}
+    absent = missing(runs, spec)
+    assert absent[["dataset", "component"]].values.tolist() == [["digits", "ln2"]]  # fc2 exists (partial): listed by load, not here
 
 
 def test_runs_in_another_precision_are_other_runs(tree):
-    folder = tree / "finetune" / "demo" / "a" / "ln2" / "lr=0.01" / "seed=0-bf16"
+    folder = tree / "finetune" / "demo" / "digits" / "ln2" / "lr=0.01" / "seed=0-bf16"
     folder.mkdir(parents=True)
-    (folder / "params.json").write_text(json.dumps({"model": "demo", "dataset": "a", "config": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}))
-    runs, histories = results.load(tree)
-    assert runs.loc[runs["config"] == "ln2", "precision"].tolist() == ["bf16"]
-    assert set(runs["precision"]) == {"autocast", "bf16"}  # runs written before precisions existed are autocast ones
+    (folder / "params.json").write_text(json.dumps({field.name: field.default for field in fields(Config)} | {"model": "demo", "dataset": "digits", "component": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}))
+    runs, histories = load(tree)
+    assert runs.loc[runs["component"] == "ln2", "precision"].tolist() == ["bf16"]
+    assert set(runs["precision"]) == {"autocast", "bf16"}
     spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
-            "grid": {"dataset": ["a"], "component": ["ln2"], "lr": [0.01], "seed": [0]}}
-    assert results.missing(runs, spec)[["config", "precision"]].values.tolist() == [["ln2", "autocast"]]
+            "grid": {"dataset": ["digits"], "component": ["ln2"], "lr": [0.01], "seed": [0]}}
+    assert missing(runs, spec)[["component", "precision"]].values.tolist() == [["ln2", "autocast"]]
     spec["parameters"]["precision"] = "bf16"
-    assert results.missing(runs, spec).empty
+    assert missing(runs, spec).empty
 
 
 def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
-    runs, _ = results.load(tree)
-    table = stats.table6(runs).set_index(["dataset", "config"])
+    runs, _ = load(tree)
+    table = stats.table6(runs).set_index(["dataset", "component"])
     for dataset, config in itertools.product(DATASETS, CONFIGS):
         means = {lr: statistics.mean(100 * accuracy(dataset, config, lr, s) for s in SEEDS) for lr in LRS}
         best = max(means, key=means.get)
@@ -91,24 +93,24 @@ def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
         assert row["lr"] == best and row["mean"] == pytest.approx(means[best])
         assert row["std"] == pytest.approx(statistics.stdev(100 * accuracy(dataset, config, best, s) for s in SEEDS))
         assert row["seeds"] == 3
-    assert table.loc[("a", "fc2"), "lr"] == 0.03 if ("a", "fc2") in table.index else True
-    by_val = stats.table6(runs, select="val").set_index(["dataset", "config"])
-    assert by_val.loc[("a", "ln1"), "lr"] == 0.03 and table.loc[("a", "ln1"), "lr"] == 0.01
+    assert table.loc[("digits", "fc2"), "lr"] == 0.03 if ("digits", "fc2") in table.index else True
+    by_val = stats.table6(runs, select="val").set_index(["dataset", "component"])
+    assert by_val.loc[("digits", "ln1"), "lr"] == 0.03 and table.loc[("digits", "ln1"), "lr"] == 0.01
     with pytest.raises(ValueError, match="valid selections: test, val"):
         stats.table6(runs, select="train")
 
 
 def test_diverged_learning_rate_is_never_chosen(tree):
-    runs, _ = results.load(tree)
-    table = stats.table6(runs).set_index(["dataset", "config"])
-    assert ("a", "fc2") not in table.index  # its only finished-or-diverged lr diverged
+    runs, _ = load(tree)
+    table = stats.table6(runs).set_index(["dataset", "component"])
+    assert ("digits", "fc2") not in table.index  # its only finished-or-diverged lr diverged
 
 
 def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled(tree):
-    runs, _ = results.load(tree)
+    runs, _ = load(tree)
     # mha's best lr is 0.03 over three seeds; with one seed left it would still win on its mean
-    partial = runs[~((runs["config"] == "mha") & (runs["lr"] == 0.03) & (runs["seed"] > 0))]
-    row = stats.table6(partial).set_index(["dataset", "config"]).loc[("a", "mha")]
+    partial = runs[~((runs["component"] == "mha") & (runs["lr"] == 0.03) & (runs["seed"] > 0))]
+    row = stats.table6(partial).set_index(["dataset", "component"]).loc[("digits", "mha")]
     assert row["lr"] == 0.01 and row["seeds"] == 3
     other = runs.assign(model="another")
     with pytest.raises(ValueError, match="needs the runs of one model, got another, demo"):
@@ -118,78 +120,78 @@ def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled
 
 
 def test_table6_printed_as_the_paper_prints_it():
-    table = pd.DataFrame({"dataset": ["a", "a", "b"], "config": ["mha", "fc1", "mha"], "lr": [0.01] * 3,
+    table = pd.DataFrame({"dataset": ["digits", "digits", "digits_c/contrast"], "component": ["mha", "fc1", "mha"], "lr": [0.01] * 3,
                           "mean": [91.234, 90.0, 88.0], "std": [0.456, float("nan"), 1.0], "seeds": [3, 1, 2]})
     text = stats.formatted(table)
     assert list(text.columns) == ["mha", "fc1"]
-    assert text.loc["a", "mha"] == "91.23 ± 0.46 (3)" and text.loc["a", "fc1"] == "90.00 (1)" and text.loc["b", "mha"] == "88.00 ± 1.00 (2)"
+    assert text.loc["digits", "mha"] == "91.23 ± 0.46 (3)" and text.loc["digits", "fc1"] == "90.00 (1)" and text.loc["digits_c/contrast", "mha"] == "88.00 ± 1.00 (2)"
 
 
 def test_table1_matches_scipy_and_the_definition():
     rows = []
     for i, dataset in enumerate(DATASETS):
         for config, offset in (("mha", 0.0), ("fc1", 0.1 * (-1) ** i), ("fc2", 0.5 + 0.1 * i), ("ln2", 1.0 + 0.05 * i)):
-            rows.append({"dataset": dataset, "config": config, "accuracy": 90.0 - offset - i})
+            rows.append({"dataset": dataset, "component": config, "accuracy": 90.0 - offset - i})
     accuracies = pd.DataFrame(rows)
-    table = stats.table1(accuracies).set_index("config")
+    table = stats.table1(accuracies).set_index("component")
     assert list(table.index) == ["fc1", "fc2", "ln2"]
-    mha = accuracies[accuracies.config == "mha"].set_index("dataset")["accuracy"]
+    mha = accuracies[accuracies.component == "mha"].set_index("dataset")["accuracy"]
     for config in ("fc1", "fc2", "ln2"):
-        other = accuracies[accuracies.config == config].set_index("dataset")["accuracy"]
+        other = accuracies[accuracies.component == config].set_index("dataset")["accuracy"]
         assert table.loc[config, "decrease"] == pytest.approx((mha - other).mean())
         assert table.loc[config, "p_value"] == pytest.approx(scipy_stats.wilcoxon(mha, other.loc[mha.index]).pvalue)
     assert not table.loc["fc1", "significant"] and table.loc["fc2", "significant"] and table.loc["ln2", "significant"]
 
 
 def test_table1_on_the_papers_table6():
-    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#")
-    assert len(paper) == 77 and set(paper["config"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"}
-    table = stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("config")
+    paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
+    assert len(paper) == 77 and set(paper["component"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"}
+    table = stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("component")
     # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant)
     assert table.loc["fc1", "decrease"] == pytest.approx(0.07, abs=0.005) and not table.loc["fc1", "significant"]
     assert table.loc["fc2", "decrease"] == pytest.approx(0.44, abs=0.005) and table.loc["fc2", "significant"]
     assert table.loc[["ln1", "ln2"], "significant"].all()
-    averages = paper.groupby("config")["mean"].mean()  # Table 6, last row (printed from unrounded entries)
+    averages = paper.groupby("component")["mean"].mean()  # Table 6, last row (printed from unrounded entries)
     printed = {"fc1": 90.7, "fc2": 90.3, "full": 90.9, "linear": 64.2, "ln1": 89.8, "ln2": 89.9, "mha": 90.8}
     assert averages.to_dict() == pytest.approx(printed, abs=0.06)
 
 
 def test_relative_gain_and_pooled_standard_error(tree):
-    runs, _ = results.load(tree)
+    runs, _ = load(tree)
     table = stats.table6(runs)
     gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}))
-    a = table.set_index(["dataset", "config"])["mean"]
-    assert gain.loc["a", "mha"] == pytest.approx(100 * (a[("a", "mha")] - a[("a", "linear")]) / a[("a", "linear")])
+    a = table.set_index(["dataset", "component"])["mean"]
+    assert gain.loc["digits", "mha"] == pytest.approx(100 * (a[("digits", "mha")] - a[("digits", "linear")]) / a[("digits", "linear")])
     assert "linear" not in gain.columns
-    average = stats.average(table).set_index("config")
-    part = table[table.config == "mha"]
+    average = stats.average(table).set_index("component")
+    part = table[table.component == "mha"]
     assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
     assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part))
     one_seed = stats.table6(runs[runs["seed"] == 0])
-    assert math.isnan(stats.average(one_seed).set_index("config").loc["mha", "pooled_se"])
+    assert math.isnan(stats.average(one_seed).set_index("component").loc["mha", "pooled_se"])
 
 
-def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkeypatch):
+def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkeypatch, move_results):
     # a list of grids with their own steps (as the paper's spec has per dataset group), a grid key
     # (precision, optimizer) that is not a fixed parameter, notebook names (component,
-    # compile_model) and a learning rate that YAML reads as a string
+    # compile) and a learning rate that YAML reads as a string
     from paperlib import finetune
 
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    move_results(".")
     started = []
     monkeypatch.setattr(finetune, "run", lambda config, progress=False: started.append(config) or {})
     spec = {"notebook": "notebooks/05_finetune.ipynb",
-            "parameters": {"model": "demo", "batch_size": 8, "warmup": 1, "eval_every": 2, "compile_model": False, "device": "cpu"},
+            "parameters": {"model": "demo", "batch_size": 8, "warmup": 1, "eval_every": 2, "compile": False, "device": "cpu"},
             "grid": [{"dataset": ["digits"], "component": ["ln2"], "lr": ["1e-2"], "seed": [0], "steps": [4], "precision": ["autocast", "bf16"]},
                      {"dataset": ["digits_c/snow"], "component": ["mha"], "lr": [0.03], "seed": [1], "steps": [6],
                       "optimizer": ["adamw"], "weight_decay": [0.05]}]}
-    results.ensure(spec)
-    assert [(c.dataset, c.config, c.lr, c.seed, c.steps, c.precision, c.optimizer, c.weight_decay, c.batch_size, c.compile) for c in started] == [
+    finetune.run_spec(spec)
+    assert [(c.dataset, c.component, c.lr, c.seed, c.steps, c.precision, c.optimizer, c.weight_decay, c.batch_size, c.compile) for c in started] == [
         ("digits", "ln2", 0.01, 0, 4, "autocast", "sgd", 0.0, 8, False),
         ("digits", "ln2", 0.01, 0, 4, "bf16", "sgd", 0.0, 8, False),
         ("digits_c/snow", "mha", 0.03, 1, 6, "autocast", "adamw", 0.05, 8, False),
     ]
-    assert results.expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
+    assert expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
         ["autocast", "sgd", 0.0], ["bf16", "sgd", 0.0], ["autocast", "adamw", 0.05]]
 
 
@@ -198,19 +200,19 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
 
 
 def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
-    runs, _ = results.load(tree)
-    spread = stats.grid_spread(runs, configs=["mha", "fc1", "ln1"]).set_index(["dataset", "config"])
-    values = [100 * accuracy("b", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
-    row = spread.loc[("b", "fc1")]
+    runs, _ = load(tree)
+    spread = stats.grid_spread(runs, configs=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
+    values = [100 * accuracy("digits_c/contrast", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
+    row = spread.loc[("digits_c/contrast", "fc1")]
     assert row["std"] == pytest.approx(statistics.stdev(values))
     assert row["iqr"] == pytest.approx(statistics.quantiles(values, n=4, method="inclusive")[2] - statistics.quantiles(values, n=4, method="inclusive")[0])
     assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(statistics.median(values))
     assert (row["finished"], row["diverged"], row["cells"]) == (6, 0, 6)
-    assert set(spread.index.get_level_values("config")) == {"mha", "fc1", "ln1"}
+    assert set(spread.index.get_level_values("component")) == {"mha", "fc1", "ln1"}
     # FC2 of dataset a has one diverged run and one that did not finish: no cell of a has every configuration
-    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "a"], configs=["mha", "fc2"]).set_index("config")
+    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"]).set_index("component")
     assert with_fc2["cells"].tolist() == [1, 1] and with_fc2.loc["fc2", "diverged"] == 1 and with_fc2.loc["mha", "finished"] == 0
-    assert stats.grid_spread(runs[runs["dataset"] == "a"], configs=["mha", "fc2"], common=False).set_index("config").loc["mha", "finished"] == 1
+    assert stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"], common=False).set_index("component").loc["mha", "finished"] == 1
     with pytest.raises(ValueError, match="one model"):
         stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
 
@@ -218,16 +220,16 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
 def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_steadier():
     rows = []
     for lr, seed in itertools.product([0.01, 0.1, 1.0], [0, 1]):
-        rows.append({"model": "m", "dataset": "d", "config": "mha", "lr": lr, "seed": seed, "status": "diverged" if lr == 1.0 else "finished",
+        rows.append({"model": "m", "dataset": "d", "component": "mha", "lr": lr, "seed": seed, "status": "diverged" if lr == 1.0 else "finished",
                      "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: float("nan")}[lr] + 0.001 * seed})
-        rows.append({"model": "m", "dataset": "d", "config": "ln1", "lr": lr, "seed": seed, "status": "finished",
+        rows.append({"model": "m", "dataset": "d", "component": "ln1", "lr": lr, "seed": seed, "status": "finished",
                      "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed})
-    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("config")
+    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [6, 6] and spread.loc["mha", "diverged"] == 2
     assert spread["finished"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
     ln1 = [80.0, 80.1, 85.0, 85.1]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev(ln1))
-    everything = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"], common=False).set_index("config")
+    everything = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"], common=False).set_index("component")
     assert everything.loc["ln1", "finished"] == 6 and everything.loc["mha", "finished"] == 4
 
 
@@ -241,10 +243,10 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     plasticity = _plasticity({"same": components, "reversed": components, "one swap": components, "short": components})
     rows = []
     for i, c in enumerate(components + ["full", "linear"]):  # full and linear have no plasticity: left out
-        rows += [{"dataset": "same", "config": c, "accuracy": 90.0 - i}, {"dataset": "reversed", "config": c, "accuracy": 80.0 + i}]
+        rows += [{"dataset": "same", "component": c, "accuracy": 90.0 - i}, {"dataset": "reversed", "component": c, "accuracy": 80.0 + i}]
     swapped = dict(zip(components, [90.0, 91.0, 89.0, 88.0, 87.0]))  # FC1 above MHA: one discordant pair of ten
-    rows += [{"dataset": "one swap", "config": c, "accuracy": a} for c, a in swapped.items()]
-    rows += [{"dataset": "short", "config": c, "accuracy": 1.0} for c in ("mha", "fc1")]  # two components: no test
+    rows += [{"dataset": "one swap", "component": c, "accuracy": a} for c, a in swapped.items()]
+    rows += [{"dataset": "short", "component": c, "accuracy": 1.0} for c in ("mha", "fc1")]  # two components: no test
     table = stats.plasticity_correlation(plasticity, pd.DataFrame(rows)).set_index("dataset")
     assert list(table.index) == ["one swap", "reversed", "same"]
     assert table.loc["same", "tau"] == pytest.approx(1.0) and table.loc["reversed", "tau"] == pytest.approx(-1.0)
@@ -265,8 +267,8 @@ def test_plasticity_correlation_p_values_are_exact_with_ties():
     components = ["mha", "fc1", "fc2", "ln2", "ln1"]
     plasticity = _plasticity({"tied": components, "flat": components})
     tied = [5.0, 4.0, 4.0, 2.0, 1.0]  # FC1 and FC2 tie
-    results_ = pd.DataFrame([{"dataset": "tied", "config": c, "accuracy": a} for c, a in zip(components, tied)]
-                            + [{"dataset": "flat", "config": c, "accuracy": 3.0} for c in components])
+    results_ = pd.DataFrame([{"dataset": "tied", "component": c, "accuracy": a} for c, a in zip(components, tied)]
+                            + [{"dataset": "flat", "component": c, "accuracy": 3.0} for c in components])
     table = stats.plasticity_correlation(plasticity, results_).set_index("dataset")
 
     def tau_b(x, y):  # by the definition: (concordant - discordant) / sqrt((pairs - ties in x) (pairs - ties in y))
@@ -295,7 +297,7 @@ def test_correlation_summary_tests_the_taus_against_zero():
 
 
 def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
-    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#")
+    paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
     order = stats.paper_order(sorted(paper["dataset"].unique()))
     assert len(order) == 55 and order.groupby("dataset")["plasticity"].apply(list).map(lambda s: s == [5.0, 4.0, 3.0, 2.0, 1.0]).all()
     table = stats.plasticity_correlation(order, paper.rename(columns={"mean": "accuracy"})).set_index("dataset")
@@ -308,14 +310,14 @@ def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
 
 
 def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_run():
-    keys = {k: results.DEFAULTS.get(k) for k in results.KEYS} | {"model": "m", "dataset": "a", "lr": 0.01, "seed": 0}
-    rows = [keys | {"config": c, "step": step, "grad_norm": float(step * scale)} for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
-    rows += [keys | {"config": "fc1", "step": 4, "grad_norm": 7.0}]  # one logged step
-    rows += [keys | {"config": "fc2", "step": step, "grad_norm": 1e3} for step in range(1, 4)]  # diverged at step 3
-    runs = pd.DataFrame([keys | {"config": c, "status": "diverged" if c == "fc2" else "finished"} for c in ("mha", "ln1", "fc1", "fc2")])
-    norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("config")["grad_norm"]
+    keys = {field.name: field.default for field in fields(Config) if field.name in KEYS} | {"model": "m", "dataset": "digits", "lr": 0.01, "seed": 0}
+    rows = [keys | {"component": c, "step": step, "grad_norm": float(step * scale)} for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
+    rows += [keys | {"component": "fc1", "step": 4, "grad_norm": 7.0}]  # one logged step
+    rows += [keys | {"component": "fc2", "step": step, "grad_norm": 1e3} for step in range(1, 4)]  # diverged at step 3
+    runs = pd.DataFrame([keys | {"component": c, "status": "diverged" if c == "fc2" else "finished"} for c in ("mha", "ln1", "fc1", "fc2")])
+    norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("component")["grad_norm"]
     assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})  # steps 1 and 2 of 10; FC2 left out
-    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("config").loc["ln1", "grad_norm"] == pytest.approx(5.5)
+    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc["ln1", "grad_norm"] == pytest.approx(5.5)
     with pytest.raises(ValueError, match="fraction"):
         stats.early_gradient_norm(pd.DataFrame(rows), runs, 0)
 
@@ -329,8 +331,8 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
 
 
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
-    paper = pd.read_csv(results.paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
-    table = stats.table1(paper).set_index("config")
+    paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
+    table = stats.table1(paper).set_index("component")
     assert table["p_holm"].tolist() == pytest.approx(stats.holm(table["p_value"]).tolist())
     # the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four tests are counted
     assert table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
@@ -355,13 +357,13 @@ def test_pairwise_printed_as_a_matrix():
 
 
 def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_cell():
-    accuracies = pd.DataFrame({"dataset": ["a", "b", "a", "b"], "config": ["mha", "mha", "fc1", "ln1"], "accuracy": [1.0, 2.0, 0.5, 1.5]})
+    accuracies = pd.DataFrame({"dataset": ["digits", "digits_c/contrast", "digits", "digits_c/contrast"], "component": ["mha", "mha", "fc1", "ln1"], "accuracy": [1.0, 2.0, 0.5, 1.5]})
     pairs = stats.pairwise(accuracies).set_index(["first", "second"])
     assert pairs.loc[("fc1", "ln1"), "datasets"] == 0 and math.isnan(pairs.loc[("fc1", "ln1"), "p_value"])
     assert pairs["p_holm"].notna().sum() == 2  # Holm over the two pairs that have a test
-    rows = [{"model": "m", "dataset": "d", "config": c, "lr": 0.1, "seed": seed, "status": "finished",
+    rows = [{"model": "m", "dataset": "d", "component": c, "lr": 0.1, "seed": seed, "status": "finished",
              "test_accuracy": float("nan") if (c, seed) == ("mha", 2) else 0.8 + 0.01 * seed} for c in ("mha", "ln1") for seed in range(3)]
-    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("config")
+    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
 
@@ -371,7 +373,7 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     spec = tmp_path / "spec.yaml"
     spec.write_text("notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
                     f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n")
-    assert results.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS)
     # every run of the tree's configurations, and of FC2 a partial and a diverged run on a; the other FC2 runs missing
@@ -384,23 +386,23 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     # the synthetic accuracies put MHA > FC1 > LN1 on every dataset, the paper's order: tau 1 on each
     tau = pd.read_csv(tmp_path / "tables" / "accuracy_tau.csv")
     assert len(tau) == len(DATASETS) and (tau["tau"] == 1.0).all()
-    assert results.main([str(tmp_path / "absent.yaml")]) == 2
+    assert stats.main([str(tmp_path / "absent.yaml")]) == 2
 
 
 def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch):
     from paperlib import plasticity
 
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
-    runs, _ = results.load(tree)
+    runs, _ = load(tree)
     # a saved P(f) of the runs' model on dataset a, in the reverse of the paper's order, and one of another model
     reverse = {"mha": 1.0, "fc1": 2.0, "fc2": 3.0, "ln2": 4.0, "ln1": 5.0}
     rates = pd.DataFrame([{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)])
     for model in ("demo", "other"):
-        plasticity.save(rates, plasticity.result_folder(model, "a"), {"model": model, "dataset": "a", "reference": "imagenet", "sample": "first", "normalize": "imagenet"})
-    measured, source = results.plasticity_for(runs)
-    assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"a"}
+        plasticity.save(rates, plasticity.result_folder(model, "digits"), {"model": model, "dataset": "digits", "reference": "digits_source", "sample": "first", "normalize": "imagenet"})
+    measured, source = stats.plasticity_for(runs)
+    assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"digits"}
     assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)
-    tau = results.summary(runs)["accuracy_tau"]
-    assert tau["dataset"].tolist() == ["a"] and tau["tau"].iloc[0] == pytest.approx(-1.0)  # MHA > FC1 > LN1 in accuracy: the reverse
+    tau = stats.summary(runs)["accuracy_tau"]
+    assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(-1.0)  # MHA > FC1 > LN1 in accuracy: the reverse
     with pytest.raises(ValueError, match="one model"):
-        results.plasticity_for(pd.concat([runs, runs.assign(model="other")]))
+        stats.plasticity_for(pd.concat([runs, runs.assign(model="other")]))

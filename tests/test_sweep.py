@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from paperlib import sweep
+from paperlib import specs
 
 
 @pytest.fixture
@@ -25,9 +26,9 @@ def tiny_notebook(tmp_path):
 
 
 @pytest.fixture
-def reports(tmp_path, monkeypatch):
+def reports(tmp_path, monkeypatch, move_results):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+    move_results("results")
     return tmp_path / "reports"
 
 
@@ -46,10 +47,10 @@ def test_spec_errors(tmp_path, tiny_notebook):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"notebook": str(tiny_notebook), "grids": {"value": [1]}}))
     with pytest.raises(ValueError, match="valid keys: grid, name, notebook, parameters, slurm"):
-        sweep.load_spec(bad)
+        specs.load_spec(bad)
     bad.write_text(yaml.safe_dump({"notebook": str(tiny_notebook), "grid": {"value": 1}}))
     with pytest.raises(ValueError, match="non-empty list"):
-        sweep.load_spec(bad)
+        specs.load_spec(bad)
     with pytest.raises(ValueError, match="valid executors: local, gpus, slurm, submitit-local"):
         sweep.run_sweep({"notebook": str(tiny_notebook)}, executor="threads")
 
@@ -134,16 +135,16 @@ def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, 
 
 def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
     one = {"notebook": str(tiny_notebook), "parameters": {"seed": 0}, "grid": {"dataset": ["a", "b"], "value": [1, 2]}}
-    assert [r.name for r in sweep.expand(sweep.restrict(one, dataset=["b"]))] == ["b/1", "b/2"]
+    assert [r.name for r in sweep.expand(specs.restrict(one, dataset=["b"]))] == ["b/1", "b/2"]
     # a list of grids (finetune_paper.yaml: one per group of datasets): each is restricted, empty ones go
     groups = {**one, "grid": [{"dataset": ["a"], "value": [1]}, {"dataset": ["b", "c"], "value": [2, 3]}]}
-    assert [r.name for r in sweep.expand(sweep.restrict(groups, dataset=["c"], seed=[0]))] == ["c/2", "c/3"]
+    assert [r.name for r in sweep.expand(specs.restrict(groups, dataset=["c"], seed=[0]))] == ["c/2", "c/3"]
     with pytest.raises(ValueError, match="no run with dataset in \\['z'\\]; its values: dataset: a, b, c"):
-        sweep.restrict(groups, dataset=["z"])
+        specs.restrict(groups, dataset=["z"])
     with pytest.raises(ValueError, match="seed: 0"):  # a fixed parameter counts as one value
-        sweep.restrict(groups, seed=[1])
-    paper = sweep.load_spec("parameters/sweeps/finetune_paper.yaml")
-    assert {r.parameters["dataset"] for r in sweep.expand(sweep.restrict(paper, dataset=["pets"], seed=[0]))} == {"pets"}
+        specs.restrict(groups, seed=[1])
+    paper = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
+    assert {r.parameters["dataset"] for r in sweep.expand(specs.restrict(paper, dataset=["pets"], seed=[0]))} == {"pets"}
 
 
 def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
@@ -176,7 +177,7 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
 
 
 def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
-    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
+    spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
     spec["grid"]["dataset"] = ["digits_c/snow"]
     spec["parameters"]["n_pairs"] = 16
     runs = sweep.run_sweep(spec, executor="submitit-local")
@@ -188,7 +189,7 @@ def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
 def test_paper_spec_covers_both_models_and_the_11_benchmarks():
     from paperlib import data
 
-    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_paper.yaml")
+    spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_paper.yaml")
     assert spec["grid"]["model"] == ["vit_base_in21k", "vit_huge_in21k"]
     assert sorted(spec["grid"]["dataset"]) == sorted(data.PAPER_DATASETS)
     assert spec["parameters"]["n_pairs"] == 12800 and spec["parameters"]["reference"] == "imagenet"
@@ -198,7 +199,7 @@ def test_paper_spec_covers_both_models_and_the_11_benchmarks():
 def test_finetune_specs_follow_table_5():
     from paperlib import data
 
-    spec = sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_paper.yaml")
+    spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_paper.yaml")
     runs = sweep.expand(spec)
     assert len(runs) == 11 * 7 * 4 * 3
     steps = {r.parameters["dataset"]: r.parameters["steps"] for r in runs}
@@ -208,7 +209,7 @@ def test_finetune_specs_follow_table_5():
     assert lrs == {0.003, 0.01, 0.03, 0.06}
     assert {r.parameters["seed"] for r in runs} == {0, 42, 3407}
     assert all(r.parameters["batch_size"] == 512 for r in runs)
-    assert len(sweep.expand(sweep.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 42
+    assert len(sweep.expand(specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 42
 
 
 def test_finetune_parameter_files_set_notebook_parameters_only():
@@ -224,7 +225,7 @@ def test_finetune_parameter_files_set_notebook_parameters_only():
 
 
 def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(tiny_notebook):
-    assert sweep.notebook_parameters(tiny_notebook) == {"value": 1, "fail": False, "seed": 0, "dataset": "a", "rate": 0.5, "tag": "", "extra": 0}
+    assert specs.notebook_parameters(tiny_notebook) == {"value": 1, "fail": False, "seed": 0, "dataset": "a", "rate": 0.5, "tag": "", "extra": 0}
     with pytest.raises(ValueError, match="tiny.ipynb has no parameter learning_rate, vlaue; its parameters: value, fail, seed, dataset, rate, tag, extra"):
         sweep.expand({"notebook": str(tiny_notebook), "parameters": {"learning_rate": 0.1}, "grid": {"vlaue": [1]}})
     runs = sweep.expand({"notebook": str(tiny_notebook), "parameters": {"rate": "1e-2"}, "grid": {"value": ["3", 4], "dataset": ["1e-2"]}})
@@ -232,4 +233,4 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
     with pytest.raises(ValueError, match="value must be int, got 'three'"):
         sweep.expand({"notebook": str(tiny_notebook), "grid": {"value": ["three"]}})
     for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):  # the project's specs name real parameters
-        assert sweep.expand(sweep.load_spec(f"parameters/sweeps/{spec}.yaml"))
+        assert sweep.expand(specs.load_spec(f"parameters/sweeps/{spec}.yaml"))

@@ -1,0 +1,349 @@
+"""What a finetuning run is and where it lives (paper §5.2): ``Config``, its folder and files, whether
+it is finished as asked, and every run under a results root as a table.
+
+    from paperlib.runs import Config
+    config = Config(component="mha", lr=0.03)   # validated here, once
+    config.folder()   # results/finetune/demo/digits/mha/lr=0.03/seed=0
+
+Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
+(``Config.folder``; a suffix for each choice that is not the paper's, so such a run never
+replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
+``history.csv``, ``metrics.json`` (written last: a run with it is finished) and, while it runs,
+``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``. ``is_finished(config)`` is the
+one answer to "is this run finished as asked" (the sweep's markers ask it too). ``load()`` reads
+every run folder into a table (``RUN_COLUMNS``; a run without ``metrics.json`` is ``partial``),
+``for_spec(spec)`` the runs a sweep spec asks for, with what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import components, data, lora, models, paths, specs
+from .cli import coerce
+from .speed import STEP_OPTIONS, StepOptions, preset
+from .speed.options import fused_parts
+
+PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
+NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One finetuning run, validated when it is made. Defaults: notebook 05's, the demo protocol (the
+    demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset: ``parameters/finetune/``."""
+
+    model: str = "demo"  # short name or timm ViT name
+    dataset: str = "digits"  # downstream dataset (see data.dataset_names())
+    component: str = "mha"  # what trains: mha, fc1, fc2, ln2, ln1, full or linear
+    lr: float = 0.03  # peak learning rate
+    seed: int = 0  # head initialisation, validation split, batch order, augmentation
+    steps: int = 100  # optimisation steps
+    batch_size: int = 32  # images per step (the paper: 512)
+    micro_batch: int = 0  # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
+    warmup: int = 10  # linear warm-up steps
+    eval_every: int = 10  # evaluate on val every this many steps (and at the end)
+    device: str = "cpu"
+    image_size: int = 0  # 0 = the model's resolution
+    normalize: str = "imagenet"  # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with; models.normalization)
+    data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
+    momentum: float = 0.9
+    clip: float = 1.0  # global gradient-norm clipping
+    optimizer: str = "sgd"  # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
+    compile: bool | str = False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
+    attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
+    precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
+    fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
+    graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
+    lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
+    lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+    tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
+    save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
+
+    def __post_init__(self):
+        if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a sweep spec's `tag: [2000]`
+            object.__setattr__(self, "tag", f"{self.tag:g}")
+        # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
+        # run (one folder, one record, one row of the results tables)
+        if self.lora_alpha == 0 and isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank > 0:
+            object.__setattr__(self, "lora_alpha", float(self.lora_rank))
+        self.validate()
+
+    def validate(self) -> "Config":
+        """Fail before any work, with the valid choices."""
+        components.check_config(self.component)
+        data.check_dataset(self.dataset)
+        models.resolve_name(self.model)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name in ("steps", "batch_size", "eval_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not 0 <= self.warmup < self.steps:
+            raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
+        if self.micro_batch and self.batch_size % self.micro_batch:
+            raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        check_optimizer(self.optimizer, self.weight_decay)
+        lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
+        models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here, before any work
+        if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
+            raise ValueError(f"tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), got {self.tag!r}")
+        if not isinstance(self.save_weights, bool):
+            raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
+        options = self.step_options().checked(torch.device(self.device))
+        object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
+        if self.optimizer != "sgd":  # what only SGD has
+            if "update" in fused_parts(options.fused):
+                raise ValueError(f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
+                                 "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
+            if self.graph:
+                raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
+            if self.momentum != Config.momentum:
+                raise ValueError(f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}")
+        return self
+
+    def step_options(self) -> StepOptions:
+        """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
+        precision, fused ops, graph); ``checked_options`` are the same checked for its device."""
+        return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
+
+    @property
+    def checked_options(self) -> StepOptions:
+        """``step_options`` checked for the run's device and resolved there (``StepOptions.checked``),
+        once, when the Config was made: what the run's steps are built from."""
+        return self._checked_options
+
+    def folder(self) -> Path:
+        """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, with ``-<precision>``
+        unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
+        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-norm-model`` for
+        the model's own normalisation, and ``+<tag>`` last (``+``, which no tag has, so that no tag
+        can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
+        or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
+        warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
+        run in its folder unless it has a tag of its own."""
+        run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
+        if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
+            run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
+        if self.lora_rank:
+            run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
+            run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
+        run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
+        run += f"+{self.tag}" if self.tag else ""
+        return finetune_root() / self.model / self.dataset / self.component / f"lr={self.lr:g}" / run
+
+
+def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
+    """How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``): "weights" (the paper: the component's
+    own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
+    if not lora_rank:
+        return "weights"
+    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + ([f"dropout={lora_dropout:g}"] if lora_dropout else [])
+    return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+OPTIMIZERS = ("sgd", "adamw")
+"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
+tailored optimisation of each module)."""
+
+
+def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
+    """``optimizer`` if valid with ``weight_decay``; otherwise a ValueError with the valid choices."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    if optimizer == "sgd" and weight_decay:
+        raise ValueError("the paper's SGD has no weight decay: weight_decay is for optimizer='adamw'")
+    return optimizer
+
+
+def input_fingerprints(config: Config) -> dict:
+    """What a custom dataset and model hold now (``data.content_fingerprint``,
+    ``models.content_fingerprint``), for the run's record; empty for the built-in ones."""
+    found = {"dataset": data.content_fingerprint(config.dataset, config.data_root or None),
+             "model": models.content_fingerprint(config.model)}
+    return {key: value for key, value in found.items() if value}
+
+
+def run_record(config: Config) -> dict:
+    """What ``params.json`` (and a checkpoint) record of a run: its parameters and, for custom
+    datasets and models, their fingerprints."""
+    fingerprints = input_fingerprints(config)
+    return asdict(config) | ({"fingerprints": fingerprints} if fingerprints else {})
+
+
+OUTPUT_ONLY = ("save_weights",)
+"""``Config`` fields that say what a run keeps, not what it computes: runs that differ only in them
+are the same run."""
+
+HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "attention", "fused", "graph")
+"""``Config`` fields that say how a run ran, not what it trains: ``load_model`` rebuilds a run's
+model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
+
+WEIGHTS = "weights.safetensors"
+"""The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
+
+
+def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
+    """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
+    the same custom data and model as now (``record``: ``run_record(config)``, if already made:
+    it reads every file's status). A key the record lacks (written before ``Config`` had that
+    field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
+    return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
+
+
+def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The keys whose values differ between two run records (``params.json``, ``run_record``),
+    a key one lacks counting as the field's default (none for fingerprints); ``ignore``d keys aside."""
+    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
+    saved, record = {**defaults, **saved}, {**defaults, **record}
+    return sorted(key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key))
+
+def is_finished(config: Config) -> bool:
+    """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there, its recorded
+    parameters are ``config``'s on the same custom data and model as now (``same_params``), and,
+    with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    folder = config.folder()
+    if not (folder / METRICS).is_file() or not (folder / PARAMS).is_file():
+        return False
+    if not same_params(json.loads((folder / PARAMS).read_text()), config):
+        return False
+    metrics = json.loads((folder / METRICS).read_text())
+    return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file of a run folder."""
+    return json.loads(Path(path).read_text())
+
+
+def start(config: Config, params: dict) -> None:
+    """Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``). If its
+    folder held a run of other parameters (steps, batch size, warm-up... are not in the folder's
+    name), that run's files go first, so that they are never read back as this run's."""
+    folder = config.folder()
+    if (folder / PARAMS).is_file() and not same_params(read_json(folder / PARAMS), config, params):
+        for stale in (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
+            (folder / stale).unlink(missing_ok=True)
+    write_json(folder / PARAMS, params)
+
+
+def save_checkpoint(config: Config, state: dict) -> None:
+    """Write the run's checkpoint (``checkpoint.pt``) atomically: a run killed while writing keeps the last one."""
+    paths.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(config: Config, params: dict, side: int, device: torch.device) -> dict | None:
+    """The run's checkpoint, if there is one of these parameters (``params``) taken on the images it
+    resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning)."""
+    checkpoint = config.folder() / CHECKPOINT
+    if not checkpoint.is_file():
+        return None
+    saved = torch.load(checkpoint, map_location=device, weights_only=False)
+    if same_params(saved["params"], config, params) and saved.get("cache_side") == side:
+        return saved
+    return None
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """``payload`` as indented JSON, atomically (``paths.atomic_write_text``)."""
+    paths.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def history(config: Config) -> pd.DataFrame:
+    """The history table of a run."""
+    return pd.read_csv(config.folder() / HISTORY)
+
+
+RUN_COLUMNS = [
+    "model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag", "status", "best_val_accuracy", "best_step",
+    "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
+]
+KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"]
+
+
+def finetune_root(root: str | Path | None = None) -> Path:
+    """``results/finetune`` (or ``<root>/finetune``)."""
+    return (Path(root) if root is not None else paths.results_dir()) / "finetune"
+
+
+def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, histories): one row per run folder, and every run's history with its keys."""
+    runs, histories = [], []
+    for params_file in sorted(finetune_root(root).rglob("params.json")):
+        folder = params_file.parent
+        params = json.loads(params_file.read_text())
+        keys = {key: params.get(key) for key in KEYS}
+        row = keys | {"folder": str(folder)}
+        metrics_file = folder / "metrics.json"
+        if metrics_file.is_file():
+            row |= json.loads(metrics_file.read_text())
+        else:
+            row["status"] = "partial"
+        runs.append(row)
+        history_file = folder / "history.csv"
+        if history_file.is_file():
+            history = pd.read_csv(history_file)
+            for key, value in keys.items():
+                history[key] = value
+            histories.append(history)
+    table = pd.DataFrame(runs).reindex(columns=RUN_COLUMNS)
+    history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame(columns=KEYS + ["step"])
+    return table, history
+
+
+def configs(spec: dict) -> list[Config]:
+    """Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
+    the ``Config`` that notebook 05 makes of them: values typed by Config's defaults (YAML reads
+    ``1e-2`` as a string), ``speed`` (a preset, a file or a mapping) as its step options."""
+    return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
+
+
+def config_from(parameters: dict) -> Config:
+    """The ``Config`` of notebook 05's parameters (``speed`` read by ``speed.preset``; the rest are
+    Config's fields, typed by their defaults)."""
+    defaults = {field.name: field.default for field in fields(Config)}
+    values = dict(parameters)
+    values = {**preset(values.pop("speed", "auto")), **values}
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
+    return Config(**{key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()})
+
+
+def expected(spec: dict) -> pd.DataFrame:
+    """The runs a finetuning sweep spec asks for (``KEYS``)."""
+    return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in configs(spec)], columns=KEYS)
+
+
+def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
+    """Runs expected by ``spec`` that have no folder under the results root."""
+    return _without_folder(runs, expected(spec))
+
+
+def _without_folder(runs: pd.DataFrame, wanted: pd.DataFrame) -> pd.DataFrame:
+    types = {"lr": float, "seed": int, "weight_decay": float, "lora_rank": int, "lora_alpha": float, "lora_dropout": float}
+    have = runs[KEYS].astype(types) if len(runs) else pd.DataFrame(columns=KEYS)
+    merged = wanted.merge(have, on=KEYS, how="left", indicator=True)
+    return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)
+
+
+def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(runs, histories, missing) of one or several finetuning sweep specs: the runs under the
+    results root that the specs ask for (``load``: a row per run folder, whatever its status), their
+    histories, and the runs they ask for that have no folder. Notebooks 06, 07 and 09 read their
+    runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
+    wanted = pd.concat([expected(spec) for spec in spec_list]).drop_duplicates(ignore_index=True)
+    runs, histories = load()
+    runs = runs.merge(wanted, on=KEYS)
+    return runs, histories.merge(wanted, on=KEYS), _without_folder(runs, wanted)

@@ -1,0 +1,217 @@
+"""The benchmarks that train nothing, and what every benchmark measures with.
+
+- ``bench_data``: images/s delivered as ready batches on the device by the two data paths on the
+  same dataset (``python -m paperlib.speed.bench data``).
+- ``bench_plasticity``: pairs/s of plasticity's plain definition and of ``plasticity.measure``
+  (``python -m paperlib.speed.bench plasticity``).
+- the measuring helpers that ``bench_step`` uses too: the device (``resolve_device``,
+  ``device_name``) and a clock that waits for it (``sync``, ``median_seconds``, ``Timed``).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from .. import data, fixtures, models, plasticity
+from ..loader import DeviceLoader, cache_side, uint8_images
+
+
+def resolve_device(device: str) -> torch.device:
+    """The device a benchmark runs on: ``device``, with "auto" CUDA when there is a GPU, else the CPU."""
+    return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+
+
+def device_name(device: torch.device) -> str:
+    """What ran, for the figures: the GPU's name, or the CPU and its threads."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a GPU runs asynchronously to the host)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(runs: dict, device: torch.device, repeats: int = 1) -> dict[str, float]:
+    """Median wall seconds of each ``runs[name] = (run, warmup)``, device synchronised.
+
+    Every warm-up (allocations, kernels, compilation) runs first; then the runs are timed in
+    turn, ``repeats`` rounds, so that a slow spell of a shared machine falls on all of them.
+    """
+    for _, warmup in runs.values():
+        warmup()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, (run, _) in runs.items():
+            sync(device)
+            start = time.perf_counter()
+            run()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+class Timed:
+    """A callable that runs ``run`` and keeps its wall seconds (device synchronised) in ``seconds``
+    and its return value in ``value``."""
+
+    def __init__(self, run, device: torch.device):
+        self.run, self.device, self.seconds, self.value = run, device, float("nan"), None
+
+    def __call__(self):
+        sync(self.device)
+        start = time.perf_counter()
+        self.value = self.run()
+        sync(self.device)
+        self.seconds = time.perf_counter() - start
+        return self.value
+
+
+def endless(loader):
+    """The batches of ``loader``, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> float:
+    """Images/s over ``n_batches`` ready batches (after ``warmup`` batches)."""
+    iterator = iter(batches)
+    for _ in range(warmup):
+        next(iterator)
+    sync(device)
+    start, count = time.perf_counter(), 0
+    for _ in range(n_batches):
+        images, labels = next(iterator)
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        count += len(images)
+    sync(device)
+    rate = count / (time.perf_counter() - start)
+    iterator.close()
+    return rate
+
+
+def bench_data(
+    dataset: str = "cifar10",
+    root: str | None = None,
+    batch_size: int = 512,
+    image_size: int = 224,
+    batches: int = 5,
+    workers: int | None = None,
+    device: str = "auto",
+    fixture_size: int = 5000,
+) -> dict:
+    """Images/s of both data paths on one dataset; returns the figures.
+
+    The two paths: torchvision transforms in DataLoader workers (then copied to the device), and
+    the device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/
+    normalise). Without ``root``, a paper dataset is benchmarked on a fixture written in its
+    official format (random images, ``fixture_size`` of them), so the figures measure the
+    pipeline, not a disk.
+    """
+    device = resolve_device(device)
+    workers = os.cpu_count() if workers is None else workers
+    with tempfile.TemporaryDirectory() as tmp:
+        source = "local files"
+        if root is None and data.dataset_source(dataset).group not in ("demo", "custom"):
+            if dataset not in ("cifar10", "cifar100"):
+                raise ValueError(f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}")
+            fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
+            root, source = tmp, f"fixture of {fixture_size} random images in the official format"
+        plain = data.get_dataset(dataset, "trainval", root=root, augment=True, image_size=image_size)
+        loader = DataLoader(
+            plain, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers,
+            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+        )
+        dataloader_rate = _rate(endless(loader), device, batches)
+        del loader  # shut its workers down before the next measurement
+        gc.collect()
+        start = time.perf_counter()
+        cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_side(image_size), cache_dir=Path(tmp) / "cache", workers=workers)
+        device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)
+        setup = time.perf_counter() - start
+        device_rate = _rate(endless(device_loader), device, batches)
+    return {
+        "dataset": dataset,
+        "source": source,
+        "images": len(plain),
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "device": device_name(device),
+        "dataloader_workers": workers,
+        "dataloader_images_per_s": round(dataloader_rate, 1),
+        "device_path_images_per_s": round(device_rate, 1),
+        "device_path_setup_s": round(setup, 2),
+        "speedup": round(device_rate / dataloader_rate, 2),
+        "torch": torch.__version__,
+    }
+
+
+class _Cycled(torch.utils.data.Dataset):
+    """``length`` (image, 0) samples cycling through a small pool of images: many pairs, little host memory."""
+
+    def __init__(self, pool: torch.Tensor, length: int):
+        self.pool, self.length = pool, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.pool[index % len(self.pool)], 0
+
+
+def bench_plasticity(
+    model_name: str = "demo", pairs: int = 256, batch_size: int = 64, device: str = "auto", image_size: int | None = None, repeats: int = 3
+) -> dict:
+    """Pairs/s of the plain definition and of ``plasticity.measure`` on random images (no decoding).
+
+    Both stream the same ``pairs`` pairs in batches of ``batch_size`` from host memory (images
+    cycle through a pool of at most 512 per side), after a warm-up on one batch; median of
+    ``repeats`` interleaved timings.
+    """
+    device = resolve_device(device)
+    model = models.create_model(model_name, pretrained=False).to(device).eval()
+    size = image_size or model.patch_embed.img_size[0]
+    generator = torch.Generator().manual_seed(0)
+    pool = min(pairs, 512)
+    reference = _Cycled(torch.randn(pool, 3, size, size, generator=generator), pairs)
+    target = _Cycled(torch.randn(pool, 3, size, size, generator=generator), pairs)
+
+    def plain(count: int) -> None:
+        with torch.no_grad():
+            for start in range(0, count, batch_size):
+                index = range(start, min(start + batch_size, count))
+                x = torch.stack([reference[i][0] for i in index]).to(device, non_blocking=True)
+                y = torch.stack([target[i][0] for i in index]).to(device, non_blocking=True)
+                plasticity.plain_rates(model, x, y).cpu()
+
+    def fast(count: int) -> None:
+        plasticity.measure(model, reference, target, count, batch_size, device, progress=False)
+
+    first = min(batch_size, pairs)
+    seconds = median_seconds({"plain": (lambda: plain(pairs), lambda: plain(first)), "measure": (lambda: fast(pairs), lambda: fast(first))},
+                             device, repeats)
+    rates = {name: pairs / value for name, value in seconds.items()}
+    return {
+        "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",
+        "pairs": pairs,
+        "batch_size": batch_size,
+        "repeats": repeats,
+        "device": device_name(device),
+        "plain_pairs_per_s": round(rates["plain"], 1),
+        "measure_pairs_per_s": round(rates["measure"], 1),
+        "speedup": round(rates["measure"] / rates["plain"], 2),
+        "seconds_for_12800_pairs": round(12800 / rates["measure"], 1),
+        "torch": torch.__version__,
+    }

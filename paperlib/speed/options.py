@@ -1,0 +1,230 @@
+"""How a training step may run: the choices, checked once, and resolved for a device.
+
+``StepOptions`` holds them: ``compile`` (torch.compile of the model or of each block),
+``compile_mode``, ``attention`` (the scaled-dot-product attention kernel), ``precision``
+("autocast": bf16 autocast on CUDA, fp32 on a CPU; "bf16": bf16 compute with fp32 master
+weights), ``fused`` (our fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
+``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
+("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
+of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
+``parameters/speed/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import yaml
+
+from .. import paths
+from . import kernels
+
+# the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
+ATTENTION_CHOICES = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+CPU_ATTENTION = ("auto", "flash", "math")  # the kernels PyTorch has on a CPU
+
+
+def check_attention(attention: str, device: torch.device) -> str:
+    """``attention`` if it names a kernel this device has; otherwise a ValueError with the valid choices."""
+    valid = tuple(ATTENTION_CHOICES) if device.type == "cuda" else CPU_ATTENTION
+    if attention not in valid:
+        raise ValueError(f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}")
+    return attention
+
+
+COMPILE_CHOICES = ("none", "model", "blocks")
+
+
+def compile_choice(value: bool | str) -> str:
+    """What ``Config.compile`` asks for: "none", "model" (True) or "blocks"."""
+    if value is False or value is None:
+        return "none"
+    if value is True:
+        return "model"
+    if value not in COMPILE_CHOICES:
+        raise ValueError(f"unknown compile choice {value!r}; valid choices: {', '.join(COMPILE_CHOICES)} (or True/False)")
+    return value
+
+
+# modes of our own: torch.compile's default mode with these inductor options
+OWN_COMPILE_MODES = {
+    # inductor tunes the launch settings (block sizes, warps) of each kernel it generates, by timing
+    # them: the fused LayerNorm, GELU and residual kernels that bound a bf16 ViT step; longer
+    # compilation for a few % more images/s (docs/benchmarks.md)
+    "coordinate-descent": {"coordinate_descent_tuning": True},
+    # programmatic dependent launch (Hopper and later): each of inductor's kernels may start while the
+    # one before it finishes, waiting for its data only where it reads it; for the time between
+    # kernels. Not yet measured here (docs/benchmarks.md); on older GPUs inductor leaves it out
+    "pdl": {"triton.enable_pdl": True},
+    "coordinate-descent-pdl": {"coordinate_descent_tuning": True, "triton.enable_pdl": True},
+}
+
+
+def _inductor_knows(options: dict) -> bool:
+    """Whether this PyTorch's inductor has every one of these options (older ones lack some)."""
+    try:
+        known = torch._inductor.config.get_config_copy()
+    except AttributeError:
+        return True
+    return all(name in known for name in options)
+
+
+def compile_modes() -> tuple[str, ...]:
+    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and those of
+    ``OWN_COMPILE_MODES`` whose options its inductor has."""
+    try:
+        modes = tuple(torch._inductor.list_mode_options())
+    except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
+        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+    return modes + tuple(mode for mode, options in OWN_COMPILE_MODES.items() if _inductor_knows(options))
+
+
+def check_compile_mode(mode: str) -> str:
+    if mode not in compile_modes():
+        raise ValueError(f"unknown torch.compile mode {mode!r}; valid modes: {', '.join(compile_modes())}")
+    return mode
+
+
+PRECISIONS = ("autocast", "bf16")
+
+
+def _graphs_of_its_own(mode: str) -> bool:
+    """Whether ``torch.compile``'s ``mode`` records CUDA graphs itself (reduce-overhead, max-autotune)."""
+    if mode == "default" or mode in OWN_COMPILE_MODES:
+        return False
+    try:
+        return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    except (AttributeError, RuntimeError):  # a PyTorch without the listing: the modes of torch 2.x that do
+        return mode in ("reduce-overhead", "max-autotune")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
+    return precision
+
+
+# our fused ops (``kernels``) that a step may use, by name: each takes passes over the data that
+# PyTorch leaves apart and makes them one. "gelu" and "qkv" are the model's (``step.fuse``),
+# "update" is the optimizer's (``FusedSGD``).
+FUSED_PARTS = ("gelu", "qkv", "update")
+FUSED_CHOICES = ("auto", "none", "all", *FUSED_PARTS)  # and parts joined by "+", e.g. "gelu+qkv"
+# what "auto" means on CUDA: the ops measured faster there (docs/benchmarks.md); "update" is not yet measured on a GPU
+AUTO_FUSED_CUDA = ("gelu", "qkv")
+
+
+def fused_parts(fused: str) -> tuple[str, ...]:
+    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names ("none": none, "all": all,
+    else its "+"-joined parts), in ``FUSED_PARTS``' order; a ValueError naming the valid choices otherwise."""
+    if fused == "none":
+        return ()
+    if fused == "all":
+        return FUSED_PARTS
+    parts = fused.split("+") if isinstance(fused, str) else [fused]
+    if not parts or any(part not in FUSED_PARTS for part in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}, "
+                         f"or several of {', '.join(FUSED_PARTS)} joined by '+' (e.g. 'gelu+qkv')")
+    return tuple(part for part in FUSED_PARTS if part in parts)
+
+
+def _fused_name(parts: tuple[str, ...]) -> str:
+    return "none" if not parts else "all" if set(parts) == set(FUSED_PARTS) else "+".join(parts)
+
+
+def check_fused(fused: str, device: torch.device | None = None) -> str:
+    """``fused`` if it is a valid choice (``FUSED_CHOICES``, or parts joined by "+") that can run on
+    ``device`` (on CUDA the ops are Triton kernels); otherwise a ValueError that says why. "auto"
+    always can: it is ``resolve_fused``."""
+    if fused == "auto":
+        return fused
+    if fused_parts(fused) and device is not None and torch.device(device).type == "cuda" and not kernels.triton_available():
+        raise ValueError(f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
+                         "install it (pip install triton) or use fused='none' (or 'auto')")
+    return fused
+
+
+def check_graph(graph: bool, device: torch.device | None = None) -> bool:
+    """``graph`` if it is a bool, and False or on a CUDA device (graphs are CUDA's); otherwise a
+    ValueError that says what is valid."""
+    if not isinstance(graph, bool):
+        raise ValueError(f"graph must be True or False, got {graph!r}")
+    if graph and device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"graph=True replays steps from a CUDA graph and needs a CUDA device, not {torch.device(device).type!r}; "
+                         "use graph=False there")
+    return graph
+
+
+def resolve_fused(fused: str, device: torch.device) -> str:
+    """What ``fused`` means on ``device``, written one way ("none", "all", or parts joined by "+" in
+    ``FUSED_PARTS``' order): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
+    faster on a GPU: docs/benchmarks.md) and "none" elsewhere (on a CPU the ops run their PyTorch
+    reference, which inductor's own code beats)."""
+    if check_fused(fused, device) != "auto":
+        return _fused_name(fused_parts(fused))
+    cuda = torch.device(device).type == "cuda" and kernels.triton_available()
+    return _fused_name(AUTO_FUSED_CUDA if cuda else ())
+
+
+def fuses_update(fused: str, device: torch.device) -> bool:
+    """Whether ``fused`` on ``device`` includes the fused SGD update ("update": ``FusedSGD``)."""
+    return "update" in fused_parts(resolve_fused(fused, device))
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a training step runs, not what it trains: ``Config``'s fields of the same names, passed
+    whole from ``train`` and the benchmarks to ``make_forward``, ``step_context`` and ``make_step``."""
+
+    compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
+    compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
+    attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
+    precision: str = "autocast"  # PRECISIONS
+    fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
+    graph: bool = False  # replay steps from a CUDA graph (make_step, GraphedStep)
+
+    def checked(self, device: torch.device) -> "StepOptions":
+        """These options with every choice checked for ``device`` before any work (a ValueError
+        that names the valid choices otherwise), ``compile`` as its choice ("none", "model" or
+        "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
+        device = torch.device(device)
+        check_compile_mode(self.compile_mode)
+        check_attention(self.attention, device)
+        check_precision(self.precision)
+        check_graph(self.graph, device)
+        if self.graph and compile_choice(self.compile) != "none" and _graphs_of_its_own(self.compile_mode):
+            raise ValueError(f"compile_mode={self.compile_mode!r} records CUDA graphs of its own, which cannot be recorded "
+                             "inside graph=True's; use graph=True with a mode without them (default, coordinate-descent, "
+                             "max-autotune-no-cudagraphs) or graph=False")
+        return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
+
+
+STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))
+
+
+
+PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": "none", "graph": False}}
+"""Named step options: "auto", ``StepOptions``' defaults (our fused ops where they are measured
+faster: on CUDA); "none", PyTorch as it is. More in ``parameters/speed/<name>.yaml``."""
+
+
+def preset(name: str | dict) -> dict:
+    """The ``StepOptions`` fields of a named preset (``PRESETS``), of ``parameters/speed/<name>.yaml``,
+    of a YAML file given by its path, or of a mapping of them; a ValueError naming the choices otherwise."""
+    if isinstance(name, dict):
+        values, where = name, "the speed mapping"
+    elif name in PRESETS:
+        return dict(PRESETS[name])
+    else:
+        folder = paths.PARAMETERS / "speed"
+        path = Path(name) if str(name).endswith((".yaml", ".yml")) else folder / f"{name}.yaml"
+        if not path.is_file():
+            files = sorted(p.stem for p in folder.glob("*.yaml"))
+            raise ValueError(f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
+                             "a YAML file of step options, or a mapping of them")
+        values, where = yaml.safe_load(path.read_text()) or {}, str(path)
+    unknown = sorted(set(values) - set(STEP_OPTIONS)) if isinstance(values, dict) else ["(not a mapping)"]
+    if unknown:
+        raise ValueError(f"{where}: unknown step option(s) {', '.join(unknown)}; valid: {', '.join(STEP_OPTIONS)}")
+    return dict(values)

@@ -1,0 +1,409 @@
+"""The speed machinery (``paperlib.speed``): step options, compilation, precision, fused ops,
+CUDA graphs and micro-batches each give the step the protocol defines, to rounding."""
+
+import copy
+import json
+import math
+from dataclasses import fields
+
+import pandas as pd
+import pytest
+import torch
+
+from paperlib import components, finetune, models, stats
+from paperlib import speed
+from paperlib.speed import kernels
+from paperlib import runs as run_files
+from paperlib.runs import Config
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_logged_gradient_norm_is_what_the_fused_update_clipped_with(precision, monkeypatch, small):
+    # fused="update" clips inside its update kernel: each parameter's factor is clipping's for the logged norm
+    seen = []
+    original = kernels.sgd_update
+
+    def spy(grad, param, buf, lr, scale, momentum, first, copy=None):
+        seen.append((float(grad.float().square().sum()), float(scale)))
+        return original(grad, param, buf, lr, scale, momentum, first, copy)
+
+    monkeypatch.setattr(kernels, "sgd_update", spy)
+    config = small(lr=0.01, precision=precision, fused="update")
+    finetune.run(config)
+    logged = run_files.history(config)["grad_norm"].tolist()
+    per_step = len(seen) // len(logged)
+    assert len(logged) == 12 and per_step * len(logged) == len(seen) and per_step > 2
+    for step, norm in enumerate(logged):
+        squares, scales = zip(*seen[step * per_step : (step + 1) * per_step])
+        assert math.sqrt(sum(squares)) == pytest.approx(norm, rel=1e-5)
+        assert list(scales) == pytest.approx([min(1.0, 1.0 / (norm + 1e-6))] * per_step, rel=1e-6)
+    assert max(logged) > 1.0  # clipping bit on some steps
+
+
+def test_finetune_benchmark_runs(capsys):
+    from paperlib.speed import bench
+
+    bench.main(["finetune", "--configs", "ln1,linear", "--batch-size", "8", "--steps", "2", "--workers", "0", "--device", "cpu"])
+    out = capsys.readouterr().out
+    for key in ("ln1_library_images_per_s", "ln1_plain_images_per_s", "linear_speedup", "linear_library_tflops"):
+        assert key in out
+
+
+@pytest.mark.parametrize("how, compiled_calls", [(True, 1), ("blocks", 6)])
+def test_compiled_model_trains_like_the_eager_one(how, compiled_calls, results, tmp_path, monkeypatch, small, move_results):
+    # torch.compile is stood in for by its eager backend (no compiler needed on CI machines):
+    # what is tested is that the run trains, evaluates and checkpoints through the compiled twin
+    # (or the model whose 6 blocks were compiled in place)
+    compiled = []
+    original = torch.compile
+
+    def eager_compile(model, **kwargs):
+        compiled.append(model)
+        return original(model, backend="eager")
+
+    eager = finetune.run(small(component="fc1"))
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    move_results("compiled")
+    metrics = finetune.run(small(component="fc1", compile=how))
+    assert len(compiled) == compiled_calls
+    assert metrics["best_step"] == eager["best_step"] and metrics["test_accuracy"] == pytest.approx(eager["test_accuracy"])
+    assert run_files.history(small(component="fc1", compile=how))["train_loss"].tolist() == pytest.approx(
+        run_files.history(small(component="fc1"))["train_loss"].tolist(), rel=1e-5)
+
+
+@pytest.mark.parametrize("how", ["model", "blocks"])
+@pytest.mark.parametrize("order", [("linear", "full", "mha"), ("full", "linear", "ln1")])
+def test_configurations_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch):
+    # Real dynamo guards and AOTAutograd, which fixes at trace time which inputs get gradients
+    # (the "aot_eager" backend: no compiler needed; plain "eager" runs autograd at run time and
+    # would hide a stale graph). A graph compiled for one set of trainable parameters must not be
+    # reused for another, on the same model (the benchmark) or on a fresh one (runs in one
+    # notebook): gradients reach exactly the trainable parameters.
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+    shared = models.create_model("demo", pretrained=False, num_classes=3)
+    for config in order:
+        for model in (shared, models.create_model("demo", pretrained=False, num_classes=3)):
+            components.set_trainable(model, config)
+            forward = speed.step.compile_model(model, how)
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(forward(images), labels).backward()
+            expected = {n for n, p in model.named_parameters() if p.requires_grad}
+            assert {n for n, p in model.named_parameters() if p.grad is not None} == expected, config
+
+
+def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch):
+    # regional compilation: the six blocks of the demo ViT run one graph (compiled once, not once
+    # per block), gradients are those of the eager model, and compile_model(..., "none") undoes it
+    from torch._dynamo.utils import counters
+
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+
+    def gradients(forward):
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(forward(images), labels).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    eager = gradients(model)
+    counters.clear()
+    forward = speed.step.compile_model(model, "blocks")
+    assert forward is model and all(block._compiled_call_impl is not None for block in model.blocks)
+    compiled = gradients(forward)
+    assert counters["stats"]["unique_graphs"] == 1 and len(model.blocks) == 6
+    assert compiled.keys() == eager.keys()
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert speed.step.compile_model(model, "none") is model
+    assert not any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    counters.clear()
+    gradients(model)
+    assert not counters["stats"]  # eager again: nothing traced
+
+
+def test_compile_and_attention_choices_fail_before_any_work(results, small):
+    with pytest.raises(ValueError, match="valid choices: none, model, blocks"):
+        finetune.run(small(compile="everything"))
+    with pytest.raises(ValueError, match="valid modes: default.*max-autotune"):
+        finetune.run(small(compile=True, compile_mode="fastest"))
+    with pytest.raises(ValueError, match="valid choices: auto, flash, math"):
+        finetune.run(small(attention="cudnn"))  # a CUDA kernel asked for on a CPU
+    with pytest.raises(ValueError, match="valid choices: auto, flash, cudnn, efficient, math"):
+        speed.options.check_attention("fast", torch.device("cuda"))
+    with pytest.raises(ValueError, match="needs a ViT with a `blocks` sequence"):
+        speed.step.compile_model(torch.nn.Linear(2, 2), "blocks")
+    assert not any(results.rglob("*")) if results.exists() else True
+
+
+def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, small):
+    config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
+    options = config.step_options()
+    assert set(speed.options.STEP_OPTIONS) <= {field.name for field in fields(Config)}  # a new option is a Config field too
+    assert [getattr(options, name) for name in speed.options.STEP_OPTIONS] == [True, "coordinate-descent", "math", "bf16", "auto", False]
+    checked = options.checked("cpu")
+    assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
+    assert speed.options.StepOptions().checked(torch.device("cpu")).compile == "none"
+    assert checked.checked("cpu") == checked  # checking is idempotent
+    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+        speed.options.StepOptions(precision="fp16").checked("cpu")
+    monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # as on a GPU
+    for mode in ("reduce-overhead", "max-autotune"):  # inductor's own CUDA graphs cannot go inside ours
+        with pytest.raises(ValueError, match="records CUDA graphs of its own"):
+            speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu")
+    for mode in ("default", "coordinate-descent", "max-autotune-no-cudagraphs"):
+        assert speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu").graph
+    assert speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph  # not compiled: no mode applies
+
+
+def test_attention_kernel_is_the_only_one_allowed_while_stepping():
+    cpu = torch.device("cpu")
+    assert speed.step.step_context(cpu, "auto") is not None
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    with speed.step.step_context(cpu, "math")():
+        assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    with speed.step.step_context(cpu, "flash")():
+        assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    model = models.create_model("demo", pretrained=False, num_classes=3).eval()
+    images = torch.randn(4, 3, 32, 32)
+    outputs = {}
+    for attention in speed.options.CPU_ATTENTION:
+        with torch.no_grad(), speed.step.step_context(cpu, attention)():
+            outputs[attention] = model(images)
+    torch.testing.assert_close(outputs["math"], outputs["auto"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outputs["flash"], outputs["auto"], rtol=1e-4, atol=1e-5)
+
+
+def test_training_step_returns_device_tensors_and_updates_only_trainable_weights():
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, "ln2")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = finetune.make_optimizer(trainable, 0.1, 0.9, torch.device("cpu"))
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+    loss, norm = speed.step.training_step(model, trainable, optimizer, images, labels, 4, 1.0, speed.step.autocast_for(torch.device("cpu")))
+    assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and float(norm) > 0
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".norm2." in n or n.startswith(("head.", "norm.")) for n in changed)
+
+
+def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, monkeypatch, small, move_results):
+    # a stand-in GPU that holds at most 4 images per forward pass
+    original = speed.step.training_step
+    tried = []
+
+    def small_gpu(forward, trainable, optimizer, images, labels, micro, *args):
+        tried.append(micro)
+        if micro > 4:
+            forward(images[:1])  # some work done before memory runs out
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return original(forward, trainable, optimizer, images, labels, micro, *args)
+
+    reference = finetune.run(small(micro_batch=4))
+    reference_losses = run_files.history(small(micro_batch=4))["train_loss"].tolist()
+    move_results("small-gpu")
+    monkeypatch.setattr(speed.step, "training_step", small_gpu)
+    metrics = finetune.run(small())
+    assert tried[:3] == [16, 8, 4] and set(tried[3:]) == {4}  # split once, then kept
+    assert metrics["micro_batch"] == 4 and metrics["status"] == "finished"
+    assert run_files.history(small())["train_loss"].tolist() == pytest.approx(reference_losses, rel=1e-5)
+    assert metrics["test_accuracy"] == reference["test_accuracy"]
+    # a micro-batch the user chose is not changed behind their back
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        finetune.run(small(micro_batch=8, seed=1))
+    assert speed.step.smaller_micro_batch(512, 512) == 256 and speed.step.smaller_micro_batch(48, 48) == 24 and speed.step.smaller_micro_batch(20, 5) == 2
+
+
+def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, "fc1")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    master = speed.step.MasterWeights(model)
+    optimizer = finetune.make_optimizer(trainable, 1e-4, 0.9, torch.device("cpu"))
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
+    loss, norm = speed.step.training_step(master, trainable, optimizer, images, labels, 8, 1e9, speed.step.autocast_for(torch.device("cpu")))
+
+    copies = dict(master.module.named_parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(p.dtype == torch.bfloat16 for p in copies.values())
+    for name, p in model.named_parameters():
+        if p.requires_grad:  # first SGD step (no clipping): p - lr * gradient, the bf16 gradient taken in fp32
+            expected = before[name] - 1e-4 * copies[name].grad.float()
+            torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-7)
+            assert p.grad.dtype == torch.float32
+        else:
+            assert torch.equal(p, before[name]) and copies[name].grad is None
+        assert torch.equal(copies[name], p.detach().to(torch.bfloat16))  # the copy holds the rounded masters
+    # updates below bf16's resolution are kept by the fp32 masters (bf16 weights would lose them)
+    lost_in_bf16 = [((p != before[n]) & (p.to(torch.bfloat16) == before[n].to(torch.bfloat16))).any()
+                    for n, p in model.named_parameters() if p.requires_grad]
+    assert any(lost_in_bf16)
+    with torch.no_grad():  # the same loss as the fp32 model, to bf16 rounding
+        reference = torch.nn.functional.cross_entropy(_fp32_logits(before, images), labels)
+    assert float(loss) == pytest.approx(float(reference), rel=3e-2) and math.isfinite(float(norm))
+
+
+def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results, small):
+    fp32 = finetune.run(small(component="full"))
+    bf16 = finetune.run(small(component="full", precision="bf16"))
+    assert bf16["status"] == "finished" and bf16["precision"] == "bf16" and fp32["precision"] == "autocast"
+    assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
+    losses = run_files.history(small(component="full", precision="bf16"))["train_loss"]
+    # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
+    assert losses[:4].tolist() == pytest.approx(run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2)
+    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+        finetune.run(small(precision="fp16"))
+
+
+def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    assert "coordinate-descent" in speed.options.compile_modes()
+    speed.step.compile_model(model, "model", "coordinate-descent")
+    speed.step.compile_model(model, "blocks", "coordinate-descent")
+    speed.step.compile_model(model, "model", "max-autotune-no-cudagraphs")
+    speed.step.compile_model(model, "model")
+    assert calls[0] == {"options": {"coordinate_descent_tuning": True}} and len(calls) == 1 + len(model.blocks) + 2
+    assert all(c == calls[0] for c in calls[1:-2]) and calls[-2] == {"mode": "max-autotune-no-cudagraphs"} and calls[-1] == {}
+    calls.clear()
+    speed.step.compile_model(model, "model", "coordinate-descent-pdl")
+    assert calls == [{"options": {"coordinate_descent_tuning": True, "triton.enable_pdl": True}}]
+    # a mode whose options this PyTorch's inductor lacks is not offered, and is refused before any work
+    monkeypatch.setitem(speed.options.OWN_COMPILE_MODES, "future", {"triton.no_such_option": True})
+    assert "future" not in speed.options.compile_modes() and "pdl" in speed.options.compile_modes()
+    with pytest.raises(ValueError, match="unknown torch.compile mode 'future'; valid modes: .*coordinate-descent"):
+        speed.step.compile_model(model, "model", "future")
+
+
+def test_the_pdl_mode_compiles_for_real():
+    # its option is one inductor accepts (coordinate-descent's is compiled by the finetuning tests);
+    # on a CPU it changes nothing
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    images = torch.randn(2, 3, 32, 32)
+    expected = model(images)
+    torch.testing.assert_close(speed.step.compile_model(model, "model", "pdl")(images), expected, rtol=1e-4, atol=1e-5)
+
+
+def recorded_capture(step, run):
+    """A stand-in for ``GraphedStep._capture`` where the "graph" is the recorded Python function:
+    capturing runs nothing and replaying runs it into the same output tensors, as a CUDA graph
+    does (CPUs have no graphs)."""
+    CAPTURES.append(step)
+    outputs = (torch.zeros(()), torch.zeros(()))
+
+    def replay():
+        for output, value in zip(outputs, run()):
+            output.copy_(value)
+
+    return replay, outputs
+
+
+CAPTURES = []
+
+
+class RecordedStep(speed.step.GraphedStep):
+    _capture = recorded_capture
+
+
+@pytest.mark.parametrize("precision, fused", [("autocast", "none"), ("bf16", "none"), ("bf16", "update")])
+def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(precision, fused):
+    # what a CUDA graph changes (one capture, then replays of recorded inputs, learning rates and
+    # outputs) checked on the CPU against ordinary steps under a changing learning rate
+    torch.manual_seed(0)
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    components.set_trainable(model, "mha")
+    twin = copy.deepcopy(model)
+    cpu = torch.device("cpu")
+    batches = [(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))) for _ in range(7)]
+    runs = []
+    for network, graphed in ((model, False), (twin, True)):
+        trainable = [p for _, p in components.trainable_parameters(network)]
+        options = speed.options.StepOptions(precision=precision)
+        forward = speed.step.make_forward(network, options)
+        if precision == "bf16":
+            trainable = forward.masters
+        # the graphed step with FusedSGD (reading its learning rates from GraphedStep's tensors) against plain SGD
+        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu, graphed and fused == "update")
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
+        context = speed.step.step_context(cpu)
+        step = RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2) if graphed else speed.step.make_step(
+            forward, trainable, optimizer, 4, 1.0, context)
+        outputs = []
+        for images, labels in batches:
+            outputs.append(step(images, labels))
+            schedule.step()
+            assert isinstance(optimizer.param_groups[0]["lr"], float)  # the schedule's and the checkpoints' number, kept
+        runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
+    (plain, plain_weights), (replayed, replayed_weights) = runs
+    assert CAPTURES[-1] is step and step.calls == 2
+    losses = torch.tensor([[float(loss), float(norm)] for loss, norm in plain])
+    assert len(set(losses[:, 0].tolist())) == 7  # every batch gives its own loss, so a stale batch would show
+    torch.testing.assert_close(torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6)
+    for replayed_weight, plain_weight in zip(replayed_weights, plain_weights):
+        torch.testing.assert_close(replayed_weight, plain_weight, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="replays one batch shape"):
+        step(torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,)))
+
+
+def test_a_step_that_cannot_be_recorded_says_what_to_do():
+    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=3), "mha")
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"))
+
+    class Unrecordable(speed.step.GraphedStep):
+        def _capture(self, run):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    step = Unrecordable(model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2)
+    images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
+    step(images, labels)  # the ordinary warm-up steps
+    step(images, labels)
+    with pytest.raises(RuntimeError, match=r"CUDA graph failed \(operation not permitted.*run with graph=False"):
+        step(images, labels)
+
+    class OutOfMemoryWhileRecording(speed.step.GraphedStep):
+        def _capture(self, run):  # the allocator's error inside a capture can come as a plain RuntimeError
+            raise RuntimeError("CUDA error: out of memory")
+
+    step = OutOfMemoryWhileRecording(model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2)
+    step(images, labels)
+    step(images, labels)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):  # train() then retries with micro-batches
+        step(images, labels)
+
+
+def test_warmup_steps_cover_compilation_and_a_graphs_capture():
+    assert speed.step.warmup_steps(speed.options.StepOptions()) == 1
+    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks")) == 3
+    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks", graph=True)) == speed.step.GRAPH_WARMUP + 1
+    assert speed.step.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
+    with pytest.raises(ValueError, match="needs trainable parameters"):
+        speed.step.make_step(None, [], None, 4, 1.0, None, graph=True)
+    weight = torch.zeros(2, requires_grad=True)  # a capture of the first step would record the momentum's initialisation
+    with pytest.raises(ValueError, match="at least 2 ordinary steps before its capture, got warmup=1"):
+        speed.step.GraphedStep(None, [weight], torch.optim.SGD([weight], lr=0.1, momentum=0.9), 4, 1.0, None, warmup=1)
+
+
+def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_path, monkeypatch, small, move_results):
+    # train() with graph=True: warm-up, capture, replays between evaluations and checkpoints
+    reference = finetune.run(small(component="full"))
+    losses = run_files.history(small(component="full"))
+    monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # the CPU stands in for a GPU
+    monkeypatch.setattr(speed.step.GraphedStep, "_capture", recorded_capture)
+    move_results("graphed")
+    CAPTURES.clear()
+    metrics = finetune.run(small(component="full", graph=True))
+    assert len(CAPTURES) == 1 and CAPTURES[0].calls == speed.step.GRAPH_WARMUP
+    graphed = run_files.history(small(component="full", graph=True))
+    assert graphed["lr"].tolist() == losses["lr"].tolist()
+    assert graphed["train_loss"].tolist() == pytest.approx(losses["train_loss"].tolist(), rel=1e-5)
+    assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(losses["val_accuracy"].dropna().tolist(), abs=1e-9)
+    assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
+
+
