@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help venv demo test notebooks sync demo-weights clean
+.PHONY: help venv demo test format notebooks sync demo-weights clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -24,9 +24,15 @@ $(STAMP): pyproject.toml
 demo: venv  ## execute every notebook on the demo world; HTML reports under reports/
 	$(BIN)/python -m paperlib.report demo
 
-test: venv  ## unit tests, then nbval over the committed notebooks
+test: venv  ## ruff (lint and format check), unit tests, then nbval over the committed notebooks
+	$(BIN)/ruff check paperlib tests
+	$(BIN)/ruff format --check paperlib tests
 	$(BIN)/python -m pytest tests
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks
+
+format: venv  ## format and lint-fix the package and the tests (ruff, line length 120)
+	$(BIN)/ruff format paperlib tests
+	$(BIN)/ruff check --fix paperlib tests
 
 sync: venv  ## pair notebooks with their jupytext scripts (edit either, then sync)
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb

@@ -1,25 +1,30 @@
 """paperlib: the helper library behind the vit-plasticity notebooks.
 
-One module per concern, named for what it holds:
+One module per concern, named for what it holds, in the order they import one another:
 
 - ``paths``       where things live (repository, reports, results, data caches, demo weights)
-- ``models``      ``create_model``: the paper's ViTs by short name, any timm ViT, the demo ViT
 - ``components``  the five transformer components, trainable configurations, Tables 3 and 4
+- ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
 - ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
 - ``transforms``  the paper's transforms, per image (torchvision) and per batch on the device
-- ``loader``      the fast path: uint8 caches and ``DeviceLoader``
-- ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
-- ``bench``       benchmarks that print their figures
+- ``loader``      the fast data path: uint8 caches and ``DeviceLoader``
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
-- ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1)
+- ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
+- ``lora``        LoRA surgery on one component (beyond the paper)
+- ``speed``       how a finetuning step is made fast (compilation, precision, fused ops, CUDA graphs)
+                  and the benchmarks (``python -m paperlib.speed.bench``)
+- ``specs``       sweep specs: read, checked, expanded into runs
+- ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,
+                  whether it is finished, every run as a table
+- ``finetune``    the paper's finetuning protocol (§5.2), top to bottom
+- ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1), saved results
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
-- ``finetune``    one finetuning run of the paper's protocol (§5.2), resumable, recorded
-- ``results``     finetuning runs as tables: every run, histories, partial and missing runs
-- ``stats``       Tables 1 and 6, relative gain, pooled standard errors (§5.2)
-- ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
-- ``demo``        the deterministic pretraining script of the demo ViT
+- ``stats``       every table across runs: Tables 1 and 6, pairs, Takeaway 2, LoRA; ``python -m paperlib.stats``
 - ``plots``       figures with a fixed colour per component
 - ``report``      executing notebooks with papermill and rendering HTML reports
+- ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
+- ``demo``        the deterministic pretraining script of the demo ViT
+- ``cli``         the command lines' parameter files and overrides
 """
 
 import warnings

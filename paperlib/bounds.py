@@ -37,8 +37,8 @@ from timm.models.vision_transformer import Attention
 from torch import nn
 
 from .components import COMPONENTS, block_component
-from .speed.layers import QkvFusedAttention
 from .plasticity import check_measurable, embed, evaluating
+from .speed.layers import QkvFusedAttention
 
 PAPER_ATTENTION = (Attention, QkvFusedAttention, EvaAttention, AttentionRope)
 """Attention classes that compute the paper's multi-head attention when they have no RoPE, no
@@ -73,7 +73,10 @@ def head_weights(attn: nn.Module) -> list[tuple[torch.Tensor, ...]]:
     k = d // heads
     q, key, v = weight.reshape(3, d, d)  # (3d, d): query, key, value rows
     o = attn.proj.weight.detach()
-    return [(q[h * k : (h + 1) * k], key[h * k : (h + 1) * k], v[h * k : (h + 1) * k], o[:, h * k : (h + 1) * k]) for h in range(heads)]
+    return [
+        (q[h * k : (h + 1) * k], key[h * k : (h + 1) * k], v[h * k : (h + 1) * k], o[:, h * k : (h + 1) * k])
+        for h in range(heads)
+    ]
 
 
 def _head_norms(attn: nn.Module) -> list[tuple[float, float, float]]:
@@ -117,9 +120,17 @@ def _attention_outside(attn: nn.Module, model: nn.Module) -> str | None:
     if getattr(model, "rope", None) is not None:
         return "its attention rotates queries and keys by position (RoPE), which Props. 3-4 do not model"
     weight = _qkv_weight(attn)
-    if not isinstance(attn, PAPER_ATTENTION) or weight is None or not isinstance(getattr(attn, "proj", None), nn.Linear):
+    if (
+        not isinstance(attn, PAPER_ATTENTION)
+        or weight is None
+        or not isinstance(getattr(attn, "proj", None), nn.Linear)
+    ):
         return f"its attention ({type(attn).__name__}) computes another function than the multi-head attention of Props. 3-4"
-    extras = [name for name in ("q_norm", "k_norm", "norm") if not isinstance(getattr(attn, name, None), (nn.Identity, type(None)))]
+    extras = [
+        name
+        for name in ("q_norm", "k_norm", "norm")
+        if not isinstance(getattr(attn, name, None), (nn.Identity, type(None)))
+    ]
     extras += ["gate"] if getattr(attn, "gate", None) is not None else []
     extras += ["fewer key/value heads than query heads"] if getattr(attn, "num_kv_groups", 1) != 1 else []
     if extras:
@@ -143,7 +154,9 @@ def outside_propositions(model: nn.Module) -> dict[str, str]:
     return reasons
 
 
-def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | None = None, n: int | None = None) -> pd.DataFrame:
+def upper_bounds(
+    model: nn.Module, *, r: float, sigma: float, energy: float | None = None, n: int | None = None
+) -> pd.DataFrame:
     """Bounds per block, component and proposition: columns block, depth, component, proposition, bound.
 
     A component the propositions do not bound for this model (``outside_propositions``) gets NaN,
@@ -171,7 +184,9 @@ def upper_bounds(model: nn.Module, *, r: float, sigma: float, energy: float | No
         if energy is not None:
             values[("mha", "4")] = within("mha", lambda: mha_bound_prop4(block.attn, n, alpha, energy))
         for (component, proposition), bound in values.items():
-            rows.append({"block": index, "depth": depth, "component": component, "proposition": proposition, "bound": bound})
+            rows.append(
+                {"block": index, "depth": depth, "component": component, "proposition": proposition, "bound": bound}
+            )
     table = pd.DataFrame(rows)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     return table.sort_values(["block", "component", "proposition"], ignore_index=True)
@@ -230,7 +245,9 @@ def _one_bound_per_component(bounds_table: pd.DataFrame, mha_proposition: str) -
 
 def tightness(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposition: str = "3") -> pd.DataFrame:
     """Bound next to measured plasticity per block and component, and their ratio (>= 1 when the bound holds)."""
-    measured = rates_table.groupby(["block", "component"], observed=True)["rate"].mean().rename("plasticity").reset_index()
+    measured = (
+        rates_table.groupby(["block", "component"], observed=True)["rate"].mean().rename("plasticity").reset_index()
+    )
     out = _one_bound_per_component(bounds_table, mha_proposition).merge(measured, on=["block", "component"])
     out["bound / plasticity"] = out["bound"] / out["plasticity"]
     return out

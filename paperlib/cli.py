@@ -24,7 +24,9 @@ def coerce(name: str, value: Any, default: Any) -> Any:
     """``value`` (from the command line or a parameter file) as the type of ``default``."""
     if isinstance(value, str) and value.strip().lower() in ("none", "null") and default is None:
         return None
-    if value is None and isinstance(default, str):  # a YAML null for a text parameter: its default ("" = the default folder)
+    if value is None and isinstance(
+        default, str
+    ):  # a YAML null for a text parameter: its default ("" = the default folder)
         return default
     try:
         if isinstance(value, bool) and not isinstance(default, bool):  # YAML's true for a number is a slip, not 1
@@ -59,12 +61,14 @@ def parameters(
 ) -> dict[str, Any]:
     """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
 
-    ``aliases`` map the notebooks' names to these (e.g. ``component`` -> ``config``); names in
-    ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
+    ``aliases`` map a command's names to these (``data_root`` -> ``root`` for plasticity's ``run``);
+    names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
     """
     valid = sorted(set(defaults) | set(aliases))
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
-    parser.add_argument("-f", "--file", action="append", default=[], help="a YAML parameter file (as papermill -f); repeatable")
+    parser.add_argument(
+        "-f", "--file", action="append", default=[], help="a YAML parameter file (as papermill -f); repeatable"
+    )
     for name in valid:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS, metavar="VALUE")
     args = vars(parser.parse_args(argv))

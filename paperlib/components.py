@@ -102,8 +102,10 @@ class JointLinear(nn.Module):
 
 
 def _missing(block: nn.Module, path: str) -> TypeError:
-    return TypeError(f"block {type(block).__name__} has no {path!r}: expected a timm ViT block with attn, mlp.fc1 "
-                     f"(or SwiGLU's mlp.fc1_g and mlp.fc1_x), mlp.fc2, norm1 and norm2 (timm's VisionTransformer or Eva)")
+    return TypeError(
+        f"block {type(block).__name__} has no {path!r}: expected a timm ViT block with attn, mlp.fc1 "
+        f"(or SwiGLU's mlp.fc1_g and mlp.fc1_x), mlp.fc2, norm1 and norm2 (timm's VisionTransformer or Eva)"
+    )
 
 
 def block_component(block: nn.Module, component: str) -> nn.Module:

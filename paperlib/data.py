@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import shutil
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,8 +40,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
-from torchvision.datasets.folder import default_loader
+import torchvision.datasets as tvd
+from scipy.io import loadmat
+from sklearn.datasets import load_digits
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_classes, make_dataset
+from torchvision.datasets.utils import download_and_extract_archive
 
 from . import paths
 from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
@@ -55,7 +60,9 @@ DOWNSTREAM_DIGITS = (5, 6, 7, 8, 9)
 PAPER_IMAGE_SIZE = 224
 
 
-def deterministic_split(keys: Sequence, test_fraction: float = TEST_FRACTION, salt: str = "") -> tuple[np.ndarray, np.ndarray]:
+def deterministic_split(
+    keys: Sequence, test_fraction: float = TEST_FRACTION, salt: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """Split positions ``0..len(keys)-1`` into (train, test) by hashing each key.
 
     The keys are ordered by the SHA-256 of ``f"{salt}:{key}"`` and the first
@@ -123,7 +130,9 @@ class ImageDataset(Dataset):
     def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         keys = [self.keys[i] for i in index.tolist()]
-        return ImageDataset(self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std)
+        return ImageDataset(
+            self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std
+        )
 
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
@@ -178,7 +187,9 @@ class FileDataset(Dataset):
         )
         # where it came from: loader.uint8_images decodes (and caches) the whole once, so the
         # protocol's train and val splits of every seed share one cache of the official split
-        part.parent, part.parent_indices = (self.parent, [self.parent_indices[i] for i in indices]) if self.parent is not None else (self, indices)
+        part.parent, part.parent_indices = (
+            (self.parent, [self.parent_indices[i] for i in indices]) if self.parent is not None else (self, indices)
+        )
         return part
 
     def __repr__(self) -> str:
@@ -195,8 +206,6 @@ def digits_images() -> tuple[np.ndarray, np.ndarray]:
 
     The 8x8 digits (values 0-16) are scaled to 0-255 and upsampled (bilinear) to 32x32 grey RGB.
     """
-    from sklearn.datasets import load_digits
-
     digits = load_digits()
     small = torch.from_numpy(digits.images).float().unsqueeze(1) * (255.0 / 16.0)
     large = torch.nn.functional.interpolate(small, size=(32, 32), mode="bilinear", align_corners=False)
@@ -252,22 +261,36 @@ def _missing(name: str, expected: Path, how: str, downloadable: bool = True) -> 
 
 def _torchvision_download(cls_name: str, root: Path, **kwargs) -> None:
     """Fetch a dataset with torchvision's own downloader (it checks the archive's MD5)."""
-    import torchvision.datasets as tvd
-
     root.mkdir(parents=True, exist_ok=True)
     getattr(tvd, cls_name)(str(root), download=True, **kwargs)
 
 
 def _download_archive(url: str, folder: Path) -> None:
-    from torchvision.datasets.utils import download_and_extract_archive
-
     folder.mkdir(parents=True, exist_ok=True)
     download_and_extract_archive(url, download_root=str(folder))
 
 
 _CIFAR = {  # folder, train files, test files, meta file, label key, class-name key, torchvision class, URL
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "batches.meta", "labels", "label_names", "CIFAR10", "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], "meta", "fine_labels", "fine_label_names", "CIFAR100", "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+        "batches.meta",
+        "labels",
+        "label_names",
+        "CIFAR10",
+        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+    ),
+    "cifar100": (
+        "cifar-100-python",
+        ["train"],
+        ["test"],
+        "meta",
+        "fine_labels",
+        "fine_label_names",
+        "CIFAR100",
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+    ),
 }
 
 
@@ -281,7 +304,11 @@ def _cifar(name: str):
             _torchvision_download(tv_class, root, train=official == "train")
         missing = [f for f in files + [meta_file] if not (base / f).is_file()]
         if missing:
-            raise _missing(name, base / missing[0], f"Pass download=True, or download {url} and extract it into {root} (giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).")
+            raise _missing(
+                name,
+                base / missing[0],
+                f"Pass download=True, or download {url} and extract it into {root} (giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).",
+            )
         data, targets = [], []
         for file in files:
             with open(base / file, "rb") as handle:
@@ -309,12 +336,18 @@ def _cifar10c(corruption: str):
             _download_archive(CIFAR10C_URL, root)
         for file in files:
             if not file.is_file():
-                raise _missing(name, file, f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, 10,000 images each) and {base}/labels.npy; or pass download=True.")
+                raise _missing(
+                    name,
+                    file,
+                    f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, 10,000 images each) and {base}/labels.npy; or pass download=True.",
+                )
         images = np.load(files[0], mmap_mode="r")
         labels = np.load(files[1], mmap_mode="r")
         per_severity = len(images) // len(SEVERITIES)
         if len(images) != len(labels) or per_severity * len(SEVERITIES) != len(images):
-            raise ValueError(f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: expected the same number, 5 severities stacked")
+            raise ValueError(
+                f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: expected the same number, 5 severities stacked"
+            )
         # The same image index falls in the same split for every corruption and severity.
         train, test = deterministic_split(list(range(per_severity)), salt="cifar10c")
         positions = train if official == "train" else test
@@ -334,8 +367,6 @@ def _cifar10c(corruption: str):
 
 def _image_folder(folder: Path) -> tuple[list[Path], list[int], list[str]]:
     """Files, labels and class names of a class-folder layout (torchvision's ImageFolder rules)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
     classes, class_to_idx = find_classes(str(folder))
     samples = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS)
     return [Path(p) for p, _ in samples], [t for _, t in samples], classes
@@ -355,30 +386,42 @@ def _domainnet(domain: str):
         if download and not folder.is_dir():
             _download_archive(DOMAINNET_URLS[domain], root / "domainnet")
         if not folder.is_dir():
-            raise _missing(name, folder, f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into {root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); or pass download=True.")
+            raise _missing(
+                name,
+                folder,
+                f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into {root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); or pass download=True.",
+            )
         files, targets, classes = _image_folder(folder)
         keys = [f.relative_to(folder).as_posix() for f in files]
         train, test = deterministic_split(keys, salt="domainnet")
         chosen = train if official == "train" else test
-        return FileDataset([files[i] for i in chosen], [targets[i] for i in chosen], classes, name, official, [keys[i] for i in chosen])
+        return FileDataset(
+            [files[i] for i in chosen], [targets[i] for i in chosen], classes, name, official, [keys[i] for i in chosen]
+        )
 
     return load
 
 
 def _flowers102(root: Path, official: str, download: bool, severity: int) -> FileDataset:
-    from scipy.io import loadmat
-
     base = root / "flowers-102"
     needed = [base / "imagelabels.mat", base / "setid.mat", base / "jpg"]
     if download and not all(p.exists() for p in needed):
         _torchvision_download("Flowers102", root)
     for path in needed:
         if not path.exists():
-            raise _missing("flowers102", path, f"Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} (giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).")
+            raise _missing(
+                "flowers102",
+                path,
+                f"Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} (giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
+            )
     labels = loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]
-    ids = np.atleast_1d(loadmat(base / "setid.mat", squeeze_me=True)["trnid" if official == "train" else "tstid"]).tolist()
+    ids = np.atleast_1d(
+        loadmat(base / "setid.mat", squeeze_me=True)["trnid" if official == "train" else "tstid"]
+    ).tolist()
     files = [base / "jpg" / f"image_{i:05d}.jpg" for i in ids]
-    return FileDataset(files, [int(labels[i - 1]) - 1 for i in ids], [str(c) for c in range(1, 103)], "flowers102", official, ids)
+    return FileDataset(
+        files, [int(labels[i - 1]) - 1 for i in ids], [str(c) for c in range(1, 103)], "flowers102", official, ids
+    )
 
 
 def _pets(root: Path, official: str, download: bool, severity: int) -> FileDataset:
@@ -387,7 +430,11 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
     if download and not listing.is_file():
         _torchvision_download("OxfordIIITPet", root, split="trainval" if official == "train" else "test")
     if not listing.is_file():
-        raise _missing("pets", listing, f"Pass download=True, or download images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} (giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).")
+        raise _missing(
+            "pets",
+            listing,
+            f"Pass download=True, or download images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} (giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).",
+        )
     ids, targets = [], []
     for line in listing.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
@@ -401,8 +448,10 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
 
 
 CUSTOM_HELD_OUT = ("test", "val")  # the first of these beside train/ is the official test split
-CUSTOM_LAYOUT = ("{folder}/train/<class>/<image> with a held-out {folder}/test/<class>/<image> (or val/), "
-                 "or {folder}/<class>/<image> alone for a deterministic 80/20 train/test split")
+CUSTOM_LAYOUT = (
+    "{folder}/train/<class>/<image> with a held-out {folder}/test/<class>/<image> (or val/), "
+    "or {folder}/<class>/<image> alone for a deterministic 80/20 train/test split"
+)
 
 
 def _listed(names: Sequence[str]) -> str:
@@ -413,20 +462,24 @@ def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[li
     """Files, labels and classes of a custom dataset's class folders (torchvision's ``ImageFolder``
     rules, hidden folders such as ``.ipynb_checkpoints`` skipped), with the class indices of
     ``classes`` (a training folder's) when given: a held-out folder may lack some, never add one."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
-
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
     found = sorted(entry.name for entry in folder.iterdir() if entry.is_dir() and not entry.name.startswith("."))
     if classes is None:
         if len(found) < 2:
-            raise ValueError(f"{folder} has {len(found)} class folder(s){' (' + _listed(found) + ')' if found else ''}; "
-                             "a classification dataset needs at least 2")
+            raise ValueError(
+                f"{folder} has {len(found)} class folder(s){' (' + _listed(found) + ')' if found else ''}; "
+                "a classification dataset needs at least 2"
+            )
         classes = found
     unknown = sorted(set(found) - set(classes))
     if unknown:
-        raise ValueError(f"{folder} has classes that the training images lack: {_listed(unknown)}; the training classes are {_listed(list(classes))}")
-    samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS, allow_empty=True)
+        raise ValueError(
+            f"{folder} has classes that the training images lack: {_listed(unknown)}; the training classes are {_listed(list(classes))}"
+        )
+    samples = make_dataset(
+        str(folder), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS, allow_empty=True
+    )
     if not samples:
         raise FileNotFoundError(f"no images in {folder} (extensions: {', '.join(IMG_EXTENSIONS)})")
     return [Path(p) for p, _ in samples], [t for _, t in samples], list(classes)
@@ -457,9 +510,16 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
     layout = CUSTOM_LAYOUT.format(folder=folder)
     if not folder.is_dir():
         found = ", ".join(custom_names(root)) or "none"
-        raise _missing(name, folder, f"Put your images there in class folders: {layout}. Custom datasets found under {root / 'custom'}: {found}.", downloadable=False)
+        raise _missing(
+            name,
+            folder,
+            f"Put your images there in class folders: {layout}. Custom datasets found under {root / 'custom'}: {found}.",
+            downloadable=False,
+        )
     train_dir = folder / "train"
-    held_out = next((folder / s for s in CUSTOM_HELD_OUT if (folder / s).is_dir()), None) if train_dir.is_dir() else None
+    held_out = (
+        next((folder / s for s in CUSTOM_HELD_OUT if (folder / s).is_dir()), None) if train_dir.is_dir() else None
+    )
     try:
         files, targets, classes = _class_files(train_dir if train_dir.is_dir() else folder)
         if held_out is not None and official == "test":
@@ -470,7 +530,9 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
         raise ValueError(f"{name}: {error}. Expected {layout}.") from error
     keys = [f.relative_to(folder).as_posix() for f in files]
     if held_out is None:
-        train, test = deterministic_split(keys, salt="custom")  # by path alone: a copy of the folder (cleaned, renamed) keeps the split
+        train, test = deterministic_split(
+            keys, salt="custom"
+        )  # by path alone: a copy of the folder (cleaned, renamed) keeps the split
         chosen = (train if official == "train" else test).tolist()
         files, targets, keys = [files[i] for i in chosen], [targets[i] for i in chosen], [keys[i] for i in chosen]
     return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
@@ -482,8 +544,6 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
     (lossless), files are copied as they are; each is named by its key. Written whole or not at all
     (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
     ``ImageFolder`` indexes them."""
-    import shutil
-
     from PIL import Image
 
     def safe(text) -> str:
@@ -496,7 +556,10 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
             if isinstance(dataset, ImageDataset):
                 Image.fromarray(dataset.images[index].permute(1, 2, 0).numpy()).save(target_folder / f"{safe(key)}.png")
             else:
-                shutil.copyfile(dataset.files[index], target_folder / f"{safe(Path(key).with_suffix(''))}{dataset.files[index].suffix}")
+                shutil.copyfile(
+                    dataset.files[index],
+                    target_folder / f"{safe(Path(key).with_suffix(''))}{dataset.files[index].suffix}",
+                )
 
     return paths.atomic_folder(folder, fill, overwrite)
 
@@ -510,8 +573,12 @@ def content_fingerprint(name: str, root: str | Path | None = None) -> str | None
     folder = _data_root(root) / name
     if not folder.is_dir():
         return None
-    entries = sorted(f"{f.relative_to(folder).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}"
-                     for f in folder.rglob("*") if f.is_file() for stat in [f.stat()])
+    entries = sorted(
+        f"{f.relative_to(folder).as_posix()}:{stat.st_size}:{stat.st_mtime_ns}"
+        for f in folder.rglob("*")
+        if f.is_file()
+        for stat in [f.stat()]
+    )
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
@@ -524,13 +591,20 @@ def custom_names(root: str | Path | None = None) -> list[str]:
 
 
 def _custom_source(name: str) -> "Source":
-    return Source(lambda root, official, download, severity: custom_dataset(name, root, official), PAPER_IMAGE_SIZE, "custom")
+    return Source(
+        lambda root, official, download, severity: custom_dataset(name, root, official), PAPER_IMAGE_SIZE, "custom"
+    )
 
 
 def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileDataset:
     folder = root / "imagenet" / ("train" if official == "train" else "val")
     if not folder.is_dir():
-        raise _missing("imagenet", folder, f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.", downloadable=False)
+        raise _missing(
+            "imagenet",
+            folder,
+            f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.",
+            downloadable=False,
+        )
     files, targets, classes = _image_folder(folder)
     return FileDataset(files, targets, classes, "imagenet", official, [f.relative_to(folder).as_posix() for f in files])
 
@@ -540,9 +614,15 @@ def _imagenette(root: Path, official: str, download: bool, severity: int) -> Fil
     if download and not folder.is_dir():
         _torchvision_download("Imagenette", root, split="train" if official == "train" else "val", size="320px")
     if not folder.is_dir():
-        raise _missing("imagenette", folder, f"Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).")
+        raise _missing(
+            "imagenette",
+            folder,
+            f"Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
+        )
     files, targets, classes = _image_folder(folder)
-    return FileDataset(files, targets, classes, "imagenette", official, [f.relative_to(folder).as_posix() for f in files])
+    return FileDataset(
+        files, targets, classes, "imagenette", official, [f.relative_to(folder).as_posix() for f in files]
+    )
 
 
 @dataclass(frozen=True)
@@ -595,8 +675,10 @@ def check_dataset(name: str) -> str:
     the dataset is read, where the error says where to put it."""
     if name in DATASETS or paths.custom_name(name, "dataset"):
         return name
-    raise ValueError(f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}; "
-                     f"or custom/<name> for your own class folders under <data root>/custom/<name>/")
+    raise ValueError(
+        f"unknown dataset {name!r}; valid datasets: {', '.join(DATASETS)}; "
+        f"or custom/<name> for your own class folders under <data root>/custom/<name>/"
+    )
 
 
 def dataset_source(name: str) -> Source:
@@ -658,10 +740,10 @@ def get_dataset(
     return dataset
 
 
-def stack(dataset: Dataset, n: int | None = None, batch_size: int = 256, num_workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def stack(
+    dataset: Dataset, n: int | None = None, batch_size: int = 256, num_workers: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``n`` items of a dataset (all by default) as one (images, labels) pair of tensors."""
-    from torch.utils.data import DataLoader, Subset
-
     n = len(dataset) if n is None else n
     if not 0 < n <= len(dataset):
         raise ValueError(f"n must be in 1..{len(dataset)} for {getattr(dataset, 'name', 'this dataset')}, got {n}")

@@ -74,7 +74,9 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
     total, warmup = recipe.epochs * steps_per_epoch, recipe.warmup_epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup))),
+        lambda step: (
+            (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+        ),
     )
     loss_fn = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
     start = time.perf_counter()
@@ -90,7 +92,9 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
             optimizer.step()
             schedule.step()
         if log_every and ((epoch + 1) % log_every == 0 or epoch + 1 == recipe.epochs):
-            print(f"epoch {epoch + 1:4d}  loss {loss.item():.4f}  test accuracy {accuracy(model, test):.4f}", flush=True)
+            print(
+                f"epoch {epoch + 1:4d}  loss {loss.item():.4f}  test accuracy {accuracy(model, test):.4f}", flush=True
+            )
     metrics = {
         "train_accuracy": accuracy(model, train),
         "test_accuracy": accuracy(model, test),

@@ -64,8 +64,15 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
-def make_optimizer(parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False,
-                   optimizer: str = "sgd", weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(
+    parameters,
+    lr: float,
+    momentum: float,
+    device: torch.device,
+    fused_update: bool = False,
+    optimizer: str = "sgd",
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
     """SGD with momentum and no weight decay (appendix C.3), its kernel chosen by ``speed.sgd``
     (``fused_update``: ``FusedSGD``). ``optimizer="adamw"``: ``torch.optim.AdamW`` (fused on CUDA)
     with ``weight_decay``; ``parameters`` may then be ``decay_groups``."""
@@ -75,7 +82,9 @@ def make_optimizer(parameters, lr: float, momentum: float, device: torch.device,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None
+) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
     ``model`` is the module that runs (``speed.Step.network``), ``forward`` what calls it
     (``speed.Step.forward``: compiled, or bf16 master weights) and ``context`` the context of its
@@ -145,12 +154,18 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     folder = config.folder()
     weights = folder / WEIGHTS
     if not (folder / METRICS).is_file() or not weights.is_file():
-        raise FileNotFoundError(f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
-                                "(Config(save_weights=True), -p save_weights True, --save-weights true)")
-    differ = runs.differing(runs.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN)
+        raise FileNotFoundError(
+            f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
+            "(Config(save_weights=True), -p save_weights True, --save-weights true)"
+        )
+    differ = runs.differing(
+        runs.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
+    )
     if differ:
-        raise ValueError(f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
-                         "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it")
+        raise ValueError(
+            f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
+            "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
+        )
     metrics = runs.read_json(folder / METRICS)
     model = models.create_model(config.model, num_classes=metrics["num_classes"])
     if config.lora_rank:
@@ -158,7 +173,9 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     state = load_file(str(weights))
     unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
     if unexpected:
-        raise ValueError(f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}")
+        raise ValueError(
+            f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}"
+        )
     model.load_state_dict(state, strict=False)
     if config.lora_rank and merge:
         model = lora.merge(model)
@@ -200,12 +217,28 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     # model above 224 px gets a larger cache, so its crops are not upsampled from 256
     size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
     side = cache_side(size)
-    splits = {split: uint8_images(data.get_dataset(config.dataset, split, root=config.data_root or None, seed=config.seed),
-                                  cache_size=side, workers=decode_workers()) for split in ("train", "val", "test")}
+    splits = {
+        split: uint8_images(
+            data.get_dataset(config.dataset, split, root=config.data_root or None, seed=config.seed),
+            cache_size=side,
+            workers=decode_workers(),
+        )
+        for split in ("train", "val", "test")
+    }
     mean_std = models.normalization(config.model, config.normalize)
-    loaders = {split: DeviceLoader(images, config.batch_size if split == "train" else EVAL_BATCH, augment=split == "train",
-                                   image_size=size, device=device, seed=config.seed if split == "train" else 0,
-                                   images_on="auto", mean_std=mean_std) for split, images in splits.items()}
+    loaders = {
+        split: DeviceLoader(
+            images,
+            config.batch_size if split == "train" else EVAL_BATCH,
+            augment=split == "train",
+            image_size=size,
+            device=device,
+            seed=config.seed if split == "train" else 0,
+            images_on="auto",
+            mean_std=mean_std,
+        )
+        for split, images in splits.items()
+    }
     num_classes = len(splits["test"].classes)
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
@@ -214,7 +247,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     model = models.create_model(config.model, num_classes=num_classes).to(device)
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
-    runs.start(config, params)  # only now that data and model have loaded, so that a run that cannot start loses nothing
+    runs.start(
+        config, params
+    )  # only now that data and model have loaded, so that a run that cannot start loses nothing
     set_trainable(model, config.component, config.lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
 
@@ -222,9 +257,13 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     options = config.checked_options
     groups = decay_groups(model, config.weight_decay) if config.optimizer == "adamw" else trainable
     fused_update = "update" in speed.options.fused_parts(options.fused)
-    optimizer = make_optimizer(groups, config.lr, config.momentum, device, fused_update, config.optimizer, config.weight_decay)
+    optimizer = make_optimizer(
+        groups, config.lr, config.momentum, device, fused_update, config.optimizer, config.weight_decay
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
-    step_fn = speed.Step(model, trainable, optimizer, options, config.batch_size, config.clip, config.micro_batch, progress)
+    step_fn = speed.Step(
+        model, trainable, optimizer, options, config.batch_size, config.clip, config.micro_batch, progress
+    )
 
     start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
     saved = runs.load_checkpoint(config, params, side, device)
@@ -233,7 +272,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         start_step, rows, best = saved["step"], saved["history"], saved["best"]
-        if "rng" in saved:  # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+        if (
+            "rng" in saved
+        ):  # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
             torch.set_rng_state(saved["rng"]["cpu"])
             if cuda and saved["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
@@ -256,16 +297,32 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             break
         if evaluation:
             row = rows[-1]
-            row["val_loss"], row["val_accuracy"] = evaluate(step_fn.network, loaders["val"], step_fn.context, step_fn.forward)
+            row["val_loss"], row["val_accuracy"] = evaluate(
+                step_fn.network, loaders["val"], step_fn.context, step_fn.forward
+            )
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}
-            runs.save_checkpoint(config, {"params": params, "step": step + 1, "history": rows, "best": best, "rng": rng,
-                                          "cache_side": side, "model": current, "optimizer": optimizer.state_dict(),
-                                          "schedule": schedule.state_dict()})
+            runs.save_checkpoint(
+                config,
+                {
+                    "params": params,
+                    "step": step + 1,
+                    "history": rows,
+                    "best": best,
+                    "rng": rng,
+                    "cache_side": side,
+                    "model": current,
+                    "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(),
+                },
+            )
             if progress:
-                print(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}", flush=True)
+                print(
+                    f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}",
+                    flush=True,
+                )
     wall = time.perf_counter() - start
 
     # the result: the test accuracy of the best-validation checkpoint
@@ -315,8 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     metrics as JSON. The step options may be given one by one (``--compile blocks``) or as a preset
     (``--speed none``, a file of ``parameters/speed/``)."""
     defaults = {field.name: field.default for field in fields(Config)} | {"speed": "auto"}
-    values = cli.parameters(argv, defaults, {}, "One finetuning run (paper §5.2); notebook 05's parameters.",
-                            "python -m paperlib.finetune", flexible=frozenset({"compile"}))
+    values = cli.parameters(
+        argv,
+        defaults,
+        {},
+        "One finetuning run (paper §5.2); notebook 05's parameters.",
+        "python -m paperlib.finetune",
+        flexible=frozenset({"compile"}),
+    )
     try:
         config = runs.config_from(values)
         with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
@@ -328,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+if (
+    __name__ == "__main__"
+):  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
     from paperlib.finetune import main as _main
 
     raise SystemExit(_main())

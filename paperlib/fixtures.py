@@ -2,7 +2,7 @@
 
 Each writer produces the layout that ``paperlib.data`` reads for the real dataset (and that the
 dataset's own release uses), filled with random images, so that the real reading code runs
-offline. Used by the test-suite and by ``python -m paperlib.bench data``.
+offline. Used by the test-suite and by ``python -m paperlib.speed.bench data``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,22 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from scipy.io import savemat
 
-IMAGENETTE_WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079",
-                    "n03394916", "n03417042", "n03425413", "n03445777", "n03888257")
+from .corruptions import CORRUPTIONS
+
+IMAGENETTE_WNIDS = (
+    "n01440764",
+    "n02102040",
+    "n02979186",
+    "n03000684",
+    "n03028079",
+    "n03394916",
+    "n03417042",
+    "n03425413",
+    "n03445777",
+    "n03888257",
+)
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -69,7 +82,9 @@ def write_cifar10c(root: Path, corruptions=("contrast",), per_severity: int = 50
     return base
 
 
-def write_image_folder(folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg", size: tuple[int, int] = (48, 40)) -> Path:
+def write_image_folder(
+    folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg", size: tuple[int, int] = (48, 40)
+) -> Path:
     """``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size``
     (width, height)."""
     rng = _rng(seed)
@@ -81,7 +96,9 @@ def write_image_folder(folder: Path, classes, per_class: int = 3, seed: int = 0,
 
 def write_domainnet(root: Path, domain: str = "clipart", n_classes: int = 4, per_class: int = 5, seed: int = 0) -> Path:
     """domainnet/<domain>/<class>/<image>.jpg, as the official per-domain zips extract."""
-    return write_image_folder(Path(root) / "domainnet" / domain, [f"class_{i:03d}" for i in range(n_classes)], per_class, seed)
+    return write_image_folder(
+        Path(root) / "domainnet" / domain, [f"class_{i:03d}" for i in range(n_classes)], per_class, seed
+    )
 
 
 def write_imagenet(root: Path, n_classes: int = 3, per_class: int = 4, seed: int = 0) -> Path:
@@ -101,8 +118,6 @@ def write_imagenette(root: Path, per_class: int = 2, seed: int = 0) -> Path:
 
 def write_flowers102(root: Path, n_images: int = 30, seed: int = 0) -> Path:
     """flowers-102/{jpg/image_NNNNN.jpg, imagelabels.mat, setid.mat} as torchvision expects."""
-    from scipy.io import savemat
-
     rng = _rng(seed)
     base = Path(root) / "flowers-102"
     for i in range(1, n_images + 1):
@@ -110,11 +125,16 @@ def write_flowers102(root: Path, n_images: int = 30, seed: int = 0) -> Path:
     savemat(base / "imagelabels.mat", {"labels": rng.integers(1, 103, size=(1, n_images))})
     ids = rng.permutation(np.arange(1, n_images + 1))
     third = n_images // 3
-    savemat(base / "setid.mat", {"trnid": ids[:third][None], "valid": ids[third : 2 * third][None], "tstid": ids[2 * third :][None]})
+    savemat(
+        base / "setid.mat",
+        {"trnid": ids[:third][None], "valid": ids[third : 2 * third][None], "tstid": ids[2 * third :][None]},
+    )
     return base
 
 
-def write_pets(root: Path, breeds=("Abyssinian", "american_bulldog", "Bengal"), per_breed: int = 6, seed: int = 0) -> Path:
+def write_pets(
+    root: Path, breeds=("Abyssinian", "american_bulldog", "Bengal"), per_breed: int = 6, seed: int = 0
+) -> Path:
     """oxford-iiit-pet/{images/*.jpg, annotations/trainval.txt, test.txt}."""
     rng = _rng(seed)
     base = Path(root) / "oxford-iiit-pet"
@@ -133,8 +153,6 @@ def write_pets(root: Path, breeds=("Abyssinian", "american_bulldog", "Bengal"), 
 
 def write_all(root: Path, seed: int = 0) -> Path:
     """Every paper and reference dataset, tiny, under ``root``."""
-    from .corruptions import CORRUPTIONS
-
     write_cifar(root, "cifar10", seed=seed)
     write_cifar(root, "cifar100", n_train=200, n_test=50, seed=seed)
     write_cifar10c(root, CORRUPTIONS, seed=seed)

@@ -42,7 +42,9 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
     if dataset.stat_keyed:  # edited images get a new cache (one stat per file; official datasets skip it)
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    return cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"  # by content, not split name: trainval and the train/val parts share it
+    return (
+        cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"
+    )  # by content, not split name: trainval and the train/val parts share it
 
 
 def decode_workers() -> int:
@@ -51,7 +53,10 @@ def decode_workers() -> int:
 
 
 def uint8_images(
-    dataset: ImageDataset | FileDataset, cache_size: int = CACHE_SIZE, cache_dir: str | Path | None = None, workers: int = 0
+    dataset: ImageDataset | FileDataset,
+    cache_size: int = CACHE_SIZE,
+    cache_dir: str | Path | None = None,
+    workers: int = 0,
 ) -> ImageDataset:
     """The dataset as uint8 arrays: array datasets as they are; file datasets decoded once.
 
@@ -74,8 +79,15 @@ def uint8_images(
         picked = np.empty((len(indices), *images.shape[1:]), np.uint8)
         picked[order] = images[np.asarray(indices)[order]]
         images = picked
-    return ImageDataset(torch.from_numpy(images), dataset.targets, dataset.classes, dataset.name, dataset.split, dataset.keys,
-                        mean_std=getattr(dataset, "mean_std", IMAGENET))  # the normalisation get_dataset was given
+    return ImageDataset(
+        torch.from_numpy(images),
+        dataset.targets,
+        dataset.classes,
+        dataset.name,
+        dataset.split,
+        dataset.keys,
+        mean_std=getattr(dataset, "mean_std", IMAGENET),
+    )  # the normalisation get_dataset was given
 
 
 def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> np.ndarray:
@@ -86,12 +98,15 @@ def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: in
         images = np.load(file, mmap_mode="r")
     else:
         decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True), v2.CenterCrop(cache_size)])
-        view = FileDataset(dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode)
+        view = FileDataset(
+            dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode
+        )
         images = np.empty((len(view), 3, cache_size, cache_size), np.uint8)
         start = 0
         for batch, _ in DataLoader(view, batch_size=64, num_workers=workers):
             images[start : start + len(batch)] = batch.numpy()
             start += len(batch)
+
         def write(tmp: str) -> None:
             with open(tmp, "wb") as handle:
                 np.save(handle, images)
@@ -150,7 +165,9 @@ class DeviceLoader:
         if images_on not in ("device", "host", "auto"):
             raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
         if not isinstance(dataset, ImageDataset):
-            raise TypeError(f"DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), got {type(dataset).__name__}")
+            raise TypeError(
+                f"DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), got {type(dataset).__name__}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.device = torch.device(device)
@@ -175,7 +192,10 @@ class DeviceLoader:
         self._staged = self.images.device.type != self.device.type
         self._staging, self._copied, self._turn = [], [None, None], 0
         if self._staged:
-            self._staging = [torch.empty((batch_size, *self.images.shape[1:]), dtype=self.images.dtype, pin_memory=True) for _ in range(2)]
+            self._staging = [
+                torch.empty((batch_size, *self.images.shape[1:]), dtype=self.images.dtype, pin_memory=True)
+                for _ in range(2)
+            ]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Training batch number ``step`` (0-based), a pure function of (seed, step).
@@ -233,4 +253,7 @@ class DeviceLoader:
         for batch in range(len(self)):
             index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
             images = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
-            yield device_transform(images, self.augment, self.image_size, self.generator, self.mean_std), self.targets[index]
+            yield (
+                device_transform(images, self.augment, self.image_size, self.generator, self.mean_std),
+                self.targets[index],
+            )

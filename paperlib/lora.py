@@ -70,16 +70,28 @@ def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> N
     components.check_config(config)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
-    for name, value, valid in (("lora_alpha", alpha, lambda v: v >= 0), ("lora_dropout", dropout, lambda v: 0 <= v < 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not valid(value):
-            raise ValueError(f"{name} must be a finite number {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}")
+    for name, value, valid in (
+        ("lora_alpha", alpha, lambda v: v >= 0),
+        ("lora_dropout", dropout, lambda v: 0 <= v < 1),
+    ):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not valid(value)
+        ):
+            raise ValueError(
+                f"{name} must be a finite number {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}"
+            )
     if rank == 0:
         if alpha or dropout:
             raise ValueError("lora_alpha and lora_dropout are LoRA's: set lora_rank (e.g. 8) too, or leave them at 0")
         return
     if config not in TARGETS:
-        raise ValueError(f"LoRA adapts weight matrices and {config!r} has none; with lora_rank use one of "
-                         f"{', '.join(CONFIGS)}, or lora_rank=0 to finetune {config!r} itself")
+        raise ValueError(
+            f"LoRA adapts weight matrices and {config!r} has none; with lora_rank use one of "
+            f"{', '.join(CONFIGS)}, or lora_rank=0 to finetune {config!r} itself"
+        )
 
 
 def target_names(model: nn.Module, config: str) -> list[str]:
@@ -99,13 +111,21 @@ def target_names(model: nn.Module, config: str) -> list[str]:
             owner = block.get_submodule(parent)
             if child in getattr(owner, "READS", ()):
                 # a fused op reads this layer's weight itself and would skip the update
-                raise ValueError(f"blocks.{index}.{parent} runs one of our fused ops, which reads {child}'s weight itself and would "
-                                 "bypass LoRA: add LoRA before finetune.fuse / compile_model (as finetune.train does)")
-            if child == "qkv" and getattr(owner, "q_bias", None) is not None and not getattr(owner, "qkv_bias_separate", True):
+                raise ValueError(
+                    f"blocks.{index}.{parent} runs one of our fused ops, which reads {child}'s weight itself and would "
+                    "bypass LoRA: add LoRA before speed.step.fuse / compile_model (as finetune.train does)"
+                )
+            if (
+                child == "qkv"
+                and getattr(owner, "q_bias", None) is not None
+                and not getattr(owner, "qkv_bias_separate", True)
+            ):
                 # timm's EvaAttention with separate q/v biases multiplies by qkv.weight itself (F.linear)
-                raise ValueError(f"blocks.{index}.{parent} ({type(owner).__name__} with separate query and value biases) applies "
-                                 f"{child}'s weight itself, which would bypass LoRA: LoRA on {config!r} is not available for this "
-                                 "model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2")
+                raise ValueError(
+                    f"blocks.{index}.{parent} ({type(owner).__name__} with separate query and value biases) applies "
+                    f"{child}'s weight itself, which would bypass LoRA: LoRA on {config!r} is not available for this "
+                    "model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2"
+                )
             names.append(f"blocks.{index}.{path}")
     return names
 
@@ -120,8 +140,9 @@ def add_lora(model: nn.Module, config: str, rank: int, alpha: float = 0.0, dropo
     # peft imports transformers: only when LoRA is asked for
     from peft import LoraConfig, inject_adapter_in_model
 
-    settings = LoraConfig(r=rank, lora_alpha=alpha or rank, lora_dropout=dropout, bias="none",
-                          target_modules=target_names(model, config))
+    settings = LoraConfig(
+        r=rank, lora_alpha=alpha or rank, lora_dropout=dropout, bias="none", target_modules=target_names(model, config)
+    )
     return inject_adapter_in_model(settings, model)
 
 
@@ -163,8 +184,10 @@ def merge(model: nn.Module) -> nn.Module:
 def lora_parameters(model: nn.Module, config: str, rank: int) -> int:
     """Parameters of the LoRA updates of rank ``rank`` for ``config`` over all blocks: ``rank *
     (inputs + outputs)`` per adapted matrix (``model`` without LoRA)."""
-    return sum(rank * (layer.in_features + layer.out_features)
-               for layer in (model.get_submodule(name) for name in target_names(model, config)))
+    return sum(
+        rank * (layer.in_features + layer.out_features)
+        for layer in (model.get_submodule(name) for name in target_names(model, config))
+    )
 
 
 def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> pd.DataFrame:
@@ -178,12 +201,14 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
     for config in CONFIGS:
         count = lora_parameters(model, config, rank)
         adapted = sum(model.get_submodule(name).weight.numel() for name in target_names(model, config))
-        rows.append({
-            "configuration": f"{components.LABELS[config]} (LoRA r={rank})",
-            "parameters": count,
-            "% of adapted weights": 100.0 * count / adapted,
-            "% of total": 100.0 * count / total,
-            "memory load (MiB)": components.memory_load(count, bytes_per_parameter, optimizer) / 2**20,
-            "trainable": count + shared,
-        })
+        rows.append(
+            {
+                "configuration": f"{components.LABELS[config]} (LoRA r={rank})",
+                "parameters": count,
+                "% of adapted weights": 100.0 * count / adapted,
+                "% of total": 100.0 * count / total,
+                "memory load (MiB)": components.memory_load(count, bytes_per_parameter, optimizer) / 2**20,
+                "trainable": count + shared,
+            }
+        )
     return pd.DataFrame(rows).set_index("configuration")

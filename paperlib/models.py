@@ -94,7 +94,10 @@ def vit_names() -> list[str]:
     return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
 
-CUSTOM_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the names timm's save_for_hf writes, in its order of preference
+CUSTOM_WEIGHTS = (
+    "model.safetensors",
+    "pytorch_model.bin",
+)  # the names timm's save_for_hf writes, in its order of preference
 
 
 def custom_folder(name: str) -> Path:
@@ -116,10 +119,14 @@ def custom_config(name: str) -> tuple[dict, Path]:
     config = json.loads(config_file.read_text())
     arch = config.get("architecture")
     if arch not in vit_names():
-        raise ValueError(f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer or Eva ViT (see paperlib.models.vit_names())")
+        raise ValueError(
+            f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer or Eva ViT (see paperlib.models.vit_names())"
+        )
     weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
     if weights is None:
-        raise FileNotFoundError(f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in CUSTOM_WEIGHTS)}")
+        raise FileNotFoundError(
+            f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in CUSTOM_WEIGHTS)}"
+        )
     return config, weights
 
 
@@ -139,11 +146,16 @@ def custom_model_names() -> list[str]:
     base = paths.models_dir()
     if not base.is_dir():
         return []
-    return sorted(paths.CUSTOM + p.name for p in base.iterdir() if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name))
+    return sorted(
+        paths.CUSTOM + p.name
+        for p in base.iterdir()
+        if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name)
+    )
 
 
-def save_model(model: torch.nn.Module, name: str, model_args: dict | None = None, overwrite: bool = False,
-               mean=None, std=None) -> Path:
+def save_model(
+    model: torch.nn.Module, name: str, model_args: dict | None = None, overwrite: bool = False, mean=None, std=None
+) -> Path:
     """Save ``model`` as ``custom/<name>`` (returns its folder) with timm's own writer,
     ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
 
@@ -160,8 +172,10 @@ def save_model(model: torch.nn.Module, name: str, model_args: dict | None = None
     if not isinstance(model, VIT_CLASSES):
         raise TypeError(f"save_model saves a timm VisionTransformer or Eva ViT, got {type(model).__name__}")
     if not getattr(model, "pretrained_cfg", None) or "architecture" not in model.pretrained_cfg:
-        raise ValueError("save_model needs a model made by timm (timm.create_model or paperlib.models.create_model, "
-                         "with its architecture's arguments), which records its architecture; this one has none")
+        raise ValueError(
+            "save_model needs a model made by timm (timm.create_model or paperlib.models.create_model, "
+            "with its architecture's arguments), which records its architecture; this one has none"
+        )
     if (mean is None) != (std is None):
         raise ValueError("give both mean and std (three numbers each), or neither")
     recorded = model.pretrained_cfg
@@ -184,7 +198,9 @@ def resolve_name(name: str) -> str:
         custom_config(name)
         return name
     architecture, _, tag = name.partition(".")
-    if architecture in vit_names() and (not tag or paths.CUSTOM_NAME.fullmatch(tag)):  # a tag is one folder name in result paths
+    if architecture in vit_names() and (
+        not tag or paths.CUSTOM_NAME.fullmatch(tag)
+    ):  # a tag is one folder name in result paths
         return name
     suggestions = difflib.get_close_matches(name, list(SHORT_NAMES) + vit_names(), n=3)
     hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
@@ -215,11 +231,15 @@ def normalization(name: str, normalize: str = "imagenet") -> tuple[tuple[float, 
         try:
             found = timm.models.get_pretrained_cfg(timm_name)
         except RuntimeError as error:  # a tag timm does not know
-            raise ValueError(f"normalize='model': timm has no pretrained configuration for {timm_name!r} ({error}); use normalize='imagenet'") from error
+            raise ValueError(
+                f"normalize='model': timm has no pretrained configuration for {timm_name!r} ({error}); use normalize='imagenet'"
+            ) from error
         cfg, where = (found.to_dict() if found is not None else {}), f"timm's pretrained configuration of {timm_name!r}"
     if cfg.get("mean") is None or cfg.get("std") is None:
-        raise ValueError(f"normalize='model': {where} records no mean and std; use normalize='imagenet' "
-                         "(or save the model with them: its pretrained_cfg's 'mean' and 'std')")
+        raise ValueError(
+            f"normalize='model': {where} records no mean and std; use normalize='imagenet' "
+            "(or save the model with them: its pretrained_cfg's 'mean' and 'std')"
+        )
     return as_mean_std(cfg["mean"], cfg["std"])
 
 
@@ -245,14 +265,18 @@ def create_model(
     A timm ViT whose blocks lack one of the five components (timm's parallel blocks) is refused
     with the reason, before any weights are fetched.
     """
-    if paths.custom_name(name, "model"):  # the architecture and arguments its config.json records; its head kept unless num_classes
+    if paths.custom_name(
+        name, "model"
+    ):  # the architecture and arguments its config.json records; its head kept unless num_classes
         config, saved = custom_config(name)
         timm_name = config["architecture"]
         kwargs = {**config.get("model_args", {}), **kwargs}
         kwargs.setdefault("num_classes", config.get("num_classes", kwargs.get("num_classes")))
         saved_cfg = config.get("pretrained_cfg") or {}
         overlay = {"num_classes": config.get("num_classes"), "classifier": saved_cfg.get("classifier", "head")}
-        overlay |= {key: tuple(saved_cfg[key]) for key in ("mean", "std") if saved_cfg.get(key) is not None}  # model.pretrained_cfg as saved
+        overlay |= {
+            key: tuple(saved_cfg[key]) for key in ("mean", "std") if saved_cfg.get(key) is not None
+        }  # model.pretrained_cfg as saved
         kwargs["pretrained_cfg_overlay"] = {**overlay, **kwargs.get("pretrained_cfg_overlay", {})}
         if pretrained and weights is None:
             weights = saved

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -59,9 +60,11 @@ def custom_name(name: object, kind: str) -> str | None:
     names; a ValueError if ``<name>`` is not one folder name (it becomes part of result paths)."""
     if not (isinstance(name, str) and name.startswith(CUSTOM)):
         return None
-    short = name[len(CUSTOM):]
+    short = name[len(CUSTOM) :]
     if not CUSTOM_NAME.fullmatch(short):
-        raise ValueError(f"invalid custom {kind} name {name!r}: after {CUSTOM!r} comes one folder name of letters, digits, '_', '.' or '-'")
+        raise ValueError(
+            f"invalid custom {kind} name {name!r}: after {CUSTOM!r} comes one folder name of letters, digits, '_', '.' or '-'"
+        )
     return short
 
 
@@ -109,8 +112,6 @@ def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: b
     An existing ``folder`` is an error unless ``overwrite``; then it is moved aside before the new
     one takes its place and deleted after, so one of the two is always whole on disk.
     """
-    import shutil
-
     folder = Path(folder)
     if folder.exists() and not overwrite:
         raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")

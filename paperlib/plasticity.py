@@ -76,7 +76,9 @@ def check_sample(sample: str) -> str:
     return sample
 
 
-def pair_indices(n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0) -> tuple[list[int], list[int]]:
+def pair_indices(
+    n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0
+) -> tuple[list[int], list[int]]:
     """Which images make the pairs: pair ``i`` is (reference[r[i]], target[t[i]]) for the returned (r, t).
 
     ``first``: both ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, each
@@ -86,7 +88,9 @@ def pair_indices(n_reference: int, n_target: int, n_pairs: int, sample: str = "f
     """
     check_sample(sample)
     if not 1 <= n_pairs <= min(n_reference, n_target):
-        raise ValueError(f"n_pairs must be in 1..{min(n_reference, n_target)} (the reference has {n_reference} images and the target {n_target}), got {n_pairs}")
+        raise ValueError(
+            f"n_pairs must be in 1..{min(n_reference, n_target)} (the reference has {n_reference} images and the target {n_target}), got {n_pairs}"
+        )
     if sample == "first":
         return list(range(n_pairs)), list(range(n_pairs))
     reference = torch.randperm(n_reference, generator=torch.Generator().manual_seed(2 * seed))[:n_pairs]
@@ -122,7 +126,7 @@ def _lift(tokens: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _norm_kind(norm: nn.Module) -> str | None:
-    """"layer" for a LayerNorm, "rms" for an RMSNorm (timm's or torch's), None otherwise."""
+    """ "layer" for a LayerNorm, "rms" for an RMSNorm (timm's or torch's), None otherwise."""
     if isinstance(norm, nn.LayerNorm):
         return "layer"
     if isinstance(norm, (RmsNorm, getattr(nn, "RMSNorm", RmsNorm))):
@@ -140,17 +144,23 @@ def _norm_core(tokens: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 def _check_block(block: nn.Module) -> None:
     if any(type(module).__module__.startswith("peft.") for module in block.modules()):
-        raise TypeError("the model carries LoRA updates that are not merged into its weights, which the rates of the "
-                        "linear components would not see: lora.merge(model) first (finetune.load_model merges them)")
+        raise TypeError(
+            "the model carries LoRA updates that are not merged into its weights, which the rates of the "
+            "linear components would not see: lora.merge(model) first (finetune.load_model merges them)"
+        )
     width = block.norm1.normalized_shape[-1] if hasattr(block, "norm1") else None
     for component in COMPONENTS:
         module = block_component(block, component)
         if component == "fc2" and width is not None and getattr(module, "in_features", width) < width:
-            raise TypeError(f"FC2's input ({module.in_features}) is narrower than the tokens ({width}): the zero-lifting "
-                            "of appendix C.4 needs a hidden width of at least the embedding's")
+            raise TypeError(
+                f"FC2's input ({module.in_features}) is narrower than the tokens ({width}): the zero-lifting "
+                "of appendix C.4 needs a hidden width of at least the embedding's"
+            )
     for name in ("norm1", "norm2"):
         if _norm_kind(getattr(block, name)) is None:
-            raise TypeError(f"plasticity expects a LayerNorm or an RMSNorm as {name}, got {type(getattr(block, name)).__name__}")
+            raise TypeError(
+                f"plasticity expects a LayerNorm or an RMSNorm as {name}, got {type(getattr(block, name)).__name__}"
+            )
 
 
 def plain_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -198,7 +208,9 @@ def linear_terms(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 PAIR_CHUNK = 32  # pairs whose d x d difference Gram matrices are held at once (float64)
 
 
-def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def _embedding_rates(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
     (ex, extras), (ey, _) = _embedded(model, x), _embedded(model, y)
     difference = ex - ey
     b, _, d = ex.shape
@@ -206,9 +218,12 @@ def _embedding_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: 
     grams, gains = terms if terms is not None else linear_terms(model)
     # FC1 and FC2: ||D W^T||_F^2 = <D^T D, W^T W>, so one d x d Gram matrix of each pair's
     # difference serves every block, where D W^T costs n*d*4d per block
-    squared = torch.cat([
-        (chunk.transpose(1, 2).double() @ chunk.double()).flatten(1) @ grams.T for chunk in difference.split(PAIR_CHUNK)
-    ]).view(b, -1, 2)
+    squared = torch.cat(
+        [
+            (chunk.transpose(1, 2).double() @ chunk.double()).flatten(1) @ grams.T
+            for chunk in difference.split(PAIR_CHUNK)
+        ]
+    ).view(b, -1, 2)
     # LayerNorms (and RMSNorms): the normalisation is the same in every block (per kind and eps),
     # only the gain differs, and the bias cancels: ||C * gamma||_F^2 = sum_j gamma_j^2 sum_t C_tj^2
     both = torch.cat([ex, ey])  # one MHA call for the two sides of every pair
@@ -248,6 +263,7 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
             output = apply(inputs) if apply is not None else output
             rate = _frobenius(output[:b] - output[b:]) / _frobenius(inputs[:b] - inputs[b:])
             rates.setdefault(key, []).append(rate)
+
         return hook
 
     handles = []
@@ -266,8 +282,10 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     for key in ((i, c) for i in range(len(model.blocks)) for c in COMPONENTS):
         calls = len(rates.get(key, ()))
         if calls != 1:
-            raise TypeError(f"{type(model).__name__}'s forward pass called {key[1]} of block {key[0]} {calls} times "
-                            "(blocks sharing weights?): in-situ rates need each component called once per block")
+            raise TypeError(
+                f"{type(model).__name__}'s forward pass called {key[1]} of block {key[0]} {calls} times "
+                "(blocks sharing weights?): in-situ rates need each component called once per block"
+            )
     return torch.stack([torch.stack([rates[index, c][0] for c in COMPONENTS]) for index in range(len(model.blocks))])
 
 
@@ -297,11 +315,15 @@ def evaluating(model: nn.Module, inputs: str):
 
 def _rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms) -> torch.Tensor:
     if x.shape != y.shape or x.ndim != 4:
-        raise ValueError(f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(
+            f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}"
+        )
     return _embedding_rates(model, x, y, terms) if inputs == "embedding" else _in_situ_rates(model, x, y)
 
 
-def rate_tensor(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None) -> torch.Tensor:
+def rate_tensor(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None
+) -> torch.Tensor:
     """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device.
 
     ``terms``: ``linear_terms(model)``, when computed once for many batches.
@@ -320,7 +342,9 @@ def to_table(rates: torch.Tensor, first_pair: int = 0) -> pd.DataFrame:
         {
             "block": block,
             "depth": depth,
-            "component": pd.Categorical([COMPONENTS[i] for i in range(components) for _ in range(pairs)] * blocks, categories=COMPONENTS),
+            "component": pd.Categorical(
+                [COMPONENTS[i] for i in range(components) for _ in range(pairs)] * blocks, categories=COMPONENTS
+            ),
             "pair": (torch.arange(pairs).repeat(blocks * components) + first_pair).numpy(),
             "rate": values.reshape(-1),
         }
@@ -345,7 +369,13 @@ def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
     mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
-    out = pd.DataFrame({"component": [LABELS[c] for c in mean.index], "plasticity": mean.to_numpy(), "paper rank": range(1, len(COMPONENTS) + 1)})
+    out = pd.DataFrame(
+        {
+            "component": [LABELS[c] for c in mean.index],
+            "plasticity": mean.to_numpy(),
+            "paper rank": range(1, len(COMPONENTS) + 1),
+        }
+    )
     out["rank"] = out["plasticity"].rank(ascending=False, method="min").astype(int)
     return out.sort_values("rank").set_index("component")[["plasticity", "rank", "paper rank"]]
 
@@ -359,7 +389,9 @@ def paper_agreement(table: pd.DataFrame) -> float:
     return float(stats.kendalltau(ranked["rank"], ranked["paper rank"]).statistic)
 
 
-def ranking_uncertainty(table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:
+def ranking_uncertainty(
+    table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> pd.DataFrame:
     """How sure the ranking is: a bootstrap over pairs (an extension; the paper reports P(f) alone).
 
     Each pair's rates, averaged over blocks, are resampled jointly for the five components
@@ -371,18 +403,33 @@ def ranking_uncertainty(table: pd.DataFrame, n_resamples: int = 2000, confidence
     """
     per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
     result = stats.bootstrap(
-        (per_pair.to_numpy(),), np.mean, axis=0, n_resamples=n_resamples, confidence_level=confidence,
-        method="percentile", batch=200, rng=np.random.default_rng(seed),
+        (per_pair.to_numpy(),),
+        np.mean,
+        axis=0,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        batch=200,
+        rng=np.random.default_rng(seed),
     )
     means = per_pair.to_numpy().mean(axis=0)
     ranks = stats.rankdata(-means, method="min")
     resampled = stats.rankdata(-result.bootstrap_distribution.T, method="min", axis=1)  # (resamples, components)
     taus = np.array([stats.kendalltau(row, np.arange(1, len(COMPONENTS) + 1)).statistic for row in resampled])
-    out = pd.DataFrame({
-        "component": [LABELS[c] for c in COMPONENTS], "plasticity": means,
-        "low": result.confidence_interval.low, "high": result.confidence_interval.high,
-        "rank": ranks, "rank stable": (resampled == ranks).mean(axis=0),
-    }).sort_values("rank").set_index("component")
+    out = (
+        pd.DataFrame(
+            {
+                "component": [LABELS[c] for c in COMPONENTS],
+                "plasticity": means,
+                "low": result.confidence_interval.low,
+                "high": result.confidence_interval.high,
+                "rank": ranks,
+                "rank stable": (resampled == ranks).mean(axis=0),
+            }
+        )
+        .sort_values("rank")
+        .set_index("component")
+    )
     tail = (1 - confidence) / 2
     out.attrs["tau"] = (float(np.quantile(taus, tail)), float(np.quantile(taus, 1 - tail)))
     out.attrs["order stable"] = float((resampled == ranks).all(axis=1).mean())
@@ -414,21 +461,27 @@ def measure(
         raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
     available = min(len(reference), len(target))
     if n_pairs > available:
-        raise ValueError(f"n_pairs={n_pairs} but only {available} pairs: the reference has {len(reference)} images and the target {len(target)}")
+        raise ValueError(
+            f"n_pairs={n_pairs} but only {available} pairs: the reference has {len(reference)} images and the target {len(target)}"
+        )
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     indices = pair_indices(len(reference), len(target), n_pairs, sample, seed)
     device = torch.device(device)
     model = model.to(device)
     loaders = [
-        DataLoader(Subset(dataset, chosen), batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+        DataLoader(
+            Subset(dataset, chosen), batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"
+        )
         for dataset, chosen in zip((reference, target), indices)
     ]
     chunks = []
     with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         terms = linear_terms(model) if inputs == "embedding" else None
         for (x, _), (y, _) in zip(*loaders):
-            chunks.append(_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms))
+            chunks.append(
+                _rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms)
+            )
             bar.update(len(x))
     return to_table(torch.cat(chunks, dim=2))
 
@@ -445,8 +498,16 @@ def default_reference(dataset: str) -> str:
     return "digits_source" if source is not None and source.group == "demo" else "imagenet"
 
 
-def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
-                  normalize: str = "imagenet", reference: str | None = None, severity: int = 5):
+def result_folder(
+    model: str,
+    dataset: str,
+    inputs: str = "embedding",
+    sample: str = "first",
+    seed: int = 0,
+    normalize: str = "imagenet",
+    reference: str | None = None,
+    severity: int = 5,
+):
     """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
     (``<dataset>+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
     normalised with the model's own statistics, ``+ref-<reference>`` against reference images
@@ -461,11 +522,21 @@ def result_folder(model: str, dataset: str, inputs: str = "embedding", sample: s
     return results_root(inputs) / model / leaf
 
 
-def has_result(model: str, dataset: str, inputs: str = "embedding", sample: str = "first", seed: int = 0,
-               normalize: str = "imagenet", reference: str | None = None, severity: int = 5) -> bool:
+def has_result(
+    model: str,
+    dataset: str,
+    inputs: str = "embedding",
+    sample: str = "first",
+    seed: int = 0,
+    normalize: str = "imagenet",
+    reference: str | None = None,
+    severity: int = 5,
+) -> bool:
     """Whether ``result_folder`` for these arguments holds a complete result (its ``metadata.json``,
     which ``save`` writes last)."""
-    return (result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity) / "metadata.json").is_file()
+    return (
+        result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity) / "metadata.json"
+    ).is_file()
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
@@ -532,8 +603,22 @@ def run(
         raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
     pairs = min(n_pairs, len(reference_set), len(target_set))
     if pairs < n_pairs and progress:
-        print(f"{dataset}: {pairs} pairs, not {n_pairs}: {reference} has {len(reference_set)} test images and {dataset} {len(target_set)}")
-    table = measure(network, reference_set, target_set, pairs, batch_size, device, inputs, num_workers=num_workers, progress=progress, sample=sample, seed=seed)
+        print(
+            f"{dataset}: {pairs} pairs, not {n_pairs}: {reference} has {len(reference_set)} test images and {dataset} {len(target_set)}"
+        )
+    table = measure(
+        network,
+        reference_set,
+        target_set,
+        pairs,
+        batch_size,
+        device,
+        inputs,
+        num_workers=num_workers,
+        progress=progress,
+        sample=sample,
+        seed=seed,
+    )
     metadata = {
         "model": model,
         "dataset": dataset,
@@ -552,12 +637,25 @@ def run(
         "seconds": round(time.perf_counter() - start, 2),
         "torch": torch.__version__,
     }
-    return table, save(table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata)
+    return table, save(
+        table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata
+    )
 
 
-def measure_missing(models: str | list[str], datasets: str | list[str], reference: str | None = None, n_pairs: int = 179,
-                    batch_size: int = 64, device: str = "cpu", inputs: str = "embedding", sample: str = "first", seed: int = 0,
-                    normalize: str = "imagenet", root=None, progress: bool = False) -> list[tuple[str, str]]:
+def measure_missing(
+    models: str | list[str],
+    datasets: str | list[str],
+    reference: str | None = None,
+    n_pairs: int = 179,
+    batch_size: int = 64,
+    device: str = "cpu",
+    inputs: str = "embedding",
+    sample: str = "first",
+    seed: int = 0,
+    normalize: str = "imagenet",
+    root=None,
+    progress: bool = False,
+) -> list[tuple[str, str]]:
     """Measure every model on every dataset that has no result yet, as the notebooks do before ``collect``.
 
     ``models``, ``datasets``: a name or a list of names. For each (model, dataset), models outer,
@@ -574,13 +672,33 @@ def measure_missing(models: str | list[str], datasets: str | list[str], referenc
             if has_result(model, dataset, inputs, sample, seed, normalize, reference):
                 continue
             against = reference if reference is not None else default_reference(dataset)
-            run(model, dataset, against, n_pairs, batch_size, device, inputs, root=root, progress=progress, sample=sample, seed=seed, normalize=normalize)
+            run(
+                model,
+                dataset,
+                against,
+                n_pairs,
+                batch_size,
+                device,
+                inputs,
+                root=root,
+                progress=progress,
+                sample=sample,
+                seed=seed,
+                normalize=normalize,
+            )
             measured.append((model, dataset))
     return measured
 
 
-def collect(inputs: str = "embedding", root=None, sample: str | None = "first", seed: int | None = None, normalize: str | None = "imagenet",
-            reference: str | None = "default", severity: int | None = 5) -> pd.DataFrame:
+def collect(
+    inputs: str = "embedding",
+    root=None,
+    sample: str | None = "first",
+    seed: int | None = None,
+    normalize: str | None = "imagenet",
+    reference: str | None = "default",
+    severity: int | None = 5,
+) -> pd.DataFrame:
     """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
@@ -600,27 +718,60 @@ def collect(inputs: str = "embedding", root=None, sample: str | None = "first", 
     rows = []
     for metadata_file in sorted(base.rglob("metadata.json")):
         metadata = json.loads(metadata_file.read_text())
-        drawn, drawn_seed = metadata.get("sample", "first"), metadata.get("seed")  # results from before the option: first
+        drawn, drawn_seed = (
+            metadata.get("sample", "first"),
+            metadata.get("seed"),
+        )  # results from before the option: first
         normalized = metadata.get("normalize", "imagenet")  # results from before the option: the paper's
-        if (sample is not None and drawn != sample) or (seed is not None and drawn_seed != seed) or (normalize is not None and normalized != normalize):
+        if (
+            (sample is not None and drawn != sample)
+            or (seed is not None and drawn_seed != seed)
+            or (normalize is not None and normalized != normalize)
+        ):
             continue
         against = metadata.get("reference")
-        if reference is not None and against is not None and against != (default_reference(metadata["dataset"]) if reference == "default" else reference):
+        if (
+            reference is not None
+            and against is not None
+            and against != (default_reference(metadata["dataset"]) if reference == "default" else reference)
+        ):
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
             continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
-            rows.append({
-                "model": metadata.get("model"), "dataset": metadata.get("dataset"), "reference": metadata.get("reference"),
-                "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"]), "n_pairs": metadata.get("n_pairs"),
-                "sample": drawn, "seed": drawn_seed, "normalize": normalized,
-            })
-    columns = ["model", "dataset", "reference", "component", "plasticity", "rank", "n_pairs", "sample", "seed", "normalize"]
+            rows.append(
+                {
+                    "model": metadata.get("model"),
+                    "dataset": metadata.get("dataset"),
+                    "reference": metadata.get("reference"),
+                    "component": component,
+                    "plasticity": row["plasticity"],
+                    "rank": int(row["rank"]),
+                    "n_pairs": metadata.get("n_pairs"),
+                    "sample": drawn,
+                    "seed": drawn_seed,
+                    "normalize": normalized,
+                }
+            )
+    columns = [
+        "model",
+        "dataset",
+        "reference",
+        "component",
+        "plasticity",
+        "rank",
+        "n_pairs",
+        "sample",
+        "seed",
+        "normalize",
+    ]
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
-    table["seed"] = table["seed"].astype("Int64")  # None (the paper's draw has no seed) stays missing, not NaN in a float column
+    table["seed"] = table["seed"].astype(
+        "Int64"
+    )  # None (the paper's draw has no seed) stays missing, not NaN in a float column
     return table
 
 
@@ -634,7 +785,13 @@ def main(argv: list[str] | None = None) -> int:
     signature = inspect.signature(run).parameters
     defaults = {name: CLI_DEFAULTS.get(name, p.default) for name, p in signature.items()}
     defaults["num_workers"] = 0  # run's None (automatic) as a number a command line can give; None stays automatic
-    values = cli.parameters(argv, defaults, {"data_root": "root"}, "Plasticity of every component (paper §5.1); notebook 02's parameters.", "python -m paperlib.plasticity")
+    values = cli.parameters(
+        argv,
+        defaults,
+        {"data_root": "root"},
+        "Plasticity of every component (paper §5.1); notebook 02's parameters.",
+        "python -m paperlib.plasticity",
+    )
     values.setdefault("num_workers", None)
     try:
         table, folder = run(**{**CLI_DEFAULTS, **values})
@@ -647,7 +804,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+if (
+    __name__ == "__main__"
+):  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
     from paperlib.plasticity import main as _main
 
     raise SystemExit(_main())

@@ -51,7 +51,9 @@ def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
     boxes = [("ln1", "LN1", 3), ("mha", "MHA", 6), ("ln2", "LN2", 11), ("fc1", "FC1", 14), ("fc2", "FC2", 17)]
     for component, label, y in boxes:
         ax.add_patch(
-            FancyBboxPatch((2.5, y - 0.9), 5, 1.8, boxstyle="round,pad=0.1", fc=COLORS[component], ec="black", alpha=0.85)
+            FancyBboxPatch(
+                (2.5, y - 0.9), 5, 1.8, boxstyle="round,pad=0.1", fc=COLORS[component], ec="black", alpha=0.85
+            )
         )
         ax.text(5, y, label, ha="center", va="center", fontsize=11, color="white", weight="bold")
     ax.text(5.4, 15.5, "GeLU", ha="left", va="center", fontsize=8, style="italic")
@@ -155,7 +157,14 @@ def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: 
         part = part.sort_values("plasticity")
         relative = part[value] - part[value].mean()
         ax.plot(part["plasticity"], relative, color="grey", lw=0.7, alpha=0.6, zorder=1)
-        ax.scatter(part["plasticity"], relative, c=[COLORS[str(c)] for c in part["component"]], edgecolor="black", s=18, zorder=3)
+        ax.scatter(
+            part["plasticity"],
+            relative,
+            c=[COLORS[str(c)] for c in part["component"]],
+            edgecolor="black",
+            s=18,
+            zorder=3,
+        )
     for component in COMPONENTS:
         ax.scatter([], [], color=COLORS[component], edgecolor="black", s=18, label=LABELS[component])
     ax.axhline(0.0, color="grey", lw=0.8, ls="--")
@@ -165,28 +174,46 @@ def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: 
     return ax
 
 
-def bounds_along_depth(table, ax: plt.Axes | None = None, label: str = "", linestyle: str = "-", propositions=("1", "2", "3")) -> plt.Axes:
+def bounds_along_depth(
+    table, ax: plt.Axes | None = None, label: str = "", linestyle: str = "-", propositions=("1", "2", "3")
+) -> plt.Axes:
     """Upper bounds per block for each component on a log scale (paper Fig. 6)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for component in COMPONENTS:
         part = table[(table["component"] == component) & table["proposition"].isin(propositions)]
         if len(part):
-            ax.plot(part["depth"], part["bound"], marker="o", ms=3, ls=linestyle, color=COLORS[component], label=f"{LABELS[component]}{label}")
+            ax.plot(
+                part["depth"],
+                part["bound"],
+                marker="o",
+                ms=3,
+                ls=linestyle,
+                color=COLORS[component],
+                label=f"{LABELS[component]}{label}",
+            )
     ax.set_yscale("log")
     ax.set_xlabel("depth (% of blocks)")
     ax.set_ylabel("upper bound on $\\mathcal{P}(f)$")
     return ax
 
 
-def training_curves(histories, value: str, ax: plt.Axes | None = None, configs=COMPONENTS + ("full",), log: bool = False) -> plt.Axes:
+def training_curves(
+    histories, value: str, ax: plt.Axes | None = None, configs=COMPONENTS + ("full",), log: bool = False
+) -> plt.Axes:
     """One curve per configuration of ``value`` (e.g. grad_norm, val_loss) against step (Fig. 4 middle/right)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for config in configs:
         part = histories[histories["component"] == config].dropna(subset=[value])
         if len(part):
-            ax.plot(part["step"], part[value], color=COLORS[config], ls="--" if config == "full" else "-", label=LABELS[config])
+            ax.plot(
+                part["step"],
+                part[value],
+                color=COLORS[config],
+                ls="--" if config == "full" else "-",
+                label=LABELS[config],
+            )
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -202,7 +229,9 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
-        raise ValueError(f"config_boxes shows one dataset (Fig. 18 has a panel per benchmark), got {', '.join(sorted(runs['dataset'].unique()))}")
+        raise ValueError(
+            f"config_boxes shows one dataset (Fig. 18 has a panel per benchmark), got {', '.join(sorted(runs['dataset'].unique()))}"
+        )
     configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
     finished = runs[runs["status"] == "finished"]
     values = [100 * finished.loc[finished["component"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]

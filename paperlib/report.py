@@ -111,7 +111,11 @@ def write_index(out_dir: Path) -> Path:
     """``index.html`` linking every HTML report under ``out_dir`` (sweep runs included)."""
     out_dir = Path(out_dir)
     output = out_dir / "index.html"
-    pages = sorted(p for p in out_dir.rglob("*.html") if p != output and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
+    pages = sorted(
+        p
+        for p in out_dir.rglob("*.html")
+        if p != output and not any(part.startswith(".") for part in p.relative_to(out_dir).parts)
+    )
     rows = []
     for page in pages:
         notebook = page.with_suffix(".ipynb")
@@ -149,7 +153,9 @@ def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
         nb = nbformat.read(notebook, as_version=4)
         nb.metadata["kernelspec"] = KERNELSPEC
         with _inline_figures():
-            NotebookClient(nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(notebook.parent)}}).execute()
+            NotebookClient(
+                nb, timeout=timeout, kernel_name=KERNEL, resources={"metadata": {"path": str(notebook.parent)}}
+            ).execute()
         paths.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
         print(f"executed {notebook}", flush=True)
 

@@ -55,16 +55,22 @@ class Config:
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
-    optimizer: str = "sgd"  # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    optimizer: str = (
+        "sgd"  # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    )
     weight_decay: float = 0.0  # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
-    compile: bool | str = False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile: bool | str = (
+        False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    )
     compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
     fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
     graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
     lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
-    lora_alpha: float = 0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    lora_alpha: float = (
+        0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    )
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
     tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
@@ -74,7 +80,12 @@ class Config:
             object.__setattr__(self, "tag", f"{self.tag:g}")
         # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
         # run (one folder, one record, one row of the results tables)
-        if self.lora_alpha == 0 and isinstance(self.lora_rank, int) and not isinstance(self.lora_rank, bool) and self.lora_rank > 0:
+        if (
+            self.lora_alpha == 0
+            and isinstance(self.lora_rank, int)
+            and not isinstance(self.lora_rank, bool)
+            and self.lora_rank > 0
+        ):
             object.__setattr__(self, "lora_alpha", float(self.lora_rank))
         self.validate()
 
@@ -94,21 +105,29 @@ class Config:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
-        models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here, before any work
+        models.normalization(
+            self.model, self.normalize
+        )  # a model without recorded statistics fails here, before any work
         if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
-            raise ValueError(f"tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), got {self.tag!r}")
+            raise ValueError(
+                f"tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), got {self.tag!r}"
+            )
         if not isinstance(self.save_weights, bool):
             raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
         options = self.step_options().checked(torch.device(self.device))
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
         if self.optimizer != "sgd":  # what only SGD has
             if "update" in fused_parts(options.fused):
-                raise ValueError(f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
-                                 "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')")
+                raise ValueError(
+                    f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
+                    "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')"
+                )
             if self.graph:
                 raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
             if self.momentum != Config.momentum:
-                raise ValueError(f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}")
+                raise ValueError(
+                    f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}"
+                )
         return self
 
     def step_options(self) -> StepOptions:
@@ -147,7 +166,9 @@ def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -
     own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
     if not lora_rank:
         return "weights"
-    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + ([f"dropout={lora_dropout:g}"] if lora_dropout else [])
+    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
+        [f"dropout={lora_dropout:g}"] if lora_dropout else []
+    )
     return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -170,8 +191,10 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
 def input_fingerprints(config: Config) -> dict:
     """What a custom dataset and model hold now (``data.content_fingerprint``,
     ``models.content_fingerprint``), for the run's record; empty for the built-in ones."""
-    found = {"dataset": data.content_fingerprint(config.dataset, config.data_root or None),
-             "model": models.content_fingerprint(config.model)}
+    found = {
+        "dataset": data.content_fingerprint(config.dataset, config.data_root or None),
+        "model": models.content_fingerprint(config.model),
+    }
     return {key: value for key, value in found.items() if value}
 
 
@@ -207,7 +230,10 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
     a key one lacks counting as the field's default (none for fingerprints); ``ignore``d keys aside."""
     defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
     saved, record = {**defaults, **saved}, {**defaults, **record}
-    return sorted(key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key))
+    return sorted(
+        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
+    )
+
 
 def is_finished(config: Config) -> bool:
     """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there, its recorded
@@ -266,10 +292,43 @@ def history(config: Config) -> pd.DataFrame:
 
 
 RUN_COLUMNS = [
-    "model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag", "status", "best_val_accuracy", "best_step",
-    "test_accuracy", "trainable_parameters", "wall_seconds", "images_per_second", "folder",
+    "model",
+    "dataset",
+    "component",
+    "lr",
+    "seed",
+    "precision",
+    "optimizer",
+    "weight_decay",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "normalize",
+    "tag",
+    "status",
+    "best_val_accuracy",
+    "best_step",
+    "test_accuracy",
+    "trainable_parameters",
+    "wall_seconds",
+    "images_per_second",
+    "folder",
 ]
-KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay", "lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"]
+KEYS = [
+    "model",
+    "dataset",
+    "component",
+    "lr",
+    "seed",
+    "precision",
+    "optimizer",
+    "weight_decay",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "normalize",
+    "tag",
+]
 
 
 def finetune_root(root: str | Path | None = None) -> Path:
@@ -318,7 +377,9 @@ def config_from(parameters: dict) -> Config:
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
-    return Config(**{key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()})
+    return Config(
+        **{key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}
+    )
 
 
 def expected(spec: dict) -> pd.DataFrame:
@@ -332,7 +393,14 @@ def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
 
 
 def _without_folder(runs: pd.DataFrame, wanted: pd.DataFrame) -> pd.DataFrame:
-    types = {"lr": float, "seed": int, "weight_decay": float, "lora_rank": int, "lora_alpha": float, "lora_dropout": float}
+    types = {
+        "lr": float,
+        "seed": int,
+        "weight_decay": float,
+        "lora_rank": int,
+        "lora_alpha": float,
+        "lora_dropout": float,
+    }
     have = runs[KEYS].astype(types) if len(runs) else pd.DataFrame(columns=KEYS)
     merged = wanted.merge(have, on=KEYS, how="left", indicator=True)
     return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)

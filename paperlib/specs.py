@@ -31,7 +31,9 @@ def load_spec(path: str | Path) -> dict:
     spec = yaml.safe_load(path.read_text()) or {}
     unknown = set(spec) - SPEC_KEYS
     if unknown:
-        raise ValueError(f"unknown keys in {path}: {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(SPEC_KEYS))}")
+        raise ValueError(
+            f"unknown keys in {path}: {', '.join(sorted(unknown))}; valid keys: {', '.join(sorted(SPEC_KEYS))}"
+        )
     if "notebook" not in spec:
         raise ValueError(f"{path} names no notebook")
     for grid in grids(spec):
@@ -68,9 +70,15 @@ def restrict(spec: dict, **values) -> dict:
         else:
             kept_grids.append(kept)
     if not kept_grids:
-        offered = {key: sorted({str(v) for grid in grids(spec) for v in grid.get(key, [fixed.get(key)])}) for key in values}
-        raise ValueError("the spec has no run with " + " and ".join(f"{key} in {list(wanted)}" for key, wanted in values.items())
-                         + "; its values: " + "; ".join(f"{key}: {', '.join(choices)}" for key, choices in offered.items()))
+        offered = {
+            key: sorted({str(v) for grid in grids(spec) for v in grid.get(key, [fixed.get(key)])}) for key in values
+        }
+        raise ValueError(
+            "the spec has no run with "
+            + " and ".join(f"{key} in {list(wanted)}" for key, wanted in values.items())
+            + "; its values: "
+            + "; ".join(f"{key}: {', '.join(choices)}" for key, choices in offered.items())
+        )
     return {**spec, "grid": kept_grids if isinstance(spec.get("grid"), list) else kept_grids[0]}
 
 
@@ -121,7 +129,9 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
     folds = "speed" in defaults
     unknown = sorted(given - set(defaults) - (set(STEP_OPTIONS) if folds else set()))
     if unknown:
-        raise ValueError(f"{notebook.name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(defaults)}")
+        raise ValueError(
+            f"{notebook.name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(defaults)}"
+        )
     fixed = {key: _typed(key, value, defaults.get(key)) for key, value in (spec.get("parameters") or {}).items()}
     found = []
     for grid in grids(spec):
@@ -133,7 +143,9 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
             found.append((_safe(name), notebook, _with_speed(parameters) if folds else parameters))
     names = [name for name, _, _ in found]
     if len(set(names)) != len(names):
-        raise ValueError("two runs of the sweep have the same name: give the spec a name template that uses every grid key")
+        raise ValueError(
+            "two runs of the sweep have the same name: give the spec a name template that uses every grid key"
+        )
     return found
 
 

@@ -64,17 +64,31 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
     finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
     finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
-    per_lr = finished.groupby(["dataset", "component", "lr"]).agg(
-        mean=("test", lambda s: s.mean(skipna=False)), std=("test", "std"), seeds=("test", "size"), score=(select, lambda s: s.mean(skipna=False))
-    ).reset_index()
+    per_lr = (
+        finished.groupby(["dataset", "component", "lr"])
+        .agg(
+            mean=("test", lambda s: s.mean(skipna=False)),
+            std=("test", "std"),
+            seeds=("test", "size"),
+            score=(select, lambda s: s.mean(skipna=False)),
+        )
+        .reset_index()
+    )
     complete = per_lr["seeds"] == per_lr.groupby(["dataset", "component"])["seeds"].transform("max")
-    best = per_lr[complete].dropna(subset=["score"]).sort_values("score", ascending=False).groupby(["dataset", "component"]).head(1)
+    best = (
+        per_lr[complete]
+        .dropna(subset=["score"])
+        .sort_values("score", ascending=False)
+        .groupby(["dataset", "component"])
+        .head(1)
+    )
     return best.drop(columns="score").sort_values(["dataset", "component"], key=_config_order).reset_index(drop=True)
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     """``table6`` output as the paper prints it, datasets x configs: "mean ± std (seeds)", or
     "mean (1)" for a single seed."""
+
     def cell(row) -> str:
         spread = f" ± {row['std']:.{digits}f}" if row["seeds"] > 1 and pd.notna(row["std"]) else ""
         return f"{row['mean']:.{digits}f}{spread} ({int(row['seeds'])})"
@@ -110,7 +124,15 @@ def table1(accuracies: pd.DataFrame, alternative: str = "two-sided", level: floa
         if config not in table:
             continue
         difference, p_value, datasets = _signed_rank(table["mha"], table[config], alternative)
-        rows.append({"component": config, "decrease": difference, "p_value": p_value, "significant": bool(p_value < level), "datasets": datasets})
+        rows.append(
+            {
+                "component": config,
+                "decrease": difference,
+                "p_value": p_value,
+                "significant": bool(p_value < level),
+                "datasets": datasets,
+            }
+        )
     out = pd.DataFrame(rows, columns=["component", "decrease", "p_value", "significant", "datasets"])
     out["p_holm"] = holm(out["p_value"])
     out["significant_holm"] = out["p_holm"] < level
@@ -124,7 +146,11 @@ def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple
     if pair.empty:  # no dataset in common: no test (NaN, which Holm does not count)
         return float("nan"), float("nan"), 0
     difference = pair.iloc[:, 0] - pair.iloc[:, 1]
-    p_value = stats.wilcoxon(pair.iloc[:, 0], pair.iloc[:, 1], alternative=alternative).pvalue if (difference != 0).any() else 1.0
+    p_value = (
+        stats.wilcoxon(pair.iloc[:, 0], pair.iloc[:, 1], alternative=alternative).pvalue
+        if (difference != 0).any()
+        else 1.0
+    )
     return float(difference.mean()), float(p_value), len(pair)
 
 
@@ -144,7 +170,9 @@ def holm(p_values) -> np.ndarray:
     return adjusted
 
 
-def pairwise(accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "two-sided", level: float = 0.05) -> pd.DataFrame:
+def pairwise(
+    accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "two-sided", level: float = 0.05
+) -> pd.DataFrame:
     """Table 1 for every pair of ``configs`` (beyond the paper, which compares MHA with each): one
     row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of
     first minus second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``,
@@ -153,16 +181,26 @@ def pairwise(accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "t
     ``accuracies``: columns ``dataset``, ``config``, ``accuracy``."""
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
-        raise ValueError(f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(CONFIGS)}")
+        raise ValueError(
+            f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(CONFIGS)}"
+        )
     table = wide(accuracies)
     present = [c for c in configs if c in table]
     rows = []
     for i, first in enumerate(present):
-        for second in present[i + 1:]:
+        for second in present[i + 1 :]:
             difference, p_value, datasets = _signed_rank(table[first], table[second], alternative)
             both = table[[first, second]].dropna()
-            rows.append({"first": first, "second": second, "difference": difference, "wins": int((both[first] > both[second]).sum()),
-                         "datasets": datasets, "p_value": p_value})
+            rows.append(
+                {
+                    "first": first,
+                    "second": second,
+                    "difference": difference,
+                    "wins": int((both[first] > both[second]).sum()),
+                    "datasets": datasets,
+                    "p_value": p_value,
+                }
+            )
     out = pd.DataFrame(rows, columns=["first", "second", "difference", "wins", "datasets", "p_value"])
     out["p_holm"] = holm(out["p_value"])
     out["significant_holm"] = out["p_holm"] < level
@@ -189,7 +227,11 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for config, part in table.groupby("component", sort=False):
         k = len(part)
-        se = math.sqrt(((part["std"] ** 2) / part["seeds"]).sum(skipna=False)) / k if (part["seeds"] > 1).all() else float("nan")
+        se = (
+            math.sqrt(((part["std"] ** 2) / part["seeds"]).sum(skipna=False)) / k
+            if (part["seeds"] > 1).all()
+            else float("nan")
+        )
         rows.append({"component": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
     return out.sort_values("component", key=_config_order).reset_index(drop=True)
@@ -214,36 +256,59 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     for dataset, part in runs[runs["component"].isin(configs)].groupby("dataset", sort=True):
         present = [c for c in configs if c in set(part["component"])]
         if part.duplicated(["lr", "seed", "component"]).any():
-            raise ValueError(f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first")
+            raise ValueError(
+                f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first"
+            )
         status = part.pivot(index=["lr", "seed"], columns="component", values="status")[present]
         accuracy = part.pivot(index=["lr", "seed"], columns="component", values="test_accuracy")[present] * 100
-        ended = (status == "diverged") | ((status == "finished") & accuracy.notna())  # a finished run without a test accuracy is not counted
+        ended = (status == "diverged") | (
+            (status == "finished") & accuracy.notna()
+        )  # a finished run without a test accuracy is not counted
         complete = ended.all(axis=1)
         kept = complete & (status == "finished").all(axis=1) if common else complete
         for config in present:
             values = accuracy.loc[kept & (status[config] == "finished"), config]
-            rows.append({"dataset": dataset, "component": config, "std": values.std(), "iqr": values.quantile(0.75) - values.quantile(0.25),
-                         "range": values.max() - values.min(), "median": values.median(), "finished": len(values),
-                         "diverged": int((complete & (status[config] == "diverged")).sum()), "cells": int(complete.sum())})
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "component": config,
+                    "std": values.std(),
+                    "iqr": values.quantile(0.75) - values.quantile(0.25),
+                    "range": values.max() - values.min(),
+                    "median": values.median(),
+                    "finished": len(values),
+                    "diverged": int((complete & (status[config] == "diverged")).sum()),
+                    "cells": int(complete.sum()),
+                }
+            )
     return pd.DataFrame(rows, columns=columns)
 
 
 def _check_one_setting(runs: pd.DataFrame, what: str) -> None:
     for key in SETTING:
         if key in runs and runs[key].nunique() > 1:
-            raise ValueError(f"{what} needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
-                             f"select one first (e.g. runs[runs['{key}'] == ...])")
+            raise ValueError(
+                f"{what} needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}: "
+                f"select one first (e.g. runs[runs['{key}'] == ...])"
+            )
 
 
 def paper_order(datasets) -> pd.DataFrame:
     """The paper's plasticity ranking (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2
     middle) as a ``plasticity`` column of scores 5..1 per dataset: for ``plasticity_correlation``,
     which uses only the order, when P(f) was not measured (the paper prints no P(f) table)."""
-    return pd.DataFrame([{"dataset": d, "component": c, "plasticity": float(len(COMPONENTS) - i)}
-                         for d in datasets for i, c in enumerate(COMPONENTS)])
+    return pd.DataFrame(
+        [
+            {"dataset": d, "component": c, "plasticity": float(len(COMPONENTS) - i)}
+            for d in datasets
+            for i, c in enumerate(COMPONENTS)
+        ]
+    )
 
 
-def plasticity_correlation(plasticity: pd.DataFrame, results: pd.DataFrame, value: str = "accuracy", alternative: str = "two-sided") -> pd.DataFrame:
+def plasticity_correlation(
+    plasticity: pd.DataFrame, results: pd.DataFrame, value: str = "accuracy", alternative: str = "two-sided"
+) -> pd.DataFrame:
     """Per dataset, how the components' finetuning ``value`` follows their plasticity.
 
     ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
@@ -256,23 +321,37 @@ def plasticity_correlation(plasticity: pd.DataFrame, results: pd.DataFrame, valu
     ``most_plastic`` and ``highest`` (the component of the highest value).
     """
     if "model" in plasticity and plasticity["model"].nunique() > 1:
-        raise ValueError(f"plasticity_correlation needs the plasticity of one model, got {', '.join(sorted(plasticity['model'].unique()))}")
+        raise ValueError(
+            f"plasticity_correlation needs the plasticity of one model, got {', '.join(sorted(plasticity['model'].unique()))}"
+        )
     if value not in results:
         raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
     plasticity = plasticity.assign(component=plasticity["component"].astype(str))
     for name, table in (("plasticity", plasticity), ("results", results)):
         repeated = table[table.duplicated(["dataset", "component"], keep=False)]
         if not repeated.empty:
-            raise ValueError(f"the {name} have more than one row for {', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
-                             "select one model, setting and measurement first")
-    table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(subset=["plasticity", value])
+            raise ValueError(
+                f"the {name} have more than one row for {', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
+                "select one model, setting and measurement first"
+            )
+    table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(
+        subset=["plasticity", value]
+    )
     rows = []
     for dataset, part in table.groupby("dataset", sort=True):
         if len(part) < 3:  # two points always agree or disagree: no test
             continue
         tau, p_value = _kendall(part["plasticity"].to_numpy(float), part[value].to_numpy(float), alternative)
-        rows.append({"dataset": dataset, "tau": tau, "p_value": p_value, "components": len(part),
-                     "most_plastic": part.loc[part["plasticity"].idxmax(), "component"], "highest": part.loc[part[value].idxmax(), "component"]})
+        rows.append(
+            {
+                "dataset": dataset,
+                "tau": tau,
+                "p_value": p_value,
+                "components": len(part),
+                "most_plastic": part.loc[part["plasticity"].idxmax(), "component"],
+                "highest": part.loc[part[value].idxmax(), "component"],
+            }
+        )
     return pd.DataFrame(rows, columns=["dataset", "tau", "p_value", "components", "most_plastic", "highest"])
 
 
@@ -285,7 +364,9 @@ def _kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, flo
     tau = stats.kendalltau(x, y).statistic
     if len(x) > 8:
         return float(tau), float(stats.kendalltau(x, y, alternative=alternative).pvalue)
-    test = stats.permutation_test((x, y), _tau_b, permutation_type="pairings", n_resamples=np.inf, alternative=alternative, vectorized=True)
+    test = stats.permutation_test(
+        (x, y), _tau_b, permutation_type="pairings", n_resamples=np.inf, alternative=alternative, vectorized=True
+    )
     return float(tau), float(test.pvalue)
 
 
@@ -314,9 +395,17 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
     p_value = float(stats.wilcoxon(nonzero, alternative=alternative).pvalue) if len(nonzero) >= 2 else float("nan")
-    return {"datasets": len(taus), "undefined": int(per_dataset["tau"].isna().sum()), "mean": float(taus.mean()) if len(taus) else float("nan"), "median": float(taus.median()) if len(taus) else float("nan"),
-            "positive": int((taus > 0).sum()), "negative": int((taus < 0).sum()), "zero": int((taus == 0).sum()),
-            "p_value": p_value, "significant": bool(p_value < level)}
+    return {
+        "datasets": len(taus),
+        "undefined": int(per_dataset["tau"].isna().sum()),
+        "mean": float(taus.mean()) if len(taus) else float("nan"),
+        "median": float(taus.median()) if len(taus) else float("nan"),
+        "positive": int((taus > 0).sum()),
+        "negative": int((taus < 0).sum()),
+        "zero": int((taus == 0).sum()),
+        "p_value": p_value,
+        "significant": bool(p_value < level),
+    }
 
 
 def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
@@ -329,16 +418,22 @@ def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: f
     finished = runs.loc[runs["status"] == "finished", KEYS]
     history = histories.merge(finished, on=KEYS)
     steps = history.groupby(KEYS, dropna=False)["step"]
-    early = history[(history["step"] <= fraction * steps.transform("max")) | (history["step"] == steps.transform("min"))]
+    early = history[
+        (history["step"] <= fraction * steps.transform("max")) | (history["step"] == steps.transform("min"))
+    ]
     return early.groupby(KEYS, dropna=False)["grad_norm"].mean().reset_index()
 
 
 def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     """``pairwise`` output as a matrix, first configuration x second: "difference (p_holm)", with
     ``*`` where ``significant_holm``; configurations in plasticity order, empty cells where no pair."""
-    text = pairs.apply(lambda r: f"{r['difference']:+.{digits}f} ({r['p_holm']:.3f}){'*' if r['significant_holm'] else ''}", axis=1)
+    text = pairs.apply(
+        lambda r: f"{r['difference']:+.{digits}f} ({r['p_holm']:.3f}){'*' if r['significant_holm'] else ''}", axis=1
+    )
     matrix = pairs.assign(text=text).pivot(index="first", columns="second", values="text")
-    matrix = matrix.reindex(index=[c for c in CONFIGS if c in matrix.index], columns=[c for c in CONFIGS if c in matrix.columns]).fillna("")
+    matrix = matrix.reindex(
+        index=[c for c in CONFIGS if c in matrix.index], columns=[c for c in CONFIGS if c in matrix.columns]
+    ).fillna("")
     return matrix.rename_axis(index=None, columns=None)
 
 
@@ -348,7 +443,9 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs.load``'s runs of the configurations LoRA has (``lora.CONFIGS``) with a ``method`` column (``method``)."""
     runs = runs[runs["component"].isin(lora.CONFIGS)]
-    return runs.assign(method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])])
+    return runs.assign(
+        method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])]
+    )
 
 
 def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
@@ -368,7 +465,11 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     table = pd.concat(tables, ignore_index=True)[columns]
     table["_order"] = table["component"].map(order)
     table["_lora"] = table["method"] != "weights"
-    return table.sort_values(["dataset", "_order", "_lora", "method"]).drop(columns=["_order", "_lora"]).reset_index(drop=True)
+    return (
+        table.sort_values(["dataset", "_order", "_lora", "method"])
+        .drop(columns=["_order", "_lora"])
+        .reset_index(drop=True)
+    )
 
 
 # Every table of a sweep's runs, and the command line
@@ -382,7 +483,9 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
     Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
     for key in ("model", "normalize"):
         if runs[key].nunique() != 1:
-            raise ValueError(f"plasticity_for needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}")
+            raise ValueError(
+                f"plasticity_for needs the runs of one {key}, got {', '.join(map(str, sorted(runs[key].unique())))}"
+            )
     model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]
     datasets = sorted(runs["dataset"].unique())
     measured = plasticity.collect(normalize=normalize, reference=reference or "default")
@@ -397,7 +500,10 @@ def summary(runs: pd.DataFrame, select: str = "test", reference: str | None = No
     P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
     accuracy_table = table6(runs, select=select)
     measured, source = plasticity_for(runs, reference)
-    return {"table6": accuracy_table, **comparisons(accuracy_table, measured, source, grid_spread(runs), "spread over the grid")}
+    return {
+        "table6": accuracy_table,
+        **comparisons(accuracy_table, measured, source, grid_spread(runs), "spread over the grid"),
+    }
 
 
 PAPER_TABLE6 = paths.PARAMETERS / "paper" / "table6.csv"
@@ -412,8 +518,9 @@ def paper_summary() -> dict[str, pd.DataFrame]:
     return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
 
 
-def comparisons(accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: str, spread: pd.DataFrame,
-                spread_name: str) -> dict[str, pd.DataFrame]:
+def comparisons(
+    accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: str, spread: pd.DataFrame, spread_name: str
+) -> dict[str, pd.DataFrame]:
     """The tables that compare components across datasets, from a Table 6 (``mean`` per dataset and
     component): ``table1`` (with Holm), ``pairwise``, and the Takeaway 2 test against P(f)
     (``measured``; ``source`` says where it comes from): ``accuracy_tau`` and ``spread_tau`` (per
@@ -421,10 +528,21 @@ def comparisons(accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: st
     accuracies = accuracy_table.rename(columns={"mean": "accuracy"})
     accuracy_tau = plasticity_correlation(measured, accuracies)
     spread_tau = plasticity_correlation(measured, spread, value="std")
-    takeaway2 = pd.DataFrame.from_dict({"accuracy": correlation_summary(accuracy_tau), spread_name: correlation_summary(spread_tau)},
-                                       orient="index").rename_axis("Kendall's tau of P(f) with").assign(plasticity=source)
-    return {"table1": table1(accuracies), "pairwise": pairwise(accuracies), "accuracy_tau": accuracy_tau,
-            "spread_tau": spread_tau, "takeaway2": takeaway2}
+    takeaway2 = (
+        pd.DataFrame.from_dict(
+            {"accuracy": correlation_summary(accuracy_tau), spread_name: correlation_summary(spread_tau)},
+            orient="index",
+        )
+        .rename_axis("Kendall's tau of P(f) with")
+        .assign(plasticity=source)
+    )
+    return {
+        "table1": table1(accuracies),
+        "pairwise": pairwise(accuracies),
+        "accuracy_tau": accuracy_tau,
+        "spread_tau": spread_tau,
+        "takeaway2": takeaway2,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -433,8 +551,15 @@ def main(argv: list[str] | None = None) -> int:
     Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test."""
     parser = argparse.ArgumentParser(prog="python -m paperlib.stats", description=main.__doc__.split(":", 1)[1].strip())
     parser.add_argument("spec", help="a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml")
-    parser.add_argument("--select", default="test", choices=SELECTIONS, help="pick each learning rate by test (the paper) or val accuracy")
-    parser.add_argument("--reference", default=None, help="reference images of the P(f) to read (default: each dataset's default)")
+    parser.add_argument(
+        "--select",
+        default="test",
+        choices=SELECTIONS,
+        help="pick each learning rate by test (the paper) or val accuracy",
+    )
+    parser.add_argument(
+        "--reference", default=None, help="reference images of the P(f) to read (default: each dataset's default)"
+    )
     parser.add_argument("--csv", default=None, metavar="DIR", help="also write each table as DIR/<table>.csv")
     args = parser.parse_args(argv)
     try:
@@ -448,18 +573,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
     print(f"{len(found)} runs of {args.spec}: {counts}; {len(missing)} missing\n")
-    shown = {"Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
-             "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
-             "Every pair of components (difference, Holm-adjusted p over the pairs)": formatted_pairs(tables["pairwise"]),
-             "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
-             "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3)}
+    shown = {
+        "Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
+        "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
+        "Every pair of components (difference, Holm-adjusted p over the pairs)": formatted_pairs(tables["pairwise"]),
+        "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
+        "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3),
+    }
     for title, table in shown.items():
         print(f"{title}\n{table.to_string()}\n")
     if args.csv:
         folder = Path(args.csv)
         folder.mkdir(parents=True, exist_ok=True)
         for name, table in tables.items():
-            paths.atomic_write(folder / f"{name}.csv", lambda tmp, table=table, index=name == "takeaway2": table.to_csv(tmp, index=index))
+            paths.atomic_write(
+                folder / f"{name}.csv",
+                lambda tmp, table=table, index=name == "takeaway2": table.to_csv(tmp, index=index),
+            )
         print(f"tables written to {paths.display(folder)}")
     return 0
 

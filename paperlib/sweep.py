@@ -152,8 +152,14 @@ def execute_run(run: Run) -> Run:
         run.seconds = round(time.perf_counter() - start, 2)
         # the custom inputs as the run leaves them: a run that makes its own (notebook 08's example) records them
         run.extra["fingerprints"] = input_fingerprints(run.parameters)
-        marker = {"name": run.name, "notebook": run.notebook.name, "parameters": run.parameters, "fingerprints": run.fingerprints,
-                  "seconds": run.seconds, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        marker = {
+            "name": run.name,
+            "notebook": run.notebook.name,
+            "parameters": run.parameters,
+            "fingerprints": run.fingerprints,
+            "seconds": run.seconds,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         run.error_file.unlink(missing_ok=True)
         paths.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
         run.status = "done"
@@ -173,7 +179,9 @@ def _visible_gpus() -> list[int]:
     return list(range(torch.cuda.device_count()))
 
 
-def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None, reports: Path | None = None) -> list[Run]:
+def run_sweep(
+    spec: dict, executor: str = "local", gpus: list[int] | None = None, reports: Path | None = None
+) -> list[Run]:
     """Execute every unfinished run of ``spec``; returns the runs with their status."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
@@ -194,7 +202,9 @@ def run_sweep(spec: dict, executor: str = "local", gpus: list[int] | None = None
         queue = context.Queue()
         for gpu in gpus:
             queue.put(gpu)
-        with concurrent.futures.ProcessPoolExecutor(len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)) as pool:
+        with concurrent.futures.ProcessPoolExecutor(
+            len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)
+        ) as pool:
             todo = list(pool.map(execute_run, todo))
     elif todo:
         folder = (reports or paths.reports_dir()) / runs[0].notebook.stem / ".submitit"
@@ -233,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {run.error.splitlines()[0] if run.error else ''}")
     counts = {s: sum(r.status == s for r in runs) for s in ("done", "skipped", "failed")}
-    print(f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; reports: {paths.reports_dir() / 'index.html'}")
+    print(
+        f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; reports: {paths.reports_dir() / 'index.html'}"
+    )
     return 1 if counts["failed"] else 0
 
 

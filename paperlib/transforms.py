@@ -35,8 +35,10 @@ original ImageNet-21k ViTs, CLIP's own for CLIP models; beyond the paper)."""
 def check_normalize(normalize: str) -> str:
     """Return ``normalize`` or raise a ValueError that names the valid choices."""
     if normalize not in NORMALIZATIONS:
-        raise ValueError(f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
-                         "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)")
+        raise ValueError(
+            f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
+            "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)"
+        )
     return normalize
 
 
@@ -46,10 +48,16 @@ def as_mean_std(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
     try:
         pair = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"mean and std must be three numbers each (one per RGB channel), got {mean!r} and {std!r}") from error
+        raise ValueError(
+            f"mean and std must be three numbers each (one per RGB channel), got {mean!r} and {std!r}"
+        ) from error
     if len(pair[0]) != 3 or len(pair[1]) != 3 or not all(map(math.isfinite, pair[0] + pair[1])) or min(pair[1]) <= 0:
-        raise ValueError(f"mean and std must be three finite numbers each (one per RGB channel), std positive; got {mean!r} and {std!r}")
+        raise ValueError(
+            f"mean and std must be three finite numbers each (one per RGB channel), std positive; got {mean!r} and {std!r}"
+        )
     return pair
+
+
 SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as in the paper's protocol
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
@@ -58,7 +66,10 @@ def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAG
     """PIL image or uint8 tensor -> normalised float tensor (appendix C.2; ``mean_std``: the
     normalisation, ImageNet's by default)."""
     if augment:
-        geometry = [v2.RandomResizedCrop(image_size, scale=SCALE, ratio=RATIO, antialias=True), v2.RandomHorizontalFlip()]
+        geometry = [
+            v2.RandomResizedCrop(image_size, scale=SCALE, ratio=RATIO, antialias=True),
+            v2.RandomHorizontalFlip(),
+        ]
     else:
         geometry = [v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size)]
     return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(*mean_std)])
@@ -75,7 +86,9 @@ def sample_crops(
     """
     area = height * width
     scale = torch.empty(n, attempts, device=device).uniform_(*SCALE, generator=generator) * area
-    log_ratio = torch.empty(n, attempts, device=device).uniform_(math.log(RATIO[0]), math.log(RATIO[1]), generator=generator)
+    log_ratio = torch.empty(n, attempts, device=device).uniform_(
+        math.log(RATIO[0]), math.log(RATIO[1]), generator=generator
+    )
     ratio = torch.exp(log_ratio)
     w = torch.round(torch.sqrt(scale * ratio))
     h = torch.round(torch.sqrt(scale / ratio))
@@ -129,7 +142,9 @@ def interpolation_matrices(start: torch.Tensor, length: torch.Tensor, in_size: i
     return matrices
 
 
-def resized_crops(images: torch.Tensor, boxes: torch.Tensor, image_size: int, flips: torch.Tensor | None = None) -> torch.Tensor:
+def resized_crops(
+    images: torch.Tensor, boxes: torch.Tensor, image_size: int, flips: torch.Tensor | None = None
+) -> torch.Tensor:
     """Crop ``boxes`` (top, left, h, w) out of uint8 or float (B, C, H, W) ``images`` and resize
     each to ``image_size`` (bilinear), mirrored where ``flips``; returns float in [0, 1].
 
@@ -170,7 +185,11 @@ def sample_flips(n: int, generator: torch.Generator, device: torch.device | str 
 
 
 def device_transform(
-    images: torch.Tensor, augment: bool, image_size: int, generator: torch.Generator | None = None, mean_std: tuple = IMAGENET
+    images: torch.Tensor,
+    augment: bool,
+    image_size: int,
+    generator: torch.Generator | None = None,
+    mean_std: tuple = IMAGENET,
 ) -> torch.Tensor:
     """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
     the normalisation, ImageNet's by default).

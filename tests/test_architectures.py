@@ -11,9 +11,7 @@ import timm
 import torch
 from torch import nn
 
-from paperlib import bounds, components, finetune, lora, models, plasticity
-from paperlib import specs
-from paperlib import speed
+from paperlib import bounds, components, finetune, lora, models, plasticity, specs, speed
 from paperlib.components import COMPONENTS
 from paperlib.runs import Config
 
@@ -55,8 +53,13 @@ def _fc1(block, tokens):
     """FC1 by hand: one first layer, or SwiGLU's gate and value layers side by side."""
     mlp = block.mlp
     if hasattr(mlp, "fc1_g"):
-        return torch.cat([nn.functional.linear(tokens, mlp.fc1_g.weight, mlp.fc1_g.bias),
-                          nn.functional.linear(tokens, mlp.fc1_x.weight, mlp.fc1_x.bias)], dim=-1)
+        return torch.cat(
+            [
+                nn.functional.linear(tokens, mlp.fc1_g.weight, mlp.fc1_g.bias),
+                nn.functional.linear(tokens, mlp.fc1_x.weight, mlp.fc1_x.bias),
+            ],
+            dim=-1,
+        )
     return nn.functional.linear(tokens, mlp.fc1.weight, mlp.fc1.bias)
 
 
@@ -68,7 +71,11 @@ def _norm(module, tokens):
 
 
 def _rope(model, index):
-    rope = model._pos_embed(model.patch_embed(torch.zeros(1, 3, 32, 32)))[1] if isinstance(model, timm.models.eva.Eva) else None
+    rope = (
+        model._pos_embed(model.patch_embed(torch.zeros(1, 3, 32, 32)))[1]
+        if isinstance(model, timm.models.eva.Eva)
+        else None
+    )
     if rope is not None and getattr(model, "rope_mixed", False):
         rope = rope[index]
     return {} if rope is None else {"rope": rope}
@@ -76,6 +83,7 @@ def _rope(model, index):
 
 def _definition_1(model, x, y):
     """Every component applied to the two embeddings, written from the blocks' layers."""
+
     def tokens(images):
         out = model._pos_embed(model.patch_embed(images))
         return out[0] if isinstance(out, tuple) else out
@@ -114,12 +122,15 @@ def test_rope_reaches_the_attention():
     ex, ey = plasticity.embed(model, x), plasticity.embed(model, y)
     without = torch.linalg.vector_norm((model.blocks[0].attn(ex) - model.blocks[0].attn(ey)).flatten(1), dim=1)
     ours = plasticity.rate_tensor(model, x, y)[0, COMPONENTS.index("mha")]
-    assert not torch.allclose(ours, (without / torch.linalg.vector_norm((ex - ey).flatten(1), dim=1)).double(), rtol=1e-3)
+    assert not torch.allclose(
+        ours, (without / torch.linalg.vector_norm((ex - ey).flatten(1), dim=1)).double(), rtol=1e-3
+    )
 
 
 def _in_situ_by_hand(model, x, y):
     """A hand-written forward pass of an Eva or ViT block (LayerScale, RoPE, SwiGLU), recording
     each component's input and output."""
+
     def seq(images):
         out = model._pos_embed(model.patch_embed(images))
         h = model.norm_pre(out[0] if isinstance(out, tuple) else out)
@@ -150,8 +161,12 @@ def _in_situ_by_hand(model, x, y):
 
     norm = lambda t: torch.linalg.vector_norm(t.double().flatten(1), dim=1)  # noqa: E731
     rx, ry = seq(x), seq(y)
-    return torch.stack([torch.stack([norm(bx[c][1] - by[c][1]) / norm(bx[c][0] - by[c][0]) for c in COMPONENTS])
-                        for bx, by in zip(rx, ry)])
+    return torch.stack(
+        [
+            torch.stack([norm(bx[c][1] - by[c][1]) / norm(bx[c][0] - by[c][0]) for c in COMPONENTS])
+            for bx, by in zip(rx, ry)
+        ]
+    )
 
 
 @torch.no_grad()
@@ -168,7 +183,8 @@ def test_fc1_of_a_swiglu_block_is_its_gate_and_value_layers():
     fc1 = components.block_component(block, "fc1")
     assert [id(p) for p in components.component_parts(fc1)] == [id(block.mlp.fc1_g), id(block.mlp.fc1_x)]
     assert components.component_parameters(model, "fc1") == sum(
-        p.numel() for b in model.blocks for p in [*b.mlp.fc1_g.parameters(), *b.mlp.fc1_x.parameters()])
+        p.numel() for b in model.blocks for p in [*b.mlp.fc1_g.parameters(), *b.mlp.fc1_x.parameters()]
+    )
 
     components.set_trainable(model, "fc1")
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
@@ -182,7 +198,11 @@ def test_fc1_of_a_swiglu_block_is_its_gate_and_value_layers():
     nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.arange(4)).backward()
     optimizer.step()
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
-    assert changed <= trainable and any(".mlp.fc1_g." in name for name in changed) and any(".mlp.fc1_x." in name for name in changed)
+    assert (
+        changed <= trainable
+        and any(".mlp.fc1_g." in name for name in changed)
+        and any(".mlp.fc1_x." in name for name in changed)
+    )
 
 
 def test_blocks_without_the_five_components_are_refused_before_any_download():
@@ -201,7 +221,9 @@ def test_bounds_are_empty_where_the_propositions_do_not_reach(model):
         warnings.simplefilter("always")
         table = bounds.upper_bounds(model, r=10.0, sigma=1.0, energy=100.0)
     rope = getattr(model, "rope", None) is not None
-    assert ("mha" in reasons) == (rope or not isinstance(model.blocks[0].attn, timm.models.vision_transformer.Attention))
+    assert ("mha" in reasons) == (
+        rope or not isinstance(model.blocks[0].attn, timm.models.vision_transformer.Attention)
+    )
     if rope:
         assert "RoPE" in reasons["mha"]
     rms = not isinstance(model.blocks[0].norm1, nn.LayerNorm)
@@ -211,7 +233,9 @@ def test_bounds_are_empty_where_the_propositions_do_not_reach(model):
         values = table.loc[table.component == component, "bound"]
         assert values.isna().all() if component in reasons else values.notna().all()
     # Prop. 2 holds for any linear map: FC1's bound is the spectral norm of the stacked weights
-    stacked = torch.cat([p.weight.detach() for p in components.component_parts(components.block_component(model.blocks[1], "fc1"))])
+    stacked = torch.cat(
+        [p.weight.detach() for p in components.component_parts(components.block_component(model.blocks[1], "fc1"))]
+    )
     fc1 = table[(table.block == 1) & (table.component == "fc1")]["bound"].item()
     assert fc1 == pytest.approx(float(torch.linalg.matrix_norm(stacked.double(), ord=2)))
     with torch.no_grad():
@@ -230,9 +254,19 @@ def test_lora_finds_the_projections_each_block_has():
     dinov3, eva02, aimv2 = _build("dinov3_swiglu"), _build("eva02"), _build("aimv2")
     assert lora.target_names(dinov3, "fc1")[:2] == ["blocks.0.mlp.fc1_g", "blocks.0.mlp.fc1_x"]
     assert lora.target_names(dinov3, "mha")[:2] == ["blocks.0.attn.qkv", "blocks.0.attn.proj"]
-    assert lora.target_names(aimv2, "full")[:4] == ["blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc1_g", "blocks.0.mlp.fc1_x"]
+    assert lora.target_names(aimv2, "full")[:4] == [
+        "blocks.0.attn.qkv",
+        "blocks.0.attn.proj",
+        "blocks.0.mlp.fc1_g",
+        "blocks.0.mlp.fc1_x",
+    ]
     eva02_q = timm.create_model("eva02_base_patch14_224", pretrained=False, **SMALL)  # separate q/k/v projections
-    assert lora.target_names(eva02_q, "mha")[:4] == ["blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj", "blocks.0.attn.proj"]
+    assert lora.target_names(eva02_q, "mha")[:4] == [
+        "blocks.0.attn.q_proj",
+        "blocks.0.attn.k_proj",
+        "blocks.0.attn.v_proj",
+        "blocks.0.attn.proj",
+    ]
     assert lora.target_names(eva02, "fc1") == ["blocks.0.mlp.fc1", "blocks.1.mlp.fc1"]
     with pytest.raises(ValueError, match="would bypass LoRA"):
         lora.target_names(eva02, "mha")
@@ -278,17 +312,39 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
     assert type(back).__name__ == "Eva"
     assert all(torch.equal(p, saved.state_dict()[n]) for n, p in back.state_dict().items())
 
-    config = Config(model="custom/tiny_dinov3", dataset="digits", component="fc1", steps=6, warmup=1, eval_every=3,
-                             batch_size=16, lr=0.1, save_weights=True)
+    config = Config(
+        model="custom/tiny_dinov3",
+        dataset="digits",
+        component="fc1",
+        steps=6,
+        warmup=1,
+        eval_every=3,
+        batch_size=16,
+        lr=0.1,
+        save_weights=True,
+    )
     metrics = finetune.run(config)
-    assert metrics["trainable_parameters"] == components.config_parameters(models.create_model("custom/tiny_dinov3", num_classes=5), "fc1")
+    assert metrics["trainable_parameters"] == components.config_parameters(
+        models.create_model("custom/tiny_dinov3", num_classes=5), "fc1"
+    )
     tuned, start = finetune.load_model(config), models.create_model("custom/tiny_dinov3", num_classes=5).state_dict()
     changed = {name for name, p in tuned.state_dict().items() if name in start and not torch.equal(p, start[name])}
     assert {name.split(".mlp.")[1].split(".")[0] for name in changed if ".mlp." in name} == {"fc1_g", "fc1_x"}
-    assert {name for name in changed if ".mlp." not in name} <= {name for name in start if name.startswith(("head.", "norm."))}
+    assert {name for name in changed if ".mlp." not in name} <= {
+        name for name in start if name.startswith(("head.", "norm."))
+    }
 
-    lora_config = Config(model="custom/tiny_dinov3", dataset="digits", component="mha", steps=4, warmup=1, eval_every=2,
-                                  batch_size=16, lr=0.1, lora_rank=2)
+    lora_config = Config(
+        model="custom/tiny_dinov3",
+        dataset="digits",
+        component="mha",
+        steps=4,
+        warmup=1,
+        eval_every=2,
+        batch_size=16,
+        lr=0.1,
+        lora_rank=2,
+    )
     assert 0.0 <= finetune.run(lora_config)["test_accuracy"] <= 1.0
 
     table, folder = plasticity.run("custom/tiny_dinov3", "digits", "digits_source", n_pairs=8, progress=False)
@@ -326,9 +382,15 @@ def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
     fused = speed.step.fuse(copy.deepcopy(plain), "gelu+qkv")
     assert type(fused.blocks[0].mlp).__name__ == "BiasGeluMlp"  # fc1 is read, not called
     x, y = _pairs()
-    assert torch.allclose(plasticity.rate_tensor(fused, x, y, inputs="in_situ"), plasticity.rate_tensor(plain, x, y, inputs="in_situ"), rtol=1e-4)
+    assert torch.allclose(
+        plasticity.rate_tensor(fused, x, y, inputs="in_situ"),
+        plasticity.rate_tensor(plain, x, y, inputs="in_situ"),
+        rtol=1e-4,
+    )
     ours, theirs = (bounds.upper_bounds(m, r=10.0, sigma=1.0) for m in (fused, plain))
-    assert ours["bound"].notna().all() and torch.allclose(torch.tensor(ours["bound"].values), torch.tensor(theirs["bound"].values))
+    assert ours["bound"].notna().all() and torch.allclose(
+        torch.tensor(ours["bound"].values), torch.tensor(theirs["bound"].values)
+    )
 
 
 def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them():
@@ -366,7 +428,11 @@ def test_eva01_attention_is_the_papers_and_gets_its_bound():
     eva02_base = timm.create_model("eva02_base_patch14_224", pretrained=False, **SMALL)
     attn = eva02_base.blocks[0].attn
     q, k, v, _ = bounds.head_weights(attn)[1]
-    assert torch.equal(q, attn.q_proj.weight[16:32]) and torch.equal(k, attn.k_proj.weight[16:32]) and torch.equal(v, attn.v_proj.weight[16:32])
+    assert (
+        torch.equal(q, attn.q_proj.weight[16:32])
+        and torch.equal(k, attn.k_proj.weight[16:32])
+        and torch.equal(v, attn.v_proj.weight[16:32])
+    )
 
 
 def test_mixed_rope_frequencies_train_with_the_attention():
@@ -388,7 +454,10 @@ def test_token_constants_are_taken_without_patch_dropout():
     assert model.training  # left as it was
     assert radius == bounds.token_radius(model.eval(), images, "max")
     with torch.no_grad():
-        assert model.train()._pos_embed(model.patch_embed(images))[0].shape[1] < plasticity.embed(model.eval(), images).shape[1]
+        assert (
+            model.train()._pos_embed(model.patch_embed(images))[0].shape[1]
+            < plasticity.embed(model.eval(), images).shape[1]
+        )
 
 
 @torch.no_grad()

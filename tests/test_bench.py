@@ -17,17 +17,31 @@ def fake_benchmarks(monkeypatch):
     figures = {"data_speedup": 3.0, "plasticity_speedup": 2.5, "ln1_images": 900.0}
 
     def data(*args, **kwargs):
-        return {"dataloader_images_per_s": 100.0, "device_path_images_per_s": 100.0 * figures["data_speedup"], "speedup": figures["data_speedup"]}
+        return {
+            "dataloader_images_per_s": 100.0,
+            "device_path_images_per_s": 100.0 * figures["data_speedup"],
+            "speedup": figures["data_speedup"],
+        }
 
     def plasticity(name, pairs, batch, device, repeats=3):
-        return {"plain_pairs_per_s": 10.0, "measure_pairs_per_s": 10.0 * figures["plasticity_speedup"],
-                "speedup": figures["plasticity_speedup"], "seconds_for_12800_pairs": 12800 / (10.0 * figures["plasticity_speedup"])}
+        return {
+            "plain_pairs_per_s": 10.0,
+            "measure_pairs_per_s": 10.0 * figures["plasticity_speedup"],
+            "speedup": figures["plasticity_speedup"],
+            "seconds_for_12800_pairs": 12800 / (10.0 * figures["plasticity_speedup"]),
+        }
 
     def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
         out = {}
         for config in configs:
             library = figures["ln1_images"] if config == "ln1" else (500.0 if config == "full" else 800.0)
-            out.update({f"{config}_library_images_per_s": library, f"{config}_plain_images_per_s": 400.0, f"{config}_speedup": library / 400.0})
+            out.update(
+                {
+                    f"{config}_library_images_per_s": library,
+                    f"{config}_plain_images_per_s": 400.0,
+                    f"{config}_speedup": library / 400.0,
+                }
+            )
         return out
 
     monkeypatch.setattr(bench, "bench_data", data)
@@ -68,7 +82,15 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     calls = []
 
     def fake_finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
-        calls.append((compile, batch, kwargs.get("precision", "autocast"), kwargs.get("fused", "none"), kwargs.get("graph", False)))
+        calls.append(
+            (
+                compile,
+                batch,
+                kwargs.get("precision", "autocast"),
+                kwargs.get("fused", "none"),
+                kwargs.get("graph", False),
+            )
+        )
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
         options = asdict(StepOptions(compile_choice(compile), **kwargs))  # what the real result records
         options["fused"] = resolve_fused(options["fused"], torch.device("cpu"))
@@ -76,11 +98,18 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
 
     monkeypatch.setattr(bench, "bench_finetune", fake_finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
-    assert calls == [("model", 64, "autocast", "none", False), ("blocks", 64, "autocast", "none", False),
-                     ("blocks", 128, "bf16", "none", False), ("blocks", 128, "bf16", "all", False), ("blocks", 128, "bf16", "all", True)]
+    assert calls == [
+        ("model", 64, "autocast", "none", False),
+        ("blocks", 64, "autocast", "none", False),
+        ("blocks", 128, "bf16", "none", False),
+        ("blocks", 128, "bf16", "all", False),
+        ("blocks", 128, "bf16", "all", True),
+    ]
     assert [row["met"] for row in checks] == [True, False, True, True, True]
     assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"]
-    assert "(compiled (model), batch 64)" in checks[0]["target"] and "(compiled (blocks), batch 64)" in checks[1]["target"]
+    assert (
+        "(compiled (model), batch 64)" in checks[0]["target"] and "(compiled (blocks), batch 64)" in checks[1]["target"]
+    )
     assert "(compiled (blocks, coordinate-descent), bf16 with fp32 masters, batch 128)" in checks[2]["target"]
     assert "bf16 with fp32 masters, fused all, batch 128" in checks[3]["target"]
     assert "fused all, CUDA graph, batch 128" in checks[4]["target"]
@@ -89,19 +118,25 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
 
 
-@pytest.mark.parametrize("name, group", [
-    # kernel names from a profile of a ViT-Base/16 training step on an H100 (cuBLAS, cuDNN, Triton, ATen)
-    ("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN", "matrix products"),
-    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32", "matrix products"),
-    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x", "attention"),
-    ("triton_poi_fused_gelu_gelu_backward_view_10", "other"),
-    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(", "other"),
-    # ATen ops, as a CPU profile names them
-    ("aten::addmm", "matrix products"),
-    ("aten::mm", "matrix products"),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
-    ("aten::gelu_backward", "other"),
-])
+@pytest.mark.parametrize(
+    "name, group",
+    [
+        # kernel names from a profile of a ViT-Base/16 training step on an H100 (cuBLAS, cuDNN, Triton, ATen)
+        ("nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB_bias_TNN", "matrix products"),
+        (
+            "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32",
+            "matrix products",
+        ),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x", "attention"),
+        ("triton_poi_fused_gelu_gelu_backward_view_10", "other"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(", "other"),
+        # ATen ops, as a CPU profile names them
+        ("aten::addmm", "matrix products"),
+        ("aten::mm", "matrix products"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+        ("aten::gelu_backward", "other"),
+    ],
+)
 def test_profile_groups_kernels_and_ops(name, group):
     assert bench_step.profile_group(name) == group
 
@@ -120,7 +155,10 @@ def test_profile_of_a_training_step_on_the_cpu():
 def test_profile_rejects_an_unknown_configuration(capsys):
     with pytest.raises(SystemExit) as exit:
         bench.main(["profile", "--config", "attention", "--device", "cpu"])
-    assert exit.value.code == 2 and "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
+    assert (
+        exit.value.code == 2
+        and "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
+    )
 
 
 @pytest.fixture
@@ -134,10 +172,34 @@ def aot_eager(monkeypatch):
 
 def test_variants_measure_every_combination_and_check_the_first_step(aot_eager, tmp_path, capsys):
     out = tmp_path / "variants.json"
-    bench.main(["variants", "--config", "ln1", "--batch-sizes", "8", "--compile", "none,blocks", "--attention", "auto,math",
-                "--steps", "1", "--repeats", "1", "--device", "cpu", "--json", str(out)])
+    bench.main(
+        [
+            "variants",
+            "--config",
+            "ln1",
+            "--batch-sizes",
+            "8",
+            "--compile",
+            "none,blocks",
+            "--attention",
+            "auto,math",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())
-    assert [(r["compile"], r["attention"]) for r in rows] == [("none", "auto"), ("none", "math"), ("blocks", "auto"), ("blocks", "math")]
+    assert [(r["compile"], r["attention"]) for r in rows] == [
+        ("none", "auto"),
+        ("none", "math"),
+        ("blocks", "auto"),
+        ("blocks", "math"),
+    ]
     assert all("error" not in r and r["images_per_s"] > 0 and r["tflops"] > 0 and r["warmup_seconds"] > 0 for r in rows)
     # same weights, same first batch: the same first step in every row (to float rounding)
     assert [r.get("agrees") for r in rows] == [None, True, True, True]
@@ -148,8 +210,15 @@ def test_variants_measure_every_combination_and_check_the_first_step(aot_eager, 
 
 def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeypatch):
     out = tmp_path / "variants.json"
-    done = {"batch_size": 4, "compile": "none", "compile_mode": "default", "attention": "auto",
-            "first_loss": 2.3, "first_grad_norm": 1000.0, "images_per_s": 1.0}
+    done = {
+        "batch_size": 4,
+        "compile": "none",
+        "compile_mode": "default",
+        "attention": "auto",
+        "first_loss": 2.3,
+        "first_grad_norm": 1000.0,
+        "images_per_s": 1.0,
+    }
     out.write_text(json.dumps([done]))
     measured = []
     original = bench_step.library_steps
@@ -161,24 +230,40 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
         return original(model, config, loader, batch_size, device, options)
 
     monkeypatch.setattr(bench_step, "library_steps", library_steps)
-    rows = bench_step.bench_variants("demo", "linear", (4,), ("none",), ("default",), ("auto", "flash", "math"), steps=1, repeats=1,
-                                device="cpu", out=out)
-    assert measured == ["flash", "math"]  # the finished row (written before rows had a precision) is kept, not measured again
+    rows = bench_step.bench_variants(
+        "demo",
+        "linear",
+        (4,),
+        ("none",),
+        ("default",),
+        ("auto", "flash", "math"),
+        steps=1,
+        repeats=1,
+        device="cpu",
+        out=out,
+    )
+    assert measured == [
+        "flash",
+        "math",
+    ]  # the finished row (written before rows had a precision) is kept, not measured again
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
     assert rows[2]["agrees"] is False  # its first step differs from the (made-up) kept row's
     assert json.loads(out.read_text()) == rows
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--compile", "everything"], "valid choices: none, model, blocks"),
-    (["--compile", "model", "--modes", "fastest"], "valid modes: default"),
-    (["--attention", "cudnn"], "valid choices: auto, flash, math"),
-    (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
-    (["--config", "attention"], "valid configurations"),
-    (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, all, gelu, qkv, update"),
-    (["--graph", "false,maybe"], "--graph takes comma-separated false/true, got 'maybe'"),
-    (["--graph", "false,true"], "graph=True replays steps from a CUDA graph and needs a CUDA device"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--compile", "everything"], "valid choices: none, model, blocks"),
+        (["--compile", "model", "--modes", "fastest"], "valid modes: default"),
+        (["--attention", "cudnn"], "valid choices: auto, flash, math"),
+        (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
+        (["--config", "attention"], "valid configurations"),
+        (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, all, gelu, qkv, update"),
+        (["--graph", "false,maybe"], "--graph takes comma-separated false/true, got 'maybe'"),
+        (["--graph", "false,true"], "graph=True replays steps from a CUDA graph and needs a CUDA device"),
+    ],
+)
 def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
         bench.main(["variants", "--device", "cpu", "--json", str(tmp_path / "v.json"), *arguments])
@@ -195,7 +280,9 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
     from paperlib import models
 
     twins = []
-    monkeypatch.setattr(bench_step, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1]))
+    monkeypatch.setattr(
+        bench_step, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1])
+    )
     before = {}
     original_create = models.create_model
 
@@ -205,26 +292,62 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
         return model
 
     monkeypatch.setattr(models, "create_model", create)
-    result = bench_step.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, compile="blocks", repeats=1)
+    result = bench_step.bench_finetune(
+        "demo", ("ln1",), 4, steps=1, device="cpu", workers=0, compile="blocks", repeats=1
+    )
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
     twin = twins[0]
-    assert not any(getattr(block, "_compiled_call_impl", None) for block in twin.blocks)  # the library's model was compiled in place
+    assert not any(
+        getattr(block, "_compiled_call_impl", None) for block in twin.blocks
+    )  # the library's model was compiled in place
     assert isinstance(twin.patch_embed.proj, torch.nn.Conv2d)
     changed = {n for n, p in twin.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert changed and all(".norm1." in n or n.startswith(("head.", "norm.")) for n in changed)  # the plain loop trained it
+    assert changed and all(
+        ".norm1." in n or n.startswith(("head.", "norm.")) for n in changed
+    )  # the plain loop trained it
 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
-    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto",), steps=1, repeats=1, device="cpu",
-                                out=tmp_path / "v.json", precisions=("autocast", "bf16"))
+    rows = bench_step.bench_variants(
+        "demo",
+        "full",
+        (8,),
+        ("none",),
+        ("default",),
+        ("auto",),
+        steps=1,
+        repeats=1,
+        device="cpu",
+        out=tmp_path / "v.json",
+        precisions=("autocast", "bf16"),
+    )
     assert [r["precision"] for r in rows] == ["autocast", "bf16"] and all("error" not in r for r in rows)
     assert rows[1]["agrees"] is True  # bf16 rounding, the same first step
     assert "bf16 with fp32 masters" in bench_step.variant_words(rows[1])
 
 
 def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
-    bench.main(["variants", "--config", "full", "--batch-sizes", "8", "--compile", "none", "--fused", "none,gelu,qkv,all",
-                "--steps", "1", "--repeats", "1", "--device", "cpu", "--json", str(tmp_path / "v.json")])
+    bench.main(
+        [
+            "variants",
+            "--config",
+            "full",
+            "--batch-sizes",
+            "8",
+            "--compile",
+            "none",
+            "--fused",
+            "none,gelu,qkv,all",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+            "--json",
+            str(tmp_path / "v.json"),
+        ]
+    )
     rows = json.loads((tmp_path / "v.json").read_text())
     assert [r["fused"] for r in rows] == ["none", "gelu", "qkv", "all"] and all("error" not in r for r in rows)
     for row in rows[1:]:
@@ -233,17 +356,34 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
 
 
 def test_fused_auto_rows_record_what_ran(tmp_path):
-    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), steps=1, repeats=1, device="cpu", out=tmp_path / "v.json",
-                                fuseds=("auto", "none"))
+    rows = bench_step.bench_variants(
+        "demo",
+        "full",
+        (8,),
+        ("none",),
+        steps=1,
+        repeats=1,
+        device="cpu",
+        out=tmp_path / "v.json",
+        fuseds=("auto", "none"),
+    )
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
 
 
 def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
     result = bench_step.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
-    assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4  # the demo ViT: 64 patches + class token
+    assert (
+        result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4
+    )  # the demo ViT: 64 patches + class token
     assert result["ops"] == "PyTorch reference"
-    names = ("copy (the memory-bound limit)", "bias_gelu forward", "bias_gelu backward (+ bias gradient)", "qkv_heads_backward (+ bias gradient)",
-             "SGD update with bf16 masters, unfused", "SGD update with bf16 masters, fused (FusedSGD)")
+    names = (
+        "copy (the memory-bound limit)",
+        "bias_gelu forward",
+        "bias_gelu backward (+ bias gradient)",
+        "qkv_heads_backward (+ bias gradient)",
+        "SGD update with bf16 masters, unfused",
+        "SGD update with bf16 masters, fused (FusedSGD)",
+    )
     assert result["parameters"] == sum(p.numel() for p in models.create_model("demo", pretrained=False).parameters())
     assert all(result[f"{name}: ms"] > 0 and result[f"{name}: GB/s"] > 0 for name in names)
     with pytest.raises(SystemExit):
@@ -258,9 +398,15 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     fused_into = []
     monkeypatch.setattr(step, "MODEL_FUSIONS", {"gelu": fused_into.append, "qkv": fused_into.append})
     resolve = step.resolve_fused
-    monkeypatch.setattr(step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device))
-    rows = bench_step.bench_variants("demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all"))
-    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 2  # the "all" row's model only, once per op
+    monkeypatch.setattr(
+        step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device)
+    )
+    rows = bench_step.bench_variants(
+        "demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all")
+    )
+    assert [row["fused"] for row in rows] == ["none", "all"] and len(
+        fused_into
+    ) == 2  # the "all" row's model only, once per op
 
 
 def test_step_flops_counted_on_one_image_are_the_whole_batchs():
@@ -279,9 +425,20 @@ def test_step_flops_counted_on_one_image_are_the_whole_batchs():
 
 
 def test_a_graphed_row_says_so():
-    row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "all", "graph": True}
-    assert bench_step.variant_words(row) == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
-    assert "graph" not in bench_step.variant_words({**row, "graph": False}) and bench_step.VARIANT_KEYS["graph"] is False
+    row = {
+        "compile": "blocks",
+        "compile_mode": "coordinate-descent",
+        "precision": "bf16",
+        "fused": "all",
+        "graph": True,
+    }
+    assert (
+        bench_step.variant_words(row)
+        == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
+    )
+    assert (
+        "graph" not in bench_step.variant_words({**row, "graph": False}) and bench_step.VARIANT_KEYS["graph"] is False
+    )
 
 
 def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agrees(tmp_path, monkeypatch):
@@ -297,8 +454,18 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
         return original(parameters, lr * (1 if len(made) == 1 else 300), *args, **kwargs)
 
     monkeypatch.setattr(finetune, "make_optimizer", make_optimizer)
-    rows = bench_step.bench_variants("demo", "full", (8,), ("none",), ("default",), ("auto", "math"), steps=1, repeats=1, device="cpu",
-                                out=tmp_path / "v.json")
+    rows = bench_step.bench_variants(
+        "demo",
+        "full",
+        (8,),
+        ("none",),
+        ("default",),
+        ("auto", "math"),
+        steps=1,
+        repeats=1,
+        device="cpu",
+        out=tmp_path / "v.json",
+    )
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
     assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False
@@ -310,7 +477,9 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     seen = []
     original = lora.set_trainable
     monkeypatch.setattr(lora, "set_trainable", lambda model, config: seen.append(model) or original(model, config))
-    result = bench_step.bench_finetune("demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+    result = bench_step.bench_finetune(
+        "demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2
+    )
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
     models_seen = list({id(model): model for model in seen}.values())
     assert len(models_seen) == 4  # a fresh LoRA model per configuration and loop

@@ -78,7 +78,7 @@ def test_prop2_holds_and_is_reached_by_the_top_singular_vector(seed):
         bound = bounds.spectral_norm(layer.weight)
         assert _rate(layer, x, y).max() <= bound * (1 + 1e-6)
         top = torch.linalg.svd(layer.weight.detach())[2][0]  # right singular vector
-        assert _rate(layer, x[:1], x[:1] + top) .item() == pytest.approx(bound, rel=1e-4)
+        assert _rate(layer, x[:1], x[:1] + top).item() == pytest.approx(bound, rel=1e-4)
 
 
 def test_prop1_holds_and_is_tight_when_its_assumption_holds():
@@ -135,7 +135,9 @@ def test_bounds_against_numpy_svd():
     got = table[(table.block == 2) & (table.component == "mha")]["bound"].item()
     assert got == pytest.approx(expected, rel=1e-9)
     fc1 = table[(table.block == 2) & (table.component == "fc1")]["bound"].item()
-    assert fc1 == pytest.approx(np.linalg.svd(block.mlp.fc1.weight.detach().numpy().astype(np.float64), compute_uv=False)[0], rel=1e-9)
+    assert fc1 == pytest.approx(
+        np.linalg.svd(block.mlp.fc1.weight.detach().numpy().astype(np.float64), compute_uv=False)[0], rel=1e-9
+    )
     ln1 = table[(table.block == 2) & (table.component == "ln1")]["bound"].item()
     assert ln1 == pytest.approx(np.abs(block.norm1.weight.detach().numpy()).max() / 0.5, rel=1e-6)
 
@@ -173,9 +175,23 @@ def test_tightness_and_violations():
     import pandas as pd
 
     bounds_table = pd.DataFrame(
-        {"block": [0] * 6, "depth": 0.0, "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"], "proposition": ["3", "4", "2", "2", "1", "1"], "bound": [10.0, 50.0, 2.0, 2.0, 1.0, 1.0]}
+        {
+            "block": [0] * 6,
+            "depth": 0.0,
+            "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"],
+            "proposition": ["3", "4", "2", "2", "1", "1"],
+            "bound": [10.0, 50.0, 2.0, 2.0, 1.0, 1.0],
+        }
     )
-    rates = pd.DataFrame({"block": 0, "depth": 0.0, "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"], "pair": [0, 1, 0, 0, 0, 0], "rate": [5.0, 15.0, 1.0, 4.0, 0.5, 0.5]})
+    rates = pd.DataFrame(
+        {
+            "block": 0,
+            "depth": 0.0,
+            "component": ["mha", "mha", "fc1", "fc2", "ln2", "ln1"],
+            "pair": [0, 1, 0, 0, 0, 0],
+            "rate": [5.0, 15.0, 1.0, 4.0, 0.5, 0.5],
+        }
+    )
     tight = bounds.tightness(bounds_table, rates).set_index("component")
     assert tight.loc["mha", "plasticity"] == 10.0 and tight.loc["mha", "bound / plasticity"] == 1.0
     assert tight.loc["fc2", "bound / plasticity"] == 0.5

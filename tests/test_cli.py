@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from paperlib import cli, finetune, plasticity
+from paperlib import cli, finetune, paths, plasticity, runs, specs
 from paperlib.runs import Config
 
 
@@ -16,7 +16,11 @@ def test_values_take_the_type_of_the_default():
     assert cli.coerce("data_root", None, "") == ""  # a YAML null for a folder: the default folder
     with pytest.raises(ValueError, match="seed must be int, got True"):  # YAML's true for a number
         cli.coerce("seed", True, 0)
-    for name, value, default, message in [("steps", "2.5", 1, "steps must be int"), ("lr", "fast", 0.1, "lr must be float"), ("graph", "maybe", False, "true or false")]:
+    for name, value, default, message in [
+        ("steps", "2.5", 1, "steps must be int"),
+        ("lr", "fast", 0.1, "lr must be float"),
+        ("graph", "maybe", False, "true or false"),
+    ]:
         with pytest.raises(ValueError, match=message):
             cli.coerce(name, value, default)
 
@@ -26,8 +30,12 @@ def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeyp
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("dataset: digits_c/snow\nsteps: 50\nbatch_size: 8\ncompile: false\n")
     second.write_text("steps: 4\nwarmup: 1\neval_every: 2\n")  # later files win
-    assert finetune.main(["-f", str(first), "-f", str(second), "--component", "ln2", "--lr", "3e-2", "--seed", "5"]) == 0
-    config = Config(dataset="digits_c/snow", component="ln2", lr=0.03, seed=5, steps=4, batch_size=8, warmup=1, eval_every=2)
+    assert (
+        finetune.main(["-f", str(first), "-f", str(second), "--component", "ln2", "--lr", "3e-2", "--seed", "5"]) == 0
+    )
+    config = Config(
+        dataset="digits_c/snow", component="ln2", lr=0.03, seed=5, steps=4, batch_size=8, warmup=1, eval_every=2
+    )
     saved = json.loads((config.folder() / "params.json").read_text())
     assert config.folder().is_relative_to(tmp_path / "results") and saved["steps"] == 4 and saved["component"] == "ln2"
     assert json.loads((config.folder() / "metrics.json").read_text())["status"] == "finished"
@@ -35,7 +43,12 @@ def test_finetune_command_reads_parameter_files_then_overrides(tmp_path, monkeyp
 
 def test_finetune_command_prints_the_metrics(tmp_path, monkeypatch, capsys, move_results):
     move_results(".")
-    assert finetune.main(["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4", "--component", "linear"]) == 0
+    assert (
+        finetune.main(
+            ["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4", "--component", "linear"]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     printed = json.loads(captured.out)  # stdout is the JSON alone; progress went to stderr
     assert printed["status"] == "finished" and printed["folder"].endswith("linear/lr=0.03/seed=0")
@@ -61,10 +74,29 @@ def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys, move_r
 
 def test_plasticity_command(tmp_path, monkeypatch, capsys, move_results):
     move_results(".")
-    assert plasticity.main(["--n-pairs", "6", "--batch-size", "3", "--progress", "false", "--sample", "random", "--seed", "1"]) == 0
+    assert (
+        plasticity.main(
+            ["--n-pairs", "6", "--batch-size", "3", "--progress", "false", "--sample", "random", "--seed", "1"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Kendall's tau" in out and all(label in out for label in ("MHA", "FC1", "FC2", "LN2", "LN1"))
-    metadata = json.loads((plasticity.result_folder("demo", "digits", sample="random", seed=1) / "metadata.json").read_text())
-    assert (metadata["n_pairs"], metadata["sample"], metadata["seed"], metadata["reference"]) == (6, "random", 1, "digits_source")
+    metadata = json.loads(
+        (plasticity.result_folder("demo", "digits", sample="random", seed=1) / "metadata.json").read_text()
+    )
+    assert (metadata["n_pairs"], metadata["sample"], metadata["seed"], metadata["reference"]) == (
+        6,
+        "random",
+        1,
+        "digits_source",
+    )
     assert plasticity.main(["--dataset", "digits_c/nowhere", "--progress", "false"]) == 2
     assert "unknown dataset 'digits_c/nowhere'" in capsys.readouterr().err
+
+
+def test_the_command_with_no_options_is_notebook_05_with_no_parameters():
+    # the notebook's parameters cell, as papermill would run it, and the command's defaults: one Config, one run
+    notebook = specs.notebook_parameters(paths.NOTEBOOKS / "05_finetune.ipynb")
+    assert runs.config_from(notebook) == runs.config_from({"speed": "auto"}) == Config()
+    assert Config().folder() == runs.config_from(notebook).folder()

@@ -74,7 +74,9 @@ def test_motion_blur_preserves_a_constant_image():
 
 
 def test_bad_arguments_list_valid_choices(images):
-    with pytest.raises(ValueError, match="valid corruptions: contrast, gaussian_noise, motion_blur, snow, speckle_noise"):
+    with pytest.raises(
+        ValueError, match="valid corruptions: contrast, gaussian_noise, motion_blur, snow, speckle_noise"
+    ):
         corrupt(images, "fog")
     with pytest.raises(ValueError, match="severity must be one of"):
         corrupt(images, "snow", severity=6)

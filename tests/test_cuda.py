@@ -18,10 +18,17 @@ from scipy import stats
 from paperlib import components, data, finetune, models, plasticity, runs
 from paperlib import transforms as T
 from paperlib.loader import DeviceLoader
-from paperlib.runs import Config
 from paperlib.speed import layers
 from paperlib.speed.options import CPU_ATTENTION, StepOptions, fuses_update
-from paperlib.speed.step import GRAPH_WARMUP, GraphedStep, compile_model, make_forward, make_step, step_context, training_step
+from paperlib.speed.step import (
+    GRAPH_WARMUP,
+    GraphedStep,
+    compile_model,
+    make_forward,
+    make_step,
+    step_context,
+    training_step,
+)
 
 DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -47,7 +54,10 @@ def test_augmentation_statistics_with_a_device_generator():
     generator = torch.Generator(device=DEVICE).manual_seed(0)
     boxes = T.sample_crops(4000, 32, 32, generator, DEVICE).cpu().numpy()
     torch.manual_seed(0)
-    reference = np.array([T.v2.RandomResizedCrop.get_params(torch.zeros(3, 32, 32), list(T.SCALE), list(T.RATIO)) for _ in range(4000)], float)
+    reference = np.array(
+        [T.v2.RandomResizedCrop.get_params(torch.zeros(3, 32, 32), list(T.SCALE), list(T.RATIO)) for _ in range(4000)],
+        float,
+    )
     scale = lambda b: b[:, 2] * b[:, 3] / 32**2  # noqa: E731
     assert stats.ks_2samp(scale(boxes), scale(reference)).pvalue > 1e-3
     assert (boxes[:, 0] >= 0).all() and (boxes[:, 0] + boxes[:, 2] <= 32).all()
@@ -138,45 +148,57 @@ def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device():
     assert _relative_error(output, reference) < 2e-2  # bf16 autocast
 
 
-def test_blocks_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(component="mha"))["status"] == "finished"
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "blocks"))
-    assert finetune.run(_small(component="mha", compile="blocks"))["status"] == "finished"
-    losses = runs.history(_small(component="mha"))["train_loss"].to_numpy()
-    compiled_losses = runs.history(_small(component="mha", compile="blocks"))["train_loss"].to_numpy()
+def test_blocks_compiled_finetuning_on_the_device_follows_the_eager_run(
+    results, monkeypatch, tmp_path, move_results, small
+):
+    assert finetune.run(small(**ON_DEVICE, component="mha"))["status"] == "finished"
+    move_results("blocks")
+    assert finetune.run(small(**ON_DEVICE, component="mha", compile="blocks"))["status"] == "finished"
+    losses = runs.history(small(**ON_DEVICE, component="mha"))["train_loss"].to_numpy()
+    compiled_losses = runs.history(small(**ON_DEVICE, component="mha", compile="blocks"))["train_loss"].to_numpy()
     assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
 
 
-def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_run(results):
-    reference = finetune.run(_small(component="full"))
-    metrics = finetune.run(_small(component="full", precision="bf16"))
+def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_run(results, small):
+    reference = finetune.run(small(**ON_DEVICE, component="full"))
+    metrics = finetune.run(small(**ON_DEVICE, component="full", precision="bf16"))
     assert metrics["status"] == "finished" and metrics["precision"] == "bf16" and reference["precision"] == "autocast"
-    losses = runs.history(_small(component="full"))["train_loss"].to_numpy()
-    bf16_losses = runs.history(_small(component="full", precision="bf16"))["train_loss"].to_numpy()
+    losses = runs.history(small(**ON_DEVICE, component="full"))["train_loss"].to_numpy()
+    bf16_losses = runs.history(small(**ON_DEVICE, component="full", precision="bf16"))["train_loss"].to_numpy()
     assert np.allclose(bf16_losses[:4], losses[:4], rtol=3e-2)  # later steps drift apart, as any two roundings do
     assert bf16_losses[-4:].mean() < bf16_losses[:4].mean()  # and it trains
 
 
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_adamw_finetuning_on_the_device_follows_the_cpu_run(precision, results, monkeypatch, tmp_path):
+def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
+    precision, results, monkeypatch, tmp_path, move_results, small
+):
     # fused AdamW on CUDA (with fp32 masters under bf16) against torch's reference AdamW on the CPU
-    config = _small(component="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
+    config = small(**ON_DEVICE, component="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["optimizer"] == "adamw"
-    assert bool(finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE, optimizer="adamw").defaults["fused"]) == (DEVICE.type == "cuda")
+    assert bool(
+        finetune.make_optimizer(
+            [torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE, optimizer="adamw"
+        ).defaults["fused"]
+    ) == (DEVICE.type == "cuda")
     losses = runs.history(config)["train_loss"].to_numpy()
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
+    move_results("cpu")
     cpu = replace(config, device="cpu", precision="autocast")
     finetune.run(cpu)
-    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert np.allclose(
+        losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2
+    )  # bf16 rounding, then drift
     assert losses[-4:].mean() < losses[:4].mean()
 
 
 @pytest.mark.parametrize("precision, compile", [("autocast", False), ("bf16", "blocks")])
-def test_lora_finetuning_on_the_device_follows_the_cpu_run(precision, compile, results, monkeypatch, tmp_path):
+def test_lora_finetuning_on_the_device_follows_the_cpu_run(
+    precision, compile, results, monkeypatch, tmp_path, move_results, small
+):
     # peft's LoRA layers under autocast, or in the bf16 copy with fp32 masters, compiled, with the
     # fused ops on the layers that have no LoRA (fused="auto"), against the plain CPU run
-    config = _small(component="mha", lora_rank=4, lr=0.1, precision=precision, compile=compile)
+    config = small(**ON_DEVICE, component="mha", lora_rank=4, lr=0.1, precision=precision, compile=compile)
     model, metrics = finetune.train(config)
     assert metrics["status"] == "finished" and metrics["lora_rank"] == 4
     torch.manual_seed(0)
@@ -184,10 +206,12 @@ def test_lora_finetuning_on_the_device_follows_the_cpu_run(precision, compile, r
     for name, layer in ((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A")):
         assert torch.equal(layer.base_layer.weight.detach().cpu(), initial.get_submodule(name).weight)  # frozen
     losses = runs.history(config)["train_loss"].to_numpy()
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "cpu"))
+    move_results("cpu")
     cpu = replace(config, device="cpu", precision="autocast", compile=False)
     finetune.run(cpu)
-    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)  # bf16 rounding, then drift
+    assert np.allclose(
+        losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2
+    )  # bf16 rounding, then drift
     assert losses[-4:].mean() < losses[:4].mean()
 
 
@@ -204,10 +228,16 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     mm_on, bias_on = mm.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
     out = kernels.bias_gelu(mm_on, bias_on)
     out.backward(grad.to(DEVICE))
-    ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-22  # erf differs in its last fp32 bits: one rounding apart at most
+    ulp = (
+        2.0**-7 if dtype == torch.bfloat16 else 2.0**-22
+    )  # erf differs in its last fp32 bits: one rounding apart at most
     for mine, reference in ((out, expected), (mm_on.grad, expected_mm)):
-        assert mine.dtype == dtype and ((mine.detach().cpu().double() - reference.double()).abs()
-                                        <= ulp * reference.double().abs() + 1e-6).all()
+        assert (
+            mine.dtype == dtype
+            and (
+                (mine.detach().cpu().double() - reference.double()).abs() <= ulp * reference.double().abs() + 1e-6
+            ).all()
+        )
     assert bias_on.grad.dtype == torch.float32 and _relative_error(bias_on.grad, expected_bias) < 1e-5
 
 
@@ -235,7 +265,9 @@ def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, fi
 def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
     from paperlib.speed import kernels
 
-    packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(dtype)  # ViT-Base/16, two images
+    packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(
+        dtype
+    )  # ViT-Base/16, two images
     expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
     dq, dk, dv = packed.to(DEVICE).permute(2, 0, 3, 1, 4).unbind(0)  # strided as timm's split leaves them
     stacked, sums = kernels.qkv_heads_backward(dq, dk.contiguous(), dv)
@@ -248,8 +280,13 @@ def test_fused_ops_keep_float64_on_the_device():
     from paperlib.speed import kernels
 
     generator = torch.Generator().manual_seed(0)
-    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((3, 7, 40), (40,), (3, 7, 40)))
-    expected, (expected_mm, expected_bias) = kernels.bias_gelu_reference(mm, bias), kernels.bias_gelu_backward_reference(grad, mm, bias)
+    mm, bias, grad = (
+        torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((3, 7, 40), (40,), (3, 7, 40))
+    )
+    expected, (expected_mm, expected_bias) = (
+        kernels.bias_gelu_reference(mm, bias),
+        kernels.bias_gelu_backward_reference(grad, mm, bias),
+    )
     mm_on, bias_on = mm.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
     out = kernels.bias_gelu(mm_on, bias_on)
     out.backward(grad.to(DEVICE))
@@ -258,16 +295,26 @@ def test_fused_ops_keep_float64_on_the_device():
     packed = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64, generator=generator)
     expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
     stacked, sums = kernels.qkv_heads_backward(*packed.to(DEVICE).permute(2, 0, 3, 1, 4).unbind(0))
-    assert torch.equal(stacked.cpu(), expected) and sums.dtype == torch.float64 and _relative_error(sums, expected_sums) < 1e-12
+    assert (
+        torch.equal(stacked.cpu(), expected)
+        and sums.dtype == torch.float64
+        and _relative_error(sums, expected_sums) < 1e-12
+    )
 
 
-def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(component="full", compile="blocks", fused="none"))["status"] == "finished"
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "fused"))
-    assert finetune.run(_small(component="full", compile="blocks", fused="all"))["status"] == "finished"
-    losses = runs.history(_small(component="full", compile="blocks", fused="none"))["train_loss"].to_numpy()
-    fused_losses = runs.history(_small(component="full", compile="blocks", fused="all"))["train_loss"].to_numpy()
-    assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)  # bf16 autocast: kernels fused differently round differently
+def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(
+    results, monkeypatch, tmp_path, move_results, small
+):
+    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks", fused="none"))["status"] == "finished"
+    move_results("fused")
+    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks", fused="all"))["status"] == "finished"
+    losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks", fused="none"))["train_loss"].to_numpy()
+    fused_losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks", fused="all"))[
+        "train_loss"
+    ].to_numpy()
+    assert np.allclose(
+        fused_losses, losses, rtol=5e-2, atol=1e-2
+    )  # bf16 autocast: kernels fused differently round differently
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
@@ -283,7 +330,9 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
     runs = []
     for network, graph in ((model, False), (twin, True)):
-        options = StepOptions(compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph).checked(DEVICE)
+        options = StepOptions(
+            compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph
+        ).checked(DEVICE)
         forward = make_forward(network, options)
         trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(network)]
         optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE, fuses_update(options.fused, DEVICE))
@@ -303,17 +352,23 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
     (plain, plain_weights), (replayed, replayed_weights) = runs
     assert isinstance(step, GraphedStep) and step._replay is not None
     assert len(set(plain[:, 0].tolist())) == 10  # each batch its own loss: a stale batch would show
-    torch.testing.assert_close(replayed, plain, rtol=2e-2, atol=1e-3)  # the same kernels; the update reads an fp32 learning rate
+    torch.testing.assert_close(
+        replayed, plain, rtol=2e-2, atol=1e-3
+    )  # the same kernels; the update reads an fp32 learning rate
     assert max(_relative_error(a, b) for a, b in zip(replayed_weights, plain_weights)) < 1e-2
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
-def test_finetuning_replayed_from_a_cuda_graph_follows_the_plain_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(component="full", compile="blocks"))["status"] == "finished"
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "graph"))
-    assert finetune.run(_small(component="full", compile="blocks", graph=True))["status"] == "finished"
-    losses = runs.history(_small(component="full", compile="blocks"))["train_loss"].to_numpy()
-    graph_losses = runs.history(_small(component="full", compile="blocks", graph=True))["train_loss"].to_numpy()
+def test_finetuning_replayed_from_a_cuda_graph_follows_the_plain_run(
+    results, monkeypatch, tmp_path, move_results, small
+):
+    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks"))["status"] == "finished"
+    move_results("graph")
+    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks", graph=True))["status"] == "finished"
+    losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks"))["train_loss"].to_numpy()
+    graph_losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks", graph=True))[
+        "train_loss"
+    ].to_numpy()
     assert np.allclose(graph_losses, losses, rtol=5e-2, atol=1e-2)
 
 
@@ -333,24 +388,24 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     tolerance = 2e-3 if DEVICE.type == "cuda" else 1e-4
     on_device = plasticity.rate_tensor(model.to(DEVICE), x.to(DEVICE), y.to(DEVICE))
     assert on_device.device.type == DEVICE.type and _relative_error(on_device, reference) < tolerance
-    table = plasticity.measure(model, torch.utils.data.TensorDataset(x, torch.zeros(12)), torch.utils.data.TensorDataset(y, torch.zeros(12)),
-                               12, 5, DEVICE, progress=False)
+    table = plasticity.measure(
+        model,
+        torch.utils.data.TensorDataset(x, torch.zeros(12)),
+        torch.utils.data.TensorDataset(y, torch.zeros(12)),
+        12,
+        5,
+        DEVICE,
+        progress=False,
+    )
     assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
     assert _relative_error(plasticity.rate_tensor(model, x.to(DEVICE), y.to(DEVICE), "in_situ"), in_situ) < tolerance
 
 
-@pytest.fixture
-def results(tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
-    return tmp_path
+ON_DEVICE = {"batch_size": 32, "device": str(DEVICE)}  # the shared small runs, on the device
 
 
-def _small(**overrides):
-    return Config(**{"steps": 12, "batch_size": 32, "warmup": 2, "eval_every": 4, "lr": 0.05, "device": str(DEVICE), **overrides})
-
-
-def test_finetuning_on_the_device_trains_only_the_chosen_component(results):
-    model, metrics = finetune.train(_small(component="fc2"))
+def test_finetuning_on_the_device_trains_only_the_chosen_component(results, small):
+    model, metrics = finetune.train(small(**ON_DEVICE, component="fc2"))
     torch.manual_seed(0)
     initial = models.create_model("demo", num_classes=5)
     expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, "fc2"))}
@@ -358,19 +413,19 @@ def test_finetuning_on_the_device_trains_only_the_chosen_component(results):
     assert changed and changed <= expected and "head.weight" in changed
     assert metrics["status"] == "finished" and 0 <= metrics["test_accuracy"] <= 1
     assert metrics["device"] == (torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu")
-    history = runs.history(_small(component="fc2"))
+    history = runs.history(small(**ON_DEVICE, component="fc2"))
     assert history["train_loss"].map(np.isfinite).all() and history["grad_norm"].gt(0).all()
     optimizer = finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE)
     assert bool(optimizer.defaults["fused"]) == (DEVICE.type == "cuda")
 
 
-def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path):
-    assert finetune.run(_small(component="full"))["status"] == "finished"
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "compiled"))
-    compiled = finetune.run(_small(component="full", compile=True))
+def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkeypatch, tmp_path, move_results, small):
+    assert finetune.run(small(**ON_DEVICE, component="full"))["status"] == "finished"
+    move_results("compiled")
+    compiled = finetune.run(small(**ON_DEVICE, component="full", compile=True))
     assert compiled["status"] == "finished"
-    losses = runs.history(_small(component="full"))["train_loss"].to_numpy()
-    compiled_losses = runs.history(_small(component="full", compile=True))["train_loss"].to_numpy()
+    losses = runs.history(small(**ON_DEVICE, component="full"))["train_loss"].to_numpy()
+    compiled_losses = runs.history(small(**ON_DEVICE, component="full", compile=True))["train_loss"].to_numpy()
     # bf16 autocast: kernels fused differently round differently
     assert np.allclose(compiled_losses, losses, rtol=5e-2, atol=1e-2)
 
@@ -382,26 +437,45 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
     result = bench_data.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
     assert result["measure_pairs_per_s"] > 0
-    result = bench_step.bench_finetune("demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1)
+    result = bench_step.bench_finetune(
+        "demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1
+    )
     assert result["linear_library_images_per_s"] > 0
     assert result["fused"] == ("gelu+qkv" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
     if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench_step.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
     result = bench_step.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
-    assert result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference") and result["bias_gelu forward: ms"] > 0
+    assert (
+        result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference")
+        and result["bias_gelu forward: ms"] > 0
+    )
     assert result["SGD update with bf16 masters, fused (FusedSGD): ms"] > 0
     if DEVICE.type == "cuda":  # and replayed from a graph, without the host's launches
         assert not [key for key in result if key.endswith(": error")]
         assert result["SGD update with bf16 masters, fused (FusedSGD), replayed from a CUDA graph: ms"] > 0
-    result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda")
+    result = bench_step.bench_profile(
+        "demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda"
+    )
     assert result["shares"]["matrix products"] > 0  # a profile taken of a graph's replays still sees its kernels
     result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
     graphs = (False, True) if DEVICE.type == "cuda" else (False,)
-    rows = bench_step.bench_variants("demo", "full", (32,), ("none", "blocks"), steps=2, repeats=1, device=str(DEVICE), fuseds=("none", "all"), graphs=graphs)
+    rows = bench_step.bench_variants(
+        "demo",
+        "full",
+        (32,),
+        ("none", "blocks"),
+        steps=2,
+        repeats=1,
+        device=str(DEVICE),
+        fuseds=("none", "all"),
+        graphs=graphs,
+    )
     assert [row.get("error") for row in rows] == [None] * 4 * len(graphs) and all(row["agrees"] for row in rows[1:])
-    assert all((row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows)
+    assert all(
+        (row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows
+    )
 
 
 def test_the_device_loader_normalises_with_other_statistics_on_the_device():
@@ -409,20 +483,26 @@ def test_the_device_loader_normalises_with_other_statistics_on_the_device():
     digits = data.get_dataset("digits", "trainval")
     for augment in (False, True):
         cpu, _ = DeviceLoader(digits, 32, augment=augment, image_size=48, seed=1, mean_std=half).batch(3)
-        on_device, _ = DeviceLoader(digits, 32, augment=augment, image_size=48, device=DEVICE, seed=1, mean_std=half).batch(3)
-        if not augment:  # the same crops only without augmentation: a device generator draws other numbers than the CPU's
+        on_device, _ = DeviceLoader(
+            digits, 32, augment=augment, image_size=48, device=DEVICE, seed=1, mean_std=half
+        ).batch(3)
+        if (
+            not augment
+        ):  # the same crops only without augmentation: a device generator draws other numbers than the CPU's
             assert (on_device.cpu() - cpu).abs().max() < 1e-4
         assert on_device.min() >= -1 - 1e-4 and on_device.max() <= 1 + 1e-4  # (x - 0.5) / 0.5 of [0, 1]
 
 
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, results):
+def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, results, small):
     # the fp32 masters are what a bf16 run keeps; the model rebuilt on the CPU evaluates in fp32
-    config = _small(component="mha", precision=precision, save_weights=True)
+    config = small(**ON_DEVICE, component="mha", precision=precision, save_weights=True)
     metrics = finetune.run(config)
     model = finetune.load_model(config)
     assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32
     images, labels = data.get_dataset("digits", "test").tensors()
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).double().mean().item()
-    assert abs(accuracy - metrics["test_accuracy"]) <= 0.03  # bf16 on the device against fp32 here: a few of 180 images may flip
+    assert (
+        abs(accuracy - metrics["test_accuracy"]) <= 0.03
+    )  # bf16 on the device against fp32 here: a few of 180 images may flip

@@ -14,6 +14,7 @@ from PIL import Image
 
 from paperlib import data, finetune, fixtures, loader, models, plasticity
 from paperlib import runs as run_files
+from paperlib.runs import Config
 
 
 def _names(dataset):
@@ -69,7 +70,9 @@ def test_custom_datasets_are_listed_and_named_in_errors(home):
     fixtures.write_image_folder(home / "data" / "custom" / "mine", ["a", "b"], per_class=2)
     assert data.dataset_names("custom") == ["custom/mine"]
     assert "custom/mine" in data.dataset_names() and "cifar10" in data.dataset_names()
-    with pytest.raises(FileNotFoundError, match=r"custom/theirs not found.*train/<class>/<image>.*found under .*: custom/mine") as error:
+    with pytest.raises(
+        FileNotFoundError, match=r"custom/theirs not found.*train/<class>/<image>.*found under .*: custom/mine"
+    ) as error:
         data.get_dataset("custom/theirs", "test")
     assert "VIT_PLASTICITY_DOWNLOAD" not in str(error.value)  # nothing to download
     with pytest.raises(ValueError, match="custom/<name>"):
@@ -86,8 +89,12 @@ def test_bad_custom_layouts_say_what_is_wrong(home):
     (base / "empty").mkdir(parents=True)
     with pytest.raises(ValueError, match="custom/empty: .* has 0 class folder.*at least 2. Expected .*<class>/<image>"):
         data.get_dataset("custom/empty", "train")
-    fixtures.write_image_folder(base / "capital" / "Train", ["cat", "dog"], per_class=2)  # Train/ is not train/: one class
-    with pytest.raises(ValueError, match=r"has 1 class folder\(s\) \(Train\); a classification dataset needs at least 2"):
+    fixtures.write_image_folder(
+        base / "capital" / "Train", ["cat", "dog"], per_class=2
+    )  # Train/ is not train/: one class
+    with pytest.raises(
+        ValueError, match=r"has 1 class folder\(s\) \(Train\); a classification dataset needs at least 2"
+    ):
         data.get_dataset("custom/capital", "train")
     fixtures.write_image_folder(base / "notebooks", ["a", "b"], per_class=5)
     (base / "notebooks" / ".ipynb_checkpoints").mkdir()  # hidden folders are not classes
@@ -156,7 +163,9 @@ def test_saved_architecture_arguments_rebuild_the_model(home):
 
 def test_a_folder_written_by_timm_itself_loads(home):
     source = models.create_model("demo", pretrained=False, num_classes=4)
-    timm.models.save_for_hf(source, str(home / "data" / "models" / "byhand"), safe_serialization=False)  # pytorch_model.bin
+    timm.models.save_for_hf(
+        source, str(home / "data" / "models" / "byhand"), safe_serialization=False
+    )  # pytorch_model.bin
     loaded = models.create_model("custom/byhand")
     assert torch.equal(loaded.blocks[5].mlp.fc2.weight, source.blocks[5].mlp.fc2.weight) and loaded.num_classes == 4
 
@@ -217,17 +226,26 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     fixtures.write_image_folder(home / "data" / "custom" / "shots" / "test", ["cat", "dog", "eel"], per_class=2)
     fixtures.write_image_folder(home / "data" / "custom" / "pretraining", ["x", "y"], per_class=10)
 
-    config = Config(model="custom/vit", dataset="custom/shots", component="fc1", steps=4, warmup=1, eval_every=2, batch_size=8)
+    config = Config(
+        model="custom/vit", dataset="custom/shots", component="fc1", steps=4, warmup=1, eval_every=2, batch_size=8
+    )
     metrics = finetune.run(config)
     assert metrics["num_classes"] == 3 and 0.0 <= metrics["test_accuracy"] <= 1.0
-    assert config.folder() == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.01" / "seed=0"
+    assert (
+        config.folder()
+        == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.03" / "seed=0"
+    )
     runs, _ = run_files.load()
-    assert runs[["model", "dataset", "config"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
+    assert runs[["model", "dataset", "component"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
-    assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"  # not ImageNet, the default
+    assert (
+        folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"
+    )  # not ImageNet, the default
     assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images
-    assert plasticity.collect(reference="custom/pretraining")[["model", "dataset"]].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
+    assert plasticity.collect(reference="custom/pretraining")[
+        ["model", "dataset"]
+    ].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
     assert plasticity.collect().empty  # against each dataset's default reference: none here
 
 
@@ -240,7 +258,9 @@ def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):
 def test_exported_class_folders_read_back_as_the_same_images(home):
     base = home / "data" / "custom" / "digits_copy"
     for split in ("trainval", "test"):
-        data.export_class_folders(data.get_dataset("digits", split), base / ("train" if split == "trainval" else "test"))
+        data.export_class_folders(
+            data.get_dataset("digits", split), base / ("train" if split == "trainval" else "test")
+        )
     for split in ("trainval", "test"):
         original = data.get_dataset("digits", split)
         copy = loader.uint8_images(data.get_dataset("custom/digits_copy", split), cache_size=32)
@@ -254,7 +274,9 @@ def test_exported_class_folders_read_back_as_the_same_images(home):
     data.export_class_folders(files, home / "copied")
     first, key = files.files[0], files.keys[0]  # named by key (file names alone may repeat across folders)
     assert key == f"test/{first.parent.name}/{first.name}"
-    assert (home / "copied" / first.parent.name / f"test_{first.parent.name}_{first.name}").read_bytes() == first.read_bytes()
+    assert (
+        home / "copied" / first.parent.name / f"test_{first.parent.name}_{first.name}"
+    ).read_bytes() == first.read_bytes()
 
 
 def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
@@ -262,7 +284,9 @@ def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
     base = home / "data" / "custom" / "shots"
     fixtures.write_image_folder(base / "train", ["cat", "dog"], per_class=8)
     fixtures.write_image_folder(base / "test", ["cat", "dog"], per_class=2)
-    config = Config(model="custom/vit", dataset="custom/shots", component="ln2", steps=2, warmup=0, eval_every=2, batch_size=8)
+    config = Config(
+        model="custom/vit", dataset="custom/shots", component="ln2", steps=2, warmup=0, eval_every=2, batch_size=8
+    )
     first = finetune.run(config)
     assert first["num_classes"] == 2 and finetune.run(config) == first  # unchanged inputs: not repeated
     params = json.loads((config.folder() / "params.json").read_text())
@@ -271,8 +295,13 @@ def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
     fixtures.write_image_folder(base / "test", ["eel"], per_class=2, seed=1)
     assert finetune.run(config)["num_classes"] == 3
     again = finetune.run(config)
-    models.save_model(models.create_model("demo", num_classes=2), "custom/vit", overwrite=True)  # other weights, same name
-    assert finetune.run(config)["test_accuracy"] is not None and json.loads((config.folder() / "params.json").read_text())["fingerprints"] != params["fingerprints"]
+    models.save_model(
+        models.create_model("demo", num_classes=2), "custom/vit", overwrite=True
+    )  # other weights, same name
+    assert (
+        finetune.run(config)["test_accuracy"] is not None
+        and json.loads((config.folder() / "params.json").read_text())["fingerprints"] != params["fingerprints"]
+    )
     assert again["num_classes"] == 3
 
 
@@ -289,7 +318,9 @@ def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
     assert finetune.run(config) == finished
 
 
-def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resuming_on_other_images(home, monkeypatch, move_results):
+def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resuming_on_other_images(
+    home, monkeypatch, move_results
+):
     # a run's crops come from its decoded cache; a checkpoint made on another cache (a 384-px run
     # started before the cache grew with the model) must not be continued on these images
     base = home / "data" / "custom" / "shots"
@@ -314,4 +345,6 @@ def test_a_run_interrupted_on_another_cache_size_starts_again_instead_of_resumin
     fresh = finetune.run(config)
     assert resumed["cache_side"] == fresh["cache_side"] == 256
     timings = ("wall_seconds", "images_per_second")
-    assert {k: v for k, v in resumed.items() if k not in timings} == {k: v for k, v in fresh.items() if k not in timings}
+    assert {k: v for k, v in resumed.items() if k not in timings} == {
+        k: v for k, v in fresh.items() if k not in timings
+    }

@@ -38,7 +38,16 @@ SIZES = {
     "imagenet": (12, 12),  # 3 classes x 4 images, train and val folders
     "imagenette": (20, 20),  # 10 classes x 2 images
 }
-N_CLASSES = {"cifar10": 10, "cifar100": 100, "domainnet/clipart": 4, "domainnet/sketch": 4, "flowers102": 102, "pets": 3, "imagenet": 3, "imagenette": 10}
+N_CLASSES = {
+    "cifar10": 10,
+    "cifar100": 100,
+    "domainnet/clipart": 4,
+    "domainnet/sketch": 4,
+    "flowers102": 102,
+    "pets": 3,
+    "imagenet": 3,
+    "imagenette": 10,
+}
 
 
 def test_every_paper_and_reference_dataset_is_covered():

@@ -1,17 +1,13 @@
 """One finetuning run: what trains, determinism, logged gradient norms, best checkpoint, resume, divergence."""
 
-import copy
 import json
 import math
-from dataclasses import fields
 
 import pandas as pd
 import pytest
 import torch
 
 from paperlib import components, finetune, models, stats
-from paperlib import speed
-from paperlib.speed import kernels
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -34,10 +30,14 @@ def test_same_seed_same_numbers(results, tmp_path, monkeypatch, small, move_resu
     move_results("again")
     second = finetune.run(small())
     pd.testing.assert_frame_equal(history, run_files.history(small()))
-    assert {k: v for k, v in first.items() if "second" not in k} == {k: v for k, v in second.items() if "second" not in k}
+    assert {k: v for k, v in first.items() if "second" not in k} == {
+        k: v for k, v in second.items() if "second" not in k
+    }
 
 
-def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(results, tmp_path, monkeypatch, small, move_results):
+def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(
+    results, tmp_path, monkeypatch, small, move_results
+):
     # decoding a file dataset the first time runs a DataLoader, which draws from torch's generator;
     # the run's numbers must not depend on whether the decoded cache was there
     first = finetune.run(small())
@@ -77,7 +77,9 @@ def same_metrics(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second")}
 
 
-def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(results, tmp_path, monkeypatch, small, move_results):
+def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(
+    results, tmp_path, monkeypatch, small, move_results
+):
     # steps, batch size and warm-up are not in the folder's name: a longer run started there, then
     # interrupted, must not return the shorter run's metrics when started again
     short = finetune.run(small(steps=4))
@@ -115,7 +117,9 @@ def test_best_validation_checkpoint_is_reported(small):
 
 # bf16: the copy is refreshed from the loaded masters; update: FusedSGD's momentum comes back from the checkpoint
 @pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "auto"), ("bf16", "update")])
-def test_resume_after_interruption_matches_an_uninterrupted_run(precision, fused, results, tmp_path, monkeypatch, small, move_results):
+def test_resume_after_interruption_matches_an_uninterrupted_run(
+    precision, fused, results, tmp_path, monkeypatch, small, move_results
+):
     config = small(precision=precision, fused=fused)
     reference = finetune.run(config)
     move_results("interrupted")
@@ -138,7 +142,12 @@ def test_divergence_is_recorded_not_raised(small):
     assert not math.isfinite(history["train_loss"].iloc[-1])
     assert history["train_loss"].iloc[:-1].map(math.isfinite).all()
     assert history["step"].tolist() == list(range(1, len(history) + 1))
-    assert json.loads((small(component="full", lr=1e8, steps=30, eval_every=10).folder() / "metrics.json").read_text())["status"] == "diverged"
+    assert (
+        json.loads((small(component="full", lr=1e8, steps=30, eval_every=10).folder() / "metrics.json").read_text())[
+            "status"
+        ]
+        == "diverged"
+    )
 
 
 @pytest.mark.parametrize(
@@ -211,13 +220,9 @@ def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, mo
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["num_classes"] == 3
     assert [split for split, _ in calls] == ["train", "val", "test"] and all(workers >= 1 for _, workers in calls)
-    assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 2  # the official training split (train and val share it) and test
-
-
-def _fp32_logits(state, images):
-    model = models.create_model("demo", pretrained=False, num_classes=3)
-    model.load_state_dict(state)
-    return model(images)
+    assert (
+        len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 2
+    )  # the official training split (train and val share it) and test
 
 
 def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch, small):
@@ -258,7 +263,10 @@ def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.999)
     weight, bias = model.head.weight, model.head.bias
     before_w, before_b = weight.detach().clone(), bias.detach().clone()
-    weight.grad, bias.grad = torch.zeros_like(weight), torch.zeros_like(bias)  # no gradient: only the decay moves a weight
+    weight.grad, bias.grad = (
+        torch.zeros_like(weight),
+        torch.zeros_like(bias),
+    )  # no gradient: only the decay moves a weight
     optimizer.step()
     assert torch.allclose(weight, before_w * (1 - 1e-3 * 0.1)) and torch.equal(bias, before_b)
 
@@ -322,7 +330,12 @@ def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(config, sm
     from safetensors.torch import load_file
 
     pretrained = models.create_model("demo", num_classes=5).state_dict()
-    trained = {n for n, _ in components.trainable_parameters(components.set_trainable(models.create_model("demo", num_classes=5), config))}
+    trained = {
+        n
+        for n, _ in components.trainable_parameters(
+            components.set_trainable(models.create_model("demo", num_classes=5), config)
+        )
+    }
     assert set(load_file(str(run.folder() / "weights.safetensors"))) == trained
     for name, tensor in model.state_dict().items():
         if name not in trained:
@@ -344,7 +357,9 @@ def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_s
     with pytest.raises(ValueError, match="save_weights must be True or False"):
         small(save_weights="yes").validate()
     # rebuilt whatever ran it (device, micro-batches, compilation...), but not from a run of other steps
-    assert _test_accuracy(finetune.load_model(small(micro_batch=8, fused="none"))) == pytest.approx(kept["test_accuracy"], abs=1e-12)
+    assert _test_accuracy(finetune.load_model(small(micro_batch=8, fused="none"))) == pytest.approx(
+        kept["test_accuracy"], abs=1e-12
+    )
     with pytest.raises(ValueError, match="differs from this configuration in steps"):
         finetune.load_model(small(steps=8))
     # a run of other parameters in the folder: its weights go with its record

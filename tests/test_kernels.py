@@ -28,11 +28,15 @@ def _gelu_of_sum(mm: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor):
 
 def test_reference_arithmetic_is_gelu_of_the_sum_and_its_gradients():
     generator = torch.Generator().manual_seed(0)
-    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) * 3 for shape in ((2, 5, 11), (11,), (2, 5, 11)))
+    mm, bias, grad = (
+        torch.randn(shape, dtype=torch.float64, generator=generator) * 3 for shape in ((2, 5, 11), (11,), (2, 5, 11))
+    )
     out, grad_mm, grad_bias = _gelu_of_sum(mm, bias, grad)
     assert torch.allclose(kernels.bias_gelu_reference(mm, bias), out, rtol=0, atol=1e-14)
     mine_mm, mine_bias = kernels.bias_gelu_backward_reference(grad, mm, bias)
-    assert torch.allclose(mine_mm, grad_mm, rtol=0, atol=1e-13) and torch.allclose(mine_bias, grad_bias, rtol=0, atol=1e-12)
+    assert torch.allclose(mine_mm, grad_mm, rtol=0, atol=1e-13) and torch.allclose(
+        mine_bias, grad_bias, rtol=0, atol=1e-12
+    )
 
 
 def test_reference_rounds_once_from_fp32():
@@ -140,7 +144,9 @@ TRITON_CHECK = textwrap.dedent("""
 def triton_results():
     pytest.importorskip("triton")
     environment = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=environment, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=environment, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -164,13 +170,20 @@ def test_triton_kernels_match_autograd_of_gelu(triton_results):
         mm, bias, grad = (torch.tensor(values, dtype=torch.float64) for values in case["inputs"])
         out, grad_mm, grad_bias = _gelu_of_sum(mm, bias, grad)
         bf16 = case["dtype"] == "torch.bfloat16"
-        assert case["out_dtype"] == case["grad_mm_dtype"] == case["dtype"] and case["grad_bias_dtype"] == "torch.float32"
+        assert (
+            case["out_dtype"] == case["grad_mm_dtype"] == case["dtype"] and case["grad_bias_dtype"] == "torch.float32"
+        )
         rounding = 2.0**-8 if bf16 else 2.0**-23  # half a unit in the last place, relative
         for name, mine, expected in (("out", case["out"], out), ("grad_mm", case["grad_mm"], grad_mm)):
             error = (torch.tensor(mine, dtype=torch.float64) - expected).abs()
-            assert (error <= 2 * rounding * expected.abs() + 1e-6).all(), (case["shape"], case["dtype"], name, float(error.max()))
+            assert (error <= 2 * rounding * expected.abs() + 1e-6).all(), (
+                case["shape"],
+                case["dtype"],
+                name,
+                float(error.max()),
+            )
         error = (torch.tensor(case["grad_bias"], dtype=torch.float64) - grad_bias).abs()
-        scale = (grad_mm.abs().sum(dim=tuple(range(grad_mm.dim() - 1))) + 1)
+        scale = grad_mm.abs().sum(dim=tuple(range(grad_mm.dim() - 1))) + 1
         assert (error <= 1e-5 * scale).all(), (case["shape"], case["dtype"], float(error.max()))
         assert case["deterministic"]
 
@@ -190,7 +203,10 @@ def test_triton_sgd_update_is_the_update_in_one_pass(triton_results):
     for case in triton_results["sgd"]:
         grad, param, buf = (torch.tensor(values, dtype=torch.float64) for values in case["inputs"])
         expected_param, expected_buf = _sgd_exact(grad, param, buf, 0.3, 0.7, 0.9, case["first"])
-        mine_param, mine_buf = torch.tensor(case["param"], dtype=torch.float64), torch.tensor(case["buf"], dtype=torch.float64)
+        mine_param, mine_buf = (
+            torch.tensor(case["param"], dtype=torch.float64),
+            torch.tensor(case["buf"], dtype=torch.float64),
+        )
         assert ((mine_buf - expected_buf).abs() <= 2.0**-22 * (expected_buf.abs() + 1)).all(), case["first"]
         assert ((mine_param - expected_param).abs() <= 2.0**-22 * (expected_param.abs() + 1)).all(), case["first"]
         if case["copy"] is not None:
@@ -222,8 +238,12 @@ def _sgd_run(fused_update: bool, precision: str, steps: int = 4, state: dict | N
     model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=5), "fc1")
     options = StepOptions(precision=precision, fused="update" if fused_update else "none").checked(torch.device("cpu"))
     forward = make_forward(model, options)
-    trainable = forward.masters if isinstance(forward, MasterWeights) else [p for p in model.parameters() if p.requires_grad]
-    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"), fuses_update(options.fused, torch.device("cpu")))
+    trainable = (
+        forward.masters if isinstance(forward, MasterWeights) else [p for p in model.parameters() if p.requires_grad]
+    )
+    optimizer = finetune.make_optimizer(
+        trainable, 0.05, 0.9, torch.device("cpu"), fuses_update(options.fused, torch.device("cpu"))
+    )
     if state is not None:
         optimizer.load_state_dict(state)
     context = step_context(torch.device("cpu"))
@@ -280,7 +300,10 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     keys, fc1, qkv = list(model.state_dict()), model.blocks[0].mlp.fc1, model.blocks[0].attn.qkv
 
     assert fuse(model, "all") is model
-    assert all(isinstance(block.mlp, layers.BiasGeluMlp) and isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)
+    assert all(
+        isinstance(block.mlp, layers.BiasGeluMlp) and isinstance(block.attn, layers.QkvFusedAttention)
+        for block in model.blocks
+    )
     assert model.blocks[0].mlp.fc1 is fc1 and model.blocks[0].attn.qkv is qkv
     assert list(model.state_dict()) == keys  # checkpoints, components and bounds unchanged
     out = model(images)
@@ -293,8 +316,10 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     assert model.blocks[0].mlp is mlp and model.blocks[0].attn is attn
 
 
-@pytest.mark.parametrize("fused, fused_types", [("gelu", (layers.BiasGeluMlp,)), ("qkv", (layers.QkvFusedAttention,)), ("none", ()),
-                                               ("auto", ())])  # auto on a CPU: none (inductor's own code is faster there)
+@pytest.mark.parametrize(
+    "fused, fused_types",
+    [("gelu", (layers.BiasGeluMlp,)), ("qkv", (layers.QkvFusedAttention,)), ("none", ()), ("auto", ())],
+)  # auto on a CPU: none (inductor's own code is faster there)
 def test_each_fusion_alone(fused, fused_types):
     model = fuse(models.create_model("demo", pretrained=False), fused)
     kinds = {type(block.mlp) for block in model.blocks} | {type(block.attn) for block in model.blocks}
@@ -309,7 +334,9 @@ def test_only_the_forms_the_ops_compute_are_fused():
         layers.BiasGeluMlp(model.blocks[0].mlp)
     model = models.create_model("demo", pretrained=False, qkv_bias=False)
     layers.fuse_qkv(model)
-    assert not any(isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)  # no bias to sum: left alone
+    assert not any(
+        isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks
+    )  # no bias to sum: left alone
     with pytest.raises(ValueError, match="biased nn.Linear qkv and no gate"):
         layers.QkvFusedAttention(model.blocks[0].attn)
     assert layers.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
@@ -334,8 +361,8 @@ def test_fused_block_compiles_into_one_graph():
 
 
 @pytest.mark.parametrize("component, bias", [("fc1", "mlp.fc1.bias"), ("mha", "attn.qkv.bias")])
-def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
+def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tmp_path, monkeypatch, move_results):
+    move_results("results")
     small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, component=component)
     model, plain = finetune.train(runs.Config(**small))
     fused_model, fused = finetune.train(runs.Config(**small, fused="all"))
@@ -355,6 +382,7 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
+
     def checked(fused, device):
         return StepOptions(fused=fused).checked(torch.device(device)).fused
 
@@ -381,13 +409,19 @@ def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
     assert fuses_update("all", torch.device("cpu")) and fuses_update("gelu+update", torch.device("cpu"))
     assert not fuses_update("auto", torch.device("cuda")) and not fuses_update("gelu+qkv", torch.device("cpu"))
     for bad in ("fastest", "gelu+gelu", "gelu+", "", "all+update", None):
-        with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv, update, or several of gelu, qkv, update joined by"):
+        with pytest.raises(
+            ValueError,
+            match="valid choices: auto, none, all, gelu, qkv, update, or several of gelu, qkv, update joined by",
+        ):
             resolve_fused(bad, torch.device("cpu"))
 
 
 def test_fusing_a_model_puts_in_only_its_own_parts():
     model = fuse(models.create_model("demo", pretrained=False), "qkv+update")  # the update is the optimizer's
-    assert all(isinstance(block.attn, layers.QkvFusedAttention) and not isinstance(block.mlp, layers.BiasGeluMlp) for block in model.blocks)
+    assert all(
+        isinstance(block.attn, layers.QkvFusedAttention) and not isinstance(block.mlp, layers.BiasGeluMlp)
+        for block in model.blocks
+    )
 
 
 def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):
@@ -395,9 +429,13 @@ def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):
     # reach them; the CUDA registrations are called here directly on CPU tensors
     monkeypatch.setattr(kernels, "_triton_kernels", lambda: pytest.fail("float64 reached a Triton kernel"))
     generator = torch.Generator().manual_seed(0)
-    mm, bias, grad = (torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((2, 5, 11), (11,), (2, 5, 11)))
+    mm, bias, grad = (
+        torch.randn(shape, dtype=torch.float64, generator=generator) for shape in ((2, 5, 11), (11,), (2, 5, 11))
+    )
     assert torch.equal(kernels._bias_gelu_cuda(mm, bias), kernels.bias_gelu_reference(mm, bias))
-    for mine, reference in zip(kernels._bias_gelu_backward_cuda(grad, mm, bias), kernels.bias_gelu_backward_reference(grad, mm, bias)):
+    for mine, reference in zip(
+        kernels._bias_gelu_backward_cuda(grad, mm, bias), kernels.bias_gelu_backward_reference(grad, mm, bias)
+    ):
         assert mine.dtype == torch.float64 and torch.equal(mine, reference)
     heads = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64, generator=generator).permute(2, 0, 3, 1, 4).unbind(0)
     for mine, reference in zip(kernels._qkv_heads_backward_cuda(*heads), kernels.qkv_heads_backward_reference(*heads)):

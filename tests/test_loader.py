@@ -87,7 +87,25 @@ def test_cached_image_is_resize_then_center_crop(tmp_path):
 def test_data_benchmark_runs_and_reports_both_paths(capsys):
     from paperlib.speed import bench
 
-    bench.main(["data", "--dataset", "cifar10", "--batch-size", "8", "--image-size", "16", "--batches", "2", "--workers", "0", "--fixture-size", "40", "--device", "cpu"])
+    bench.main(
+        [
+            "data",
+            "--dataset",
+            "cifar10",
+            "--batch-size",
+            "8",
+            "--image-size",
+            "16",
+            "--batches",
+            "2",
+            "--workers",
+            "0",
+            "--fixture-size",
+            "40",
+            "--device",
+            "cpu",
+        ]
+    )
     out = capsys.readouterr().out
     rates = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if "images_per_s" in line}
     assert set(rates) == {"dataloader_images_per_s", "device_path_images_per_s"} and min(rates.values()) > 0
@@ -105,7 +123,9 @@ def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
     from paperlib.loader import placement
 
     gib = 2**30
-    assert placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"  # DomainNet sketch on an 80 GB GPU
+    assert (
+        placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"
+    )  # DomainNet sketch on an 80 GB GPU
     assert placement(14 * gib, torch.device("cuda"), total_memory=24 * gib) == "host"
     assert placement(14 * gib, torch.device("cpu")) == "device"  # on a CPU the images are in memory anyway
     assert DeviceLoader(digits, 64, augment=False, image_size=24, images_on="auto").images_on == "device"
@@ -134,12 +154,16 @@ def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(
             part = data.get_dataset("domainnet/clipart", split, root=tmp_path, seed=seed)
             cached = uint8_images(part, cache_size=16)
             assert cached.keys == part.keys and torch.equal(cached.targets, part.targets)
-            assert torch.equal(cached.images, whole.images[[by_key[k] for k in part.keys]])  # the part's own images, in its order
+            assert torch.equal(
+                cached.images, whole.images[[by_key[k] for k in part.keys]]
+            )  # the part's own images, in its order
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 1  # the official training split's, once
     uint8_images(data.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2
     # the part decoded on its own gives the same pixels as the part taken from the whole's cache
     alone = data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42)
     alone.parent = None
-    assert torch.equal(uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images,
-                       uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images)
+    assert torch.equal(
+        uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images,
+        uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images,
+    )

@@ -4,11 +4,9 @@ record and folder, resume, bad parameters."""
 import pandas as pd
 import pytest
 import torch
-from test_finetune import interrupted, same_metrics, small
+from test_finetune import interrupted, same_metrics
 
-from paperlib import components, finetune, lora, models, stats
-from paperlib import specs
-from paperlib import speed
+from paperlib import components, finetune, lora, models, specs, speed, stats
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -40,10 +38,17 @@ def test_lora_starts_as_the_pretrained_function_and_trains_only_its_updates_head
         assert torch.equal(model(x), reference(x))  # B starts at zero
     lora.set_trainable(model, "mha")
     trainable = {name for name, _ in components.trainable_parameters(model)}
-    expected = ({f"blocks.{i}.attn.{m}.lora_{ab}.default.weight" for i in range(len(model.blocks)) for m in ("qkv", "proj") for ab in "AB"}
-                | {"head.weight", "head.bias", "norm.weight", "norm.bias"})
+    expected = {
+        f"blocks.{i}.attn.{m}.lora_{ab}.default.weight"
+        for i in range(len(model.blocks))
+        for m in ("qkv", "proj")
+        for ab in "AB"
+    } | {"head.weight", "head.bias", "norm.weight", "norm.bias"}
     assert trainable == expected
-    assert sum(p.numel() for _, p in components.trainable_parameters(model)) == lora.parameter_table(reference, 4).loc["MHA (LoRA r=4)", "trainable"]
+    assert (
+        sum(p.numel() for _, p in components.trainable_parameters(model))
+        == lora.parameter_table(reference, 4).loc["MHA (LoRA r=4)", "trainable"]
+    )
 
 
 def test_an_update_is_alpha_over_rank_times_b_a_and_merging_folds_it_into_the_weight():
@@ -82,15 +87,24 @@ def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config,
     plain = {name.replace(".base_layer", ""): p for name, p in weights.items() if "lora_" not in name}
     changed = {n for n, p in plain.items() if not torch.equal(p.detach(), initial.state_dict()[n])}
     assert changed == {"head.weight", "head.bias", "norm.weight", "norm.bias"}
-    assert metrics["trainable_parameters"] == lora.parameter_table(initial, 4).loc[f"{components.LABELS[config]} (LoRA r=4)", "trainable"]
+    assert (
+        metrics["trainable_parameters"]
+        == lora.parameter_table(initial, 4).loc[f"{components.LABELS[config]} (LoRA r=4)", "trainable"]
+    )
     assert metrics["lora_rank"] == 4
 
 
-def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp_path, monkeypatch, small, move_results):
+def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
+    results, tmp_path, monkeypatch, small, move_results
+):
     plain, adapted = small(component="fc1"), small(component="fc1", lora_rank=4)
     assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
-    assert small(component="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
-    assert small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted  # alpha 0 means the rank: one run, one folder, one record
+    assert (
+        small(component="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
+    )
+    assert (
+        small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted
+    )  # alpha 0 means the rank: one run, one folder, one record
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
@@ -100,11 +114,15 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(results, tmp
         stats.table6(runs)
     assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
     move_results("again")
-    assert same_metrics(finetune.run(adapted)) == same_metrics(first)  # same seed, same LoRA initialisation, same numbers
+    assert same_metrics(finetune.run(adapted)) == same_metrics(
+        first
+    )  # same seed, same LoRA initialisation, same numbers
 
 
 @pytest.mark.parametrize("precision, dropout", [("autocast", 0.0), ("bf16", 0.0), ("autocast", 0.3)])
-def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(precision, dropout, results, tmp_path, monkeypatch, small, move_results):
+def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
+    precision, dropout, results, tmp_path, monkeypatch, small, move_results
+):
     # dropout draws from torch's generator: the checkpoint carries its state
     config = small(component="mha", lora_rank=2, precision=precision, lora_dropout=dropout)
     reference = finetune.run(config)
@@ -172,14 +190,15 @@ def test_bad_lora_parameters_fail_before_any_work(results, overrides, message, s
 
 
 def test_the_command_line_and_notebook_take_the_lora_parameters():
-    from paperlib import sweep
-
     names = specs.notebook_parameters("notebooks/05_finetune.ipynb")
     assert {"lora_rank", "lora_alpha", "lora_dropout"} <= set(names)
-    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4},
-            "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]}}
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"steps": 4, "warmup": 1},
+        "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]},
+    }
     wanted = run_files.expected(spec)
-    assert sorted(zip(wanted["config"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
+    assert sorted(zip(wanted["component"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
     assert isinstance(Config(lora_rank=4).lora_rank, int)
 
 
@@ -211,9 +230,9 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
     finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
     runs, _ = run_files.load()
     table = stats.comparison(runs)
-    assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["config"]) == {"fc2"}
+    assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["component"]) == {"fc2"}
     for rank, row in zip((0, 2), table.itertuples()):
-        mine = runs[(runs["lora_rank"] == rank) & (runs["config"] == "fc2")]
+        mine = runs[(runs["lora_rank"] == rank) & (runs["component"] == "fc2")]
         best = mine.loc[mine["test_accuracy"].idxmax()]
         assert row.lr == best["lr"] and row.mean == pytest.approx(100 * best["test_accuracy"])
         assert row.trainable_parameters == best["trainable_parameters"]
@@ -227,6 +246,9 @@ def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results
     runs, _ = run_files.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
     assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
-    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
-            "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]}}
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
+        "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]},
+    }
     assert run_files.missing(runs, spec).empty

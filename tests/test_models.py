@@ -3,8 +3,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from paperlib import models, paths
-from paperlib import speed
+from paperlib import models, paths, speed
 
 
 def test_short_names_map_to_the_papers_timm_weights():
@@ -61,9 +60,15 @@ def test_a_head_asked_for_is_new_even_where_the_pretrained_one_has_its_size():
     again = models.create_model("demo", num_classes=5)
     assert first.head.out_features == 5 and not torch.equal(first.head.weight, pretrained.head.weight)
     assert not torch.equal(first.head.weight, second.head.weight) and torch.equal(first.head.weight, again.head.weight)
-    assert torch.equal(first.head.bias, torch.zeros(5)) and 0.01 < float(first.head.weight.detach().std()) < 0.03  # timm: N(0, 0.02), truncated
-    assert torch.equal(first.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight)  # the backbone is the pretrained one
-    assert torch.equal(models.create_model("demo").head.weight, pretrained.head.weight)  # no num_classes: the pretrained head
+    assert (
+        torch.equal(first.head.bias, torch.zeros(5)) and 0.01 < float(first.head.weight.detach().std()) < 0.03
+    )  # timm: N(0, 0.02), truncated
+    assert torch.equal(
+        first.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight
+    )  # the backbone is the pretrained one
+    assert torch.equal(
+        models.create_model("demo").head.weight, pretrained.head.weight
+    )  # no num_classes: the pretrained head
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
@@ -104,15 +109,18 @@ def test_hub_download_offline_gives_a_clear_error(monkeypatch, tmp_path):
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache
-    with pytest.raises(RuntimeError, match="https://huggingface.co/timm/vit_base_patch16_224.orig_in21k.*weights=") as info:
+    with pytest.raises(
+        RuntimeError, match="https://huggingface.co/timm/vit_base_patch16_224.orig_in21k.*weights="
+    ) as info:
         models.create_model("vit_base_in21k", img_size=32)
     assert info.value.__cause__ is not None
 
 
 def test_patch_embedding_as_a_matrix_product_is_the_same_function():
     torch.manual_seed(0)
-    model = models.create_model("vit_tiny_patch16_224.augreg_in21k", pretrained=False, num_classes=3, img_size=32,
-                                patch_size=8).double()
+    model = models.create_model(
+        "vit_tiny_patch16_224.augreg_in21k", pretrained=False, num_classes=3, img_size=32, patch_size=8
+    ).double()
     conv = model.patch_embed.proj
     images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     expected_out = model(images)
@@ -124,7 +132,9 @@ def test_patch_embedding_as_a_matrix_product_is_the_same_function():
     assert speed.layers.linear_patch_embed(model) is model
     proj = model.patch_embed.proj
     assert isinstance(proj, speed.layers.PatchLinear) and proj.weight is conv.weight and proj.bias is conv.bias
-    assert list(model.state_dict()) == keys  # same parameters under the same names: checkpoints and bounds are unchanged
+    assert (
+        list(model.state_dict()) == keys
+    )  # same parameters under the same names: checkpoints and bounds are unchanged
     out = model(images)
     out.square().sum().backward()
     assert torch.allclose(out, expected_out, rtol=0, atol=1e-12)

@@ -23,8 +23,9 @@ from paperlib import (
     plasticity,
     stats,
 )
-from paperlib import transforms as T
 from paperlib import runs as run_files
+from paperlib import transforms as T
+from paperlib.runs import Config
 
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -34,7 +35,10 @@ def save_demo(name: str, mean=None, std=None) -> None:
     and ``std`` (None: leave the demo's; ``"drop"``: no record of them in its config.json, as a
     folder written by another tool may have)."""
     model = models.create_model("demo")
-    model.pretrained_cfg = {**model.pretrained_cfg, **{k: v for k, v in (("mean", mean), ("std", std)) if v not in (None, "drop")}}
+    model.pretrained_cfg = {
+        **model.pretrained_cfg,
+        **{k: v for k, v in (("mean", mean), ("std", std)) if v not in (None, "drop")},
+    }
     folder = models.save_model(model, f"custom/{name}")
     if "drop" in (mean, std):
         config = json.loads((folder / "config.json").read_text())
@@ -57,7 +61,12 @@ def test_choices_and_bad_values_are_named():
         T.check_normalize("clip")
     with pytest.raises(ValueError, match="imagenet, model"):
         models.normalization("demo", "inception")
-    for mean, std in (((0.5, 0.5), (0.5, 0.5, 0.5)), ((0.5,) * 3, (0.5, 0.0, 0.5)), (("a",) * 3, (1,) * 3), ((float("nan"),) * 3, (1,) * 3)):
+    for mean, std in (
+        ((0.5, 0.5), (0.5, 0.5, 0.5)),
+        ((0.5,) * 3, (0.5, 0.0, 0.5)),
+        (("a",) * 3, (1,) * 3),
+        ((float("nan"),) * 3, (1,) * 3),
+    ):
         with pytest.raises(ValueError, match="three"):
             T.as_mean_std(mean, std)
     assert T.as_mean_std([1, 2, 3], (4, 5, 6)) == ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
@@ -69,18 +78,26 @@ def test_the_paper_normalises_every_model_with_imagenet_statistics_and_model_rea
     imagenet = (tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD))
     for name in ("demo", "vit_base_in21k", "vit_base_patch16_clip_224.openai"):
         assert models.normalization(name) == imagenet
-    assert models.normalization("vit_base_in21k", "model") == HALF  # the original ViTs were pretrained on [-1, 1] inputs
+    assert (
+        models.normalization("vit_base_in21k", "model") == HALF
+    )  # the original ViTs were pretrained on [-1, 1] inputs
     assert models.normalization("vit_huge_patch14_224.orig_in21k", "model") == HALF
-    assert models.normalization("vit_base_patch16_clip_224.openai", "model") == T.as_mean_std(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+    assert models.normalization("vit_base_patch16_clip_224.openai", "model") == T.as_mean_std(
+        OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+    )
     assert models.normalization("demo", "model") == imagenet  # the demo ViT was pretrained with ImageNet's
 
 
 def test_a_saved_model_keeps_its_statistics(home):
     save_demo("half", *HALF)
     assert models.normalization("custom/half", "model") == HALF
-    assert tuple(models.create_model("custom/half").pretrained_cfg["mean"]) == HALF[0]  # and the model built from it says so
+    assert (
+        tuple(models.create_model("custom/half").pretrained_cfg["mean"]) == HALF[0]
+    )  # and the model built from it says so
     demo = models.create_model("demo")
-    models.save_model(demo, "custom/given", mean=[0.1, 0.2, 0.3], std=(0.4, 0.5, 0.6))  # weights trained with statistics of their own
+    models.save_model(
+        demo, "custom/given", mean=[0.1, 0.2, 0.3], std=(0.4, 0.5, 0.6)
+    )  # weights trained with statistics of their own
     assert models.normalization("custom/given", "model") == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
     assert tuple(demo.pretrained_cfg["mean"]) == tuple(IMAGENET_DEFAULT_MEAN)  # the model itself is left as it was
     with pytest.raises(ValueError, match="both mean and std"):
@@ -108,7 +125,9 @@ def test_both_transform_paths_normalise_with_the_statistics_given():
     images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)  # square, as the cache's
     for pair in (T.IMAGENET, HALF):
         ours = T.device_transform(images, augment=False, image_size=16, mean_std=pair)
-        plain = torch.stack([T.paper_transform(False, 16, pair)(image) for image in images])  # upsampled, as Cifar to 224
+        plain = torch.stack(
+            [T.paper_transform(False, 16, pair)(image) for image in images]
+        )  # upsampled, as Cifar to 224
         assert (ours - plain).abs().max() < (1 / 255 + 1e-4) / min(pair[1])
     assert not torch.allclose(T.device_transform(images, False, 8), T.device_transform(images, False, 8, mean_std=HALF))
 
@@ -119,7 +138,9 @@ def test_datasets_and_the_device_loader_carry_the_statistics():
     assert torch.allclose(half.tensors()[0], (imagenet.images.float() / 255 - 0.5) / 0.5)
     assert half.subset([0, 1], "test").mean_std == HALF
     resized = data.get_dataset("digits", "test", image_size=16, mean_std=HALF)  # through the torchvision transform
-    assert torch.allclose(resized[0][0], affine(data.get_dataset("digits", "test", image_size=16)[0][0], T.IMAGENET, HALF), atol=1e-5)
+    assert torch.allclose(
+        resized[0][0], affine(data.get_dataset("digits", "test", image_size=16)[0][0], T.IMAGENET, HALF), atol=1e-5
+    )
     train = data.get_dataset("digits", "trainval")
     for augment in (True, False):
         a = DeviceBatch(train, augment, T.IMAGENET)
@@ -149,16 +170,23 @@ def DeviceBatch(dataset, augment, pair):
 
 LN2 = {"component": "ln2", "steps": 4, "warmup": 1, "eval_every": 2}  # a quick run of the small ones
 
+
 def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     save_demo("half", *HALF)
     save_demo("same")  # the demo's own statistics: ImageNet's
     paper = finetune.run(small(model="custom/half", **LN2))
     own = small(model="custom/half", normalize="model", **LN2)
-    assert own.folder().name == "seed=0-norm-model" and own.folder().parent == small(model="custom/half", **LN2).folder().parent
+    assert (
+        own.folder().name == "seed=0-norm-model"
+        and own.folder().parent == small(model="custom/half", **LN2).folder().parent
+    )
     metrics = finetune.run(own)
     assert (metrics["normalize"], metrics["mean"], metrics["std"]) == ("model", [0.5] * 3, [0.5] * 3)
     assert paper["normalize"] == "imagenet" and paper["mean"] == list(IMAGENET_DEFAULT_MEAN)
-    assert run_files.history(own)["train_loss"].tolist() != run_files.history(small(model="custom/half", **LN2))["train_loss"].tolist()
+    assert (
+        run_files.history(own)["train_loss"].tolist()
+        != run_files.history(small(model="custom/half", **LN2))["train_loss"].tolist()
+    )
     # the finetuned model records the statistics its run used, for normalize="model" once saved
     for config, pair in ((own, HALF), (small(model="custom/half", **LN2), T.IMAGENET)):
         finetune.run(dataclasses.replace(config, save_weights=True))
@@ -190,8 +218,14 @@ def test_runs_recorded_before_the_option_are_the_papers(home, small):
 def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     save_demo("half", *HALF)
     paper, paper_folder = plasticity.run("custom/half", "digits", "digits_source", n_pairs=12, progress=False)
-    own, own_folder = plasticity.run("custom/half", "digits", "digits_source", n_pairs=12, progress=False, normalize="model")
-    assert own_folder == paper_folder.with_name("digits+norm-model") == plasticity.result_folder("custom/half", "digits", normalize="model")
+    own, own_folder = plasticity.run(
+        "custom/half", "digits", "digits_source", n_pairs=12, progress=False, normalize="model"
+    )
+    assert (
+        own_folder
+        == paper_folder.with_name("digits+norm-model")
+        == plasticity.result_folder("custom/half", "digits", normalize="model")
+    )
     assert json.loads((own_folder / "metadata.json").read_text())["mean"] == [0.5] * 3
     assert not torch.allclose(torch.tensor(own["rate"].values), torch.tensor(paper["rate"].values))
     assert set(plasticity.collect()["normalize"]) == {"imagenet"} and len(plasticity.collect()) == 5
@@ -216,16 +250,35 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
 
 
 def test_cache_side_keeps_the_models_resolution():
-    assert [loader.cache_side(s) for s in (32, 224, 225, 384, 448)] == [256, 256, 258, 439, 512]  # 225 * 256 / 224 = 257.1
+    assert [loader.cache_side(s) for s in (32, 224, 225, 384, 448)] == [
+        256,
+        256,
+        258,
+        439,
+        512,
+    ]  # 225 * 256 / 224 = 257.1
     with pytest.raises(ValueError, match="positive integer"):
         loader.cache_side(0)
 
 
 def test_a_model_above_224_trains_on_images_cached_at_its_resolution(home, small):
-    vit = models.create_model("vit_demo_patch4_32", pretrained=False, img_size=240, patch_size=40, embed_dim=16, depth=1, num_heads=2, num_classes=2)
-    models.save_model(vit, "custom/big", model_args=dict(img_size=240, patch_size=40, embed_dim=16, depth=1, num_heads=2))
+    vit = models.create_model(
+        "vit_demo_patch4_32",
+        pretrained=False,
+        img_size=240,
+        patch_size=40,
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        num_classes=2,
+    )
+    models.save_model(
+        vit, "custom/big", model_args=dict(img_size=240, patch_size=40, embed_dim=16, depth=1, num_heads=2)
+    )
     fixtures.write_image_folder(home / "data" / "custom" / "photos", ["a", "b"], per_class=6, size=(300, 320))
-    metrics = finetune.run(small(**{**LN2, "steps": 2, "warmup": 0}, model="custom/big", dataset="custom/photos", batch_size=4))
+    metrics = finetune.run(
+        small(**{**LN2, "steps": 2, "warmup": 0}, model="custom/big", dataset="custom/photos", batch_size=4)
+    )
     assert metrics["status"] == "finished"
     cached = {p.name.split("-")[0] for p in (home / "data" / "cache").rglob("*.npy")}
     assert cached == {"275px"}  # ceil(240 * 256 / 224), not 256

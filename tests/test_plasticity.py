@@ -25,7 +25,16 @@ def demo():
 @pytest.fixture(scope="module")
 def layer_scale():
     # DINOv2-style blocks: layer scale after attention and MLP
-    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, img_size=28, patch_size=7, embed_dim=48, depth=3, num_heads=3, init_values=0.5)
+    model = timm.create_model(
+        "vit_small_patch14_dinov2",
+        pretrained=False,
+        img_size=28,
+        patch_size=7,
+        embed_dim=48,
+        depth=3,
+        num_heads=3,
+        init_values=0.5,
+    )
     return _perturb(model, seed=1)
 
 
@@ -63,7 +72,9 @@ def test_fc2_zero_lift_uses_the_first_d_columns(demo):
     fc2 = demo.blocks[0].mlp.fc2
     ex, ey = plasticity.embed(demo, x), plasticity.embed(demo, y)
     lifted = torch.cat([ex - ey, torch.zeros(*ex.shape[:2], fc2.in_features - ex.shape[-1])], dim=-1)
-    expected = torch.linalg.vector_norm((lifted @ fc2.weight.T).flatten(1), dim=1) / torch.linalg.vector_norm((ex - ey).flatten(1), dim=1)
+    expected = torch.linalg.vector_norm((lifted @ fc2.weight.T).flatten(1), dim=1) / torch.linalg.vector_norm(
+        (ex - ey).flatten(1), dim=1
+    )
     fast = plasticity.rate_tensor(demo, x, y)[0, COMPONENTS.index("fc2")]
     assert torch.allclose(fast.float(), expected.detach(), rtol=1e-4)
 
@@ -83,17 +94,24 @@ def test_rates_are_finite(demo):
 
 def _in_situ_by_hand(model, x, y):
     """A hand-written pre-norm forward pass, recording each component's input and output."""
+
     def seq(images):
         h = model._pos_embed(model.patch_embed(images))
         records = []
         for block in model.blocks:
-            n1 = torch.nn.functional.layer_norm(h, (h.shape[-1],), block.norm1.weight, block.norm1.bias, block.norm1.eps)
-            qkv = block.attn.qkv(n1).reshape(n1.shape[0], n1.shape[1], 3, block.attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+            n1 = torch.nn.functional.layer_norm(
+                h, (h.shape[-1],), block.norm1.weight, block.norm1.bias, block.norm1.eps
+            )
+            qkv = (
+                block.attn.qkv(n1).reshape(n1.shape[0], n1.shape[1], 3, block.attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+            )
             q, k, v = qkv[0], qkv[1], qkv[2]
             weights = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
             a = block.attn.proj((weights @ v).transpose(1, 2).reshape(n1.shape))
             h2 = h + a
-            n2 = torch.nn.functional.layer_norm(h2, (h.shape[-1],), block.norm2.weight, block.norm2.bias, block.norm2.eps)
+            n2 = torch.nn.functional.layer_norm(
+                h2, (h.shape[-1],), block.norm2.weight, block.norm2.bias, block.norm2.eps
+            )
             hidden = block.mlp.fc1(n2)
             act = torch.nn.functional.gelu(hidden)
             m = block.mlp.fc2(act)
@@ -103,9 +121,12 @@ def _in_situ_by_hand(model, x, y):
 
     rx, ry = seq(x), seq(y)
     norm = lambda t: torch.linalg.vector_norm(t.flatten(1), dim=1)  # noqa: E731
-    return torch.stack([
-        torch.stack([norm(bx[c][1] - by[c][1]) / norm(bx[c][0] - by[c][0]) for c in COMPONENTS]) for bx, by in zip(rx, ry)
-    ])
+    return torch.stack(
+        [
+            torch.stack([norm(bx[c][1] - by[c][1]) / norm(bx[c][0] - by[c][0]) for c in COMPONENTS])
+            for bx, by in zip(rx, ry)
+        ]
+    )
 
 
 def test_in_situ_matches_a_hand_written_forward_pass(demo):
@@ -163,7 +184,9 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
     direct = plasticity.rates(demo, x[:7], y[:7])
     assert sorted(table["pair"].unique()) == list(range(7))
     merged = table.merge(direct, on=["block", "component", "pair"])
-    assert len(merged) == len(direct) and (merged["rate_x"] - merged["rate_y"]).abs().max() < 1e-6 * merged["rate_y"].max()
+    assert (
+        len(merged) == len(direct) and (merged["rate_x"] - merged["rate_y"]).abs().max() < 1e-6 * merged["rate_y"].max()
+    )
     with pytest.raises(ValueError, match="only 10 pairs"):
         plasticity.measure(demo, reference, target, n_pairs=11, progress=False)
 
@@ -175,8 +198,8 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
         plasticity.load(tmp_path / "nothing")
 
 
-def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path, move_results):
+    move_results(".")
     assert plasticity.result_folder("demo", "digits_c/snow") == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
     assert plasticity.result_folder("demo", "digits", "in_situ") == tmp_path / "plasticity_in_situ" / "demo" / "digits"
 
@@ -189,8 +212,8 @@ def test_plasticity_benchmark_runs(capsys):
     assert "plain_pairs_per_s" in out and "measure_pairs_per_s" in out
 
 
-def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, tmp_path, move_results):
+    move_results(".")
     workers = []
     original = plasticity.measure
 
@@ -200,7 +223,10 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
 
     monkeypatch.setattr(plasticity, "measure", spy)
     table, folder = plasticity.run("demo", "digits", "digits_source", n_pairs=8, batch_size=4, progress=False)
-    assert folder == tmp_path / "plasticity" / "demo" / "digits" and len(plasticity.load(folder)) == len(table) == 8 * 6 * 5
+    assert (
+        folder == tmp_path / "plasticity" / "demo" / "digits"
+        and len(plasticity.load(folder)) == len(table) == 8 * 6 * 5
+    )
     plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
     monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
@@ -208,11 +234,11 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     assert workers[-1] >= 1
 
 
-def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_path, monkeypatch):
+def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_path, monkeypatch, move_results):
     # the paper's 12,800 pairs against test splits of 2,000 (Cifar10-C) to 3,669 (Pets) images
     from paperlib import data
 
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    move_results(".")
     asked = []
     monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or "table")
     monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
@@ -233,7 +259,10 @@ def test_pair_indices_first_and_random():
     assert plasticity.pair_indices(10, 8, 6, "random", seed=4) != (reference, target)
     many = plasticity.pair_indices(1000, 1000, 500, "random", seed=0)
     assert many[0] != many[1] and max(many[0]) > 900  # two draws, from the whole sets
-    assert plasticity.pair_indices(1000, 50, 40, "random", seed=0)[1] == plasticity.pair_indices(70, 50, 40, "random", seed=0)[1]  # a set's draw is its own
+    assert (
+        plasticity.pair_indices(1000, 50, 40, "random", seed=0)[1]
+        == plasticity.pair_indices(70, 50, 40, "random", seed=0)[1]
+    )  # a set's draw is its own
     with pytest.raises(ValueError, match="valid samples: first, random"):
         plasticity.pair_indices(10, 8, 5, "shuffled")
     with pytest.raises(ValueError, match=r"n_pairs must be in 1..8"):
@@ -247,19 +276,29 @@ def test_random_pairs_are_the_drawn_images_paired(demo):
     model, reference, target = demo, TensorDataset(x, torch.zeros(12)), TensorDataset(y[:10], torch.zeros(10))
     drawn_reference, drawn_target = plasticity.pair_indices(len(reference), len(target), 6, "random", seed=7)
     drawn = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False, sample="random", seed=7)
-    by_hand = plasticity.measure(model, Subset(reference, drawn_reference), Subset(target, drawn_target), 6, batch_size=4, progress=False)
+    by_hand = plasticity.measure(
+        model, Subset(reference, drawn_reference), Subset(target, drawn_target), 6, batch_size=4, progress=False
+    )
     assert drawn["rate"].tolist() == by_hand["rate"].tolist()
     first = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False)
     assert drawn["rate"].tolist() != first["rate"].tolist()
 
 
-def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_path, move_results):
+    move_results(".")
     _, first = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
-    _, drawn = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, sample="random", seed=3)
+    _, drawn = plasticity.run(
+        "demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, sample="random", seed=3
+    )
     assert first == tmp_path / "plasticity" / "demo" / "digits"
-    assert drawn == plasticity.result_folder("demo", "digits", sample="random", seed=3) == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
-    assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {"first"}  # the paper's draw only, by default
+    assert (
+        drawn
+        == plasticity.result_folder("demo", "digits", sample="random", seed=3)
+        == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
+    )
+    assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {
+        "first"
+    }  # the paper's draw only, by default
     assert plasticity.collect(sample="random")["seed"].tolist() == [3] * 5
     assert plasticity.collect()["seed"].isna().all() and str(plasticity.collect(sample=None)["seed"].dtype) == "Int64"
     assert plasticity.collect(sample="random", seed=4).empty
@@ -276,7 +315,9 @@ def _synthetic_table(levels, n_pairs, blocks=3, noise=0.1, seed=0):
     rng = np.random.default_rng(seed)
     rows = [
         {"block": b, "depth": 50.0 * b, "component": c, "pair": p, "rate": levels[c] + noise * rng.standard_normal()}
-        for b in range(blocks) for c in COMPONENTS for p in range(n_pairs)
+        for b in range(blocks)
+        for c in COMPONENTS
+        for p in range(n_pairs)
     ]
     table = pd.DataFrame(rows)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
@@ -308,14 +349,20 @@ def test_ranking_uncertainty_is_reproducible_and_shrinks_with_pairs():
     assert many["rank stable"].mean() > few["rank stable"].mean()
 
 
-def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path, move_results):
+    move_results(".")
     assert plasticity.default_reference("digits_c/snow") == "digits_source"
     assert plasticity.default_reference("cifar10") == plasticity.default_reference("custom/anything") == "imagenet"
-    default, default_folder = plasticity.run("demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False)
+    default, default_folder = plasticity.run(
+        "demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False
+    )
     other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
     assert default_folder == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
-    assert other_folder == default_folder.with_name("snow+ref-digits") == plasticity.result_folder("demo", "digits_c/snow", reference="digits")
+    assert (
+        other_folder
+        == default_folder.with_name("snow+ref-digits")
+        == plasticity.result_folder("demo", "digits_c/snow", reference="digits")
+    )
     assert plasticity.result_folder("demo", "digits_c/snow", reference="digits_source") == default_folder
     assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()  # not replaced
     assert other["rate"].tolist() != default["rate"].tolist()
@@ -324,58 +371,87 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     assert len(plasticity.collect(reference=None)) == 10
 
 
-def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path, move_results):
+    move_results(".")
     five = plasticity.result_folder("m", "cifar10c/snow")
     assert plasticity.result_folder("m", "cifar10c/snow", severity=5) == five
     assert plasticity.result_folder("m", "cifar10c/snow", severity=3) == five.with_name("snow+severity-3")
-    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder("m", "digits_c/snow")  # the demo's corruptions have one severity
+    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder(
+        "m", "digits_c/snow"
+    )  # the demo's corruptions have one severity
 
 
-def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, move_results):
+    move_results(".")
     table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
     folder = plasticity.save(table, plasticity.result_folder("mine", "elsewhere"))  # plasticity.save with no metadata
     assert plasticity.has_result("mine", "elsewhere")
     assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
 
 
-def test_measure_missing_measures_a_missing_pair_and_skips_a_present_one(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_measure_missing_measures_a_missing_pair_and_skips_a_present_one(monkeypatch, tmp_path, move_results):
+    move_results(".")
     calls = []
     original = plasticity.run
-    monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or original(*args, **kwargs))
+    monkeypatch.setattr(
+        plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or original(*args, **kwargs)
+    )
     assert not plasticity.has_result("demo", "digits")
     assert plasticity.measure_missing("demo", "digits", n_pairs=4, batch_size=4) == [("demo", "digits")]
     folder = plasticity.result_folder("demo", "digits")
     assert plasticity.has_result("demo", "digits") and len(plasticity.load(folder)) == 4 * 6 * 5
     assert not plasticity.has_result("demo", "digits", sample="random")  # another draw is another result
     # run gets the dataset's default reference and every argument as given
-    assert calls == [(("demo", "digits", "digits_source", 4, 4, "cpu", "embedding"),
-                      {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"})]
+    assert calls == [
+        (
+            ("demo", "digits", "digits_source", 4, 4, "cpu", "embedding"),
+            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"},
+        )
+    ]
     first = plasticity.load(folder)["rate"].tolist()
     # present: skipped, and not replaced; missing: measured, models outer and datasets inner
-    assert plasticity.measure_missing(["demo"], ["digits", "digits_c/snow"], "digits_source", n_pairs=6, batch_size=4) == [("demo", "digits_c/snow")]
+    assert plasticity.measure_missing(
+        ["demo"], ["digits", "digits_c/snow"], "digits_source", n_pairs=6, batch_size=4
+    ) == [("demo", "digits_c/snow")]
     assert plasticity.load(folder)["rate"].tolist() == first and len(calls) == 2
-    assert plasticity.has_result("demo", "digits_c/snow") and plasticity.load(plasticity.result_folder("demo", "digits_c/snow"))["pair"].nunique() == 6
+    assert (
+        plasticity.has_result("demo", "digits_c/snow")
+        and plasticity.load(plasticity.result_folder("demo", "digits_c/snow"))["pair"].nunique() == 6
+    )
     assert plasticity.measure_missing("demo", ["digits", "digits_c/snow"], n_pairs=6) == [] and len(calls) == 2
     assert len(plasticity.collect()) == 10
 
 
-def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_path, move_results):
+    move_results(".")
     calls = []
     monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
-    plasticity.save(plasticity.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"})
+    plasticity.save(
+        plasticity.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"}
+    )
     # another reference, draw or normalisation is another result: measured, with those arguments
     assert plasticity.measure_missing("demo", "digits", "digits") == [("demo", "digits")]
-    assert plasticity.measure_missing("demo", "digits", sample="random", seed=3, n_pairs=5, device="cuda", root="elsewhere", progress=True) == [("demo", "digits")]
+    assert plasticity.measure_missing(
+        "demo", "digits", sample="random", seed=3, n_pairs=5, device="cuda", root="elsewhere", progress=True
+    ) == [("demo", "digits")]
     assert plasticity.measure_missing("demo", "digits", normalize="model", inputs="in_situ") == [("demo", "digits")]
     assert calls == [
-        (("demo", "digits", "digits", 179, 64, "cpu", "embedding"), {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"}),
-        (("demo", "digits", "digits_source", 5, 64, "cuda", "embedding"), {"root": "elsewhere", "progress": True, "sample": "random", "seed": 3, "normalize": "imagenet"}),
-        (("demo", "digits", "digits_source", 179, 64, "cpu", "in_situ"), {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "model"}),
+        (
+            ("demo", "digits", "digits", 179, 64, "cpu", "embedding"),
+            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"},
+        ),
+        (
+            ("demo", "digits", "digits_source", 5, 64, "cuda", "embedding"),
+            {"root": "elsewhere", "progress": True, "sample": "random", "seed": 3, "normalize": "imagenet"},
+        ),
+        (
+            ("demo", "digits", "digits_source", 179, 64, "cpu", "in_situ"),
+            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "model"},
+        ),
     ]
-    assert plasticity.measure_missing("demo", "digits") == [] and plasticity.measure_missing("demo", "digits", "digits_source") == []
+    assert (
+        plasticity.measure_missing("demo", "digits") == []
+        and plasticity.measure_missing("demo", "digits", "digits_source") == []
+    )
     with pytest.raises(ValueError, match="valid samples"):
         plasticity.measure_missing("demo", "digits", sample="all")

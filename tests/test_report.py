@@ -23,7 +23,9 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
     executed = nbformat.read(tmp_path / "out" / "00_components.ipynb", as_version=4)
     assert "papermill" in executed.metadata
     assert _figures(executed) == 3  # the block diagram, Tables 3 and 4, the demo datasets' samples
-    assert html.count("data:image/png;base64") >= 3 + 1  # each figure as an image (the lab template has one PNG of its own)
+    assert (
+        html.count("data:image/png;base64") >= 3 + 1
+    )  # each figure as an image (the lab template has one PNG of its own)
     # figures went to the reports folder of the environment, not into the repository
     assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
@@ -32,7 +34,9 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     notebook = report.notebook_paths(["00_components"])[0]
-    out = report.execute(notebook, tmp_path / "run.ipynb", {"paper_models": ["vit_large_in21k"], "images_per_dataset": 2})
+    out = report.execute(
+        notebook, tmp_path / "run.ipynb", {"paper_models": ["vit_large_in21k"], "images_per_dataset": 2}
+    )
     text = out.read_text()
     assert "vit_large_patch16_224.orig_in21k" in text and "vit_huge_patch14_224" not in text
 
@@ -48,7 +52,9 @@ def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
 def test_notebooks_refreshed_in_place_keep_their_figures(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = tmp_path / "figure.ipynb"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()")])
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()")]
+    )
     nbformat.write(nb, notebook)
     report.execute_inplace([notebook])
     assert _figures(nbformat.read(notebook, as_version=4)) == 1
@@ -70,7 +76,9 @@ def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monke
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     assert plots.save_figure(fig, path) == path
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(path.parent.iterdir()) == [path]  # no temporary file left
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(path.parent.iterdir()) == [
+        path
+    ]  # no temporary file left
     pdf = plots.save_figure(fig, tmp_path / "figure.pdf")  # the suffix's format, not the temporary file's
     assert pdf.read_bytes()[:4] == b"%PDF"
     plt.close(fig)
@@ -85,9 +93,14 @@ def test_robustness_boxes_show_one_dataset_and_count_divergence():
 
     from paperlib import plots
 
-    runs = pd.DataFrame({"dataset": ["a"] * 5, "config": ["mha", "mha", "mha", "ln1", "ln1"],
-                         "status": ["finished", "finished", "diverged", "finished", "finished"],
-                         "test_accuracy": [0.9, 0.8, float("nan"), 0.7, 0.6]})
+    runs = pd.DataFrame(
+        {
+            "dataset": ["a"] * 5,
+            "component": ["mha", "mha", "mha", "ln1", "ln1"],
+            "status": ["finished", "finished", "diverged", "finished", "finished"],
+            "test_accuracy": [0.9, 0.8, float("nan"), 0.7, 0.6],
+        }
+    )
     fig, ax = plt.subplots()
     plots.config_boxes(runs, ax)
     assert [label.get_text() for label in ax.get_xticklabels()] == ["MHA\n1 diverged", "LN1"]

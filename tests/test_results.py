@@ -1,10 +1,10 @@
 """Results tables and the paper's statistics on a synthetic results tree with known answers."""
 
 import itertools
-from dataclasses import fields
 import json
 import math
 import statistics
+from dataclasses import fields
 
 import pandas as pd
 import pytest
@@ -13,7 +13,14 @@ from scipy import stats as scipy_stats
 from paperlib import finetune, paths, stats
 from paperlib.runs import KEYS, Config, expected, load, missing
 
-DATASETS = ["digits", "digits_c/contrast", "digits_c/gaussian_noise", "digits_c/motion_blur", "digits_c/snow", "digits_c/speckle_noise"]  # real names: a Config validates its dataset
+DATASETS = [
+    "digits",
+    "digits_c/contrast",
+    "digits_c/gaussian_noise",
+    "digits_c/motion_blur",
+    "digits_c/snow",
+    "digits_c/speckle_noise",
+]  # real names: a Config validates its dataset
 CONFIGS = ["mha", "fc1", "ln1", "linear"]
 LRS = [0.01, 0.03]
 SEEDS = [0, 1, 2]
@@ -33,14 +40,24 @@ def val_accuracy(dataset, config, lr, seed):
 def write_run(root, dataset, config, lr, seed, status="finished"):
     folder = root / "finetune" / "demo" / dataset / config / f"lr={lr:g}" / f"seed={seed}"
     folder.mkdir(parents=True)
-    params = {field.name: field.default for field in fields(Config)} | {"model": "demo", "dataset": dataset, "component": config, "lr": lr, "seed": seed}
+    params = {field.name: field.default for field in fields(Config)} | {
+        "model": "demo",
+        "dataset": dataset,
+        "component": config,
+        "lr": lr,
+        "seed": seed,
+    }
     (folder / "params.json").write_text(json.dumps(params))
     if status == "partial":
         return
     test = accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
     val = val_accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
-    (folder / "metrics.json").write_text(json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10}))
-    pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]}).to_csv(folder / "history.csv", index=False)
+    (folder / "metrics.json").write_text(
+        json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10})
+    )
+    pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]}).to_csv(
+        folder / "history.csv", index=False
+    )
 
 
 @pytest.fixture
@@ -63,21 +80,34 @@ def test_load_lists_every_run_including_partial_and_diverged(tree):
 
 def test_missing_runs_are_listed(tree):
     runs, _ = load(tree)
-    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
-            "grid": {"dataset": ["digits"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]}}
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"model": "demo"},
+        "grid": {"dataset": ["digits"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]},
+    }
     absent = missing(runs, spec)
-    assert absent[["dataset", "component"]].values.tolist() == [["digits", "ln2"]]  # fc2 exists (partial): listed by load, not here
+    assert absent[["dataset", "component"]].values.tolist() == [
+        ["digits", "ln2"]
+    ]  # fc2 exists (partial): listed by load, not here
 
 
 def test_runs_in_another_precision_are_other_runs(tree):
     folder = tree / "finetune" / "demo" / "digits" / "ln2" / "lr=0.01" / "seed=0-bf16"
     folder.mkdir(parents=True)
-    (folder / "params.json").write_text(json.dumps({field.name: field.default for field in fields(Config)} | {"model": "demo", "dataset": "digits", "component": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}))
+    (folder / "params.json").write_text(
+        json.dumps(
+            {field.name: field.default for field in fields(Config)}
+            | {"model": "demo", "dataset": "digits", "component": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}
+        )
+    )
     runs, histories = load(tree)
     assert runs.loc[runs["component"] == "ln2", "precision"].tolist() == ["bf16"]
     assert set(runs["precision"]) == {"autocast", "bf16"}
-    spec = {"notebook": "notebooks/05_finetune.ipynb", "parameters": {"model": "demo"},
-            "grid": {"dataset": ["digits"], "component": ["ln2"], "lr": [0.01], "seed": [0]}}
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"model": "demo"},
+        "grid": {"dataset": ["digits"], "component": ["ln2"], "lr": [0.01], "seed": [0]},
+    }
     assert missing(runs, spec)[["component", "precision"]].values.tolist() == [["ln2", "autocast"]]
     spec["parameters"]["precision"] = "bf16"
     assert missing(runs, spec).empty
@@ -120,11 +150,23 @@ def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled
 
 
 def test_table6_printed_as_the_paper_prints_it():
-    table = pd.DataFrame({"dataset": ["digits", "digits", "digits_c/contrast"], "component": ["mha", "fc1", "mha"], "lr": [0.01] * 3,
-                          "mean": [91.234, 90.0, 88.0], "std": [0.456, float("nan"), 1.0], "seeds": [3, 1, 2]})
+    table = pd.DataFrame(
+        {
+            "dataset": ["digits", "digits", "digits_c/contrast"],
+            "component": ["mha", "fc1", "mha"],
+            "lr": [0.01] * 3,
+            "mean": [91.234, 90.0, 88.0],
+            "std": [0.456, float("nan"), 1.0],
+            "seeds": [3, 1, 2],
+        }
+    )
     text = stats.formatted(table)
     assert list(text.columns) == ["mha", "fc1"]
-    assert text.loc["digits", "mha"] == "91.23 ± 0.46 (3)" and text.loc["digits", "fc1"] == "90.00 (1)" and text.loc["digits_c/contrast", "mha"] == "88.00 ± 1.00 (2)"
+    assert (
+        text.loc["digits", "mha"] == "91.23 ± 0.46 (3)"
+        and text.loc["digits", "fc1"] == "90.00 (1)"
+        and text.loc["digits_c/contrast", "mha"] == "88.00 ± 1.00 (2)"
+    )
 
 
 def test_table1_matches_scipy_and_the_definition():
@@ -161,7 +203,9 @@ def test_relative_gain_and_pooled_standard_error(tree):
     table = stats.table6(runs)
     gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}))
     a = table.set_index(["dataset", "component"])["mean"]
-    assert gain.loc["digits", "mha"] == pytest.approx(100 * (a[("digits", "mha")] - a[("digits", "linear")]) / a[("digits", "linear")])
+    assert gain.loc["digits", "mha"] == pytest.approx(
+        100 * (a[("digits", "mha")] - a[("digits", "linear")]) / a[("digits", "linear")]
+    )
     assert "linear" not in gain.columns
     average = stats.average(table).set_index("component")
     part = table[table.component == "mha"]
@@ -175,24 +219,64 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
     # a list of grids with their own steps (as the paper's spec has per dataset group), a grid key
     # (precision, optimizer) that is not a fixed parameter, notebook names (component,
     # compile) and a learning rate that YAML reads as a string
-    from paperlib import finetune
-
     move_results(".")
     started = []
     monkeypatch.setattr(finetune, "run", lambda config, progress=False: started.append(config) or {})
-    spec = {"notebook": "notebooks/05_finetune.ipynb",
-            "parameters": {"model": "demo", "batch_size": 8, "warmup": 1, "eval_every": 2, "compile": False, "device": "cpu"},
-            "grid": [{"dataset": ["digits"], "component": ["ln2"], "lr": ["1e-2"], "seed": [0], "steps": [4], "precision": ["autocast", "bf16"]},
-                     {"dataset": ["digits_c/snow"], "component": ["mha"], "lr": [0.03], "seed": [1], "steps": [6],
-                      "optimizer": ["adamw"], "weight_decay": [0.05]}]}
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {
+            "model": "demo",
+            "batch_size": 8,
+            "warmup": 1,
+            "eval_every": 2,
+            "compile": False,
+            "device": "cpu",
+        },
+        "grid": [
+            {
+                "dataset": ["digits"],
+                "component": ["ln2"],
+                "lr": ["1e-2"],
+                "seed": [0],
+                "steps": [4],
+                "precision": ["autocast", "bf16"],
+            },
+            {
+                "dataset": ["digits_c/snow"],
+                "component": ["mha"],
+                "lr": [0.03],
+                "seed": [1],
+                "steps": [6],
+                "optimizer": ["adamw"],
+                "weight_decay": [0.05],
+            },
+        ],
+    }
     finetune.run_spec(spec)
-    assert [(c.dataset, c.component, c.lr, c.seed, c.steps, c.precision, c.optimizer, c.weight_decay, c.batch_size, c.compile) for c in started] == [
+    assert [
+        (
+            c.dataset,
+            c.component,
+            c.lr,
+            c.seed,
+            c.steps,
+            c.precision,
+            c.optimizer,
+            c.weight_decay,
+            c.batch_size,
+            c.compile,
+        )
+        for c in started
+    ] == [
         ("digits", "ln2", 0.01, 0, 4, "autocast", "sgd", 0.0, 8, False),
         ("digits", "ln2", 0.01, 0, 4, "bf16", "sgd", 0.0, 8, False),
         ("digits_c/snow", "mha", 0.03, 1, 6, "autocast", "adamw", 0.05, 8, False),
     ]
     assert expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
-        ["autocast", "sgd", 0.0], ["bf16", "sgd", 0.0], ["autocast", "adamw", 0.05]]
+        ["autocast", "sgd", 0.0],
+        ["bf16", "sgd", 0.0],
+        ["autocast", "adamw", 0.05],
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,14 +289,28 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     values = [100 * accuracy("digits_c/contrast", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
     row = spread.loc[("digits_c/contrast", "fc1")]
     assert row["std"] == pytest.approx(statistics.stdev(values))
-    assert row["iqr"] == pytest.approx(statistics.quantiles(values, n=4, method="inclusive")[2] - statistics.quantiles(values, n=4, method="inclusive")[0])
-    assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(statistics.median(values))
+    assert row["iqr"] == pytest.approx(
+        statistics.quantiles(values, n=4, method="inclusive")[2]
+        - statistics.quantiles(values, n=4, method="inclusive")[0]
+    )
+    assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(
+        statistics.median(values)
+    )
     assert (row["finished"], row["diverged"], row["cells"]) == (6, 0, 6)
     assert set(spread.index.get_level_values("component")) == {"mha", "fc1", "ln1"}
     # FC2 of dataset a has one diverged run and one that did not finish: no cell of a has every configuration
     with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"]).set_index("component")
-    assert with_fc2["cells"].tolist() == [1, 1] and with_fc2.loc["fc2", "diverged"] == 1 and with_fc2.loc["mha", "finished"] == 0
-    assert stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"], common=False).set_index("component").loc["mha", "finished"] == 1
+    assert (
+        with_fc2["cells"].tolist() == [1, 1]
+        and with_fc2.loc["fc2", "diverged"] == 1
+        and with_fc2.loc["mha", "finished"] == 0
+    )
+    assert (
+        stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"], common=False)
+        .set_index("component")
+        .loc["mha", "finished"]
+        == 1
+    )
     with pytest.raises(ValueError, match="one model"):
         stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
 
@@ -220,10 +318,28 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
 def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_steadier():
     rows = []
     for lr, seed in itertools.product([0.01, 0.1, 1.0], [0, 1]):
-        rows.append({"model": "m", "dataset": "d", "component": "mha", "lr": lr, "seed": seed, "status": "diverged" if lr == 1.0 else "finished",
-                     "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: float("nan")}[lr] + 0.001 * seed})
-        rows.append({"model": "m", "dataset": "d", "component": "ln1", "lr": lr, "seed": seed, "status": "finished",
-                     "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed})
+        rows.append(
+            {
+                "model": "m",
+                "dataset": "d",
+                "component": "mha",
+                "lr": lr,
+                "seed": seed,
+                "status": "diverged" if lr == 1.0 else "finished",
+                "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: float("nan")}[lr] + 0.001 * seed,
+            }
+        )
+        rows.append(
+            {
+                "model": "m",
+                "dataset": "d",
+                "component": "ln1",
+                "lr": lr,
+                "seed": seed,
+                "status": "finished",
+                "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed,
+            }
+        )
     spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [6, 6] and spread.loc["mha", "diverged"] == 2
     assert spread["finished"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
@@ -234,8 +350,13 @@ def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_stead
 
 
 def _plasticity(order_by_dataset):
-    return pd.DataFrame([{"model": "m", "dataset": d, "component": c, "plasticity": 10.0 - i}
-                         for d, order in order_by_dataset.items() for i, c in enumerate(order)])
+    return pd.DataFrame(
+        [
+            {"model": "m", "dataset": d, "component": c, "plasticity": 10.0 - i}
+            for d, order in order_by_dataset.items()
+            for i, c in enumerate(order)
+        ]
+    )
 
 
 def test_plasticity_correlation_is_kendalls_tau_per_dataset():
@@ -243,7 +364,10 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     plasticity = _plasticity({"same": components, "reversed": components, "one swap": components, "short": components})
     rows = []
     for i, c in enumerate(components + ["full", "linear"]):  # full and linear have no plasticity: left out
-        rows += [{"dataset": "same", "component": c, "accuracy": 90.0 - i}, {"dataset": "reversed", "component": c, "accuracy": 80.0 + i}]
+        rows += [
+            {"dataset": "same", "component": c, "accuracy": 90.0 - i},
+            {"dataset": "reversed", "component": c, "accuracy": 80.0 + i},
+        ]
     swapped = dict(zip(components, [90.0, 91.0, 89.0, 88.0, 87.0]))  # FC1 above MHA: one discordant pair of ten
     rows += [{"dataset": "one swap", "component": c, "accuracy": a} for c, a in swapped.items()]
     rows += [{"dataset": "short", "component": c, "accuracy": 1.0} for c in ("mha", "fc1")]  # two components: no test
@@ -252,7 +376,9 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     assert table.loc["same", "tau"] == pytest.approx(1.0) and table.loc["reversed", "tau"] == pytest.approx(-1.0)
     assert table.loc["one swap", "tau"] == pytest.approx((9 - 1) / 10)
     assert table.loc["same", "p_value"] == pytest.approx(2 / 120)  # exact: 2 of the 5! orders are as extreme
-    assert table.loc["one swap", "p_value"] == pytest.approx(2 * 5 / 120)  # orders with at most one discordant pair: 1 + 4
+    assert table.loc["one swap", "p_value"] == pytest.approx(
+        2 * 5 / 120
+    )  # orders with at most one discordant pair: 1 + 4
     assert (table["components"] == 5).all()
     assert table.loc["one swap", "most_plastic"] == "mha" and table.loc["one swap", "highest"] == "fc1"
     with pytest.raises(ValueError, match="one model"):
@@ -267,21 +393,27 @@ def test_plasticity_correlation_p_values_are_exact_with_ties():
     components = ["mha", "fc1", "fc2", "ln2", "ln1"]
     plasticity = _plasticity({"tied": components, "flat": components})
     tied = [5.0, 4.0, 4.0, 2.0, 1.0]  # FC1 and FC2 tie
-    results_ = pd.DataFrame([{"dataset": "tied", "component": c, "accuracy": a} for c, a in zip(components, tied)]
-                            + [{"dataset": "flat", "component": c, "accuracy": 3.0} for c in components])
+    results_ = pd.DataFrame(
+        [{"dataset": "tied", "component": c, "accuracy": a} for c, a in zip(components, tied)]
+        + [{"dataset": "flat", "component": c, "accuracy": 3.0} for c in components]
+    )
     table = stats.plasticity_correlation(plasticity, results_).set_index("dataset")
 
     def tau_b(x, y):  # by the definition: (concordant - discordant) / sqrt((pairs - ties in x) (pairs - ties in y))
         pairs = list(itertools.combinations(range(len(x)), 2))
         signs = [(x[i] - x[j]) * (y[i] - y[j]) for i, j in pairs]
         tx, ty = sum(x[i] == x[j] for i, j in pairs), sum(y[i] == y[j] for i, j in pairs)
-        return (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / math.sqrt((len(pairs) - tx) * (len(pairs) - ty))
+        return (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / math.sqrt(
+            (len(pairs) - tx) * (len(pairs) - ty)
+        )
 
     scores = [10.0, 9.0, 8.0, 7.0, 6.0]
     observed = tau_b(scores, tied)
     extreme = sum(abs(tau_b(scores, list(order))) >= abs(observed) - 1e-12 for order in itertools.permutations(tied))
     assert table.loc["tied", "tau"] == pytest.approx(observed)
-    assert table.loc["tied", "p_value"] == pytest.approx(extreme / 120)  # every pairing of the accuracies with the plasticities
+    assert table.loc["tied", "p_value"] == pytest.approx(
+        extreme / 120
+    )  # every pairing of the accuracies with the plasticities
     assert math.isnan(table.loc["flat", "tau"]) and math.isnan(table.loc["flat", "p_value"])
     summary = stats.correlation_summary(table.reset_index())
     assert (summary["datasets"], summary["undefined"]) == (1, 1)
@@ -299,7 +431,10 @@ def test_correlation_summary_tests_the_taus_against_zero():
 def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
     order = stats.paper_order(sorted(paper["dataset"].unique()))
-    assert len(order) == 55 and order.groupby("dataset")["plasticity"].apply(list).map(lambda s: s == [5.0, 4.0, 3.0, 2.0, 1.0]).all()
+    assert (
+        len(order) == 55
+        and order.groupby("dataset")["plasticity"].apply(list).map(lambda s: s == [5.0, 4.0, 3.0, 2.0, 1.0]).all()
+    )
     table = stats.plasticity_correlation(order, paper.rename(columns={"mean": "accuracy"})).set_index("dataset")
     assert len(table) == 11
     # read off the CSV: motion blur's accuracies fall in the ranking's order exactly; Pets' LN2 and LN1 beat MHA
@@ -310,14 +445,32 @@ def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
 
 
 def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_run():
-    keys = {field.name: field.default for field in fields(Config) if field.name in KEYS} | {"model": "m", "dataset": "digits", "lr": 0.01, "seed": 0}
-    rows = [keys | {"component": c, "step": step, "grad_norm": float(step * scale)} for c, scale in (("mha", 2.0), ("ln1", 1.0)) for step in range(1, 11)]
+    keys = {field.name: field.default for field in fields(Config) if field.name in KEYS} | {
+        "model": "m",
+        "dataset": "digits",
+        "lr": 0.01,
+        "seed": 0,
+    }
+    rows = [
+        keys | {"component": c, "step": step, "grad_norm": float(step * scale)}
+        for c, scale in (("mha", 2.0), ("ln1", 1.0))
+        for step in range(1, 11)
+    ]
     rows += [keys | {"component": "fc1", "step": 4, "grad_norm": 7.0}]  # one logged step
     rows += [keys | {"component": "fc2", "step": step, "grad_norm": 1e3} for step in range(1, 4)]  # diverged at step 3
-    runs = pd.DataFrame([keys | {"component": c, "status": "diverged" if c == "fc2" else "finished"} for c in ("mha", "ln1", "fc1", "fc2")])
+    runs = pd.DataFrame(
+        [
+            keys | {"component": c, "status": "diverged" if c == "fc2" else "finished"}
+            for c in ("mha", "ln1", "fc1", "fc2")
+        ]
+    )
     norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("component")["grad_norm"]
-    assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})  # steps 1 and 2 of 10; FC2 left out
-    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc["ln1", "grad_norm"] == pytest.approx(5.5)
+    assert norms.to_dict() == pytest.approx(
+        {"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0}
+    )  # steps 1 and 2 of 10; FC2 left out
+    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc[
+        "ln1", "grad_norm"
+    ] == pytest.approx(5.5)
     with pytest.raises(ValueError, match="fraction"):
         stats.early_gradient_norm(pd.DataFrame(rows), runs, 0)
 
@@ -327,7 +480,9 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
     assert stats.holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped
     adjusted = stats.holm([0.01, float("nan"), 0.02])
-    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)  # m = 2
+    assert (
+        adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
+    )  # m = 2
 
 
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
@@ -335,12 +490,16 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     table = stats.table1(paper).set_index("component")
     assert table["p_holm"].tolist() == pytest.approx(stats.holm(table["p_value"]).tolist())
     # the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four tests are counted
-    assert table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
+    assert (
+        table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
+    )
     pairs = stats.pairwise(paper)
     assert len(pairs) == 10 and pairs[["first", "second"]].values.tolist()[:2] == [["mha", "fc1"], ["mha", "fc2"]]
     wide = stats.wide(paper)
     row = pairs.set_index(["first", "second"]).loc[("fc1", "fc2")]
-    assert row["difference"] == pytest.approx((wide["fc1"] - wide["fc2"]).mean()) and row["wins"] == int((wide["fc1"] > wide["fc2"]).sum())
+    assert row["difference"] == pytest.approx((wide["fc1"] - wide["fc2"]).mean()) and row["wins"] == int(
+        (wide["fc1"] > wide["fc2"]).sum()
+    )
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
     assert pairs["p_holm"].tolist() == pytest.approx(stats.holm(pairs["p_value"]).tolist())
     assert stats.pairwise(paper, configs=["mha", "full", "linear"])["first"].tolist() == ["mha", "mha", "full"]
@@ -349,20 +508,48 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
 
 
 def test_pairwise_printed_as_a_matrix():
-    pairs = pd.DataFrame({"first": ["mha", "mha", "fc1"], "second": ["fc1", "ln1", "ln1"], "difference": [0.071, 0.9346, 0.86],
-                          "p_holm": [1.0, 0.0293, 0.0547], "significant_holm": [False, True, False]})
+    pairs = pd.DataFrame(
+        {
+            "first": ["mha", "mha", "fc1"],
+            "second": ["fc1", "ln1", "ln1"],
+            "difference": [0.071, 0.9346, 0.86],
+            "p_holm": [1.0, 0.0293, 0.0547],
+            "significant_holm": [False, True, False],
+        }
+    )
     matrix = stats.formatted_pairs(pairs)
     assert list(matrix.index) == ["mha", "fc1"] and list(matrix.columns) == ["fc1", "ln1"]
-    assert matrix.loc["mha", "ln1"] == "+0.93 (0.029)*" and matrix.loc["fc1", "ln1"] == "+0.86 (0.055)" and matrix.loc["fc1", "fc1"] == ""
+    assert (
+        matrix.loc["mha", "ln1"] == "+0.93 (0.029)*"
+        and matrix.loc["fc1", "ln1"] == "+0.86 (0.055)"
+        and matrix.loc["fc1", "fc1"] == ""
+    )
 
 
 def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_cell():
-    accuracies = pd.DataFrame({"dataset": ["digits", "digits_c/contrast", "digits", "digits_c/contrast"], "component": ["mha", "mha", "fc1", "ln1"], "accuracy": [1.0, 2.0, 0.5, 1.5]})
+    accuracies = pd.DataFrame(
+        {
+            "dataset": ["digits", "digits_c/contrast", "digits", "digits_c/contrast"],
+            "component": ["mha", "mha", "fc1", "ln1"],
+            "accuracy": [1.0, 2.0, 0.5, 1.5],
+        }
+    )
     pairs = stats.pairwise(accuracies).set_index(["first", "second"])
     assert pairs.loc[("fc1", "ln1"), "datasets"] == 0 and math.isnan(pairs.loc[("fc1", "ln1"), "p_value"])
     assert pairs["p_holm"].notna().sum() == 2  # Holm over the two pairs that have a test
-    rows = [{"model": "m", "dataset": "d", "component": c, "lr": 0.1, "seed": seed, "status": "finished",
-             "test_accuracy": float("nan") if (c, seed) == ("mha", 2) else 0.8 + 0.01 * seed} for c in ("mha", "ln1") for seed in range(3)]
+    rows = [
+        {
+            "model": "m",
+            "dataset": "d",
+            "component": c,
+            "lr": 0.1,
+            "seed": seed,
+            "status": "finished",
+            "test_accuracy": float("nan") if (c, seed) == ("mha", 2) else 0.8 + 0.01 * seed,
+        }
+        for c in ("mha", "ln1")
+        for seed in range(3)
+    ]
     spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
@@ -371,13 +558,18 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
 def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
     spec = tmp_path / "spec.yaml"
-    spec.write_text("notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
-                    f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n")
+    spec.write_text(
+        "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
+        f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n"
+    )
     assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS)
     # every run of the tree's configurations, and of FC2 a partial and a diverged run on a; the other FC2 runs missing
-    assert f"{grid * len(CONFIGS) + 2} runs of" in out and f"{grid * len(CONFIGS)} finished, 1 partial, 1 diverged; {grid - 2} missing" in out
+    assert (
+        f"{grid * len(CONFIGS) + 2} runs of" in out
+        and f"{grid * len(CONFIGS)} finished, 1 partial, 1 diverged; {grid - 2} missing" in out
+    )
     assert "Table 6" in out and "p_holm" in out and "no P(f)" not in out
     written = {p.stem for p in (tmp_path / "tables").iterdir()}
     assert written == {"table6", "table1", "pairwise", "accuracy_tau", "spread_tau", "takeaway2"}
@@ -396,13 +588,27 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     runs, _ = load(tree)
     # a saved P(f) of the runs' model on dataset a, in the reverse of the paper's order, and one of another model
     reverse = {"mha": 1.0, "fc1": 2.0, "fc2": 3.0, "ln2": 4.0, "ln1": 5.0}
-    rates = pd.DataFrame([{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)])
+    rates = pd.DataFrame(
+        [{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)]
+    )
     for model in ("demo", "other"):
-        plasticity.save(rates, plasticity.result_folder(model, "digits"), {"model": model, "dataset": "digits", "reference": "digits_source", "sample": "first", "normalize": "imagenet"})
+        plasticity.save(
+            rates,
+            plasticity.result_folder(model, "digits"),
+            {
+                "model": model,
+                "dataset": "digits",
+                "reference": "digits_source",
+                "sample": "first",
+                "normalize": "imagenet",
+            },
+        )
     measured, source = stats.plasticity_for(runs)
     assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"digits"}
     assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)
     tau = stats.summary(runs)["accuracy_tau"]
-    assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(-1.0)  # MHA > FC1 > LN1 in accuracy: the reverse
+    assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(
+        -1.0
+    )  # MHA > FC1 > LN1 in accuracy: the reverse
     with pytest.raises(ValueError, match="one model"):
         stats.plasticity_for(pd.concat([runs, runs.assign(model="other")]))

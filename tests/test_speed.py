@@ -2,19 +2,16 @@
 CUDA graphs and micro-batches each give the step the protocol defines, to rounding."""
 
 import copy
-import json
 import math
 from dataclasses import fields
 
-import pandas as pd
 import pytest
 import torch
 
-from paperlib import components, finetune, models, stats
-from paperlib import speed
-from paperlib.speed import kernels
+from paperlib import components, finetune, models, speed
 from paperlib import runs as run_files
 from paperlib.runs import Config
+from paperlib.speed import kernels
 
 
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
@@ -43,14 +40,30 @@ def test_logged_gradient_norm_is_what_the_fused_update_clipped_with(precision, m
 def test_finetune_benchmark_runs(capsys):
     from paperlib.speed import bench
 
-    bench.main(["finetune", "--configs", "ln1,linear", "--batch-size", "8", "--steps", "2", "--workers", "0", "--device", "cpu"])
+    bench.main(
+        [
+            "finetune",
+            "--configs",
+            "ln1,linear",
+            "--batch-size",
+            "8",
+            "--steps",
+            "2",
+            "--workers",
+            "0",
+            "--device",
+            "cpu",
+        ]
+    )
     out = capsys.readouterr().out
     for key in ("ln1_library_images_per_s", "ln1_plain_images_per_s", "linear_speedup", "linear_library_tflops"):
         assert key in out
 
 
 @pytest.mark.parametrize("how, compiled_calls", [(True, 1), ("blocks", 6)])
-def test_compiled_model_trains_like_the_eager_one(how, compiled_calls, results, tmp_path, monkeypatch, small, move_results):
+def test_compiled_model_trains_like_the_eager_one(
+    how, compiled_calls, results, tmp_path, monkeypatch, small, move_results
+):
     # torch.compile is stood in for by its eager backend (no compiler needed on CI machines):
     # what is tested is that the run trains, evaluates and checkpoints through the compiled twin
     # (or the model whose 6 blocks were compiled in place)
@@ -66,9 +79,12 @@ def test_compiled_model_trains_like_the_eager_one(how, compiled_calls, results, 
     move_results("compiled")
     metrics = finetune.run(small(component="fc1", compile=how))
     assert len(compiled) == compiled_calls
-    assert metrics["best_step"] == eager["best_step"] and metrics["test_accuracy"] == pytest.approx(eager["test_accuracy"])
+    assert metrics["best_step"] == eager["best_step"] and metrics["test_accuracy"] == pytest.approx(
+        eager["test_accuracy"]
+    )
     assert run_files.history(small(component="fc1", compile=how))["train_loss"].tolist() == pytest.approx(
-        run_files.history(small(component="fc1"))["train_loss"].tolist(), rel=1e-5)
+        run_files.history(small(component="fc1"))["train_loss"].tolist(), rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("how", ["model", "blocks"])
@@ -142,8 +158,17 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
 def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, small):
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
     options = config.step_options()
-    assert set(speed.options.STEP_OPTIONS) <= {field.name for field in fields(Config)}  # a new option is a Config field too
-    assert [getattr(options, name) for name in speed.options.STEP_OPTIONS] == [True, "coordinate-descent", "math", "bf16", "auto", False]
+    assert set(speed.options.STEP_OPTIONS) <= {
+        field.name for field in fields(Config)
+    }  # a new option is a Config field too
+    assert [getattr(options, name) for name in speed.options.STEP_OPTIONS] == [
+        True,
+        "coordinate-descent",
+        "math",
+        "bf16",
+        "auto",
+        False,
+    ]
     checked = options.checked("cpu")
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
     assert speed.options.StepOptions().checked(torch.device("cpu")).compile == "none"
@@ -156,7 +181,9 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
             speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu")
     for mode in ("default", "coordinate-descent", "max-autotune-no-cudagraphs"):
         assert speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu").graph
-    assert speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph  # not compiled: no mode applies
+    assert (
+        speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph
+    )  # not compiled: no mode applies
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping():
@@ -185,7 +212,9 @@ def test_training_step_returns_device_tensors_and_updates_only_trainable_weights
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = finetune.make_optimizer(trainable, 0.1, 0.9, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    loss, norm = speed.step.training_step(model, trainable, optimizer, images, labels, 4, 1.0, speed.step.autocast_for(torch.device("cpu")))
+    loss, norm = speed.step.training_step(
+        model, trainable, optimizer, images, labels, 4, 1.0, speed.step.autocast_for(torch.device("cpu"))
+    )
     assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and float(norm) > 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".norm2." in n or n.startswith(("head.", "norm.")) for n in changed)
@@ -215,7 +244,17 @@ def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, mo
     # a micro-batch the user chose is not changed behind their back
     with pytest.raises(torch.cuda.OutOfMemoryError):
         finetune.run(small(micro_batch=8, seed=1))
-    assert speed.step.smaller_micro_batch(512, 512) == 256 and speed.step.smaller_micro_batch(48, 48) == 24 and speed.step.smaller_micro_batch(20, 5) == 2
+    assert (
+        speed.step.smaller_micro_batch(512, 512) == 256
+        and speed.step.smaller_micro_batch(48, 48) == 24
+        and speed.step.smaller_micro_batch(20, 5) == 2
+    )
+
+
+def _fp32_logits(state, images):
+    model = models.create_model("demo", pretrained=False, num_classes=3)
+    model.load_state_dict(state)
+    return model(images)
 
 
 def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
@@ -227,10 +266,14 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
     master = speed.step.MasterWeights(model)
     optimizer = finetune.make_optimizer(trainable, 1e-4, 0.9, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    loss, norm = speed.step.training_step(master, trainable, optimizer, images, labels, 8, 1e9, speed.step.autocast_for(torch.device("cpu")))
+    loss, norm = speed.step.training_step(
+        master, trainable, optimizer, images, labels, 8, 1e9, speed.step.autocast_for(torch.device("cpu"))
+    )
 
     copies = dict(master.module.named_parameters())
-    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(p.dtype == torch.bfloat16 for p in copies.values())
+    assert all(p.dtype == torch.float32 for p in model.parameters()) and all(
+        p.dtype == torch.bfloat16 for p in copies.values()
+    )
     for name, p in model.named_parameters():
         if p.requires_grad:  # first SGD step (no clipping): p - lr * gradient, the bf16 gradient taken in fp32
             expected = before[name] - 1e-4 * copies[name].grad.float()
@@ -240,8 +283,11 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
             assert torch.equal(p, before[name]) and copies[name].grad is None
         assert torch.equal(copies[name], p.detach().to(torch.bfloat16))  # the copy holds the rounded masters
     # updates below bf16's resolution are kept by the fp32 masters (bf16 weights would lose them)
-    lost_in_bf16 = [((p != before[n]) & (p.to(torch.bfloat16) == before[n].to(torch.bfloat16))).any()
-                    for n, p in model.named_parameters() if p.requires_grad]
+    lost_in_bf16 = [
+        ((p != before[n]) & (p.to(torch.bfloat16) == before[n].to(torch.bfloat16))).any()
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    ]
     assert any(lost_in_bf16)
     with torch.no_grad():  # the same loss as the fp32 model, to bf16 rounding
         reference = torch.nn.functional.cross_entropy(_fp32_logits(before, images), labels)
@@ -255,7 +301,9 @@ def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results,
     assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
     losses = run_files.history(small(component="full", precision="bf16"))["train_loss"]
     # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
-    assert losses[:4].tolist() == pytest.approx(run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2)
+    assert losses[:4].tolist() == pytest.approx(
+        run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2
+    )
     with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
         finetune.run(small(precision="fp16"))
 
@@ -270,7 +318,11 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
     speed.step.compile_model(model, "model", "max-autotune-no-cudagraphs")
     speed.step.compile_model(model, "model")
     assert calls[0] == {"options": {"coordinate_descent_tuning": True}} and len(calls) == 1 + len(model.blocks) + 2
-    assert all(c == calls[0] for c in calls[1:-2]) and calls[-2] == {"mode": "max-autotune-no-cudagraphs"} and calls[-1] == {}
+    assert (
+        all(c == calls[0] for c in calls[1:-2])
+        and calls[-2] == {"mode": "max-autotune-no-cudagraphs"}
+        and calls[-1] == {}
+    )
     calls.clear()
     speed.step.compile_model(model, "model", "coordinate-descent-pdl")
     assert calls == [{"options": {"coordinate_descent_tuning": True, "triton.enable_pdl": True}}]
@@ -332,19 +384,26 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
         optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu, graphed and fused == "update")
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
         context = speed.step.step_context(cpu)
-        step = RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2) if graphed else speed.step.make_step(
-            forward, trainable, optimizer, 4, 1.0, context)
+        step = (
+            RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2)
+            if graphed
+            else speed.step.make_step(forward, trainable, optimizer, 4, 1.0, context)
+        )
         outputs = []
         for images, labels in batches:
             outputs.append(step(images, labels))
             schedule.step()
-            assert isinstance(optimizer.param_groups[0]["lr"], float)  # the schedule's and the checkpoints' number, kept
+            assert isinstance(
+                optimizer.param_groups[0]["lr"], float
+            )  # the schedule's and the checkpoints' number, kept
         runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
     (plain, plain_weights), (replayed, replayed_weights) = runs
     assert CAPTURES[-1] is step and step.calls == 2
     losses = torch.tensor([[float(loss), float(norm)] for loss, norm in plain])
     assert len(set(losses[:, 0].tolist())) == 7  # every batch gives its own loss, so a stale batch would show
-    torch.testing.assert_close(torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6
+    )
     for replayed_weight, plain_weight in zip(replayed_weights, plain_weights):
         torch.testing.assert_close(replayed_weight, plain_weight, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="replays one batch shape"):
@@ -371,7 +430,9 @@ def test_a_step_that_cannot_be_recorded_says_what_to_do():
         def _capture(self, run):  # the allocator's error inside a capture can come as a plain RuntimeError
             raise RuntimeError("CUDA error: out of memory")
 
-    step = OutOfMemoryWhileRecording(model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2)
+    step = OutOfMemoryWhileRecording(
+        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2
+    )
     step(images, labels)
     step(images, labels)
     with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):  # train() then retries with micro-batches
@@ -381,11 +442,15 @@ def test_a_step_that_cannot_be_recorded_says_what_to_do():
 def test_warmup_steps_cover_compilation_and_a_graphs_capture():
     assert speed.step.warmup_steps(speed.options.StepOptions()) == 1
     assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks")) == 3
-    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks", graph=True)) == speed.step.GRAPH_WARMUP + 1
+    assert (
+        speed.step.warmup_steps(speed.options.StepOptions(compile="blocks", graph=True)) == speed.step.GRAPH_WARMUP + 1
+    )
     assert speed.step.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
     with pytest.raises(ValueError, match="needs trainable parameters"):
         speed.step.make_step(None, [], None, 4, 1.0, None, graph=True)
-    weight = torch.zeros(2, requires_grad=True)  # a capture of the first step would record the momentum's initialisation
+    weight = torch.zeros(
+        2, requires_grad=True
+    )  # a capture of the first step would record the momentum's initialisation
     with pytest.raises(ValueError, match="at least 2 ordinary steps before its capture, got warmup=1"):
         speed.step.GraphedStep(None, [weight], torch.optim.SGD([weight], lr=0.1, momentum=0.9), 4, 1.0, None, warmup=1)
 
@@ -403,7 +468,7 @@ def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_p
     graphed = run_files.history(small(component="full", graph=True))
     assert graphed["lr"].tolist() == losses["lr"].tolist()
     assert graphed["train_loss"].tolist() == pytest.approx(losses["train_loss"].tolist(), rel=1e-5)
-    assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(losses["val_accuracy"].dropna().tolist(), abs=1e-9)
+    assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(
+        losses["val_accuracy"].dropna().tolist(), abs=1e-9
+    )
     assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
-
-

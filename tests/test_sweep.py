@@ -6,8 +6,7 @@ import nbformat
 import pytest
 import yaml
 
-from paperlib import sweep
-from paperlib import specs
+from paperlib import specs, sweep
 
 
 @pytest.fixture
@@ -16,8 +15,10 @@ def tiny_notebook(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_markdown_cell("# tiny"),
-        nbformat.v4.new_code_cell("value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\ndataset = \"a\"  # a name (\"quoted\")\nrate = 0.5\ntag = \"\"\nextra = 0",
-                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            'value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\ndataset = "a"  # a name ("quoted")\nrate = 0.5\ntag = ""\nextra = 0',
+            metadata={"tags": ["parameters"]},
+        ),
         nbformat.v4.new_code_cell("if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)"),
     ]
     path = tmp_path / "tiny.ipynb"
@@ -33,7 +34,11 @@ def reports(tmp_path, monkeypatch, move_results):
 
 
 def test_expand_is_the_grid_product_in_written_order(tiny_notebook):
-    spec = {"notebook": str(tiny_notebook), "parameters": {"fail": False}, "grid": {"value": [1, 2], "tag": ["a/b", "c"]}}
+    spec = {
+        "notebook": str(tiny_notebook),
+        "parameters": {"fail": False},
+        "grid": {"value": [1, 2], "tag": ["a/b", "c"]},
+    }
     runs = sweep.expand(spec)
     assert [r.name for r in runs] == ["1/a/b", "1/c", "2/a/b", "2/c"]
     assert runs[2].parameters == {"fail": False, "value": 2, "tag": "a/b"}
@@ -83,17 +88,27 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
     assert not any(run.finished for run in sweep.expand(edited)) and all(run.finished for run in sweep.expand(spec)[:2])
     again = {r.name: r.status for r in sweep.run_sweep(edited)}
     assert again["False/3"] == again["False/4"] == "done"
-    assert json.loads((folder / "False" / "3.done.json").read_text())["parameters"] == {"extra": 5, "fail": False, "value": 3}
+    assert json.loads((folder / "False" / "3.done.json").read_text())["parameters"] == {
+        "extra": 5,
+        "fail": False,
+        "value": 3,
+    }
 
 
-def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(tiny_notebook, reports, tmp_path, monkeypatch):
+def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
+    tiny_notebook, reports, tmp_path, monkeypatch
+):
     from paperlib import fixtures, models
 
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
     monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
     fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["cat", "dog"], per_class=2)
     models.save_model(models.create_model("demo"), "custom/vit")
-    spec = {"notebook": str(tiny_notebook), "parameters": {"tag": "custom/vit"}, "grid": {"dataset": ["custom/shots", "a"]}}
+    spec = {
+        "notebook": str(tiny_notebook),
+        "parameters": {"tag": "custom/vit"},
+        "grid": {"dataset": ["custom/shots", "a"]},
+    }
     assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "done"}
     marker = json.loads((reports / "tiny" / "custom" / "shots.done.json").read_text())
     assert set(marker["fingerprints"]) == {"dataset:custom/shots", "model:custom/vit"}
@@ -104,7 +119,9 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(tiny_n
     assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "skipped"}
     assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
 
-    models.save_model(models.create_model("demo", num_classes=3), "custom/vit", overwrite=True)  # other weights, same name
+    models.save_model(
+        models.create_model("demo", num_classes=3), "custom/vit", overwrite=True
+    )  # other weights, same name
     assert [run.finished for run in sweep.expand(spec)] == [False, False]
     # markers written before fingerprints were recorded: a run naming custom inputs runs again once
     for run in sweep.run_sweep(spec):
@@ -122,9 +139,11 @@ def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, 
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_code_cell('dataset = "custom/made"', metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("from paperlib import fixtures, paths\n"
-                                  "if not (paths.data_dir() / dataset).is_dir():\n"
-                                  "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)"),
+        nbformat.v4.new_code_cell(
+            "from paperlib import fixtures, paths\n"
+            "if not (paths.data_dir() / dataset).is_dir():\n"
+            "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)"
+        ),
     ]
     nbformat.write(nb, tmp_path / "maker.ipynb")
     spec = {"notebook": str(tmp_path / "maker.ipynb"), "grid": {"dataset": ["custom/made"]}}
@@ -144,7 +163,9 @@ def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
     with pytest.raises(ValueError, match="seed: 0"):  # a fixed parameter counts as one value
         specs.restrict(groups, seed=[1])
     paper = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
-    assert {r.parameters["dataset"] for r in sweep.expand(specs.restrict(paper, dataset=["pets"], seed=[0]))} == {"pets"}
+    assert {r.parameters["dataset"] for r in sweep.expand(specs.restrict(paper, dataset=["pets"], seed=[0]))} == {
+        "pets"
+    }
 
 
 def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
@@ -160,7 +181,9 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
         nbformat.v4.new_code_cell("value = 1  # a number", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("import os, time\ntime.sleep(1)\nprint('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"),
+        nbformat.v4.new_code_cell(
+            "import os, time\ntime.sleep(1)\nprint('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"
+        ),
     ]
     notebook = tmp_path / "pinned.ipynb"
     nbformat.write(nb, notebook)
@@ -173,7 +196,9 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
         seen.add((gpu, worker))
     gpus = {gpu for gpu, _ in seen}
     assert gpus <= {"3", "5"} and len(gpus) == 2  # both GPUs served runs
-    assert len({worker for _, worker in seen}) == 2 and len(seen) == 2  # one process per GPU, each always on its own GPU
+    assert (
+        len({worker for _, worker in seen}) == 2 and len(seen) == 2
+    )  # one process per GPU, each always on its own GPU
 
 
 def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
@@ -204,7 +229,12 @@ def test_finetune_specs_follow_table_5():
     assert len(runs) == 11 * 7 * 4 * 3
     steps = {r.parameters["dataset"]: r.parameters["steps"] for r in runs}
     assert sorted(steps) == sorted(data.PAPER_DATASETS)
-    assert steps["cifar10"] == 10000 and steps["domainnet/sketch"] == 20000 and steps["flowers102"] == 5000 and steps["pets"] == 4000
+    assert (
+        steps["cifar10"] == 10000
+        and steps["domainnet/sketch"] == 20000
+        and steps["flowers102"] == 5000
+        and steps["pets"] == 4000
+    )
     lrs = {r.parameters["lr"] for r in runs if r.parameters["dataset"] == "domainnet/clipart"}
     assert lrs == {0.003, 0.01, 0.03, 0.06}
     assert {r.parameters["seed"] for r in runs} == {0, 42, 3407}
@@ -225,12 +255,37 @@ def test_finetune_parameter_files_set_notebook_parameters_only():
 
 
 def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(tiny_notebook):
-    assert specs.notebook_parameters(tiny_notebook) == {"value": 1, "fail": False, "seed": 0, "dataset": "a", "rate": 0.5, "tag": "", "extra": 0}
-    with pytest.raises(ValueError, match="tiny.ipynb has no parameter learning_rate, vlaue; its parameters: value, fail, seed, dataset, rate, tag, extra"):
+    assert specs.notebook_parameters(tiny_notebook) == {
+        "value": 1,
+        "fail": False,
+        "seed": 0,
+        "dataset": "a",
+        "rate": 0.5,
+        "tag": "",
+        "extra": 0,
+    }
+    with pytest.raises(
+        ValueError,
+        match="tiny.ipynb has no parameter learning_rate, vlaue; its parameters: value, fail, seed, dataset, rate, tag, extra",
+    ):
         sweep.expand({"notebook": str(tiny_notebook), "parameters": {"learning_rate": 0.1}, "grid": {"vlaue": [1]}})
-    runs = sweep.expand({"notebook": str(tiny_notebook), "parameters": {"rate": "1e-2"}, "grid": {"value": ["3", 4], "dataset": ["1e-2"]}})
-    assert [(r.parameters["rate"], r.parameters["value"], r.parameters["dataset"]) for r in runs] == [(0.01, 3, "1e-2"), (0.01, 4, "1e-2")]
+    runs = sweep.expand(
+        {
+            "notebook": str(tiny_notebook),
+            "parameters": {"rate": "1e-2"},
+            "grid": {"value": ["3", 4], "dataset": ["1e-2"]},
+        }
+    )
+    assert [(r.parameters["rate"], r.parameters["value"], r.parameters["dataset"]) for r in runs] == [
+        (0.01, 3, "1e-2"),
+        (0.01, 4, "1e-2"),
+    ]
     with pytest.raises(ValueError, match="value must be int, got 'three'"):
         sweep.expand({"notebook": str(tiny_notebook), "grid": {"value": ["three"]}})
-    for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):  # the project's specs name real parameters
+    for spec in (
+        "finetune_demo",
+        "finetune_paper",
+        "plasticity_demo",
+        "plasticity_paper",
+    ):  # the project's specs name real parameters
         assert sweep.expand(specs.load_spec(f"parameters/sweeps/{spec}.yaml"))

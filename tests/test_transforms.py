@@ -64,7 +64,9 @@ def test_eval_path_matches_torchvision_eval_transform():
 def _torchvision_boxes(n, height, width, seed=0):
     torch.manual_seed(seed)
     image = torch.zeros(3, height, width)
-    return np.array([v2.RandomResizedCrop.get_params(image, list(T.SCALE), list(T.RATIO)) for _ in range(n)], dtype=float)
+    return np.array(
+        [v2.RandomResizedCrop.get_params(image, list(T.SCALE), list(T.RATIO)) for _ in range(n)], dtype=float
+    )
 
 
 @pytest.mark.parametrize("size", [(32, 32), (30, 64)])

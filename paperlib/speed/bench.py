@@ -39,7 +39,6 @@ from .bench_data import bench_data, bench_plasticity, resolve_device
 from .bench_step import bench_finetune, bench_kernels, bench_profile, bench_variants, variant_words
 from .options import STEP_OPTIONS
 
-
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 FINETUNE_CONFIGS = ("full", "mha", "fc1", "fc2", "ln2", "ln1", "linear")
 
@@ -80,13 +79,23 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
         keep("data", result)
         need = 5.0 if cuda else 1.0
-        check(3, f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
-              f"{result['device_path_images_per_s']:,.0f} vs {result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
-              result["speedup"] >= need)
+        check(
+            3,
+            f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
+            f"{result['device_path_images_per_s']:,.0f} vs {result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
+            result["speedup"] >= need,
+        )
     if "plasticity" in parts:
         # (model, pairs, batch, repeats): on a GPU, the paper's 12,800 pairs once
-        settings = [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1)] if cuda else [("demo", 256, 64, 3), ("vit_base_in21k", 32, 16, 3)]
-        results = [bench_plasticity(name, pairs, batch, str(device), repeats=repeats) for name, pairs, batch, repeats in settings]
+        settings = (
+            [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1)]
+            if cuda
+            else [("demo", 256, 64, 3), ("vit_base_in21k", 32, 16, 3)]
+        )
+        results = [
+            bench_plasticity(name, pairs, batch, str(device), repeats=repeats)
+            for name, pairs, batch, repeats in settings
+        ]
         keep("plasticity", results)
         for (name, pairs, _, _), result in zip(settings, results):
             figures = f"{result['measure_pairs_per_s']:,.1f} vs {result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
@@ -103,24 +112,39 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options, as they resolved)."""
         mfu = result.get("full_library_mfu")
         how = variant_words(result).lstrip(", ") or "eager"
-        check(6, f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how}, batch {result['batch_size']})",
-              f"{mfu:.1%}" if mfu is not None else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
-              None if mfu is None else mfu >= 0.40)
+        check(
+            6,
+            f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how}, batch {result['batch_size']})",
+            f"{mfu:.1%}"
+            if mfu is not None
+            else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
+            None if mfu is None else mfu >= 0.40,
+        )
 
     if "finetune" in parts:
         eager = bench_finetune(name, FINETUNE_CONFIGS, batch, steps=10, device=str(device))
         keep("finetune", eager)
         for config in FINETUNE_CONFIGS:
-            check(6, f"{config}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
-                  f"{eager[f'{config}_library_images_per_s']:,.1f} vs {eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
-                  eager[f"{config}_speedup"] >= 1.0)
+            check(
+                6,
+                f"{config}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
+                f"{eager[f'{config}_library_images_per_s']:,.1f} vs {eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
+                eager[f"{config}_speedup"] >= 1.0,
+            )
         full = eager["full_library_images_per_s"]
         slower = [c for c in FINETUNE_CONFIGS[1:] if eager[f"{c}_library_images_per_s"] <= full]
-        check(6, "frozen configurations faster than full finetuning", "slower or equal: " + (", ".join(slower) or "none"), not slower)
+        check(
+            6,
+            "frozen configurations faster than full finetuning",
+            "slower or equal: " + (", ".join(slower) or "none"),
+            not slower,
+        )
         if cuda:
             check_mfu(eager)
     if "compiled" in parts:
-        compiled = bench_finetune(name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False)
+        compiled = bench_finetune(
+            name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False
+        )
         keep("finetune_compiled", compiled)
         check_mfu(compiled)
         blocks = bench_finetune(name, ("full",), batch, steps=10, device=str(device), compile="blocks", plain=False)
@@ -129,10 +153,24 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         # the fastest settings measured (the paper's batch, inductor's tuning, bf16 compute with fp32
         # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split), then
         # that replayed from a CUDA graph
-        for part, fused, graph in (("finetune_compiled_fastest", "none", False), ("finetune_compiled_fused", "all", False),
-                                   ("finetune_compiled_graph", "all", True)):
-            result = bench_finetune(name, ("full",), batch * 2, steps=10, device=str(device), compile="blocks", plain=False,
-                                    compile_mode="coordinate-descent", precision="bf16", fused=fused, graph=graph)
+        for part, fused, graph in (
+            ("finetune_compiled_fastest", "none", False),
+            ("finetune_compiled_fused", "all", False),
+            ("finetune_compiled_graph", "all", True),
+        ):
+            result = bench_finetune(
+                name,
+                ("full",),
+                batch * 2,
+                steps=10,
+                device=str(device),
+                compile="blocks",
+                plain=False,
+                compile_mode="coordinate-descent",
+                precision="bf16",
+                fused=fused,
+                graph=graph,
+            )
             keep(part, result)
             check_mfu(result)
     return checks
@@ -154,7 +192,9 @@ def _print(result: dict, json_path: Path | None) -> None:
 
 
 def _print_variants(rows: list[dict]) -> None:
-    print(f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}{'GiB':>7}  first loss / grad norm")
+    print(
+        f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}{'GiB':>7}  first loss / grad norm"
+    )
     for row in rows:
         variant = variant_words(row).lstrip(", ") or "eager"
         if "error" in row:
@@ -163,14 +203,18 @@ def _print_variants(rows: list[dict]) -> None:
         mfu = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
         agrees = {True: "", False: "  DIFFERS from the first row", None: ""}[row.get("agrees")]
         memory = f"{row['peak_memory_gib']:.1f}" if row.get("peak_memory_gib") is not None else "-"
-        print(f"{row['batch_size']:>6}  {variant:<48}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
-              f"{row['warmup_seconds']:>11.1f}{memory:>7}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}")
+        print(
+            f"{row['batch_size']:>6}  {variant:<48}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
+            f"{row['warmup_seconds']:>11.1f}{memory:>7}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}"
+        )
 
 
 def _print_profile(result: dict, json_path: Path | None) -> None:
-    print(f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
-          f"{variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']}); "
-          f"wall time {result['wall_ms_per_step']} ms per step")
+    print(
+        f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
+        f"{variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']}); "
+        f"wall time {result['wall_ms_per_step']} ms per step"
+    )
     print("  " + ", ".join(f"{group} {share:.0%}" for group, share in result["shares"].items()))
     for row in result["largest"]:
         print(f"  {row['share']:6.1%}  {row['group']:<16} {row['name'][:100]}")
@@ -179,13 +223,31 @@ def _print_profile(result: dict, json_path: Path | None) -> None:
 
 
 def _step_arguments(parser) -> None:
-    parser.add_argument("--compile", nargs="?", const="model", default="none", metavar="HOW",
-                        help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)")
-    parser.add_argument("--compile-mode", default="default", help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="model",
+        default="none",
+        metavar="HOW",
+        help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        default="default",
+        help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...",
+    )
     parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
-    parser.add_argument("--precision", default="autocast", help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)")
-    parser.add_argument("--fused", default="auto", help="our fused ops: auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), "
-                        "qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by '+'")
+    parser.add_argument(
+        "--precision",
+        default="autocast",
+        help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)",
+    )
+    parser.add_argument(
+        "--fused",
+        default="auto",
+        help="our fused ops: auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), "
+        "qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by '+'",
+    )
     parser.add_argument("--graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)")
 
 
@@ -195,7 +257,7 @@ def _step_options(args) -> dict:
 
 
 def _booleans(text: str, option: str) -> tuple[bool, ...]:
-    """"false,true" -> (False, True); anything else is a ValueError naming the valid words."""
+    """ "false,true" -> (False, True); anything else is a ValueError naming the valid words."""
     words = {"false": False, "true": True}
     values = tuple(word.strip().lower() for word in text.split(","))
     unknown = [value for value in values if value not in words]
@@ -225,18 +287,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    f = commands.add_parser("finetune", help="training images/s per configuration: library step vs plain fp32 DataLoader loop")
+    f = commands.add_parser(
+        "finetune", help="training images/s per configuration: library step vs plain fp32 DataLoader loop"
+    )
     f.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
     f.add_argument("--configs", default="full,mha,fc1,ln1,linear", help="comma-separated configurations")
     f.add_argument("--batch-size", type=int, default=64)
     f.add_argument("--steps", type=int, default=10, help="timed steps per path (after one warm-up step)")
     f.add_argument("--image-size", type=int, default=None, help="default: the model's")
-    f.add_argument("--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)")
+    f.add_argument(
+        "--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)"
+    )
     f.add_argument("--device", default="auto", help="cuda, cpu or auto")
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     _step_arguments(f)
     f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
-    f.add_argument("--lora-rank", type=int, default=0, help="train LoRA updates of this rank instead of each configuration's weights (of mha, fc1, fc2, full)")
+    f.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train LoRA updates of this rank instead of each configuration's weights (of mha, fc1, fc2, full)",
+    )
     f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
     r.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
@@ -247,54 +318,110 @@ def main(argv: list[str] | None = None) -> None:
     _step_arguments(r)
     r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
     r.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    v = commands.add_parser("variants", help="one configuration's step under every combination of batch size, compilation and attention kernel")
+    v = commands.add_parser(
+        "variants",
+        help="one configuration's step under every combination of batch size, compilation and attention kernel",
+    )
     v.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
     v.add_argument("--config", default="full", help="the configuration trained (full, mha, fc1, fc2, ln2, ln1, linear)")
     v.add_argument("--batch-sizes", default="64", help="comma-separated")
     v.add_argument("--compile", default="none,model,blocks", help="comma-separated, of: none, model, blocks")
     v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
-    v.add_argument("--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math")
+    v.add_argument(
+        "--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math"
+    )
     v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
-    v.add_argument("--fused", default="auto", help="comma-separated, of: auto (gelu+qkv on CUDA, none elsewhere), none, all, "
-                   "or gelu, qkv, update joined by '+' (our fused ops)")
-    v.add_argument("--graph", default="false", help="comma-separated, of: false, true (replay each step from a CUDA graph; CUDA only)")
+    v.add_argument(
+        "--fused",
+        default="auto",
+        help="comma-separated, of: auto (gelu+qkv on CUDA, none elsewhere), none, all, "
+        "or gelu, qkv, update joined by '+' (our fused ops)",
+    )
+    v.add_argument(
+        "--graph",
+        default="false",
+        help="comma-separated, of: false, true (replay each step from a CUDA graph; CUDA only)",
+    )
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
     v.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    v.add_argument("--json", type=Path, default=None, help="rows go here as each ends; rows already there are not measured again")
-    k = commands.add_parser("kernels", help="our fused ops alone at a model's training shapes, against a copy of the same bytes")
+    v.add_argument(
+        "--json", type=Path, default=None, help="rows go here as each ends; rows already there are not measured again"
+    )
+    k = commands.add_parser(
+        "kernels", help="our fused ops alone at a model's training shapes, against a copy of the same bytes"
+    )
     k.add_argument("--model", default="vit_base_in21k", help="whose shapes: demo, vit_base_in21k, ...")
     k.add_argument("--batch-size", type=int, default=None, help="images (default: 512 on CUDA, 8 on a CPU)")
     k.add_argument("--device", default="auto", help="cuda, cpu or auto")
     k.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
     t.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    t.add_argument("--parts", default=None, help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)")
+    t.add_argument(
+        "--parts",
+        default=None,
+        help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)",
+    )
     t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json")
     args = parser.parse_args(argv)
     try:
         if args.command == "targets":
             checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
         elif args.command == "profile":
-            result = bench_profile(args.model, args.config, args.batch_size, args.steps, args.device, top=args.top, **_step_options(args))
+            result = bench_profile(
+                args.model, args.config, args.batch_size, args.steps, args.device, top=args.top, **_step_options(args)
+            )
         elif args.command == "variants":
             try:
                 batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
             except ValueError:
                 raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
-            rows = bench_variants(args.model, args.config, batch_sizes, tuple(args.compile.split(",")), tuple(args.modes.split(",")),
-                                  tuple(args.attention.split(",")), args.steps, args.repeats, args.device, args.json,
-                                  precisions=tuple(args.precision.split(",")), fuseds=tuple(args.fused.split(",")),
-                                  graphs=_booleans(args.graph, "--graph"))
+            rows = bench_variants(
+                args.model,
+                args.config,
+                batch_sizes,
+                tuple(args.compile.split(",")),
+                tuple(args.modes.split(",")),
+                tuple(args.attention.split(",")),
+                args.steps,
+                args.repeats,
+                args.device,
+                args.json,
+                precisions=tuple(args.precision.split(",")),
+                fuseds=tuple(args.fused.split(",")),
+                graphs=_booleans(args.graph, "--graph"),
+            )
         elif args.command == "data":
-            result = bench_data(args.dataset, args.root, args.batch_size, args.image_size, args.batches, args.workers, args.device, args.fixture_size)
+            result = bench_data(
+                args.dataset,
+                args.root,
+                args.batch_size,
+                args.image_size,
+                args.batches,
+                args.workers,
+                args.device,
+                args.fixture_size,
+            )
         elif args.command == "kernels":
             result = bench_kernels(args.model, args.batch_size, args.device)
         elif args.command == "plasticity":
-            result = bench_plasticity(args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats)
+            result = bench_plasticity(
+                args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats
+            )
         else:
-            result = bench_finetune(args.model, tuple(args.configs.split(",")), args.batch_size, args.steps, args.device, args.image_size,
-                                    args.workers, plain=not args.no_plain, repeats=args.repeats, lora_rank=args.lora_rank, **_step_options(args))
+            result = bench_finetune(
+                args.model,
+                tuple(args.configs.split(",")),
+                args.batch_size,
+                args.steps,
+                args.device,
+                args.image_size,
+                args.workers,
+                plain=not args.no_plain,
+                repeats=args.repeats,
+                lora_rank=args.lora_rank,
+                **_step_options(args),
+            )
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     if args.command == "targets":

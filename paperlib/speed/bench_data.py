@@ -27,7 +27,9 @@ from ..loader import DeviceLoader, cache_side, uint8_images
 
 def resolve_device(device: str) -> torch.device:
     """The device a benchmark runs on: ``device``, with "auto" CUDA when there is a GPU, else the CPU."""
-    return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    return torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device)
+    )
 
 
 def device_name(device: torch.device) -> str:
@@ -126,20 +128,34 @@ def bench_data(
         source = "local files"
         if root is None and data.dataset_source(dataset).group not in ("demo", "custom"):
             if dataset not in ("cifar10", "cifar100"):
-                raise ValueError(f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}")
+                raise ValueError(
+                    f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}"
+                )
             fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
             root, source = tmp, f"fixture of {fixture_size} random images in the official format"
         plain = data.get_dataset(dataset, "trainval", root=root, augment=True, image_size=image_size)
         loader = DataLoader(
-            plain, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers,
-            pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+            plain,
+            batch_size=batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            persistent_workers=workers > 0,
         )
         dataloader_rate = _rate(endless(loader), device, batches)
         del loader  # shut its workers down before the next measurement
         gc.collect()
         start = time.perf_counter()
-        cached = uint8_images(data.get_dataset(dataset, "trainval", root=root), cache_side(image_size), cache_dir=Path(tmp) / "cache", workers=workers)
-        device_loader = DeviceLoader(cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True)
+        cached = uint8_images(
+            data.get_dataset(dataset, "trainval", root=root),
+            cache_side(image_size),
+            cache_dir=Path(tmp) / "cache",
+            workers=workers,
+        )
+        device_loader = DeviceLoader(
+            cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True
+        )
         setup = time.perf_counter() - start
         device_rate = _rate(endless(device_loader), device, batches)
     return {
@@ -172,7 +188,12 @@ class _Cycled(torch.utils.data.Dataset):
 
 
 def bench_plasticity(
-    model_name: str = "demo", pairs: int = 256, batch_size: int = 64, device: str = "auto", image_size: int | None = None, repeats: int = 3
+    model_name: str = "demo",
+    pairs: int = 256,
+    batch_size: int = 64,
+    device: str = "auto",
+    image_size: int | None = None,
+    repeats: int = 3,
 ) -> dict:
     """Pairs/s of the plain definition and of ``plasticity.measure`` on random images (no decoding).
 
@@ -200,8 +221,11 @@ def bench_plasticity(
         plasticity.measure(model, reference, target, count, batch_size, device, progress=False)
 
     first = min(batch_size, pairs)
-    seconds = median_seconds({"plain": (lambda: plain(pairs), lambda: plain(first)), "measure": (lambda: fast(pairs), lambda: fast(first))},
-                             device, repeats)
+    seconds = median_seconds(
+        {"plain": (lambda: plain(pairs), lambda: plain(first)), "measure": (lambda: fast(pairs), lambda: fast(first))},
+        device,
+        repeats,
+    )
     rates = {name: pairs / value for name, value in seconds.items()}
     return {
         "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",

@@ -34,7 +34,6 @@ from . import kernels, layers, step
 from .bench_data import Timed, device_name, endless, median_seconds, resolve_device, sync
 from .options import StepOptions, compile_choice, fuses_update
 
-
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
 
@@ -55,8 +54,8 @@ def step_flops(model, images, labels) -> int:
     parameters' ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned
     to eager). Counted on one image and multiplied by the batch (every counted op of a ViT is linear
     in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
-    twice the activation memory of the bf16 step it is for (what that costs on a GPU:
-    docs/benchmarks.md)."""
+    twice the activation memory of the bf16 step it is for (the likely cause of running out of GPU
+    memory at large batches before: docs/benchmarks.md)."""
     step.compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
@@ -68,12 +67,24 @@ def step_flops(model, images, labels) -> int:
 def _synthetic_train_set(n: int, source_size: int):
     """``n`` random uint8 images of ``source_size`` pixels (Cifar-like) with labels of 10 classes."""
     generator = torch.Generator().manual_seed(0)
-    return ImageDataset(torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
-                        torch.randint(0, 10, (n,), generator=generator), [str(i) for i in range(10)], "synthetic", "train")
+    return ImageDataset(
+        torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
+        torch.randint(0, 10, (n,), generator=generator),
+        [str(i) for i in range(10)],
+        "synthetic",
+        "train",
+    )
 
 
-def library_steps(model, config: str, loader: DeviceLoader, batch_size: int, device: torch.device, options: StepOptions,
-                  lora_rank: int = 0):
+def library_steps(
+    model,
+    config: str,
+    loader: DeviceLoader,
+    batch_size: int,
+    device: torch.device,
+    options: StepOptions,
+    lora_rank: int = 0,
+):
     """The library's training step for ``config``, as ``finetune.train`` runs it (``finetune``'s
     optimizer, and ``speed.Step`` with ``options``, checked: ``StepOptions.checked``; with
     ``lora_rank``, the model carries its LoRA layers), at the whole batch (no retry with smaller
@@ -134,19 +145,47 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         lora.check(config, lora_rank)
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
+    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(
+        device
+    )  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-    plain_model = copy.deepcopy(model) if plain and not lora_rank else None  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
-    pristine = copy.deepcopy(model) if lora_rank else None  # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
+    plain_model = (
+        copy.deepcopy(model) if plain and not lora_rank else None
+    )  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
+    pristine = (
+        copy.deepcopy(model) if lora_rank else None
+    )  # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
-    plain_set = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size))
-    plain_loader = DataLoader(plain_set, batch_size, shuffle=True, drop_last=True, num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0) if plain else None
+    plain_set = ImageDataset(
+        dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
+    )
+    plain_loader = (
+        DataLoader(
+            plain_set,
+            batch_size,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=cuda,
+            persistent_workers=workers > 0,
+        )
+        if plain
+        else None
+    )
     peak = _peak_tflops(device)
-    result = {"model": f"{model_name} ({size}px, random weights)", "batch_size": batch_size, "device": device_name(device),
-              **asdict(options), "steps": steps,
-              "repeats": repeats, "dataloader_workers": workers, "peak_tflops_bf16": peak, "lora_rank": lora_rank}
+    result = {
+        "model": f"{model_name} ({size}px, random weights)",
+        "batch_size": batch_size,
+        "device": device_name(device),
+        **asdict(options),
+        "steps": steps,
+        "repeats": repeats,
+        "dataloader_workers": workers,
+        "peak_tflops_bf16": peak,
+        "lora_rank": lora_rank,
+    }
     for config in configs:
         if lora_rank:
             model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank)
@@ -211,7 +250,15 @@ CHECK_STEP = 4
 """The step (0-based) whose loss and gradient norm every variant row records beside its first's: by
 then every variant runs as it is timed (``step.warmup_steps``; a graphed step replays)."""
 
-VARIANT_KEYS = {"batch_size": None, "compile": None, "compile_mode": "default", "attention": "auto", "precision": "autocast", "fused": "none", "graph": False}
+VARIANT_KEYS = {
+    "batch_size": None,
+    "compile": None,
+    "compile_mode": "default",
+    "attention": "auto",
+    "precision": "autocast",
+    "fused": "none",
+    "graph": False,
+}
 """What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
 
 
@@ -267,35 +314,65 @@ def bench_variants(
         combo = {"batch_size": batch_size, **asdict(options)}
         if any({key: row.get(key, default) for key, default in VARIANT_KEYS.items()} == combo for row in rows):
             continue
-        row = {"model": model_name, "config": config, **combo, "device": device_name(device), "torch": torch.__version__}
+        row = {
+            "model": model_name,
+            "config": config,
+            **combo,
+            "device": device_name(device),
+            "torch": torch.__version__,
+        }
         try:
             torch.manual_seed(0)
             model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
             size = model.patch_embed.img_size[0]
-            loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
+            loader = DeviceLoader(
+                _synthetic_train_set(batch_size * 2, source_size),
+                batch_size,
+                augment=True,
+                image_size=size,
+                device=device,
+            )
             components.set_trainable(model, config)
             flops = step_flops(model, *loader.batch(0))
             steps_of = library_steps(model, config, loader, batch_size, device, options)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            assert step.warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"  # compilation, a graph's capture
+            assert step.warmup_steps(options) <= CHECK_STEP, (
+                "CHECK_STEP must cover the warm-up"
+            )  # compilation, a graph's capture
             more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731
             check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now: a graph replays
-            seconds = median_seconds({"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))}, device, repeats)["step"]
+            seconds = median_seconds(
+                {"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))},
+                device,
+                repeats,
+            )["step"]
             loss, norm = (float(v) for v in warmup.value)
             check_loss, check_norm = (float(v) for v in check.value)
             rate = batch_size * steps / seconds
             achieved = flops / batch_size * rate / 1e12
-            row.update({"images_per_s": round(rate, 1), "tflops": _significant(achieved), "mfu": round(achieved / peak, 6) if peak else None,
-                        "warmup_seconds": round(warmup.seconds, 2), "first_loss": loss, "first_grad_norm": norm,
-                        "check_loss": check_loss, "check_grad_norm": check_norm,
-                        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None})
+            row.update(
+                {
+                    "images_per_s": round(rate, 1),
+                    "tflops": _significant(achieved),
+                    "mfu": round(achieved / peak, 6) if peak else None,
+                    "warmup_seconds": round(warmup.seconds, 2),
+                    "first_loss": loss,
+                    "first_grad_norm": norm,
+                    "check_loss": check_loss,
+                    "check_grad_norm": check_norm,
+                    "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+                }
+            )
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == batch_size), None)
             if reference:
                 near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
-                row["agrees"] = bool(near("first_loss") and near("first_grad_norm")
-                                     and ("check_loss" not in reference or (near("check_loss") and near("check_grad_norm"))))
+                row["agrees"] = bool(
+                    near("first_loss")
+                    and near("first_grad_norm")
+                    and ("check_loss" not in reference or (near("check_loss") and near("check_grad_norm")))
+                )
         except Exception as error:  # noqa: BLE001 -- one failing variant must not lose the others
             row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         finally:
@@ -310,7 +387,18 @@ def bench_variants(
 
 
 PROFILE_GROUPS = ("matrix products", "attention", "other")
-_MATRIX = ("gemm", "nvjet", "cutlass", "xmma", "aten::mm", "aten::addmm", "aten::bmm", "aten::_addmm", "convolution", "mkldnn_linear")
+_MATRIX = (
+    "gemm",
+    "nvjet",
+    "cutlass",
+    "xmma",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::_addmm",
+    "convolution",
+    "mkldnn_linear",
+)
 _ATTENTION = ("flash", "fmha", "attention", "sdpa", "efficient_attention")
 
 
@@ -351,17 +439,23 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = resolve_device(device)
     cuda = device.type == "cuda"
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)  # recorded as what ran
+    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(
+        device
+    )  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(_synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device)
+    loader = DeviceLoader(
+        _synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
+    )
     steps_of = library_steps(model, config, loader, batch_size, device, options)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
         sync(device)
 
-    if options.graph:  # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
+    if (
+        options.graph
+    ):  # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
         with profile():
             pass
     run(0, max(2, step.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
@@ -384,18 +478,26 @@ def bench_profile(
         groups[profile_group(name)] += spent
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
-        "model": f"{model_name} ({size}px, random weights)", "config": config, "batch_size": batch_size,
-        "device": device_name(device), **asdict(options), "steps": steps, "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
+        "model": f"{model_name} ({size}px, random weights)",
+        "config": config,
+        "batch_size": batch_size,
+        "device": device_name(device),
+        **asdict(options),
+        "steps": steps,
+        "measured": "CUDA kernel time" if cuda else "CPU time of ATen ops (self)",
         "time_ms_per_step": round(total / steps / 1000, 2),
         "wall_ms_per_step": round(wall.seconds / steps * 1000, 2),
         "shares": {group: round(spent / total, 4) for group, spent in groups.items()},
-        "largest": [{"name": name, "group": profile_group(name), "share": round(spent / total, 4)} for name, spent in largest],
+        "largest": [
+            {"name": name, "group": profile_group(name), "share": round(spent / total, 4)} for name, spent in largest
+        ],
         "torch": torch.__version__,
     }
 
 
-def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = None, device: str = "auto",
-                  min_run_time: float = 1.0) -> dict:
+def bench_kernels(
+    model_name: str = "vit_base_in21k", batch_size: int | None = None, device: str = "auto", min_run_time: float = 1.0
+) -> dict:
     """Our fused ops alone (``kernels``: Triton on CUDA, their PyTorch reference elsewhere) at one
     model's training shapes, in bf16, against a copy of the same bytes (the memory-bound limit).
 
@@ -406,17 +508,17 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
 
     The SGD update of all the model's parameters with bf16 master weights (clipping at norm 1, the
-    update, the bf16 copy) is timed as a training step runs it (``step.clip_and_update``) unfused (the
-    gradients copied to the fp32 masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters copied
-    back) and fused (``step.FusedSGD``: the norm, then one pass per parameter); GB/s counts the 22 bytes per parameter
-    that the job must move (a bf16 gradient read twice, an fp32 weight and momentum read and written,
-    a bf16 copy written). Timed eagerly, both include the host's kernel launches (one per parameter
+    update, the bf16 copy) is timed as a training step runs it (``step.clip_and_update``), unfused
+    (the gradients copied to the fp32 masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters
+    copied back) and fused (``step.FusedSGD``: the norm, then one pass per parameter); GB/s counts
+    the 22 bytes per parameter that the job must move (a bf16 gradient read twice, an fp32 weight and
+    momentum read and written, a bf16 copy written). Timed eagerly, both include the host's kernel launches (one per parameter
     fused), which a training step mostly hides behind its backward; on CUDA both are also timed
     replayed from a CUDA graph (as ``graph=True`` runs them), which leaves the device's time alone.
     """
     # imported here, not at the top: torch.utils.benchmark imports torch.utils.cpp_extension, which
-    # logs "No CUDA runtime is found" on a machine without a GPU; every other benchmark (and every
-    # import of this module, the test suite's) would print it
+    # logs "No CUDA runtime is found" where a CUDA build of PyTorch runs without a GPU; at the top,
+    # every command of the benchmark (and every import of this module) would print it
     from torch.utils.benchmark import Timer
 
     device = resolve_device(device)
@@ -427,8 +529,10 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
     model = models.create_model(model_name, pretrained=False)
     block = model.blocks[0]
     if not (layers.is_fusable_mlp(block.mlp) and layers.is_fusable_attention(block.attn)):
-        raise ValueError(f"bench kernels times our fused ops at a model's shapes, and {model_name!r} has not the layers they "
-                         "compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)")
+        raise ValueError(
+            f"bench kernels times our fused ops at a model's shapes, and {model_name!r} has not the layers they "
+            "compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)"
+        )
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
     master = step.MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
@@ -452,21 +556,36 @@ def bench_kernels(model_name: str = "vit_base_in21k", batch_size: int | None = N
         "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
         "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
     }
-    updates = {f"SGD update with bf16 masters, {name}": (lambda optimizer=optimizer: step.clip_and_update(optimizer, master.masters, 1.0, master))
-               for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd))}
+    updates = {
+        f"SGD update with bf16 masters, {name}": (
+            lambda optimizer=optimizer: step.clip_and_update(optimizer, master.masters, 1.0, master)
+        )
+        for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd))
+    }
     ops |= {name: (update, 22 * parameters) for name, update in updates.items()}
     errors = {}
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
-        for name, update in updates.items():  # without the host's launches (one per parameter fused, a few per step unfused)
+        for (
+            name,
+            update,
+        ) in updates.items():  # without the host's launches (one per parameter fused, a few per step unfused)
             try:
                 ops[f"{name}, replayed from a CUDA graph"] = (_graphed(update, device), 22 * parameters)
             except RuntimeError as error:  # a step that cannot be recorded: say so, time the rest
                 errors[f"{name}, replayed from a CUDA graph: error"] = str(error).splitlines()[0][:300]
-    result = {"model": model_name, "batch_size": batch_size, "rows": rows, "hidden": hidden, "heads": heads, "parameters": parameters,
-              "device": device_name(device), "torch": torch.__version__,
-              "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference"}
+    result = {
+        "model": model_name,
+        "batch_size": batch_size,
+        "rows": rows,
+        "hidden": hidden,
+        "heads": heads,
+        "parameters": parameters,
+        "device": device_name(device),
+        "torch": torch.__version__,
+        "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference",
+    }
     for name, (run, nbytes) in ops.items():
         run()  # compile / warm up
         seconds = Timer(stmt="run()", globals={"run": run}).blocked_autorange(min_run_time=min_run_time).median

@@ -5,28 +5,27 @@
 gradient of ``mm`` *and* the bias gradient (the column sums of that gradient) from one pass over
 the data. Compiled by inductor, the same two results take two passes over two (tokens x 4d)
 tensors: a pointwise kernel writes the gradient for the matrix products and a separate reduction
-reads the inputs again for the bias gradient (an H100 profile of ViT-Base/16 full finetuning,
-compiled blocks, batch 256: 5.2% and 2.3% of the step; docs/benchmarks.md).
+reads the inputs again for the bias gradient (their share of a step: docs/benchmarks.md).
 
 On CUDA the op runs two Triton kernels; elsewhere (and for float64, which the kernels, computing
 in fp32, would not keep) it runs the same arithmetic in PyTorch (the reference the kernels are
 tested against, and what a CPU computes). Both compute in fp32 (float64 stays float64) and return
 ``mm``'s dtype; the bias gradient is summed in fp32 before rounding to
 the bias's dtype, as inductor's reduction does. It is a ``torch.library`` custom op with its own
-autograd, so ``torch.compile`` graphs keep it whole. ``models.fuse_bias_gelu`` puts it into a
+autograd, so ``torch.compile`` graphs keep it whole. ``layers.fuse_bias_gelu`` puts it into a
 ViT's feedforward layers.
 
 ``qkv_heads_backward(dq, dk, dv)`` is the backward of splitting the attention's q/k/v projection
 into heads: it stacks the three head gradients back into the projection's (tokens x 3d) layout and,
 in the same pass, sums the projection's bias gradient. Compiled by inductor these are again two
-passes (a stack kernel, 2.4% of the step in that profile, and a reduction that reads the head
-gradients again, 1.8%). ``models.fuse_qkv`` puts it into a ViT's attention through
-``QkvHeads``, an autograd function over the projection and its split.
+passes (a stack kernel and a reduction that reads the head gradients again). ``layers.fuse_qkv``
+puts it into a ViT's attention through ``QkvHeads``, an autograd function over the projection and
+its split.
 
 ``sgd_update(grad, param, buf, lr, scale, momentum, first, copy)`` is the SGD step after
 clipping, in one pass per parameter: the gradient (bf16 for master weights) times clipping's
 factor, the momentum, the parameter and, for master weights, its bf16 copy for the next forward.
-``finetune.FusedSGD`` runs it (``fused="update"``); unfused, the same work is five passes.
+``step.FusedSGD`` runs it (``fused="update"``); unfused, the same work is five passes.
 
 The Triton kernels run on a CPU too under Triton's interpreter (``TRITON_INTERPRET=1``), which
 is how the tests check them without a GPU.
@@ -47,9 +46,7 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # and stack kernels walk ROWS rows per program in tiles of BLOCK_M rows x BLOCK_N columns, summing
 # their column totals on the way (one fp32 partial row per ROWS rows); their loops are software
 # pipelined over STAGES tiles, so the next tiles' loads are in flight while one is computed. Chosen on
-# an H100 at ViT-Base/16's shapes, batch 512 (docs/benchmarks.md, "Tuning the kernels"): pipelining
-# took the backward from 0.864 to 0.698 ms, and the flat forward ran at 0.478 ms against 0.513 for
-# 32 x 128 tiles (a copy of the same bytes: 0.414 ms).
+# an H100 at ViT-Base/16's shapes, batch 512 (the timings: docs/benchmarks.md, fused ops).
 BLOCK, BLOCK_M, BLOCK_N, ROWS, STAGES, WARPS = 2048, 32, 128, 512, 3, 4
 
 
@@ -68,7 +65,9 @@ def bias_gelu_reference(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return (0.5 * x * (1.0 + torch.erf(x * SQRT_HALF))).to(mm.dtype)
 
 
-def bias_gelu_backward_reference(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bias_gelu_backward_reference(
+    grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(gradient of ``mm``, gradient of ``bias``) of ``bias_gelu`` given the output's ``grad``."""
     dtype = _compute_dtype(mm.dtype)
     x = mm.to(dtype) + bias.to(dtype)
@@ -103,8 +102,19 @@ def _triton_kernels():
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def backward_kernel(grad_ptr, mm_ptr, bias_ptr, grad_mm_ptr, partial_ptr, M, N,
-                        ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    def backward_kernel(
+        grad_ptr,
+        mm_ptr,
+        bias_ptr,
+        grad_mm_ptr,
+        partial_ptr,
+        M,
+        N,
+        ROWS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
         total = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -114,15 +124,34 @@ def _triton_kernels():
             offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
             x = tl.load(mm_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + bias[None, :]
             g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            derivative = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
+            derivative = (
+                0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
+            )
             d = tl.where(mask, g * derivative, 0.0)
             tl.store(grad_mm_ptr + offsets, d.to(grad_mm_ptr.dtype.element_ty), mask=mask)
             total += tl.sum(d, axis=0)
         tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + cols, total, mask=cols < N)
 
     @triton.jit
-    def stack_kernel(head_ptr, out_ptr, partial_ptr, M, N, H, D, C, column, s_b, s_h, s_n, s_d,
-                     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    def stack_kernel(
+        head_ptr,
+        out_ptr,
+        partial_ptr,
+        M,
+        N,
+        H,
+        D,
+        C,
+        column,
+        s_b,
+        s_h,
+        s_n,
+        s_d,
+        ROWS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
         # head gradient [B, H, N, D] (any strides) -> out[:, column:column + C] of a (B*N, 3C) matrix,
         # with its column totals per ROWS rows
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -138,8 +167,19 @@ def _triton_kernels():
         tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * (3 * C) + column + cols, total, mask=cols < C)
 
     @triton.jit
-    def sgd_kernel(grad_ptr, param_ptr, buf_ptr, copy_ptr, lr_ptr, scale_ptr, momentum, total,
-                   FIRST: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr):
+    def sgd_kernel(
+        grad_ptr,
+        param_ptr,
+        buf_ptr,
+        copy_ptr,
+        lr_ptr,
+        scale_ptr,
+        momentum,
+        total,
+        FIRST: tl.constexpr,
+        COPY: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         # one parameter, in place: g = grad * scale; buf = g on the first step, else momentum * buf + g;
         # param -= lr * buf; and the updated param, rounded (to nearest even), into its copy
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -157,7 +197,9 @@ def _triton_kernels():
         if COPY:
             tl.store(copy_ptr + offsets, param.to(copy_ptr.dtype.element_ty), mask=mask)
 
-    return SimpleNamespace(triton=triton, forward=forward_kernel, backward=backward_kernel, stack=stack_kernel, sgd=sgd_kernel)
+    return SimpleNamespace(
+        triton=triton, forward=forward_kernel, backward=backward_kernel, stack=stack_kernel, sgd=sgd_kernel
+    )
 
 
 def _matrix(t: torch.Tensor) -> torch.Tensor:
@@ -171,12 +213,15 @@ def bias_gelu_triton(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     out = torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
     cols = matrix.shape[1]
     if matrix.numel():
-        ops.forward[(ops.triton.cdiv(matrix.numel(), BLOCK),)](matrix, bias.contiguous(), out, matrix.numel(), cols,
-                                                                BLOCK=BLOCK, num_warps=WARPS)
+        ops.forward[(ops.triton.cdiv(matrix.numel(), BLOCK),)](
+            matrix, bias.contiguous(), out, matrix.numel(), cols, BLOCK=BLOCK, num_warps=WARPS
+        )
     return out
 
 
-def bias_gelu_backward_triton(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def bias_gelu_backward_triton(
+    grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``bias_gelu``'s backward by the Triton backward kernel: one pass writes the gradient of
     ``mm`` and an fp32 partial column sum per ``ROWS`` rows; the partials are then summed (in a
     fixed order: the result does not depend on scheduling)."""
@@ -187,14 +232,28 @@ def bias_gelu_backward_triton(grad: torch.Tensor, mm: torch.Tensor, bias: torch.
     partial = torch.empty((ops.triton.cdiv(rows, ROWS), cols), dtype=torch.float32, device=mm.device)
     if matrix.numel():
         grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(cols, BLOCK_N))
-        ops.backward[grid](grad_matrix, matrix, bias.contiguous(), grad_mm, partial, rows, cols,
-                              ROWS=ROWS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=WARPS)
+        ops.backward[grid](
+            grad_matrix,
+            matrix,
+            bias.contiguous(),
+            grad_mm,
+            partial,
+            rows,
+            cols,
+            ROWS=ROWS,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            STAGES=STAGES,
+            num_warps=WARPS,
+        )
     return grad_mm, partial.sum(0).to(bias.dtype)
 
 
 def _check(mm: torch.Tensor, bias: torch.Tensor) -> None:
     if bias.dim() != 1 or mm.dim() < 1 or bias.shape[0] != mm.shape[-1]:
-        raise ValueError(f"bias_gelu needs a bias of the last dimension's size; got {tuple(mm.shape)} and bias {tuple(bias.shape)}")
+        raise ValueError(
+            f"bias_gelu needs a bias of the last dimension's size; got {tuple(mm.shape)} and bias {tuple(bias.shape)}"
+        )
 
 
 def _bias_gelu_pytorch(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -222,7 +281,9 @@ def _bias_gelu_fake(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device)
 
 
-def _bias_gelu_backward_pytorch(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _bias_gelu_backward_pytorch(
+    grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The op without Triton: on a CPU, and for float64 on CUDA."""
     grad_mm, grad_bias = bias_gelu_backward_reference(grad, mm, bias)
     return grad_mm.contiguous(), grad_bias
@@ -235,15 +296,21 @@ def bias_gelu_backward(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor)
 
 
 @bias_gelu_backward.register_kernel("cuda")
-def _bias_gelu_backward_cuda(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _bias_gelu_backward_cuda(
+    grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     if not _on_triton(mm.dtype):
         return _bias_gelu_backward_pytorch(grad, mm, bias)
     return bias_gelu_backward_triton(grad, mm, bias)
 
 
 @bias_gelu_backward.register_fake
-def _bias_gelu_backward_fake(grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device), torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+def _bias_gelu_backward_fake(
+    grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(mm.shape, dtype=mm.dtype, device=mm.device), torch.empty(
+        bias.shape, dtype=bias.dtype, device=bias.device
+    )
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -261,7 +328,9 @@ def _backward(ctx, grad: torch.Tensor):
 bias_gelu.register_autograd(_backward, setup_context=_setup_context)
 
 
-def qkv_heads_backward_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def qkv_heads_backward_reference(
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The head gradients (each [B, H, N, D]) stacked into the projection's [B, N, 3 H D] layout,
     and its column sums in fp32 (or float64): the bias gradient."""
     batch, heads, tokens, dim = dq.shape
@@ -269,7 +338,9 @@ def qkv_heads_backward_reference(dq: torch.Tensor, dk: torch.Tensor, dv: torch.T
     return stacked, stacked.reshape(-1, stacked.shape[-1]).to(_compute_dtype(dq.dtype)).sum(0)
 
 
-def qkv_heads_backward_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def qkv_heads_backward_triton(
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides): one
     pass writes the stacked gradient and fp32 partial column sums per ``ROWS`` rows."""
     ops = _triton_kernels()
@@ -281,18 +352,37 @@ def qkv_heads_backward_triton(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tens
     if out.numel():
         grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(width, BLOCK_N))
         for which, head in enumerate((dq, dk, dv)):
-            ops.stack[grid](head, out, partial, rows, tokens, heads, dim, width, which * width, *head.stride(),
-                               ROWS=ROWS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=WARPS)
+            ops.stack[grid](
+                head,
+                out,
+                partial,
+                rows,
+                tokens,
+                heads,
+                dim,
+                width,
+                which * width,
+                *head.stride(),
+                ROWS=ROWS,
+                BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N,
+                STAGES=STAGES,
+                num_warps=WARPS,
+            )
     return out, partial.sum(0)
 
 
 def _check_heads(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
     if dq.dim() != 4 or dq.shape != dk.shape or dq.shape != dv.shape or not dq.dtype == dk.dtype == dv.dtype:
-        raise ValueError(f"qkv_heads_backward needs three [B, H, N, D] gradients of one shape and dtype; got "
-                         f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}")
+        raise ValueError(
+            f"qkv_heads_backward needs three [B, H, N, D] gradients of one shape and dtype; got "
+            f"{[(tuple(t.shape), t.dtype) for t in (dq, dk, dv)]}"
+        )
 
 
-def _qkv_heads_backward_pytorch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _qkv_heads_backward_pytorch(
+    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The op without Triton: on a CPU, and for float64 on CUDA."""
     _check_heads(dq, dk, dv)
     stacked, sums = qkv_heads_backward_reference(dq, dk, dv)
@@ -316,8 +406,10 @@ def _qkv_heads_backward_cuda(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tenso
 @qkv_heads_backward.register_fake
 def _qkv_heads_backward_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, tokens, dim = dq.shape
-    return (torch.empty((batch, tokens, 3 * heads * dim), dtype=dq.dtype, device=dq.device),
-            torch.empty((3 * heads * dim,), dtype=_compute_dtype(dq.dtype), device=dq.device))
+    return (
+        torch.empty((batch, tokens, 3 * heads * dim), dtype=dq.dtype, device=dq.device),
+        torch.empty((3 * heads * dim,), dtype=_compute_dtype(dq.dtype), device=dq.device),
+    )
 
 
 class QkvHeads(torch.autograd.Function):
@@ -358,8 +450,16 @@ class QkvHeads(torch.autograd.Function):
 # The SGD update with clipping, in one pass per parameter: ``sgd_update``.
 
 
-def sgd_update_reference(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor, scale: torch.Tensor,
-                         momentum: float, first: bool, copy: torch.Tensor | None = None) -> None:
+def sgd_update_reference(
+    grad: torch.Tensor,
+    param: torch.Tensor,
+    buf: torch.Tensor,
+    lr: torch.Tensor,
+    scale: torch.Tensor,
+    momentum: float,
+    first: bool,
+    copy: torch.Tensor | None = None,
+) -> None:
     """One parameter's update, in place, in PyTorch (the reference the kernel is tested against,
     and what a CPU runs): the gradient in ``param``'s dtype times ``scale`` (clipping's factor),
     ``buf`` the momentum (the gradient itself on the ``first`` step), ``param -= lr * buf``, and
@@ -374,28 +474,57 @@ def sgd_update_reference(grad: torch.Tensor, param: torch.Tensor, buf: torch.Ten
         copy.copy_(param)
 
 
-def sgd_update_triton(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor, scale: torch.Tensor,
-                      momentum: float, first: bool, copy: torch.Tensor | None = None) -> None:
+def sgd_update_triton(
+    grad: torch.Tensor,
+    param: torch.Tensor,
+    buf: torch.Tensor,
+    lr: torch.Tensor,
+    scale: torch.Tensor,
+    momentum: float,
+    first: bool,
+    copy: torch.Tensor | None = None,
+) -> None:
     """``sgd_update_reference`` by the Triton kernel: one pass reads the gradient, the parameter and
     its momentum and writes the parameter, the momentum and the copy (contiguous tensors)."""
     ops = _triton_kernels()
     if param.numel():
-        ops.sgd[(ops.triton.cdiv(param.numel(), BLOCK),)](grad, param, buf, param if copy is None else copy, lr, scale,
-                                                           float(momentum), param.numel(), FIRST=bool(first),
-                                                           COPY=copy is not None, BLOCK=BLOCK, num_warps=WARPS)
+        ops.sgd[(ops.triton.cdiv(param.numel(), BLOCK),)](
+            grad,
+            param,
+            buf,
+            param if copy is None else copy,
+            lr,
+            scale,
+            float(momentum),
+            param.numel(),
+            FIRST=bool(first),
+            COPY=copy is not None,
+            BLOCK=BLOCK,
+            num_warps=WARPS,
+        )
 
 
 def _check_update(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, copy: torch.Tensor | None) -> None:
     same = [t for t in (grad, buf, copy) if t is not None]
     if any(t.shape != param.shape or t.device != param.device or not t.is_contiguous() for t in [param, *same]):
-        raise ValueError("sgd_update needs contiguous gradient, parameter, momentum and copy of one shape and device; got "
-                         f"{[(tuple(t.shape), str(t.device), t.is_contiguous()) for t in [grad, param, buf] + ([copy] if copy is not None else [])]}")
+        raise ValueError(
+            "sgd_update needs contiguous gradient, parameter, momentum and copy of one shape and device; got "
+            f"{[(tuple(t.shape), str(t.device), t.is_contiguous()) for t in [grad, param, buf] + ([copy] if copy is not None else [])]}"
+        )
     if buf.dtype != param.dtype:
         raise ValueError(f"sgd_update keeps the momentum in the parameter's dtype ({param.dtype}), got {buf.dtype}")
 
 
-def sgd_update(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, lr: torch.Tensor, scale: torch.Tensor,
-               momentum: float, first: bool, copy: torch.Tensor | None = None) -> None:
+def sgd_update(
+    grad: torch.Tensor,
+    param: torch.Tensor,
+    buf: torch.Tensor,
+    lr: torch.Tensor,
+    scale: torch.Tensor,
+    momentum: float,
+    first: bool,
+    copy: torch.Tensor | None = None,
+) -> None:
     """SGD with momentum (no weight decay, dampening or Nesterov: ``torch.optim.SGD``'s arithmetic),
     clipping's factor and, for master weights, the rounded copy, in place in one pass: the Triton
     kernel for fp32 (or bf16/fp16) parameters on CUDA, ``sgd_update_reference`` otherwise.

@@ -14,8 +14,14 @@ from . import kernels
 def _is_patching(conv: torch.nn.Module) -> bool:
     """Whether ``conv`` is a convolution that cuts its input into patches: stride = kernel, no
     padding, dilation or groups."""
-    return (isinstance(conv, torch.nn.Conv2d) and conv.stride == conv.kernel_size and not isinstance(conv.padding, str)
-            and not any(conv.padding) and conv.dilation == (1, 1) and conv.groups == 1)
+    return (
+        isinstance(conv, torch.nn.Conv2d)
+        and conv.stride == conv.kernel_size
+        and not isinstance(conv.padding, str)
+        and not any(conv.padding)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+    )
 
 
 class PatchLinear(torch.nn.Module):
@@ -32,7 +38,9 @@ class PatchLinear(torch.nn.Module):
     def __init__(self, conv: torch.nn.Conv2d):
         super().__init__()
         if not _is_patching(conv):
-            raise ValueError(f"PatchLinear needs a convolution with stride = kernel and no padding, dilation or groups; got {conv}")
+            raise ValueError(
+                f"PatchLinear needs a convolution with stride = kernel and no padding, dilation or groups; got {conv}"
+            )
         self.kernel_size = conv.kernel_size
         self.out_channels = conv.out_channels
         self.weight = conv.weight
@@ -42,7 +50,9 @@ class PatchLinear(torch.nn.Module):
         batch, channels, height, width = x.shape
         (ph, pw), (h, w) = self.kernel_size, (height // self.kernel_size[0], width // self.kernel_size[1])
         x = x[:, :, : h * ph, : w * pw]  # the convolution drops what does not fill a patch
-        patches = x.reshape(batch, channels, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5).reshape(batch, h * w, channels * ph * pw)
+        patches = (
+            x.reshape(batch, channels, h, ph, w, pw).permute(0, 2, 4, 1, 3, 5).reshape(batch, h * w, channels * ph * pw)
+        )
         tokens = torch.nn.functional.linear(patches, self.weight.reshape(self.out_channels, -1), self.bias)
         return tokens.reshape(batch, h, w, self.out_channels).permute(0, 3, 1, 2)
 
@@ -65,16 +75,25 @@ def is_fusable_mlp(mlp: torch.nn.Module) -> bool:
     """Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
     the exact (erf) GELU, the pair ``kernels.bias_gelu`` computes."""
     fc1, act = getattr(mlp, "fc1", None), getattr(mlp, "act", None)
-    return (isinstance(mlp, Mlp) and type(fc1) is torch.nn.Linear and fc1.bias is not None
-            and type(act) is torch.nn.GELU and act.approximate == "none")
+    return (
+        isinstance(mlp, Mlp)
+        and type(fc1) is torch.nn.Linear
+        and fc1.bias is not None
+        and type(act) is torch.nn.GELU
+        and act.approximate == "none"
+    )
 
 
 def is_fusable_attention(attention: torch.nn.Module) -> bool:
     """Whether ``attention`` is a timm ``Attention`` with a biased q/k/v projection and no gate, the
     form ``kernels.QkvHeads`` computes."""
     qkv = getattr(attention, "qkv", None)
-    return (isinstance(attention, Attention) and type(qkv) is torch.nn.Linear and qkv.bias is not None
-            and getattr(attention, "gate", None) is None)
+    return (
+        isinstance(attention, Attention)
+        and type(qkv) is torch.nn.Linear
+        and qkv.bias is not None
+        and getattr(attention, "gate", None) is None
+    )
 
 
 class _FusedLayer(torch.nn.Module):
@@ -85,7 +104,9 @@ class _FusedLayer(torch.nn.Module):
     FUSABLE = staticmethod(lambda layer: False)
     SUBMODULES: tuple[str, ...] = ()
     ATTRIBUTES: tuple[str, ...] = ()
-    READS: tuple[str, ...] = ()  # submodules whose weights the fused op reads itself (not called as modules: LoRA there would be skipped)
+    READS: tuple[
+        str, ...
+    ] = ()  # submodules whose weights the fused op reads itself (not called as modules: LoRA there would be skipped)
     NEEDS = ""  # the form, in words, for the error
 
     def __init__(self, layer: torch.nn.Module):
@@ -127,8 +148,9 @@ class QkvFusedAttention(_FusedLayer):
         batch, tokens, _ = x.shape
         q, k, v = kernels.QkvHeads.apply(x, self.qkv.weight, self.qkv.bias, self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
-        x = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                             dropout_p=self.attn_drop.p if self.training else 0.0)
+        x = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.attn_drop.p if self.training else 0.0
+        )
         x = self.norm(x.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
         return self.proj_drop(self.proj(x))
 

@@ -22,7 +22,13 @@ from .. import paths
 from . import kernels
 
 # the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
-ATTENTION_CHOICES = {"auto": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+ATTENTION_CHOICES = {
+    "auto": None,
+    "flash": "FLASH_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
 CPU_ATTENTION = ("auto", "flash", "math")  # the kernels PyTorch has on a CPU
 
 
@@ -30,7 +36,9 @@ def check_attention(attention: str, device: torch.device) -> str:
     """``attention`` if it names a kernel this device has; otherwise a ValueError with the valid choices."""
     valid = tuple(ATTENTION_CHOICES) if device.type == "cuda" else CPU_ATTENTION
     if attention not in valid:
-        raise ValueError(f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}")
+        raise ValueError(
+            f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}"
+        )
     return attention
 
 
@@ -44,7 +52,9 @@ def compile_choice(value: bool | str) -> str:
     if value is True:
         return "model"
     if value not in COMPILE_CHOICES:
-        raise ValueError(f"unknown compile choice {value!r}; valid choices: {', '.join(COMPILE_CHOICES)} (or True/False)")
+        raise ValueError(
+            f"unknown compile choice {value!r}; valid choices: {', '.join(COMPILE_CHOICES)} (or True/False)"
+        )
     return value
 
 
@@ -124,8 +134,10 @@ def fused_parts(fused: str) -> tuple[str, ...]:
         return FUSED_PARTS
     parts = fused.split("+") if isinstance(fused, str) else [fused]
     if not parts or any(part not in FUSED_PARTS for part in parts) or len(set(parts)) != len(parts):
-        raise ValueError(f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}, "
-                         f"or several of {', '.join(FUSED_PARTS)} joined by '+' (e.g. 'gelu+qkv')")
+        raise ValueError(
+            f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}, "
+            f"or several of {', '.join(FUSED_PARTS)} joined by '+' (e.g. 'gelu+qkv')"
+        )
     return tuple(part for part in FUSED_PARTS if part in parts)
 
 
@@ -139,9 +151,16 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
     always can: it is ``resolve_fused``."""
     if fused == "auto":
         return fused
-    if fused_parts(fused) and device is not None and torch.device(device).type == "cuda" and not kernels.triton_available():
-        raise ValueError(f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
-                         "install it (pip install triton) or use fused='none' (or 'auto')")
+    if (
+        fused_parts(fused)
+        and device is not None
+        and torch.device(device).type == "cuda"
+        and not kernels.triton_available()
+    ):
+        raise ValueError(
+            f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
+            "install it (pip install triton) or use fused='none' (or 'auto')"
+        )
     return fused
 
 
@@ -151,8 +170,10 @@ def check_graph(graph: bool, device: torch.device | None = None) -> bool:
     if not isinstance(graph, bool):
         raise ValueError(f"graph must be True or False, got {graph!r}")
     if graph and device is not None and torch.device(device).type != "cuda":
-        raise ValueError(f"graph=True replays steps from a CUDA graph and needs a CUDA device, not {torch.device(device).type!r}; "
-                         "use graph=False there")
+        raise ValueError(
+            f"graph=True replays steps from a CUDA graph and needs a CUDA device, not {torch.device(device).type!r}; "
+            "use graph=False there"
+        )
     return graph
 
 
@@ -194,14 +215,15 @@ class StepOptions:
         check_precision(self.precision)
         check_graph(self.graph, device)
         if self.graph and compile_choice(self.compile) != "none" and _graphs_of_its_own(self.compile_mode):
-            raise ValueError(f"compile_mode={self.compile_mode!r} records CUDA graphs of its own, which cannot be recorded "
-                             "inside graph=True's; use graph=True with a mode without them (default, coordinate-descent, "
-                             "max-autotune-no-cudagraphs) or graph=False")
+            raise ValueError(
+                f"compile_mode={self.compile_mode!r} records CUDA graphs of its own, which cannot be recorded "
+                "inside graph=True's; use graph=True with a mode without them (default, coordinate-descent, "
+                "max-autotune-no-cudagraphs) or graph=False"
+            )
         return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
 
 
 STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))
-
 
 
 PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": "none", "graph": False}}
@@ -221,8 +243,10 @@ def preset(name: str | dict) -> dict:
         path = Path(name) if str(name).endswith((".yaml", ".yml")) else folder / f"{name}.yaml"
         if not path.is_file():
             files = sorted(p.stem for p in folder.glob("*.yaml"))
-            raise ValueError(f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
-                             "a YAML file of step options, or a mapping of them")
+            raise ValueError(
+                f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
+                "a YAML file of step options, or a mapping of them"
+            )
         values, where = yaml.safe_load(path.read_text()) or {}, str(path)
     unknown = sorted(set(values) - set(STEP_OPTIONS)) if isinstance(values, dict) else ["(not a mapping)"]
     if unknown:

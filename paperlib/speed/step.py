@@ -32,7 +32,6 @@ from .options import (
     check_precision,
     compile_choice,
     fused_parts,
-    fuses_update,
     resolve_fused,
 )
 
@@ -122,8 +121,11 @@ class MasterWeights:
         copy into buffers kept across steps, rather than a kernel and an allocation per parameter)."""
         if self._grads is None:
             self._grads = [torch.empty_like(p) for p in self.masters]
-        given = [(master, buffer, copied.grad) for master, buffer, copied in zip(self.masters, self._grads, self.copies)
-                 if copied.grad is not None]
+        given = [
+            (master, buffer, copied.grad)
+            for master, buffer, copied in zip(self.masters, self._grads, self.copies)
+            if copied.grad is not None
+        ]
         if given:
             torch._foreach_copy_([buffer for _, buffer, _ in given], [grad for _, _, grad in given])
         for master, buffer, _ in given:
@@ -185,12 +187,16 @@ class FusedSGD(torch.optim.SGD):
         for group, p, grad, copy_ in work:
             if id(group) not in lrs:
                 lr = group["lr"]
-                lrs[id(group)] = lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float32, device=device)
+                lrs[id(group)] = (
+                    lr if isinstance(lr, torch.Tensor) else torch.full((), lr, dtype=torch.float32, device=device)
+                )
             state = self.state[p]
             first = state.get("momentum_buffer") is None
             if first:
                 state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
-            kernels.sgd_update(grad.contiguous(), p, state["momentum_buffer"], lrs[id(group)], scale, group["momentum"], first, copy_)
+            kernels.sgd_update(
+                grad.contiguous(), p, state["momentum_buffer"], lrs[id(group)], scale, group["momentum"], first, copy_
+            )
         return total
 
 
@@ -218,7 +224,13 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     """
     how = compile_choice(how)
     check_compile_mode(mode)
-    options = {} if mode == "default" else {"options": dict(OWN_COMPILE_MODES[mode])} if mode in OWN_COMPILE_MODES else {"mode": mode}
+    options = (
+        {}
+        if mode == "default"
+        else {"options": dict(OWN_COMPILE_MODES[mode])}
+        if mode in OWN_COMPILE_MODES
+        else {"mode": mode}
+    )
     for module in model.modules():  # undo an earlier in-place ("blocks") compilation
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
@@ -232,7 +244,9 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
         return torch.compile(model, **options)
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)):  # VisionTransformer's Sequential, Eva's ModuleList
-        raise ValueError(f"compile='blocks' needs a ViT with a `blocks` sequence; {type(model).__name__} has none (use 'model')")
+        raise ValueError(
+            f"compile='blocks' needs a ViT with a `blocks` sequence; {type(model).__name__} has none (use 'model')"
+        )
     for block in blocks:
         block.compile(**options)
     return model
@@ -267,7 +281,9 @@ def zero_grads(forward, optimizer) -> None:
         forward.zero_grad()
 
 
-def clip_and_update(optimizer, trainable: list[torch.Tensor], clip: float, master: MasterWeights | None = None) -> torch.Tensor:
+def clip_and_update(
+    optimizer, trainable: list[torch.Tensor], clip: float, master: MasterWeights | None = None
+) -> torch.Tensor:
     """After a backward: clip the gradients at global norm ``clip`` and update; returns the norm
     before clipping (a device tensor). With ``master``, the copy's gradients go to the fp32 masters
     (``trainable``) and the updated masters back to the copy; ``FusedSGD`` does all of it in one
@@ -303,7 +319,16 @@ class GraphedStep:
     (``training_step`` does not).
     """
 
-    def __init__(self, forward, trainable: list[torch.Tensor], optimizer, micro: int, clip: float, context, warmup: int = GRAPH_WARMUP):
+    def __init__(
+        self,
+        forward,
+        trainable: list[torch.Tensor],
+        optimizer,
+        micro: int,
+        clip: float,
+        context,
+        warmup: int = GRAPH_WARMUP,
+    ):
         if not trainable:
             raise ValueError("a graphed step needs trainable parameters")
         if warmup < 2:  # the capture must not record a first step (the momentum's initialisation) or compile kernels
@@ -312,7 +337,9 @@ class GraphedStep:
         self.micro, self.clip, self.context, self.warmup = micro, clip, context, warmup
         self.device = trainable[0].device
         self.calls = 0  # ordinary steps run so far
-        self._lrs = [torch.zeros((), dtype=torch.float32, device=self.device) for _ in optimizer.param_groups]  # fused SGD reads fp32
+        self._lrs = [
+            torch.zeros((), dtype=torch.float32, device=self.device) for _ in optimizer.param_groups
+        ]  # fused SGD reads fp32
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._replay = self._inputs = self._outputs = None
 
@@ -324,7 +351,9 @@ class GraphedStep:
         for group, lr in zip(groups, self._lrs):
             group["lr"] = lr
         try:
-            return training_step(self.forward, self.trainable, self.optimizer, images, labels, self.micro, self.clip, self.context)
+            return training_step(
+                self.forward, self.trainable, self.optimizer, images, labels, self.micro, self.clip, self.context
+            )
         finally:
             for group, lr in zip(groups, kept):
                 group["lr"] = lr
@@ -355,20 +384,28 @@ class GraphedStep:
             return self._on_side_stream(lambda: self._step(images, labels))
         if self._replay is None:
             self._inputs = (images.clone(), labels.clone())
-            zero_grads(self.forward, self.optimizer)  # the ordinary steps' gradients go before the graph takes its memory
+            zero_grads(
+                self.forward, self.optimizer
+            )  # the ordinary steps' gradients go before the graph takes its memory
             try:
                 self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
             except torch.cuda.OutOfMemoryError:
                 raise  # train() retries it with micro-batches
             except RuntimeError as error:  # an op that cannot be recorded: say which option to drop
-                if "out of memory" in str(error).lower():  # the allocator's error may come through the capture as a plain one
+                if (
+                    "out of memory" in str(error).lower()
+                ):  # the allocator's error may come through the capture as a plain one
                     raise torch.cuda.OutOfMemoryError(str(error)) from error
-                raise RuntimeError(f"recording the training step into a CUDA graph failed ({error}); an op in the step "
-                                   "cannot be recorded: run with graph=False, or try another attention kernel "
-                                   "(attention='flash') or fused='none' to find which") from error
+                raise RuntimeError(
+                    f"recording the training step into a CUDA graph failed ({error}); an op in the step "
+                    "cannot be recorded: run with graph=False, or try another attention kernel "
+                    "(attention='flash') or fused='none' to find which"
+                ) from error
         else:
             if images.shape != self._inputs[0].shape or labels.shape != self._inputs[1].shape:
-                raise ValueError(f"a graphed step replays one batch shape, {tuple(self._inputs[0].shape)}; got {tuple(images.shape)}")
+                raise ValueError(
+                    f"a graphed step replays one batch shape, {tuple(self._inputs[0].shape)}; got {tuple(images.shape)}"
+                )
             self._inputs[0].copy_(images)
             self._inputs[1].copy_(labels)
         self._replay()
@@ -397,8 +434,9 @@ def smaller_micro_batch(batch_size: int, micro: int) -> int:
     return max(d for d in range(1, micro // 2 + 1) if batch_size % d == 0)
 
 
-
-def sgd(parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False) -> torch.optim.Optimizer:
+def sgd(
+    parameters, lr: float, momentum: float, device: torch.device, fused_update: bool = False
+) -> torch.optim.Optimizer:
     """SGD with momentum and no weight decay, the paper's optimizer, as fast as the options make it:
     ``FusedSGD`` with ``fused_update`` (clipping, the update and master copies in one pass), else
     ``torch.optim.SGD`` (one fused update kernel on CUDA)."""
@@ -419,8 +457,17 @@ class Step:
     model (bf16 precision: they go to the copy that runs).
     """
 
-    def __init__(self, model: nn.Module, trainable: list[torch.Tensor], optimizer, options: StepOptions,
-                 batch_size: int, clip: float, micro_batch: int = 0, progress: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        trainable: list[torch.Tensor],
+        optimizer,
+        options: StepOptions,
+        batch_size: int,
+        clip: float,
+        micro_batch: int = 0,
+        progress: bool = False,
+    ):
         device = trainable[0].device if trainable else next(model.parameters()).device
         self.forward = make_forward(model, options)
         self.master = self.forward if isinstance(self.forward, MasterWeights) else None
@@ -432,7 +479,9 @@ class Step:
         self._step = self._make()
 
     def _make(self):
-        return make_step(self.forward, self.trainable, self.optimizer, self.micro, self.clip, self.context, self.options.graph)
+        return make_step(
+            self.forward, self.trainable, self.optimizer, self.micro, self.clip, self.context, self.options.graph
+        )
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor):
         while True:
@@ -446,7 +495,9 @@ class Step:
             # out of the except block, the failed attempt's tensors are freed
             torch.cuda.empty_cache()
             if self.progress:
-                print(f"out of GPU memory, now {self.batch_size // self.micro} micro-batches of {self.micro}", flush=True)
+                print(
+                    f"out of GPU memory, now {self.batch_size // self.micro} micro-batches of {self.micro}", flush=True
+                )
 
     def loaded(self) -> None:
         """Weights loaded into the model reach what runs (``MasterWeights``' bf16 copy)."""

@@ -1,0 +1,129 @@
+"""The package's shape: no import circle, no private name used outside its module, modules of a
+readable size. Read from the source with ``ast``, every import counted (at the top of a file or
+inside a function)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "paperlib"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The package's modules that ``name`` imports, wherever the import stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from . import x` imports the module x; `from .x import f`, the module x
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while (
+                target and target not in MODULES
+            ):  # `from . import x` names a module; `from .x import f` a name in one
+                target = target.rpartition(".")[0]
+            if target and target != name and not (target == "paperlib" and name.startswith("paperlib.")):
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if state.get(other) == "open":
+                return stack[stack.index(other) :] + [other]
+            if other not in state and (found := visit(other)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_circle_in_the_package():
+    assert (
+        "paperlib.runs" in GRAPH["paperlib.finetune"] and "paperlib.speed" in GRAPH["paperlib.finetune"]
+    )  # the reader reads imports
+    assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
+
+
+@pytest.mark.parametrize(
+    "lower, upper",
+    [
+        ("paperlib.runs", "paperlib.finetune"),
+        ("paperlib.speed.step", "paperlib.runs"),
+        ("paperlib.plasticity", "paperlib.bounds"),
+        ("paperlib.runs", "paperlib.stats"),
+        ("paperlib.plasticity", "paperlib.stats"),
+    ],
+)
+def test_the_layers_import_downwards(lower, upper):
+    reach, todo = set(), [lower]
+    while todo:
+        for other in GRAPH[todo.pop()] - reach:
+            reach.add(other)
+            todo.append(other)
+    assert upper not in reach, f"{lower} reaches {upper}"
+
+
+def test_no_private_name_of_the_package_is_used_outside_its_module():
+    used = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = {}  # local names bound to the package's modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and node.level and alias.name != "__version__":
+                        used.append(f"{name}: from {'.' * node.level}{node.module or ''} import {alias.name}")
+                    aliases[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and any(module.rpartition(".")[2] == aliases[node.value.id] for module in MODULES)
+            ):
+                used.append(f"{name}: {node.value.id}.{node.attr}")
+    assert not used, used
+
+
+def test_modules_stay_readable():
+    lines = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert lines["paperlib.finetune"] < 500, lines["paperlib.finetune"]
+    assert max(lines.values()) <= 700, max(lines.items(), key=lambda item: item[1])
