@@ -26,13 +26,13 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import bounds, data, models, paths, plasticity, plots
+from paperlib import bounds, data, imagesets, models, paths, plasticity, plots
 
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
 mean_std = models.normalization(model, normalize)
 target = data.get_dataset(dataset, "test", root=data_root, image_size=size, mean_std=mean_std)
-images, _ = data.stack(target, n_images)
+images, _ = imagesets.stack(target, n_images)
 constants = bounds.data_constants(network, images.to(device))
 pd.Series(constants, name=f"{model} on {dataset}").to_frame().T.round(4)
 

@@ -5,6 +5,7 @@ One module per concern, named for what it holds, in the order they import one an
 - ``paths``       where things live (repository, reports, results, data caches, demo weights)
 - ``components``  the five transformer components, trainable configurations, Tables 3 and 4
 - ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
+- ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``
 - ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
 - ``transforms``  the paper's transforms, per image (torchvision) and per batch on the device
 - ``loader``      the fast data path: uint8 caches and ``DeviceLoader``
@@ -17,7 +18,8 @@ One module per concern, named for what it holds, in the order they import one an
 - ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,
                   whether it is finished, every run as a table
 - ``finetune``    the paper's finetuning protocol (§5.2), top to bottom
-- ``plasticity``  rates of change and plasticity of every component (Definition 1, §5.1), saved results
+- ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
+- ``plasticity``  plasticity of every component (Definition 1, §5.1): measure, rank, save, collect
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 - ``stats``       every table across runs: Tables 1 and 6, pairs, Takeaway 2, LoRA; ``python -m paperlib.stats``
 - ``plots``       figures with a fixed colour per component

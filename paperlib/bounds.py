@@ -36,8 +36,8 @@ from timm.models.eva import EvaAttention
 from timm.models.vision_transformer import Attention
 from torch import nn
 
+from .component_rates import check_measurable, embed, evaluating
 from .components import COMPONENTS, block_component
-from .plasticity import check_measurable, embed, evaluating
 from .speed.layers import QkvFusedAttention
 
 PAPER_ATTENTION = (Attention, QkvFusedAttention, EvaAttention, AttentionRope)
@@ -125,7 +125,10 @@ def _attention_outside(attn: nn.Module, model: nn.Module) -> str | None:
         or weight is None
         or not isinstance(getattr(attn, "proj", None), nn.Linear)
     ):
-        return f"its attention ({type(attn).__name__}) computes another function than the multi-head attention of Props. 3-4"
+        return (
+            f"its attention ({type(attn).__name__}) computes another function than the multi-head attention "
+            "of Props. 3-4"
+        )
     extras = [
         name
         for name in ("q_norm", "k_norm", "norm")

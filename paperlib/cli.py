@@ -24,9 +24,8 @@ def coerce(name: str, value: Any, default: Any) -> Any:
     """``value`` (from the command line or a parameter file) as the type of ``default``."""
     if isinstance(value, str) and value.strip().lower() in ("none", "null") and default is None:
         return None
-    if value is None and isinstance(
-        default, str
-    ):  # a YAML null for a text parameter: its default ("" = the default folder)
+    # a YAML null for a text parameter: its default ("" = the default folder)
+    if value is None and isinstance(default, str):
         return default
     try:
         if isinstance(value, bool) and not isinstance(default, bool):  # YAML's true for a number is a slip, not 1

@@ -43,13 +43,13 @@ import torch
 import torchvision.datasets as tvd
 from scipy.io import loadmat
 from sklearn.datasets import load_digits
-from torch.utils.data import DataLoader, Dataset, Subset
-from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.datasets.utils import download_and_extract_archive
 
 from . import paths
 from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
-from .transforms import IMAGENET, as_mean_std, normalize, paper_transform
+from .imagesets import FileDataset, ImageDataset
+from .transforms import IMAGENET, as_mean_std, paper_transform
 
 SPLITS = ("train", "val", "test", "trainval")
 TEST_FRACTION = 0.2  # deterministic test split of datasets without an official one
@@ -75,129 +75,6 @@ def deterministic_split(
     order = np.argsort(np.array(digests), kind="stable")
     n_test = int(round(test_fraction * len(keys)))
     return np.sort(order[n_test:]), np.sort(order[:n_test])
-
-
-class ImageDataset(Dataset):
-    """uint8 images held as one array; items are (normalised CHW float tensor, int label).
-
-    ``images`` (N, 3, H, W) uint8 and ``targets`` (N,) int64 are public so that a training loop can
-    move the whole set to the GPU once and transform it there (``paperlib.loader``). Without a
-    ``transform`` items are the images normalised at their own size; with one (e.g.
-    ``transforms.paper_transform``) the transform receives the uint8 CHW tensor.
-    """
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        targets: torch.Tensor,
-        classes: Sequence[str],
-        name: str,
-        split: str,
-        keys: Sequence | None = None,
-        transform: Callable | None = None,
-        mean_std: tuple = IMAGENET,
-    ):
-        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"expected uint8 images of shape (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
-        if len(images) != len(targets):
-            raise ValueError(f"{len(images)} images but {len(targets)} targets")
-        self.images = images
-        self.targets = torch.as_tensor(targets).long()
-        self.classes = list(classes)
-        self.name = name
-        self.split = split
-        self.keys = list(range(len(images))) if keys is None else list(keys)
-        self.transform = transform
-        self.mean_std = mean_std  # how items without a transform are normalised (get_dataset sets it)
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = self.images[index]
-        image = self.transform(image) if self.transform is not None else self.normalize(image)
-        return image, int(self.targets[index])
-
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (any leading shape) to floats normalised with ``mean_std`` (ImageNet's
-        statistics unless ``get_dataset`` was given others)."""
-        return normalize(images.float() / 255.0, self.mean_std)
-
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole split as (normalised float images, labels), for small in-memory sets."""
-        return self.normalize(self.images), self.targets
-
-    def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
-        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-        keys = [self.keys[i] for i in index.tolist()]
-        return ImageDataset(
-            self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std
-        )
-
-    def __repr__(self) -> str:
-        return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
-
-
-class FileDataset(Dataset):
-    """Images read from files (decoded with PIL on access); items are (transformed image, int label)."""
-
-    def __init__(
-        self,
-        files: Sequence[Path],
-        targets: Sequence[int],
-        classes: Sequence[str],
-        name: str,
-        split: str,
-        keys: Sequence | None = None,
-        transform: Callable | None = None,
-        stat_keyed: bool = False,
-    ):
-        if len(files) != len(targets):
-            raise ValueError(f"{len(files)} files but {len(targets)} targets")
-        self.files = [Path(f) for f in files]
-        self.targets = torch.as_tensor(list(targets), dtype=torch.long)
-        self.classes = list(classes)
-        self.name = name
-        self.split = split
-        self.keys = [str(f) for f in self.files] if keys is None else list(keys)
-        self.transform = transform
-        # the images may change under the same names (custom datasets): decoded caches are keyed by
-        # each file's size and modification time too (loader.uint8_images)
-        self.stat_keyed = stat_keyed
-        self.parent, self.parent_indices = None, None  # set by subset()
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int):
-        image = default_loader(str(self.files[index]))
-        return (self.transform(image) if self.transform is not None else image), int(self.targets[index])
-
-    def subset(self, indices: Sequence[int], split: str) -> "FileDataset":
-        indices = [int(i) for i in indices]
-        part = FileDataset(
-            [self.files[i] for i in indices],
-            self.targets[indices].tolist(),
-            self.classes,
-            self.name,
-            split,
-            [self.keys[i] for i in indices],
-            self.transform,
-            self.stat_keyed,
-        )
-        # where it came from: loader.uint8_images decodes (and caches) the whole once, so the
-        # protocol's train and val splits of every seed share one cache of the official split
-        part.parent, part.parent_indices = (
-            (self.parent, [self.parent_indices[i] for i in indices]) if self.parent is not None else (self, indices)
-        )
-        return part
-
-    def __repr__(self) -> str:
-        return f"FileDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
-
-
-# --------------------------------------------------------------------------------------------
-# The demo world: scikit-learn's digits
 
 
 @lru_cache(maxsize=1)
@@ -307,7 +184,8 @@ def _cifar(name: str):
             raise _missing(
                 name,
                 base / missing[0],
-                f"Pass download=True, or download {url} and extract it into {root} (giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).",
+                f"Pass download=True, or download {url} and extract it into {root} "
+                f"(giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).",
             )
         data, targets = [], []
         for file in files:
@@ -339,14 +217,17 @@ def _cifar10c(corruption: str):
                 raise _missing(
                     name,
                     file,
-                    f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, 10,000 images each) and {base}/labels.npy; or pass download=True.",
+                    f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, "
+                    f"giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, "
+                    f"10,000 images each) and {base}/labels.npy; or pass download=True.",
                 )
         images = np.load(files[0], mmap_mode="r")
         labels = np.load(files[1], mmap_mode="r")
         per_severity = len(images) // len(SEVERITIES)
         if len(images) != len(labels) or per_severity * len(SEVERITIES) != len(images):
             raise ValueError(
-                f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: expected the same number, 5 severities stacked"
+                f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: "
+                "expected the same number, 5 severities stacked"
             )
         # The same image index falls in the same split for every corruption and severity.
         train, test = deterministic_split(list(range(per_severity)), salt="cifar10c")
@@ -389,7 +270,9 @@ def _domainnet(domain: str):
             raise _missing(
                 name,
                 folder,
-                f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into {root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); or pass download=True.",
+                f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into "
+                f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); "
+                "or pass download=True.",
             )
         files, targets, classes = _image_folder(folder)
         keys = [f.relative_to(folder).as_posix() for f in files]
@@ -412,7 +295,9 @@ def _flowers102(root: Path, official: str, download: bool, severity: int) -> Fil
             raise _missing(
                 "flowers102",
                 path,
-                f"Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} (giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
+                "Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from "
+                f"https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} "
+                f"(giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
             )
     labels = loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]
     ids = np.atleast_1d(
@@ -433,7 +318,9 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
         raise _missing(
             "pets",
             listing,
-            f"Pass download=True, or download images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} (giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).",
+            "Pass download=True, or download images.tar.gz and annotations.tar.gz from "
+            f"https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} "
+            f"(giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).",
         )
     ids, targets = [], []
     for line in listing.read_text().splitlines():
@@ -475,7 +362,8 @@ def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[li
     unknown = sorted(set(found) - set(classes))
     if unknown:
         raise ValueError(
-            f"{folder} has classes that the training images lack: {_listed(unknown)}; the training classes are {_listed(list(classes))}"
+            f"{folder} has classes that the training images lack: {_listed(unknown)}; "
+            f"the training classes are {_listed(list(classes))}"
         )
     samples = make_dataset(
         str(folder), {c: i for i, c in enumerate(classes)}, extensions=IMG_EXTENSIONS, allow_empty=True
@@ -513,7 +401,8 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
         raise _missing(
             name,
             folder,
-            f"Put your images there in class folders: {layout}. Custom datasets found under {root / 'custom'}: {found}.",
+            f"Put your images there in class folders: {layout}. "
+            f"Custom datasets found under {root / 'custom'}: {found}.",
             downloadable=False,
         )
     train_dir = folder / "train"
@@ -530,9 +419,8 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
         raise ValueError(f"{name}: {error}. Expected {layout}.") from error
     keys = [f.relative_to(folder).as_posix() for f in files]
     if held_out is None:
-        train, test = deterministic_split(
-            keys, salt="custom"
-        )  # by path alone: a copy of the folder (cleaned, renamed) keeps the split
+        # by path alone: a copy of the folder (cleaned, renamed) keeps the split
+        train, test = deterministic_split(keys, salt="custom")
         chosen = (train if official == "train" else test).tolist()
         files, targets, keys = [files[i] for i in chosen], [targets[i] for i in chosen], [keys[i] for i in chosen]
     return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
@@ -602,7 +490,10 @@ def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileD
         raise _missing(
             "imagenet",
             folder,
-            f"ImageNet cannot be downloaded automatically (its licence requires an account): download ILSVRC2012_img_val.tar from https://image-net.org/download-images and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). For an offline-friendly stand-in use 'imagenette' with download=True.",
+            "ImageNet cannot be downloaded automatically (its licence requires an account): "
+            "download ILSVRC2012_img_val.tar from https://image-net.org/download-images "
+            f"and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). "
+            "For an offline-friendly stand-in use 'imagenette' with download=True.",
             downloadable=False,
         )
     files, targets, classes = _image_folder(folder)
@@ -617,7 +508,8 @@ def _imagenette(root: Path, official: str, download: bool, severity: int) -> Fil
         raise _missing(
             "imagenette",
             folder,
-            f"Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
+            "Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
+            f"and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
         )
     files, targets, classes = _image_folder(folder)
     return FileDataset(
@@ -738,14 +630,3 @@ def get_dataset(
     elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
         dataset.transform = paper_transform(augment, size, mean_std)
     return dataset
-
-
-def stack(
-    dataset: Dataset, n: int | None = None, batch_size: int = 256, num_workers: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``n`` items of a dataset (all by default) as one (images, labels) pair of tensors."""
-    n = len(dataset) if n is None else n
-    if not 0 < n <= len(dataset):
-        raise ValueError(f"n must be in 1..{len(dataset)} for {getattr(dataset, 'name', 'this dataset')}, got {n}")
-    images, labels = zip(*DataLoader(Subset(dataset, range(n)), batch_size=batch_size, num_workers=num_workers))
-    return torch.cat(images), torch.cat(labels)

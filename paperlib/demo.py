@@ -26,8 +26,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from . import paths
-from .data import ImageDataset, get_dataset
+from .data import get_dataset
 from .finetune import evaluate
+from .imagesets import ImageDataset
 from .loader import DeviceLoader
 from .models import create_model
 

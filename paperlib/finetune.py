@@ -28,15 +28,14 @@ import sys
 import time
 from dataclasses import fields
 
-import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from . import cli, components, data, lora, models, paths, runs, speed
 from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
-from .runs import CHECKPOINT, HISTORY, METRICS, PARAMS, WEIGHTS, Config
+from .runs import METRICS, PARAMS, WEIGHTS, Config
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -207,14 +206,12 @@ def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
         return _train(config, progress)
 
 
-def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
-    folder, params = config.folder(), runs.run_record(config)
-    device = torch.device(config.device)
-    cuda = device.type == "cuda"
-    torch.manual_seed(config.seed)
+def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, tuple, int]:
+    """The run's splits as loaders on the device (train: augmented, shuffled by the seed; val and
+    test: the evaluation transform), its number of classes, the normalisation and the decoded cache's side.
 
-    # the data: file datasets are decoded once, in parallel, then cached under the data root; a
-    # model above 224 px gets a larger cache, so its crops are not upsampled from 256
+    File datasets are decoded once, in parallel, then cached under the data root; a model above
+    224 px gets a larger cache, so its crops are not upsampled from 256."""
     size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
     side = cache_side(size)
     splits = {
@@ -240,6 +237,16 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         for split, images in splits.items()
     }
     num_classes = len(splits["test"].classes)
+    return loaders, num_classes, mean_std, side
+
+
+def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
+    params = runs.run_record(config)
+    device = torch.device(config.device)
+    cuda = device.type == "cuda"
+    torch.manual_seed(config.seed)
+
+    loaders, num_classes, mean_std, side = _data(config, device)
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's)
@@ -247,9 +254,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     model = models.create_model(config.model, num_classes=num_classes).to(device)
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
-    runs.start(
-        config, params
-    )  # only now that data and model have loaded, so that a run that cannot start loses nothing
+    # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
+    runs.start(config, params)
     set_trainable(model, config.component, config.lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
 
@@ -272,9 +278,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         start_step, rows, best = saved["step"], saved["history"], saved["best"]
-        if (
-            "rng" in saved
-        ):  # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+        # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+        if "rng" in saved:
             torch.set_rng_state(saved["rng"]["cpu"])
             if cuda and saved["rng"].get("cuda") is not None:
                 torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
@@ -331,14 +336,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
-    table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
-    paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
     kept = config.save_weights and best["state"] is not None
-    if kept:
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
-        paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
-    else:  # weights of an earlier training of this run would not be this training's
-        (folder / WEIGHTS).unlink(missing_ok=True)
     metrics = {
         "status": status,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
@@ -361,8 +359,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "std": list(mean_std[1]),
         "torch": torch.__version__,
     }
-    runs.write_json(folder / METRICS, metrics)
-    (folder / CHECKPOINT).unlink(missing_ok=True)
+    runs.record(config, rows, best, metrics)
     return model, metrics
 
 
@@ -391,9 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if (
-    __name__ == "__main__"
-):  # the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+# the package's module, not this __main__ copy of it, so its classes are the ones imported elsewhere
+if __name__ == "__main__":
     from paperlib.finetune import main as _main
 
     raise SystemExit(_main())

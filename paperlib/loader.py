@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from . import paths
-from .data import FileDataset, ImageDataset
+from .imagesets import FileDataset, ImageDataset
 from .transforms import IMAGENET, as_mean_std, device_transform
 
 CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (crops of 224 come from it)
@@ -42,9 +42,8 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
     if dataset.stat_keyed:  # edited images get a new cache (one stat per file; official datasets skip it)
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    return (
-        cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"
-    )  # by content, not split name: trainval and the train/val parts share it
+    # by content, not split name: trainval and the train/val parts share it
+    return cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"
 
 
 def decode_workers() -> int:
@@ -166,7 +165,8 @@ class DeviceLoader:
             raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
         if not isinstance(dataset, ImageDataset):
             raise TypeError(
-                f"DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), got {type(dataset).__name__}"
+                "DeviceLoader needs uint8 images: pass paperlib.loader.uint8_images(dataset), "
+                f"got {type(dataset).__name__}"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")

@@ -14,8 +14,8 @@ head and the final LayerNorm train too, everything else is frozen. ``B`` starts 
 model starts as the pretrained one.
 
 The weight matrices of each configuration (``TARGETS``): ``mha``, the attention's q/k/v (one
-fused matrix, or three) and output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four (the usual
-LoRA of a ViT). LayerNorms have no weight matrix, so ``ln1``, ``ln2`` and ``linear`` take none.
+fused matrix, or three) and output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four
+(the usual LoRA of a ViT). LayerNorms have no weight matrix, so ``ln1``, ``ln2`` and ``linear`` take none.
 ``merge`` folds the updates into the weights and gives back a plain timm ViT (for plasticity,
 saving with ``models.save_model``...).
 """
@@ -81,7 +81,8 @@ def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> N
             or not valid(value)
         ):
             raise ValueError(
-                f"{name} must be a finite number {'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}"
+                f"{name} must be a finite number "
+                f"{'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}"
             )
     if rank == 0:
         if alpha or dropout:

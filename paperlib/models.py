@@ -94,10 +94,8 @@ def vit_names() -> list[str]:
     return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
 
-CUSTOM_WEIGHTS = (
-    "model.safetensors",
-    "pytorch_model.bin",
-)  # the names timm's save_for_hf writes, in its order of preference
+# the names timm's save_for_hf writes, in its order of preference
+CUSTOM_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def custom_folder(name: str) -> Path:
@@ -120,7 +118,8 @@ def custom_config(name: str) -> tuple[dict, Path]:
     arch = config.get("architecture")
     if arch not in vit_names():
         raise ValueError(
-            f"{config_file} names architecture {arch!r}, which is not a timm VisionTransformer or Eva ViT (see paperlib.models.vit_names())"
+            f"{config_file} names architecture {arch!r}, "
+            "which is not a timm VisionTransformer or Eva ViT (see paperlib.models.vit_names())"
         )
     weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
     if weights is None:
@@ -198,9 +197,8 @@ def resolve_name(name: str) -> str:
         custom_config(name)
         return name
     architecture, _, tag = name.partition(".")
-    if architecture in vit_names() and (
-        not tag or paths.CUSTOM_NAME.fullmatch(tag)
-    ):  # a tag is one folder name in result paths
+    # a tag is one folder name in result paths
+    if architecture in vit_names() and (not tag or paths.CUSTOM_NAME.fullmatch(tag)):
         return name
     suggestions = difflib.get_close_matches(name, list(SHORT_NAMES) + vit_names(), n=3)
     hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
@@ -232,7 +230,8 @@ def normalization(name: str, normalize: str = "imagenet") -> tuple[tuple[float, 
             found = timm.models.get_pretrained_cfg(timm_name)
         except RuntimeError as error:  # a tag timm does not know
             raise ValueError(
-                f"normalize='model': timm has no pretrained configuration for {timm_name!r} ({error}); use normalize='imagenet'"
+                f"normalize='model': timm has no pretrained configuration for {timm_name!r} ({error}); "
+                "use normalize='imagenet'"
             ) from error
         cfg, where = (found.to_dict() if found is not None else {}), f"timm's pretrained configuration of {timm_name!r}"
     if cfg.get("mean") is None or cfg.get("std") is None:
@@ -265,9 +264,8 @@ def create_model(
     A timm ViT whose blocks lack one of the five components (timm's parallel blocks) is refused
     with the reason, before any weights are fetched.
     """
-    if paths.custom_name(
-        name, "model"
-    ):  # the architecture and arguments its config.json records; its head kept unless num_classes
+    # the architecture and arguments its config.json records; its head kept unless num_classes
+    if paths.custom_name(name, "model"):
         config, saved = custom_config(name)
         timm_name = config["architecture"]
         kwargs = {**config.get("model_args", {}), **kwargs}

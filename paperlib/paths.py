@@ -63,7 +63,8 @@ def custom_name(name: object, kind: str) -> str | None:
     short = name[len(CUSTOM) :]
     if not CUSTOM_NAME.fullmatch(short):
         raise ValueError(
-            f"invalid custom {kind} name {name!r}: after {CUSTOM!r} comes one folder name of letters, digits, '_', '.' or '-'"
+            f"invalid custom {kind} name {name!r}: "
+            f"after {CUSTOM!r} comes one folder name of letters, digits, '_', '.' or '-'"
         )
     return short
 

@@ -10,7 +10,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from . import paths
 from .components import COMPONENTS, LABELS
-from .data import ImageDataset
+from .imagesets import ImageDataset
 
 COLORS = {
     "mha": "#d62728",
@@ -223,14 +223,15 @@ def training_curves(
 
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left
-    on Sketch, Fig. 18 on each benchmark): ``runs`` of that dataset, as ``results.load`` lists them.
+    on Sketch, Fig. 18 on each benchmark): ``runs`` of that dataset, as ``runs.load`` lists them.
     Boxes are over finished runs; the runs that diverged are counted under each box (a robust
     configuration is one that neither spreads nor diverges)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
         raise ValueError(
-            f"config_boxes shows one dataset (Fig. 18 has a panel per benchmark), got {', '.join(sorted(runs['dataset'].unique()))}"
+            "config_boxes shows one dataset (Fig. 18 has a panel per benchmark), "
+            f"got {', '.join(sorted(runs['dataset'].unique()))}"
         )
     configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
     finished = runs[runs["status"] == "finished"]

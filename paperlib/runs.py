@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from safetensors.torch import save_file
 
 from . import components, data, lora, models, paths, specs
 from .cli import coerce
@@ -46,34 +47,49 @@ class Config:
     seed: int = 0  # head initialisation, validation split, batch order, augmentation
     steps: int = 100  # optimisation steps
     batch_size: int = 32  # images per step (the paper: 512)
-    micro_batch: int = 0  # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
+    # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
+    micro_batch: int = 0
     warmup: int = 10  # linear warm-up steps
     eval_every: int = 10  # evaluate on val every this many steps (and at the end)
     device: str = "cpu"
     image_size: int = 0  # 0 = the model's resolution
-    normalize: str = "imagenet"  # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with; models.normalization)
+    # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with;
+    # models.normalization)
+    normalize: str = "imagenet"
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
     momentum: float = 0.9
     clip: float = 1.0  # global gradient-norm clipping
-    optimizer: str = (
-        "sgd"  # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
-    )
-    weight_decay: float = 0.0  # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
-    compile: bool | str = (
-        False  # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
-    )
-    compile_mode: str = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
+    # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    optimizer: str = "sgd"
+    # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
+    weight_decay: float = 0.0
+    # --- how its steps run, not what it trains (``paperlib.speed``; the same step to rounding) ---
+    # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile: bool | str = False
+    # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
+    compile_mode: str = "default"
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
-    precision: str = "autocast"  # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
-    fused: str = "auto"  # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
-    graph: bool = False  # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its kernels
-    lora_rank: int = 0  # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices trains instead (``lora``; mha, fc1, fc2 or full)
-    lora_alpha: float = (
-        0.0  # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
-    )
+    # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
+    precision: str = "autocast"
+    # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
+    # gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
+    fused: str = "auto"
+    # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its
+    # kernels
+    graph: bool = False
+    # --- beyond the paper: LoRA, tags, kept weights ---
+    # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices
+    # trains instead (``lora``; mha, fc1, fc2 or full)
+    lora_rank: int = 0
+    # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    lora_alpha: float = 0.0
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
-    tag: str = ""  # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
-    save_weights: bool = False  # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the finetuned model); not part of what a run is
+    # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
+    # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
+    tag: str = ""
+    # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the
+    # finetuned model); not part of what a run is
+    save_weights: bool = False
 
     def __post_init__(self):
         if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a sweep spec's `tag: [2000]`
@@ -105,12 +121,12 @@ class Config:
             raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
-        models.normalization(
-            self.model, self.normalize
-        )  # a model without recorded statistics fails here, before any work
+        # a model without recorded statistics fails here, before any work
+        models.normalization(self.model, self.normalize)
         if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
             raise ValueError(
-                f"tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), got {self.tag!r}"
+                "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
+                f"got {self.tag!r}"
             )
         if not isinstance(self.save_weights, bool):
             raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
@@ -126,7 +142,8 @@ class Config:
                 raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
             if self.momentum != Config.momentum:
                 raise ValueError(
-                    f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Config.momentum}"
+                    f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): "
+                    f"leave momentum at {Config.momentum}"
                 )
         return self
 
@@ -162,8 +179,9 @@ class Config:
 
 
 def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
-    """How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``): "weights" (the paper: the component's
-    own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
+    """How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``):
+    "weights" (the paper: the component's own weights) or "LoRA r=<rank>" (with alpha and dropout where they are
+    not the defaults)."""
     if not lora_rank:
         return "weights"
     extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
@@ -279,6 +297,22 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
     if same_params(saved["params"], config, params) and saved.get("cache_side") == side:
         return saved
     return None
+
+
+def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
+    """Record a run that ended: its history (``rows``), with ``save_weights`` the trainable
+    parameters of its best checkpoint (``best["state"]``), its metrics last (the run is finished),
+    and its checkpoint gone. Each file is written atomically."""
+    folder = config.folder()
+    table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
+    paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
+    if config.save_weights and best["state"] is not None:
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
+        paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
+    else:  # weights of an earlier training of this run would not be this training's
+        (folder / WEIGHTS).unlink(missing_ok=True)
+    write_json(folder / METRICS, metrics)
+    (folder / CHECKPOINT).unlink(missing_ok=True)
 
 
 def write_json(path: Path, payload: dict) -> None:

@@ -52,8 +52,8 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; the
     sample standard deviation, ddof=1), ``seeds``.
 
-    ``runs``: the runs table of ``results.load`` for one model, precision, optimizer, LoRA setting, normalisation and tag (a ValueError
-    otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
+    ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
+    and tag (a ValueError otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
     runs of a learning rate make its mean NaN, so it is never chosen; a learning rate with fewer
     seeds than another of its dataset and config (an unfinished sweep) is not chosen either, so
     that every cell rests on the same seeds.
@@ -248,7 +248,7 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     otherwise leave one configuration a grid of its own), and, with ``common``, a cell where any of
     them diverged is left out for all, so that a configuration that diverges at the largest
     learning rates is not made to look steadier by losing them: its divergences are in
-    ``diverged``. ``runs``: ``results.load``'s table for one model, precision, optimizer, LoRA
+    ``diverged``. ``runs``: ``runs.load``'s table for one model, precision, optimizer, LoRA
     setting, normalisation and tag (a ValueError otherwise)."""
     _check_one_setting(runs, "grid_spread")
     columns = ["dataset", "component", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
@@ -257,13 +257,13 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
         present = [c for c in configs if c in set(part["component"])]
         if part.duplicated(["lr", "seed", "component"]).any():
             raise ValueError(
-                f"{dataset}: more than one run of a configuration at one learning rate and seed; select one setting first"
+                f"{dataset}: more than one run of a configuration at one learning rate and seed; "
+                "select one setting first"
             )
         status = part.pivot(index=["lr", "seed"], columns="component", values="status")[present]
         accuracy = part.pivot(index=["lr", "seed"], columns="component", values="test_accuracy")[present] * 100
-        ended = (status == "diverged") | (
-            (status == "finished") & accuracy.notna()
-        )  # a finished run without a test accuracy is not counted
+        # a finished run without a test accuracy is not counted
+        ended = (status == "diverged") | ((status == "finished") & accuracy.notna())
         complete = ended.all(axis=1)
         kept = complete & (status == "finished").all(axis=1) if common else complete
         for config in present:
@@ -322,7 +322,8 @@ def plasticity_correlation(
     """
     if "model" in plasticity and plasticity["model"].nunique() > 1:
         raise ValueError(
-            f"plasticity_correlation needs the plasticity of one model, got {', '.join(sorted(plasticity['model'].unique()))}"
+            "plasticity_correlation needs the plasticity of one model, "
+            f"got {', '.join(sorted(plasticity['model'].unique()))}"
         )
     if value not in results:
         raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
@@ -331,7 +332,8 @@ def plasticity_correlation(
         repeated = table[table.duplicated(["dataset", "component"], keep=False)]
         if not repeated.empty:
             raise ValueError(
-                f"the {name} have more than one row for {', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
+                f"the {name} have more than one row for "
+                f"{', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
                 "select one model, setting and measurement first"
             )
     table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(
@@ -409,7 +411,7 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
 
 
 def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
-    """Per finished run of ``runs`` (``results.load``'s tables: the histories and the runs), the
+    """Per finished run of ``runs`` (``runs.load``'s tables: the histories and the runs), the
     mean gradient norm (before clipping) over its first ``fraction`` of steps (steps <= fraction x
     its length; at least its first logged step): one row per run with its keys and ``grad_norm``.
     A diverged run is left out: it stopped early, so its first fraction would be another window."""

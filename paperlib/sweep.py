@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {run.error.splitlines()[0] if run.error else ''}")
     counts = {s: sum(r.status == s for r in runs) for s in ("done", "skipped", "failed")}
     print(
-        f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; reports: {paths.reports_dir() / 'index.html'}"
+        f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; "
+        f"reports: {paths.reports_dir() / 'index.html'}"
     )
     return 1 if counts["failed"] else 0
 

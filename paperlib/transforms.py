@@ -53,7 +53,8 @@ def as_mean_std(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
         ) from error
     if len(pair[0]) != 3 or len(pair[1]) != 3 or not all(map(math.isfinite, pair[0] + pair[1])) or min(pair[1]) <= 0:
         raise ValueError(
-            f"mean and std must be three finite numbers each (one per RGB channel), std positive; got {mean!r} and {std!r}"
+            "mean and std must be three finite numbers each (one per RGB channel), std positive; "
+            f"got {mean!r} and {std!r}"
         )
     return pair
 

@@ -11,7 +11,7 @@ import timm
 import torch
 from torch import nn
 
-from paperlib import bounds, components, finetune, lora, models, plasticity, specs, speed
+from paperlib import bounds, component_rates, components, finetune, lora, models, plasticity, specs, speed
 from paperlib.components import COMPONENTS
 from paperlib.runs import Config
 
@@ -109,8 +109,8 @@ def _definition_1(model, x, y):
 def test_rates_are_definition_1_on_later_vits(model):
     x, y = _pairs()
     expected = _definition_1(model, x, y)
-    assert torch.allclose(plasticity.rate_tensor(model, x, y), expected, rtol=1e-5)
-    assert torch.allclose(plasticity.plain_rates(model, x, y), expected, rtol=1e-5)
+    assert torch.allclose(component_rates.rate_tensor(model, x, y), expected, rtol=1e-5)
+    assert torch.allclose(component_rates.plain_rates(model, x, y), expected, rtol=1e-5)
 
 
 @torch.no_grad()
@@ -119,9 +119,9 @@ def test_rope_reaches_the_attention():
     with torch.no_grad():  # sharp attention, so that where a token is matters
         model.blocks[0].attn.qkv.weight[: 2 * SMALL["embed_dim"]] *= 8
     x, y = _pairs()
-    ex, ey = plasticity.embed(model, x), plasticity.embed(model, y)
+    ex, ey = component_rates.embed(model, x), component_rates.embed(model, y)
     without = torch.linalg.vector_norm((model.blocks[0].attn(ex) - model.blocks[0].attn(ey)).flatten(1), dim=1)
-    ours = plasticity.rate_tensor(model, x, y)[0, COMPONENTS.index("mha")]
+    ours = component_rates.rate_tensor(model, x, y)[0, COMPONENTS.index("mha")]
     assert not torch.allclose(
         ours, (without / torch.linalg.vector_norm((ex - ey).flatten(1), dim=1)).double(), rtol=1e-3
     )
@@ -173,7 +173,7 @@ def _in_situ_by_hand(model, x, y):
 def test_in_situ_rates_follow_the_blocks_own_forward_pass(model):
     x, y = _pairs()
     expected = _in_situ_by_hand(model, x, y)
-    ours = plasticity.rate_tensor(model, x, y, inputs="in_situ")
+    ours = component_rates.rate_tensor(model, x, y, inputs="in_situ")
     assert torch.allclose(ours, expected, rtol=1e-4)
 
 
@@ -383,8 +383,8 @@ def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
     assert type(fused.blocks[0].mlp).__name__ == "BiasGeluMlp"  # fc1 is read, not called
     x, y = _pairs()
     assert torch.allclose(
-        plasticity.rate_tensor(fused, x, y, inputs="in_situ"),
-        plasticity.rate_tensor(plain, x, y, inputs="in_situ"),
+        component_rates.rate_tensor(fused, x, y, inputs="in_situ"),
+        component_rates.rate_tensor(plain, x, y, inputs="in_situ"),
         rtol=1e-4,
     )
     ours, theirs = (bounds.upper_bounds(m, r=10.0, sigma=1.0) for m in (fused, plain))
@@ -398,11 +398,11 @@ def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them(
     lora.add_lora(model, "fc1", rank=2)
     x, y = _pairs()
     with pytest.raises(TypeError, match=r"lora.merge\(model\) first"):
-        plasticity.rate_tensor(model, x, y)
+        component_rates.rate_tensor(model, x, y)
     with pytest.raises(TypeError, match=r"lora.merge\(model\) first"):
         bounds.upper_bounds(model, r=10.0, sigma=1.0)
     lora.merge(model)
-    assert torch.isfinite(plasticity.rate_tensor(model, x, y)).all()
+    assert torch.isfinite(component_rates.rate_tensor(model, x, y)).all()
 
 
 @torch.no_grad()
@@ -411,8 +411,9 @@ def test_blocks_sharing_weights_have_no_in_situ_rate():
     model.blocks[1] = model.blocks[0]
     x, y = _pairs()
     with pytest.raises(TypeError, match="called mha of block 0 2 times"):
-        plasticity.rate_tensor(model, x, y, inputs="in_situ")
-    assert torch.isfinite(plasticity.rate_tensor(model, x, y)).all()  # Definition 1 applies each block to e(x) alone
+        component_rates.rate_tensor(model, x, y, inputs="in_situ")
+    # Definition 1 applies each block to e(x) alone
+    assert torch.isfinite(component_rates.rate_tensor(model, x, y)).all()
 
 
 def test_eva01_attention_is_the_papers_and_gets_its_bound():
@@ -456,7 +457,7 @@ def test_token_constants_are_taken_without_patch_dropout():
     with torch.no_grad():
         assert (
             model.train()._pos_embed(model.patch_embed(images))[0].shape[1]
-            < plasticity.embed(model.eval(), images).shape[1]
+            < component_rates.embed(model.eval(), images).shape[1]
         )
 
 

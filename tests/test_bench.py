@@ -242,10 +242,8 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
         device="cpu",
         out=out,
     )
-    assert measured == [
-        "flash",
-        "math",
-    ]  # the finished row (written before rows had a precision) is kept, not measured again
+    # the finished row (written before rows had a precision) is kept, not measured again
+    assert measured == ["flash", "math"]
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
     assert rows[2]["agrees"] is False  # its first step differs from the (made-up) kept row's
     assert json.loads(out.read_text()) == rows
@@ -297,14 +295,12 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
     )
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
     twin = twins[0]
-    assert not any(
-        getattr(block, "_compiled_call_impl", None) for block in twin.blocks
-    )  # the library's model was compiled in place
+    # the library's model was compiled in place
+    assert not any(getattr(block, "_compiled_call_impl", None) for block in twin.blocks)
     assert isinstance(twin.patch_embed.proj, torch.nn.Conv2d)
     changed = {n for n, p in twin.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert changed and all(
-        ".norm1." in n or n.startswith(("head.", "norm.")) for n in changed
-    )  # the plain loop trained it
+    # the plain loop trained it
+    assert changed and all(".norm1." in n or n.startswith(("head.", "norm.")) for n in changed)
 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
@@ -372,9 +368,8 @@ def test_fused_auto_rows_record_what_ran(tmp_path):
 
 def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
     result = bench_step.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
-    assert (
-        result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4
-    )  # the demo ViT: 64 patches + class token
+    # the demo ViT: 64 patches + class token
+    assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4
     assert result["ops"] == "PyTorch reference"
     names = (
         "copy (the memory-bound limit)",
@@ -404,9 +399,8 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     rows = bench_step.bench_variants(
         "demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all")
     )
-    assert [row["fused"] for row in rows] == ["none", "all"] and len(
-        fused_into
-    ) == 2  # the "all" row's model only, once per op
+    # the "all" row's model only, once per op
+    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 2
 
 
 def test_step_flops_counted_on_one_image_are_the_whole_batchs():

@@ -86,8 +86,8 @@ def _expected_trainable(model, config):
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_set_trainable_changes_only_the_chosen_parameters(config):
-    model = models.create_model("demo", pretrained=False, num_classes=3)
+def test_set_trainable_changes_only_the_chosen_parameters(config, tiny_model):
+    model = tiny_model
     components.set_trainable(model, config)
     trainable = {n for n, _ in components.trainable_parameters(model)}
     assert trainable == _expected_trainable(model, config)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
-from paperlib import components, data, finetune, models, plasticity, runs
+from paperlib import component_rates, components, data, finetune, models, plasticity, runs
 from paperlib import transforms as T
 from paperlib.loader import DeviceLoader
 from paperlib.speed import layers
@@ -186,9 +186,8 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
     move_results("cpu")
     cpu = replace(config, device="cpu", precision="autocast")
     finetune.run(cpu)
-    assert np.allclose(
-        losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2
-    )  # bf16 rounding, then drift
+    # bf16 rounding, then drift
+    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)
     assert losses[-4:].mean() < losses[:4].mean()
 
 
@@ -209,9 +208,8 @@ def test_lora_finetuning_on_the_device_follows_the_cpu_run(
     move_results("cpu")
     cpu = replace(config, device="cpu", precision="autocast", compile=False)
     finetune.run(cpu)
-    assert np.allclose(
-        losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2
-    )  # bf16 rounding, then drift
+    # bf16 rounding, then drift
+    assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)
     assert losses[-4:].mean() < losses[:4].mean()
 
 
@@ -228,9 +226,8 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     mm_on, bias_on = mm.to(DEVICE).requires_grad_(), bias.to(DEVICE).requires_grad_()
     out = kernels.bias_gelu(mm_on, bias_on)
     out.backward(grad.to(DEVICE))
-    ulp = (
-        2.0**-7 if dtype == torch.bfloat16 else 2.0**-22
-    )  # erf differs in its last fp32 bits: one rounding apart at most
+    # erf differs in its last fp32 bits: one rounding apart at most
+    ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-22
     for mine, reference in ((out, expected), (mm_on.grad, expected_mm)):
         assert (
             mine.dtype == dtype
@@ -265,9 +262,8 @@ def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, fi
 def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
     from paperlib.speed import kernels
 
-    packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(
-        dtype
-    )  # ViT-Base/16, two images
+    # ViT-Base/16, two images
+    packed = torch.randn(2, 197, 3, 12, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
     expected, expected_sums = kernels.qkv_heads_backward_reference(*packed.permute(2, 0, 3, 1, 4).unbind(0))
     dq, dk, dv = packed.to(DEVICE).permute(2, 0, 3, 1, 4).unbind(0)  # strided as timm's split leaves them
     stacked, sums = kernels.qkv_heads_backward(dq, dk.contiguous(), dv)
@@ -312,9 +308,8 @@ def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(
     fused_losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks", fused="all"))[
         "train_loss"
     ].to_numpy()
-    assert np.allclose(
-        fused_losses, losses, rtol=5e-2, atol=1e-2
-    )  # bf16 autocast: kernels fused differently round differently
+    # bf16 autocast: kernels fused differently round differently
+    assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
@@ -352,9 +347,8 @@ def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision
     (plain, plain_weights), (replayed, replayed_weights) = runs
     assert isinstance(step, GraphedStep) and step._replay is not None
     assert len(set(plain[:, 0].tolist())) == 10  # each batch its own loss: a stale batch would show
-    torch.testing.assert_close(
-        replayed, plain, rtol=2e-2, atol=1e-3
-    )  # the same kernels; the update reads an fp32 learning rate
+    # the same kernels; the update reads an fp32 learning rate
+    torch.testing.assert_close(replayed, plain, rtol=2e-2, atol=1e-3)
     assert max(_relative_error(a, b) for a, b in zip(replayed_weights, plain_weights)) < 1e-2
 
 
@@ -381,12 +375,12 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     model.eval()
     x, y = torch.randn(12, 3, 32, 32, generator=generator), torch.randn(12, 3, 32, 32, generator=generator)
     with torch.no_grad():
-        reference = plasticity.plain_rates(model.double(), x.double(), y.double())
-    in_situ = plasticity.rate_tensor(model, x.double(), y.double(), "in_situ")
+        reference = component_rates.plain_rates(model.double(), x.double(), y.double())
+    in_situ = component_rates.rate_tensor(model, x.double(), y.double(), "in_situ")
     model.float()
     # cuDNN may run the patch-embedding convolution in TF32 (PyTorch's default): about 1e-3 apart
     tolerance = 2e-3 if DEVICE.type == "cuda" else 1e-4
-    on_device = plasticity.rate_tensor(model.to(DEVICE), x.to(DEVICE), y.to(DEVICE))
+    on_device = component_rates.rate_tensor(model.to(DEVICE), x.to(DEVICE), y.to(DEVICE))
     assert on_device.device.type == DEVICE.type and _relative_error(on_device, reference) < tolerance
     table = plasticity.measure(
         model,
@@ -397,8 +391,10 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
         DEVICE,
         progress=False,
     )
-    assert np.allclose(table["rate"].to_numpy(), plasticity.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
-    assert _relative_error(plasticity.rate_tensor(model, x.to(DEVICE), y.to(DEVICE), "in_situ"), in_situ) < tolerance
+    assert np.allclose(table["rate"].to_numpy(), component_rates.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
+    assert (
+        _relative_error(component_rates.rate_tensor(model, x.to(DEVICE), y.to(DEVICE), "in_situ"), in_situ) < tolerance
+    )
 
 
 ON_DEVICE = {"batch_size": 32, "device": str(DEVICE)}  # the shared small runs, on the device
@@ -486,9 +482,8 @@ def test_the_device_loader_normalises_with_other_statistics_on_the_device():
         on_device, _ = DeviceLoader(
             digits, 32, augment=augment, image_size=48, device=DEVICE, seed=1, mean_std=half
         ).batch(3)
-        if (
-            not augment
-        ):  # the same crops only without augmentation: a device generator draws other numbers than the CPU's
+        # the same crops only without augmentation: a device generator draws other numbers than the CPU's
+        if not augment:
             assert (on_device.cpu() - cpu).abs().max() < 1e-4
         assert on_device.min() >= -1 - 1e-4 and on_device.max() <= 1 + 1e-4  # (x - 0.5) / 0.5 of [0, 1]
 
@@ -503,6 +498,5 @@ def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, resu
     images, labels = data.get_dataset("digits", "test").tensors()
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).double().mean().item()
-    assert (
-        abs(accuracy - metrics["test_accuracy"]) <= 0.03
-    )  # bf16 on the device against fp32 here: a few of 180 images may flip
+    # bf16 on the device against fp32 here: a few of 180 images may flip
+    assert abs(accuracy - metrics["test_accuracy"]) <= 0.03

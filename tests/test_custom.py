@@ -12,7 +12,7 @@ import timm
 import torch
 from PIL import Image
 
-from paperlib import data, finetune, fixtures, loader, models, plasticity
+from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -89,9 +89,8 @@ def test_bad_custom_layouts_say_what_is_wrong(home):
     (base / "empty").mkdir(parents=True)
     with pytest.raises(ValueError, match="custom/empty: .* has 0 class folder.*at least 2. Expected .*<class>/<image>"):
         data.get_dataset("custom/empty", "train")
-    fixtures.write_image_folder(
-        base / "capital" / "Train", ["cat", "dog"], per_class=2
-    )  # Train/ is not train/: one class
+    # Train/ is not train/: one class
+    fixtures.write_image_folder(base / "capital" / "Train", ["cat", "dog"], per_class=2)
     with pytest.raises(
         ValueError, match=r"has 1 class folder\(s\) \(Train\); a classification dataset needs at least 2"
     ):
@@ -130,7 +129,7 @@ def test_edited_images_get_a_new_decoded_cache(home):
 def test_official_datasets_are_not_stat_keyed(home):
     fixtures.write_domainnet(home / "data")
     assert not data.get_dataset("domainnet/clipart", "test").stat_keyed
-    assert data.get_dataset("digits", "test").__class__ is data.ImageDataset
+    assert data.get_dataset("digits", "test").__class__ is imagesets.ImageDataset
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,9 +162,8 @@ def test_saved_architecture_arguments_rebuild_the_model(home):
 
 def test_a_folder_written_by_timm_itself_loads(home):
     source = models.create_model("demo", pretrained=False, num_classes=4)
-    timm.models.save_for_hf(
-        source, str(home / "data" / "models" / "byhand"), safe_serialization=False
-    )  # pytorch_model.bin
+    # pytorch_model.bin
+    timm.models.save_for_hf(source, str(home / "data" / "models" / "byhand"), safe_serialization=False)
     loaded = models.create_model("custom/byhand")
     assert torch.equal(loaded.blocks[5].mlp.fc2.weight, source.blocks[5].mlp.fc2.weight) and loaded.num_classes == 4
 
@@ -239,9 +237,8 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     assert runs[["model", "dataset", "component"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
-    assert (
-        folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"
-    )  # not ImageNet, the default
+    # not ImageNet, the default
+    assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"
     assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images
     assert plasticity.collect(reference="custom/pretraining")[
         ["model", "dataset"]
@@ -295,9 +292,8 @@ def test_a_run_on_edited_custom_data_or_a_resaved_model_is_a_new_run(home):
     fixtures.write_image_folder(base / "test", ["eel"], per_class=2, seed=1)
     assert finetune.run(config)["num_classes"] == 3
     again = finetune.run(config)
-    models.save_model(
-        models.create_model("demo", num_classes=2), "custom/vit", overwrite=True
-    )  # other weights, same name
+    # other weights, same name
+    models.save_model(models.create_model("demo", num_classes=2), "custom/vit", overwrite=True)
     assert (
         finetune.run(config)["test_accuracy"] is not None
         and json.loads((config.folder() / "params.json").read_text())["fingerprints"] != params["fingerprints"]

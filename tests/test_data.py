@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from paperlib import data, transforms
+from paperlib import data, imagesets, transforms
 from paperlib.corruptions import CORRUPTIONS
 
 
@@ -92,13 +92,13 @@ def test_bad_names_and_splits_list_the_valid_ones():
     with pytest.raises(ValueError, match="valid splits: train, val, test, trainval"):
         data.get_dataset("digits", "validation")
     with pytest.raises(ValueError, match="expected uint8 images"):
-        data.ImageDataset(torch.zeros(2, 32, 32, 3), torch.zeros(2), ["a"], "x", "train")
+        imagesets.ImageDataset(torch.zeros(2, 32, 32, 3), torch.zeros(2), ["a"], "x", "train")
 
 
 def test_stack_returns_the_first_items():
     dataset = data.get_dataset("digits", "test")
-    images, labels = data.stack(dataset, 10, batch_size=4)
+    images, labels = imagesets.stack(dataset, 10, batch_size=4)
     assert images.shape == (10, 3, 32, 32) and torch.equal(labels, dataset.targets[:10])
     assert torch.equal(images[7], dataset[7][0])
     with pytest.raises(ValueError, match="n must be in 1..179"):
-        data.stack(dataset, 500)
+        imagesets.stack(dataset, 500)

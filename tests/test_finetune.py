@@ -220,9 +220,8 @@ def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, mo
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["num_classes"] == 3
     assert [split for split, _ in calls] == ["train", "val", "test"] and all(workers >= 1 for _, workers in calls)
-    assert (
-        len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 2
-    )  # the official training split (train and val share it) and test
+    # the official training split (train and val share it) and test
+    assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 2
 
 
 def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch, small):
@@ -263,10 +262,8 @@ def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.999)
     weight, bias = model.head.weight, model.head.bias
     before_w, before_b = weight.detach().clone(), bias.detach().clone()
-    weight.grad, bias.grad = (
-        torch.zeros_like(weight),
-        torch.zeros_like(bias),
-    )  # no gradient: only the decay moves a weight
+    # no gradient: only the decay moves a weight
+    weight.grad, bias.grad = (torch.zeros_like(weight), torch.zeros_like(bias))
     optimizer.step()
     assert torch.allclose(weight, before_w * (1 - 1e-3 * 0.1)) and torch.equal(bias, before_b)
 

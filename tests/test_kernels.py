@@ -108,8 +108,10 @@ TRITON_CHECK = textwrap.dedent("""
             grad_mm, grad_bias = kernels.bias_gelu_backward_triton(grad, mm, bias)
             again = kernels.bias_gelu_backward_triton(grad, mm, bias)
             results.append({"shape": list(shape), "dtype": str(dtype),
-                            "out": out.double().tolist(), "grad_mm": grad_mm.double().tolist(), "grad_bias": grad_bias.double().tolist(),
-                            "out_dtype": str(out.dtype), "grad_mm_dtype": str(grad_mm.dtype), "grad_bias_dtype": str(grad_bias.dtype),
+                            "out": out.double().tolist(), "grad_mm": grad_mm.double().tolist(),
+                            "grad_bias": grad_bias.double().tolist(),
+                            "out_dtype": str(out.dtype), "grad_mm_dtype": str(grad_mm.dtype),
+                            "grad_bias_dtype": str(grad_bias.dtype),
                             "deterministic": bool(torch.equal(again[0], grad_mm) and torch.equal(again[1], grad_bias)),
                             "inputs": [mm.double().tolist(), bias.double().tolist(), grad.double().tolist()]})
     stacks = []
@@ -120,7 +122,8 @@ TRITON_CHECK = textwrap.dedent("""
             dk = dk.contiguous()  # and a contiguous [B, H, N, D] gradient
             stacked, sums = kernels.qkv_heads_backward_triton(dq, dk, dv)
             expected = kernels.qkv_heads_backward_reference(dq, dk, dv)
-            stacks.append({"shape": [batch, heads, tokens, dim], "dtype": str(dtype), "stacked_equal": bool(torch.equal(stacked, expected[0])),
+            stacks.append({"shape": [batch, heads, tokens, dim], "dtype": str(dtype),
+                           "stacked_equal": bool(torch.equal(stacked, expected[0])),
                            "stacked_dtype": str(stacked.dtype), "sums": sums.double().tolist(),
                            "exact_sums": packed.double().reshape(batch * tokens, -1).sum(0).tolist(),
                            "scale": packed.double().abs().reshape(batch * tokens, -1).sum(0).tolist()})
@@ -134,8 +137,8 @@ TRITON_CHECK = textwrap.dedent("""
         inputs = [grad.double().tolist(), param.double().tolist(), buf.double().tolist()]
         out = torch.empty(size, dtype=torch.bfloat16) if copy else None
         kernels.sgd_update_triton(grad, param, buf, lr, scale, 0.9, first, out)
-        updates.append({"first": first, "inputs": inputs, "param": param.double().tolist(), "buf": buf.double().tolist(),
-                        "copy": out.double().tolist() if copy else None})
+        updates.append({"first": first, "inputs": inputs, "param": param.double().tolist(),
+                        "buf": buf.double().tolist(), "copy": out.double().tolist() if copy else None})
     print(json.dumps({"bias_gelu": results, "qkv": stacks, "sgd": updates}))
 """)
 
@@ -334,9 +337,8 @@ def test_only_the_forms_the_ops_compute_are_fused():
         layers.BiasGeluMlp(model.blocks[0].mlp)
     model = models.create_model("demo", pretrained=False, qkv_bias=False)
     layers.fuse_qkv(model)
-    assert not any(
-        isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks
-    )  # no bias to sum: left alone
+    # no bias to sum: left alone
+    assert not any(isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)
     with pytest.raises(ValueError, match="biased nn.Linear qkv and no gate"):
         layers.QkvFusedAttention(model.blocks[0].attn)
     assert layers.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is

@@ -35,9 +35,8 @@ def _imports(name: str, path: Path) -> set[str]:
         else:
             continue
         for target in targets:
-            while (
-                target and target not in MODULES
-            ):  # `from . import x` names a module; `from .x import f` a name in one
+            # `from . import x` names a module; `from .x import f` a name in one
+            while target and target not in MODULES:
                 target = target.rpartition(".")[0]
             if target and target != name and not (target == "paperlib" and name.startswith("paperlib.")):
                 found.add(target)
@@ -74,9 +73,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_no_import_circle_in_the_package():
-    assert (
-        "paperlib.runs" in GRAPH["paperlib.finetune"] and "paperlib.speed" in GRAPH["paperlib.finetune"]
-    )  # the reader reads imports
+    # the reader reads imports
+    assert "paperlib.runs" in GRAPH["paperlib.finetune"] and "paperlib.speed" in GRAPH["paperlib.finetune"]
     assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
 
 

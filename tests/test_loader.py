@@ -123,9 +123,8 @@ def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
     from paperlib.loader import placement
 
     gib = 2**30
-    assert (
-        placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"
-    )  # DomainNet sketch on an 80 GB GPU
+    # DomainNet sketch on an 80 GB GPU
+    assert placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"
     assert placement(14 * gib, torch.device("cuda"), total_memory=24 * gib) == "host"
     assert placement(14 * gib, torch.device("cpu")) == "device"  # on a CPU the images are in memory anyway
     assert DeviceLoader(digits, 64, augment=False, image_size=24, images_on="auto").images_on == "device"
@@ -154,9 +153,8 @@ def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(
             part = data.get_dataset("domainnet/clipart", split, root=tmp_path, seed=seed)
             cached = uint8_images(part, cache_size=16)
             assert cached.keys == part.keys and torch.equal(cached.targets, part.targets)
-            assert torch.equal(
-                cached.images, whole.images[[by_key[k] for k in part.keys]]
-            )  # the part's own images, in its order
+            # the part's own images, in its order
+            assert torch.equal(cached.images, whole.images[[by_key[k] for k in part.keys]])
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 1  # the official training split's, once
     uint8_images(data.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2

@@ -102,9 +102,8 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     assert (
         small(component="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
     )
-    assert (
-        small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted
-    )  # alpha 0 means the rank: one run, one folder, one record
+    # alpha 0 means the rank: one run, one folder, one record
+    assert small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
@@ -114,9 +113,8 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
         stats.table6(runs)
     assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
     move_results("again")
-    assert same_metrics(finetune.run(adapted)) == same_metrics(
-        first
-    )  # same seed, same LoRA initialisation, same numbers
+    # same seed, same LoRA initialisation, same numbers
+    assert same_metrics(finetune.run(adapted)) == same_metrics(first)
 
 
 @pytest.mark.parametrize("precision, dropout", [("autocast", 0.0), ("bf16", 0.0), ("autocast", 0.3)])

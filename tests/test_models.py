@@ -60,15 +60,12 @@ def test_a_head_asked_for_is_new_even_where_the_pretrained_one_has_its_size():
     again = models.create_model("demo", num_classes=5)
     assert first.head.out_features == 5 and not torch.equal(first.head.weight, pretrained.head.weight)
     assert not torch.equal(first.head.weight, second.head.weight) and torch.equal(first.head.weight, again.head.weight)
-    assert (
-        torch.equal(first.head.bias, torch.zeros(5)) and 0.01 < float(first.head.weight.detach().std()) < 0.03
-    )  # timm: N(0, 0.02), truncated
-    assert torch.equal(
-        first.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight
-    )  # the backbone is the pretrained one
-    assert torch.equal(
-        models.create_model("demo").head.weight, pretrained.head.weight
-    )  # no num_classes: the pretrained head
+    # timm: N(0, 0.02), truncated
+    assert torch.equal(first.head.bias, torch.zeros(5)) and 0.01 < float(first.head.weight.detach().std()) < 0.03
+    # the backbone is the pretrained one
+    assert torch.equal(first.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight)
+    # no num_classes: the pretrained head
+    assert torch.equal(models.create_model("demo").head.weight, pretrained.head.weight)
 
 
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
@@ -132,9 +129,8 @@ def test_patch_embedding_as_a_matrix_product_is_the_same_function():
     assert speed.layers.linear_patch_embed(model) is model
     proj = model.patch_embed.proj
     assert isinstance(proj, speed.layers.PatchLinear) and proj.weight is conv.weight and proj.bias is conv.bias
-    assert (
-        list(model.state_dict()) == keys
-    )  # same parameters under the same names: checkpoints and bounds are unchanged
+    # same parameters under the same names: checkpoints and bounds are unchanged
+    assert list(model.state_dict()) == keys
     out = model(images)
     out.square().sum().backward()
     assert torch.allclose(out, expected_out, rtol=0, atol=1e-12)

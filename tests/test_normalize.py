@@ -15,9 +15,11 @@ from timm.data import (
 )
 
 from paperlib import (
+    component_rates,
     data,
     finetune,
     fixtures,
+    imagesets,
     loader,
     models,
     plasticity,
@@ -78,9 +80,8 @@ def test_the_paper_normalises_every_model_with_imagenet_statistics_and_model_rea
     imagenet = (tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD))
     for name in ("demo", "vit_base_in21k", "vit_base_patch16_clip_224.openai"):
         assert models.normalization(name) == imagenet
-    assert (
-        models.normalization("vit_base_in21k", "model") == HALF
-    )  # the original ViTs were pretrained on [-1, 1] inputs
+    # the original ViTs were pretrained on [-1, 1] inputs
+    assert models.normalization("vit_base_in21k", "model") == HALF
     assert models.normalization("vit_huge_patch14_224.orig_in21k", "model") == HALF
     assert models.normalization("vit_base_patch16_clip_224.openai", "model") == T.as_mean_std(
         OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
@@ -91,13 +92,11 @@ def test_the_paper_normalises_every_model_with_imagenet_statistics_and_model_rea
 def test_a_saved_model_keeps_its_statistics(home):
     save_demo("half", *HALF)
     assert models.normalization("custom/half", "model") == HALF
-    assert (
-        tuple(models.create_model("custom/half").pretrained_cfg["mean"]) == HALF[0]
-    )  # and the model built from it says so
+    # and the model built from it says so
+    assert tuple(models.create_model("custom/half").pretrained_cfg["mean"]) == HALF[0]
     demo = models.create_model("demo")
-    models.save_model(
-        demo, "custom/given", mean=[0.1, 0.2, 0.3], std=(0.4, 0.5, 0.6)
-    )  # weights trained with statistics of their own
+    # weights trained with statistics of their own
+    models.save_model(demo, "custom/given", mean=[0.1, 0.2, 0.3], std=(0.4, 0.5, 0.6))
     assert models.normalization("custom/given", "model") == ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6))
     assert tuple(demo.pretrained_cfg["mean"]) == tuple(IMAGENET_DEFAULT_MEAN)  # the model itself is left as it was
     with pytest.raises(ValueError, match="both mean and std"):
@@ -125,9 +124,8 @@ def test_both_transform_paths_normalise_with_the_statistics_given():
     images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)  # square, as the cache's
     for pair in (T.IMAGENET, HALF):
         ours = T.device_transform(images, augment=False, image_size=16, mean_std=pair)
-        plain = torch.stack(
-            [T.paper_transform(False, 16, pair)(image) for image in images]
-        )  # upsampled, as Cifar to 224
+        # upsampled, as Cifar to 224
+        plain = torch.stack([T.paper_transform(False, 16, pair)(image) for image in images])
         assert (ours - plain).abs().max() < (1 / 255 + 1e-4) / min(pair[1])
     assert not torch.allclose(T.device_transform(images, False, 8), T.device_transform(images, False, 8, mean_std=HALF))
 
@@ -233,10 +231,10 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     assert len(plasticity.collect(normalize=None)) == 10
     # the rates are the plain definition's on the images normalised with the model's statistics
     network = models.create_model("custom/half").eval()
-    x, _ = data.stack(data.get_dataset("digits_source", "test", mean_std=HALF), 12)
-    y, _ = data.stack(data.get_dataset("digits", "test", mean_std=HALF), 12)
+    x, _ = imagesets.stack(data.get_dataset("digits_source", "test", mean_std=HALF), 12)
+    y, _ = imagesets.stack(data.get_dataset("digits", "test", mean_std=HALF), 12)
     with torch.no_grad():
-        plain = plasticity.plain_rates(network, x, y)  # (blocks, components, pairs)
+        plain = component_rates.plain_rates(network, x, y)  # (blocks, components, pairs)
     by_hand = plain.mean(dim=(0, 2))
     measured = own.groupby("component", observed=True)["rate"].mean()
     for index, component in enumerate(plasticity.COMPONENTS):
@@ -250,13 +248,8 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
 
 
 def test_cache_side_keeps_the_models_resolution():
-    assert [loader.cache_side(s) for s in (32, 224, 225, 384, 448)] == [
-        256,
-        256,
-        258,
-        439,
-        512,
-    ]  # 225 * 256 / 224 = 257.1
+    # 225 * 256 / 224 = 257.1
+    assert [loader.cache_side(s) for s in (32, 224, 225, 384, 448)] == [256, 256, 258, 439, 512]
     with pytest.raises(ValueError, match="positive integer"):
         loader.cache_side(0)
 

@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from paperlib import components, models, plasticity
+from paperlib import component_rates, components, models, plasticity
 from paperlib.components import COMPONENTS
 
 
@@ -47,9 +47,9 @@ def _pairs(n=6, size=32, seed=0):
 def test_fast_rates_equal_the_plain_definition(request, fixture, size):
     model = request.getfixturevalue(fixture)
     x, y = _pairs(size=size)
-    fast = plasticity.rate_tensor(model, x, y)
+    fast = component_rates.rate_tensor(model, x, y)
     with torch.no_grad():
-        plain = plasticity.plain_rates(model, x, y)
+        plain = component_rates.plain_rates(model, x, y)
     assert fast.shape == (len(model.blocks), 5, len(x))
     assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-6)
 
@@ -63,32 +63,34 @@ def test_layer_norms_with_other_eps_or_no_gain_equal_the_plain_definition():
     model.blocks[2].norm1 = torch.nn.LayerNorm(d, eps=0.5)
     x, y = _pairs()
     with torch.no_grad():
-        plain = plasticity.plain_rates(model, x, y)
-    assert torch.allclose(plasticity.rate_tensor(model, x, y), plain, rtol=1e-4, atol=1e-6)
+        plain = component_rates.plain_rates(model, x, y)
+    assert torch.allclose(component_rates.rate_tensor(model, x, y), plain, rtol=1e-4, atol=1e-6)
 
 
 def test_fc2_zero_lift_uses_the_first_d_columns(demo):
     x, y = _pairs(2)
     fc2 = demo.blocks[0].mlp.fc2
-    ex, ey = plasticity.embed(demo, x), plasticity.embed(demo, y)
+    ex, ey = component_rates.embed(demo, x), component_rates.embed(demo, y)
     lifted = torch.cat([ex - ey, torch.zeros(*ex.shape[:2], fc2.in_features - ex.shape[-1])], dim=-1)
     expected = torch.linalg.vector_norm((lifted @ fc2.weight.T).flatten(1), dim=1) / torch.linalg.vector_norm(
         (ex - ey).flatten(1), dim=1
     )
-    fast = plasticity.rate_tensor(demo, x, y)[0, COMPONENTS.index("fc2")]
+    fast = component_rates.rate_tensor(demo, x, y)[0, COMPONENTS.index("fc2")]
     assert torch.allclose(fast.float(), expected.detach(), rtol=1e-4)
 
 
 def test_batch_size_independence(demo):
     x, y = _pairs(8)
-    whole = plasticity.rate_tensor(demo, x, y)
-    halves = torch.cat([plasticity.rate_tensor(demo, x[:3], y[:3]), plasticity.rate_tensor(demo, x[3:], y[3:])], dim=2)
+    whole = component_rates.rate_tensor(demo, x, y)
+    halves = torch.cat(
+        [component_rates.rate_tensor(demo, x[:3], y[:3]), component_rates.rate_tensor(demo, x[3:], y[3:])], dim=2
+    )
     assert torch.allclose(whole, halves, rtol=1e-5)
 
 
 def test_rates_are_finite(demo):
     x, _ = _pairs(2)
-    r = plasticity.rate_tensor(demo, x, x.flip(0))
+    r = component_rates.rate_tensor(demo, x, x.flip(0))
     assert torch.isfinite(r).all()
 
 
@@ -133,9 +135,9 @@ def test_in_situ_matches_a_hand_written_forward_pass(demo):
     x, y = _pairs(4)
     with torch.no_grad():
         expected = _in_situ_by_hand(demo, x, y)
-    ours = plasticity.rate_tensor(demo, x, y, inputs="in_situ")
+    ours = component_rates.rate_tensor(demo, x, y, inputs="in_situ")
     assert torch.allclose(ours.float(), expected, rtol=1e-4)
-    assert not torch.allclose(ours, plasticity.rate_tensor(demo, x, y))  # a different quantity
+    assert not torch.allclose(ours, component_rates.rate_tensor(demo, x, y))  # a different quantity
 
 
 def test_tidy_table_and_summaries(demo):
@@ -147,7 +149,7 @@ def test_tidy_table_and_summaries(demo):
     assert table["depth"].min() == 0 and table["depth"].max() == 100
     assert set(table["component"]) == set(COMPONENTS) and set(table["pair"]) == {0, 1, 2}
     row = table[(table.block == 2) & (table.component == "fc1") & (table.pair == 1)]["rate"].item()
-    assert row == pytest.approx(plasticity.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
+    assert row == pytest.approx(component_rates.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
     by_block = plasticity.plasticity_by_block(table)
     assert by_block.shape == (blocks, 5) and list(by_block.columns) == list(COMPONENTS)
     ranked = plasticity.ranking(table)
@@ -376,9 +378,8 @@ def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_pat
     five = plasticity.result_folder("m", "cifar10c/snow")
     assert plasticity.result_folder("m", "cifar10c/snow", severity=5) == five
     assert plasticity.result_folder("m", "cifar10c/snow", severity=3) == five.with_name("snow+severity-3")
-    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder(
-        "m", "digits_c/snow"
-    )  # the demo's corruptions have one severity
+    # the demo's corruptions have one severity
+    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder("m", "digits_c/snow")
 
 
 def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, move_results):
@@ -427,7 +428,7 @@ def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_
     calls = []
     monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
     plasticity.save(
-        plasticity.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"}
+        component_rates.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"}
     )
     # another reference, draw or normalisation is another result: measured, with those arguments
     assert plasticity.measure_missing("demo", "digits", "digits") == [("demo", "digits")]

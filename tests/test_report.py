@@ -23,9 +23,8 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
     executed = nbformat.read(tmp_path / "out" / "00_components.ipynb", as_version=4)
     assert "papermill" in executed.metadata
     assert _figures(executed) == 3  # the block diagram, Tables 3 and 4, the demo datasets' samples
-    assert (
-        html.count("data:image/png;base64") >= 3 + 1
-    )  # each figure as an image (the lab template has one PNG of its own)
+    # each figure as an image (the lab template has one PNG of its own)
+    assert html.count("data:image/png;base64") >= 3 + 1
     # figures went to the reports folder of the environment, not into the repository
     assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
@@ -76,9 +75,8 @@ def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monke
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
     assert plots.save_figure(fig, path) == path
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(path.parent.iterdir()) == [
-        path
-    ]  # no temporary file left
+    # no temporary file left
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and list(path.parent.iterdir()) == [path]
     pdf = plots.save_figure(fig, tmp_path / "figure.pdf")  # the suffix's format, not the temporary file's
     assert pdf.read_bytes()[:4] == b"%PDF"
     plt.close(fig)

@@ -86,9 +86,8 @@ def test_missing_runs_are_listed(tree):
         "grid": {"dataset": ["digits"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]},
     }
     absent = missing(runs, spec)
-    assert absent[["dataset", "component"]].values.tolist() == [
-        ["digits", "ln2"]
-    ]  # fc2 exists (partial): listed by load, not here
+    # fc2 exists (partial): listed by load, not here
+    assert absent[["dataset", "component"]].values.tolist() == [["digits", "ln2"]]
 
 
 def test_runs_in_another_precision_are_other_runs(tree):
@@ -376,9 +375,8 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     assert table.loc["same", "tau"] == pytest.approx(1.0) and table.loc["reversed", "tau"] == pytest.approx(-1.0)
     assert table.loc["one swap", "tau"] == pytest.approx((9 - 1) / 10)
     assert table.loc["same", "p_value"] == pytest.approx(2 / 120)  # exact: 2 of the 5! orders are as extreme
-    assert table.loc["one swap", "p_value"] == pytest.approx(
-        2 * 5 / 120
-    )  # orders with at most one discordant pair: 1 + 4
+    # orders with at most one discordant pair: 1 + 4
+    assert table.loc["one swap", "p_value"] == pytest.approx(2 * 5 / 120)
     assert (table["components"] == 5).all()
     assert table.loc["one swap", "most_plastic"] == "mha" and table.loc["one swap", "highest"] == "fc1"
     with pytest.raises(ValueError, match="one model"):
@@ -411,9 +409,8 @@ def test_plasticity_correlation_p_values_are_exact_with_ties():
     observed = tau_b(scores, tied)
     extreme = sum(abs(tau_b(scores, list(order))) >= abs(observed) - 1e-12 for order in itertools.permutations(tied))
     assert table.loc["tied", "tau"] == pytest.approx(observed)
-    assert table.loc["tied", "p_value"] == pytest.approx(
-        extreme / 120
-    )  # every pairing of the accuracies with the plasticities
+    # every pairing of the accuracies with the plasticities
+    assert table.loc["tied", "p_value"] == pytest.approx(extreme / 120)
     assert math.isnan(table.loc["flat", "tau"]) and math.isnan(table.loc["flat", "p_value"])
     summary = stats.correlation_summary(table.reset_index())
     assert (summary["datasets"], summary["undefined"]) == (1, 1)
@@ -465,9 +462,8 @@ def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_ru
         ]
     )
     norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("component")["grad_norm"]
-    assert norms.to_dict() == pytest.approx(
-        {"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0}
-    )  # steps 1 and 2 of 10; FC2 left out
+    # steps 1 and 2 of 10; FC2 left out
+    assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})
     assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc[
         "ln1", "grad_norm"
     ] == pytest.approx(5.5)
@@ -480,9 +476,8 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
     assert stats.holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped
     adjusted = stats.holm([0.01, float("nan"), 0.02])
-    assert (
-        adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
-    )  # m = 2
+    # m = 2
+    assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
 
 
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
@@ -555,8 +550,8 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
 
 
-def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
+def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsys, tmp_path, move_results):
+    move_results(".")  # the tree
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
@@ -581,10 +576,10 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     assert stats.main([str(tmp_path / "absent.yaml")]) == 2
 
 
-def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch):
+def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch, move_results):
     from paperlib import plasticity
 
-    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
+    move_results(".")  # the tree
     runs, _ = load(tree)
     # a saved P(f) of the runs' model on dataset a, in the reverse of the paper's order, and one of another model
     reverse = {"mha": 1.0, "fc1": 2.0, "fc2": 3.0, "ln2": 4.0, "ln1": 5.0}
@@ -607,8 +602,7 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"digits"}
     assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)
     tau = stats.summary(runs)["accuracy_tau"]
-    assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(
-        -1.0
-    )  # MHA > FC1 > LN1 in accuracy: the reverse
+    # MHA > FC1 > LN1 in accuracy: the reverse
+    assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="one model"):
         stats.plasticity_for(pd.concat([runs, runs.assign(model="other")]))

@@ -181,9 +181,8 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
             speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu")
     for mode in ("default", "coordinate-descent", "max-autotune-no-cudagraphs"):
         assert speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu").graph
-    assert (
-        speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph
-    )  # not compiled: no mode applies
+    # not compiled: no mode applies
+    assert speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping():
@@ -205,8 +204,8 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping():
     torch.testing.assert_close(outputs["flash"], outputs["auto"], rtol=1e-4, atol=1e-5)
 
 
-def test_training_step_returns_device_tensors_and_updates_only_trainable_weights():
-    model = models.create_model("demo", pretrained=False, num_classes=3)
+def test_training_step_returns_device_tensors_and_updates_only_trainable_weights(tiny_model):
+    model = tiny_model
     components.set_trainable(model, "ln2")
     trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -257,9 +256,8 @@ def _fp32_logits(state, images):
     return model(images)
 
 
-def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients():
-    torch.manual_seed(0)
-    model = models.create_model("demo", pretrained=False, num_classes=3)
+def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tiny_model):
+    model = tiny_model
     components.set_trainable(model, "fc1")
     trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -393,9 +391,8 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
         for images, labels in batches:
             outputs.append(step(images, labels))
             schedule.step()
-            assert isinstance(
-                optimizer.param_groups[0]["lr"], float
-            )  # the schedule's and the checkpoints' number, kept
+            # the schedule's and the checkpoints' number, kept
+            assert isinstance(optimizer.param_groups[0]["lr"], float)
         runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
     (plain, plain_weights), (replayed, replayed_weights) = runs
     assert CAPTURES[-1] is step and step.calls == 2
@@ -448,9 +445,8 @@ def test_warmup_steps_cover_compilation_and_a_graphs_capture():
     assert speed.step.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
     with pytest.raises(ValueError, match="needs trainable parameters"):
         speed.step.make_step(None, [], None, 4, 1.0, None, graph=True)
-    weight = torch.zeros(
-        2, requires_grad=True
-    )  # a capture of the first step would record the momentum's initialisation
+    # a capture of the first step would record the momentum's initialisation
+    weight = torch.zeros(2, requires_grad=True)
     with pytest.raises(ValueError, match="at least 2 ordinary steps before its capture, got warmup=1"):
         speed.step.GraphedStep(None, [weight], torch.optim.SGD([weight], lr=0.1, momentum=0.9), 4, 1.0, None, warmup=1)
 

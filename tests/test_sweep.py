@@ -16,7 +16,8 @@ def tiny_notebook(tmp_path):
     nb.cells = [
         nbformat.v4.new_markdown_cell("# tiny"),
         nbformat.v4.new_code_cell(
-            'value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\ndataset = "a"  # a name ("quoted")\nrate = 0.5\ntag = ""\nextra = 0',
+            "value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\n"
+            'dataset = "a"  # a name ("quoted")\nrate = 0.5\ntag = ""\nextra = 0',
             metadata={"tags": ["parameters"]},
         ),
         nbformat.v4.new_code_cell("if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)"),
@@ -119,9 +120,8 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
     assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "skipped"}
     assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
 
-    models.save_model(
-        models.create_model("demo", num_classes=3), "custom/vit", overwrite=True
-    )  # other weights, same name
+    # other weights, same name
+    models.save_model(models.create_model("demo", num_classes=3), "custom/vit", overwrite=True)
     assert [run.finished for run in sweep.expand(spec)] == [False, False]
     # markers written before fingerprints were recorded: a run naming custom inputs runs again once
     for run in sweep.run_sweep(spec):
@@ -182,7 +182,8 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
     nb.cells = [
         nbformat.v4.new_code_cell("value = 1  # a number", metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell(
-            "import os, time\ntime.sleep(1)\nprint('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"
+            "import os, time\ntime.sleep(1)\n"
+            "print('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"
         ),
     ]
     notebook = tmp_path / "pinned.ipynb"
@@ -196,9 +197,8 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
         seen.add((gpu, worker))
     gpus = {gpu for gpu, _ in seen}
     assert gpus <= {"3", "5"} and len(gpus) == 2  # both GPUs served runs
-    assert (
-        len({worker for _, worker in seen}) == 2 and len(seen) == 2
-    )  # one process per GPU, each always on its own GPU
+    # one process per GPU, each always on its own GPU
+    assert len({worker for _, worker in seen}) == 2 and len(seen) == 2
 
 
 def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
@@ -266,7 +266,8 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
     }
     with pytest.raises(
         ValueError,
-        match="tiny.ipynb has no parameter learning_rate, vlaue; its parameters: value, fail, seed, dataset, rate, tag, extra",
+        match="tiny.ipynb has no parameter learning_rate, vlaue; "
+        "its parameters: value, fail, seed, dataset, rate, tag, extra",
     ):
         sweep.expand({"notebook": str(tiny_notebook), "parameters": {"learning_rate": 0.1}, "grid": {"vlaue": [1]}})
     runs = sweep.expand(
@@ -282,10 +283,6 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
     ]
     with pytest.raises(ValueError, match="value must be int, got 'three'"):
         sweep.expand({"notebook": str(tiny_notebook), "grid": {"value": ["three"]}})
-    for spec in (
-        "finetune_demo",
-        "finetune_paper",
-        "plasticity_demo",
-        "plasticity_paper",
-    ):  # the project's specs name real parameters
+    # the project's specs name real parameters
+    for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):
         assert sweep.expand(specs.load_spec(f"parameters/sweeps/{spec}.yaml"))

@@ -10,7 +10,8 @@
     python -m paperlib.speed.bench data --dataset cifar10 --root /data --device cuda
 
     python -m paperlib.speed.bench targets --out bench-out     # all of them at the issues' settings, checked
-    python -m paperlib.speed.bench profile --model vit_base_in21k --batch-size 256 --device cuda   # where a step's time goes
+    python -m paperlib.speed.bench profile --model vit_base_in21k --batch-size 256 \
+        --device cuda                                             # where a step's time goes
     python -m paperlib.speed.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
         --device cuda --json variants.json                # one step under each compilation / attention kernel
     python -m paperlib.speed.bench kernels --device cuda        # our fused ops alone, against a copy of their bytes
@@ -52,8 +53,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
     faster than full, full finetuning at >= 40% FLOP utilisation on an H100), and compiled for
     full, MHA, LN1 and linear, full with its blocks compiled, and full at the fastest settings
     measured (batch 512, blocks compiled with ``coordinate-descent``, ``precision="bf16"``), with
-    our fused ops, and with those replayed from a CUDA graph (``compiled``: the same utilisation target). On a CPU, by default
-    all but ``compiled``, at CPU scale: device path never slower; ``measure`` >= 2x the plain
+    our fused ops, and with those replayed from a CUDA graph (``compiled``: the same utilisation target).
+    On a CPU, by default all but ``compiled``, at CPU scale: device path never slower; ``measure`` >= 2x the plain
     definition on the demo ViT and ViT-Base; the finetuning step against the plain loop on the
     demo ViT. Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
     ``<out>/targets.json`` as they are made; returns the checks.
@@ -82,7 +83,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         check(
             3,
             f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
-            f"{result['device_path_images_per_s']:,.0f} vs {result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
+            f"{result['device_path_images_per_s']:,.0f} vs "
+            f"{result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
             result["speedup"] >= need,
         )
     if "plasticity" in parts:
@@ -98,7 +100,10 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         ]
         keep("plasticity", results)
         for (name, pairs, _, _), result in zip(settings, results):
-            figures = f"{result['measure_pairs_per_s']:,.1f} vs {result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
+            figures = (
+                f"{result['measure_pairs_per_s']:,.1f} vs "
+                f"{result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
+            )
             if cuda:
                 check(4, f"measure vs plain definition, {name}, {pairs:,} pairs", figures, None)
             else:
@@ -109,7 +114,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
     name, batch = ("vit_base_in21k", 256) if cuda else ("demo", 64)
 
     def check_mfu(result: dict) -> None:
-        """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options, as they resolved)."""
+        """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options, as
+        they resolved)."""
         mfu = result.get("full_library_mfu")
         how = variant_words(result).lstrip(", ") or "eager"
         check(
@@ -128,7 +134,8 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
             check(
                 6,
                 f"{config}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
-                f"{eager[f'{config}_library_images_per_s']:,.1f} vs {eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
+                f"{eager[f'{config}_library_images_per_s']:,.1f} vs "
+                f"{eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
                 eager[f"{config}_speedup"] >= 1.0,
             )
         full = eager["full_library_images_per_s"]
@@ -193,7 +200,8 @@ def _print(result: dict, json_path: Path | None) -> None:
 
 def _print_variants(rows: list[dict]) -> None:
     print(
-        f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'warm-up s':>11}{'GiB':>7}  first loss / grad norm"
+        f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}"
+        f"{'warm-up s':>11}{'GiB':>7}  first loss / grad norm"
     )
     for row in rows:
         variant = variant_words(row).lstrip(", ") or "eager"
@@ -229,7 +237,8 @@ def _step_arguments(parser) -> None:
         const="model",
         default="none",
         metavar="HOW",
-        help="torch.compile the model: none, model (the default with a bare --compile) or blocks (one graph shared by the blocks)",
+        help="torch.compile the model: none, model (the default with a bare --compile) "
+        "or blocks (one graph shared by the blocks)",
     )
     parser.add_argument(
         "--compile-mode",
@@ -252,7 +261,8 @@ def _step_arguments(parser) -> None:
 
 
 def _step_options(args) -> dict:
-    """The options of ``_step_arguments`` (``options.STEP_OPTIONS``) as keyword arguments of ``bench_finetune`` and ``bench_profile``."""
+    """The options of ``_step_arguments`` (``options.STEP_OPTIONS``) as keyword arguments of ``bench_finetune``
+    and ``bench_profile``."""
     return {name: getattr(args, name) for name in STEP_OPTIONS}
 
 

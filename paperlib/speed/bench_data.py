@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from .. import data, fixtures, models, plasticity
+from .. import component_rates, data, fixtures, models, plasticity
 from ..loader import DeviceLoader, cache_side, uint8_images
 
 
@@ -215,7 +215,7 @@ def bench_plasticity(
                 index = range(start, min(start + batch_size, count))
                 x = torch.stack([reference[i][0] for i in index]).to(device, non_blocking=True)
                 y = torch.stack([target[i][0] for i in index]).to(device, non_blocking=True)
-                plasticity.plain_rates(model, x, y).cpu()
+                component_rates.plain_rates(model, x, y).cpu()
 
     def fast(count: int) -> None:
         plasticity.measure(model, reference, target, count, batch_size, device, progress=False)
@@ -228,7 +228,10 @@ def bench_plasticity(
     )
     rates = {name: pairs / value for name, value in seconds.items()}
     return {
-        "model": f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {len(model.blocks)} blocks, {size}px, random weights)",
+        "model": (
+            f"{model_name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+            f"{len(model.blocks)} blocks, {size}px, random weights)"
+        ),
         "pairs": pairs,
         "batch_size": batch_size,
         "repeats": repeats,

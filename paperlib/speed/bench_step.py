@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import components, finetune, lora, models, paths
-from ..data import ImageDataset
+from ..imagesets import ImageDataset
 from ..loader import DeviceLoader
 from ..transforms import paper_transform
 from . import kernels, layers, step
@@ -130,8 +130,8 @@ def bench_finetune(
     ``step.training_step`` with ``finetune``'s optimizer and precision (images on the device,
     batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
     gradients, ``step.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``, ``precision``, the ``fused`` ops and ``graph``); its first steps (with any compilation) are timed apart as
-    ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
+    by ``attention``, ``precision``, the ``fused`` ops and ``graph``); its first steps (with any compilation)
+    are timed apart as ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
     created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
     Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
     Median of ``repeats`` interleaved timings of ``steps`` steps. With ``graph``, the graph keeps its
@@ -145,16 +145,13 @@ def bench_finetune(
     cuda = device.type == "cuda"
     for config in configs:
         lora.check(config, lora_rank)
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(
-        device
-    )  # recorded as what ran
+    # recorded as what ran
+    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-    plain_model = (
-        copy.deepcopy(model) if plain and not lora_rank else None
-    )  # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
-    pristine = (
-        copy.deepcopy(model) if lora_rank else None
-    )  # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
+    # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
+    plain_model = copy.deepcopy(model) if plain and not lora_rank else None
+    # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
+    pristine = copy.deepcopy(model) if lora_rank else None
     size = image_size or model.patch_embed.img_size[0]
     dataset = _synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
@@ -338,9 +335,8 @@ def bench_variants(
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            assert step.warmup_steps(options) <= CHECK_STEP, (
-                "CHECK_STEP must cover the warm-up"
-            )  # compilation, a graph's capture
+            # compilation, a graph's capture
+            assert step.warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
             more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731
             check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now: a graph replays
             seconds = median_seconds(
@@ -439,9 +435,8 @@ def bench_profile(
     components.check_config(config)  # before any work
     device = resolve_device(device)
     cuda = device.type == "cuda"
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(
-        device
-    )  # recorded as what ran
+    # recorded as what ran
+    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(
@@ -453,9 +448,8 @@ def bench_profile(
         steps_of(first, count)
         sync(device)
 
-    if (
-        options.graph
-    ):  # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
+    # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
+    if options.graph:
         with profile():
             pass
     run(0, max(2, step.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
@@ -512,8 +506,8 @@ def bench_kernels(
     (the gradients copied to the fp32 masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters
     copied back) and fused (``step.FusedSGD``: the norm, then one pass per parameter); GB/s counts
     the 22 bytes per parameter that the job must move (a bf16 gradient read twice, an fp32 weight and
-    momentum read and written, a bf16 copy written). Timed eagerly, both include the host's kernel launches (one per parameter
-    fused), which a training step mostly hides behind its backward; on CUDA both are also timed
+    momentum read and written, a bf16 copy written). Timed eagerly, both include the host's kernel launches
+    (one per parameter fused), which a training step mostly hides behind its backward; on CUDA both are also timed
     replayed from a CUDA graph (as ``graph=True`` runs them), which leaves the device's time alone.
     """
     # imported here, not at the top: torch.utils.benchmark imports torch.utils.cpp_extension, which
@@ -567,10 +561,8 @@ def bench_kernels(
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
-        for (
-            name,
-            update,
-        ) in updates.items():  # without the host's launches (one per parameter fused, a few per step unfused)
+        # without the host's launches (one per parameter fused, a few per step unfused)
+        for name, update in updates.items():
             try:
                 ops[f"{name}, replayed from a CUDA graph"] = (_graphed(update, device), 22 * parameters)
             except RuntimeError as error:  # a step that cannot be recorded: say so, time the rest

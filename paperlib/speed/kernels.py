@@ -507,9 +507,10 @@ def sgd_update_triton(
 def _check_update(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, copy: torch.Tensor | None) -> None:
     same = [t for t in (grad, buf, copy) if t is not None]
     if any(t.shape != param.shape or t.device != param.device or not t.is_contiguous() for t in [param, *same]):
+        given = [grad, param, buf] + ([copy] if copy is not None else [])
         raise ValueError(
             "sgd_update needs contiguous gradient, parameter, momentum and copy of one shape and device; got "
-            f"{[(tuple(t.shape), str(t.device), t.is_contiguous()) for t in [grad, param, buf] + ([copy] if copy is not None else [])]}"
+            f"{[(tuple(t.shape), str(t.device), t.is_contiguous()) for t in given]}"
         )
     if buf.dtype != param.dtype:
         raise ValueError(f"sgd_update keeps the momentum in the parameter's dtype ({param.dtype}), got {buf.dtype}")

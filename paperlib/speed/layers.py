@@ -104,9 +104,8 @@ class _FusedLayer(torch.nn.Module):
     FUSABLE = staticmethod(lambda layer: False)
     SUBMODULES: tuple[str, ...] = ()
     ATTRIBUTES: tuple[str, ...] = ()
-    READS: tuple[
-        str, ...
-    ] = ()  # submodules whose weights the fused op reads itself (not called as modules: LoRA there would be skipped)
+    # submodules whose weights the fused op reads itself (not called as modules: LoRA there would be skipped)
+    READS: tuple[str, ...] = ()
     NEEDS = ""  # the form, in words, for the error
 
     def __init__(self, layer: torch.nn.Module):

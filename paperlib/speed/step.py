@@ -337,9 +337,8 @@ class GraphedStep:
         self.micro, self.clip, self.context, self.warmup = micro, clip, context, warmup
         self.device = trainable[0].device
         self.calls = 0  # ordinary steps run so far
-        self._lrs = [
-            torch.zeros((), dtype=torch.float32, device=self.device) for _ in optimizer.param_groups
-        ]  # fused SGD reads fp32
+        # fused SGD reads fp32
+        self._lrs = [torch.zeros((), dtype=torch.float32, device=self.device) for _ in optimizer.param_groups]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._replay = self._inputs = self._outputs = None
 
@@ -384,17 +383,15 @@ class GraphedStep:
             return self._on_side_stream(lambda: self._step(images, labels))
         if self._replay is None:
             self._inputs = (images.clone(), labels.clone())
-            zero_grads(
-                self.forward, self.optimizer
-            )  # the ordinary steps' gradients go before the graph takes its memory
+            # the ordinary steps' gradients go before the graph takes its memory
+            zero_grads(self.forward, self.optimizer)
             try:
                 self._replay, self._outputs = self._capture(lambda: self._step(*self._inputs))
             except torch.cuda.OutOfMemoryError:
                 raise  # train() retries it with micro-batches
             except RuntimeError as error:  # an op that cannot be recorded: say which option to drop
-                if (
-                    "out of memory" in str(error).lower()
-                ):  # the allocator's error may come through the capture as a plain one
+                # the allocator's error may come through the capture as a plain one
+                if "out of memory" in str(error).lower():
                     raise torch.cuda.OutOfMemoryError(str(error)) from error
                 raise RuntimeError(
                     f"recording the training step into a CUDA graph failed ({error}); an op in the step "
