@@ -168,7 +168,9 @@ if source == "paper":
 else:
     print(f"P(f) of {model} on {measured['dataset'].nunique()} of {len(datasets)} datasets"
           + ("" if measured["dataset"].nunique() == len(datasets) else f"; none on {', '.join(sorted(set(datasets) - set(measured['dataset'])))}"))
-pd.concat({"ours": ours["takeaway2"], "paper's Table 6": paper["takeaway2"]}).drop(columns="plasticity").round(3)
+takeaway2 = pd.concat({"ours": ours["takeaway2"], "paper's Table 6": paper["takeaway2"]}).drop(columns="plasticity")
+takeaway2.index = [f"{source}: {value}" for source, value in takeaway2.index]
+takeaway2.rename_axis("Kendall's tau of P(f) with").round(3)
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))

@@ -325,44 +325,13 @@ def history(config: Config) -> pd.DataFrame:
     return pd.read_csv(config.folder() / HISTORY)
 
 
-RUN_COLUMNS = [
-    "model",
-    "dataset",
-    "component",
-    "lr",
-    "seed",
-    "precision",
-    "optimizer",
-    "weight_decay",
-    "lora_rank",
-    "lora_alpha",
-    "lora_dropout",
-    "normalize",
-    "tag",
-    "status",
-    "best_val_accuracy",
-    "best_step",
-    "test_accuracy",
-    "trainable_parameters",
-    "wall_seconds",
-    "images_per_second",
-    "folder",
-]
-KEYS = [
-    "model",
-    "dataset",
-    "component",
-    "lr",
-    "seed",
-    "precision",
-    "optimizer",
-    "weight_decay",
-    "lora_rank",
-    "lora_alpha",
-    "lora_dropout",
-    "normalize",
-    "tag",
-]
+KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
+KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"]
+"""What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
+
+RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "trainable_parameters"]
+RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
+"""The columns of ``load``'s runs table: the keys, then what the run reported."""
 
 
 def finetune_root(root: str | Path | None = None) -> Path:
