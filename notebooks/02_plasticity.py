@@ -28,10 +28,11 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plasticity, plots
+from paperlib import bounds, paths, plasticity, plots
 
 table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
+print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {bounds.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")
 
 # %% [markdown]
 # ## Distribution of the rates and plasticity along depth
@@ -84,3 +85,48 @@ low, high = uncertainty.attrs["tau"]
 print(f"Kendall's tau with the paper's ranking, 95% interval: [{low:.2f}, {high:.2f}]; "
       f"the whole order holds in {uncertainty.attrs['order stable']:.0%} of the resamples.")
 uncertainty.round(3)
+
+# %% [markdown]
+# ## Beyond the paper: the ranking depends on the scale of the embeddings
+#
+# Multiply both embeddings of every pair by a factor a and measure again (Definition 1 on
+# `a e(x)` and `a e(y)`): a linear map's rate does not change, so FC1 and FC2 stay flat; a
+# LayerNorm's output does not depend on the scale of its input, so its rate falls as 1/a (while its
+# eps is negligible); MHA, whose softmax sharpens with a², moves in between. The ranking of P(f) is
+# therefore a property of a model *and* of the size of its tokens, which the paper does not say:
+# ViT-B/16 in21k has a token RMS norm of r = 19.4 on Cifar10 (Fig. 6, appendix D.1), large enough
+# to put the LayerNorms last, while a ViT with small embeddings (the demo's, above) can put them
+# first. Two things scale cannot change: LN2 against LN1 (both fall as 1/a, so their order is set
+# by their gains), and FC1 against FC2. The curve uses this notebook's own pairs (at most 512, held
+# in memory); the dotted line marks the factor that gives the tokens the paper's r. At demo scale
+# (the default), scaling the tokens up to the paper's r and beyond puts the LayerNorms last, but
+# the paper's whole order never appears: LN1 stays above LN2 at every factor, and MHA levels off
+# below FC1.
+
+# %%
+network, x, y = plasticity.pair_images(model, dataset, reference, min(n_pairs, 512), root=data_root, sample=sample, seed=seed, normalize=normalize)
+factors = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
+curve = plasticity.scale_curve(network, x, y, factors, batch_size, device)
+at_paper_r = bounds.PAPER_R / table.attrs["token_rms"]
+fig, ax = plt.subplots(figsize=(5.5, 3.6))
+for component, part in curve.groupby("component", observed=True):
+    ax.plot(part["factor"], part["plasticity"], marker="o", ms=3, color=plots.COLORS[component], label=plots.LABELS[component])
+ax.axvline(at_paper_r, color="grey", ls=":", lw=1, label=f"token RMS {bounds.PAPER_R} (paper's r)")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("factor a on the embedding")
+ax.set_ylabel("P(f)")
+ax.set_title(f"{model} on {dataset}: P(f) against the scale of the embedding")
+ax.legend(fontsize=7, ncol=2)
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("02_scale_curve", model, dataset, reference, sample, f"seed{seed}", normalize))
+plt.show()
+
+# %%
+by_factor = plasticity.scale_ranking(curve)
+onset = plasticity.paper_order_from(curve)
+if onset is None:
+    print(f"The paper's ranking MHA > FC1 > FC2 > LN2 > LN1 appears at no factor from {factors[0]} to {factors[-1]} (at {factors[-1]}: {by_factor['order'].iloc[-1]}).")
+else:
+    print(f"The paper's ranking MHA > FC1 > FC2 > LN2 > LN1 appears from factor {onset:g} on (token RMS norm {onset * table.attrs['token_rms']:.1f}).")
+by_factor

@@ -58,6 +58,18 @@ plt.show()
 summary.pivot_table(index="component", columns="model", values="plasticity", aggfunc="mean", observed=True).round(3)
 
 # %% [markdown]
+# ## Beyond the paper: the scale of the embeddings
+#
+# Each result records the RMS norm of the tokens it was measured on (`token_rms`). A LayerNorm's
+# rate falls as one over the scale of its input while a linear map's does not change (notebook 02's
+# scale curve), so the ranking depends on it: ViT-Base/16 (ImageNet-21k) has tokens of RMS norm about
+# 19 (Fig. 6's r), which puts the LayerNorms last; a model with small tokens, such as the demo ViT,
+# puts them first.
+
+# %%
+summary.groupby(["model", "dataset"])["token_rms"].first().unstack("model").round(2)
+
+# %% [markdown]
 # ## Ranking per dataset
 #
 # Rank 1 is the most plastic component for that model and dataset; the paper's ranking is

@@ -3,7 +3,9 @@
 Per block (tokens as rows, PyTorch weights as (out, in) matrices):
 
 - LayerNorm, Prop. 1: ``||gamma||_inf / sigma``, sigma the smallest per-token standard deviation
-  over positions (assumption: tokens at one position share their mean and deviation).
+  over positions (assumption: tokens at one position share their mean and deviation). By default
+  over the positions whose token varies between images (``token_sigma``): a class or register
+  token, the same in every image, adds nothing to ``||x - y||`` and would only loosen the bound.
 - Feedforward, Prop. 2: the spectral norm of the weight (FC1: 4d x d, FC2: d x 4d).
 - Attention, Prop. 3: ``sum_h ||O^h||_2 ||V^h||_2 sqrt(3n + (12n + 3) r^4 ||A^h||_2^2)`` for tokens in
   the ball of radius r, with ``A^h = (Q^h)^T K^h / sqrt(k)``. Head h owns rows ``h*k:(h+1)*k`` of
@@ -195,11 +197,34 @@ def upper_bounds(
     return table.sort_values(["block", "component", "proposition"], ignore_index=True)
 
 
+SIGMA_POSITIONS = ("varying", "all")
+"""The token positions sigma (Prop. 1) is taken over: ``varying``, those whose token is not the same
+in every image (the default, ``varying_positions``); ``all``, every position (the paper's literal
+reading, which counts the class token's deviation too)."""
+
+
+def check_positions(positions: str) -> str:
+    """Return ``positions`` or raise a ValueError naming the valid choices (``SIGMA_POSITIONS``)."""
+    if positions not in SIGMA_POSITIONS:
+        raise ValueError(f"unknown positions {positions!r}; valid positions: {', '.join(SIGMA_POSITIONS)}")
+    return positions
+
+
+def _embedded_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The embedding's tokens (images, n, d) in float64, the model in eval mode."""
+    with evaluating(model, "embedding"):  # in eval mode: an Eva model's embedding drops patches when training
+        return embed(model, images).double()
+
+
+def _varying(tokens: torch.Tensor) -> torch.Tensor:
+    """(n,) bool: the positions where some image's token differs, exactly, from the first image's."""
+    return (tokens != tokens[:1]).any(dim=2).any(dim=0)
+
+
 @torch.no_grad()
 def token_radius(model: nn.Module, images: torch.Tensor, kind: str = "rms") -> float:
     """Norm of the embedded tokens: ``rms`` (root mean square, the paper's r) or ``max`` (rigorous)."""
-    with evaluating(model, "embedding"):  # in eval mode: an Eva model's embedding drops patches when training
-        norms = torch.linalg.vector_norm(embed(model, images).double(), dim=-1)
+    norms = torch.linalg.vector_norm(_embedded_tokens(model, images), dim=-1)
     if kind == "rms":
         return float(norms.pow(2).mean().sqrt())
     if kind == "max":
@@ -208,19 +233,52 @@ def token_radius(model: nn.Module, images: torch.Tensor, kind: str = "rms") -> f
 
 
 @torch.no_grad()
-def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean") -> float:
+def varying_positions(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """(n,) bool mask of the token positions whose embedded token is not the same in every image.
+
+    Decided from the data, by exact comparison: a class token and register tokens (plus their
+    position embedding) are the same in every image and are left out; so is a patch position whose
+    pixels, and so token, are the same in every image (a constant border)."""
+    return _varying(_embedded_tokens(model, images))
+
+
+@torch.no_grad()
+def token_sigma(model: nn.Module, images: torch.Tensor, kind: str = "mean", positions: str = "varying") -> float:
     """sigma of Prop. 1: the smallest per-position standard deviation of the embedded tokens.
 
-    ``mean`` averages each position's token deviation over images (the proposition's assumption
-    says it is the same for all images); ``min`` takes the smallest over images too.
+    ``kind``: ``mean`` averages each position's token deviation over images (the proposition's
+    assumption says it is the same for all images); ``min`` takes the smallest over images too.
+
+    ``positions`` (``SIGMA_POSITIONS``): ``varying`` (the default) takes the minimum over the
+    positions whose token varies between ``images`` (``varying_positions``); ``all`` over every
+    position, the paper's literal reading, where the class token (the same in every image, and on
+    a ViT often of small deviation) can set sigma alone.
+
+    The restricted sigma still bounds Definition 1's rate, by the proof of appendix B.1: it writes
+    ``f(x) - f(y)`` row by row as ``gamma * (x_i - y_i) / sigma_i`` and bounds
+    ``sum_i ||x_i - y_i||^2 / sigma_i^2`` by ``||x - y||_F^2 / min_i sigma_i^2``. A position whose
+    token is the same in both sequences (x_i = y_i) gives a zero row of ``f(x) - f(y)`` (the
+    LayerNorm acts token by token) and a zero term of ``||x - y||_F``, so the sum, and the minimum,
+    need only run over the positions that vary. For pairs of the images sigma is computed from,
+    ``kind="min"`` makes the bound a guarantee even without Prop. 1's assumption of equal
+    statistics: on tokens of deviation at least sigma, ``x -> (x - mean) / sqrt(var + eps)`` is
+    ``1/sigma``-Lipschitz (a radial projection outside a ball of radius ``sqrt(d) sigma``, eps only
+    shrinks it), so each row is bounded as above.
     """
-    with evaluating(model, "embedding"):
-        std = embed(model, images).double().std(dim=-1, unbiased=False)  # (images, positions)
-    if kind == "mean":
-        return float(std.mean(dim=0).min())
-    if kind == "min":
-        return float(std.min())
-    raise ValueError(f"unknown kind {kind!r}; valid kinds: mean, min")
+    if kind not in ("mean", "min"):
+        raise ValueError(f"unknown kind {kind!r}; valid kinds: mean, min")
+    check_positions(positions)
+    tokens = _embedded_tokens(model, images)
+    std = tokens.std(dim=-1, unbiased=False)  # (images, positions)
+    if positions == "varying":
+        varying = _varying(tokens)
+        if not varying.any():
+            raise ValueError(
+                "no token position varies between the images (fewer than two distinct images?): sigma over the "
+                "varying positions is undefined; pass more images, or positions='all'"
+            )
+        std = std[:, varying]
+    return float(std.mean(dim=0).min() if kind == "mean" else std.min())
 
 
 def max_energy(images: torch.Tensor) -> float:
@@ -228,17 +286,62 @@ def max_energy(images: torch.Tensor) -> float:
     return float(images.double().pow(2).flatten(1).sum(dim=1).max())
 
 
-def data_constants(model: nn.Module, images: torch.Tensor) -> dict:
-    """What the bounds need from the data: r (RMS and max token norm), sigma, alpha, E, n."""
+def data_constants(model: nn.Module, images: torch.Tensor, positions: str = "varying") -> dict:
+    """What the bounds need from the data: r (RMS and max token norm), sigma (``mean`` and ``min``
+    kinds, over ``positions``: ``token_sigma``) and the number of positions it is taken over,
+    alpha, E, n."""
+    n = sequence_length(model)
+    counted = int(varying_positions(model, images).sum()) if check_positions(positions) == "varying" else n
     return {
         "r_rms": token_radius(model, images, "rms"),
         "r_max": token_radius(model, images, "max"),
-        "sigma": token_sigma(model, images, "mean"),
-        "sigma_min": token_sigma(model, images, "min"),
+        "sigma": token_sigma(model, images, "mean", positions),
+        "sigma_min": token_sigma(model, images, "min", positions),
+        "sigma_positions": counted,
         "alpha": patch_embedding_norm(model),
         "energy": max_energy(images),
-        "n": sequence_length(model),
+        "n": n,
     }
+
+
+def sigma_readings(
+    model: nn.Module, images: torch.Tensor, rates_table: pd.DataFrame, kind: str = "mean"
+) -> pd.DataFrame:
+    """Prop. 1 under each reading of sigma (``SIGMA_POSITIONS``), against measured rates.
+
+    One row per reading and LayerNorm (LN2, LN1): ``sigma`` (``token_sigma`` of ``images``), the
+    ``bound`` (median over blocks), the ``largest rate`` measured (over blocks and pairs of
+    ``rates_table``), ``bound / rate``, the smallest over blocks of the block's bound over its
+    largest rate (at least 1 where the bound holds for every pair; the larger, the looser), and
+    ``above bound``, the share of rates above their block's bound."""
+    outside = outside_propositions(model)
+    measured = rates_table[rates_table["component"].isin(["ln2", "ln1"])]
+    largest = measured.groupby(["block", "component"], observed=True)["rate"].max()
+    rows = []
+    for positions in SIGMA_POSITIONS:
+        sigma = token_sigma(model, images, kind, positions)
+        for component, name in (("ln2", "norm2"), ("ln1", "norm1")):
+            per_block = pd.Series(
+                [
+                    math.nan if component in outside else layer_norm_bound(getattr(block, name), sigma)
+                    for block in model.blocks
+                ]
+            )
+            top = largest.xs(component, level="component").reindex(per_block.index)
+            rates = measured.loc[measured["component"] == component]
+            above = rates["rate"].to_numpy() > per_block.loc[rates["block"].to_numpy()].to_numpy()
+            rows.append(
+                {
+                    "positions": positions,
+                    "component": component,
+                    "sigma": sigma,
+                    "bound": float(per_block.median()),
+                    "largest rate": float(top.max()),
+                    "bound / rate": float((per_block / top).min()),
+                    "above bound": float(above.mean()) if component not in outside else math.nan,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def _one_bound_per_component(bounds_table: pd.DataFrame, mha_proposition: str) -> pd.DataFrame:

@@ -16,11 +16,24 @@ block (the zero-lifted FC2 only reads the first d columns of its weight); a Laye
 normalisation is the same in every block, only its gain differs, and its bias cancels; MHA runs
 once on both sides of every pair. Sums of squares are taken in float64. No component output
 leaves the device: only the rates do.
+
+A pair whose two embeddings are equal (``x == y``, or two images the embedding does not tell
+apart) has no rate: 0/0, NaN in ``rate_tensor``. "Equal" is exact equality of the two embedded
+tensors, every element, pair by pair, on the device (``PairRates.identical``); near-equal pairs
+keep their (finite, possibly large) rate, as Definition 1 defines it. ``plasticity.rates`` and
+``plasticity.measure`` exclude the identical pairs and count them.
+
+``scale`` (beyond the paper) multiplies both embeddings by a factor before the components see
+them: a linear map's rate does not change, a LayerNorm's falls as 1/scale (while its eps is
+negligible against the tokens' spread), which is why the ranking depends on the scale of the
+embeddings (``plasticity.scale_curve``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -150,9 +163,13 @@ PAIR_CHUNK = 32  # pairs whose d x d difference Gram matrices are held at once (
 
 
 def _embedding_rates(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, terms: tuple[torch.Tensor, torch.Tensor] | None = None
+    model: nn.Module,
+    ex: torch.Tensor,
+    ey: torch.Tensor,
+    extras: list[dict],
+    terms: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    (ex, extras), (ey, _) = _embedded(model, x), _embedded(model, y)
+    """Every component of every block applied to the embeddings (ex, ey) of the pairs: (blocks, 5, B)."""
     difference = ex - ey
     b, _, d = ex.shape
     denominator = _frobenius(difference)
@@ -254,29 +271,89 @@ def evaluating(model: nn.Module, inputs: str):
         model.train(was_training)
 
 
-def batch_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms) -> torch.Tensor:
-    """``rate_tensor`` inside ``evaluating`` (the model checked and in eval mode once for many batches)."""
+@dataclass(frozen=True)
+class PairRates:
+    """One batch's rates and what they were measured on, all on the model's device.
+
+    ``rates``: (blocks, components, pairs) float64, NaN for identical pairs (0/0).
+    ``identical``: (pairs,) bool, True where the pair's two embeddings (after ``scale``) are
+    exactly equal, element by element. ``token_squares``: (pairs,) float64, per pair the sum of
+    ``||token||_2^2`` over every token (class token included) of both embeddings (after
+    ``scale``). ``tokens``: the number of tokens of a pair (twice the sequence length), so that
+    ``sqrt(token_squares.sum() / (tokens * pairs))`` is the token RMS norm, the paper's r (Fig. 6).
+    """
+
+    rates: torch.Tensor
+    identical: torch.Tensor
+    token_squares: torch.Tensor
+    tokens: int
+
+
+def _check_scale(scale: float, inputs: str) -> float:
+    scale = float(scale)
+    if not 0.0 < scale < float("inf"):
+        raise ValueError(f"scale must be a positive finite number, got {scale}")
+    if scale != 1.0 and inputs != "embedding":
+        raise ValueError(f"scale applies to the embedding (inputs='embedding'), not to inputs={inputs!r}")
+    return scale
+
+
+def batch_pair_rates(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms, scale: float = 1.0
+) -> PairRates:
+    """``pair_rates`` inside ``evaluating`` (the model checked and in eval mode once for many batches)."""
     if x.shape != y.shape or x.ndim != 4:
         raise ValueError(
             f"x and y must be image batches of the same shape (N, 3, H, W), got {tuple(x.shape)} and {tuple(y.shape)}"
         )
-    return _embedding_rates(model, x, y, terms) if inputs == "embedding" else _in_situ_rates(model, x, y)
+    scale = _check_scale(scale, inputs)
+    (ex, extras), (ey, _) = _embedded(model, x), _embedded(model, y)
+    if scale != 1.0:
+        ex, ey = ex * scale, ey * scale
+    identical = ~(ex != ey).flatten(1).any(dim=1)
+    token_squares = ex.double().square().sum(dim=(1, 2)) + ey.double().square().sum(dim=(1, 2))
+    if inputs == "embedding":
+        rates = _embedding_rates(model, ex, ey, extras, terms)
+    else:
+        rates = _in_situ_rates(model, x, y)
+    return PairRates(rates, identical, token_squares, 2 * ex.shape[1])
+
+
+def batch_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms) -> torch.Tensor:
+    """``rate_tensor`` inside ``evaluating`` (the model checked and in eval mode once for many batches)."""
+    return batch_pair_rates(model, x, y, inputs, terms).rates
+
+
+def pair_rates(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None, scale: float = 1.0
+) -> PairRates:
+    """Rates of change of a batch of pairs with the identical pairs and the tokens' sum of squares
+    (``PairRates``). ``scale``: both embeddings multiplied by it before every component (only with
+    ``inputs="embedding"``; 1, the paper's, leaves them as they are)."""
+    with evaluating(model, inputs):
+        return batch_pair_rates(model, x, y, inputs, terms, scale)
 
 
 def rate_tensor(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None, scale: float = 1.0
 ) -> torch.Tensor:
     """Rates of change as a (blocks, components, pairs) float64 tensor on the model's device.
 
-    ``terms``: ``linear_terms(model)``, when computed once for many batches.
+    ``terms``: ``linear_terms(model)``, when computed once for many batches. Identical pairs give
+    NaN (0/0). ``scale``: as ``pair_rates``.
     """
-    with evaluating(model, inputs):
-        return batch_rates(model, x, y, inputs, terms)
+    return pair_rates(model, x, y, inputs, terms, scale).rates
 
 
-def to_table(rates: torch.Tensor, first_pair: int = 0) -> pd.DataFrame:
-    """A (blocks, components, pairs) tensor as the tidy table: block, depth, component, pair, rate."""
+def to_table(rates: torch.Tensor, first_pair: int = 0, pair_ids=None) -> pd.DataFrame:
+    """A (blocks, components, pairs) tensor as the tidy table: block, depth, component, pair, rate.
+
+    Pairs are numbered from ``first_pair``, or ``pair_ids`` (one number per pair, e.g. the pairs
+    left after excluding identical ones, which keep their numbers)."""
     blocks, components, pairs = rates.shape
+    numbers = torch.arange(pairs) + first_pair if pair_ids is None else torch.as_tensor(pair_ids).cpu()
+    if len(numbers) != pairs:
+        raise ValueError(f"{len(numbers)} pair numbers for {pairs} pairs")
     values = rates.detach().cpu().numpy()
     block = torch.arange(blocks).repeat_interleave(components * pairs).numpy()
     depth = 100.0 * block / max(blocks - 1, 1)
@@ -287,7 +364,41 @@ def to_table(rates: torch.Tensor, first_pair: int = 0) -> pd.DataFrame:
             "component": pd.Categorical(
                 [COMPONENTS[i] for i in range(components) for _ in range(pairs)] * blocks, categories=COMPONENTS
             ),
-            "pair": (torch.arange(pairs).repeat(blocks * components) + first_pair).numpy(),
+            "pair": numbers.repeat(blocks * components).numpy(),
             "rate": values.reshape(-1),
         }
     )
+
+
+class IdenticalPairsWarning(UserWarning):
+    """Pairs whose two embeddings are equal (x == y) were left out: their rate is 0/0."""
+
+
+def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
+    """The tidy table (``to_table``) of measured batches, in order, without the identical pairs
+    (excluded with an ``IdenticalPairsWarning`` naming how many; the other pairs keep their
+    numbers), with ``attrs``: ``token_rms``, the token RMS norm of the embeddings of the pairs kept
+    (the square root of the mean of ``||token||_2^2`` over every token of both images), and
+    ``identical_pairs_excluded``, the count. A ValueError if no pair is left.
+    ``stacklevel``: the frame the warning names, counted from here (3: the caller of the function
+    that calls ``tabulate``, e.g. the user of ``plasticity.rates``)."""
+    rates = torch.cat([part.rates for part in parts], dim=2)
+    identical = torch.cat([part.identical for part in parts])
+    keep = (~identical).nonzero().squeeze(1)
+    total, excluded = len(identical), len(identical) - len(keep)
+    if not len(keep):
+        raise ValueError(f"all {total} pairs have identical embeddings (x == y): no pair has a rate")
+    squares = torch.cat([part.token_squares for part in parts])[keep].sum()
+    token_rms = float((squares / (parts[0].tokens * len(keep))).sqrt())
+    if excluded:
+        warnings.warn(
+            f"{excluded} of {total} pairs excluded: their two images have identical embeddings (x == y), "
+            "whose rate is 0/0",
+            IdenticalPairsWarning,
+            stacklevel=stacklevel,
+        )
+        table = to_table(rates[:, :, keep], pair_ids=keep)
+    else:
+        table = to_table(rates)
+    table.attrs.update(token_rms=token_rms, identical_pairs_excluded=excluded)
+    return table

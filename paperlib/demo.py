@@ -1,6 +1,6 @@
 """The demo ViT: deterministic pretraining on ``digits_source`` and its evaluation.
 
-The demo world's stand-in for an ImageNet-21k checkpoint (DESIGN.md, "Two worlds"). Run
+The demo world's stand-in for an ImageNet-21k checkpoint (a tiny ViT pretrained on digits 0-4). Run
 
     python -m paperlib.demo pretrain     # writes paperlib/assets/demo_vit.safetensors (+ .json card)
     python -m paperlib.demo evaluate     # accuracy of the committed weights on digits_source test

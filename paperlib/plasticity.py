@@ -13,6 +13,21 @@ a SwiGLU block is its gate and value layers together.
 ``run`` measures one model on one dataset and saves the result in its ``result_folder``;
 ``has_result`` says whether that folder holds a complete result, ``measure_missing`` runs what is
 not there yet, and ``collect`` reads every saved result as one table of P(f).
+
+Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
+``measure`` exclude them with an ``IdenticalPairsWarning`` naming how many, counted in
+``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
+numbers and exact rates. ``ranking``, ``plasticity_by_block`` and ``ranking_uncertainty`` leave
+out, with the same warning, pairs without any rate in tables made otherwise (``to_table``).
+
+The scale of the embeddings (beyond the paper): a linear map's rate does not change when both
+embeddings are multiplied by a, a LayerNorm's falls as 1/a, so the ranking depends on the size of
+the tokens. Every result records the token RMS norm of its embeddings (``table.attrs["token_rms"]``,
+``token_rms`` in ``run``'s metadata and ``collect``): the square root of the mean of
+``||token||_2^2`` over every token (class token included) of both images of every measured pair,
+the paper's r (Fig. 6: 19.4 for ViT-B/16 in21k on Cifar10; ``bounds.token_radius``'s ``rms``).
+``scale_curve`` gives P(f) with the embeddings multiplied by factors, ``paper_order_from`` from
+which factor on it follows the paper's ranking.
 """
 
 from __future__ import annotations
@@ -21,6 +36,7 @@ import inspect
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +48,15 @@ from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
 from . import cli, data, models, paths
-from .component_rates import batch_rates, check_inputs, evaluating, linear_terms, rate_tensor, to_table
+from .component_rates import (
+    IdenticalPairsWarning,
+    batch_pair_rates,
+    check_inputs,
+    evaluating,
+    linear_terms,
+    pair_rates,
+    tabulate,
+)
 from .components import COMPONENTS, LABELS
 from .loader import decode_workers
 from .transforms import check_normalize
@@ -73,23 +97,46 @@ def pair_indices(
     return reference.tolist(), target.tolist()
 
 
-def rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding") -> pd.DataFrame:
+def rates(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", scale: float = 1.0
+) -> pd.DataFrame:
     """Rates of change of one batch of image pairs: one row per pair, block and component.
 
     ``x``, ``y``: normalised float images (N, 3, H, W) on the model's device, paired by position.
     Columns: ``block`` (0-based), ``depth`` (percent of depth: first block 0, last 100),
-    ``component`` (``COMPONENTS``), ``pair``, ``rate``.
+    ``component`` (``COMPONENTS``), ``pair``, ``rate``. Pairs with identical embeddings are
+    excluded (an ``IdenticalPairsWarning`` names how many). ``attrs``: ``token_rms`` (the token
+    RMS norm of the measured pairs' embeddings) and ``identical_pairs_excluded``. ``scale``
+    (beyond the paper): both embeddings multiplied by it before the components
+    (``component_rates.pair_rates``).
     """
-    return to_table(rate_tensor(model, x, y, inputs))
+    return tabulate([pair_rates(model, x, y, inputs, scale=scale)])
+
+
+def _with_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with a warning."""
+    if "pair" not in table:
+        return table
+    unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())
+    if not unmeasured:
+        return table
+    warnings.warn(
+        f"{len(unmeasured)} pairs without any rate left out (identical embeddings, x == y: 0/0)",
+        IdenticalPairsWarning,
+        stacklevel=3,
+    )
+    return table[~table["pair"].isin(unmeasured)]
 
 
 def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
+    table = _with_rates(table)
     return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
 
 
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
+    table = _with_rates(table)
     mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
     out = pd.DataFrame(
         {
@@ -121,8 +168,10 @@ def ranking_uncertainty(
     ``plasticity`` and its ``low``/``high`` interval, ``rank``, and ``rank stable`` (the fraction
     of resamples that give the component the same rank). The attribute ``attrs["tau"]`` holds the
     interval of Kendall's tau with the paper's ranking, ``attrs["order stable"]`` the fraction of
-    resamples with the whole order unchanged.
+    resamples with the whole order unchanged. Pairs without any rate (identical embeddings) are
+    left out, with a warning, so they make no NaN interval.
     """
+    table = _with_rates(table)
     per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
     result = stats.bootstrap(
         (per_pair.to_numpy(),),
@@ -158,6 +207,69 @@ def ranking_uncertainty(
     return out
 
 
+def scale_curve(
+    model: nn.Module | str, x: torch.Tensor, y: torch.Tensor, factors, batch_size: int = 64, device=None
+) -> pd.DataFrame:
+    """P(f) when the embedding of both images of every pair is multiplied by each factor (beyond the paper).
+
+    For each factor a, the components see ``a * e(x)`` and ``a * e(y)`` and each rate is Definition
+    1's on those (``component_rates.pair_rates(..., scale=a)``): linear maps (FC1, FC2) give the same
+    P(f) at every a, LayerNorms ``P(f) / a`` (exactly while their eps is negligible against the
+    variance of the scaled tokens), MHA neither. ``model``: a module or a name (``models.create_model``);
+    ``x``, ``y``: normalised images (N, 3, H, W), paired by position, measured in batches of
+    ``batch_size`` on ``device`` (None: where ``x`` is). Identical pairs are excluded as by ``rates``.
+    Returns one row per factor and component: ``factor``, ``component``, ``plasticity`` (mean rate
+    over pairs and blocks, as ``ranking``'s) and ``token_rms`` (the token RMS norm of the scaled
+    embeddings: the factor times the unscaled one).
+    """
+    network = models.create_model(model) if isinstance(model, str) else model
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    factors = [float(factor) for factor in factors]
+    if not factors:
+        raise ValueError("no factors")
+    device = torch.device(device) if device is not None else x.device
+    network = network.to(device)
+    rows = []
+    with evaluating(network, "embedding"):
+        terms = linear_terms(network)
+        for factor in factors:
+            parts = [
+                batch_pair_rates(network, xs.to(device), ys.to(device), "embedding", terms, factor)
+                for xs, ys in zip(x.split(batch_size), y.split(batch_size))
+            ]
+            table = tabulate(parts)
+            mean = table.groupby("component", observed=True)["rate"].mean()
+            rows += [(factor, c, float(mean[c]), table.attrs["token_rms"]) for c in COMPONENTS]
+    curve = pd.DataFrame(rows, columns=["factor", "component", "plasticity", "token_rms"])
+    curve["component"] = pd.Categorical(curve["component"], categories=COMPONENTS)
+    return curve
+
+
+def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
+    """Per factor of ``scale_curve``'s table (ascending): ``order``, the components by decreasing
+    P(f) ("FC1 > MHA > ..."), and ``follows paper``, whether that is strictly the paper's ranking
+    MHA > FC1 > FC2 > LN2 > LN1."""
+    wide = curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
+    wide = wide[list(COMPONENTS)].sort_index()
+    values = wide.to_numpy()
+    order = [" > ".join(LABELS[COMPONENTS[i]] for i in np.argsort(-row, kind="stable")) for row in values]
+    return pd.DataFrame({"order": order, "follows paper": (np.diff(values, axis=1) < 0).all(axis=1)}, wide.index)
+
+
+def paper_order_from(curve: pd.DataFrame) -> float | None:
+    """The smallest factor of ``scale_curve``'s table from which on (at it and at every larger
+    factor of the table) P(f) follows the paper's ranking (``scale_ranking``); None if it does not
+    at the largest factor."""
+    follows = scale_ranking(curve)["follows paper"]
+    onset = None
+    for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):
+        if not holds:
+            break
+        onset = float(factor)
+    return onset
+
+
 def measure(
     model: nn.Module,
     reference,
@@ -176,7 +288,10 @@ def measure(
     Pair ``i`` is (``reference[i]``, ``target[i]``) (``sample="first"``, the paper's; or a seeded
     random subset of each set, ``pair_indices``): reference = images of the pretraining
     distribution, target = the downstream test split, both yielding (normalised image, label).
-    Returns the tidy table of ``rates`` for all pairs.
+    Returns the tidy table of ``rates`` for all pairs but those with identical embeddings
+    (excluded, with an ``IdenticalPairsWarning`` naming how many); ``table.attrs["token_rms"]``
+    is the token RMS norm of the measured pairs' embeddings, ``table.attrs["identical_pairs_excluded"]``
+    the count.
     """
     check_inputs(inputs)
     if n_pairs < 1:
@@ -198,15 +313,15 @@ def measure(
         )
         for dataset, chosen in zip((reference, target), indices)
     ]
-    chunks = []
+    parts = []
     with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
         terms = linear_terms(model) if inputs == "embedding" else None
         for (x, _), (y, _) in zip(*loaders):
-            chunks.append(
-                batch_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms)
+            parts.append(
+                batch_pair_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms)
             )
             bar.update(len(x))
-    return to_table(torch.cat(chunks, dim=2))
+    return tabulate(parts)
 
 
 def results_root(inputs: str = "embedding"):
@@ -274,13 +389,47 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
 
 
 def load(folder) -> pd.DataFrame:
-    """Read a table written by ``save`` (with ``component`` as the ordered categorical)."""
+    """Read a table written by ``save`` (with ``component`` as the ordered categorical, and
+    ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded)."""
     folder = Path(folder)
     if not (folder / "metadata.json").is_file():
         raise FileNotFoundError(f"no complete plasticity result in {folder} (metadata.json missing)")
     table = pd.read_csv(folder / "rates.csv.gz")
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
     return table
+
+
+def _pair_sets(model: str, dataset: str, reference: str, root, severity: int, normalize: str):
+    """The model (pretrained weights), its normalisation and the test splits of both datasets at its resolution."""
+    mean_std = models.normalization(model, normalize)
+    network = models.create_model(model)
+    size = network.patch_embed.img_size[0]
+    reference_set = data.get_dataset(reference, "test", root=root, image_size=size, mean_std=mean_std)
+    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity, mean_std=mean_std)
+    return network, mean_std, reference_set, target_set
+
+
+def pair_images(
+    model: str,
+    dataset: str,
+    reference: str,
+    n_pairs: int,
+    root=None,
+    severity: int = 5,
+    sample: str = "first",
+    seed: int = 0,
+    normalize: str = "imagenet",
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model and the images of the pairs ``run`` measures with these arguments, in memory:
+    (network, x, y), x the reference images and y the target's, paired by position (at most
+    ``n_pairs``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
+    network, _, reference_set, target_set = _pair_sets(model, dataset, reference, root, severity, normalize)
+    pairs = min(n_pairs, len(reference_set), len(target_set))
+    chosen = pair_indices(len(reference_set), len(target_set), pairs, sample, seed)
+    x, y = ([images[i][0] for i in indices] for images, indices in zip((reference_set, target_set), chosen))
+    return network, torch.stack(x), torch.stack(y)
 
 
 def run(
@@ -311,14 +460,13 @@ def run(
     ``num_workers``: DataLoader workers decoding
     images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
     waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
+    The metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
+    ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
     """
     check_inputs(inputs)
     check_sample(sample)
-    mean_std = models.normalization(model, normalize)
-    network = models.create_model(model)
+    network, mean_std, reference_set, target_set = _pair_sets(model, dataset, reference, root, severity, normalize)
     size = network.patch_embed.img_size[0]
-    reference_set = data.get_dataset(reference, "test", root=root, image_size=size, mean_std=mean_std)
-    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity, mean_std=mean_std)
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if torch.device(device).type == "cuda" else 0
@@ -349,6 +497,8 @@ def run(
         "reference": reference,
         "n_pairs": pairs,
         "n_pairs_requested": n_pairs,
+        "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
+        "token_rms": table.attrs["token_rms"],
         "sample": sample,
         "seed": seed if sample == "random" else None,
         "inputs": inputs,
@@ -427,8 +577,9 @@ def collect(
 
     Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
     pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
-    ``sample``, ``seed``, ``normalize``. Only results whose pairs were drawn by ``sample`` (the
-    paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
+    ``sample``, ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
+    embeddings; missing for results saved before it was recorded). Only results whose pairs were
+    drawn by ``sample`` (the paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
@@ -475,6 +626,7 @@ def collect(
                     "sample": drawn,
                     "seed": drawn_seed,
                     "normalize": normalized,
+                    "token_rms": metadata.get("token_rms"),
                 }
             )
     columns = [
@@ -488,11 +640,13 @@ def collect(
         "sample",
         "seed",
         "normalize",
+        "token_rms",
     ]
     table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     # None (the paper's draw has no seed) stays missing, not NaN in a float column
     table["seed"] = table["seed"].astype("Int64")
+    table["token_rms"] = table["token_rms"].astype(float)
     return table
 
 

@@ -69,8 +69,9 @@ class Config:
     # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     compile_mode: str = "default"
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
-    # "autocast" (the protocol: bf16 autocast on CUDA, fp32 on CPU) or "bf16" (bf16 compute, fp32 master weights)
-    precision: str = "autocast"
+    # fp32 (the paper's protocol), or beyond it "autocast" (bf16 autocast on CUDA) or "bf16" (bf16 compute, fp32
+    # master weights): faster on a GPU, not the paper's, so their runs get their own folders
+    precision: str = "fp32"
     # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
     # gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
     fused: str = "auto"
@@ -167,7 +168,7 @@ class Config:
         or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
         warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
         run in its folder unless it has a tag of its own."""
-        run = f"seed={self.seed}" + ("" if self.precision == "autocast" else f"-{self.precision}")
+        run = f"seed={self.seed}" + ("" if self.precision == "fp32" else f"-{self.precision}")
         if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
             run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
         if self.lora_rank:

@@ -92,7 +92,8 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
             )
         )
         mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
-        options = asdict(StepOptions(compile_choice(compile), **kwargs))  # what the real result records
+        # what the real result records (bench_finetune's own default precision: autocast)
+        options = asdict(StepOptions(compile_choice(compile), **{"precision": "autocast", **kwargs}))
         options["fused"] = resolve_fused(options["fused"], torch.device("cpu"))
         return {"batch_size": batch, **options, "full_library_mfu": mfu, "full_library_tflops": 123.0}
 

@@ -3,12 +3,13 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from timm.layers import Mlp
-from timm.models.vision_transformer import Attention
+from timm.models.vision_transformer import Attention, VisionTransformer
 
-from paperlib import bounds, models
+from paperlib import bounds, component_rates, data, imagesets, models
 from paperlib.components import COMPONENTS
 
 
@@ -158,7 +159,7 @@ def test_table_layout_and_propositions():
 def test_data_helpers():
     model = models.create_model("demo")
     images = torch.randn(5, 3, 32, 32)
-    tokens = model._pos_embed(model.patch_embed(images)).detach().double()
+    tokens = component_rates.embed(model, images).detach().double()
     norms = torch.linalg.vector_norm(tokens, dim=-1)
     assert bounds.token_radius(model, images, "max") == pytest.approx(float(norms.max()))
     assert bounds.token_radius(model, images, "rms") == pytest.approx(float(norms.pow(2).mean().sqrt()))
@@ -172,8 +173,6 @@ def test_data_helpers():
 
 
 def test_tightness_and_violations():
-    import pandas as pd
-
     bounds_table = pd.DataFrame(
         {
             "block": [0] * 6,
@@ -198,3 +197,140 @@ def test_tightness_and_violations():
     share = bounds.violations(bounds_table, rates)
     assert share["mha"] == 0.5 and share["fc2"] == 1.0 and share["fc1"] == 0.0
     assert bounds.violations(bounds_table, rates, mha_proposition="4")["mha"] == 0.0
+
+
+def _random_vit(seed, reg_tokens):
+    """A whole timm ViT with every parameter random: query/key/value, projection, feedforward and
+    LayerNorm biases, LayerNorm gains far from 1 (some negative), LayerScale, position embeddings,
+    and a class token (and register tokens) of small deviation, as on the demo ViT."""
+    torch.manual_seed(seed)
+    model = VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, init_values=0.5, reg_tokens=reg_tokens
+    ).eval()
+    g = torch.Generator().manual_seed(seed)
+    prefix = model.num_prefix_tokens
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("bias", "gamma")) or name == "pos_embed":
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif "norm" in name:  # LayerNorm gains
+                p.copy_(torch.empty(p.shape).uniform_(0.3, 2.5, generator=g) * torch.randn(p.shape, generator=g).sign())
+        for token in (model.cls_token, model.reg_token):
+            if token is not None:
+                token.copy_(0.02 * torch.randn(token.shape, generator=g))
+        model.pos_embed[:, :prefix].mul_(0.04)
+    assert model.blocks[0].attn.qkv.bias is not None and model.blocks[0].ls1.gamma.abs().min() > 0
+    return model
+
+
+def _top_direction_pair(model, image):
+    """The image and a copy changed in its first patch so that their tokens differ there by the top
+    right singular vector of block 0's FC1, and nowhere else: FC1's rate on them is its bound."""
+    weight = model.patch_embed.proj.weight.detach()  # (d, C, P, P)
+    top = torch.linalg.svd(model.blocks[0].mlp.fc1.weight.detach())[2][0]
+    patch = torch.linalg.pinv(weight.reshape(weight.shape[0], -1)) @ top
+    size = weight.shape[-1]
+    other = image.clone()
+    other[:, :size, :size] += patch.reshape(weight.shape[1:])
+    return image, other
+
+
+def _bound_tensor(table, mha_proposition):
+    """(blocks, components) bounds in ``COMPONENTS`` order, MHA's by the given proposition."""
+    rows = table[(table.component != "mha") | (table.proposition == mha_proposition)]
+    wide = rows.pivot(index="block", columns="component", values="bound")
+    return torch.tensor(wide[list(COMPONENTS)].to_numpy(), dtype=torch.float64)
+
+
+def _check_whole_model(model, x, y):
+    """Rates of every component and pair, and the bounds of Props. 1-4 per reading of sigma, with r,
+    sigma and E as the paper defines them on the images of the pairs: r the largest token norm
+    (Prop. 3 rigorous), sigma the smallest per-token deviation (over the positions of the reading),
+    E the largest image energy. Asserts no rate is above its bound; returns rates, bounds, sigmas."""
+    images = torch.cat([x, y])
+    r, energy = bounds.token_radius(model, images, "max"), bounds.max_energy(images)
+    rates = component_rates.rate_tensor(model, x, y)  # (blocks, components, pairs)
+    assert not rates.isnan().any()
+    sigma, by_reading = {}, {}
+    for positions in bounds.SIGMA_POSITIONS:
+        sigma[positions] = bounds.token_sigma(model, images, "min", positions)
+        table = bounds.upper_bounds(model, r=r, sigma=sigma[positions], energy=energy)
+        by_reading[positions] = {prop: _bound_tensor(table, prop) for prop in ("3", "4")}
+        for bound in by_reading[positions].values():  # Prop. 3, then Prop. 4 for MHA
+            assert (rates <= bound[..., None] * (1 + 1e-6)).all(), (positions, (rates.amax(2) / bound).max(0))
+    return rates, by_reading, sigma
+
+
+@pytest.mark.parametrize("seed, reg_tokens", [(0, 0), (1, 2), (2, 0), (3, 1)])
+def test_props_1_to_4_bound_every_component_of_a_whole_random_vit(seed, reg_tokens):
+    model = _random_vit(seed, reg_tokens)
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(40, 3, 16, 16, generator=g)
+    first, second = _top_direction_pair(model, images[0])
+    x, y = torch.cat([images[:20], first[None]]), torch.cat([images[20:], second[None]])
+    prefix, patches = model.num_prefix_tokens, model.patch_embed.num_patches
+    assert bounds.varying_positions(model, torch.cat([x, y])).tolist() == [False] * prefix + [True] * patches
+    rates, by_reading, sigma = _check_whole_model(model, x, y)
+    assert sigma["varying"] > 5 * sigma["all"]  # the prefix tokens' small deviation sets the literal sigma
+    ln = [COMPONENTS.index("ln2"), COMPONENTS.index("ln1")]
+    tight, loose = by_reading["varying"]["3"], by_reading["all"]["3"]
+    assert (tight[:, ln] < loose[:, ln] / 5).all()
+    # the check can fail: the constructed pair reaches FC1's bound, so half the bounds are exceeded
+    fc1 = COMPONENTS.index("fc1")
+    assert rates[0, fc1, -1].item() == pytest.approx(tight[0, fc1].item(), rel=1e-4)
+    assert not (rates <= tight[..., None] / 2).all()
+
+
+def test_props_1_to_4_bound_every_component_of_the_demo_vit_on_demo_images():
+    model = models.create_model("demo").eval()
+    images, _ = imagesets.stack(data.get_dataset("digits", "test", image_size=32))
+    half = len(images) // 2
+    x, y = images[:half], images[half : 2 * half]
+    # the class token is the only position that is the same in every image
+    assert bounds.varying_positions(model, images).tolist() == [False] + [True] * model.patch_embed.num_patches
+    rates, by_reading, sigma = _check_whole_model(model, x, y)
+    ln = [COMPONENTS.index("ln2"), COMPONENTS.index("ln1")]
+    tight, loose = by_reading["varying"]["3"], by_reading["all"]["3"]
+    # over the varying positions sigma is larger and the LayerNorm bound smaller, and it still holds
+    assert sigma["varying"] > 5 * sigma["all"]
+    assert (tight[:, ln] < loose[:, ln] / 5).all()
+    # the check can fail: half the varying-positions LayerNorm bound is below some measured rate
+    assert (rates[:, ln] > tight[:, ln, None] / 2).any()
+    # the notebook's table: the same sigmas and bounds, every rate within them
+    readings = bounds.sigma_readings(model, torch.cat([x, y]), component_rates.to_table(rates), kind="min")
+    readings = readings.set_index(["positions", "component"])
+    for positions in bounds.SIGMA_POSITIONS:
+        for component, column in (("ln2", ln[0]), ("ln1", ln[1])):
+            row = readings.loc[(positions, component)]
+            assert row["sigma"] == pytest.approx(sigma[positions], rel=1e-12)
+            bound = by_reading[positions]["3"][:, column]
+            assert row["bound"] == pytest.approx(float(np.median(bound.numpy())), rel=1e-12)
+            assert row["largest rate"] == pytest.approx(float(rates[:, column].max()), rel=1e-12)
+            assert row["bound / rate"] == pytest.approx(float((bound / rates[:, column].amax(1)).min()), rel=1e-9)
+            assert row["bound / rate"] >= 1 and row["above bound"] == 0
+
+
+def test_sigma_positions_are_decided_from_the_data():
+    model = models.create_model("demo")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(6, 3, 32, 32, generator=g)
+    images[:, :, :4, :8] = 0.3  # the first two patches are the same in every image
+    tokens = component_rates.embed(model, images).detach().double()
+    std = tokens.std(dim=-1, unbiased=False)
+    mask = bounds.varying_positions(model, images)
+    assert mask.tolist() == [False] * 3 + [True] * 62
+    assert bounds.token_sigma(model, images) == pytest.approx(float(std[:, 3:].mean(0).min()), rel=1e-12)
+    assert bounds.token_sigma(model, images, "min") == pytest.approx(float(std[:, 3:].min()), rel=1e-12)
+    assert bounds.token_sigma(model, images, positions="all") == pytest.approx(float(std.mean(0).min()), rel=1e-12)
+    assert bounds.token_sigma(model, images, positions="all") <= bounds.token_sigma(model, images)
+    constants = bounds.data_constants(model, images)
+    assert constants["sigma_positions"] == 62 and constants["sigma"] == bounds.token_sigma(model, images)
+    assert bounds.data_constants(model, images, positions="all")["sigma_positions"] == 65
+    with pytest.raises(ValueError, match="valid positions: varying, all"):
+        bounds.token_sigma(model, images, positions="patches")
+    with pytest.raises(ValueError, match="valid positions: varying, all"):
+        bounds.data_constants(model, images, positions="patches")
+    with pytest.raises(ValueError, match="no token position varies"):
+        bounds.token_sigma(model, images[:1])
+    with pytest.raises(ValueError, match="valid kinds: mean, min"):
+        bounds.token_sigma(model, images, "max")

@@ -236,13 +236,36 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     assert workers[-1] >= 1
 
 
+def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_path, move_results):
+    import json
+
+    move_results(".")
+    table, folder = plasticity.run("demo", "digits", "digits_source", n_pairs=6, batch_size=4, progress=False)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert metadata["identical_pairs_excluded"] == 0 and metadata["token_rms"] == table.attrs["token_rms"] > 0
+    network, x, y = plasticity.pair_images("demo", "digits", "digits_source", 6)
+    assert metadata["token_rms"] == pytest.approx(plasticity.rates(network, x, y).attrs["token_rms"], rel=1e-9)
+    assert plasticity.load(folder).attrs["token_rms"] == metadata["token_rms"]
+    collected = plasticity.collect()
+    assert collected["token_rms"].tolist() == [metadata["token_rms"]] * 5
+    # a dataset against itself, paired by position: every pair identical, nothing to measure
+    with pytest.raises(ValueError, match="all 4 pairs have identical embeddings"):
+        plasticity.run("demo", "digits", "digits", n_pairs=4, batch_size=4, progress=False)
+    # results saved before the record: a missing token_rms
+    del metadata["token_rms"]
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    assert plasticity.collect()["token_rms"].isna().all()
+
+
 def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_path, monkeypatch, move_results):
     # the paper's 12,800 pairs against test splits of 2,000 (Cifar10-C) to 3,669 (Pets) images
     from paperlib import data
 
     move_results(".")
     asked = []
-    monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or "table")
+    measured = component_rates.to_table(torch.ones(6, 5, 1))
+    measured.attrs.update(token_rms=1.0, identical_pairs_excluded=0)
+    monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or measured)
     monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
     available = min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
     _, metadata = plasticity.run("demo", "digits", "digits_source", n_pairs=12800, progress=False)
@@ -456,3 +479,172 @@ def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_
     )
     with pytest.raises(ValueError, match="valid samples"):
         plasticity.measure_missing("demo", "digits", sample="all")
+
+
+def _with_identical_pairs(n=6, size=32, seed=0, identical=(1, 4)):
+    x, y = _pairs(n, size, seed)
+    y[list(identical)] = x[list(identical)]
+    return x, y
+
+
+def test_identical_pairs_are_excluded_with_a_warning_and_counted(demo):
+    x, y = _with_identical_pairs()
+    with torch.no_grad():
+        assert component_rates.rate_tensor(demo, x, y)[:, :, [1, 4]].isnan().all()  # 0/0 in the raw tensor
+    with pytest.warns(plasticity.IdenticalPairsWarning, match="2 of 6 pairs excluded"):
+        table = plasticity.rates(demo, x, y)
+    assert table.attrs["identical_pairs_excluded"] == 2 and table["rate"].notna().all()
+    assert sorted(table["pair"].unique()) == [0, 2, 3, 5]  # the other pairs keep their numbers
+    # and their exact rates: those of the same pairs measured alone
+    alone = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
+    assert alone.attrs["identical_pairs_excluded"] == 0
+    assert table["rate"].tolist() == pytest.approx(alone["rate"].tolist(), rel=1e-6)
+    assert table.attrs["token_rms"] == pytest.approx(alone.attrs["token_rms"], rel=1e-6)
+    with pytest.raises(ValueError, match="all 2 pairs have identical embeddings"):
+        plasticity.rates(demo, x[:2], x[:2])
+
+
+def test_measure_excludes_identical_pairs_across_batches(demo):
+    from torch.utils.data import TensorDataset
+
+    x, y = _with_identical_pairs(10, identical=(0, 4, 9))
+    reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
+    with pytest.warns(plasticity.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
+        table = plasticity.measure(demo, reference, target, n_pairs=10, batch_size=4, progress=False)
+    assert table.attrs["identical_pairs_excluded"] == 3 and sorted(table["pair"].unique()) == [1, 2, 3, 5, 6, 7, 8]
+    with pytest.warns(plasticity.IdenticalPairsWarning):
+        direct = plasticity.rates(demo, x, y)
+    assert table["rate"].tolist() == pytest.approx(direct["rate"].tolist(), rel=1e-6)
+
+
+def test_token_rms_is_the_root_mean_square_norm_of_the_measured_tokens(demo):
+    from paperlib import bounds
+
+    x, y = _with_identical_pairs(identical=(2,))
+    with pytest.warns(plasticity.IdenticalPairsWarning):
+        table = plasticity.rates(demo, x, y)
+    kept = [0, 1, 3, 4, 5]  # the identical pair's tokens are not measured, so not counted
+    with torch.no_grad():
+        tokens = torch.cat([component_rates.embed(demo, x[kept]), component_rates.embed(demo, y[kept])]).double()
+    expected = tokens.square().sum(-1).mean().sqrt().item()
+    assert table.attrs["token_rms"] == pytest.approx(expected, rel=1e-9)
+    assert expected == pytest.approx(bounds.token_radius(demo, torch.cat([x[kept], y[kept]])), rel=1e-9)
+    scaled = plasticity.rates(demo, x[kept], y[kept], scale=4.0)
+    assert scaled.attrs["token_rms"] == pytest.approx(4 * expected, rel=1e-9)
+
+
+def test_summaries_leave_out_pairs_without_rates_and_intervals_stay_finite(demo):
+    # a table made from the raw tensor still has the identical pairs' NaN rates
+    x, y = _with_identical_pairs()
+    with torch.no_grad():
+        raw = component_rates.to_table(component_rates.rate_tensor(demo, x, y))
+    assert raw["rate"].isna().any()
+    with pytest.warns(plasticity.IdenticalPairsWarning, match="2 pairs without any rate"):
+        uncertainty = plasticity.ranking_uncertainty(raw, n_resamples=200)
+    assert uncertainty[["plasticity", "low", "high"]].notna().all().all()
+    assert all(map(lambda v: v == v, uncertainty.attrs["tau"]))  # not NaN
+    with pytest.warns(plasticity.IdenticalPairsWarning):
+        ranked = plasticity.ranking(raw)
+    with pytest.warns(plasticity.IdenticalPairsWarning):
+        by_block = plasticity.plasticity_by_block(raw)
+    clean = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
+    assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity.ranking(clean)["plasticity"].to_numpy())
+    assert by_block.to_numpy() == pytest.approx(plasticity.plasticity_by_block(clean).to_numpy())
+    # and the table rates() gives has no such pair to begin with
+    with pytest.warns(plasticity.IdenticalPairsWarning):
+        measured = plasticity.rates(demo, x, y)
+    assert plasticity.ranking_uncertainty(measured, n_resamples=200)[["low", "high"]].notna().all().all()
+
+
+SCALE_FACTORS = [0.25, 1.0, 4.0, 16.0]
+"""Factors at which the LayerNorms' eps (1e-6) is negligible: on these pairs the demo's tokens have
+a median variance (over channels) of about 0.3 at factor 1, so about 0.02 at 0.25, where eps moves
+LN P(f) times the factor by about 3e-5 relative; at 0.01 it moves it by 2%, at 0.001 by half."""
+
+
+@pytest.fixture(scope="module")
+def scale_curve():
+    model = models.create_model("demo")
+    x, y = _pairs(8)
+    return plasticity.scale_curve(model, x, y, SCALE_FACTORS, batch_size=3)
+
+
+def test_scale_curve_linear_components_are_flat(scale_curve):
+    assert list(scale_curve.columns[:3]) == ["factor", "component", "plasticity"]
+    assert len(scale_curve) == len(SCALE_FACTORS) * 5
+    wide = scale_curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
+    assert list(wide.index) == SCALE_FACTORS
+    for component in ("fc1", "fc2"):
+        values = wide[component].to_numpy()
+        assert (values.max() - values.min()) / values.mean() < 1e-5, component
+    # the embedding really is scaled: the others move
+    assert wide["mha"].max() / wide["mha"].min() > 1.01
+
+
+def test_scale_curve_layer_norms_fall_as_one_over_the_factor(scale_curve):
+    wide = scale_curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
+    for component in ("ln1", "ln2"):
+        scaled = wide[component].to_numpy() * wide.index.to_numpy()
+        assert (scaled.max() - scaled.min()) / scaled.mean() < 1e-3, component
+        assert wide[component].iloc[0] / wide[component].iloc[-1] == pytest.approx(64, rel=1e-3)
+    rms = scale_curve.groupby("factor")["token_rms"].first()
+    assert (rms / rms.index).to_numpy() == pytest.approx([rms[1.0]] * len(SCALE_FACTORS), rel=1e-9)
+
+
+def test_scale_curve_at_factor_one_is_the_ranking_and_uses_the_same_rates():
+    model = models.create_model("demo")
+    x, y = _pairs(5)
+    curve = plasticity.scale_curve("demo", x, y, [1.0, 2.0])
+    ranked = plasticity.ranking(plasticity.rates(model, x, y)).rename(index=lambda label: label.lower())
+    at_one = curve[curve.factor == 1.0].set_index("component")["plasticity"]
+    assert at_one.to_numpy() == pytest.approx(ranked.loc[list(COMPONENTS), "plasticity"].to_numpy(), rel=1e-9)
+    twice = plasticity.rates(model, x, y, scale=2.0)
+    with torch.no_grad():
+        plain = component_rates.plain_rates(model, 2 * x, 2 * y)  # the patch embedding is affine, not linear
+    assert not torch.allclose(plain, component_rates.rate_tensor(model, x, y, scale=2.0))
+    at_two = curve[curve.factor == 2.0].set_index("component")["plasticity"]
+    assert at_two.to_numpy() == pytest.approx(
+        twice.groupby("component", observed=True)["rate"].mean()[list(COMPONENTS)].to_numpy(), rel=1e-9
+    )
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        plasticity.rates(model, x, y, scale=0.0)
+    with pytest.raises(ValueError, match="scale applies to the embedding"):
+        plasticity.rates(model, x, y, inputs="in_situ", scale=2.0)
+
+
+def test_scaled_rates_equal_the_plain_definition_on_scaled_embeddings(demo):
+    x, y = _pairs(4)
+    fast = component_rates.rate_tensor(demo, x, y, scale=3.0)
+    with torch.no_grad():
+        ex, ey = 3.0 * component_rates.embed(demo, x), 3.0 * component_rates.embed(demo, y)
+        expected = []
+        for block in demo.blocks:
+            row = []
+            for component in COMPONENTS:
+                module = components.block_component(block, component)
+                if component == "fc2":
+                    pad = (0, module.in_features - ex.shape[-1])
+                    fx, fy = module(torch.nn.functional.pad(ex, pad)), module(torch.nn.functional.pad(ey, pad))
+                else:
+                    fx, fy = module(ex), module(ey)
+                norm = torch.linalg.vector_norm((fx - fy).flatten(1).double(), dim=1)
+                row.append(norm / torch.linalg.vector_norm((ex - ey).flatten(1).double(), dim=1))
+            expected.append(torch.stack(row))
+    assert torch.allclose(fast, torch.stack(expected), rtol=1e-4, atol=1e-6)
+
+
+def test_paper_order_from_finds_where_the_papers_ranking_holds_on():
+    import pandas as pd
+
+    def curve(orders):
+        rows = [(f, c, v) for f, values in orders.items() for c, v in zip(COMPONENTS, values)]
+        return pd.DataFrame(rows, columns=["factor", "component", "plasticity"])
+
+    paper, reverse = [5, 4, 3, 2, 1], [1, 2, 3, 4, 5]
+    assert plasticity.paper_order_from(curve({1: reverse, 2: paper, 4: paper})) == 2
+    assert plasticity.paper_order_from(curve({1: paper, 2: reverse, 4: paper})) == 4  # from, and on
+    assert plasticity.paper_order_from(curve({1: paper, 2: reverse})) is None
+    assert plasticity.paper_order_from(curve({4: paper, 1: paper})) == 1  # any order of rows
+    ranked = plasticity.scale_ranking(curve({2: paper, 1: [5, 4, 3, 2, 2], 4: reverse}))
+    assert ranked["follows paper"].tolist() == [False, True, False]  # strict, by ascending factor
+    assert ranked["order"].tolist()[1:] == ["MHA > FC1 > FC2 > LN2 > LN1", "LN1 > LN2 > FC2 > FC1 > MHA"]

@@ -101,13 +101,13 @@ def test_runs_in_another_precision_are_other_runs(tree):
     )
     runs, histories = load(tree)
     assert runs.loc[runs["component"] == "ln2", "precision"].tolist() == ["bf16"]
-    assert set(runs["precision"]) == {"autocast", "bf16"}
+    assert set(runs["precision"]) == {"fp32", "bf16"}
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"model": "demo"},
         "grid": {"dataset": ["digits"], "component": ["ln2"], "lr": [0.01], "seed": [0]},
     }
-    assert missing(runs, spec)[["component", "precision"]].values.tolist() == [["ln2", "autocast"]]
+    assert missing(runs, spec)[["component", "precision"]].values.tolist() == [["ln2", "fp32"]]
     spec["parameters"]["precision"] = "bf16"
     assert missing(runs, spec).empty
 
@@ -269,12 +269,12 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
     ] == [
         ("digits", "ln2", 0.01, 0, 4, "autocast", "sgd", 0.0, 8, False),
         ("digits", "ln2", 0.01, 0, 4, "bf16", "sgd", 0.0, 8, False),
-        ("digits_c/snow", "mha", 0.03, 1, 6, "autocast", "adamw", 0.05, 8, False),
+        ("digits_c/snow", "mha", 0.03, 1, 6, "fp32", "adamw", 0.05, 8, False),
     ]
     assert expected(spec)[["precision", "optimizer", "weight_decay"]].values.tolist() == [
         ["autocast", "sgd", 0.0],
         ["bf16", "sgd", 0.0],
-        ["autocast", "adamw", 0.05],
+        ["fp32", "adamw", 0.05],
     ]
 
 

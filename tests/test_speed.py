@@ -7,8 +7,9 @@ from dataclasses import fields
 
 import pytest
 import torch
+import yaml
 
-from paperlib import components, finetune, models, speed
+from paperlib import components, finetune, models, paths, speed
 from paperlib import runs as run_files
 from paperlib.runs import Config
 from paperlib.speed import kernels
@@ -173,7 +174,7 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
     assert speed.options.StepOptions().checked(torch.device("cpu")).compile == "none"
     assert checked.checked("cpu") == checked  # checking is idempotent
-    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
         speed.options.StepOptions(precision="fp16").checked("cpu")
     monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # as on a GPU
     for mode in ("reduce-overhead", "max-autotune"):  # inductor's own CUDA graphs cannot go inside ours
@@ -295,14 +296,14 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tin
 def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results, small):
     fp32 = finetune.run(small(component="full"))
     bf16 = finetune.run(small(component="full", precision="bf16"))
-    assert bf16["status"] == "finished" and bf16["precision"] == "bf16" and fp32["precision"] == "autocast"
+    assert bf16["status"] == "finished" and bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
     losses = run_files.history(small(component="full", precision="bf16"))["train_loss"]
     # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
     assert losses[:4].tolist() == pytest.approx(
         run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2
     )
-    with pytest.raises(ValueError, match="valid choices: autocast, bf16"):
+    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
         finetune.run(small(precision="fp16"))
 
 
@@ -468,3 +469,24 @@ def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_p
         losses["val_accuracy"].dropna().tolist(), abs=1e-9
     )
     assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
+
+
+def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_folders(small, monkeypatch):
+    # the paper trains in FP32 (Table 4's text); bf16 autocast and bf16 master weights are speed options
+    assert Config().precision == "fp32" and speed.options.StepOptions().precision == "fp32"
+    assert small().folder().name == "seed=0"
+    assert small(precision="autocast").folder().name == "seed=0-autocast"
+    assert small(precision="bf16").folder().name == "seed=0-bf16"
+    for file in sorted((paths.PARAMETERS / "finetune").glob("*.yaml")):
+        assert run_files.config_from(yaml.safe_load(file.read_text())).precision == "fp32", file.name
+    # on CUDA only the fast options run under bf16 autocast: what the context factories ask of torch.autocast
+    monkeypatch.setattr(torch, "autocast", lambda device, **options: (device, options))
+    cuda = torch.device("cuda")
+    assert speed.step.autocast_for(cuda, precision="fp32")() == ("cuda", {"enabled": False})
+    for precision in ("autocast", "bf16"):
+        assert speed.step.autocast_for(cuda, precision=precision)() == (
+            "cuda",
+            {"dtype": torch.bfloat16, "cache_enabled": True},
+        )
+    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
+        small(precision="fp16")

@@ -148,6 +148,15 @@ def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[st
         )
         if cuda:
             check_mfu(eager)
+            # the paper's own precision (fp32), so that its cost is known beside the fast options'
+            paper = bench_finetune(name, ("full",), batch, steps=10, device=str(device), precision="fp32", plain=False)
+            keep("finetune_fp32", paper)
+            check(
+                6,
+                f"full finetuning in fp32, the paper's precision ({name}, batch {batch})",
+                f"{paper['full_library_images_per_s']:,.1f} img/s",
+                None,
+            )
     if "compiled" in parts:
         compiled = bench_finetune(
             name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False
@@ -249,7 +258,8 @@ def _step_arguments(parser) -> None:
     parser.add_argument(
         "--precision",
         default="autocast",
-        help="autocast (the paper's protocol) or bf16 (bf16 compute, fp32 master weights)",
+        help="autocast (bf16 autocast, the benchmarks' default), bf16 (bf16 compute, fp32 master weights) "
+        "or fp32 (the paper's)",
     )
     parser.add_argument(
         "--fused",
@@ -340,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument(
         "--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math"
     )
-    v.add_argument("--precision", default="autocast", help="comma-separated, of: autocast, bf16")
+    v.add_argument("--precision", default="autocast", help="comma-separated, of: fp32 (the paper's), autocast, bf16")
     v.add_argument(
         "--fused",
         default="auto",

@@ -234,8 +234,10 @@ def variant_words(row: dict) -> str:
         words += f", compiled ({row['compile']}{'' if mode == 'default' else ', ' + mode})"
     if row.get("attention", "auto") != "auto":
         words += f", attention {row['attention']}"
-    if row.get("precision", "autocast") != "autocast":
-        words += f", {row['precision']} with fp32 masters"
+    if row.get("precision", "autocast") == "bf16":
+        words += ", bf16 with fp32 masters"
+    elif row.get("precision", "autocast") == "fp32":
+        words += ", fp32"
     if row.get("fused", "none") != "none":
         words += f", fused {row['fused']}"
     if row.get("graph"):

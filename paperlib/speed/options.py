@@ -2,8 +2,8 @@
 
 ``StepOptions`` holds them: ``compile`` (torch.compile of the model or of each block),
 ``compile_mode``, ``attention`` (the scaled-dot-product attention kernel), ``precision``
-("autocast": bf16 autocast on CUDA, fp32 on a CPU; "bf16": bf16 compute with fp32 master
-weights), ``fused`` (our fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
+("fp32": the paper's; beyond it "autocast": bf16 autocast on CUDA, fp32 on a CPU; "bf16": bf16
+compute with fp32 master weights), ``fused`` (our fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
 ``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
 ("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
 of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
@@ -97,7 +97,9 @@ def check_compile_mode(mode: str) -> str:
     return mode
 
 
-PRECISIONS = ("autocast", "bf16")
+PRECISIONS = ("fp32", "autocast", "bf16")
+"""fp32: the paper's protocol (Table 4's text: "with a default FP32 precision"); beyond it, for speed
+on a GPU: "autocast" (bf16 autocast, fp32 weights) and "bf16" (bf16 compute, fp32 master weights)."""
 
 
 def _graphs_of_its_own(mode: str) -> bool:
@@ -201,7 +203,7 @@ class StepOptions:
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
     attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
-    precision: str = "autocast"  # PRECISIONS
+    precision: str = "fp32"  # PRECISIONS
     fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
     graph: bool = False  # replay steps from a CUDA graph (make_step, GraphedStep)
 

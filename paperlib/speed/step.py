@@ -39,21 +39,22 @@ MODEL_FUSIONS = {"gelu": layers.fuse_bias_gelu, "qkv": layers.fuse_qkv}
 """The model's fused ops by name (``options.FUSED_PARTS``; "update" is the optimizer's)."""
 
 
-def autocast_for(device: torch.device, cache: bool = True):
-    """The protocol's precision: a context factory, bf16 autocast on CUDA (fp32 master weights), fp32
-    elsewhere. ``cache=False`` turns off autocast's cache of cast weights, as PyTorch asks of
-    autocast inside a CUDA graph capture (``GraphedStep``)."""
-    if device.type == "cuda":
+def autocast_for(device: torch.device, cache: bool = True, precision: str = "autocast"):
+    """A context factory for forward passes in ``precision``: "fp32" (the paper's protocol) runs as
+    it is; "autocast" and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run under bf16
+    autocast on CUDA, and in fp32 elsewhere. ``cache=False`` turns off autocast's cache of cast
+    weights, as PyTorch asks of autocast inside a CUDA graph capture (``GraphedStep``)."""
+    if device.type == "cuda" and check_precision(precision) != "fp32":
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
     return lambda: torch.autocast(device.type, enabled=False)
 
 
-def step_context(device: torch.device, attention: str = "auto", graph: bool = False):
-    """A context factory for forward passes: the protocol's precision (``autocast_for``; its cache
-    off for steps replayed from a CUDA ``graph``) and, unless ``attention`` is "auto", the one
-    scaled-dot-product attention kernel allowed to run (the same function in every kernel, to
-    rounding; their speed differs by device)."""
-    autocast = autocast_for(device, cache=not graph)
+def step_context(device: torch.device, attention: str = "auto", graph: bool = False, precision: str = "autocast"):
+    """A context factory for forward passes: ``precision`` (``autocast_for``; its cache off for steps
+    replayed from a CUDA ``graph``) and, unless ``attention`` is "auto", the one scaled-dot-product
+    attention kernel allowed to run (the same function in every kernel, to rounding; their speed
+    differs by device)."""
+    autocast = autocast_for(device, cache=not graph, precision=precision)
     if check_attention(attention, device) == "auto":
         return autocast
     backend = getattr(SDPBackend, ATTENTION_CHOICES[attention])
@@ -90,7 +91,7 @@ class MasterWeights:
     outputs and their gradients in fp32, activations stay bf16 between blocks, which cuts the
     memory traffic of the element-wise kernels that bound a compiled ViT step on a GPU (figures:
     docs/benchmarks.md). It is not the paper's
-    protocol (``"autocast"``, the default); its rounding differs.
+    protocol (fp32, the default); its rounding differs.
 
     Call the instance on images (fp32 images are cast); ``compile`` compiles the copy
     (``compile_model``); ``module`` is the copy, for ``train()``/``eval()``.
@@ -469,7 +470,7 @@ class Step:
         self.forward = make_forward(model, options)
         self.master = self.forward if isinstance(self.forward, MasterWeights) else None
         self.network = self.master.module if self.master else model
-        self.context = step_context(device, options.attention, options.graph)
+        self.context = step_context(device, options.attention, options.graph, options.precision)
         self.trainable, self.optimizer, self.options, self.clip = trainable, optimizer, options, clip
         self.batch_size, self.fixed, self.progress = batch_size, bool(micro_batch), progress
         self.micro = micro_batch or batch_size

@@ -1,0 +1,469 @@
+"""Linear probing of a pretrained ViT as the authors compute it (Table 6, last column).
+
+The paper: "The linear probing performance is obtained over the attention hidden representation of
+the last layer." The authors' released probing script takes the *pretrained* model and, for every
+block and every probe point (the hidden representation after a component), pools the tokens by
+their mean (its ``cls_pooling=False``: ``.mean(axis=1)`` over the whole sequence), normalises each
+image's vector to unit L2 norm, standardises the features (``StandardScaler`` fitted on the
+training features) and fits scikit-learn's multinomial ``LogisticRegression(max_iter=5000)`` on the
+80% training split, scored on the test split. ``linear_probe`` does exactly that, for every block
+and every point of ``POINTS``, from one forward pass over the images (forward hooks).
+
+Which images. The authors' script reads the training images through the loader that splits the
+training set 80/20 (``train_size=0.8``) and keeps the 80% part; the test images are the test split.
+Here that is ``get_dataset(dataset, "train", seed=split_seed)`` (80% of the official training set,
+the protocol's validation 20% held aside; for datasets without an official split, 80% of their
+deterministic 80% training part) and ``"test"``, both with the deterministic evaluation transform
+(resize and centre crop; no augmentation), at the model's resolution. ``train_split="trainval"``
+(beyond the paper) fits on the whole training set instead.
+
+Which point is the paper's. "The attention hidden representation of the last layer" most likely
+means the output of the last block's MHA (``mha``: the attention module's output, before the
+residual addition): it is the hidden representation after the attention component, as every
+point of the authors' script is the representation after a component. ``table6_column`` uses that
+point by default; ``attn_residual`` (the residual stream after attention) and ``block`` (after the
+whole block) are the two other readings, and the point is a parameter everywhere.
+
+Results are cached per model and dataset under ``results/probe/<model>/<dataset>/`` (``probe.csv``
+with one row per block and point, and ``metadata.json``), filled in as points are fitted, so a
+second call is instant and an interrupted one resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import sklearn
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import components, data, models, paths
+from .components import JointLinear, block_component
+from .imagesets import FileDataset
+from .loader import decode_workers
+from .transforms import IMAGENET, as_mean_std, check_normalize
+
+POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
+"""Probe points of a block, in the order of its forward pass: the output of each component (``ln1``,
+``mha``, ``ln2``, ``fc1``, ``fc2``), of the activation (``gelu``), and the residual stream after
+attention (``attn_residual``: the input of ``norm2``) and after the block (``block``). ``mha`` is the
+attention module's output, before the residual addition and before LayerScale where a block has one
+(the paper's ViTs have none); ``gelu`` is the output of ``mlp.act`` (in a SwiGLU block, the gate's
+activation); ``fc1`` of a SwiGLU block with separate gate and value layers is the two side by side.
+"""
+
+POINT_LABELS = {
+    "ln1": "LN1",
+    "mha": "MHA",
+    "attn_residual": "x + MHA",
+    "ln2": "LN2",
+    "fc1": "FC1",
+    "gelu": "GELU",
+    "fc2": "FC2",
+    "block": "block output",
+}
+"""Display names of the probe points."""
+
+POOLS = ("mean", "patches", "cls")
+"""How tokens become one vector: ``mean`` over every position (the authors' ``.mean(axis=1)``, the
+class token's position included), ``patches`` (the mean over the patch tokens alone) or ``cls``
+(the class token; the authors' ``cls_pooling=True``)."""
+
+TRAIN_SPLITS = ("train", "trainval")
+"""Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
+
+MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
+SMALL_FIT = 2**22  # training features (images x width) up to which a fit runs on one BLAS thread
+
+
+def check_points(points: str | Iterable[str]) -> tuple[str, ...]:
+    """``points`` as a tuple (one name or several), or a ValueError naming the valid points."""
+    chosen = (points,) if isinstance(points, str) else tuple(points)
+    unknown = [p for p in chosen if p not in POINTS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown probe point(s) {unknown or chosen!r}; valid points: {', '.join(POINTS)}")
+    return tuple(p for p in POINTS if p in chosen)
+
+
+def check_choice(value: str, valid: Sequence[str], what: str) -> str:
+    """``value`` or a ValueError naming the valid choices of ``what``."""
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")
+    return value
+
+
+def check_blocks(selected: int | Iterable[int] | None, depth: int) -> tuple[int, ...]:
+    """Block indices (negative ones count from the end) as sorted non-negative ones; None: all."""
+    if selected is None:
+        return tuple(range(depth))
+    chosen = (selected,) if isinstance(selected, (int, np.integer)) else tuple(selected)
+    bad = [b for b in chosen if not isinstance(b, (int, np.integer)) or not -depth <= b < depth]
+    if bad or not chosen:
+        raise ValueError(
+            f"block(s) {bad or chosen!r} out of range: the model has {depth} blocks (0..{depth - 1}, or -1..-{depth})"
+        )
+    return tuple(sorted({int(b) % depth for b in chosen}))
+
+
+# --------------------------------------------------------------------------------------------
+# Features: one forward pass, every point hooked
+
+
+def point_modules(block: nn.Module, point: str) -> tuple[str, list[nn.Module]]:
+    """How ``point`` is read in ``block``: ``("output", modules)`` (the outputs of the modules,
+    side by side: FC1 of a SwiGLU block is its gate and value layers) or ``("input", [module])``
+    (the input of the module: the residual stream after attention is the input of ``norm2``)."""
+    check_points(point)
+    if point == "block":
+        return "output", [block]
+    if point == "attn_residual":
+        return "input", [block_component(block, "ln2")]
+    if point == "gelu":
+        try:
+            return "output", [block.get_submodule("mlp.act")]
+        except AttributeError as error:
+            raise TypeError(
+                f"block {type(block).__name__} has no 'mlp.act': the gelu point reads its output"
+            ) from error
+    module = block_component(block, point)  # ln1, mha, ln2, fc1, fc2: the components themselves
+    return "output", list(module.parts) if isinstance(module, JointLinear) else [module]
+
+
+def pool_tokens(tokens: torch.Tensor, pool: str = "mean", prefix: int = 1) -> torch.Tensor:
+    """(B, n, k) tokens to (B, k) float32: ``POOLS`` (``prefix``: class and register tokens first)."""
+    tokens = tokens[0] if isinstance(tokens, (tuple, list)) else tokens
+    if pool == "cls":
+        return tokens[:, 0].float()
+    return (tokens[:, prefix:] if pool == "patches" else tokens).float().mean(dim=1)
+
+
+@contextlib.contextmanager
+def hooked(model: nn.Module, wanted: Sequence[tuple[int, str]], pool: str = "mean"):
+    """Forward hooks that pool every (block, point) of ``wanted`` into a dict of lists of CPU
+    tensors, ``store[(block, point, part)]``, one tensor per batch; removed on exit."""
+    store: dict[tuple[int, str, int], list[torch.Tensor]] = {}
+    prefix = int(getattr(model, "num_prefix_tokens", 1))
+    handles = []
+    try:
+        for index, point in wanted:
+            kind, modules = point_modules(components.blocks(model)[index], point)
+            for part, module in enumerate(modules):
+                key = (index, point, part)
+                store[key] = []
+
+                def keep(tokens, key=key):
+                    store[key].append(pool_tokens(tokens, pool, prefix).cpu())
+
+                if kind == "input":
+                    handles.append(module.register_forward_pre_hook(lambda _m, args, keep=keep: keep(args[0])))
+                else:
+                    handles.append(module.register_forward_hook(lambda _m, _args, out, keep=keep: keep(out)))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def unit_rows(features: np.ndarray) -> np.ndarray:
+    """Each row divided by its L2 norm (the authors' ``value /= np.linalg.norm(value, axis=-1)``)."""
+    return features / np.linalg.norm(features, axis=-1, keepdims=True)
+
+
+def batches(dataset, batch_size: int, device: torch.device, num_workers: int | None = None):
+    """(images, labels) batches of ``dataset`` in order, images on ``device``."""
+    if num_workers is None:
+        decodes = isinstance(dataset, FileDataset) or getattr(dataset, "transform", None) is not None
+        num_workers = decode_workers() if device.type == "cuda" and decodes else 0
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    for images, labels in loader:
+        yield images.to(device, non_blocking=True), labels
+
+
+def pooled_features(
+    model: nn.Module,
+    dataset,
+    wanted: Sequence[tuple[int, str]],
+    pool: str = "mean",
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    num_workers: int | None = None,
+) -> tuple[dict[tuple[int, str], np.ndarray], np.ndarray]:
+    """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``
+    (float32, one row per image, in the dataset's order) and the labels, from one forward pass per
+    batch, the model in eval mode and without gradients (its mode restored after)."""
+    check_choice(pool, POOLS, "pool")
+    device = torch.device(device)
+    model = model.to(device)
+    training = model.training
+    labels = []
+    try:
+        model.eval()
+        with torch.inference_mode(), hooked(model, wanted, pool) as store:
+            for images, targets in batches(dataset, batch_size, device, num_workers):
+                model(images)
+                labels.append(targets.numpy())
+    finally:
+        model.train(training)
+    out = {}
+    for index, point in wanted:
+        parts = [torch.cat(store[key]).numpy() for key in sorted(k for k in store if k[:2] == (index, point))]
+        out[index, point] = unit_rows(np.concatenate(parts, axis=1))
+    return out, np.concatenate(labels)
+
+
+def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, seed: int = 0) -> float:
+    """Test accuracy (fraction) of ``StandardScaler`` + ``LogisticRegression(max_iter=5000)``
+    fitted on the training features: the authors' classifier (multinomial, lbfgs).
+
+    A small problem (up to ``SMALL_FIT`` training values, every demo-scale fit) runs on one BLAS
+    thread: its products are too small to share, and threads that wait for one another on a busy
+    machine made such fits up to a hundred times slower. Larger ones use the library's threads."""
+    classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=MAX_ITER, random_state=seed))
+    limits = threadpool_limits(1, user_api="blas") if train_x.size <= SMALL_FIT else contextlib.nullcontext()
+    with limits:
+        classifier.fit(train_x, train_y)
+        return float(classifier.score(test_x, test_y))
+
+
+def point_width(block: nn.Module, point: str) -> int:
+    """Features per image of ``point`` (for the memory budget): the hidden width for FC1 and the
+    activation, the embedding width otherwise."""
+    if point == "fc1":
+        return int(block_component(block, "fc1").out_features)
+    if point == "gelu":
+        return int(block_component(block, "fc2").in_features)
+    return int(block_component(block, "ln1").normalized_shape[-1])
+
+
+def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, max_gib: float) -> list[list]:
+    """``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB of float32
+    (one forward pass per group; one group unless all points of a large model on a large set)."""
+    out, size = [[]], 0
+    for index, point in wanted:
+        need = n_images * point_width(components.blocks(model)[index], point) * 4
+        if out[-1] and size + need > max_gib * 2**30:
+            out.append([])
+            size = 0
+        out[-1].append((index, point))
+        size += need
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The probe table, cached
+
+
+def result_folder(
+    model: str,
+    dataset: str,
+    split_seed: int = 0,
+    normalize: str = "imagenet",
+    pool: str = "mean",
+    train_split: str = "train",
+) -> Path:
+    """``results/probe/<model>/<dataset>/``, where ``linear_probe`` caches a model's probe table on a
+    dataset (``+seed-<s>`` for another split seed than 0, ``+trainval`` when fitted on the whole
+    training set, ``+pool-<pool>`` for another pooling than the authors' mean, ``+norm-model`` for
+    images normalised with the model's own statistics)."""
+    leaf = dataset
+    if train_split == "trainval":
+        leaf += "+trainval"
+    elif split_seed != 0:
+        leaf += f"+seed-{split_seed}"
+    leaf += "" if pool == "mean" else f"+pool-{pool}"
+    leaf += "" if normalize == "imagenet" else f"+norm-{normalize}"
+    return paths.results_dir() / "probe" / model / leaf
+
+
+def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
+    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none)."""
+    folder = Path(folder)
+    if not (folder / "metadata.json").is_file() or not (folder / "probe.csv").is_file():
+        return empty(), {}
+    return pd.read_csv(folder / "probe.csv"), json.loads((folder / "metadata.json").read_text())
+
+
+def empty() -> pd.DataFrame:
+    """A probe table without rows."""
+    return pd.DataFrame(
+        {"block": pd.Series(dtype=int), "point": pd.Series(dtype=str), "accuracy": pd.Series(dtype=float)}
+    )
+
+
+def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
+    """Write ``metadata.json`` then ``probe.csv`` into ``folder``, each atomically."""
+    folder = Path(folder)
+    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
+    paths.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
+    return folder
+
+
+def tidy(table: pd.DataFrame, wanted: Sequence[tuple[int, str]]) -> pd.DataFrame:
+    """The rows of ``wanted`` in block then point order, ``point`` an ordered categorical."""
+    rows = table.set_index(["block", "point"]).loc[list(wanted)].reset_index()
+    rows["block"] = rows["block"].astype(int)
+    rows["accuracy"] = rows["accuracy"].astype(float)
+    rows["point"] = pd.Categorical(rows["point"], categories=POINTS, ordered=True)
+    return rows[["block", "point", "accuracy"]].reset_index(drop=True)
+
+
+def model_mean_std(model: nn.Module | str, normalize: str) -> tuple:
+    """The normalisation of a model by name (``models.normalization``) or of a module (ImageNet's,
+    or the mean and std of its ``pretrained_cfg`` for ``normalize="model"``)."""
+    if isinstance(model, str):
+        return models.normalization(model, normalize)
+    if check_normalize(normalize) == "imagenet":
+        return IMAGENET
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if cfg.get("mean") is None or cfg.get("std") is None:
+        raise ValueError(
+            "normalize='model': the module's pretrained_cfg records no mean and std; use normalize='imagenet'"
+        )
+    return as_mean_std(cfg["mean"], cfg["std"])
+
+
+def linear_probe(
+    model: str | nn.Module,
+    dataset: str,
+    *,
+    split_seed: int = 0,
+    device: str = "cpu",
+    batch_size: int = 256,
+    root: str | Path | None = None,
+    normalize: str = "imagenet",
+    points: str | Iterable[str] = POINTS,
+    blocks: int | Iterable[int] | None = None,
+    pool: str = "mean",
+    train_split: str = "train",
+    cache: bool = True,
+    name: str | None = None,
+    num_workers: int | None = None,
+    max_gib: float = 8.0,
+) -> pd.DataFrame:
+    """Linear-probe accuracy of the pretrained ``model`` on ``dataset`` at every block and point.
+
+    Args:
+        model: a name (as ``models.create_model`` takes; its pretrained weights) or a module.
+        dataset: a name of ``data.dataset_names()``.
+        split_seed: seed of the 80/20 split of the training set (the protocol's seeds: 0, 42, 3407).
+        device: where the forward pass runs; the classifiers are fitted by scikit-learn on the CPU.
+        batch_size: images per forward pass.
+        root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
+        normalize: ``imagenet`` (the paper's statistics) or ``model`` (the model's own).
+        points: probe points (``POINTS``); blocks: block indices (None: all; -1: the last).
+        pool: ``POOLS`` (the authors' ``mean`` by default).
+        train_split: ``train`` (the authors' 80% training split) or ``trainval``.
+        cache: read and write ``result_folder`` (a module is cached only under a ``name``, which
+            then stands for its weights: another module under the same name reads the same table).
+        num_workers: DataLoader workers (default: up to 8 on CUDA for images that need decoding
+            or resizing, none otherwise).
+        max_gib: GiB of pooled features held at once; more points than fit take more passes.
+
+    Returns a table with columns ``block`` (0-based), ``point`` and ``accuracy`` (test accuracy,
+    a fraction), one row per block and point, in forward order.
+    """
+    data.check_dataset(dataset)
+    wanted_points = check_points(points)
+    check_choice(pool, POOLS, "pool")
+    check_choice(train_split, TRAIN_SPLITS, "train_split")
+    check_normalize(normalize)
+    label = model if isinstance(model, str) else name
+    if label is not None:
+        paths.custom_name(label, "model")  # a valid folder name
+    mean_std = model_mean_std(model, normalize)
+    # the depth from the architecture alone (meta device: no weights): a cached table needs no model
+    depth = len(components.blocks(models.architecture(model) if isinstance(model, str) else model))
+    wanted = [(b, p) for b in check_blocks(blocks, depth) for p in wanted_points]
+    key = {
+        "model": label,
+        "dataset": dataset,
+        "split_seed": split_seed,
+        "train_split": train_split,
+        "pool": pool,
+        "normalize": normalize,
+        "mean": list(mean_std[0]),
+        "std": list(mean_std[1]),
+        "model_fingerprint": models.content_fingerprint(label) if isinstance(model, str) else None,
+        "data_fingerprint": data.content_fingerprint(dataset, root),
+    }
+    folder = result_folder(label, dataset, split_seed, normalize, pool, train_split) if cache and label else None
+    table, metadata = load(folder) if folder is not None else (empty(), {})
+    if metadata.get("key") != key:  # another model or dataset under the name (custom ones change): not this
+        table, metadata = empty(), {}
+    done = set(zip(table["block"].astype(int), table["point"]))
+    missing = [item for item in wanted if item not in done]
+    if not missing:
+        return tidy(table, wanted)
+
+    start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
+    network = models.create_model(model) if isinstance(model, str) else model
+    size = network.patch_embed.img_size[0]
+    splits = {
+        split: data.get_dataset(dataset, split, root=root, seed=split_seed, image_size=size, mean_std=mean_std)
+        for split in (train_split, "test")
+    }
+    n_images = sum(len(s) for s in splits.values())
+    for group in groups(network, missing, n_images, max_gib):
+        (train_x, train_y), (test_x, test_y) = (
+            pooled_features(network, splits[split], group, pool, batch_size, device, num_workers)
+            for split in (train_split, "test")
+        )
+        for index, point in group:
+            accuracy = fit_probe(train_x[index, point], train_y, test_x[index, point], test_y, seed=split_seed)
+            table.loc[len(table)] = [index, point, accuracy]
+            if folder is not None:  # after every fit: an interrupted call resumes
+                metadata = {
+                    "key": key,
+                    "depth": depth,
+                    "image_size": size,
+                    "n_train": len(train_y),
+                    "n_test": len(test_y),
+                    "n_classes": len(splits["test"].classes),
+                    "device": str(device),
+                    "seconds": round(seconds + time.perf_counter() - start, 2),
+                    "torch": torch.__version__,
+                    "sklearn": sklearn.__version__,
+                }
+                save(table, folder, metadata)
+    return tidy(table, wanted)
+
+
+def table6_column(
+    model: str | nn.Module, datasets: str | Iterable[str], point: str = "mha", block: int = -1, **kwargs
+) -> pd.DataFrame:
+    """Table 6's linear-probing column: per dataset, the probe's test accuracy (%) at one point of
+    one block (the last block's ``mha`` by default, the paper's "attention hidden representation of
+    the last layer"). ``kwargs`` go to ``linear_probe``. Columns: ``dataset``, ``accuracy``."""
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
+    check_points(point)
+    rows = []
+    for dataset in datasets:
+        table = linear_probe(model, dataset, points=(point,), blocks=block, **kwargs)
+        rows.append({"dataset": dataset, "accuracy": 100.0 * float(table["accuracy"].iloc[0])})
+    return pd.DataFrame(rows, columns=["dataset", "accuracy"])
+
+
+def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **kwargs) -> pd.DataFrame:
+    """``linear_probe`` on each dataset, one table with a ``dataset`` column first."""
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
+    tables = [linear_probe(model, dataset, **kwargs).assign(dataset=dataset) for dataset in datasets]
+    table = pd.concat(tables, ignore_index=True)
+    return table[["dataset", "block", "point", "accuracy"]]
+
+
+def along_depth(table: pd.DataFrame) -> pd.DataFrame:
+    """Probe accuracy (%) per block (rows) and point (columns, forward order), averaged over the
+    datasets of a ``probe_datasets`` table (or the one table of ``linear_probe``)."""
+    wide = table.pivot_table(index="block", columns="point", values="accuracy", aggfunc="mean", observed=True)
+    return 100.0 * wide[[p for p in POINTS if p in wide.columns]]

@@ -1,0 +1,207 @@
+"""Linear probing as the authors compute it (Table 6, last column), on the demo world: the last
+block's MHA point against the recipe written out here by hand, every block and point, the cache,
+clear errors, and hooks that do not outlive the call."""
+
+import numpy as np
+import pytest
+import timm
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from paperlib import data, models, paths, probe
+from paperlib.imagesets import stack
+
+DEMO_DEPTH = models.DEMO_ARGS["depth"]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """Every block and point of the demo ViT on ``digits``, computed once, and its results root."""
+    root = tmp_path_factory.mktemp("probe_results")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VIT_PLASTICITY_RESULTS", str(root))
+        torch.manual_seed(0)
+        return probe.linear_probe("demo", "digits"), root
+
+
+def _hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_last_block_mha_is_the_authors_recipe_computed_independently(full):
+    table, _ = full
+    got = table[(table["block"] == DEMO_DEPTH - 1) & (table["point"] == "mha")]["accuracy"].item()
+
+    # the recipe by hand: the pretrained model, the hidden representation after the last block's
+    # attention, tokens mean-pooled, unit L2 norm per image, StandardScaler, LogisticRegression(5000),
+    # fitted on the 80% training split (the protocol's train split, seed 0), scored on the test split
+    model = models.create_model("demo").eval()
+    captured = []
+    handle = model.blocks[-1].attn.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    features, labels = {}, {}
+    try:
+        for split in ("train", "test"):
+            images, targets = stack(data.get_dataset("digits", split, seed=0))
+            captured.clear()
+            with torch.no_grad():
+                model(images)
+            pooled = torch.cat(captured).mean(dim=1).numpy()
+            features[split] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+            labels[split] = targets.numpy()
+    finally:
+        handle.remove()
+    classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+    expected = classifier.fit(features["train"], labels["train"]).score(features["test"], labels["test"])
+
+    n_test = len(labels["test"])
+    assert features["train"].shape == (574, 64) and n_test == 179
+    assert abs(got - expected) <= 1 / n_test + 1e-12, (got, expected)
+
+
+def test_every_block_and_point_with_accuracies_above_chance_at_the_end(full):
+    table, _ = full
+    assert list(table.columns) == ["block", "point", "accuracy"]
+    assert len(table) == DEMO_DEPTH * len(probe.POINTS)
+    assert set(zip(table["block"], table["point"])) == {(b, p) for b in range(DEMO_DEPTH) for p in probe.POINTS}
+    assert table["accuracy"].between(0, 1).all()
+    chance = 1 / len(data.get_dataset("digits", "test").classes)
+    last = table[table["block"] == DEMO_DEPTH - 1]
+    assert (last["accuracy"] > chance + 0.3).all(), last
+    # forward order within a block
+    assert list(table[table["block"] == 0]["point"]) == list(probe.POINTS)
+
+
+def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
+    table, root = full
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(root))
+    folder = root / "probe" / "demo" / "digits"
+    assert folder == probe.result_folder("demo", "digits")
+    assert (folder / "probe.csv").is_file() and (folder / "metadata.json").is_file()
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the model ran although the table is cached")
+
+    create = models.create_model
+
+    def architecture_only(name, pretrained=True, **kwargs):  # the architecture (depth) is read, no weights
+        return create(name, pretrained=False, **kwargs) if not pretrained else fail()
+
+    monkeypatch.setattr(timm.models.vision_transformer.VisionTransformer, "forward", fail)
+    monkeypatch.setattr(models, "create_model", architecture_only)
+    stamp = (folder / "probe.csv").stat().st_mtime_ns
+    again = probe.linear_probe("demo", "digits")
+    assert again.equals(table)
+    assert (folder / "probe.csv").stat().st_mtime_ns == stamp
+    # a part of the cached table is cached too
+    part = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    assert (
+        len(part) == 1 and part["accuracy"].item() == again.iloc[(DEMO_DEPTH - 1) * len(probe.POINTS) + 1]["accuracy"]
+    )
+    column = probe.table6_column("demo", ["digits"])
+    assert list(column.columns) == ["dataset", "accuracy"]
+    assert column["accuracy"].item() == pytest.approx(100 * part["accuracy"].item())
+
+
+def test_missing_points_are_added_to_the_cache(monkeypatch):
+    first = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    calls = []
+    fit = probe.fit_probe
+    monkeypatch.setattr(probe, "fit_probe", lambda *a, **k: calls.append(a) or fit(*a, **k))
+    both = probe.linear_probe("demo", "digits", points=("mha", "block"), blocks=-1)
+    assert len(calls) == 1  # only the missing point was fitted
+    assert both["point"].tolist() == ["mha", "block"]
+    assert both["accuracy"].iloc[0] == first["accuracy"].item()
+    cached, metadata = probe.load(probe.result_folder("demo", "digits"))
+    assert len(cached) == 2 and metadata["n_train"] == 574 and metadata["n_test"] == 179
+
+
+def test_a_module_is_cached_only_under_a_name_and_its_hooks_are_removed(results):
+    model = models.create_model("demo")
+    model.train()
+    table = probe.linear_probe(model, "digits", points=("ln1", "fc1", "gelu"), blocks=[0, -1])
+    assert table[["block", "point"]].astype(str).values.tolist() == [
+        ["0", "ln1"], ["0", "fc1"], ["0", "gelu"], ["5", "ln1"], ["5", "fc1"], ["5", "gelu"]
+    ]  # fmt: skip
+    assert _hooks(model) == 0
+    assert model.training  # its mode restored
+    assert not (results / "probe").exists()
+    probe.linear_probe(model, "digits", points="mha", blocks=-1, name="my_vit")
+    assert (results / "probe" / "my_vit" / "digits" / "probe.csv").is_file()
+
+
+def test_hooks_are_removed_when_the_forward_pass_fails(monkeypatch):
+    model = models.create_model("demo")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(model.head, "forward", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        probe.linear_probe(model, "digits", points="mha", blocks=-1)
+    assert _hooks(model) == 0
+
+
+def test_pooled_features_are_unit_vectors_of_each_point_width():
+    model = models.create_model("demo")
+    dataset = data.get_dataset("digits", "test")
+    wanted = [(0, p) for p in probe.POINTS]
+    features, labels = probe.pooled_features(model, dataset, wanted)
+    assert labels.tolist() == dataset.targets.tolist()
+    hidden = model.blocks[0].mlp.fc1.out_features
+    for (_, point), values in features.items():
+        assert values.shape == (len(dataset), hidden if point in ("fc1", "gelu") else 64), point
+        assert np.allclose(np.linalg.norm(values, axis=1), 1, atol=1e-5)
+    # the residual stream after attention is the block's input plus the attention's output
+    images, _ = stack(dataset)
+    with torch.no_grad():
+        tokens = model._pos_embed(model.patch_embed(images))
+        block = model.blocks[0]
+        residual = tokens + block.attn(block.norm1(tokens))
+    pooled = residual.mean(dim=1).numpy()
+    assert np.allclose(features[0, "attn_residual"], pooled / np.linalg.norm(pooled, axis=1, keepdims=True), atol=1e-5)
+
+
+def test_the_fc1_point_of_a_swiglu_block_is_its_gate_and_value_layers():
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_7b_patch16_dinov3", pretrained=False, num_classes=5, img_size=32, patch_size=4, embed_dim=64, depth=2,
+        num_heads=4,
+    )  # fmt: skip
+    features, _ = probe.pooled_features(model, data.get_dataset("digits", "test"), [(1, "fc1"), (1, "gelu")])
+    mlp = model.blocks[1].mlp
+    assert features[1, "fc1"].shape[1] == mlp.fc1_g.out_features + mlp.fc1_x.out_features
+    assert features[1, "gelu"].shape[1] == mlp.fc1_g.out_features
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"points": "attention"}, "valid points: ln1, mha, attn_residual, ln2, fc1, gelu, fc2, block"),
+        ({"points": ("mha", "lnx")}, "valid points: ln1, mha"),
+        ({"blocks": 6}, "the model has 6 blocks"),
+        ({"pool": "max"}, "valid choices: mean, patches, cls"),
+        ({"train_split": "val"}, "valid choices: train, trainval"),
+        ({"normalize": "cifar"}, "valid choices: imagenet, model"),
+    ],
+)
+def test_bad_arguments_name_the_valid_choices(kwargs, message, monkeypatch):
+    monkeypatch.setattr(probe, "pooled_features", lambda *a, **k: pytest.fail("work started before the check"))
+    with pytest.raises(ValueError, match=message):
+        probe.linear_probe("demo", "digits", **kwargs)
+
+
+def test_a_bad_dataset_names_the_valid_datasets():
+    with pytest.raises(ValueError, match="valid datasets: digits_source, digits"):
+        probe.linear_probe("demo", "digitz")
+    with pytest.raises(ValueError, match="valid points"):
+        probe.table6_column("demo", ["digits"], point="attn")
+
+
+def test_result_folders_keep_other_choices_apart():
+    base = paths.results_dir() / "probe" / "demo"
+    assert probe.result_folder("demo", "digits_c/snow") == base / "digits_c" / "snow"
+    assert probe.result_folder("demo", "digits", split_seed=42) == base / "digits+seed-42"
+    assert probe.result_folder("demo", "digits", train_split="trainval") == base / "digits+trainval"
+    assert probe.result_folder("demo", "digits", pool="cls", normalize="model") == base / "digits+pool-cls+norm-model"
