@@ -336,7 +336,6 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
-    kept = config.save_weights and best["state"] is not None
     metrics = {
         "status": status,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
@@ -354,7 +353,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "lora_rank": config.lora_rank,
         "normalize": config.normalize,
         "cache_side": side,
-        "weights": WEIGHTS if kept else None,
+        "weights": None,  # the weights file, if kept: runs.record
         "mean": list(mean_std[0]),
         "std": list(mean_std[1]),
         "torch": torch.__version__,

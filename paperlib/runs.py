@@ -302,12 +302,15 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
 
 def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
     """Record a run that ended: its history (``rows``), with ``save_weights`` the trainable
-    parameters of its best checkpoint (``best["state"]``), its metrics last (the run is finished),
-    and its checkpoint gone. Each file is written atomically."""
+    parameters of its best checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or
+    None), its metrics last (the run is finished), and its checkpoint gone. Each file is written
+    atomically."""
     folder = config.folder()
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
-    if config.save_weights and best["state"] is not None:
+    kept = config.save_weights and best["state"] is not None
+    metrics["weights"] = WEIGHTS if kept else None
+    if kept:
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
         paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
     else:  # weights of an earlier training of this run would not be this training's

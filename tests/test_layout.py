@@ -30,15 +30,16 @@ def _imports(name: str, path: Path) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from . import x` imports the module x; `from .x import f`, the module x
+            # `from .x import f` imports the module x; `from . import x` the module x and, first, the package
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+            targets += [base] if base in MODULES else []
         else:
             continue
         for target in targets:
             # `from . import x` names a module; `from .x import f` a name in one
             while target and target not in MODULES:
                 target = target.rpartition(".")[0]
-            if target and target != name and not (target == "paperlib" and name.startswith("paperlib.")):
+            if target and target != name:
                 found.add(target)
     return found
 

@@ -25,7 +25,7 @@ def test_logged_gradient_norm_is_what_the_fused_update_clipped_with(precision, m
         seen.append((float(grad.float().square().sum()), float(scale)))
         return original(grad, param, buf, lr, scale, momentum, first, copy)
 
-    monkeypatch.setattr(kernels, "sgd_update", spy)
+    monkeypatch.setattr(speed.step, "sgd_update", spy)  # what FusedSGD calls
     config = small(lr=0.01, precision=precision, fused="update")
     finetune.run(config)
     logged = run_files.history(config)["grad_norm"].tolist()

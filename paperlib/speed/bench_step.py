@@ -30,9 +30,11 @@ from .. import components, finetune, lora, models, paths
 from ..imagesets import ImageDataset
 from ..loader import DeviceLoader
 from ..transforms import paper_transform
-from . import kernels, layers, step
 from .bench_data import Timed, device_name, endless, median_seconds, resolve_device, sync
+from .kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
+from .layers import is_fusable_attention, is_fusable_mlp
 from .options import StepOptions, compile_choice, fuses_update
+from .step import MasterWeights, Step, clip_and_update, compile_model, warmup_steps
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
@@ -56,7 +58,7 @@ def step_flops(model, images, labels) -> int:
     in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
     twice the activation memory of the bf16 step it is for (the likely cause of running out of GPU
     memory at large batches before: docs/benchmarks.md)."""
-    step.compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
+    compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
         torch.nn.functional.cross_entropy(model(images[:1]), labels[:1]).backward()
@@ -94,7 +96,7 @@ def library_steps(
     finetune.set_trainable(model, config, lora_rank)
     trainable = [p for _, p in components.trainable_parameters(model)]
     optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device, fuses_update(options.fused, device))
-    one_step = step.Step(model, trainable, optimizer, options, batch_size, 1.0, micro_batch=batch_size)
+    one_step = Step(model, trainable, optimizer, options, batch_size, 1.0, micro_batch=batch_size)
 
     def steps(first: int, count: int):
         for index in range(first, first + count):
@@ -190,7 +192,7 @@ def bench_finetune(
         finetune.set_trainable(model, config, lora_rank)
         flops = step_flops(model, *fast.batch(0))
         train_steps = library_steps(model, config, fast, batch_size, device, options, lora_rank)
-        warmup = Timed(lambda: train_steps(0, step.warmup_steps(options)), device)
+        warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
         runs = {"library": (lambda: train_steps(1, steps), warmup)}
         if plain:
             finetune.set_trainable(plain_model, config, lora_rank)
@@ -338,7 +340,7 @@ def bench_variants(
                 torch.cuda.reset_peak_memory_stats(device)
             warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
             # compilation, a graph's capture
-            assert step.warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
+            assert warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
             more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731
             check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now: a graph replays
             seconds = median_seconds(
@@ -454,7 +456,7 @@ def bench_profile(
     if options.graph:
         with profile():
             pass
-    run(0, max(2, step.warmup_steps(options)))  # warm-up (compilation, a graph's capture)
+    run(0, max(2, warmup_steps(options)))  # warm-up (compilation, a graph's capture)
     wall = Timed(lambda: run(1, steps), device)
     wall()  # the same steps unprofiled: wall time against the profiled time shows the gaps between kernels
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
@@ -524,14 +526,14 @@ def bench_kernels(
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     model = models.create_model(model_name, pretrained=False)
     block = model.blocks[0]
-    if not (layers.is_fusable_mlp(block.mlp) and layers.is_fusable_attention(block.attn)):
+    if not (is_fusable_mlp(block.mlp) and is_fusable_attention(block.attn)):
         raise ValueError(
             f"bench kernels times our fused ops at a model's shapes, and {model_name!r} has not the layers they "
             "compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)"
         )
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
-    master = step.MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
+    master = MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
     del model, block
     gradients = torch.Generator(device).manual_seed(1)
     for copied in master.copies:
@@ -548,13 +550,13 @@ def bench_kernels(
     dq, dk, dv = packed.permute(2, 0, 3, 1, 4).unbind(0)  # timm's split: strided views
     ops = {
         "copy (the memory-bound limit)": (lambda: out.copy_(mm), 4 * mm.numel()),
-        "bias_gelu forward": (lambda: kernels.bias_gelu(mm, bias), 4 * mm.numel()),
-        "bias_gelu backward (+ bias gradient)": (lambda: kernels.bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
-        "qkv_heads_backward (+ bias gradient)": (lambda: kernels.qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
+        "bias_gelu forward": (lambda: bias_gelu(mm, bias), 4 * mm.numel()),
+        "bias_gelu backward (+ bias gradient)": (lambda: bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
+        "qkv_heads_backward (+ bias gradient)": (lambda: qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
     }
     updates = {
         f"SGD update with bf16 masters, {name}": (
-            lambda optimizer=optimizer: step.clip_and_update(optimizer, master.masters, 1.0, master)
+            lambda optimizer=optimizer: clip_and_update(optimizer, master.masters, 1.0, master)
         )
         for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd))
     }
@@ -578,7 +580,7 @@ def bench_kernels(
         "parameters": parameters,
         "device": device_name(device),
         "torch": torch.__version__,
-        "ops": "Triton kernels" if cuda and kernels.triton_available() else "PyTorch reference",
+        "ops": "Triton kernels" if cuda and triton_available() else "PyTorch reference",
     }
     for name, (run, nbytes) in ops.items():
         run()  # compile / warm up

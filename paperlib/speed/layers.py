@@ -8,7 +8,7 @@ import torch
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention
 
-from . import kernels
+from .kernels import QkvHeads, bias_gelu
 
 
 def _is_patching(conv: torch.nn.Module) -> bool:
@@ -127,7 +127,7 @@ class BiasGeluMlp(_FusedLayer):
     NEEDS = "a timm Mlp with a biased nn.Linear fc1 and nn.GELU() (exact) act"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = kernels.bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
+        x = bias_gelu(torch.nn.functional.linear(x, self.fc1.weight), self.fc1.bias)
         return self.drop2(self.fc2(self.norm(self.drop1(x))))
 
 
@@ -145,7 +145,7 @@ class QkvFusedAttention(_FusedLayer):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         batch, tokens, _ = x.shape
-        q, k, v = kernels.QkvHeads.apply(x, self.qkv.weight, self.qkv.bias, self.num_heads)
+        q, k, v = QkvHeads.apply(x, self.qkv.weight, self.qkv.bias, self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         x = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.attn_drop.p if self.training else 0.0

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from .. import paths
-from . import kernels
+from .kernels import triton_available
 
 # the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
 ATTENTION_CHOICES = {
@@ -153,12 +153,7 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
     always can: it is ``resolve_fused``."""
     if fused == "auto":
         return fused
-    if (
-        fused_parts(fused)
-        and device is not None
-        and torch.device(device).type == "cuda"
-        and not kernels.triton_available()
-    ):
+    if fused_parts(fused) and device is not None and torch.device(device).type == "cuda" and not triton_available():
         raise ValueError(
             f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
             "install it (pip install triton) or use fused='none' (or 'auto')"
@@ -186,7 +181,7 @@ def resolve_fused(fused: str, device: torch.device) -> str:
     reference, which inductor's own code beats)."""
     if check_fused(fused, device) != "auto":
         return _fused_name(fused_parts(fused))
-    cuda = torch.device(device).type == "cuda" and kernels.triton_available()
+    cuda = torch.device(device).type == "cuda" and triton_available()
     return _fused_name(AUTO_FUSED_CUDA if cuda else ())
 
 

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import kernels, layers
+from .kernels import sgd_update
+from .layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 from .options import (
     ATTENTION_CHOICES,
     OWN_COMPILE_MODES,
@@ -35,7 +36,7 @@ from .options import (
     resolve_fused,
 )
 
-MODEL_FUSIONS = {"gelu": layers.fuse_bias_gelu, "qkv": layers.fuse_qkv}
+MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 """The model's fused ops by name (``options.FUSED_PARTS``; "update" is the optimizer's)."""
 
 
@@ -195,7 +196,7 @@ class FusedSGD(torch.optim.SGD):
             first = state.get("momentum_buffer") is None
             if first:
                 state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
-            kernels.sgd_update(
+            sgd_update(
                 grad.contiguous(), p, state["momentum_buffer"], lrs[id(group)], scale, group["momentum"], first, copy_
             )
         return total
@@ -236,7 +237,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
     if any(p.is_cuda for p in model.parameters()):
-        layers.linear_patch_embed(model)
+        linear_patch_embed(model)
     fuse(model, fused)
     if how == "none":
         return model
