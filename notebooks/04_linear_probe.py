@@ -70,7 +70,7 @@ print(f"{model}: {table['block'].nunique()} blocks x {table['point'].nunique()} 
 
 # %%
 column = probe.table6_column(model, datasets, point=point, block=block, **options)
-paper = pd.read_csv(stats.PAPER_TABLE6, comment="#").query("component == 'linear'")
+paper = pd.read_csv(stats.PAPER_TABLE6, comment="#").query("component == 'probe'")
 column = column.merge(paper[["dataset", "mean"]].rename(columns={"mean": "paper (%)"}), on="dataset", how="left")
 column.rename(columns={"accuracy": f"probe at block {block}, {point} (%)"}).set_index("dataset").round(2)
 

@@ -2,8 +2,9 @@
 # # 07 · Finetuning results (paper Tables 1 and 6; Fig. 2 right, Fig. 4 left, Figs. 17 and 18)
 #
 # From a directory of finetuning runs: Table 6 (test accuracy at the best learning rate, mean and
-# standard deviation over seeds), Table 1 (MHA against every other component across benchmarks,
-# Wilcoxon signed-rank test), the relative gain over linear probing (Fig. 2 right), the average
+# standard deviation over seeds; its linear-probing column is notebook 04's probe of the pretrained
+# model, at the last block's attention output unless `probe_point` says otherwise), Table 1 (MHA
+# against every other component across benchmarks, Wilcoxon signed-rank test), the relative gain over linear probing (Fig. 2 right), the average
 # over benchmarks with its pooled standard error (Fig. 17) and the spread over learning rates and
 # seeds (Fig. 4 left, Fig. 18). The paper's own Table 6 ships with the project
 # (`parameters/paper/table6.csv`): Table 1 is recomputed from it, and our results are shown next
@@ -19,7 +20,9 @@ compute_missing = True  # run the spec's missing runs, and measure missing plast
 select = "test"  # learning rate chosen by test accuracy (the paper) or val (no test-set selection)
 reference = None  # reference images of the plasticity beside the results (None: each dataset's default: ImageNet, or digits_source in the demo world)
 n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800; a smaller test split gives as many as it has)
-device = "cpu"  # device for missing plasticity measurements
+probe_point = "mha"  # Table 6's linear-probing column: probe point (notebook 04; mha: the paper's "attention hidden representation")
+probe_block = -1  # ... and block (-1: the last, the paper's "last layer")
+device = "cpu"  # device for missing plasticity measurements and the probe's forward passes
 
 # %%
 from pathlib import Path
@@ -27,7 +30,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import finetune, paths, plasticity, plots, specs, stats
+from paperlib import finetune, paths, plasticity, plots, probe, specs, stats
 from paperlib.runs import KEYS, for_spec
 
 grid_spec = specs.load_spec(paths.ROOT / spec)
@@ -54,10 +57,14 @@ if not missing.empty:
 #
 # Mean ± standard deviation over seeds (the sample deviation; the number of seeds in brackets) of
 # the test accuracy at the learning rate chosen by `select`. A learning rate whose seeds are not
-# all finished is not chosen.
+# all finished is not chosen. The last column, linear probing, is the paper's: a logistic
+# regression on the pretrained model's features at `probe_point` of block `probe_block` (notebook
+# 04, `probe.table6_column`; cached under `results/probe/`), one value per dataset. The `linear`
+# configuration beside it is another baseline: a new head trained with SGD by the protocol.
 
 # %%
-ours = stats.summary(runs, select=select, reference=reference)  # every table below, of these runs
+probing = probe.table6_column(model, sorted(runs["dataset"].unique()), point=probe_point, block=probe_block, device=device, normalize=normalize)
+ours = stats.summary(runs, select=select, reference=reference, probing=probing)  # every table below, of these runs
 paper = stats.paper_summary()  # the same tables of the paper's own Table 6
 stats.formatted(ours["table6"]).rename(columns=plots.LABELS)
 
@@ -107,7 +114,7 @@ average = stats.average(ours["table6"])
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 plots.component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
 axes[0].set_title("Fig. 2 (right):\nmean over datasets")
-configs = [c for c in average["component"] if c != "linear"]
+configs = [c for c in average["component"] if c not in ("linear", stats.PROBE)]
 part = average.set_index("component").loc[configs]
 axes[1].bar([plots.LABELS[c] for c in configs], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in configs], capsize=3)
 axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)

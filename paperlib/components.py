@@ -33,9 +33,11 @@ LABELS = {
     "ln2": "LN2",
     "ln1": "LN1",
     "full": "All",
-    "linear": "Linear",
+    "linear": "Linear head (SGD)",
+    "probe": "Linear probing",
 }
-"""Display names, as in the paper's tables and figures."""
+"""Display names, as in the paper's tables and figures (``probe``: Table 6's linear-probing column,
+the paper's "Linear"; ``linear``: the configuration that trains a new head, which is not it)."""
 
 MODULE_PATHS = {
     "mha": "attn",

@@ -1,7 +1,8 @@
 """Datasets of images with their labels, as every loader of ``data`` returns them: ``ImageDataset``
 (uint8 images held in memory: the demo world, Cifar, Cifar10-C) and ``FileDataset`` (image files
 decoded on access: Pets, Flowers102, DomainNet, ImageNet, your own folders); ``stack`` gathers the
-first items of either into tensors."""
+first items of either into tensors. ``UnevenImages`` holds uint8 images of different sizes (decoded
+image files keep their aspect ratio, ``loader.uint8_images``)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,80 @@ from torchvision.datasets.folder import default_loader
 from .transforms import IMAGENET, normalize
 
 
+class UnevenImages:
+    """uint8 CHW images of different sizes, one after another in one flat buffer.
+
+    ``pixels``: every image's bytes (C, H, W order), concatenated; ``sizes``: (N, 2) int64, each
+    image's height and width. ``images[i]`` is image ``i`` (a view); ``batch(index)`` pads a batch to
+    its largest height and width (zeros at the bottom and right, which a crop inside each image's
+    own size never reads).
+    """
+
+    def __init__(self, pixels: torch.Tensor, sizes: torch.Tensor):
+        sizes = torch.as_tensor(sizes, dtype=torch.long).cpu()
+        if pixels.dtype != torch.uint8 or pixels.ndim != 1 or sizes.ndim != 2 or sizes.shape[1] != 2:
+            raise ValueError(
+                f"expected flat uint8 pixels and (N, 2) sizes, got {pixels.dtype} {tuple(pixels.shape)} "
+                f"and {tuple(sizes.shape)}"
+            )
+        counts = 3 * sizes[:, 0] * sizes[:, 1]
+        if int(counts.sum()) != len(pixels):
+            raise ValueError(f"sizes account for {int(counts.sum())} bytes but pixels has {len(pixels)}")
+        self.pixels, self.sizes = pixels, sizes
+        self.offsets = torch.cumsum(counts, 0) - counts
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        (height, width), start = self.sizes[index].tolist(), int(self.offsets[index])
+        return self.pixels[start : start + 3 * height * width].view(3, height, width)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pixels.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.pixels.device
+
+    def to(self, device) -> "UnevenImages":
+        return UnevenImages(self.pixels.to(device), self.sizes)
+
+    def pin_memory(self) -> "UnevenImages":
+        return UnevenImages(self.pixels.pin_memory(), self.sizes)
+
+    def select(self, indices: Sequence[int]) -> "UnevenImages":
+        """The images at ``indices``, in that order, copied into a buffer of their own."""
+        indices = torch.as_tensor(list(indices), dtype=torch.long)
+        sizes = self.sizes[indices]
+        counts = 3 * sizes[:, 0] * sizes[:, 1]
+        starts = (torch.cumsum(counts, 0) - counts).tolist()
+        pixels = torch.empty(int(counts.sum()), dtype=torch.uint8, device=self.pixels.device)
+        for k in torch.argsort(indices).tolist():  # in storage order: a memory-mapped buffer is read forward
+            pixels[starts[k] : starts[k] + int(counts[k])] = self[int(indices[k])].reshape(-1)
+        return UnevenImages(pixels, sizes)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images at ``index`` (host indices) as one zero-padded (B, 3, H, W) uint8 tensor where
+        the pixels are, and their (B, 2) heights and widths."""
+        index = index.cpu()
+        sizes = self.sizes[index]
+        height, width = sizes.max(dim=0).values.tolist()
+        out = torch.zeros((len(index), 3, height, width), dtype=torch.uint8, device=self.pixels.device)
+        for row, i in enumerate(index.tolist()):
+            image = self[i]
+            out[row, :, : image.shape[1], : image.shape[2]] = image
+        return out, sizes
+
+
 class ImageDataset(Dataset):
     """uint8 images held as one array; items are (normalised CHW float tensor, int label).
 
-    ``images`` (N, 3, H, W) uint8 and ``targets`` (N,) int64 are public so that a training loop can
-    move the whole set to the GPU once and transform it there (``paperlib.loader``). Without a
-    ``transform`` items are the images normalised at their own size; with one (e.g.
-    ``transforms.paper_transform``) the transform receives the uint8 CHW tensor.
+    ``images`` (N, 3, H, W) uint8 (or ``UnevenImages`` of different sizes) and ``targets`` (N,) int64
+    are public so that a training loop can move the whole set to the GPU once and transform it there
+    (``paperlib.loader``). Without a ``transform`` items are the images normalised at their own size;
+    with one (e.g. ``transforms.paper_transform``) the transform receives the uint8 CHW tensor.
     """
 
     def __init__(
@@ -36,7 +104,8 @@ class ImageDataset(Dataset):
         transform: Callable | None = None,
         mean_std: tuple = IMAGENET,
     ):
-        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
+        uneven = isinstance(images, UnevenImages)
+        if not uneven and (images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3):
             raise ValueError(f"expected uint8 images of shape (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
         if len(images) != len(targets):
             raise ValueError(f"{len(images)} images but {len(targets)} targets")
@@ -64,13 +133,16 @@ class ImageDataset(Dataset):
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole split as (normalised float images, labels), for small in-memory sets."""
+        if isinstance(self.images, UnevenImages):
+            raise ValueError(f"{self.name}'s images differ in size; transform them (paper_transform) and stack()")
         return self.normalize(self.images), self.targets
 
     def subset(self, indices: Sequence[int], split: str) -> "ImageDataset":
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         keys = [self.keys[i] for i in index.tolist()]
+        images = self.images.select(index.tolist()) if isinstance(self.images, UnevenImages) else self.images[index]
         return ImageDataset(
-            self.images[index], self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std
+            images, self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std
         )
 
     def __repr__(self) -> str:

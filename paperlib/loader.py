@@ -3,10 +3,12 @@
 At paper scale a run reads 5-10 million images, most of them 32x32 Cifar images upsampled to
 224; resizing them one by one with PIL in DataLoader workers is what would bound the GPU. Here
 each dataset is decoded once into a uint8 array (kept in memory, cached on disk for file
-datasets), moved to the device once, and every batch is cropped, resized, flipped and
-normalised there (``transforms.device_transform``), with the augmentation distribution of the
-torchvision transforms. ``torch.utils.data.DataLoader`` over ``get_dataset(...)`` stays the
-plain path, for CPUs and for checking.
+datasets, whole and with their aspect ratio: shorter side ``cache_side``), moved to the device
+once, and every batch is cropped, resized, flipped and normalised there
+(``transforms.device_transform``), with the augmentation distribution of the torchvision
+transforms: a training crop is drawn from the whole image, as ``RandomResizedCrop`` draws it.
+``torch.utils.data.DataLoader`` over ``get_dataset(...)`` stays the plain path, for CPUs and for
+checking.
 """
 
 from __future__ import annotations
@@ -18,18 +20,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from . import paths
-from .imagesets import FileDataset, ImageDataset
+from .imagesets import FileDataset, ImageDataset, UnevenImages
 from .transforms import IMAGENET, as_mean_std, device_transform
 
-CACHE_SIZE = 256  # side of the square uint8 images cached for file datasets (crops of 224 come from it)
+CACHE_SIZE = 256  # shorter side of the uint8 images cached for file datasets (crops of 224 come from them)
 
 
 def cache_side(image_size: int) -> int:
-    """The side of the cached square images for a model of ``image_size``: ``CACHE_SIZE`` up to
+    """The shorter side of the cached images for a model of ``image_size``: ``CACHE_SIZE`` up to
     224, and above it as much larger as 256 is than 224 (439 for a 384 model), so that a larger
     model's crops are cut from images that have its resolution, not upsampled from 256."""
     if not isinstance(image_size, int) or image_size < 1:
@@ -42,8 +45,17 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
     if dataset.stat_keyed:  # edited images get a new cache (one stat per file; official datasets skip it)
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-    # by content, not split name: trainval and the train/val parts share it
-    return cache_dir / dataset.name.replace("/", "_") / f"{size}px-{digest}.npy"
+    # by content, not split name: trainval and the train/val parts share it ("short": whole images,
+    # shorter side ``size``; earlier caches of centre squares were named "{size}px-")
+    return cache_dir / dataset.name.replace("/", "_") / f"{size}short-{digest}.npy"
+
+
+def resized_size(height: int, width: int, shorter: int) -> tuple[int, int]:
+    """(height, width) after ``v2.Resize(shorter)``: the shorter side to ``shorter``, the aspect
+    ratio kept (the longer side rounded down, as torchvision rounds it)."""
+    if height <= width:
+        return shorter, int(shorter * width / height)
+    return int(shorter * height / width), shorter
 
 
 def decode_workers() -> int:
@@ -59,27 +71,27 @@ def uint8_images(
 ) -> ImageDataset:
     """The dataset as uint8 arrays: array datasets as they are; file datasets decoded once.
 
-    File images are resized (shorter side to ``cache_size``) and centre-cropped to a square,
-    then stored in ``cache_dir`` (default ``<root>/cache``, the data root the dataset was read
-    from) as ``.npy``, written atomically and reused by later calls with the same samples. A part
-    of a dataset (``FileDataset.subset``: the protocol's train and val splits of the official
-    training set) is read from the whole's cache, memory-mapped, so every seed's splits share one.
+    File images are resized whole, their shorter side to ``cache_size`` and their aspect ratio
+    kept (``v2.Resize(cache_size)``; nothing is cropped, so a training crop can come from any
+    part of the image), and returned as ``UnevenImages``. They are stored in ``cache_dir``
+    (default ``<root>/cache``, the data root the dataset was read from) as two ``.npy`` files,
+    the pixels one after another and the (N, 2) sizes, written atomically and reused by later
+    calls with the same samples. A part of a dataset (``FileDataset.subset``: the protocol's train
+    and val splits of the official training set) is read from the whole's cache, memory-mapped,
+    so every seed's splits share one.
     """
     if isinstance(dataset, ImageDataset):
         return dataset
     if cache_dir is None:
         cache_dir = Path(getattr(dataset, "root", None) or paths.data_dir()) / "cache"
     whole, indices = (dataset.parent, dataset.parent_indices) if dataset.parent is not None else (dataset, None)
-    images = _decoded(whole, cache_size, Path(cache_dir), workers)
+    pixels, sizes = _decoded(whole, cache_size, Path(cache_dir), workers)
     if indices is None:
-        images = np.array(images)  # into memory (a cache file is memory-mapped)
+        images = UnevenImages(torch.from_numpy(np.array(pixels)), torch.from_numpy(sizes))  # into memory
     else:
-        order = np.argsort(indices)  # in file order, then back: a memory map reads forward
-        picked = np.empty((len(indices), *images.shape[1:]), np.uint8)
-        picked[order] = images[np.asarray(indices)[order]]
-        images = picked
+        images = UnevenImages(torch.from_numpy(pixels), torch.from_numpy(sizes)).select(indices)
     return ImageDataset(
-        torch.from_numpy(images),
+        images,
         dataset.targets,
         dataset.classes,
         dataset.name,
@@ -89,29 +101,45 @@ def uint8_images(
     )  # the normalisation get_dataset was given
 
 
-def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> np.ndarray:
-    """The dataset's images decoded at ``cache_size``: from its cache file (memory-mapped), or
-    decoded now and cached."""
+def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """The dataset's images decoded with their shorter side ``cache_size``, as (flat pixels, (N, 2)
+    sizes): from its cache files (the pixels memory-mapped), or decoded now and cached.
+
+    The sizes are known from the files' headers before decoding, so the pixels are written into
+    their place as they come and a dataset larger than memory can be cached."""
     file = _cache_file(dataset, cache_size, cache_dir)
-    if file.is_file():
-        images = np.load(file, mmap_mode="r")
-    else:
-        decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True), v2.CenterCrop(cache_size)])
-        view = FileDataset(
-            dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode
-        )
-        images = np.empty((len(view), 3, cache_size, cache_size), np.uint8)
-        start = 0
-        for batch, _ in DataLoader(view, batch_size=64, num_workers=workers):
-            images[start : start + len(batch)] = batch.numpy()
-            start += len(batch)
+    sizes_file = file.with_name(file.stem + "-sizes.npy")
+    if file.is_file() and sizes_file.is_file():
+        return np.load(file, mmap_mode="c"), np.load(sizes_file)  # "c": writable for torch, never written
+    sizes = []
+    for path in dataset.files:
+        with Image.open(path) as image:  # reads the header only
+            width, height = image.size
+        sizes.append(resized_size(height, width, cache_size))
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    counts = 3 * sizes[:, 0] * sizes[:, 1]
+    offsets = np.cumsum(counts) - counts
+    decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True)])
+    view = FileDataset(
+        dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode
+    )
 
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as handle:
-                np.save(handle, images)
+    def write_pixels(tmp: str) -> None:
+        pixels = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(int(counts.sum()),))
+        for index, (image, _) in enumerate(DataLoader(view, batch_size=None, num_workers=workers)):
+            if tuple(image.shape[1:]) != tuple(sizes[index]):
+                raise RuntimeError(f"{dataset.files[index]} decoded to {tuple(image.shape[1:])}, not {sizes[index]}")
+            pixels[offsets[index] : offsets[index] + counts[index]] = image.numpy().reshape(-1)
+        pixels.flush()
+        del pixels
 
-        paths.atomic_write(file, write)
-    return images
+    def write_sizes(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
+            np.save(handle, sizes)
+
+    paths.atomic_write(sizes_file, write_sizes)
+    paths.atomic_write(file, write_pixels)  # last: its presence says the cache is whole
+    return np.load(file, mmap_mode="c"), sizes
 
 
 AUTO_DEVICE_FRACTION = 0.25  # of a GPU's memory, at most, for a dataset's images (the rest: model, activations)
@@ -189,7 +217,8 @@ class DeviceLoader:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # images in host memory for a GPU go through two pinned staging buffers (see _gather); compared
         # by type, since a tensor moved to "cuda" lives on "cuda:0", which is not equal to "cuda"
-        self._staged = self.images.device.type != self.device.type
+        self._uneven = isinstance(self.images, UnevenImages)  # whole file images, each its own size
+        self._staged = not self._uneven and self.images.device.type != self.device.type
         self._staging, self._copied, self._turn = [], [None, None], 0
         if self._staged:
             self._staging = [
@@ -214,20 +243,28 @@ class DeviceLoader:
         index = torch.tensor(indices)
         on_device = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         augment = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + 7919 * (step + 1))
-        images = self._gather(index, on_device)
-        return device_transform(images, self.augment, self.image_size, augment, self.mean_std), self.targets[on_device]
+        images, sizes = self._gather(index, on_device)
+        batch = device_transform(images, self.augment, self.image_size, augment, self.mean_std, sizes)
+        return batch, self.targets[on_device]
 
-    def _gather(self, index: torch.Tensor, on_device: torch.Tensor) -> torch.Tensor:
+    def _gather(self, index: torch.Tensor, on_device: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The uint8 images at ``index`` (on the host; ``on_device``: the same on ``self.device``),
-        on ``self.device``, without making the host wait for the device.
+        on ``self.device``, without making the host wait for the device, and their sizes (None
+        when they all have the array's size).
+
+        Images of different sizes (``UnevenImages``) are padded to the batch's largest, where
+        they are, and moved to the device.
 
         Images on the device are indexed there. Images in pinned host memory are gathered into
         one of two pinned staging buffers and copied asynchronously; a buffer is reused only once
         the copy out of it has finished, so the next batch is gathered while the device works.
         (Gathering into pageable memory would make the copy wait for the device.)
         """
+        if self._uneven:
+            images, sizes = self.images.batch(index)
+            return images.to(self.device), sizes
         if not self._staged:
-            return self.images[on_device]
+            return self.images[on_device], None
         slot = self._turn
         self._turn ^= 1
         if self._copied[slot] is not None:
@@ -237,7 +274,7 @@ class DeviceLoader:
         images = staging.to(self.device, non_blocking=True)
         self._copied[slot] = torch.cuda.Event()
         self._copied[slot].record()
-        return images
+        return images, None
 
     def __len__(self) -> int:
         n = len(self.images)
@@ -249,11 +286,11 @@ class DeviceLoader:
             order = torch.randperm(n, device=self.device, generator=self.generator)
         else:
             order = torch.arange(n, device=self.device)
-        host_order = order.cpu() if self._staged else order
+        host_order = order.cpu() if self._staged or self._uneven else order
         for batch in range(len(self)):
             index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            images = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
+            images, sizes = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
             yield (
-                device_transform(images, self.augment, self.image_size, self.generator, self.mean_std),
+                device_transform(images, self.augment, self.image_size, self.generator, self.mean_std, sizes),
                 self.targets[index],
             )

@@ -20,6 +20,7 @@ COLORS = {
     "ln1": "#9467bd",
     "full": "#4d4d4d",
     "linear": "#8c8c8c",
+    "probe": "#bdbdbd",
 }
 """One colour per configuration, the same in every figure (warm = high plasticity)."""
 

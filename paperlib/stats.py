@@ -8,7 +8,8 @@
   benchmarks, with a Wilcoxon signed-rank test across benchmarks (scipy), significant at 5%.
   Beyond the paper, ``p_holm``: the p-values adjusted for its four comparisons (Holm).
 - ``pairwise``: every pair of configurations, the same test, Holm-adjusted over all the pairs.
-- ``relative_gain``: percentage improvement over linear probing (Fig. 2 right).
+- ``relative_gain``: percentage improvement over linear probing (Fig. 2 right); ``with_probing``
+  adds Table 6's linear-probing column (``PROBE``, from ``probe.table6_column``)
 - ``average``: mean over benchmarks with the pooled standard error (Fig. 17).
 
 Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
@@ -42,6 +43,14 @@ from .components import COMPONENTS, CONFIGS
 from .runs import KEYS, method
 
 SELECTIONS = ("test", "val")
+
+PROBE = "probe"
+"""Table 6's linear-probing column (the paper's "Linear"): the authors' probe of the pretrained model
+(``probe.table6_column``), not a finetuning run; the baseline of every relative gain (Fig. 2 right).
+The ``linear`` configuration is another thing: a new head trained with SGD by the protocol."""
+
+COLUMNS = CONFIGS + (PROBE,)
+"""Table 6's columns, in order: the finetuning configurations, then linear probing."""
 
 SETTING = tuple(key for key in KEYS if key not in ("dataset", "component", "lr", "seed"))
 """The run keys that make one setting (model, precision, optimizer, LoRA, normalisation, tag): runs
@@ -98,14 +107,14 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 def _config_order(column: pd.Series) -> pd.Series:
     if column.name == "component":
-        return column.map({c: i for i, c in enumerate(CONFIGS)})
+        return column.map({c: i for i, c in enumerate(COLUMNS)})
     return column
 
 
 def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
-    """datasets x configs, configs in plasticity order."""
+    """datasets x configs, configs in plasticity order (then ``full``, ``linear`` and ``PROBE``)."""
     table = accuracies.pivot(index="dataset", columns="component", values=value)
-    return table[[c for c in CONFIGS if c in table.columns]]
+    return table[[c for c in COLUMNS if c in table.columns]]
 
 
 def table1(accuracies: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> pd.DataFrame:
@@ -179,10 +188,10 @@ def pairwise(
     ``p_value`` (Wilcoxon signed-rank over the datasets both have), ``p_holm`` (Holm-adjusted over
     all the pairs) and ``significant_holm`` (``p_holm`` < ``level``).
     ``accuracies``: columns ``dataset``, ``config``, ``accuracy``."""
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if c not in COLUMNS]
     if unknown:
         raise ValueError(
-            f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(CONFIGS)}"
+            f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(COLUMNS)}"
         )
     table = wide(accuracies)
     present = [c for c in configs if c in table]
@@ -207,12 +216,24 @@ def pairwise(
     return out
 
 
-def relative_gain(accuracies: pd.DataFrame, baseline: str = "linear", value: str = "accuracy") -> pd.DataFrame:
+def with_probing(table: pd.DataFrame, probing: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (``table6``'s) with Table 6's linear-probing column: ``probing`` (``dataset``,
+    ``accuracy`` in %, as ``probe.table6_column`` gives it) as the rows of ``PROBE``, for the
+    datasets ``table`` has. One value per dataset (the probe is of the pretrained model): no spread."""
+    rows = probing[probing["dataset"].isin(table["dataset"])].rename(columns={"accuracy": "mean"})
+    rows = rows.assign(component=PROBE, std=np.nan, seeds=1)[["dataset", "component", "mean", "std", "seeds"]]
+    both = pd.concat([table[table["component"] != PROBE], rows], ignore_index=True)
+    return both.sort_values(["dataset", "component"], key=_config_order).reset_index(drop=True)
+
+
+def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = "accuracy") -> pd.DataFrame:
     """Percentage improvement of each config over ``baseline`` per dataset (Fig. 2 right): datasets x configs
-    (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``)."""
+    (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``; ``baseline``:
+    linear probing, ``PROBE``, as in the paper, or another column, e.g. ``linear``)."""
     table = wide(accuracies, value)
     if baseline not in table:
-        raise ValueError(f"relative_gain needs the baseline config {baseline!r}")
+        hint = " (add linear probing with stats.with_probing)" if baseline == PROBE else ""
+        raise ValueError(f"relative_gain needs the baseline column {baseline!r}{hint}; the table has {list(table)}")
     gain = table.drop(columns=baseline).sub(table[baseline], axis=0).div(table[baseline], axis=0) * 100
     return gain
 
@@ -434,7 +455,7 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     )
     matrix = pairs.assign(text=text).pivot(index="first", columns="second", values="text")
     matrix = matrix.reindex(
-        index=[c for c in CONFIGS if c in matrix.index], columns=[c for c in CONFIGS if c in matrix.columns]
+        index=[c for c in COLUMNS if c in matrix.index], columns=[c for c in COLUMNS if c in matrix.columns]
     ).fillna("")
     return matrix.rename_axis(index=None, columns=None)
 
@@ -497,10 +518,15 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
     return measured, "measured"
 
 
-def summary(runs: pd.DataFrame, select: str = "test", reference: str | None = None) -> dict[str, pd.DataFrame]:
-    """Notebook 07's tables for the runs of one setting: ``table6`` and its ``comparisons``, with
-    P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
+def summary(
+    runs: pd.DataFrame, select: str = "test", reference: str | None = None, probing: pd.DataFrame | None = None
+) -> dict[str, pd.DataFrame]:
+    """Notebook 07's tables for the runs of one setting: ``table6`` (with the linear-probing column
+    ``probing``, when given: ``with_probing``) and its ``comparisons``, with P(f) from
+    ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
     accuracy_table = table6(runs, select=select)
+    if probing is not None:
+        accuracy_table = with_probing(accuracy_table, probing)
     measured, source = plasticity_for(runs, reference)
     return {
         "table6": accuracy_table,

@@ -77,15 +77,23 @@ def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAG
 
 
 def sample_crops(
-    n: int, height: int, width: int, generator: torch.Generator, device: torch.device | str = "cpu", attempts: int = 10
+    n: int,
+    height: int | torch.Tensor,
+    width: int | torch.Tensor,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    attempts: int = 10,
 ) -> torch.Tensor:
     """Random resized crop boxes (top, left, h, w) for ``n`` images, shape (n, 4), float.
 
     The vectorised twin of ``RandomResizedCrop.get_params``: up to ``attempts`` draws of an area
     fraction in ``SCALE`` and a log-uniform aspect ratio in ``RATIO``; the first box that fits is
     kept, and images where none fits fall back to the central crop with the ratio clamped.
+    ``height`` and ``width``: one size for every image, or (n,) tensors, each image's own.
     """
-    area = height * width
+    height = torch.as_tensor(height, dtype=torch.float64, device=device).expand(n)[:, None]
+    width = torch.as_tensor(width, dtype=torch.float64, device=device).expand(n)[:, None]
+    area = (height * width).float()
     scale = torch.empty(n, attempts, device=device).uniform_(*SCALE, generator=generator) * area
     log_ratio = torch.empty(n, attempts, device=device).uniform_(
         math.log(RATIO[0]), math.log(RATIO[1]), generator=generator
@@ -99,27 +107,34 @@ def sample_crops(
     rows = torch.arange(n, device=device)
     h, w = h[rows, first], w[rows, first]
     # fallback: whole image, ratio clamped to RATIO, centred
+    height, width = height[:, 0], width[:, 0]
     in_ratio = width / height
-    if in_ratio < RATIO[0]:
-        fw, fh = width, round(width / RATIO[0])
-    elif in_ratio > RATIO[1]:
-        fh, fw = height, round(height * RATIO[1])
-    else:
-        fw, fh = width, height
-    h = torch.where(any_fit, h, torch.full_like(h, fh))
-    w = torch.where(any_fit, w, torch.full_like(w, fw))
+    fw = torch.where(in_ratio > RATIO[1], torch.round(height * RATIO[1]), width)
+    fh = torch.where(in_ratio < RATIO[0], torch.round(width / RATIO[0]), height)
+    h = torch.where(any_fit, h, fh.to(h.dtype))
+    w = torch.where(any_fit, w, fw.to(w.dtype))
     u = torch.rand(n, 2, device=device, generator=generator)
-    top = torch.where(any_fit, torch.floor(u[:, 0] * (height - h + 1)), torch.full_like(h, (height - fh) // 2))
-    left = torch.where(any_fit, torch.floor(u[:, 1] * (width - w + 1)), torch.full_like(w, (width - fw) // 2))
-    return torch.stack([top, left, h, w], dim=1)
+    top = torch.where(
+        any_fit, torch.floor(u[:, 0] * (height - h + 1)), torch.div(height - fh, 2, rounding_mode="floor")
+    )
+    left = torch.where(any_fit, torch.floor(u[:, 1] * (width - w + 1)), torch.div(width - fw, 2, rounding_mode="floor"))
+    return torch.stack([top, left, h, w], dim=1).to(h.dtype)
 
 
-def center_boxes(n: int, height: int, width: int, image_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def center_boxes(
+    n: int,
+    height: int | torch.Tensor,
+    width: int | torch.Tensor,
+    image_size: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """Boxes equivalent to ``Resize(image_size)`` then ``CenterCrop(image_size)``: the central
-    square of side ``min(height, width)`` (for the crop of a square output)."""
-    side = float(min(height, width))
-    box = torch.tensor([(height - side) / 2, (width - side) / 2, side, side], device=device)
-    return box.expand(n, 4)
+    square of side ``min(height, width)`` (for the crop of a square output); ``height`` and
+    ``width`` as in ``sample_crops``."""
+    height = torch.as_tensor(height, dtype=torch.float32, device=device).expand(n)
+    width = torch.as_tensor(width, dtype=torch.float32, device=device).expand(n)
+    side = torch.minimum(height, width)
+    return torch.stack([(height - side) / 2, (width - side) / 2, side, side], dim=1)
 
 
 def interpolation_matrices(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
@@ -191,20 +206,24 @@ def device_transform(
     image_size: int,
     generator: torch.Generator | None = None,
     mean_std: tuple = IMAGENET,
+    sizes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
-    the normalisation, ImageNet's by default).
+    the normalisation, ImageNet's by default; ``sizes``: (B, 2) heights and widths of images of
+    different sizes, padded to (H, W) at the bottom and right, as ``UnevenImages.batch`` gives them).
 
     Normalisation commutes with bilinear resampling (its weights sum to one), so it is applied
     to the small source images, not to the 224x224 outputs.
     """
     b, _, height, width = images.shape
     x = normalize(images.float() / 255.0, mean_std)
+    if sizes is not None:
+        height, width = sizes.to(images.device).unbind(dim=1)
     if augment:
         if generator is None:
             raise ValueError("augment=True needs a torch.Generator on the images' device")
         boxes = sample_crops(b, height, width, generator, images.device)
         return resized_crops(x, boxes, image_size, sample_flips(b, generator, images.device))
-    if (height, width) == (image_size, image_size):
+    if sizes is None and (height, width) == (image_size, image_size):
         return x
     return resized_crops(x, center_boxes(b, height, width, image_size, images.device), image_size)

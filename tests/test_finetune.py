@@ -220,8 +220,8 @@ def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, mo
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["num_classes"] == 3
     assert [split for split, _ in calls] == ["train", "val", "test"] and all(workers >= 1 for _, workers in calls)
-    # the official training split (train and val share it) and test
-    assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 2
+    # the official training split (train and val share it) and test, each pixels and sizes
+    assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 4
 
 
 def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch, small):

@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
 import torch
+from torchvision.transforms import v2
 
 from paperlib import data, fixtures
-from paperlib.loader import DeviceLoader, uint8_images
+from paperlib import transforms as T
+from paperlib.imagesets import FileDataset, UnevenImages
+from paperlib.loader import DeviceLoader, resized_size, uint8_images
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +52,20 @@ def test_file_dataset_decoded_once_and_cached(tmp_path):
     fixtures.write_pets(tmp_path / "root")
     dataset = data.get_dataset("pets", "trainval", root=tmp_path / "root")
     cached = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
-    assert cached.images.shape == (len(dataset), 3, 24, 24) and cached.images.dtype == torch.uint8
+    # whole images, shorter side 24, aspect ratio kept (the fixture's are 48x40)
+    assert isinstance(cached.images, UnevenImages) and len(cached.images) == len(dataset)
+    assert cached.images.sizes.tolist() == [[24, 28]] * len(dataset) and cached.images.pixels.dtype == torch.uint8
     assert torch.equal(cached.targets, dataset.targets)
-    files = list((tmp_path / "cache").rglob("*.npy"))
-    assert len(files) == 1 and not list((tmp_path / "cache").rglob("*.tmp"))
+    files = sorted(p.name for p in (tmp_path / "cache").rglob("*.npy"))
+    assert len(files) == 2 and files[0].endswith("-sizes.npy") and not list((tmp_path / "cache").rglob("*.tmp"))
     # a second call reads the cache (the image files are gone now)
     for file in dataset.files:
         file.unlink()
     again = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
-    assert torch.equal(again.images, cached.images)
+    assert torch.equal(again.images.pixels, cached.images.pixels)
+    # a part of the dataset is read from the whole's cache
+    part = uint8_images(dataset.subset([3, 0], "val"), cache_size=24, cache_dir=tmp_path / "cache")
+    assert torch.equal(part.images[0], cached.images[3]) and torch.equal(part.images[1], cached.images[0])
     # and the cached images feed the device path
     images, _ = next(iter(DeviceLoader(again, 4, augment=True, image_size=16)))
     assert images.shape == (4, 3, 16, 16)
@@ -67,10 +75,10 @@ def test_cache_goes_under_the_data_root_the_dataset_came_from(tmp_path, monkeypa
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "default"))
     fixtures.write_pets(tmp_path / "elsewhere")
     uint8_images(data.get_dataset("pets", "test", root=tmp_path / "elsewhere"), cache_size=16)
-    assert len(list((tmp_path / "elsewhere" / "cache").rglob("*.npy"))) == 1 and not (tmp_path / "default").exists()
+    assert len(list((tmp_path / "elsewhere" / "cache").rglob("*.npy"))) == 2 and not (tmp_path / "default").exists()
 
 
-def test_cached_image_is_resize_then_center_crop(tmp_path):
+def test_cached_image_is_the_whole_image_resized(tmp_path):
     fixtures.write_pets(tmp_path)
     dataset = data.get_dataset("pets", "test", root=tmp_path)
     cached = uint8_images(dataset, cache_size=20, cache_dir=tmp_path / "cache")
@@ -79,9 +87,45 @@ def test_cached_image_is_resize_then_center_crop(tmp_path):
     with Image.open(dataset.files[0]) as image:
         width, height = image.size
         assert (width, height) == (48, 40)
-        reference = np.asarray(image.convert("RGB").resize((24, 20), Image.BILINEAR))[:, 2:22]
+        reference = np.asarray(image.convert("RGB").resize((24, 20), Image.BILINEAR))
     ours = cached.images[0].permute(1, 2, 0).numpy().astype(int)
+    assert ours.shape == reference.shape
     assert np.abs(ours - reference.astype(int)).mean() < 8  # same geometry, resampling filters differ
+    assert resized_size(40, 48, 20) == (20, 24) and resized_size(300, 200, 256) == (384, 256)
+
+
+def test_training_crops_reach_the_borders_of_wide_images(tmp_path):
+    """A 3:1 image whose left and right sixths are white: a centre square (the old cache) never
+    shows them; RandomResizedCrop on the whole image does, as often as torchvision's own crops."""
+    from PIL import Image
+
+    pixels = np.zeros((40, 120, 3), np.uint8)
+    pixels[:, :20] = pixels[:, 100:] = 255
+    Image.fromarray(pixels).save(tmp_path / "wide.png")
+    dataset = FileDataset([tmp_path / "wide.png"], [0], ["a"], "wide", "test")
+    cached = uint8_images(dataset, cache_size=20, cache_dir=tmp_path / "cache")
+    assert cached.images.sizes.tolist() == [[20, 60]]
+    loader = DeviceLoader(cached, 1, augment=True, image_size=8, seed=0, mean_std=((0, 0, 0), (1, 1, 1)))
+    ours = np.mean([bool((loader.batch(step)[0] > 0.5).any()) for step in range(400)])
+    torch.manual_seed(0)
+    crop = v2.RandomResizedCrop(8, scale=T.SCALE, ratio=T.RATIO)
+    theirs = np.mean([bool((crop(torch.from_numpy(pixels).permute(2, 0, 1)) > 127).any()) for _ in range(400)])
+    assert theirs > 0.3 and abs(ours - theirs) < 0.1
+
+
+def test_padding_of_uneven_batches_is_never_read():
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, size, generator=generator, dtype=torch.uint8) for size in [(3, 9, 14), (3, 12, 7)]]
+    uneven = UnevenImages(torch.cat([i.reshape(-1) for i in images]), [[9, 14], [12, 7]])
+    batch, sizes = uneven.batch(torch.tensor([0, 1]))
+    assert batch.shape == (2, 3, 12, 14) and sizes.tolist() == [[9, 14], [12, 7]]
+    together = T.device_transform(batch, False, 6, sizes=sizes)
+    for row, image in enumerate(images):
+        assert torch.allclose(together[row], T.device_transform(image[None], False, 6)[0], atol=1e-6)
+    boxes = T.sample_crops(2, sizes[:, 0], sizes[:, 1], torch.Generator().manual_seed(1))
+    together = T.resized_crops(batch, boxes, 6)
+    for row, image in enumerate(images):
+        assert torch.allclose(together[row], T.resized_crops(image[None], boxes[row : row + 1], 6)[0], atol=1e-6)
 
 
 def test_data_benchmark_runs_and_reports_both_paths(capsys):
@@ -154,14 +198,15 @@ def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(
             cached = uint8_images(part, cache_size=16)
             assert cached.keys == part.keys and torch.equal(cached.targets, part.targets)
             # the part's own images, in its order
-            assert torch.equal(cached.images, whole.images[[by_key[k] for k in part.keys]])
-    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 1  # the official training split's, once
+            picked = whole.images.select([by_key[k] for k in part.keys])
+            assert torch.equal(cached.images.pixels, picked.pixels) and torch.equal(cached.images.sizes, picked.sizes)
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2  # the official training split's, once (pixels, sizes)
     uint8_images(data.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
-    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2
+    assert len(list((tmp_path / "cache").rglob("*.npy"))) == 4
     # the part decoded on its own gives the same pixels as the part taken from the whole's cache
     alone = data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42)
     alone.parent = None
     assert torch.equal(
-        uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images,
-        uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images,
+        uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images.pixels,
+        uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images.pixels,
     )

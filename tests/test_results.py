@@ -186,26 +186,35 @@ def test_table1_matches_scipy_and_the_definition():
 
 def test_table1_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
-    assert len(paper) == 77 and set(paper["component"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"}
+    assert len(paper) == 77 and set(paper["component"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "probe"}
     table = stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("component")
     # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant)
     assert table.loc["fc1", "decrease"] == pytest.approx(0.07, abs=0.005) and not table.loc["fc1", "significant"]
     assert table.loc["fc2", "decrease"] == pytest.approx(0.44, abs=0.005) and table.loc["fc2", "significant"]
     assert table.loc[["ln1", "ln2"], "significant"].all()
     averages = paper.groupby("component")["mean"].mean()  # Table 6, last row (printed from unrounded entries)
-    printed = {"fc1": 90.7, "fc2": 90.3, "full": 90.9, "linear": 64.2, "ln1": 89.8, "ln2": 89.9, "mha": 90.8}
+    printed = {"fc1": 90.7, "fc2": 90.3, "full": 90.9, "probe": 64.2, "ln1": 89.8, "ln2": 89.9, "mha": 90.8}
     assert averages.to_dict() == pytest.approx(printed, abs=0.06)
 
 
 def test_relative_gain_and_pooled_standard_error(tree):
     runs, _ = load(tree)
     table = stats.table6(runs)
-    gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}))
+    gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}), baseline="linear")
     a = table.set_index(["dataset", "component"])["mean"]
     assert gain.loc["digits", "mha"] == pytest.approx(
         100 * (a[("digits", "mha")] - a[("digits", "linear")]) / a[("digits", "linear")]
     )
     assert "linear" not in gain.columns
+    with pytest.raises(ValueError, match="with_probing"):  # the paper's baseline is linear probing
+        stats.relative_gain(table, value="mean")
+    probing = pd.DataFrame({"dataset": ["digits", "elsewhere"], "accuracy": [50.0, 60.0]})
+    both = stats.with_probing(table, probing)
+    assert both[both.component == "probe"]["dataset"].tolist() == ["digits"]  # the table's datasets only
+    assert stats.wide(both, "mean").columns[-1] == "probe" and len(both) == len(table) + 1
+    gain = stats.relative_gain(both, value="mean")
+    assert gain.loc["digits", "mha"] == pytest.approx(100 * (a[("digits", "mha")] - 50.0) / 50.0)
+    assert stats.with_probing(both, probing).equals(both)  # replaced, not added twice
     average = stats.average(table).set_index("component")
     part = table[table.component == "mha"]
     assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
@@ -497,7 +506,7 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     )
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
     assert pairs["p_holm"].tolist() == pytest.approx(stats.holm(pairs["p_value"]).tolist())
-    assert stats.pairwise(paper, configs=["mha", "full", "linear"])["first"].tolist() == ["mha", "mha", "full"]
+    assert stats.pairwise(paper, configs=["mha", "full", "probe"])["first"].tolist() == ["mha", "mha", "full"]
     with pytest.raises(ValueError, match="unknown configuration.*valid configurations: mha"):
         stats.pairwise(paper, configs=["mha", "attn"])
 
