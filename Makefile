@@ -9,7 +9,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export MPLBACKEND := Agg
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help venv demo test format notebooks sync demo-weights clean
+.PHONY: help venv lab demo test format notebooks sync demo-weights clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e ".[notebook,test]"
 	@touch $(STAMP)
+
+lab: venv  ## open the notebooks in JupyterLab (the project's environment is the python3 kernel; .ipynb or .py twin)
+	env -u MPLBACKEND $(BIN)/jupyter lab --ServerApp.root_dir=notebooks --allow-root
 
 demo: venv  ## execute every notebook on the demo world; HTML reports under reports/
 	$(BIN)/python -m paperlib.report demo

@@ -26,7 +26,7 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import bounds, data, imagesets, models, paths, plasticity, plots
+from paperlib import bounds, data, imagesets, models, paths, plasticity, plots, report
 
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
@@ -74,6 +74,9 @@ plt.show()
 implied = at_rms[at_rms.proposition != "4"].groupby("component", observed=True)["bound"].mean().sort_values(ascending=False)
 print("bounds rank:", " > ".join(plasticity.LABELS[c] for c in implied.index))
 print("paper's Takeaway 1: MHA > FC1, FC2 > LN2, LN1")
+
+# %%
+report.headline(f"{model}: the bounds rank " + " > ".join(plasticity.LABELS[c] for c in implied.index), paper="MHA > FC1, FC2 > LN2, LN1 (Takeaway 1)")
 
 # %% [markdown]
 # ## Beyond the paper: bounds against measured plasticity

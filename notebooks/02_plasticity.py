@@ -28,7 +28,7 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import bounds, paths, plasticity, plots
+from paperlib import bounds, paths, plasticity, plots, report
 
 table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
@@ -70,6 +70,9 @@ order = " > ".join(ranked.index)
 verdict = "follows" if tau == 1.0 else "does not follow"
 print(f"{model} on {dataset}: {order}")
 print(f"This model {verdict} the paper's ranking MHA > FC1 > FC2 > LN2 > LN1 (Kendall's tau = {tau:.2f}).")
+
+# %%
+report.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with the paper's ranking)", paper="MHA > FC1 > FC2 > LN2 > LN1 on every benchmark (Fig. 2)")
 
 # %% [markdown]
 # ## How sure is the ranking? (an extension)

@@ -27,7 +27,7 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plasticity, plots
+from paperlib import paths, plasticity, plots, report, stats
 
 if compute_missing:
     plasticity.measure_missing(models, datasets, reference, n_pairs, batch_size, device, inputs, sample, seed, normalize, root=data_root)
@@ -50,6 +50,11 @@ for ax, (model, part) in zip(axes[0], summary.groupby("model")):
 fig.tight_layout()
 plots.save_figure(fig, paths.figures_dir() / "03_plasticity_pooled.png")
 plt.show()
+
+# %%
+pooled = stats.pooled_order(summary)  # per model: the components by P(f) averaged over datasets, and tau with the paper's order
+report.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",
+                paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)")
 
 # %% [markdown]
 # ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)

@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from paperlib import finetune, plots, probe, stats
+from paperlib import finetune, plots, probe, report, stats
 from paperlib.runs import for_spec
 
 options = dict(split_seed=split_seed, device=device, batch_size=probe_batch_size, root=data_root or None, normalize=normalize)
@@ -73,6 +73,10 @@ column = probe.table6_column(model, datasets, point=point, block=block, **option
 paper = pd.read_csv(stats.PAPER_TABLE6, comment="#").query("component == 'probe'")
 column = column.merge(paper[["dataset", "mean"]].rename(columns={"mean": "paper (%)"}), on="dataset", how="left")
 column.rename(columns={"accuracy": f"probe at block {block}, {point} (%)"}).set_index("dataset").round(2)
+
+# %%
+report.headline(f"{model}, probe at block {block}, {point}: {column['accuracy'].mean():.1f}% mean test accuracy over {len(column)} datasets",
+                paper=f"{paper['mean'].mean():.1f}% mean over its {len(paper)} benchmarks (ViT-B/16, Table 6's last column)")
 
 # %% [markdown]
 # ## Beyond the paper: probe accuracy along depth, for every probe point

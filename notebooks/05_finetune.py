@@ -39,7 +39,7 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, finetune, lora, models, paths, plots, runs
+from paperlib import components, finetune, lora, models, paths, plots, report, runs, stats
 
 config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
@@ -98,3 +98,8 @@ plt.show()
 
 # %%
 {key: metrics[key] for key in ("status", "best_step", "best_val_accuracy", "test_accuracy", "trainable_parameters", "images_per_second")}
+
+# %%
+paper_value = stats.paper_accuracy(dataset, component)  # None off the paper's benchmarks
+report.headline(f"{component} on {dataset}: test accuracy {100 * (metrics.get('test_accuracy') or float('nan')):.1f}% ({metrics['status']}, best validation at step {metrics.get('best_step')})",
+                paper=None if paper_value is None else f"{paper_value:.2f}% at the best of its learning rates, mean of 3 seeds (Table 6)")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from paperlib import finetune, paths, plasticity, plots, specs, stats
+from paperlib import finetune, paths, plasticity, plots, report, specs, stats
 from paperlib.runs import for_spec
 
 grid_spec = specs.load_spec(paths.ROOT / spec)
@@ -58,6 +58,10 @@ plt.show()
 # %%
 early = stats.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_norm"].sort_values(ascending=False)
 early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
+
+# %%
+report.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of steps " + " > ".join(plots.LABELS[c] for c in early.index),
+                paper="gradient norms in the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (Fig. 4, middle)")
 
 # %% [markdown]
 # ## Beyond the paper: gradient norm against the measured plasticity

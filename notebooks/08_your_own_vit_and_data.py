@@ -38,7 +38,7 @@ device = "cpu"  # cpu or cuda
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, data, finetune, models, paths, plasticity, plots, runs
+from paperlib import components, data, finetune, models, paths, plasticity, plots, report, runs
 
 if make_example:
     if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
@@ -88,6 +88,10 @@ axes[1].set_title("plasticity along depth")
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample, f"seed{seed}", normalize))
 plt.show()
+
+# %%
+report.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {plasticity.paper_agreement(table):.2f} with the paper's ranking)",
+                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)")
 
 # %% [markdown]
 # ## Finetuning one component at a time (§5.2)

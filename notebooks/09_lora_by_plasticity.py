@@ -30,7 +30,7 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, finetune, lora, paths, plasticity, plots, specs, stats
+from paperlib import components, finetune, lora, paths, plasticity, plots, report, specs, stats
 from paperlib.runs import for_spec
 
 spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
@@ -72,6 +72,9 @@ shown.set_index(["dataset", "configuration", "method"]).drop(columns="component"
 # %%
 methods = list(dict.fromkeys(table["method"]))
 average = table.groupby(["component", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
+by_method = average.pivot(index="component", columns="method", values="mean")
+report.headline("test accuracy (%), " + " / ".join(methods) + ": " + ", ".join(
+    f"{components.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.CONFIGS if c in by_method.index))
 configs = [config for config in lora.CONFIGS if config in set(average["component"])]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 width = 0.8 / max(len(methods), 1)

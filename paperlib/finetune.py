@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import fields
 
 import torch
 from safetensors.torch import load_file
 from timm.optim import param_groups_weight_decay
 from torch import nn
+from tqdm.auto import tqdm
 
 from . import cli, components, data, lora, models, paths, runs, speed
 from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
@@ -136,11 +140,37 @@ def run(config: Config, progress: bool = False) -> dict:
     return train(config, progress)[1]
 
 
-def run_spec(spec: dict, progress: bool = False) -> None:
-    """Run, in this process, every run of a finetuning sweep spec (``runs.configs``) not finished as
-    the spec asks. For demo-scale specs; paper-scale sweeps go through ``python -m paperlib.sweep``."""
-    for config in runs.configs(spec):
-        run(config, progress=progress)
+def run_spec(spec: dict, progress: bool = False, workers: int | None = None) -> None:
+    """Run every run of a finetuning sweep spec (``runs.configs``) not finished as the spec asks,
+    with one line per run and the time it took. For demo-scale specs; paper-scale sweeps go through
+    ``python -m paperlib.sweep``.
+
+    ``workers``: processes that share the runs. By default one per CPU core when every run is on the
+    CPU, each process with one thread (small models train faster so than with every core on one
+    run, and two processes never fight over the cores); runs on a GPU run here, one after another.
+    """
+    todo = [config for config in runs.configs(spec) if not runs.is_finished(config)]
+    if workers is None:
+        on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
+        workers = len(os.sched_getaffinity(0)) if on_cpu else 1
+    workers = max(1, min(workers, len(todo)))
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            finished = ((config, _timed_run(config, progress)) for config in todo)
+        else:
+            pool = stack.enter_context(
+                ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), torch.set_num_threads, (1,))
+            )
+            futures = {pool.submit(_timed_run, config): config for config in todo}
+            finished = ((futures[future], future.result()) for future in as_completed(futures))
+        for done, (config, (status, seconds)) in enumerate(finished, start=1):
+            print(f"[{done}/{len(todo)}] {paths.display(config.folder())}: {status} in {seconds:.1f} s", flush=True)
+
+
+def _timed_run(config: Config, progress: bool = False) -> tuple[str, float]:
+    """``run(config)``'s status and the seconds it took (a ``run_spec`` worker's task)."""
+    start = time.perf_counter()
+    return run(config, progress=progress)["status"], time.perf_counter() - start
 
 
 def load_model(config: Config, merge: bool = True) -> nn.Module:
@@ -288,7 +318,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     # the loop
     status, start, seen = "finished", time.perf_counter(), 0
     pending = []  # steps whose loss and gradient norm are still on the device
-    for step in range(start_step, config.steps):
+    name = f"{config.component} steps"
+    steps = tqdm(range(start_step, config.steps), name, config.steps, initial=start_step, disable=not progress)
+    for step in steps:
         step_fn.network.train()
         images, labels = loaders["train"].batch(step)
         lr = optimizer.param_groups[0]["lr"]
@@ -324,10 +356,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
                 },
             )
             if progress:
-                print(
-                    f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}",
-                    flush=True,
-                )
+                steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
+    steps.close()
     wall = time.perf_counter() - start
 
     # the result: the test accuracy of the best-validation checkpoint

@@ -51,11 +51,26 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
 
 
 def resized_size(height: int, width: int, shorter: int) -> tuple[int, int]:
-    """(height, width) after ``v2.Resize(shorter)``: the shorter side to ``shorter``, the aspect
-    ratio kept (the longer side rounded down, as torchvision rounds it)."""
+    """(height, width) of an image in the cache: as ``v2.Resize(shorter)`` makes it (the shorter
+    side to ``shorter``, the aspect ratio kept, the longer side rounded down as torchvision rounds
+    it) when its shorter side is longer than ``shorter``; else as it is (never upsampled: crops of a
+    small image are resampled from its own pixels, as the paper's transform resamples them)."""
+    if min(height, width) <= shorter:
+        return height, width
     if height <= width:
         return shorter, int(shorter * width / height)
     return int(shorter * height / width), shorter
+
+
+class _Shrink:
+    """The decoding transform of the cache: a PIL image to uint8 CHW, resized as ``resized_size`` says."""
+
+    def __init__(self, shorter: int):
+        self.shorter, self.resize = shorter, v2.Resize(shorter, antialias=True)
+
+    def __call__(self, image) -> torch.Tensor:
+        image = v2.functional.to_image(image)
+        return self.resize(image) if min(image.shape[1:]) > self.shorter else image
 
 
 def decode_workers() -> int:
@@ -73,8 +88,9 @@ def uint8_images(
 
     File images are resized whole, their shorter side to ``cache_size`` and their aspect ratio
     kept (``v2.Resize(cache_size)``; nothing is cropped, so a training crop can come from any
-    part of the image), and returned as ``UnevenImages``. They are stored in ``cache_dir``
-    (default ``<root>/cache``, the data root the dataset was read from) as two ``.npy`` files,
+    part of the image; images no larger are kept as they are), and returned as ``UnevenImages``.
+    They are stored in ``cache_dir`` (default ``<root>/cache``, the data root the dataset was read
+    from) as two ``.npy`` files,
     the pixels one after another and the (N, 2) sizes, written atomically and reused by later
     calls with the same samples. A part of a dataset (``FileDataset.subset``: the protocol's train
     and val splits of the official training set) is read from the whole's cache, memory-mapped,
@@ -119,9 +135,14 @@ def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: in
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     counts = 3 * sizes[:, 0] * sizes[:, 1]
     offsets = np.cumsum(counts) - counts
-    decode = v2.Compose([v2.ToImage(), v2.Resize(cache_size, antialias=True)])
     view = FileDataset(
-        dataset.files, dataset.targets.tolist(), dataset.classes, dataset.name, dataset.split, dataset.keys, decode
+        dataset.files,
+        dataset.targets.tolist(),
+        dataset.classes,
+        dataset.name,
+        dataset.split,
+        dataset.keys,
+        _Shrink(cache_size),
     )
 
     def write_pixels(tmp: str) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -41,12 +42,14 @@ import numpy as np
 import pandas as pd
 import sklearn
 import torch
+from joblib import Parallel, delayed
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from . import components, data, models, paths
 from .components import JointLinear, block_component
@@ -350,6 +353,7 @@ def linear_probe(
     name: str | None = None,
     num_workers: int | None = None,
     max_gib: float = 8.0,
+    progress: bool = True,
 ) -> pd.DataFrame:
     """Linear-probe accuracy of the pretrained ``model`` on ``dataset`` at every block and point.
 
@@ -366,6 +370,7 @@ def linear_probe(
         train_split: ``train`` (the authors' 80% training split) or ``trainval``.
         cache: read and write ``result_folder`` (a module is cached only under a ``name``, which
             then stands for its weights: another module under the same name reads the same table).
+        progress: a progress bar over the probes still to fit.
         num_workers: DataLoader workers (default: up to 8 on CUDA for images that need decoding
             or resizing, none otherwise).
         max_gib: GiB of pooled features held at once; more points than fit take more passes.
@@ -414,13 +419,18 @@ def linear_probe(
         for split in (train_split, "test")
     }
     n_images = sum(len(s) for s in splits.values())
+    bar = tqdm(total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
     for group in groups(network, missing, n_images, max_gib):
         (train_x, train_y), (test_x, test_y) = (
             pooled_features(network, splits[split], group, pool, batch_size, device, num_workers)
             for split in (train_split, "test")
         )
-        for index, point in group:
-            accuracy = fit_probe(train_x[index, point], train_y, test_x[index, point], test_y, seed=split_seed)
+        # small fits (every demo-scale one) run one per core; larger ones one at a time, on BLAS's threads
+        small = all(train_x[item].size <= SMALL_FIT for item in group)
+        fits = Parallel(n_jobs=len(os.sched_getaffinity(0)) if small and len(group) > 1 else 1, return_as="generator")(
+            delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
+        )
+        for (index, point), accuracy in zip(group, fits):
             table.loc[len(table)] = [index, point, accuracy]
             if folder is not None:  # after every fit: an interrupted call resumes
                 metadata = {
@@ -436,6 +446,8 @@ def linear_probe(
                     "sklearn": sklearn.__version__,
                 }
                 save(table, folder, metadata)
+            bar.update()
+    bar.close()
     return tidy(table, wanted)
 
 

@@ -39,7 +39,7 @@ import pandas as pd
 from scipy import stats
 
 from . import lora, paths, plasticity, runs, specs
-from .components import COMPONENTS, CONFIGS
+from .components import COMPONENTS, CONFIGS, LABELS
 from .runs import KEYS, method
 
 SELECTIONS = ("test", "val")
@@ -536,6 +536,27 @@ def summary(
 
 PAPER_TABLE6 = paths.PARAMETERS / "paper" / "table6.csv"
 """The paper's own Table 6 (appendix D.2), transcribed: dataset, component, mean, std."""
+
+
+def paper_accuracy(dataset: str, component: str) -> float | None:
+    """The paper's Table 6 entry (mean test accuracy, %) for ``dataset`` and ``component`` (or
+    ``PROBE``), or None where the paper has none (the demo world, your own data)."""
+    paper = pd.read_csv(PAPER_TABLE6, comment="#")
+    entry = paper[(paper["dataset"] == dataset) & (paper["component"] == component)]["mean"]
+    return float(entry.iloc[0]) if len(entry) else None
+
+
+def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per model of a ``plasticity.collect`` table: its components ordered by P(f) averaged over its
+    datasets (``order``, e.g. "MHA > FC1 > FC2 > LN2 > LN1") and Kendall's tau of that order with
+    the paper's (``tau``: 1 the same, -1 reversed)."""
+    rows = []
+    for model, part in summary.groupby("model", sort=True):
+        mean = part.groupby("component", observed=True)["plasticity"].mean().reindex(list(COMPONENTS))
+        tau = float(stats.kendalltau(mean.rank(ascending=False), range(1, len(COMPONENTS) + 1)).statistic)
+        order = " > ".join(LABELS[c] for c in mean.sort_values(ascending=False).index)
+        rows.append({"model": model, "order": order, "tau": tau})
+    return pd.DataFrame(rows, columns=["model", "order", "tau"])
 
 
 def paper_summary() -> dict[str, pd.DataFrame]:

@@ -168,6 +168,7 @@ def execute_run(run: Run) -> Run:
         run.status = "failed"
         run.error = f"{type(error).__name__}: {error}".strip()
         paths.atomic_write_text(run.error_file, run.error + "\n\n" + traceback.format_exc())
+    print(f"{run.name}: {run.status} in {run.seconds:.0f} s", flush=True)  # one line per run, wherever it ran
     return run
 
 

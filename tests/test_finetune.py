@@ -409,3 +409,28 @@ def test_a_lora_runs_kept_updates_merge_into_a_plain_vit(small):
     images = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(merged(images), unmerged(images), atol=1e-5)
+
+
+def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results):
+    """Two worker processes (one thread each) give the metrics one process gives, one line per run."""
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"model": "demo", "steps": 4, "batch_size": 8, "warmup": 1, "eval_every": 2, "device": "cpu"},
+        "grid": {"dataset": ["digits"], "component": ["mha", "ln1"], "lr": [0.03], "seed": [0]},
+    }
+
+    def results():
+        return {c.component: run_files.read_json(c.folder() / run_files.METRICS) for c in run_files.configs(spec)}
+
+    finetune.run_spec(spec, workers=2)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith(("[1/2]", "[2/2]")) and " finished in " in line for line in lines)
+    together = results()
+    finetune.run_spec(spec)  # finished: nothing runs, nothing printed
+    assert capsys.readouterr().out == ""
+    move_results("alone")
+    finetune.run_spec(spec, workers=1)
+    alone = results()
+    for component in ("mha", "ln1"):
+        assert together[component]["test_accuracy"] == alone[component]["test_accuracy"]
+        assert together[component]["best_val_accuracy"] == alone[component]["best_val_accuracy"]

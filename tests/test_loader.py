@@ -91,7 +91,12 @@ def test_cached_image_is_the_whole_image_resized(tmp_path):
     ours = cached.images[0].permute(1, 2, 0).numpy().astype(int)
     assert ours.shape == reference.shape
     assert np.abs(ours - reference.astype(int)).mean() < 8  # same geometry, resampling filters differ
-    assert resized_size(40, 48, 20) == (20, 24) and resized_size(300, 200, 256) == (384, 256)
+    assert resized_size(40, 48, 20) == (20, 24) and resized_size(600, 400, 256) == (384, 256)
+    # an image no larger than the cache is kept as it is, not upsampled
+    assert resized_size(40, 48, 256) == (40, 48) and resized_size(40, 300, 40) == (40, 300)
+    kept = uint8_images(dataset, cache_size=256, cache_dir=tmp_path / "cache")
+    with Image.open(dataset.files[0]) as image:
+        assert torch.equal(kept.images[0], torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1))
 
 
 def test_training_crops_reach_the_borders_of_wide_images(tmp_path):

@@ -11,13 +11,28 @@ def _figures(notebook) -> int:
     return sum("image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))
 
 
-def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
+def test_demo_report_of_one_notebook(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     monkeypatch.setenv("MPLBACKEND", "Agg")  # as `make` sets it: the report must still show its figures
     index = report.run_demo(["00_components"], out_dir=tmp_path / "out")
     page = tmp_path / "out" / "00_components.html"
     assert index == tmp_path / "out" / "index.html"
-    assert 'href="00_components.html"' in index.read_text()
+    # quiet: one line for the notebook, with its time; the kernel talks over IPC, so ipykernel has no TCP warning
+    out, err = capfd.readouterr()
+    assert out.strip().startswith("00_components") and " s " in out and len(out.strip().splitlines()) == 1
+    assert "without encryption" not in out + err
+    # the landing page: the notebook's card with its section, thumbnail, headline beside the paper's, links
+    landing = index.read_text()
+    assert 'href="00_components.html"' in landing and 'href="00_components.nocode.html"' in landing
+    assert "paper §2, appendix C.1 and C.3" in landing and 'src="thumbnails/00_components.png"' in landing
+    assert "vit_base_in21k: MHA 33%" in landing and "paper: MHA, FC1, FC2 33% each" in landing
+    assert "demo world (the notebook&#x27;s defaults)" in landing
+    thumbnail = (tmp_path / "out" / "thumbnails" / "00_components.png").read_bytes()
+    assert thumbnail[:8] == b"\x89PNG\r\n\x1a\n"
+    # the reader's version has the outputs, not the code
+    nocode = (tmp_path / "out" / "00_components.nocode.html").read_text()
+    assert "Table 3 and Table 4" in nocode and "data:image/png;base64" in nocode
+    assert "paper_models = " not in nocode and "paper_models" in page.read_text()
     html = page.read_text()
     assert "Table 3 and Table 4" in html and "data:image/png;base64" in html
     executed = nbformat.read(tmp_path / "out" / "00_components.ipynb", as_version=4)
@@ -28,6 +43,22 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch):
     # figures went to the reports folder of the environment, not into the repository
     assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
+
+
+def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 05 · Finetuning one component (paper §5.2)")])
+    nb.metadata["papermill"] = {"parameters": {"dataset": "pets"}, "end_time": "2026-11-25T10:11:12.5"}
+    nbformat.write(nb, out / "05_finetune.ipynb")
+    (out / "05_finetune.html").write_text("<html></html>")
+    (out / "sweep").mkdir()
+    (out / "sweep" / "run.html").write_text("<html></html>")
+    landing = report.write_index(out).read_text()
+    assert "05 · Finetuning one component" in landing and "paper §5.2" in landing
+    assert "parameters: dataset=pets · 2026-11-25 10:11" in landing and "no headline" in landing
+    assert "<img" not in landing  # no figure, no thumbnail
+    assert 'href="sweep/run.html"' in landing  # other reports listed below
 
 
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):

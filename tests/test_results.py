@@ -11,6 +11,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from paperlib import finetune, paths, stats
+from paperlib.components import COMPONENTS
 from paperlib.runs import KEYS, Config, expected, load, missing
 
 DATASETS = [
@@ -229,7 +230,9 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
     # compile) and a learning rate that YAML reads as a string
     move_results(".")
     started = []
-    monkeypatch.setattr(finetune, "run", lambda config, progress=False: started.append(config) or {})
+    monkeypatch.setattr(
+        finetune, "run", lambda config, progress=False: started.append(config) or {"status": "finished"}
+    )
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {
@@ -260,7 +263,7 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
             },
         ],
     }
-    finetune.run_spec(spec)
+    finetune.run_spec(spec, workers=1)  # here, where run is replaced
     assert [
         (
             c.dataset,
@@ -615,3 +618,21 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="one model"):
         stats.plasticity_for(pd.concat([runs, runs.assign(model="other")]))
+
+
+def test_pooled_order_and_paper_accuracy():
+    rows = []
+    for dataset, values in {"a": [5, 4, 3, 2, 1], "b": [1, 2, 3, 4, 9]}.items():  # b's LN1 is large
+        rows += [
+            {"model": "m", "dataset": dataset, "component": c, "plasticity": v} for c, v in zip(COMPONENTS, values)
+        ]
+    order = stats.pooled_order(pd.DataFrame(rows)).set_index("model")
+    # means: MHA 3, FC1 3, FC2 3, LN2 3, LN1 5 -> LN1 first, then the four ties
+    assert order.loc["m", "order"].startswith("LN1 > ") and order.loc["m", "tau"] < 0
+    same = pd.DataFrame(
+        [{"model": "p", "dataset": "a", "component": c, "plasticity": 5 - i} for i, c in enumerate(COMPONENTS)]
+    )
+    row = stats.pooled_order(same).iloc[0]
+    assert row["order"] == "MHA > FC1 > FC2 > LN2 > LN1" and row["tau"] == pytest.approx(1.0)
+    assert stats.paper_accuracy("cifar10", "mha") == 98.91 and stats.paper_accuracy("digits", "mha") is None
+    assert stats.paper_accuracy("pets", "probe") == pytest.approx(88.33)
