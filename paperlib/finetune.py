@@ -140,16 +140,17 @@ def run(config: Config, progress: bool = False) -> dict:
     return train(config, progress)[1]
 
 
-def run_spec(spec: dict, progress: bool = False, workers: int | None = None) -> None:
-    """Run every run of a finetuning sweep spec (``runs.configs``) not finished as the spec asks,
-    with one line per run and the time it took. For demo-scale specs; paper-scale sweeps go through
-    ``python -m paperlib.sweep``.
+def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
+    """Run every run of finetuning sweep specs (``runs.configs``) not finished as they ask (a run two
+    specs share, once), with one line per run and the time it took. For demo-scale specs;
+    paper-scale sweeps go through ``python -m paperlib.sweep``.
 
     ``workers``: processes that share the runs. By default one per CPU core when every run is on the
     CPU, each process with one thread (small models train faster so than with every core on one
     run, and two processes never fight over the cores); runs on a GPU run here, one after another.
     """
-    todo = [config for config in runs.configs(spec) if not runs.is_finished(config)]
+    todo = {config.folder(): config for spec in specs for config in runs.configs(spec)}
+    todo = [config for config in todo.values() if not runs.is_finished(config)]
     if workers is None:
         on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
         workers = len(os.sched_getaffinity(0)) if on_cpu else 1
