@@ -72,6 +72,25 @@ def interrupted(config: Config, step: int, monkeypatch) -> None:
             finetune.run(config)
 
 
+def resumed(config: Config, monkeypatch) -> dict:
+    """``finetune.run(config)`` of a run interrupted after a checkpoint, checked to resume from it (its
+    first training batch is not the first): a checkpoint that failed to load would start it again."""
+    from paperlib import loader
+
+    asked, original = [], loader.DeviceLoader.batch
+
+    def spy(self, index):
+        if self.augment:
+            asked.append(index)
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loader.DeviceLoader, "batch", spy)
+        metrics = finetune.run(config)
+    assert asked and asked[0] > 0, "the run started again from the beginning instead of resuming"
+    return metrics
+
+
 def same_metrics(metrics: dict) -> dict:
     """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
     return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}
@@ -126,11 +145,11 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     interrupted(config, 9, monkeypatch)
     folder = config.folder()
     assert (folder / "checkpoint.pt").is_file() and not (folder / "metrics.json").exists()
-    resumed = finetune.run(config)
-    assert same_metrics(resumed) == same_metrics(reference)
+    metrics = resumed(config, monkeypatch)
+    assert same_metrics(metrics) == same_metrics(reference)
     assert not (folder / "checkpoint.pt").exists()
     # a finished run is not repeated
-    assert finetune.run(config) == resumed
+    assert finetune.run(config) == metrics
 
 
 def test_divergence_is_recorded_not_raised(small):
@@ -290,7 +309,7 @@ def test_adamw_resumes_after_an_interruption_as_if_uninterrupted(results, tmp_pa
     move_results("interrupted")
     interrupted(config, 9, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file()
-    assert same_metrics(finetune.run(config)) == same_metrics(reference)
+    assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
 
 
 def test_table6_refuses_runs_of_two_optimizers(results, small):
