@@ -2,7 +2,9 @@
 
 One module per concern, named for what it holds, in the order they import one another:
 
-- ``paths``       where things live (repository, reports, results, data caches, demo weights)
+- ``paths``       where things live (repository, reports, results, data caches, demo weights);
+                  atomic writes and the lock of what one process at a time writes (``locked``)
+- ``threads``     CPU threads of processes of ours that share a machine
 - ``components``  the five transformer components, trainable configurations, Tables 3 and 4
 - ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
 - ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``
@@ -30,7 +32,14 @@ One module per concern, named for what it holds, in the order they import one an
 - ``cli``         the command lines' parameter files and overrides
 """
 
+import os
 import warnings
+
+# OpenMP threads that wait by spinning hold a core each: beside any other busy process (a second run,
+# a notebook) every barrier then waits for a thread that cannot run, and a run crawls (10x measured,
+# paperlib.threads). Sleeping waits give the same numbers. Set before torch loads OpenMP, so it holds
+# for our commands and every process they start; a value set by the user stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # tqdm.auto warns, with a path of this installation, when ipywidgets is missing; plain text
 # progress bars are what we want in executed notebooks, and the path must not land in them.

@@ -1,21 +1,46 @@
 """Command lines for one run without a notebook: ``python -m paperlib.finetune`` and
-``python -m paperlib.plasticity``.
+``python -m paperlib.plasticity``; what every command line shares.
 
 Both read the notebooks' parameter files (``-f parameters/finetune/cifar10.yaml``, several in
 order, later ones winning), then ``--name value`` overrides, with the names the notebooks use.
 Values take the type of the parameter's default, so ``--lr 1e-2`` is a number and ``--graph true``
 a boolean; an unknown name or a value of the wrong type stops before any work with the valid
-choices.
+choices. Every command (these, ``sweep``, ``stats``, ``report``, ``demo``, ``speed.bench``) reports a
+missing or malformed file, spec or folder as one line, ``error: ...``, with exit status 2
+(``BAD_INPUT``, ``fail``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+"""What a command line reports as a bad input (``fail``), not as a traceback."""
+
+
+def fail(error: BaseException) -> int:
+    """Report a bad input as one line on stderr (``error: ...``); returns the exit status, 2."""
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
+def read_yaml(path: str | Path, what: str = "parameter file") -> Any:
+    """A YAML file's content; a FileNotFoundError or ValueError naming it (and ``what`` it is) if it is
+    missing, a folder, or not YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
+    try:
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid YAML: {' '.join(str(error).split())}") from None
+
 
 TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
@@ -62,6 +87,8 @@ def parameters(
 
     ``aliases`` map a command's names to these (``data_root`` -> ``root`` for plasticity's ``run``);
     names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
+    A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or
+    ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
     """
     valid = sorted(set(defaults) | set(aliases))
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
@@ -72,27 +99,24 @@ def parameters(
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS, metavar="VALUE")
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
-    for file in args.pop("file"):
-        loaded = yaml.safe_load(Path(file).read_text()) or {}
+    for file in args.pop("file"):  # a file's problems: FileNotFoundError or ValueError naming it (``fail``)
+        loaded = read_yaml(file) or {}
         if not isinstance(loaded, dict):
-            parser.error(f"{file} is not a mapping of parameter names to values")
+            raise ValueError(f"{file} is not a mapping of parameter names to values")
         unknown = sorted(set(loaded) - set(valid))
         if unknown:
-            parser.error(f"{file}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+            raise ValueError(f"{file}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
         values.update(loaded)
     values.update(args)
     result = {}
     for name, value in values.items():
         target = aliases.get(name, name)
         default = defaults[target]
-        try:
-            if target in flexible and isinstance(value, str):
-                lowered = value.strip().lower()
-                result[target] = (lowered in TRUE) if lowered in TRUE + FALSE else value
-            else:
-                result[target] = coerce(name, value, default)
-        except ValueError as error:
-            parser.error(str(error))
+        if target in flexible and isinstance(value, str):
+            lowered = value.strip().lower()
+            result[target] = (lowered in TRUE) if lowered in TRUE + FALSE else value
+        else:
+            result[target] = coerce(name, value, default)
     return result
 
 

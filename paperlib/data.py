@@ -171,6 +171,36 @@ _CIFAR = {  # folder, train files, test files, meta file, label key, class-name 
 }
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """Reads CIFAR's official pickled batches, admitting only what they hold: dicts, lists, strings,
+    numbers and numpy arrays (rebuilt by ``_reconstruct``, by numpy 1's name or numpy 2's). Anything
+    else, which a pickle could make run code, is refused."""
+
+    ADMITTED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ADMITTED:
+            raise pickle.UnpicklingError(f"{module}.{name} is not in CIFAR's official files")
+        return super().find_class(module, name)
+
+
+def read_cifar_batch(path: Path) -> dict:
+    """One of CIFAR's pickled files (``CifarUnpickler``); a ValueError naming it if it is not one."""
+    try:
+        with open(path, "rb") as handle:
+            entry = CifarUnpickler(handle, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not one of CIFAR's official files ({error})") from None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path} is not one of CIFAR's official files (no dict of arrays and labels)")
+    return entry
+
+
 def _cifar(name: str):
     folder, train_files, test_files, meta_file, label_key, names_key, tv_class, url = _CIFAR[name]
 
@@ -189,12 +219,10 @@ def _cifar(name: str):
             )
         data, targets = [], []
         for file in files:
-            with open(base / file, "rb") as handle:
-                entry = pickle.load(handle, encoding="latin1")
+            entry = read_cifar_batch(base / file)
             data.append(np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
             targets.extend(entry[label_key])
-        with open(base / meta_file, "rb") as handle:
-            classes = pickle.load(handle, encoding="latin1")[names_key]
+        classes = read_cifar_batch(base / meta_file)[names_key]
         return ImageDataset(torch.from_numpy(np.concatenate(data)), torch.tensor(targets), classes, name, official)
 
     return load

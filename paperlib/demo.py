@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from . import paths
+from . import cli, paths
 from .data import get_dataset
 from .finetune import evaluate
 from .imagesets import ImageDataset
@@ -122,28 +122,31 @@ def main(argv: list[str] | None = None) -> None:
     evaluate.add_argument("--weights", type=Path, default=paths.DEMO_WEIGHTS)
     args = parser.parse_args(argv)
 
-    if args.command == "pretrain":
-        if args.epochs < 1:
-            parser.error(f"--epochs must be at least 1, got {args.epochs}")
-        recipe = Recipe(epochs=args.epochs)
-        model, metrics = pretrain(recipe)
-        card = {
-            "model": "vit_demo_patch4_32",
-            "dataset": "digits_source trainval (scikit-learn digits 0-4, 80% of them)",
-            "recipe": asdict(recipe),
-            **metrics,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "command": "python -m paperlib.demo pretrain",
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__},
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} CPU threads",
-        }
-        save_weights(model, args.out, card)
-        print(json.dumps(metrics))
-        print(f"wrote {args.out}")
-    else:
-        model = create_model("demo", weights=args.weights)
-        for split in ("trainval", "test"):
-            print(f"digits_source {split} accuracy: {accuracy(model, get_dataset('digits_source', split)):.4f}")
+    try:
+        if args.command == "pretrain":
+            if args.epochs < 1:
+                parser.error(f"--epochs must be at least 1, got {args.epochs}")
+            recipe = Recipe(epochs=args.epochs)
+            model, metrics = pretrain(recipe)
+            card = {
+                "model": "vit_demo_patch4_32",
+                "dataset": "digits_source trainval (scikit-learn digits 0-4, 80% of them)",
+                "recipe": asdict(recipe),
+                **metrics,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "command": "python -m paperlib.demo pretrain",
+                "versions": {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__},
+                "machine": f"{platform.machine()}, {torch.get_num_threads()} CPU threads",
+            }
+            save_weights(model, args.out, card)
+            print(json.dumps(metrics))
+            print(f"wrote {args.out}")
+        else:
+            model = create_model("demo", weights=args.weights)
+            for split in ("trainval", "test"):
+                print(f"digits_source {split} accuracy: {accuracy(model, get_dataset('digits_source', split)):.4f}")
+    except cli.BAD_INPUT as error:  # a weight file missing or not one
+        parser.exit(cli.fail(error))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -37,7 +36,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import cli, components, data, lora, models, paths, runs, speed
+from . import cli, components, data, lora, models, paths, runs, speed, threads
 from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
 
@@ -126,18 +125,20 @@ def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in components.trainable_parameters(model)}
 
 
-def run(config: Config, progress: bool = False) -> dict:
+def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """Finetune, evaluate and record one run; returns its metrics (see module docstring).
 
     A run already finished as asked (``runs.is_finished``) is not repeated: its metrics are
-    returned (trained again only if ``save_weights`` asks for weights it did not keep).
+    returned (trained again only if ``save_weights`` asks for weights it did not keep). One run
+    folder has one writer: a run that another process is training is waited for, then its metrics
+    are returned (``wait=False``: ``paths.Busy`` is raised instead).
     """
     folder = config.folder()
-    if runs.is_finished(config):
-        return runs.read_json(folder / METRICS)
-    if (folder / METRICS).is_file() and runs.same_params(runs.read_json(folder / PARAMS), config):
-        (folder / METRICS).unlink()  # finished without the weights now asked for: trained again, partial until it ends
-    return train(config, progress)[1]
+    if not runs.is_finished(config):
+        with paths.locked(folder, wait=wait):
+            if not runs.is_finished(config):  # the process waited for may have finished it
+                return train(config, progress)[1]
+    return paths.read_json(folder / METRICS)
 
 
 def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
@@ -146,22 +147,21 @@ def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -
     paper-scale sweeps go through ``python -m paperlib.sweep``.
 
     ``workers``: processes that share the runs. By default one per CPU core when every run is on the
-    CPU, each process with one thread (small models train faster so than with every core on one
-    run, and two processes never fight over the cores); runs on a GPU run here, one after another.
+    CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
+    so than with every core on one run); runs on a GPU run here, one after another.
     """
     todo = {config.folder(): config for spec in specs for config in runs.configs(spec)}
     todo = [config for config in todo.values() if not runs.is_finished(config)]
     if workers is None:
         on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
-        workers = len(os.sched_getaffinity(0)) if on_cpu else 1
+        workers = threads.cores() if on_cpu else 1
     workers = max(1, min(workers, len(todo)))
     with contextlib.ExitStack() as stack:
         if workers == 1:
             finished = ((config, _timed_run(config, progress)) for config in todo)
         else:
-            pool = stack.enter_context(
-                ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), torch.set_num_threads, (1,))
-            )
+            stack.enter_context(threads.shared_by(workers))  # the workers take their share (threads.apply)
+            pool = stack.enter_context(ProcessPoolExecutor(workers, multiprocessing.get_context("spawn")))
             futures = {pool.submit(_timed_run, config): config for config in todo}
             finished = ((futures[future], future.result()) for future in as_completed(futures))
         for done, (config, (status, seconds)) in enumerate(finished, start=1):
@@ -189,14 +189,14 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             "(Config(save_weights=True), -p save_weights True, --save-weights true)"
         )
     differ = runs.differing(
-        runs.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
+        paths.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
     )
     if differ:
         raise ValueError(
             f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
             "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
         )
-    metrics = runs.read_json(folder / METRICS)
+    metrics = paths.read_json(folder / METRICS)
     model = models.create_model(config.model, num_classes=metrics["num_classes"])
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
@@ -225,15 +225,17 @@ def _deterministic(enabled: bool):
         torch.use_deterministic_algorithms(previous)
 
 
-def train(config: Config, progress: bool = False) -> tuple[nn.Module, dict]:
+def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn.Module, dict]:
     """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
     A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT.
+    It holds its folder's lock (``paths.locked``) while it trains: another process training the same
+    run is waited for (``wait=False``: ``paths.Busy``), never trained beside.
 
-    Deterministic on a CPU (same seed, same numbers); on CUDA, as the caller set PyTorch (its
-    deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
+    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the
+    caller set PyTorch (its deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
     cpu = torch.device(config.device).type != "cuda"
-    with _deterministic(cpu or torch.are_deterministic_algorithms_enabled()):
+    with paths.locked(config.folder(), wait=wait), _deterministic(cpu or torch.are_deterministic_algorithms_enabled()):
         return _train(config, progress)
 
 
@@ -275,6 +277,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     params = runs.run_record(config)
     device = torch.device(config.device)
     cuda = device.type == "cuda"
+    threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     torch.manual_seed(config.seed)
 
     loaders, num_classes, mean_std, side = _data(config, device)
@@ -387,33 +390,41 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "weights": None,  # the weights file, if kept: runs.record
         "mean": list(mean_std[0]),
         "std": list(mean_std[1]),
+        "threads": threads_used,  # CPU threads: on a CPU their number changes the last digits
         "torch": torch.__version__,
     }
     runs.record(config, rows, best, metrics)
     return model, metrics
 
 
+RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]``:
     one run, as notebook 05 runs it with the same parameters, without the notebook; prints its
     metrics as JSON. The step options may be given one by one (``--compile blocks``) or as a preset
-    (``--speed none``, a file of ``parameters/speed/``)."""
-    defaults = {field.name: field.default for field in fields(Config)} | {"speed": "auto"}
-    values = cli.parameters(
-        argv,
-        defaults,
-        {},
-        "One finetuning run (paper §5.2); notebook 05's parameters.",
-        "python -m paperlib.finetune",
-        flexible=frozenset({"compile"}),
-    )
+    (``--speed none``, a file of ``parameters/speed/``). A run that another process is training is
+    waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
+    defaults = {field.name: field.default for field in fields(Config)} | {"speed": "auto", "wait": True}
     try:
+        values = cli.parameters(
+            argv,
+            defaults,
+            {},
+            "One finetuning run (paper §5.2); notebook 05's parameters.",
+            "python -m paperlib.finetune",
+            flexible=frozenset({"compile"}),
+        )
+        wait = values.pop("wait", True)
         config = runs.config_from(values)
         with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
-            metrics = run(config, progress=True)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+            metrics = run(config, progress=True, wait=wait)
+    except paths.Busy as error:
+        print(error, file=sys.stderr)
+        return RUNNING_ELSEWHERE
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
     cli.print_json({"folder": paths.display(config.folder()), **metrics})
     return 0
 

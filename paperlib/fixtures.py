@@ -7,7 +7,9 @@ offline. Used by the test-suite and by ``python -m paperlib.speed.bench data``.
 
 from __future__ import annotations
 
+import io
 import pickle
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +42,31 @@ def _jpeg(path: Path, rng: np.random.Generator, size: tuple[int, int] = (48, 40)
     Image.fromarray(pixels).save(path, format="JPEG", quality=90)
 
 
+class Python2Pickler(pickle._Pickler):
+    """Pickles as CIFAR's official files were pickled (Python 2's cPickle, protocol 2): bytes as Python
+    2's strings (``BINSTRING``), not as Python 3 writes them at protocol 2 (through ``_codecs.encode``)."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_bytes(self, obj: bytes) -> None:
+        size = len(obj)
+        self.write(pickle.SHORT_BINSTRING + bytes([size]) if size < 256 else pickle.BINSTRING + struct.pack("<i", size))
+        self.write(obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_bytes
+
+
+def python2_pickle(entry) -> bytes:
+    """``entry`` pickled as in CIFAR's official files (``Python2Pickler``), numpy's arrays rebuilt by
+    numpy 1's name, ``numpy.core.multiarray._reconstruct``, as the files name it."""
+    buffer = io.BytesIO()
+    Python2Pickler(buffer, protocol=2).dump(entry)
+    return buffer.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
+
+
 def write_cifar(root: Path, name: str = "cifar10", n_train: int = 60, n_test: int = 20, seed: int = 0) -> Path:
-    """Pickled batches as in cifar-10-python.tar.gz / cifar-100-python.tar.gz."""
+    """Pickled batches as in cifar-10-python.tar.gz / cifar-100-python.tar.gz (``python2_pickle``)."""
     rng = _rng(seed)
     root = Path(root)
     if name == "cifar10":
@@ -60,10 +85,8 @@ def write_cifar(root: Path, name: str = "cifar10", n_train: int = 60, n_test: in
             label_key: rng.integers(0, n_classes, size=len(chunk)).tolist(),
             "filenames": [f"img_{i}.png" for i in chunk],
         }
-        with open(base / file, "wb") as handle:
-            pickle.dump(entry, handle)
-    with open(base / meta_file, "wb") as handle:
-        pickle.dump({names_key: [f"class_{i}" for i in range(n_classes)]}, handle)
+        (base / file).write_bytes(python2_pickle(entry))
+    (base / meta_file).write_bytes(python2_pickle({names_key: [f"class_{i}" for i in range(n_classes)]}))
     return base
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from . import paths
+from . import paths, threads
 from .imagesets import FileDataset, ImageDataset, UnevenImages
 from .transforms import IMAGENET, as_mean_std, device_transform
 
@@ -74,8 +75,9 @@ class _Shrink:
 
 
 def decode_workers() -> int:
-    """DataLoader workers for decoding image files: one per core, at most 8 (more rarely pays)."""
-    return min(8, os.cpu_count() or 1)
+    """DataLoader workers for decoding image files: one per core of this process's share
+    (``threads``), at most 8 (more rarely pays)."""
+    return min(8, max(1, threads.cores() // threads.workers()))
 
 
 def uint8_images(
@@ -122,11 +124,42 @@ def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: in
     sizes): from its cache files (the pixels memory-mapped), or decoded now and cached.
 
     The sizes are known from the files' headers before decoding, so the pixels are written into
-    their place as they come and a dataset larger than memory can be cached."""
+    their place as they come and a dataset larger than memory can be cached. One process decodes
+    (``paths.locked``): another that wants the same cache waits for it, then reads it. A cache that
+    is not whole (``_cached``) is decoded again."""
     file = _cache_file(dataset, cache_size, cache_dir)
     sizes_file = file.with_name(file.stem + "-sizes.npy")
-    if file.is_file() and sizes_file.is_file():
-        return np.load(file, mmap_mode="c"), np.load(sizes_file)  # "c": writable for torch, never written
+    cached = _cached(file, sizes_file, len(dataset.files))
+    if cached is not None:
+        return cached
+    with paths.locked(file):
+        cached = _cached(file, sizes_file, len(dataset.files))  # made meanwhile by the process waited for
+        if cached is not None:
+            return cached
+        return _decode(dataset, cache_size, file, sizes_file, workers)
+
+
+def _cached(file: Path, sizes_file: Path, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(pixels memory-mapped, sizes) of a decoded cache, if both files are there and whole (``count``
+    images, as many pixels as their sizes say); None otherwise, with a warning if they are damaged."""
+    if not (file.is_file() and sizes_file.is_file()):
+        return None
+    try:
+        sizes = np.load(sizes_file)
+        pixels = np.load(file, mmap_mode="c")  # "c": writable for torch, never written
+        whole = sizes.shape == (count, 2) and pixels.shape == (int(3 * sizes.prod(axis=1).sum()),)
+    except (ValueError, OSError, EOFError):  # a truncated .npy
+        whole = False
+    if not whole:
+        warnings.warn(f"the decoded cache {paths.display(file)} is not whole: decoding again")
+        return None
+    return pixels, sizes
+
+
+def _decode(
+    dataset: FileDataset, cache_size: int, file: Path, sizes_file: Path, workers: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode the dataset's images into the cache files; returns them as ``_cached`` does."""
     sizes = []
     for path in dataset.files:
         with Image.open(path) as image:  # reads the header only

@@ -295,8 +295,10 @@ def create_model(
             components.check_model(timm.create_model(timm_name, pretrained=False, **kwargs), timm_name)
     try:
         model = timm.create_model(timm_name, pretrained=pretrained, **kwargs)
-    except (OSError, ValueError) as error:
-        if not pretrained or weights is not None or not _is_hub_error(error):
+    except Exception as error:
+        if weights is not None:  # a local file that is not weights of this architecture (damaged, another model)
+            raise ValueError(f"cannot load {weights} into {timm_name}: {type(error).__name__}: {error}") from error
+        if not pretrained or not isinstance(error, (OSError, ValueError)) or not _is_hub_error(error):
             raise
         cfg = timm.models.get_pretrained_cfg(timm_name)
         source = f"https://huggingface.co/{cfg.hf_hub_id}" if cfg is not None and cfg.hf_hub_id else "the hub"

@@ -7,12 +7,17 @@ scratch space without touching the code.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent
@@ -134,3 +139,78 @@ def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: b
         if staging.exists():
             shutil.rmtree(staging)
     return folder
+
+
+def file_sizes(folder: str | Path, names: Iterable[str]) -> dict[str, int]:
+    """``{name: bytes}`` of files just written whole in ``folder``, for the JSON file written after them
+    to record as ``files`` (``read_json`` then refuses it if one was cut short or replaced since)."""
+    return {name: (Path(folder) / name).stat().st_size for name in names}
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object that a run or result writes (a run's ``params.json`` and ``metrics.json``, a
+    plasticity result's ``metadata.json``, a sweep's marker). A FileNotFoundError if it is missing; a
+    ValueError naming the file if it is not a whole JSON object, or if a file whose size it records
+    (``files``: ``file_sizes``) is missing or of another size since."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{display(path)} not found")
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{display(path)} is not whole JSON (damaged?)") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{display(path)} holds no JSON object (damaged?)")
+    for name, size in payload.get("files", {}).items():  # written before the sizes were recorded: none to check
+        file = path.parent / name
+        if not file.is_file() or file.stat().st_size != size:
+            raise ValueError(f"{display(file)} is not the file {path.name} records ({size} bytes; damaged?)")
+    return payload
+
+
+def json_or_none(path: str | Path) -> dict | None:
+    """``read_json(path)``, or None if the file is missing or damaged: what is damaged is reported in a
+    warning that names the file, and never taken for a result (it is made again)."""
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        warnings.warn(str(error), stacklevel=2)
+        return None
+
+
+class Busy(RuntimeError):
+    """Another process holds the lock of what this one was asked to write (``locked(..., wait=False)``)."""
+
+
+_HELD: set[Path] = set()  # what this process holds locked: locking it again inside does not wait for itself
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, wait: bool = True):
+    """Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
+    at a time may write) while the block runs. The lock is an OS file lock (``fcntl.flock``) on
+    ``.<name>.lock`` beside ``path``, which the OS releases when its process ends, however it ends
+    (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on
+    stderr and waits for it (``wait=False``: raises ``Busy`` instead); the caller then checks whether
+    the holder finished the work. Locking what this process already holds does not wait."""
+    path = Path(path).absolute()
+    if path in _HELD:
+        yield
+        return
+    lock = path.parent / f".{path.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:  # closing it (here, or by the process's end) releases the lock
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise Busy(f"{display(path)} is being written by another process (running elsewhere)") from None
+            print(f"waiting for another process that is writing {display(path)}", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD.add(path)
+        try:
+            yield
+        finally:
+            _HELD.discard(path)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -47,7 +46,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from . import cli, data, models, paths
+from . import cli, data, models, paths, threads
 from .component_rates import (
     IdenticalPairsWarning,
     batch_pair_rates,
@@ -370,33 +369,34 @@ def has_result(
     reference: str | None = None,
     severity: int = 5,
 ) -> bool:
-    """Whether ``result_folder`` for these arguments holds a complete result (its ``metadata.json``,
-    which ``save`` writes last)."""
-    return (
-        result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity) / "metadata.json"
-    ).is_file()
+    """Whether ``result_folder`` for these arguments holds a complete result: its ``metadata.json``
+    (which ``save`` writes last) whole, and ``rates.csv.gz`` of the size it records (``paths.json_or_none``:
+    a damaged result is reported in a warning and not taken for one)."""
+    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
+    return paths.json_or_none(folder / "metadata.json") is not None
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
 
-    ``metadata.json`` is written last: its presence marks a complete result.
+    ``metadata.json`` is written last, with the table's size (``files``): its presence marks a
+    complete result, and a table damaged since is not taken for one.
     """
     folder = Path(folder)
     paths.atomic_write(folder / "rates.csv.gz", lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata or {}, indent=2, default=str) + "\n")
+    metadata = {**(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
+    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
 
 def load(folder) -> pd.DataFrame:
     """Read a table written by ``save`` (with ``component`` as the ordered categorical, and
-    ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded)."""
+    ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded); an
+    error naming the file if the result is missing or damaged (``paths.read_json``)."""
     folder = Path(folder)
-    if not (folder / "metadata.json").is_file():
-        raise FileNotFoundError(f"no complete plasticity result in {folder} (metadata.json missing)")
+    metadata = paths.read_json(folder / "metadata.json")
     table = pd.read_csv(folder / "rates.csv.gz")
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
-    metadata = json.loads((folder / "metadata.json").read_text())
     table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
     return table
 
@@ -478,42 +478,44 @@ def run(
             f"{dataset}: {pairs} pairs, not {n_pairs}: "
             f"{reference} has {len(reference_set)} test images and {dataset} {len(target_set)}"
         )
-    table = measure(
-        network,
-        reference_set,
-        target_set,
-        pairs,
-        batch_size,
-        device,
-        inputs,
-        num_workers=num_workers,
-        progress=progress,
-        sample=sample,
-        seed=seed,
-    )
-    metadata = {
-        "model": model,
-        "dataset": dataset,
-        "reference": reference,
-        "n_pairs": pairs,
-        "n_pairs_requested": n_pairs,
-        "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
-        "token_rms": table.attrs["token_rms"],
-        "sample": sample,
-        "seed": seed if sample == "random" else None,
-        "inputs": inputs,
-        "normalize": normalize,
-        "mean": list(mean_std[0]),
-        "std": list(mean_std[1]),
-        "image_size": size,
-        "severity": severity if dataset.startswith("cifar10c/") else None,
-        "device": str(device),
-        "seconds": round(time.perf_counter() - start, 2),
-        "torch": torch.__version__,
-    }
-    return table, save(
-        table, result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity), metadata
-    )
+    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
+    threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
+    with paths.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
+        table = measure(
+            network,
+            reference_set,
+            target_set,
+            pairs,
+            batch_size,
+            device,
+            inputs,
+            num_workers=num_workers,
+            progress=progress,
+            sample=sample,
+            seed=seed,
+        )
+        metadata = {
+            "model": model,
+            "dataset": dataset,
+            "reference": reference,
+            "n_pairs": pairs,
+            "n_pairs_requested": n_pairs,
+            "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
+            "token_rms": table.attrs["token_rms"],
+            "sample": sample,
+            "seed": seed if sample == "random" else None,
+            "inputs": inputs,
+            "normalize": normalize,
+            "mean": list(mean_std[0]),
+            "std": list(mean_std[1]),
+            "image_size": size,
+            "severity": severity if dataset.startswith("cifar10c/") else None,
+            "device": str(device),
+            "threads": threads_used,
+            "seconds": round(time.perf_counter() - start, 2),
+            "torch": torch.__version__,
+        }
+        return table, save(table, folder, metadata)
 
 
 def measure_missing(
@@ -545,21 +547,25 @@ def measure_missing(
         for dataset in datasets:
             if has_result(model, dataset, inputs, sample, seed, normalize, reference):
                 continue
-            against = reference if reference is not None else default_reference(dataset)
-            run(
-                model,
-                dataset,
-                against,
-                n_pairs,
-                batch_size,
-                device,
-                inputs,
-                root=root,
-                progress=progress,
-                sample=sample,
-                seed=seed,
-                normalize=normalize,
-            )
+            # one measures, others wait for it and then find its result
+            with paths.locked(result_folder(model, dataset, inputs, sample, seed, normalize, reference)):
+                if has_result(model, dataset, inputs, sample, seed, normalize, reference):
+                    continue
+                against = reference if reference is not None else default_reference(dataset)
+                run(
+                    model,
+                    dataset,
+                    against,
+                    n_pairs,
+                    batch_size,
+                    device,
+                    inputs,
+                    root=root,
+                    progress=progress,
+                    sample=sample,
+                    seed=seed,
+                    normalize=normalize,
+                )
             measured.append((model, dataset))
     return measured
 
@@ -592,7 +598,7 @@ def collect(
     base = Path(root) if root is not None else results_root(inputs)
     rows = []
     for metadata_file in sorted(base.rglob("metadata.json")):
-        metadata = json.loads(metadata_file.read_text())
+        metadata = paths.read_json(metadata_file)  # a damaged result: an error that names the file
         # results from before the option: first
         drawn, drawn_seed = (metadata.get("sample", "first"), metadata.get("seed"))
         normalized = metadata.get("normalize", "imagenet")  # results from before the option: the paper's
@@ -660,19 +666,18 @@ def main(argv: list[str] | None = None) -> int:
     signature = inspect.signature(run).parameters
     defaults = {name: CLI_DEFAULTS.get(name, p.default) for name, p in signature.items()}
     defaults["num_workers"] = 0  # run's None (automatic) as a number a command line can give; None stays automatic
-    values = cli.parameters(
-        argv,
-        defaults,
-        {"data_root": "root"},
-        "Plasticity of every component (paper §5.1); notebook 02's parameters.",
-        "python -m paperlib.plasticity",
-    )
-    values.setdefault("num_workers", None)
     try:
+        values = cli.parameters(
+            argv,
+            defaults,
+            {"data_root": "root"},
+            "Plasticity of every component (paper §5.1); notebook 02's parameters.",
+            "python -m paperlib.plasticity",
+        )
+        values.setdefault("num_workers", None)
         table, folder = run(**{**CLI_DEFAULTS, **values})
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
     ranked = ranking(table)
     print(ranked.round(4).to_string())
     print(f"Kendall's tau with the paper's ranking: {paper_agreement(table):.2f}; saved in {paths.display(folder)}")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -51,7 +50,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from . import components, data, models, paths
+from . import components, data, models, paths, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset
 from .loader import decode_workers
@@ -290,11 +289,13 @@ def result_folder(
 
 
 def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none)."""
+    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none, or if
+    damaged: ``paths.json_or_none`` warns, and the probes are fitted again)."""
     folder = Path(folder)
-    if not (folder / "metadata.json").is_file() or not (folder / "probe.csv").is_file():
+    metadata = paths.json_or_none(folder / "metadata.json")
+    if metadata is None or not (folder / "probe.csv").is_file():
         return empty(), {}
-    return pd.read_csv(folder / "probe.csv"), json.loads((folder / "metadata.json").read_text())
+    return pd.read_csv(folder / "probe.csv"), metadata
 
 
 def empty() -> pd.DataFrame:
@@ -305,10 +306,12 @@ def empty() -> pd.DataFrame:
 
 
 def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
-    """Write ``metadata.json`` then ``probe.csv`` into ``folder``, each atomically."""
+    """Write ``probe.csv`` then ``metadata.json`` (with the table's size, ``files``) into ``folder``,
+    each atomically: the metadata, written last, says the table is whole."""
     folder = Path(folder)
-    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     paths.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
+    metadata = {**metadata, "files": paths.file_sizes(folder, ["probe.csv"])}
+    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
 
@@ -403,52 +406,64 @@ def linear_probe(
         "data_fingerprint": data.content_fingerprint(dataset, root),
     }
     folder = result_folder(label, dataset, split_seed, normalize, pool, train_split) if cache and label else None
+    table, metadata, missing = cached(folder, key, wanted)
+    if not missing:
+        return tidy(table, wanted)
+    # one process fits a model's probes on a dataset: another waits for it, then finds them
+    with paths.locked(folder) if folder is not None else contextlib.nullcontext():
+        table, metadata, missing = cached(folder, key, wanted)  # fitted meanwhile by the process waited for
+        if not missing:
+            return tidy(table, wanted)
+        threads.apply()  # this process's share of the cores, if it shares them with others of ours
+        start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
+        network = models.create_model(model) if isinstance(model, str) else model
+        size = network.patch_embed.img_size[0]
+        splits = {
+            split: data.get_dataset(dataset, split, root=root, seed=split_seed, image_size=size, mean_std=mean_std)
+            for split in (train_split, "test")
+        }
+        n_images = sum(len(s) for s in splits.values())
+        bar = tqdm(total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
+        for group in groups(network, missing, n_images, max_gib):
+            (train_x, train_y), (test_x, test_y) = (
+                pooled_features(network, splits[split], group, pool, batch_size, device, num_workers)
+                for split in (train_split, "test")
+            )
+            # small fits (every demo-scale one) run one per core of this process's share; larger ones
+            # one at a time, on BLAS's threads
+            jobs = (threads.budget() or threads.cores()) if all(train_x[i].size <= SMALL_FIT for i in group) else 1
+            fits = Parallel(n_jobs=min(jobs, len(group)), return_as="generator")(
+                delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
+            )
+            for (index, point), accuracy in zip(group, fits):
+                table.loc[len(table)] = [index, point, accuracy]
+                if folder is not None:  # after every fit: an interrupted call resumes
+                    metadata = {
+                        "key": key,
+                        "depth": depth,
+                        "image_size": size,
+                        "n_train": len(train_y),
+                        "n_test": len(test_y),
+                        "n_classes": len(splits["test"].classes),
+                        "device": str(device),
+                        "seconds": round(seconds + time.perf_counter() - start, 2),
+                        "torch": torch.__version__,
+                        "sklearn": sklearn.__version__,
+                    }
+                    save(table, folder, metadata)
+                bar.update()
+        bar.close()
+        return tidy(table, wanted)
+
+
+def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:
+    """The probe table and metadata cached in ``folder`` if they are of this ``key`` (empty otherwise),
+    and the (block, point) of ``wanted`` not in the table."""
     table, metadata = load(folder) if folder is not None else (empty(), {})
     if metadata.get("key") != key:  # another model or dataset under the name (custom ones change): not this
         table, metadata = empty(), {}
     done = set(zip(table["block"].astype(int), table["point"]))
-    missing = [item for item in wanted if item not in done]
-    if not missing:
-        return tidy(table, wanted)
-
-    start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
-    network = models.create_model(model) if isinstance(model, str) else model
-    size = network.patch_embed.img_size[0]
-    splits = {
-        split: data.get_dataset(dataset, split, root=root, seed=split_seed, image_size=size, mean_std=mean_std)
-        for split in (train_split, "test")
-    }
-    n_images = sum(len(s) for s in splits.values())
-    bar = tqdm(total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
-    for group in groups(network, missing, n_images, max_gib):
-        (train_x, train_y), (test_x, test_y) = (
-            pooled_features(network, splits[split], group, pool, batch_size, device, num_workers)
-            for split in (train_split, "test")
-        )
-        # small fits (every demo-scale one) run one per core; larger ones one at a time, on BLAS's threads
-        small = all(train_x[item].size <= SMALL_FIT for item in group)
-        fits = Parallel(n_jobs=len(os.sched_getaffinity(0)) if small and len(group) > 1 else 1, return_as="generator")(
-            delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
-        )
-        for (index, point), accuracy in zip(group, fits):
-            table.loc[len(table)] = [index, point, accuracy]
-            if folder is not None:  # after every fit: an interrupted call resumes
-                metadata = {
-                    "key": key,
-                    "depth": depth,
-                    "image_size": size,
-                    "n_train": len(train_y),
-                    "n_test": len(test_y),
-                    "n_classes": len(splits["test"].classes),
-                    "device": str(device),
-                    "seconds": round(seconds + time.perf_counter() - start, 2),
-                    "torch": torch.__version__,
-                    "sklearn": sklearn.__version__,
-                }
-                save(table, folder, metadata)
-            bar.update()
-    bar.close()
-    return tidy(table, wanted)
+    return table, metadata, [item for item in wanted if item not in done]
 
 
 def table6_column(

@@ -27,7 +27,7 @@ from typing import Iterable
 
 import nbformat
 
-from . import paths
+from . import cli, paths
 
 KERNEL = "python3"
 KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"\nReports: {index.resolve()}")
         else:
             execute_inplace(args.notebooks)
-    except ValueError as error:
-        parser.exit(2, f"error: {error}\n")
+    except (*cli.BAD_INPUT, nbformat.ValidationError) as error:  # an unknown notebook, a file missing or not one
+        parser.exit(cli.fail(error))
 
 
 if __name__ == "__main__":

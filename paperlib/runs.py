@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -255,47 +256,59 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
 
 
 def is_finished(config: Config) -> bool:
-    """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there, its recorded
-    parameters are ``config``'s on the same custom data and model as now (``same_params``), and,
-    with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there and whole, with the
+    files it records whole (``paths.json_or_none``: a damaged run is trained again), its recorded
+    parameters are ``config``'s on the same custom data and model as now (``same_params``), and, with
+    ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
-    if not (folder / METRICS).is_file() or not (folder / PARAMS).is_file():
+    params, metrics = paths.json_or_none(folder / PARAMS), paths.json_or_none(folder / METRICS)
+    if params is None or metrics is None or not same_params(params, config):
         return False
-    if not same_params(json.loads((folder / PARAMS).read_text()), config):
-        return False
-    metrics = json.loads((folder / METRICS).read_text())
     return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
 
 
-def read_json(path: Path) -> dict:
-    """A JSON file of a run folder."""
-    return json.loads(Path(path).read_text())
-
-
 def start(config: Config, params: dict) -> None:
-    """Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``). If its
-    folder held a run of other parameters (steps, batch size, warm-up... are not in the folder's
-    name), that run's files go first, so that they are never read back as this run's."""
+    """Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``); it is
+    partial (no ``metrics.json``) until it ends. If its folder held a run of other parameters (steps,
+    batch size, warm-up... are not in the folder's name), or one whose parameters cannot be read,
+    that run's files go first, so that they are never read back as this run's."""
     folder = config.folder()
-    if (folder / PARAMS).is_file() and not same_params(read_json(folder / PARAMS), config, params):
-        for stale in (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
-            (folder / stale).unlink(missing_ok=True)
+    saved = paths.json_or_none(folder / PARAMS)
+    same = saved is not None and same_params(saved, config, params)
+    for stale in (METRICS,) if same else (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
+        (folder / stale).unlink(missing_ok=True)
     write_json(folder / PARAMS, params)
 
 
+CHECKPOINT_KEYS = ("params", "step", "history", "best", "cache_side", "model", "optimizer", "schedule")
+"""What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
+
+
 def save_checkpoint(config: Config, state: dict) -> None:
-    """Write the run's checkpoint (``checkpoint.pt``) atomically: a run killed while writing keeps the last one."""
+    """Write the run's checkpoint (``checkpoint.pt``) atomically: a run killed while writing keeps the
+    last one. It holds tensors and plain types only (random-number states as tensors), so that it loads
+    with ``weights_only=True``."""
     paths.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(config: Config, params: dict, side: int, device: torch.device) -> dict | None:
     """The run's checkpoint, if there is one of these parameters (``params``) taken on the images it
-    resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning)."""
+    resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning).
+    It is read with ``weights_only=True``: tensors and plain types, never code. One that cannot be read
+    (truncated, damaged, or holding anything else) is reported as a warning and not resumed from."""
     checkpoint = config.folder() / CHECKPOINT
     if not checkpoint.is_file():
         return None
-    saved = torch.load(checkpoint, map_location=device, weights_only=False)
-    if same_params(saved["params"], config, params) and saved.get("cache_side") == side:
+    try:
+        saved = torch.load(checkpoint, map_location=device, weights_only=True)
+        lacking = [key for key in CHECKPOINT_KEYS if key not in saved]
+        if lacking:
+            raise ValueError(f"no {', '.join(lacking)}")
+    except Exception as error:  # whatever torch.load raises for a damaged file (zip, pickle, EOF, type errors)
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        warnings.warn(f"{paths.display(checkpoint)} cannot be read ({reason}): the run starts from the beginning")
+        return None
+    if same_params(saved["params"], config, params) and saved["cache_side"] == side:
         return saved
     return None
 
@@ -303,8 +316,9 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
 def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
     """Record a run that ended: its history (``rows``), with ``save_weights`` the trainable
     parameters of its best checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or
-    None), its metrics last (the run is finished), and its checkpoint gone. Each file is written
-    atomically."""
+    None), its metrics last (the run is finished; ``metrics["files"]``: the sizes of the files
+    written before, so that a damaged one is not taken as finished), and its checkpoint gone. Each
+    file is written atomically."""
     folder = config.folder()
     table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
     paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
@@ -315,6 +329,7 @@ def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
         paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
     else:  # weights of an earlier training of this run would not be this training's
         (folder / WEIGHTS).unlink(missing_ok=True)
+    metrics["files"] = paths.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
     write_json(folder / METRICS, metrics)
     (folder / CHECKPOINT).unlink(missing_ok=True)
 
@@ -344,22 +359,22 @@ def finetune_root(root: str | Path | None = None) -> Path:
 
 
 def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, histories): one row per run folder, and every run's history with its keys."""
+    """(runs, histories): one row per run folder, and the history of every finished run, with its keys.
+    A run whose files are damaged counts as partial, and one whose ``params.json`` is damaged is left
+    out (``paths.json_or_none``: each with a warning that names the file)."""
     runs, histories = [], []
-    for params_file in sorted(finetune_root(root).rglob("params.json")):
+    for params_file in sorted(finetune_root(root).rglob(PARAMS)):
         folder = params_file.parent
-        params = json.loads(params_file.read_text())
+        params = paths.json_or_none(params_file)
+        if params is None:
+            continue
         keys = {key: params.get(key) for key in KEYS}
         row = keys | {"folder": str(folder)}
-        metrics_file = folder / "metrics.json"
-        if metrics_file.is_file():
-            row |= json.loads(metrics_file.read_text())
-        else:
-            row["status"] = "partial"
+        metrics = paths.json_or_none(folder / METRICS)
+        row |= metrics if metrics is not None else {"status": "partial"}
         runs.append(row)
-        history_file = folder / "history.csv"
-        if history_file.is_file():
-            history = pd.read_csv(history_file)
+        if metrics is not None and (folder / HISTORY).is_file():
+            history = pd.read_csv(folder / HISTORY)
             for key, value in keys.items():
                 history[key] = value
             histories.append(history)

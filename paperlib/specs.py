@@ -14,10 +14,9 @@ import re
 from pathlib import Path
 
 import nbformat
-import yaml
 
 from . import paths
-from .cli import coerce
+from .cli import coerce, read_yaml
 from .speed.options import STEP_OPTIONS, preset
 
 SPEC_KEYS = {"notebook", "parameters", "grid", "name", "slurm"}
@@ -26,9 +25,9 @@ SPEC_KEYS = {"notebook", "parameters", "grid", "name", "slurm"}
 def load_spec(path: str | Path) -> dict:
     """Read and check a sweep spec."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"sweep spec not found: {path}")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = read_yaml(path, "sweep spec") or {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"sweep spec {path} is not a mapping of {', '.join(sorted(SPEC_KEYS))}")
     unknown = set(spec) - SPEC_KEYS
     if unknown:
         raise ValueError(

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import lora, paths, plasticity, runs, specs
+from . import cli, lora, paths, plasticity, runs, specs
 from .components import COMPONENTS, CONFIGS, LABELS
 from .runs import KEYS, method
 
@@ -617,9 +616,8 @@ def main(argv: list[str] | None = None) -> int:
         if found.empty:
             raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
         tables = summary(found, args.select, args.reference)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
     print(f"{len(found)} runs of {args.spec}: {counts}; {len(missing)} missing\n")
     shown = {

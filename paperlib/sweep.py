@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 import submitit
 import torch
 
-from . import data, models, paths, report, runs, specs
+from . import cli, data, models, paths, report, runs, specs, threads
 
 EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
 
@@ -78,18 +79,15 @@ class Run:
         marker: it must record these parameters (a spec edited since, say its steps, makes its
         runs unfinished: their names need not change) and the custom models and datasets as they
         are now (edited images, a re-saved model: unfinished)."""
-        if not self.marker.is_file():
+        marker = paths.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
+        if marker is None:
             return False
         if self.notebook.stem == runs.NOTEBOOK:
             try:
                 return runs.is_finished(runs.config_from(self.parameters))
             except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
                 return False
-        try:
-            marker = json.loads(self.marker.read_text())
-            recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
-        except (json.JSONDecodeError, AttributeError):
-            return False
+        recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
         return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
 
 
@@ -141,10 +139,19 @@ def expand(spec: dict, reports: Path | None = None) -> list[Run]:
 
 
 def execute_run(run: Run) -> Run:
-    """Execute one run unless finished; record success (marker) or failure (error file)."""
+    """Execute one run unless finished; record success (marker) or failure (error file). One process
+    executes a run (``paths.locked``): a second sweep of the same spec waits for it, then skips it."""
     if run.finished:
         run.status = "skipped"
         return run
+    with paths.locked(run.stem):
+        if run.finished:  # by the sweep waited for
+            run.status = "skipped"
+            return run
+        return _execute(run)
+
+
+def _execute(run: Run) -> Run:
     start = time.perf_counter()
     try:
         executed = report.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
@@ -203,9 +210,12 @@ def run_sweep(
         queue = context.Queue()
         for gpu in gpus:
             queue.put(gpu)
-        with concurrent.futures.ProcessPoolExecutor(
-            len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)
-        ) as pool:
+        with (
+            threads.shared_by(len(gpus)),  # the workers' CPU threads: a share of the cores each
+            concurrent.futures.ProcessPoolExecutor(
+                len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)
+            ) as pool,
+        ):
             todo = list(pool.map(execute_run, todo))
     elif todo:
         folder = (reports or paths.reports_dir()) / runs[0].notebook.stem / ".submitit"
@@ -215,7 +225,9 @@ def run_sweep(
         else:
             pool = submitit.LocalExecutor(folder=folder)
             pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
-        jobs = pool.map_array(execute_run, todo)
+        # submitit's local jobs run at once on this machine: a share of the cores each (a cluster's have their own)
+        with threads.shared_by(len(todo)) if executor == "submitit-local" else contextlib.nullcontext():
+            jobs = pool.map_array(execute_run, todo)
         todo = [job.result() for job in jobs]
     done = {r.name: r for r in todo}
     runs = [done.get(r.name, r) for r in runs]
@@ -238,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         runs = run_sweep(spec, args.executor, gpus)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (*cli.BAD_INPUT, RuntimeError) as error:
+        return cli.fail(error)
     for run in runs:
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {run.error.splitlines()[0] if run.error else ''}")
     counts = {s: sum(r.status == s for r in runs) for s in ("done", "skipped", "failed")}

@@ -1,11 +1,17 @@
-"""``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line."""
+"""``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line;
+every command's report of a bad input."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from paperlib import cli, finetune, paths, plasticity, runs, specs
+from paperlib import cli, demo, finetune, paths, plasticity, report, runs, specs, stats, sweep
 from paperlib.runs import Config
+from paperlib.speed import bench
 
 
 def test_values_take_the_type_of_the_default():
@@ -59,15 +65,13 @@ def test_bad_commands_stop_before_any_work(tmp_path, monkeypatch, capsys, move_r
     move_results(".")
     assert finetune.main(["--component", "attn"]) == 2
     assert "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        finetune.main(["--lr", "fast"])
+    assert finetune.main(["--lr", "fast"]) == 2
     assert "lr must be float" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text("component: mha\nlearning_rate: 0.1\n")
-    with pytest.raises(SystemExit):
-        finetune.main(["-f", str(bad)])
+    assert finetune.main(["-f", str(bad)]) == 2
     assert "unknown parameter(s) learning_rate; valid: " in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # an unknown option: argparse's usage
         finetune.main(["--epochs", "3"])
     assert not (tmp_path / "finetune").exists()
 
@@ -100,3 +104,72 @@ def test_the_command_with_no_options_is_notebook_05_with_no_parameters():
     notebook = specs.notebook_parameters(paths.NOTEBOOKS / "05_finetune.ipynb")
     assert runs.config_from(notebook) == runs.config_from({"speed": "auto"}) == Config()
     assert Config().folder() == runs.config_from(notebook).folder()
+
+
+def one_error_line(err: str) -> str:
+    """The one line a command reports a bad input with (``error: ...``)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    """A missing file, a file that is not YAML, YAML that is not a mapping, and a folder."""
+    (tmp_path / "broken.yaml").write_text("component: [mha\n")
+    (tmp_path / "list.yaml").write_text("- mha\n- fc1\n")
+    (tmp_path / "folder.yaml").mkdir()
+    return {
+        "missing": (tmp_path / "missing.yaml", "not found"),
+        "broken": (tmp_path / "broken.yaml", "is not valid YAML"),
+        "list": (tmp_path / "list.yaml", "not a mapping"),
+        "folder": (tmp_path / "folder.yaml", "not found"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "broken", "list", "folder"])
+def test_every_command_reports_a_bad_parameter_file_or_spec_in_one_line(case, bad_files, capsys):
+    path, message = bad_files[case]
+    for main in (finetune.main, plasticity.main):
+        assert main(["-f", str(path)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert message in line and path.name in line
+    for main in (sweep.main, stats.main):
+        assert main([str(path)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert message in line and path.name in line
+    assert finetune.main(["--speed", str(path)]) == 2  # a speed preset file
+    assert path.name in one_error_line(capsys.readouterr().err)
+
+
+def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(tmp_path, capsys):
+    (tmp_path / "garbage.ipynb").write_text("not json")
+    (tmp_path / "other.ipynb").write_text('{"a": 1}')
+    (tmp_path / "garbage.safetensors").write_text("not weights")
+    commands = [
+        (report.main, ["inplace", str(tmp_path / "missing.ipynb")], "missing.ipynb"),
+        (report.main, ["inplace", str(tmp_path / "garbage.ipynb")], "not appear to be JSON"),
+        (report.main, ["inplace", str(tmp_path / "other.ipynb")], "could not be converted"),
+        (demo.main, ["evaluate", "--weights", str(tmp_path / "missing.safetensors")], "weight file not found"),
+        (demo.main, ["evaluate", "--weights", str(tmp_path / "garbage.safetensors")], "garbage.safetensors"),
+        (bench.main, ["data", "--root", str(tmp_path / "no-data"), "--batches", "1"], "no-data"),
+    ]
+    for main, argv, message in commands:
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2 and message in one_error_line(capsys.readouterr().err), argv
+    assert finetune.main(["--data-root", str(tmp_path / "no-data"), "--dataset", "cifar10"]) == 2
+    assert "no-data" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_missing_parameter_file_ends_the_command_with_one_line_and_status_2(tmp_path):
+    root = Path(__file__).resolve().parents[1]  # the repository: the subprocess imports its paperlib
+    done = subprocess.run(
+        [sys.executable, "-m", "paperlib.finetune", "-f", str(tmp_path / "missing.yaml")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "parameter file not found" in one_error_line(done.stderr) and "Traceback" not in done.stderr

@@ -105,7 +105,7 @@ def test_cifar_reads_the_pickled_batches_exactly(root):
 
     dataset = data.get_dataset("cifar10", "test", root=root)
     with open(root / "cifar-10-batches-py" / "test_batch", "rb") as handle:
-        entry = pickle.load(handle)
+        entry = pickle.load(handle, encoding="latin1")  # Python 2's strings, as in the official files
     assert torch.equal(dataset.images.reshape(len(dataset), -1), torch.from_numpy(entry["data"]))
     assert dataset.targets.tolist() == entry["labels"] and dataset.classes[0] == "class_0"
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from paperlib import components, finetune, models, stats
+from paperlib import components, finetune, models, paths, stats
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -72,9 +72,28 @@ def interrupted(config: Config, step: int, monkeypatch) -> None:
             finetune.run(config)
 
 
+def resumed(config: Config, monkeypatch) -> dict:
+    """``finetune.run(config)`` of a run interrupted after a checkpoint, checked to resume from it (its
+    first training batch is not the first): a checkpoint that failed to load would start it again."""
+    from paperlib import loader
+
+    asked, original = [], loader.DeviceLoader.batch
+
+    def spy(self, index):
+        if self.augment:
+            asked.append(index)
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loader.DeviceLoader, "batch", spy)
+        metrics = finetune.run(config)
+    assert asked and asked[0] > 0, "the run started again from the beginning instead of resuming"
+    return metrics
+
+
 def same_metrics(metrics: dict) -> dict:
-    """Metrics without the timings, which differ between runs."""
-    return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second")}
+    """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
+    return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}
 
 
 def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(
@@ -126,11 +145,11 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     interrupted(config, 9, monkeypatch)
     folder = config.folder()
     assert (folder / "checkpoint.pt").is_file() and not (folder / "metrics.json").exists()
-    resumed = finetune.run(config)
-    assert same_metrics(resumed) == same_metrics(reference)
+    metrics = resumed(config, monkeypatch)
+    assert same_metrics(metrics) == same_metrics(reference)
     assert not (folder / "checkpoint.pt").exists()
     # a finished run is not repeated
-    assert finetune.run(config) == resumed
+    assert finetune.run(config) == metrics
 
 
 def test_divergence_is_recorded_not_raised(small):
@@ -290,7 +309,7 @@ def test_adamw_resumes_after_an_interruption_as_if_uninterrupted(results, tmp_pa
     move_results("interrupted")
     interrupted(config, 9, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file()
-    assert same_metrics(finetune.run(config)) == same_metrics(reference)
+    assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
 
 
 def test_table6_refuses_runs_of_two_optimizers(results, small):
@@ -420,7 +439,7 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     }
 
     def results():
-        return {c.component: run_files.read_json(c.folder() / run_files.METRICS) for c in run_files.configs(spec)}
+        return {c.component: paths.read_json(c.folder() / run_files.METRICS) for c in run_files.configs(spec)}
 
     finetune.run_spec(spec, workers=2)
     lines = capsys.readouterr().out.strip().splitlines()

@@ -96,7 +96,7 @@ def test_cached_image_is_the_whole_image_resized(tmp_path):
     assert resized_size(40, 48, 256) == (40, 48) and resized_size(40, 300, 40) == (40, 300)
     kept = uint8_images(dataset, cache_size=256, cache_dir=tmp_path / "cache")
     with Image.open(dataset.files[0]) as image:
-        assert torch.equal(kept.images[0], torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1))
+        assert torch.equal(kept.images[0], torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1))
 
 
 def test_training_crops_reach_the_borders_of_wide_images(tmp_path):

@@ -4,7 +4,7 @@ record and folder, resume, bad parameters."""
 import pandas as pd
 import pytest
 import torch
-from test_finetune import interrupted, same_metrics
+from test_finetune import interrupted, resumed, same_metrics
 
 from paperlib import components, finetune, lora, models, specs, speed, stats
 from paperlib import runs as run_files
@@ -128,7 +128,7 @@ def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
     move_results("interrupted")
     interrupted(config, 9, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file()
-    assert same_metrics(finetune.run(config)) == same_metrics(reference)
+    assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
     pd.testing.assert_frame_equal(run_files.history(config), history)
 
 

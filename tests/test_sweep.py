@@ -183,7 +183,8 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
         nbformat.v4.new_code_cell("value = 1  # a number", metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell(
             "import os, time\ntime.sleep(1)\n"
-            "print('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid())"
+            "print('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid(),"
+            " 'sharing', os.environ.get('VIT_PLASTICITY_WORKERS'))"
         ),
     ]
     notebook = tmp_path / "pinned.ipynb"
@@ -193,8 +194,9 @@ def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
     seen = set()
     for value in (1, 2, 3, 4):
         text = json.loads((reports / "pinned" / f"{value}.ipynb").read_text())["cells"][-1]["outputs"][0]["text"]
-        _, gpu, _, worker = (text if isinstance(text, str) else "".join(text)).split()
+        _, gpu, _, worker, _, sharing = (text if isinstance(text, str) else "".join(text)).split()
         seen.add((gpu, worker))
+        assert sharing == "2"  # two workers on this machine: each takes half its cores (threads.budget)
     gpus = {gpu for gpu, _ in seen}
     assert gpus <= {"3", "5"} and len(gpus) == 2  # both GPUs served runs
     # one process per GPU, each always on its own GPU

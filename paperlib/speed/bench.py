@@ -35,7 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import data, paths
+from .. import cli, data, paths
 from .bench_data import bench_data, bench_plasticity, resolve_device
 from .bench_step import bench_finetune, bench_kernels, bench_profile, bench_variants, variant_words
 from .options import STEP_OPTIONS
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> None:
                 lora_rank=args.lora_rank,
                 **_step_options(args),
             )
-    except ValueError as error:
-        parser.exit(2, f"error: {error}\n")
+    except cli.BAD_INPUT as error:  # a bad option, or a data root or --json file missing or malformed
+        parser.exit(cli.fail(error))
     if args.command == "targets":
         _print_checks(checks)
     elif args.command == "profile":

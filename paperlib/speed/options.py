@@ -16,9 +16,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
-import yaml
 
 from .. import paths
+from ..cli import read_yaml
 from .kernels import triton_available
 
 # the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
@@ -244,7 +244,7 @@ def preset(name: str | dict) -> dict:
                 f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
                 "a YAML file of step options, or a mapping of them"
             )
-        values, where = yaml.safe_load(path.read_text()) or {}, str(path)
+        values, where = read_yaml(path, "speed preset") or {}, str(path)
     unknown = sorted(set(values) - set(STEP_OPTIONS)) if isinstance(values, dict) else ["(not a mapping)"]
     if unknown:
         raise ValueError(f"{where}: unknown step option(s) {', '.join(unknown)}; valid: {', '.join(STEP_OPTIONS)}")

@@ -1,0 +1,478 @@
+"""Interruptions, damaged files and runs that share a machine or a folder (issue 26).
+
+Processes are killed with SIGKILL at points chosen by watching the files they write, files are cut
+short, and identical runs and sweeps are started together, at demo scale. Each case ends with the
+results of an undisturbed run, or a clear error that names the file; nothing half-written is ever
+taken as finished.
+"""
+
+import json
+import os
+import pickle
+import pickletools
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+from test_finetune import interrupted, resumed, same_metrics
+
+from paperlib import data, finetune, fixtures, paths, plasticity, probe, runs, specs, sweep, threads
+from paperlib.loader import uint8_images
+from paperlib.runs import Config
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository: subprocesses import its paperlib
+
+# a run of the demo world that lasts a few seconds in a subprocess, with a checkpoint every 5 steps
+RUN = {"component": "fc1", "steps": 60, "batch_size": 16, "warmup": 2, "eval_every": 5, "lr": 0.05}
+ARGS = [part for name, value in RUN.items() for part in (f"--{name.replace('_', '-')}", str(value))]
+
+
+def environment() -> dict:
+    """This process's environment for a subprocess: the same results root, this checkout's paperlib,
+    and no worker count (a lone process keeps PyTorch's threads, as this one does)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(threads.WORKERS, None)
+    return env
+
+
+def start(*command: str) -> subprocess.Popen:
+    """``python -m <command>`` in a session of its own (killing it kills what it started too)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *command],
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finished(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def kill_when(condition, process: subprocess.Popen, timeout: float = 240) -> None:
+    """SIGKILL ``process`` (and its session) as soon as ``condition()`` holds; fails if it ended first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the process ended before the point to kill it at: {process.communicate()[1][-2000:]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail("the point to kill the process at never came")
+        time.sleep(0.002)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    assert process.returncode == -signal.SIGKILL
+
+
+def modified(file: Path):
+    """A condition: ``file`` is there and was written since now (a new checkpoint)."""
+    before = file.stat().st_mtime_ns if file.exists() else None
+    return lambda: file.exists() and file.stat().st_mtime_ns != before
+
+
+def cut(file: Path) -> None:
+    """Truncate ``file`` to half its size, as a copy or a disk cut short would leave it."""
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.fixture
+def reference(move_results):
+    """``RUN`` trained undisturbed in this process, under a results root of its own: (metrics, history).
+    The results root then moves to ``disturbed`` for the test's own runs."""
+    move_results("undisturbed")
+    metrics = finetune.run(Config(**RUN))
+    history = runs.history(Config(**RUN))
+    move_results("disturbed")
+    return metrics, history
+
+
+# --- kill -9 ---------------------------------------------------------------------------------------
+
+
+def test_a_run_killed_at_several_points_ends_as_an_undisturbed_run(reference):
+    folder = Config(**RUN).folder()
+    # when it has recorded its parameters (data and model loaded), before its first checkpoint
+    kill_when(lambda: (folder / runs.PARAMS).exists(), start("paperlib.finetune", *ARGS))
+    assert not (folder / runs.METRICS).exists()
+    # after its first checkpoint
+    kill_when(lambda: (folder / runs.CHECKPOINT).exists(), start("paperlib.finetune", *ARGS))
+    assert not (folder / runs.METRICS).exists()
+    # resumed, after a checkpoint of its own
+    kill_when(modified(folder / runs.CHECKPOINT), start("paperlib.finetune", *ARGS))
+    assert not (folder / runs.METRICS).exists()
+    code, out, err = finished(start("paperlib.finetune", *ARGS))
+    assert code == 0, err
+    assert same_metrics(json.loads(out)) == same_metrics({"folder": paths.display(folder), **reference[0]})
+    pd.testing.assert_frame_equal(runs.history(Config(**RUN)), reference[1])
+    assert not (folder / runs.CHECKPOINT).exists() and runs.is_finished(Config(**RUN))
+
+
+def test_a_run_waiting_for_one_that_is_killed_takes_over_and_finishes_it(reference):
+    folder = Config(**RUN).folder()
+    first = start("paperlib.finetune", *ARGS)
+    deadline = time.monotonic() + 240
+    while not (folder / runs.CHECKPOINT).exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first run ended before its first checkpoint"
+        time.sleep(0.002)
+    os.killpg(first.pid, signal.SIGSTOP)  # frozen mid-run, holding the run's lock, while the second starts
+    second = start("paperlib.finetune", *ARGS)
+    while "waiting for another process" not in second.stderr.readline():
+        assert second.poll() is None, "the second run did not wait for the first"
+    kill_when(lambda: True, first)
+    code, out, err = finished(second)
+    assert code == 0, err
+    assert same_metrics(json.loads(out)) == same_metrics({"folder": paths.display(folder), **reference[0]})
+    pd.testing.assert_frame_equal(runs.history(Config(**RUN)), reference[1])
+
+
+# --- two at once -----------------------------------------------------------------------------------
+
+
+def test_two_identical_runs_started_together_train_once_and_both_report_it(reference):
+    both = [start("paperlib.finetune", *ARGS) for _ in range(2)]
+    ended = [finished(process) for process in both]
+    assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
+    results = [json.loads(out) for _, out, _ in ended]
+    assert same_metrics(results[0]) == same_metrics(results[1])
+    assert same_metrics(results[0]) == same_metrics({"folder": results[0]["folder"], **reference[0]})
+    trained = ["step     60" in err for _, _, err in ended]
+    assert sorted(trained) == [False, True]  # one trained, the other reported its result
+
+
+HOLD = (
+    "import sys\nfrom paperlib import paths\nwith paths.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
+)
+"""A process that holds the lock of ``argv[1]`` until it reads a line."""
+
+
+def test_a_run_asked_not_to_wait_says_it_runs_elsewhere(capsys):
+    config = Config(**RUN)
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.folder())], cwd=ROOT, env=environment(), **pipes)
+    try:
+        assert holder.stdout.readline().strip() == "1"  # another process holds the run's lock
+        with pytest.raises(paths.Busy, match="running elsewhere"):
+            finetune.run(config, wait=False)
+        assert finetune.main([*ARGS, "--wait", "false"]) == finetune.RUNNING_ELSEWHERE
+        err = capsys.readouterr().err
+        assert "running elsewhere" in err and paths.display(config.folder()) in err
+        assert not (config.folder() / runs.PARAMS).exists()  # nothing started
+    finally:
+        holder.communicate("\n")
+
+
+def test_a_lock_dies_with_its_process_and_is_reentrant_within_one(tmp_path):
+    target = tmp_path / "folder"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(target)],
+        cwd=ROOT,
+        env=environment(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert holder.stdout.readline().strip() == "1"
+    with pytest.raises(paths.Busy, match="folder is being written by another process"):
+        with paths.locked(target, wait=False):
+            pass
+    kill_when(lambda: True, holder)  # kill -9: no stale lock left
+    with paths.locked(target, wait=False), paths.locked(target, wait=False):  # taken, and taken again inside
+        pass
+
+
+def tiny_sweep(tmp_path: Path, values=(1, 2, 3)) -> tuple[Path, Path]:
+    """A sweep spec of a notebook that logs its start and end to a file: (spec file, log)."""
+    log = tmp_path / "executions.log"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell('value = 1\nlog = ""', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "import time\nopen(log, 'a').write(f'start {value}\\n')\ntime.sleep(0.5)\n"
+            "open(log, 'a').write(f'end {value}\\n')"
+        ),
+    ]
+    nbformat.write(nb, tmp_path / "logged.ipynb")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "notebook": str(tmp_path / "logged.ipynb"),
+                "parameters": {"log": str(log)},
+                "grid": {"value": list(values)},
+            }
+        )
+    )
+    return spec, log
+
+
+def executions(log: Path) -> list[str]:
+    return log.read_text().split("\n")[:-1] if log.exists() else []
+
+
+def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    spec, log = tiny_sweep(tmp_path)
+    both = [start("paperlib.sweep", str(spec)) for _ in range(2)]
+    ended = [finished(process) for process in both]
+    assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
+    assert sorted(line for line in executions(log) if line.startswith("start")) == ["start 1", "start 2", "start 3"]
+    assert all(run.finished for run in sweep.expand(specs.load_spec(spec)))
+
+
+def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    spec, log = tiny_sweep(tmp_path)
+    folder = tmp_path / "reports" / "logged"
+    # while its first run executes: that run has no marker, and runs again
+    kill_when(lambda: "start 1" in executions(log), start("paperlib.sweep", str(spec)))
+    assert not (folder / "1.done.json").exists()
+    # just after a run's marker: that run is finished and is not run again
+    kill_when(lambda: (folder / "1.done.json").exists(), start("paperlib.sweep", str(spec)))
+    time.sleep(1.5)  # a killed sweep's kernel notices its parent is gone within a second, and ends
+    ran_before = executions(log).count("start 1")
+    code, out, err = finished(start("paperlib.sweep", str(spec)))
+    assert code == 0, err
+    status = {words[1]: words[0] for words in map(str.split, out.splitlines()) if words[:1] in (["done"], ["skipped"])}
+    assert status == {"1": "skipped", "2": "done", "3": "done"}, out
+    assert executions(log).count("start 1") == ran_before == 2  # killed once while running, then finished
+    for value in (1, 2, 3):
+        json.loads((folder / f"{value}.done.json").read_text())  # every marker whole
+    assert not list(folder.glob(".*.partial.ipynb"))
+
+
+# --- files cut short ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [runs.PARAMS, runs.METRICS, runs.HISTORY, runs.WEIGHTS])
+def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_trains_again(name, small):
+    config = small(save_weights=True)
+    metrics = finetune.run(config)
+    history = runs.history(config)
+    cut(config.folder() / name)
+    pattern = name.replace(".", r"\.")
+    with pytest.raises(ValueError, match=pattern):  # read as a result, it is named
+        finetune.load_model(config)
+    with pytest.warns(UserWarning, match=pattern):
+        assert not runs.is_finished(config)
+    with pytest.warns(UserWarning, match=pattern):
+        again = finetune.run(config)
+    assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
+    pd.testing.assert_frame_equal(runs.history(config), history)
+
+
+def test_damaged_runs_are_partial_in_the_results_table(small):
+    finetune.run(small())
+    finetune.run(small(seed=1))
+    cut(small(seed=1).folder() / runs.HISTORY)
+    with pytest.warns(UserWarning, match="history.csv"):
+        table, histories = runs.load()
+    assert dict(zip(table["seed"], table["status"])) == {0: "finished", 1: "partial"}
+    assert set(histories["seed"]) == {0}
+
+
+def test_a_cut_checkpoint_is_reported_and_the_run_starts_from_the_beginning(small, monkeypatch, move_results):
+    config = small()
+    metrics = finetune.run(config)
+    move_results("interrupted")
+    interrupted(config, 9, monkeypatch)
+    cut(config.folder() / runs.CHECKPOINT)
+    with pytest.warns(UserWarning, match=r"checkpoint\.pt cannot be read.*from the beginning"):
+        with pytest.raises(AssertionError, match="from the beginning"):  # it did not resume
+            resumed(config, monkeypatch)
+    assert same_metrics(paths.read_json(config.folder() / runs.METRICS)) == same_metrics(metrics)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(small, monkeypatch, tmp_path, move_results):
+    config = small()
+    metrics = finetune.run(config)
+    move_results("interrupted")
+    interrupted(config, 9, monkeypatch)
+    marker = tmp_path / "code-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    saved = torch.load(config.folder() / runs.CHECKPOINT, weights_only=True)
+    torch.save({**saved, "history": Payload()}, config.folder() / runs.CHECKPOINT)
+    with pytest.warns(UserWarning, match=r"checkpoint\.pt cannot be read"):
+        again = finetune.run(config)
+    assert not marker.exists() and same_metrics(again) == same_metrics(metrics)
+
+
+def test_a_cut_decoded_cache_is_decoded_again(tmp_path):
+    fixtures.write_pets(tmp_path / "root")
+    dataset = data.get_dataset("pets", "test", root=tmp_path / "root")
+    first = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
+    for file in sorted((tmp_path / "cache").rglob("*.npy")):  # its sizes, then its pixels
+        cut(file)
+        with pytest.warns(UserWarning, match="not whole: decoding again"):
+            again = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
+        assert torch.equal(again.images.pixels, first.images.pixels)
+        assert torch.equal(again.images.sizes, first.images.sizes)
+
+
+DECODER = """
+import os, sys
+from pathlib import Path
+from paperlib import data, loader
+
+def paused(*args, **kwargs):  # the holder stops inside the cache's lock, before the first image
+    print("decoding", flush=True)
+    input()
+    return original(*args, **kwargs)
+
+def refused(*args, **kwargs):
+    sys.exit("decoded again")
+
+original = loader.DataLoader
+loader.DataLoader = paused if sys.argv[3] == "holder" else refused
+loader.uint8_images(data.get_dataset("pets", "test", root=sys.argv[1]), cache_size=24, cache_dir=sys.argv[2])
+pixels = next(p for p in Path(sys.argv[2]).rglob("*.npy") if not p.name.endswith("-sizes.npy"))
+print(os.stat(pixels).st_ino, flush=True)
+"""
+
+
+def test_a_process_waiting_for_a_cache_reads_the_one_the_other_made(tmp_path):
+    fixtures.write_pets(tmp_path / "root")
+    popen = {"cwd": ROOT, "env": environment(), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    folders = [str(tmp_path / "root"), str(tmp_path / "cache")]
+    holder = subprocess.Popen([sys.executable, "-c", DECODER, *folders, "holder"], stdin=subprocess.PIPE, **popen)
+    assert holder.stdout.readline().strip() == "decoding"  # inside the lock, nothing cached yet
+    waiter = subprocess.Popen([sys.executable, "-c", DECODER, *folders, "waiter"], **popen)
+    while "waiting for another process" not in waiter.stderr.readline():
+        assert waiter.poll() is None, waiter.communicate()
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    made, waited = finished(holder), finished(waiter)
+    assert made[0] == 0 and waited[0] == 0, (made[2][-2000:], waited[2][-2000:])
+    assert made[1].split()[-1] == waited[1].split()[-1]  # the waiter read the holder's file: it decoded nothing
+
+
+def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
+    measure = {"n_pairs": 6, "batch_size": 3, "progress": False}
+    _, folder = plasticity.run("demo", "digits", "digits_source", **measure)
+    table = plasticity.load(folder)
+    cut(folder / "rates.csv.gz")
+    with pytest.raises(ValueError, match=r"rates\.csv\.gz is not the file metadata\.json records"):
+        plasticity.load(folder)
+    with pytest.raises(ValueError, match=r"rates\.csv\.gz"):
+        plasticity.collect()
+    with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
+        assert not plasticity.has_result("demo", "digits")
+    with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
+        assert plasticity.measure_missing("demo", "digits", **measure) == [("demo", "digits")]
+    pd.testing.assert_frame_equal(plasticity.load(folder), table)
+    cut(folder / "metadata.json")
+    with pytest.raises(ValueError, match=r"metadata\.json is not whole JSON"):
+        plasticity.load(folder)
+
+
+def test_a_damaged_probe_cache_is_fitted_again():
+    asked = {"points": ("mha",), "blocks": -1}
+    table = probe.linear_probe("demo", "digits", **asked)
+    folder = probe.result_folder("demo", "digits")
+    cut(folder / "probe.csv")
+    with pytest.warns(UserWarning, match=r"probe\.csv"):
+        again = probe.linear_probe("demo", "digits", **asked)
+    pd.testing.assert_frame_equal(again, table)
+    cut(folder / "metadata.json")
+    with pytest.warns(UserWarning, match=r"metadata\.json is not whole JSON"):
+        pd.testing.assert_frame_equal(probe.linear_probe("demo", "digits", **asked), table)
+
+
+def test_a_cut_sweep_marker_is_not_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    spec, log = tiny_sweep(tmp_path, values=(1,))
+    assert [run.status for run in sweep.run_sweep(specs.load_spec(spec))] == ["done"]
+    (run,) = sweep.expand(specs.load_spec(spec))
+    cut(run.marker)
+    with pytest.warns(UserWarning, match=r"1\.done\.json is not whole JSON"):
+        assert not run.finished
+        assert [run.status for run in sweep.run_sweep(specs.load_spec(spec))] == ["done"]  # executed again
+    assert json.loads(run.marker.read_text())["parameters"]["value"] == 1
+
+
+# --- what is read -----------------------------------------------------------------------------------
+
+
+def test_cifar_pickles_admit_only_arrays_and_plain_types(tmp_path):
+    base = fixtures.write_cifar(tmp_path, n_train=10, n_test=10)
+    # the fixture's files name what the official ones name (numpy 1's module) and nothing else
+    written = (base / "test_batch").read_bytes()
+    named = {arg for op, arg, _ in pickletools.genops(written) if "GLOBAL" in op.name}
+    assert named == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"}
+    assert len(data.get_dataset("cifar10", "test", root=tmp_path)) == 10
+    # as a numpy 2 writes them again, too
+    entry = {"data": np.zeros((10, 3072), dtype=np.uint8), "labels": list(range(10))}
+    (base / "test_batch").write_bytes(pickle.dumps(entry, protocol=4))
+    assert [int(label) for _, label in data.get_dataset("cifar10", "test", root=tmp_path)] == list(range(10))
+    # anything else, which could run code, is refused with the file's name
+    marker = tmp_path / "code-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (base / "test_batch").write_bytes(pickle.dumps({"data": Payload(), "labels": []}))
+    with pytest.raises(ValueError, match=r"test_batch is not one of CIFAR's official files.*pathlib"):
+        data.get_dataset("cifar10", "test", root=tmp_path)
+    assert not marker.exists()
+    cut(base / "batches.meta")
+    with pytest.raises(ValueError, match=r"batches\.meta is not one of CIFAR's official files"):
+        data.get_dataset("cifar10", "train", root=tmp_path)
+
+
+def test_no_unrestricted_loading_in_the_package():
+    source = {path: path.read_text() for path in (ROOT / "paperlib").rglob("*.py")}
+    assert not [path for path, text in source.items() if "weights_only=False" in text]
+    assert not [path for path, text in source.items() if "pickle.load(" in text or "pickle.loads(" in text]
+    assert not [path for path, text in source.items() if "allow_pickle=True" in text]
+
+
+# --- threads ---------------------------------------------------------------------------------------
+
+
+def test_processes_that_share_the_cores_take_a_share_each(monkeypatch, small):
+    monkeypatch.delenv(threads.WORKERS, raising=False)
+    assert threads.workers() == 1 and threads.budget() is None  # alone: PyTorch's own choice stands
+    monkeypatch.setenv(threads.WORKERS, "2")
+    assert threads.budget() == max(1, threads.cores() // 2)
+    monkeypatch.setenv(threads.WORKERS, str(4 * threads.cores()))
+    assert threads.budget() == 1
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(threads.WORKERS, bad)
+        with pytest.raises(ValueError, match="VIT_PLASTICITY_WORKERS must be a positive integer"):
+            threads.budget()
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(threads.WORKERS, str(4 * threads.cores()))
+        assert finetune.run(small())["threads"] == 1 == torch.get_num_threads()  # a run records what it used
+    finally:
+        torch.set_num_threads(before)
+    with threads.shared_by(3):
+        assert os.environ[threads.WORKERS] == "3"
+    assert os.environ[threads.WORKERS] == str(4 * threads.cores())  # restored
+
+
+def test_our_processes_wait_without_spinning_unless_told_otherwise():
+    code = "import os, paperlib; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {key: value for key, value in environment().items() if key != "OMP_WAIT_POLICY"}
+    check = {"cwd": ROOT, "capture_output": True, "text": True, "check": True}
+    assert subprocess.run([sys.executable, "-c", code], env=env, **check).stdout.strip() == "PASSIVE"
+    told = {**env, "OMP_WAIT_POLICY": "ACTIVE"}
+    assert subprocess.run([sys.executable, "-c", code], env=told, **check).stdout.strip() == "ACTIVE"
