@@ -114,7 +114,10 @@ def custom_config(name: str) -> tuple[dict, Path]:
             f"paperlib.models.save_model(model, {name!r}) (or timm.models.save_for_hf(model, folder)); "
             f"custom models found in {paths.models_dir()}: {found}."
         )
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{config_file} is not whole JSON: save the model again (models.save_model)") from None
     arch = config.get("architecture")
     if arch not in vit_names():
         raise ValueError(

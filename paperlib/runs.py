@@ -8,8 +8,9 @@ it is finished as asked, and every run under a results root as a table.
 Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
 (``Config.folder``; a suffix for each choice that is not the paper's, so such a run never
 replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
-``history.csv``, ``metrics.json`` (written last: a run with it is finished) and, while it runs,
-``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``. ``is_finished(config)`` is the
+``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
+whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
+One process at a time trains a run (``finetune`` holds ``paths.locked(folder)``). ``is_finished(config)`` is the
 one answer to "is this run finished as asked" (the sweep's markers ask it too). ``load()`` reads
 every run folder into a table (``RUN_COLUMNS``; a run without ``metrics.json`` is ``partial``),
 ``for_spec(spec)`` the runs a sweep spec asks for, with what is missing.

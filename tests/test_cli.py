@@ -142,7 +142,7 @@ def test_every_command_reports_a_bad_parameter_file_or_spec_in_one_line(case, ba
     assert path.name in one_error_line(capsys.readouterr().err)
 
 
-def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(tmp_path, capsys):
+def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "garbage.ipynb").write_text("not json")
     (tmp_path / "other.ipynb").write_text('{"a": 1}')
     (tmp_path / "garbage.safetensors").write_text("not weights")
@@ -158,8 +158,18 @@ def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(
         with pytest.raises(SystemExit) as stopped:
             main(argv)
         assert stopped.value.code == 2 and message in one_error_line(capsys.readouterr().err), argv
+    (tmp_path / "rows.json").write_text("[{")
+    variants = ["variants", "--json", str(tmp_path / "rows.json"), "--compile", "none", "--precision", "fp32"]
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([*variants, "--device", "cpu", "--steps", "1", "--repeats", "1"])
+    assert stopped.value.code == 2 and "rows.json" in one_error_line(capsys.readouterr().err)
     assert finetune.main(["--data-root", str(tmp_path / "no-data"), "--dataset", "cifar10"]) == 2
     assert "no-data" in one_error_line(capsys.readouterr().err)
+    monkeypatch.setenv("VIT_PLASTICITY_MODELS", str(tmp_path / "models"))
+    (tmp_path / "models" / "broken").mkdir(parents=True)
+    (tmp_path / "models" / "broken" / "config.json").write_text('{"architecture": ')
+    assert finetune.main(["--model", "custom/broken"]) == 2
+    assert "config.json is not whole JSON" in one_error_line(capsys.readouterr().err)
 
 
 def test_a_missing_parameter_file_ends_the_command_with_one_line_and_status_2(tmp_path):

@@ -308,7 +308,10 @@ def bench_variants(
                     run = (batch_size, StepOptions(how, mode, attention, precision, fused, graph).checked(device))
                     if run not in runs:
                         runs.append(run)
-    rows = json.loads(out.read_text()) if out and out.is_file() else []
+    try:
+        rows = json.loads(out.read_text()) if out and out.is_file() else []
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{out} holds no rows of JSON: move it away or name another --json file") from None
     cuda = device.type == "cuda"
     peak = _peak_tflops(device)
     for batch_size, options in runs:
