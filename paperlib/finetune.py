@@ -150,8 +150,8 @@ def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -
     CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
     so than with every core on one run); runs on a GPU run here, one after another.
     """
-    todo = {config.folder(): config for spec in specs for config in runs.configs(spec)}
-    todo = [config for config in todo.values() if not runs.is_finished(config)]
+    unique = {config.folder(): config for spec in specs for config in runs.configs(spec)}  # by folder: once each
+    todo = [config for config in unique.values() if not runs.is_finished(config)]
     if workers is None:
         on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
         workers = threads.cores() if on_cpu else 1

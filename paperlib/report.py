@@ -129,9 +129,9 @@ def render_html(notebook: Path, output: Path | None = None) -> Path:
     return output
 
 
-def _title(notebook: Path) -> str:
-    """The first markdown heading of a notebook, or its file name."""
-    for cell in nbformat.read(notebook, as_version=4).cells:
+def _title(notebook: Path, node=None) -> str:
+    """The first markdown heading of a notebook (``node``: the notebook already read), or its file name."""
+    for cell in (node or nbformat.read(notebook, as_version=4)).cells:
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("#"):
@@ -147,7 +147,7 @@ def summary(notebook: Path) -> dict:
     import base64
 
     node = nbformat.read(notebook, as_version=4)
-    title = _title(notebook).split("·", 1)[-1].strip()
+    title = _title(notebook, node).split("·", 1)[-1].strip()
     name, _, section = title.partition(" (")
     found = {"headline": None, "thumbnail": None}
     for cell in node.cells:
