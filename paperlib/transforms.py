@@ -76,6 +76,14 @@ def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAG
     return v2.Compose([v2.ToImage(), *geometry, v2.ToDtype(torch.float32, scale=True), v2.Normalize(*mean_std)])
 
 
+def per_image(size: int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """(n,) sizes on ``device``: one size for every image, filled there (copying a host number to a GPU
+    would make the host wait), or a tensor of each image's own."""
+    if isinstance(size, torch.Tensor):
+        return size.to(device=device, dtype=dtype).expand(n)
+    return torch.full((n,), size, dtype=dtype, device=device)
+
+
 def sample_crops(
     n: int,
     height: int | torch.Tensor,
@@ -91,8 +99,8 @@ def sample_crops(
     kept, and images where none fits fall back to the central crop with the ratio clamped.
     ``height`` and ``width``: one size for every image, or (n,) tensors, each image's own.
     """
-    height = torch.as_tensor(height, dtype=torch.float64, device=device).expand(n)[:, None]
-    width = torch.as_tensor(width, dtype=torch.float64, device=device).expand(n)[:, None]
+    height = per_image(height, n, torch.float64, device)[:, None]
+    width = per_image(width, n, torch.float64, device)[:, None]
     area = (height * width).float()
     scale = torch.empty(n, attempts, device=device).uniform_(*SCALE, generator=generator) * area
     log_ratio = torch.empty(n, attempts, device=device).uniform_(
@@ -131,8 +139,8 @@ def center_boxes(
     """Boxes equivalent to ``Resize(image_size)`` then ``CenterCrop(image_size)``: the central
     square of side ``min(height, width)`` (for the crop of a square output); ``height`` and
     ``width`` as in ``sample_crops``."""
-    height = torch.as_tensor(height, dtype=torch.float32, device=device).expand(n)
-    width = torch.as_tensor(width, dtype=torch.float32, device=device).expand(n)
+    height = per_image(height, n, torch.float32, device)
+    width = per_image(width, n, torch.float32, device)
     side = torch.minimum(height, width)
     return torch.stack([(height - side) / 2, (width - side) / 2, side, side], dim=1)
 
