@@ -10,7 +10,9 @@ nbconvert (and ``<notebook>.nocode.html``, the same without code cells, for read
 ``reports/index.html``, the landing page: per notebook its paper section, a thumbnail of its first
 figure, its headline result (``headline``) beside the paper's, the parameters it ran with and when.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
-and nbval can check them.
+and nbval can check them. The notebook libraries (nbformat, papermill, nbconvert) are imported
+where they are used: every notebook's kernel imports this module for ``headline``, and importing
+nbformat alone takes a second (jsonschema's format checkers).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import html
 import os
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterable
-
-import nbformat
 
 from . import cli, paths
 
@@ -119,6 +121,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
 def render_html(notebook: Path, output: Path | None = None) -> Path:
     """Render an executed notebook to a standalone HTML page (nbconvert, lab template), and beside it
     ``<name>.nocode.html``, the same without code cells (nbconvert's ``exclude_input``), for readers."""
+    import nbformat
     from nbconvert import HTMLExporter
 
     output = output or notebook.with_suffix(".html")
@@ -131,6 +134,8 @@ def render_html(notebook: Path, output: Path | None = None) -> Path:
 
 def _title(notebook: Path, node=None) -> str:
     """The first markdown heading of a notebook (``node``: the notebook already read), or its file name."""
+    import nbformat
+
     for cell in (node or nbformat.read(notebook, as_version=4)).cells:
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
@@ -145,6 +150,8 @@ def summary(notebook: Path) -> dict:
     or None), ``thumbnail`` (the first PNG figure, bytes, or None), ``parameters`` (those papermill
     gave it; {}: the notebook's defaults, the demo world) and ``date`` (when it finished, or None)."""
     import base64
+
+    import nbformat
 
     node = nbformat.read(notebook, as_version=4)
     title = _title(notebook, node).split("·", 1)[-1].strip()
@@ -252,24 +259,45 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
     """Execute notebooks at demo scale and render their reports, one line per notebook with the
     time it took; returns the index page. Every notebook at once (no ``names``) first runs the
     demo sweeps' missing runs in one pool of processes, one per core (``finetune.run_spec``), so
-    that the notebooks find them finished instead of running each its part one after another."""
-    from . import finetune, specs
+    that the notebooks find them finished instead of running each its part one after another.
+    The notebooks then run one per core at a time: much of a notebook's time is its kernel starting
+    and importing, on one core. Their kernels keep PyTorch's own threads, so their results are
+    those of one notebook run alone; what two notebooks share on disk is locked (``paths.locked``)."""
+    from . import finetune, specs, threads
 
     out_dir = out_dir or paths.reports_dir()
     if not names:
         start = time.perf_counter()
         finetune.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
         print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
-    for notebook in notebook_paths(names):
+
+    failed = threading.Event()  # once a notebook fails, those not started yet are not started
+
+    def report(notebook: Path) -> tuple[Path, Path, float] | None:
+        if failed.is_set():
+            return None
         start = time.perf_counter()
-        page = render_html(execute(notebook, out_dir / notebook.name))
-        print(f"{notebook.stem:<28} {time.perf_counter() - start:5.0f} s  {paths.display(page)}", flush=True)
+        try:
+            page = render_html(execute(notebook, out_dir / notebook.name))
+        except BaseException:
+            failed.set()
+            raise
+        return notebook, page, time.perf_counter() - start
+
+    notebooks = notebook_paths(names)
+    # the inline backend for every kernel, set once: each execute's own setting and restoring would race
+    with _inline_figures(), ThreadPoolExecutor(min(threads.cores(), len(notebooks))) as pool:
+        for done in as_completed([pool.submit(report, notebook) for notebook in notebooks]):
+            if (result := done.result()) is not None:
+                notebook, page, seconds = result
+                print(f"{notebook.stem:<28} {seconds:5.0f} s  {paths.display(page)}", flush=True)
     return write_index(out_dir)
 
 
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
     """Re-execute committed notebooks in place with nbclient (no papermill metadata added; figures
     in the outputs, as ``execute``)."""
+    import nbformat
     from nbclient import NotebookClient
 
     for notebook in notebooks:
@@ -289,6 +317,8 @@ def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import nbformat
+
     parser = argparse.ArgumentParser(prog="python -m paperlib.report", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="execute notebooks at demo scale and render HTML reports")

@@ -1,9 +1,11 @@
 """`make demo`'s machinery: papermill execution, HTML rendering, the index page."""
 
+import os
+
 import nbformat
 import pytest
 
-from paperlib import report
+from paperlib import report, threads
 
 
 def _figures(notebook) -> int:
@@ -43,6 +45,39 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch, capfd):
     # figures went to the reports folder of the environment, not into the repository
     assert (tmp_path / "reports" / "figures" / "00_block_diagram.png").is_file()
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
+
+
+def _notebook(folder, name: str, code: str):
+    """A small notebook of one heading and one code cell, written to ``folder``."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {name}"), nbformat.v4.new_code_cell(code)])
+    nb.metadata["kernelspec"] = report.KERNELSPEC
+    nbformat.write(nb, folder / f"{name}.ipynb")
+    return folder / f"{name}.ipynb"
+
+
+def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    figure = "import os, time\nimport matplotlib.pyplot as plt\nplt.plot([1, {}]); plt.show()\ntime.sleep(2)"
+    notebooks = [_notebook(tmp_path, f"0{i}_figure", figure.format(i)) for i in range(3)]
+    monkeypatch.setattr(report, "notebook_paths", lambda names: notebooks)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    report.run_demo(["given"], out_dir=tmp_path / "out")
+    lines = capfd.readouterr().out.strip().splitlines()
+    assert sorted(line.split()[0] for line in lines) == ["00_figure", "01_figure", "02_figure"]
+    for notebook in notebooks:  # each kernel had the inline backend: setting it per notebook would race
+        executed = nbformat.read(tmp_path / "out" / notebook.name, as_version=4)
+        assert _figures(executed) == 1, notebook.name
+    assert os.environ["MPLBACKEND"] == "Agg"  # and it is restored after
+
+
+def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch):
+    monkeypatch.setattr(threads, "cores", lambda: 1)
+    failing = _notebook(tmp_path, "00_fails", "raise ValueError('on purpose')")
+    after = _notebook(tmp_path, "01_after", f"open({str(tmp_path / 'ran')!r}, 'w').close()")
+    monkeypatch.setattr(report, "notebook_paths", lambda names: [failing, after])
+    with pytest.raises(Exception, match="on purpose"):
+        report.run_demo(["given"], out_dir=tmp_path / "out")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "out" / "01_after.ipynb").exists()
 
 
 def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):

@@ -266,6 +266,10 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
         "tag": "",
         "extra": 0,
     }
+    for text in ("not json", '{"cells": 1}', "[]"):  # read as JSON: what is no notebook is named so
+        (tiny_notebook.parent / "broken.ipynb").write_text(text)
+        with pytest.raises(ValueError, match="broken.ipynb is not a notebook"):
+            specs.notebook_parameters(tiny_notebook.parent / "broken.ipynb")
     with pytest.raises(
         ValueError,
         match="tiny.ipynb has no parameter learning_rate, vlaue; "
