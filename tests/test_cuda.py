@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
-from paperlib import component_rates, components, data, finetune, models, plasticity, runs
+from paperlib import component_rates, components, data, finetune, imagesets, models, plasticity, runs
 from paperlib import transforms as T
 from paperlib.loader import DeviceLoader
 from paperlib.speed import layers
@@ -142,6 +142,26 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, fus
             training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_images_of_different_sizes_on_the_device_equal_the_cpu():
+    # whole file images, each its own size (UnevenImages), padded per batch where they are: evaluation
+    # batches equal the CPU's; training batches are the same with the images on the device or the host
+    generator = torch.Generator().manual_seed(0)
+    sizes = [(int(h), int(w)) for h, w in torch.randint(20, 70, (24, 2), generator=generator)]
+    pixels = [torch.randint(0, 256, (3, h, w), generator=generator, dtype=torch.uint8) for h, w in sizes]
+    images = imagesets.UnevenImages(torch.cat([p.reshape(-1) for p in pixels]), sizes)
+    dataset = imagesets.ImageDataset(images, torch.arange(24) % 3, ["a", "b", "c"], "uneven", "train")
+    cpu = [batch for batch, _ in DeviceLoader(dataset, 8, augment=False, image_size=32)]
+    device = [batch for batch, _ in DeviceLoader(dataset, 8, augment=False, image_size=32, device=DEVICE)]
+    assert all(d.device.type == DEVICE.type and (d.cpu() - c).abs().max() < 1e-4 for c, d in zip(cpu, device))
+    batches = []
+    for images_on in ("device", "host"):
+        loader = DeviceLoader(dataset, 8, augment=True, image_size=32, device=DEVICE, seed=2, images_on=images_on)
+        batch, labels = loader.batch(4)
+        assert batch.shape == (8, 3, 32, 32) and torch.isfinite(batch).all() and labels.device.type == DEVICE.type
+        batches.append(batch)
+    assert torch.equal(*batches)
 
 
 @pytest.mark.parametrize("attention", ["flash", "efficient", "cudnn", "math"])
