@@ -120,14 +120,19 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
 
 def render_html(notebook: Path, output: Path | None = None) -> Path:
     """Render an executed notebook to a standalone HTML page (nbconvert, lab template), and beside it
-    ``<name>.nocode.html``, the same without code cells (nbconvert's ``exclude_input``), for readers."""
+    ``<name>.nocode.html``, the same without code cells (nbconvert's ``exclude_input``), for readers.
+    A progress bar's updates (text overwritten after carriage returns) show as its last state, as
+    JupyterLab shows them (nbconvert's ``CoalesceStreamsPreprocessor``)."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     output = output or notebook.with_suffix(".html")
     node = nbformat.read(notebook, as_version=4)
     for exclude_input, page in ((False, output), (True, output.with_suffix(".nocode.html"))):
-        body, _ = HTMLExporter(template_name="lab", exclude_input=exclude_input).from_notebook_node(node)
+        exporter = HTMLExporter(template_name="lab", exclude_input=exclude_input)
+        exporter.register_preprocessor(CoalesceStreamsPreprocessor(), enabled=True)
+        body, _ = exporter.from_notebook_node(node)
         paths.atomic_write_text(page, body)
     return output
 

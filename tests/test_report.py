@@ -80,6 +80,17 @@ def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch):
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out" / "01_after.ipynb").exists()
 
 
+def test_progress_bars_show_their_last_state_in_the_reports(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("probe()")])
+    bar = "\rprobing digits: {:3d}%|{}| {}/4"
+    updates = [bar.format(25 * i, "#" * i + " " * (4 - i), i) for i in range(5)]
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stderr", text=text) for text in updates + ["\n"]]
+    nbformat.write(nb, tmp_path / "bar.ipynb")
+    for page in (report.render_html(tmp_path / "bar.ipynb"), tmp_path / "bar.nocode.html"):
+        text = page.read_text()
+        assert "probing digits: 100%|####| 4/4" in text and "probing digits:  25%" not in text
+
+
 def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
