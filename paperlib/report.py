@@ -291,7 +291,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
 
     notebooks = notebook_paths(names)
     # the inline backend for every kernel, set once: each execute's own setting and restoring would race
-    with _inline_figures(), ThreadPoolExecutor(min(threads.cores(), len(notebooks))) as pool:
+    with _inline_figures(), ThreadPoolExecutor(max(1, min(threads.cores(), len(notebooks)))) as pool:
         for done in as_completed([pool.submit(report, notebook) for notebook in notebooks]):
             if (result := done.result()) is not None:
                 notebook, page, seconds = result
