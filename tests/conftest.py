@@ -1,12 +1,13 @@
 """Fixtures shared by every test: a seeded random state, a results root of the test's own, small
-finetuning runs of the demo world, and the demo ViT."""
+finetuning runs of the demo world, the demo ViT, and small notebooks."""
 
 import os
 
+import nbformat
 import pytest
 import torch
 
-from paperlib import models
+from paperlib import models, report
 from paperlib.runs import Config
 
 os.environ.setdefault("MPLBACKEND", "Agg")
@@ -60,3 +61,21 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path / "results"))
     monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
     return tmp_path
+
+
+@pytest.fixture
+def write_notebook():
+    """``write_notebook(path, *code, parameters=None, heading=None)``: a small notebook for the project's
+    kernel written to ``path`` (returned): a markdown ``heading`` and a cell tagged ``parameters``, if
+    given, then a code cell per source in ``code``."""
+
+    def write(path, *code: str, parameters: str | None = None, heading: str | None = None):
+        cells = [nbformat.v4.new_markdown_cell(heading)] if heading else []
+        if parameters is not None:
+            cells.append(nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]}))
+        nb = nbformat.v4.new_notebook(cells=cells + [nbformat.v4.new_code_cell(source) for source in code])
+        nb.metadata["kernelspec"] = report.KERNELSPEC
+        nbformat.write(nb, path)
+        return path
+
+    return write

@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
 import numpy as np
 import pandas as pd
 import pytest
@@ -43,17 +42,23 @@ def environment() -> dict:
     return env
 
 
-def start(*command: str) -> subprocess.Popen:
-    """``python -m <command>`` in a session of its own (killing it kills what it started too)."""
+def python(*arguments: str, **pipes) -> subprocess.Popen:
+    """``python <arguments>`` from the repository in a session of its own (killing it kills what it
+    started too), its stdout piped as text; ``pipes``: ``stdin`` or ``stderr`` piped too."""
     return subprocess.Popen(
-        [sys.executable, "-m", *command],
+        [sys.executable, *arguments],
         cwd=ROOT,
         env=environment(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        **pipes,
     )
+
+
+def start(*command: str) -> subprocess.Popen:
+    """``python -m <command>``, its stdout and stderr piped (``python``)."""
+    return python("-m", *command, stderr=subprocess.PIPE)
 
 
 def finished(process: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
@@ -157,12 +162,18 @@ HOLD = (
 """A process that holds the lock of ``argv[1]`` until it reads a line."""
 
 
+def hold(target: Path) -> subprocess.Popen:
+    """A process of its own session that has taken the lock of ``target`` (``HOLD``); a line on its
+    stdin lets go."""
+    holder = python("-c", HOLD, str(target), stdin=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "1"
+    return holder
+
+
 def test_a_run_asked_not_to_wait_says_it_runs_elsewhere(capsys):
     config = Config(**RUN)
-    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(config.folder())], cwd=ROOT, env=environment(), **pipes)
+    holder = hold(config.folder())  # another process holds the run's lock
     try:
-        assert holder.stdout.readline().strip() == "1"  # another process holds the run's lock
         with pytest.raises(paths.Busy, match="running elsewhere"):
             finetune.run(config, wait=False)
         assert finetune.main([*ARGS, "--wait", "false"]) == finetune.RUNNING_ELSEWHERE
@@ -175,16 +186,7 @@ def test_a_run_asked_not_to_wait_says_it_runs_elsewhere(capsys):
 
 def test_a_lock_dies_with_its_process_and_is_reentrant_within_one(tmp_path):
     target = tmp_path / "folder"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(target)],
-        cwd=ROOT,
-        env=environment(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert holder.stdout.readline().strip() == "1"
+    holder = hold(target)
     with pytest.raises(paths.Busy, match="folder is being written by another process"):
         with paths.locked(target, wait=False):
             pass
@@ -193,19 +195,15 @@ def test_a_lock_dies_with_its_process_and_is_reentrant_within_one(tmp_path):
         pass
 
 
-def tiny_sweep(tmp_path: Path, values=(1, 2, 3)) -> tuple[Path, Path]:
+def tiny_sweep(write_notebook, tmp_path: Path, values=(1, 2, 3)) -> tuple[Path, Path]:
     """A sweep spec of a notebook that logs its start and end to a file: (spec file, log)."""
     log = tmp_path / "executions.log"
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_code_cell('value = 1\nlog = ""', metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell(
-            "import time\nopen(log, 'a').write(f'start {value}\\n')\ntime.sleep(0.5)\n"
-            "open(log, 'a').write(f'end {value}\\n')"
-        ),
-    ]
-    nbformat.write(nb, tmp_path / "logged.ipynb")
+    write_notebook(
+        tmp_path / "logged.ipynb",
+        "import time\nopen(log, 'a').write(f'start {value}\\n')\ntime.sleep(0.5)\n"
+        "open(log, 'a').write(f'end {value}\\n')",
+        parameters='value = 1\nlog = ""',
+    )
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         yaml.safe_dump(
@@ -223,9 +221,9 @@ def executions(log: Path) -> list[str]:
     return log.read_text().split("\n")[:-1] if log.exists() else []
 
 
-def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, monkeypatch):
+def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    spec, log = tiny_sweep(tmp_path)
+    spec, log = tiny_sweep(write_notebook, tmp_path)
     both = [start("paperlib.sweep", str(spec)) for _ in range(2)]
     ended = [finished(process) for process in both]
     assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
@@ -233,9 +231,9 @@ def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, m
     assert all(run.finished for run in sweep.expand(specs.load_spec(spec)))
 
 
-def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_path, monkeypatch):
+def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    spec, log = tiny_sweep(tmp_path)
+    spec, log = tiny_sweep(write_notebook, tmp_path)
     folder = tmp_path / "reports" / "logged"
     # while its first run executes: that run has no marker, and runs again
     kill_when(lambda: "start 1" in executions(log), start("paperlib.sweep", str(spec)))
@@ -349,11 +347,10 @@ print(os.stat(pixels).st_ino, flush=True)
 
 def test_a_process_waiting_for_a_cache_reads_the_one_the_other_made(tmp_path):
     fixtures.write_pets(tmp_path / "root")
-    popen = {"cwd": ROOT, "env": environment(), "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     folders = [str(tmp_path / "root"), str(tmp_path / "cache")]
-    holder = subprocess.Popen([sys.executable, "-c", DECODER, *folders, "holder"], stdin=subprocess.PIPE, **popen)
+    holder = python("-c", DECODER, *folders, "holder", stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     assert holder.stdout.readline().strip() == "decoding"  # inside the lock, nothing cached yet
-    waiter = subprocess.Popen([sys.executable, "-c", DECODER, *folders, "waiter"], **popen)
+    waiter = python("-c", DECODER, *folders, "waiter", stderr=subprocess.PIPE)
     while "waiting for another process" not in waiter.stderr.readline():
         assert waiter.poll() is None, waiter.communicate()
     holder.stdin.write("\n")
@@ -395,9 +392,9 @@ def test_a_damaged_probe_cache_is_fitted_again():
         pd.testing.assert_frame_equal(probe.linear_probe("demo", "digits", **asked), table)
 
 
-def test_a_cut_sweep_marker_is_not_finished(tmp_path, monkeypatch):
+def test_a_cut_sweep_marker_is_not_finished(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    spec, log = tiny_sweep(tmp_path, values=(1,))
+    spec, log = tiny_sweep(write_notebook, tmp_path, values=(1,))
     assert [run.status for run in sweep.run_sweep(specs.load_spec(spec))] == ["done"]
     (run,) = sweep.expand(specs.load_spec(spec))
     cut(run.marker)

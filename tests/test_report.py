@@ -47,18 +47,10 @@ def test_demo_report_of_one_notebook(tmp_path, monkeypatch, capfd):
     assert not list((tmp_path / "out").glob(".*.partial.ipynb"))
 
 
-def _notebook(folder, name: str, code: str):
-    """A small notebook of one heading and one code cell, written to ``folder``."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# {name}"), nbformat.v4.new_code_cell(code)])
-    nb.metadata["kernelspec"] = report.KERNELSPEC
-    nbformat.write(nb, folder / f"{name}.ipynb")
-    return folder / f"{name}.ipynb"
-
-
-def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch, capfd):
+def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch, capfd, write_notebook):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     figure = "import os, time\nimport matplotlib.pyplot as plt\nplt.plot([1, {}]); plt.show()\ntime.sleep(2)"
-    notebooks = [_notebook(tmp_path, f"0{i}_figure", figure.format(i)) for i in range(3)]
+    notebooks = [write_notebook(tmp_path / f"0{i}_figure.ipynb", figure.format(i)) for i in range(3)]
     monkeypatch.setattr(report, "notebook_paths", lambda names: notebooks)
     monkeypatch.setattr(threads, "cores", lambda: 2)
     report.run_demo(["given"], out_dir=tmp_path / "out")
@@ -70,10 +62,10 @@ def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch,
     assert os.environ["MPLBACKEND"] == "Agg"  # and it is restored after
 
 
-def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch):
+def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setattr(threads, "cores", lambda: 1)
-    failing = _notebook(tmp_path, "00_fails", "raise ValueError('on purpose')")
-    after = _notebook(tmp_path, "01_after", f"open({str(tmp_path / 'ran')!r}, 'w').close()")
+    failing = write_notebook(tmp_path / "00_fails.ipynb", "raise ValueError('on purpose')")
+    after = write_notebook(tmp_path / "01_after.ipynb", f"open({str(tmp_path / 'ran')!r}, 'w').close()")
     monkeypatch.setattr(report, "notebook_paths", lambda names: [failing, after])
     with pytest.raises(Exception, match="on purpose"):
         report.run_demo(["given"], out_dir=tmp_path / "out")

@@ -10,21 +10,14 @@ from paperlib import specs, sweep
 
 
 @pytest.fixture
-def tiny_notebook(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# tiny"),
-        nbformat.v4.new_code_cell(
-            "value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\n"
-            'dataset = "a"  # a name ("quoted")\nrate = 0.5\ntag = ""\nextra = 0',
-            metadata={"tags": ["parameters"]},
-        ),
-        nbformat.v4.new_code_cell("if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)"),
-    ]
-    path = tmp_path / "tiny.ipynb"
-    nbformat.write(nb, path)
-    return path
+def tiny_notebook(tmp_path, write_notebook):
+    return write_notebook(
+        tmp_path / "tiny.ipynb",
+        "if fail:\n    raise ValueError('asked to fail')\nprint('twice', value * 2)",
+        parameters="value = 1  # a number\nfail = False  # raise on purpose\nseed = 0\n"
+        'dataset = "a"  # a name ("quoted")\nrate = 0.5\ntag = ""\nextra = 0',
+        heading="# tiny",
+    )
 
 
 @pytest.fixture
@@ -132,20 +125,16 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
     assert sweep.input_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
 
 
-def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, monkeypatch):
+def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, monkeypatch, write_notebook):
     # notebook 08's example writes its dataset the first time: the marker must describe what is there after
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_code_cell('dataset = "custom/made"', metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell(
-            "from paperlib import fixtures, paths\n"
-            "if not (paths.data_dir() / dataset).is_dir():\n"
-            "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)"
-        ),
-    ]
-    nbformat.write(nb, tmp_path / "maker.ipynb")
+    write_notebook(
+        tmp_path / "maker.ipynb",
+        "from paperlib import fixtures, paths\n"
+        "if not (paths.data_dir() / dataset).is_dir():\n"
+        "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)",
+        parameters='dataset = "custom/made"',
+    )
     spec = {"notebook": str(tmp_path / "maker.ipynb"), "grid": {"dataset": ["custom/made"]}}
     assert [r.status for r in sweep.run_sweep(spec)] == ["done"]
     assert "dataset:custom/made" in json.loads(sweep.expand(spec)[0].marker.read_text())["fingerprints"]
@@ -174,21 +163,16 @@ def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
         sweep.run_sweep({"notebook": str(tiny_notebook), "grid": {"value": [1]}}, executor="gpus")
 
 
-def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports):
+def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports, write_notebook):
     # ids need no real GPU: each worker process exports its id as CUDA_VISIBLE_DEVICES, and the
     # papermill kernel it starts inherits it
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [
-        nbformat.v4.new_code_cell("value = 1  # a number", metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell(
-            "import os, time\ntime.sleep(1)\n"
-            "print('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid(),"
-            " 'sharing', os.environ.get('VIT_PLASTICITY_WORKERS'))"
-        ),
-    ]
-    notebook = tmp_path / "pinned.ipynb"
-    nbformat.write(nb, notebook)
+    notebook = write_notebook(
+        tmp_path / "pinned.ipynb",
+        "import os, time\ntime.sleep(1)\n"
+        "print('pinned', os.environ.get('CUDA_VISIBLE_DEVICES'), 'worker', os.getppid(),"
+        " 'sharing', os.environ.get('VIT_PLASTICITY_WORKERS'))",
+        parameters="value = 1  # a number",
+    )
     runs = sweep.run_sweep({"notebook": str(notebook), "grid": {"value": [1, 2, 3, 4]}}, executor="gpus", gpus=[3, 5])
     assert [r.status for r in runs] == ["done"] * 4, [r.error for r in runs]
     seen = set()
@@ -245,8 +229,6 @@ def test_finetune_specs_follow_table_5():
 
 
 def test_finetune_parameter_files_set_notebook_parameters_only():
-    import nbformat
-
     nb = nbformat.read(sweep.paths.NOTEBOOKS / "05_finetune.ipynb", as_version=4)
     source = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     names = {line.split("=")[0].strip() for line in source.splitlines() if "=" in line}
