@@ -214,6 +214,31 @@ def test_bf16_finetuning_with_master_weights_on_the_device_follows_the_autocast_
     assert bf16_losses[-4:].mean() < bf16_losses[:4].mean()  # and it trains
 
 
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="TF32 is CUDA's")
+def test_a_tf32_run_has_tf32_inside_its_steps_only_and_follows_the_fp32_run(results, small, monkeypatch):
+    seen = []
+    create = models.create_model
+
+    def create_and_watch(*args, **kwargs):
+        model = create(*args, **kwargs)
+        model.head.register_forward_hook(lambda *_: seen.append(torch.backends.cuda.matmul.allow_tf32))
+        model.head.register_full_backward_hook(lambda *_: seen.append(torch.backends.cuda.matmul.allow_tf32))
+        return model
+
+    monkeypatch.setattr(models, "create_model", create_and_watch)
+    run = lambda precision: small(**ON_DEVICE, component="full", steps=12, precision=precision)  # noqa: E731
+    reference = finetune.run(run("fp32"))
+    fp32_flags, seen[:] = list(seen), []
+    metrics = finetune.run(run("tf32"))
+    assert metrics["precision"] == "tf32" and run("tf32").folder().name.endswith("-tf32")
+    assert fp32_flags and not any(fp32_flags) and seen and all(seen)
+    assert not torch.backends.cuda.matmul.allow_tf32  # left as PyTorch's default after the run
+    losses = runs.history(run("fp32"))["train_loss"].to_numpy()
+    tf32_losses = runs.history(run("tf32"))["train_loss"].to_numpy()
+    assert reference["status"] == metrics["status"] == "finished"
+    assert np.allclose(tf32_losses[:4], losses[:4], rtol=1e-2)  # TF32 rounds inputs to 10 mantissa bits
+
+
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
 def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
     precision, results, monkeypatch, tmp_path, move_results, small, augmentation_drawn_on_the_host

@@ -249,7 +249,7 @@ def _sgd_run(fused_update: bool, precision: str, steps: int = 4, state: dict | N
     )
     if state is not None:
         optimizer.load_state_dict(state)
-    context = step_context(torch.device("cpu"))
+    context = step_context(torch.device("cpu"), precision=precision)
     generator = torch.Generator().manual_seed(1)
     losses, norms = [], []
     for step in range(steps):

@@ -174,7 +174,7 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
     assert speed.options.StepOptions().checked(torch.device("cpu")).compile == "none"
     assert checked.checked("cpu") == checked  # checking is idempotent
-    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
+    with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         speed.options.StepOptions(precision="fp16").checked("cpu")
     monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # as on a GPU
     for mode in ("reduce-overhead", "max-autotune"):  # inductor's own CUDA graphs cannot go inside ours
@@ -199,7 +199,7 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping():
     images = torch.randn(4, 3, 32, 32)
     outputs = {}
     for attention in speed.options.CPU_ATTENTION:
-        with torch.no_grad(), speed.step.step_context(cpu, attention)():
+        with torch.no_grad(), speed.step.step_context(cpu, attention, precision="fp32")():
             outputs[attention] = model(images)
     torch.testing.assert_close(outputs["math"], outputs["auto"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(outputs["flash"], outputs["auto"], rtol=1e-4, atol=1e-5)
@@ -213,7 +213,14 @@ def test_training_step_returns_device_tensors_and_updates_only_trainable_weights
     optimizer = finetune.make_optimizer(trainable, 0.1, 0.9, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
     loss, norm = speed.step.training_step(
-        model, trainable, optimizer, images, labels, 4, 1.0, speed.step.autocast_for(torch.device("cpu"))
+        model,
+        trainable,
+        optimizer,
+        images,
+        labels,
+        4,
+        1.0,
+        speed.step.autocast_for(torch.device("cpu"), precision="fp32"),
     )
     assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and float(norm) > 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
@@ -266,7 +273,14 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tin
     optimizer = finetune.make_optimizer(trainable, 1e-4, 0.9, torch.device("cpu"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
     loss, norm = speed.step.training_step(
-        master, trainable, optimizer, images, labels, 8, 1e9, speed.step.autocast_for(torch.device("cpu"))
+        master,
+        trainable,
+        optimizer,
+        images,
+        labels,
+        8,
+        1e9,
+        speed.step.autocast_for(torch.device("cpu"), precision="fp32"),
     )
 
     copies = dict(master.module.named_parameters())
@@ -303,7 +317,7 @@ def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results,
     assert losses[:4].tolist() == pytest.approx(
         run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2
     )
-    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
+    with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         finetune.run(small(precision="fp16"))
 
 
@@ -382,7 +396,7 @@ def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(p
         # the graphed step with FusedSGD (reading its learning rates from GraphedStep's tensors) against plain SGD
         optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu, graphed and fused == "update")
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
-        context = speed.step.step_context(cpu)
+        context = speed.step.step_context(cpu, precision=precision)
         step = (
             RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2)
             if graphed
@@ -417,7 +431,9 @@ def test_a_step_that_cannot_be_recorded_says_what_to_do():
         def _capture(self, run):
             raise RuntimeError("operation not permitted when stream is capturing")
 
-    step = Unrecordable(model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2)
+    step = Unrecordable(
+        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu"), precision="fp32"), warmup=2
+    )
     images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
     step(images, labels)  # the ordinary warm-up steps
     step(images, labels)
@@ -429,7 +445,7 @@ def test_a_step_that_cannot_be_recorded_says_what_to_do():
             raise RuntimeError("CUDA error: out of memory")
 
     step = OutOfMemoryWhileRecording(
-        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu")), warmup=2
+        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu"), precision="fp32"), warmup=2
     )
     step(images, labels)
     step(images, labels)
@@ -488,5 +504,57 @@ def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_fold
             "cuda",
             {"dtype": torch.bfloat16, "cache_enabled": True},
         )
-    with pytest.raises(ValueError, match="valid choices: fp32, autocast, bf16"):
+    with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         small(precision="fp16")
+
+
+def _flags_seen(model) -> list[tuple[str, bool, bool]]:
+    """Hooks on ``model`` that record (pass, matmul TF32, cuDNN TF32) in each forward and backward of its head."""
+    seen = []
+
+    def flags(name):
+        return name, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+    model.head.register_forward_hook(lambda *_: seen.append(flags("forward")))
+    model.head.register_full_backward_hook(lambda *_: seen.append(flags("backward")))
+    return seen
+
+
+def test_an_fp32_run_computes_its_matrix_products_without_tf32_whatever_the_callers_flags(results, small, monkeypatch):
+    # the paper's fp32 is PyTorch's defaults, as the authors' code ran: matmul TF32 off, cuDNN TF32 on
+    seen = []
+    create = models.create_model
+
+    def create_and_watch(*args, **kwargs):
+        model = create(*args, **kwargs)
+        seen.append(_flags_seen(model))
+        return model
+
+    monkeypatch.setattr(models, "create_model", create_and_watch)
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32, cudnn.allow_tf32 = True, False  # a caller that turned TF32 on globally, and cuDNN's off
+    try:
+        finetune.run(small(steps=4, eval_every=2, warmup=1))
+        after = matmul.allow_tf32, cudnn.allow_tf32
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before
+    recorded = [flags for model in seen for flags in model]
+    assert {name for name, _, _ in recorded} == {"forward", "backward"} and len(recorded) > 8  # steps, evaluations
+    assert all(matmul is False and cudnn is True for _, matmul, cudnn in recorded)
+    assert after == (True, False)  # the caller's flags come back after the run: no global flag left behind
+
+
+def test_tf32_is_its_own_precision_on_cuda_and_a_one_line_error_elsewhere(small):
+    assert small(precision="tf32", device="cuda").folder().name == "seed=0-tf32"
+    with pytest.raises(ValueError) as error:
+        small(precision="tf32")
+    message = str(error.value)
+    assert "\n" not in message and "valid precisions on cpu: fp32, autocast, bf16" in message
+    # the flags are set inside the context only, and restored after (also when the step fails)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with speed.step.tf32_flags("tf32"):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    with pytest.raises(RuntimeError), speed.step.tf32_flags("tf32"):
+        raise RuntimeError("a failed step")
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before

@@ -2,8 +2,8 @@
 
 ``StepOptions`` holds them: ``compile`` (torch.compile of the model or of each block),
 ``compile_mode``, ``attention`` (the scaled-dot-product attention kernel), ``precision``
-("fp32": the paper's; beyond it "autocast": bf16 autocast on CUDA, fp32 on a CPU; "bf16": bf16
-compute with fp32 master weights), ``fused`` (our fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
+(``PRECISIONS``: "fp32", the paper's; beyond it "tf32", "autocast" and "bf16"), ``fused`` (our
+fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
 ``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
 ("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
 of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
@@ -97,9 +97,37 @@ def check_compile_mode(mode: str) -> str:
     return mode
 
 
-PRECISIONS = ("fp32", "autocast", "bf16")
-"""fp32: the paper's protocol (Table 4's text: "with a default FP32 precision"); beyond it, for speed
-on a GPU: "autocast" (bf16 autocast, fp32 weights) and "bf16" (bf16 compute, fp32 master weights)."""
+PRECISIONS = ("fp32", "tf32", "autocast", "bf16")
+"""How a step computes; only "fp32" is the paper's protocol, the others are for speed on a GPU and get
+their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
+
+- "fp32": the paper's (Table 4's text: "with a default FP32 precision"), as the authors' code ran it:
+  PyTorch's defaults, i.e. on CUDA matrix products in full fp32 (``torch.backends.cuda.matmul.allow_tf32``
+  off) and cuDNN convolutions allowed TF32 (``torch.backends.cudnn.allow_tf32`` on); a step sets them so
+  whatever the caller's flags (``step.tf32_flags``). On CUDA the patch embedding runs as a matrix product
+  (``layers.linear_patch_embed``), so it is full fp32 here where the authors' convolution could use TF32.
+- "tf32" (CUDA only): fp32 weights, activations and optimizer state; matrix products and convolutions
+  on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), for the run's steps only.
+- "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (slower than fp32
+  there on the demo ViT: a way to check the precision's effect at demo scale, not a speed-up).
+- "bf16": bf16 compute with fp32 master weights (``step.MasterWeights``).
+"""
+CUDA_ONLY_PRECISIONS = ("tf32",)
+
+
+def check_precision(precision: str, device: torch.device | None = None) -> str:
+    """``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line
+    ValueError naming the valid choices (there)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
+    kind = torch.device(device).type if device is not None else "cuda"
+    if precision in CUDA_ONLY_PRECISIONS and kind != "cuda":
+        valid = [p for p in PRECISIONS if p not in CUDA_ONLY_PRECISIONS]
+        raise ValueError(
+            f"precision {precision!r} runs matrix products on TF32 tensor cores, which only CUDA devices have, "
+            f"not {kind!r}; valid precisions on {kind}: {', '.join(valid)}"
+        )
+    return precision
 
 
 def _graphs_of_its_own(mode: str) -> bool:
@@ -110,12 +138,6 @@ def _graphs_of_its_own(mode: str) -> bool:
         return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
     except (AttributeError, RuntimeError):  # a PyTorch without the listing: the modes of torch 2.x that do
         return mode in ("reduce-overhead", "max-autotune")
-
-
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
-    return precision
 
 
 # our fused ops (``kernels``) that a step may use, by name: each takes passes over the data that
@@ -209,7 +231,7 @@ class StepOptions:
         device = torch.device(device)
         check_compile_mode(self.compile_mode)
         check_attention(self.attention, device)
-        check_precision(self.precision)
+        check_precision(self.precision, device)
         check_graph(self.graph, device)
         if self.graph and compile_choice(self.compile) != "none" and _graphs_of_its_own(self.compile_mode):
             raise ValueError(

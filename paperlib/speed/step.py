@@ -41,28 +41,46 @@ MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 
 
 def autocast_for(device: torch.device, cache: bool = True, precision: str = "autocast"):
-    """A context factory for forward passes in ``precision``: "fp32" (the paper's protocol) runs as
-    it is; "autocast" and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run under bf16
-    autocast on CUDA, and in fp32 elsewhere. ``cache=False`` turns off autocast's cache of cast
-    weights, as PyTorch asks of autocast inside a CUDA graph capture (``GraphedStep``)."""
-    if device.type == "cuda" and check_precision(precision) != "fp32":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
+    """A context factory for forward passes in ``precision`` (``options.PRECISIONS``): "autocast"
+    and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run under bf16 autocast, on CUDA
+    and on a CPU; "fp32" and "tf32" run as they are (their TF32 flags: ``tf32_flags``).
+    ``cache=False`` turns off autocast's cache of cast weights, as PyTorch asks of autocast inside a
+    CUDA graph capture (``GraphedStep``)."""
+    if check_precision(precision, device) in ("autocast", "bf16"):
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return lambda: torch.autocast(device.type, enabled=False)
 
 
+@contextlib.contextmanager
+def tf32_flags(precision: str):
+    """PyTorch's TF32 flags as ``precision`` asks, while the context lasts, then the caller's again
+    (no global flag left behind): "tf32" allows TF32 tensor cores for matrix products
+    (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions (``torch.backends.cudnn.allow_tf32``);
+    every other precision has PyTorch's defaults, as the authors' code ran: matrix products in full
+    fp32, convolutions allowed TF32. ``Step`` holds it over a whole step (backward and update
+    included: a flag is read when each kernel launches) and over evaluation."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32, cudnn.allow_tf32 = precision == "tf32", True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
 def step_context(device: torch.device, attention: str = "auto", graph: bool = False, precision: str = "autocast"):
-    """A context factory for forward passes: ``precision`` (``autocast_for``; its cache off for steps
-    replayed from a CUDA ``graph``) and, unless ``attention`` is "auto", the one scaled-dot-product
-    attention kernel allowed to run (the same function in every kernel, to rounding; their speed
-    differs by device)."""
+    """A context factory for forward passes: ``precision`` (``autocast_for``, its cache off for steps
+    replayed from a CUDA ``graph``; and its TF32 flags, ``tf32_flags``) and, unless ``attention`` is
+    "auto", the one scaled-dot-product attention kernel allowed to run (the same function in every
+    kernel, to rounding; their speed differs by device)."""
     autocast = autocast_for(device, cache=not graph, precision=precision)
-    if check_attention(attention, device) == "auto":
-        return autocast
-    backend = getattr(SDPBackend, ATTENTION_CHOICES[attention])
+    backend = (
+        None if check_attention(attention, device) == "auto" else getattr(SDPBackend, ATTENTION_CHOICES[attention])
+    )
 
     @contextlib.contextmanager
     def context():
-        with autocast(), sdpa_kernel(backend):
+        with tf32_flags(precision), autocast(), sdpa_kernel(backend) if backend else contextlib.nullcontext():
             yield
 
     return context
@@ -143,7 +161,7 @@ class MasterWeights:
 def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
     """What a training step calls: ``model`` through ``compile_model`` (``options``' compile, mode
     and fused ops), or with ``precision="bf16"`` its bf16 copy, compiled likewise (``MasterWeights``)."""
-    if check_precision(options.precision) == "bf16":
+    if options.precision == "bf16":
         return MasterWeights(model).compile(options.compile, options.compile_mode, options.fused)
     return compile_model(model, options.compile, options.compile_mode, options.fused)
 
@@ -485,7 +503,8 @@ class Step:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor):
         while True:
             try:
-                return self._step(images, labels)
+                with tf32_flags(self.options.precision):  # backward and update too, not only the forward
+                    return self._step(images, labels)
             except torch.cuda.OutOfMemoryError:
                 if self.fixed or self.micro == 1:  # a micro-batch the user chose is kept: say so
                     raise
