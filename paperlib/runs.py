@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from . import components, data, lora, models, paths, specs
 from .cli import coerce
 from .speed import STEP_OPTIONS, StepOptions, preset
-from .speed.options import fused_parts
+from .speed.options import fused_parts, offered
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
@@ -392,11 +392,16 @@ def configs(spec: dict) -> list[Config]:
 
 
 def config_from(parameters: dict) -> Config:
-    """The ``Config`` of notebook 05's parameters (``speed`` read by ``speed.preset``; the rest are
-    Config's fields, typed by their defaults)."""
+    """The ``Config`` of notebook 05's parameters (``speed`` read by ``speed.preset``, and refused in a
+    precision it is not offered for: ``speed.options.offered``; the rest are Config's fields, typed by
+    their defaults)."""
     defaults = {field.name: field.default for field in fields(Config)}
     values = dict(parameters)
-    values = {**preset(values.pop("speed", "auto")), **values}
+    speed = values.pop("speed", "auto")
+    chosen = preset(speed)
+    # a preset is refused in a precision it was not measured faster in (``speed.options.offered``)
+    precision = values.get("precision", chosen.get("precision", Config.precision))
+    values = {**offered(chosen, precision, speed), **values}
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")

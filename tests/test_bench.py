@@ -1,6 +1,7 @@
 """The benchmark's target checks: each figure compared with its issue's target, results kept on disk."""
 
 import json
+import math
 from dataclasses import asdict
 
 import pytest
@@ -483,3 +484,24 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
     with pytest.raises(ValueError, match="use one of mha, fc1, fc2, full"):
         bench_step.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+
+
+def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_beside(tmp_path):
+    faster = tmp_path / "faster.yaml"
+    faster.write_text("gain: {fp32: 1.5}\nfused: none\n")
+    rows = bench_step.bench_presets(
+        "demo", ("ln2",), 8, 2, "cpu", presets=(str(faster),), precisions=("fp32", "autocast"), repeats=1
+    )
+    assert [(r["precision"], r["preset"]) for r in rows] == [
+        ("fp32", "none"),
+        ("fp32", str(faster)),
+        ("autocast", "none"),
+        ("autocast", str(faster)),
+    ]
+    assert all(r["images_per_s"] > 0 and math.isfinite(r["gain"]) for r in rows)
+    for row in rows:  # the gain is against none in the same precision
+        none = next(r for r in rows if r["precision"] == row["precision"] and r["preset"] == "none")
+        assert row["gain"] == pytest.approx(row["images_per_s"] / none["images_per_s"], rel=1e-2)
+    assert ["plain_images_per_s" in r for r in rows] == [True, False, True, False]
+    with pytest.raises(ValueError, match="valid precisions on cpu: fp32, autocast, bf16"):
+        bench_step.bench_presets("demo", ("ln2",), 8, 1, "cpu", precisions=("tf32",), repeats=1)

@@ -558,3 +558,36 @@ def test_tf32_is_its_own_precision_on_cuda_and_a_one_line_error_elsewhere(small)
     with pytest.raises(RuntimeError), speed.step.tf32_flags("tf32"):
         raise RuntimeError("a failed step")
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in():
+    files = sorted((paths.PARAMETERS / "speed").glob("*.yaml"))
+    assert files
+    for file in files:
+        chosen = speed.options.preset(file.stem)
+        assert chosen.get("measured_on") and chosen.get("gain"), f"{file.name} says where and what it measured"
+        for precision in speed.options.PRECISIONS:
+            asked = {"speed": file.stem, "precision": precision, "device": "cuda"}
+            if chosen["gain"].get(precision, 0) > 1:
+                config = run_files.config_from(asked)
+                assert (config.compile, config.fused) == (chosen["compile"], chosen["fused"]), file.name
+            else:
+                with pytest.raises(ValueError, match=f"not offered for precision '{precision}'"):
+                    run_files.config_from(asked)
+    # the reason and the precisions it is offered for, in one line
+    with pytest.raises(ValueError) as error:
+        run_files.config_from({"speed": "h100", "device": "cuda"})  # the protocol's fp32
+    assert "\n" not in str(error.value) and "measured no faster than 'none' there (1.00x)" in str(error.value)
+    assert "offered for autocast (1.33x)" in str(error.value)
+    # a sweep spec's step options, folded into the preset's mapping with its gains, are checked alike
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"speed": "h100", "device": "cuda"},
+        "grid": {"precision": ["autocast", "fp32"]},
+    }
+    with pytest.raises(ValueError, match="not offered for precision 'fp32'"):
+        run_files.configs(spec)
+    spec["grid"]["precision"] = ["autocast", "bf16"]
+    assert [config.compile for config in run_files.configs(spec)] == ["blocks", "blocks"]
+    # presets without recorded gains (auto, none, a mapping of options) are offered in every precision
+    assert run_files.config_from({"speed": "none", "precision": "autocast"}).fused == "none"

@@ -15,6 +15,8 @@
     python -m paperlib.speed.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
         --device cuda --json variants.json                # one step under each compilation / attention kernel
     python -m paperlib.speed.bench kernels --device cuda        # our fused ops alone, against a copy of their bytes
+    python -m paperlib.speed.bench presets --model vit_base_in21k --device cuda --batch-size 128 \
+        --presets h100 --precisions fp32,tf32,autocast,bf16  # each preset against none, per precision, plain beside
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from .. import cli, data, paths
 from .bench_data import bench_data, bench_plasticity, resolve_device
-from .bench_step import bench_finetune, bench_kernels, bench_profile, bench_variants, variant_words
+from .bench_step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
 from .options import STEP_OPTIONS
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
@@ -226,6 +228,21 @@ def _print_variants(rows: list[dict]) -> None:
         )
 
 
+def _print_presets(rows: list[dict], json_path: Path | None) -> None:
+    print("| precision | preset | configuration | img/s | gain over none | warm-up s | plain loop img/s |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        plain = f"{row['plain_images_per_s']:,.1f}" if "plain_images_per_s" in row else ""
+        print(
+            f"| {row['precision']} | {row['preset']} | {row['config']} | {row['images_per_s']:,.1f} | "
+            f"{row['gain']:.2f}x | {row['warmup_seconds']:.1f} | {plain} |"
+        )
+    if rows:
+        print(f"device: {rows[0]['device']}")
+    if json_path is not None:
+        paths.atomic_write_text(json_path, json.dumps(rows, indent=2) + "\n")
+
+
 def _print_profile(result: dict, json_path: Path | None) -> None:
     print(
         f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
@@ -375,6 +392,19 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--batch-size", type=int, default=None, help="images (default: 512 on CUDA, 8 on a CPU)")
     k.add_argument("--device", default="auto", help="cuda, cpu or auto")
     k.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    s = commands.add_parser(
+        "presets", help="images/s per precision: each speed preset against none, a plain loop beside, one machine"
+    )
+    s.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
+    s.add_argument("--configs", default="full,mha,ln2", help="comma-separated configurations")
+    s.add_argument("--presets", default="", help="comma-separated presets (parameters/speed/<name>, files) beside none")
+    s.add_argument("--precisions", default="fp32,autocast", help="comma-separated, of: fp32, tf32, autocast, bf16")
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
+    s.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
+    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    s.add_argument("--no-plain", action="store_true", help="skip the plain loop")
+    s.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
     t.add_argument("--device", default="auto", help="cuda, cpu or auto")
     t.add_argument(
@@ -410,6 +440,18 @@ def main(argv: list[str] | None = None) -> None:
                 precisions=tuple(args.precision.split(",")),
                 fuseds=tuple(args.fused.split(",")),
                 graphs=_booleans(args.graph, "--graph"),
+            )
+        elif args.command == "presets":
+            rows = bench_presets(
+                args.model,
+                tuple(args.configs.split(",")),
+                args.batch_size,
+                args.steps,
+                args.device,
+                tuple(name for name in args.presets.split(",") if name),
+                tuple(args.precisions.split(",")),
+                args.repeats,
+                plain=not args.no_plain,
             )
         elif args.command == "data":
             result = bench_data(
@@ -450,6 +492,8 @@ def main(argv: list[str] | None = None) -> None:
         _print_profile(result, args.json)
     elif args.command == "variants":
         _print_variants(rows)
+    elif args.command == "presets":
+        _print_presets(rows, args.json)
     else:
         _print(result, args.json)
 

@@ -33,8 +33,8 @@ from ..transforms import paper_transform
 from .bench_data import Timed, device_name, endless, median_seconds, resolve_device, sync
 from .kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
 from .layers import is_fusable_attention, is_fusable_mlp
-from .options import StepOptions, compile_choice, fuses_update
-from .step import MasterWeights, Step, clip_and_update, compile_model, warmup_steps
+from .options import PRESET_RECORD, StepOptions, check_precision, compile_choice, fuses_update, preset
+from .step import MasterWeights, Step, autocast_for, clip_and_update, compile_model, tf32_flags, warmup_steps
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
@@ -226,6 +226,90 @@ def bench_finetune(
     gc.collect()
     result["torch"] = torch.__version__
     return result
+
+
+PLAIN_PRECISION = {"fp32": "fp32", "tf32": "tf32", "autocast": "autocast", "bf16": "autocast"}
+"""The plain loop's precision beside the library's: a plain loop has no master weights, so bf16's is autocast."""
+
+
+def bench_presets(
+    model_name: str = "demo",
+    configs: tuple[str, ...] = ("full", "mha", "ln2"),
+    batch_size: int = 64,
+    steps: int = 10,
+    device: str = "auto",
+    presets: tuple[str, ...] = (),
+    precisions: tuple[str, ...] = ("fp32", "autocast"),
+    repeats: int = 3,
+    plain: bool = True,
+) -> list[dict]:
+    """Training images/s per precision, configuration and speed preset, on one machine: each preset of
+    ``presets`` (``options.preset``: names, files) against "none" in the same precision, and a plain loop in
+    that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``, clipping at 1)
+    on the same batches, already on the device, so that only the step differs. What a preset file records as
+    its ``gain`` is this table's ``gain`` column. Rows: precision, preset, configuration, img/s, gain over
+    "none", warm-up seconds (compilation included), and the plain loop's img/s beside "none"."""
+    rows = []
+    device_ = resolve_device(device)
+    for precision in precisions:
+        check_precision(precision, device_)
+        for name in ("none", *presets):
+            options = {key: value for key, value in preset(name).items() if key not in PRESET_RECORD}
+            options = {**asdict(StepOptions()), **options, "precision": precision}
+            result = bench_finetune(
+                model_name, configs, batch_size, steps, device, plain=False, repeats=repeats, **options
+            )
+            for config in configs:
+                row = {"precision": precision, "preset": name, "config": config, "device": result["device"]}
+                row["images_per_s"] = result[f"{config}_library_images_per_s"]
+                row["warmup_seconds"] = result[f"{config}_warmup_seconds"]
+                rows.append(row)
+        if plain:
+            plain_rates = bench_plain(model_name, configs, batch_size, steps, device_, PLAIN_PRECISION[precision])
+            for row in rows:
+                if row["precision"] == precision and row["preset"] == "none":
+                    row["plain_images_per_s"] = plain_rates[row["config"]]
+    for row in rows:
+        none = next(
+            r for r in rows if (r["precision"], r["preset"], r["config"]) == (row["precision"], "none", row["config"])
+        )
+        row["gain"] = round(row["images_per_s"] / none["images_per_s"], 3)
+    return rows
+
+
+def bench_plain(
+    model_name: str, configs: tuple[str, ...], batch_size: int, steps: int, device: torch.device, precision: str
+) -> dict[str, float]:
+    """Images/s per configuration of a plain training loop in ``precision`` (fp32, tf32 or autocast) on
+    batches already on the device: timm's model as created, ``torch.optim.SGD`` (PyTorch's default kernels),
+    clipping at norm 1; TF32 flags and autocast as the library's step sets them (``tf32_flags``, ``autocast_for``)."""
+    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    size = model.patch_embed.img_size[0]
+    loader = DeviceLoader(
+        _synthetic_train_set(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device
+    )
+    batches = [loader.batch(index) for index in range(4)]
+    autocast = autocast_for(device, precision=precision)
+    rates = {}
+    for config in configs:
+        finetune.set_trainable(model, config)
+        trainable = [p for _, p in components.trainable_parameters(model)]
+        optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
+
+        def plain_steps(count: int):
+            with tf32_flags(precision):
+                for index in range(count):
+                    images, labels = batches[index % len(batches)]
+                    with autocast():
+                        loss = torch.nn.functional.cross_entropy(model(images), labels)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+                    optimizer.step()
+
+        seconds = median_seconds({"plain": (lambda: plain_steps(steps), lambda: plain_steps(2))}, device, 3)["plain"]
+        rates[config] = round(batch_size * steps / seconds, 1)
+    return rates
 
 
 def variant_words(row: dict) -> str:

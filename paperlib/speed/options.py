@@ -249,10 +249,16 @@ PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": 
 """Named step options: "auto", ``StepOptions``' defaults (our fused ops where they are measured
 faster: on CUDA); "none", PyTorch as it is. More in ``parameters/speed/<name>.yaml``."""
 
+PRESET_RECORD = ("measured_on", "gain")
+"""What a preset file records of itself beside its step options: the machine and step it was measured on,
+and ``gain``, its images/s over ``none`` per precision (``offered``)."""
+
 
 def preset(name: str | dict) -> dict:
     """The ``StepOptions`` fields of a named preset (``PRESETS``), of ``parameters/speed/<name>.yaml``,
-    of a YAML file given by its path, or of a mapping of them; a ValueError naming the choices otherwise."""
+    of a YAML file given by its path, or of a mapping of them, with what the file records of itself
+    (``PRESET_RECORD``); a ValueError naming the choices otherwise. ``offered`` gives the options
+    for a run's precision."""
     if isinstance(name, dict):
         values, where = name, "the speed mapping"
     elif name in PRESETS:
@@ -267,7 +273,36 @@ def preset(name: str | dict) -> dict:
                 "a YAML file of step options, or a mapping of them"
             )
         values, where = read_yaml(path, "speed preset") or {}, str(path)
-    unknown = sorted(set(values) - set(STEP_OPTIONS)) if isinstance(values, dict) else ["(not a mapping)"]
+    unknown = (
+        sorted(set(values) - set(STEP_OPTIONS) - set(PRESET_RECORD))
+        if isinstance(values, dict)
+        else ["(not a mapping)"]
+    )
     if unknown:
         raise ValueError(f"{where}: unknown step option(s) {', '.join(unknown)}; valid: {', '.join(STEP_OPTIONS)}")
     return dict(values)
+
+
+def offered(chosen: dict, precision: str, name: str | dict = "the speed preset") -> dict:
+    """The step options of a preset (``chosen``: ``preset``'s mapping) for a run in ``precision``. A
+    preset that records its gains (``gain``: images/s over ``none`` per precision, as measured) is
+    offered only in a precision where it was measured faster: elsewhere it could only cost time (a
+    compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it is
+    refused, with the reason and the precisions it is offered for."""
+    options = {key: value for key, value in chosen.items() if key not in PRESET_RECORD}
+    gains = chosen.get("gain")
+    if gains is None:  # "auto", "none", a mapping of options: no claim to check
+        return options
+    label = name if isinstance(name, str) else "the speed mapping"
+    if gains.get(precision, 0) > 1:
+        return options
+    why = (
+        f"measured no faster than 'none' there ({gains[precision]:.2f}x)"
+        if precision in gains
+        else "not measured there (python -m paperlib.speed.bench presets measures it)"
+    )
+    faster = [f"{p} ({gain:.2f}x)" for p, gain in gains.items() if gain > 1]
+    raise ValueError(
+        f"speed preset {label!r} is not offered for precision {precision!r}: {why}; "
+        f"it is offered for {', '.join(faster) or 'no precision'}; use speed 'auto' in {precision}"
+    )
