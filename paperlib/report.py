@@ -256,7 +256,7 @@ def write_index(out_dir: Path) -> Path:
     return output
 
 
-DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml")
+DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml")
 """The demo finetuning sweeps the notebooks read (04, 05, 06, 07, 09), under ``parameters/sweeps/``."""
 
 
