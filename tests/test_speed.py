@@ -195,6 +195,12 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping():
     with speed.step.step_context(cpu, "flash")():
         assert torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.math_sdp_enabled()
     assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+    # in bf16 on a CPU, "auto" is the math kernel: PyTorch's CPU flash attention is slow backwards in bf16
+    for precision in ("autocast", "bf16"):
+        with speed.step.step_context(cpu, "auto", precision=precision)():
+            assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    with speed.step.step_context(cpu, "auto", precision="fp32")():
+        assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
     model = models.create_model("demo", pretrained=False, num_classes=3).eval()
     images = torch.randn(4, 3, 32, 32)
     outputs = {}

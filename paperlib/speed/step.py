@@ -72,11 +72,14 @@ def step_context(device: torch.device, attention: str = "auto", graph: bool = Fa
     """A context factory for forward passes: ``precision`` (``autocast_for``, its cache off for steps
     replayed from a CUDA ``graph``; and its TF32 flags, ``tf32_flags``) and, unless ``attention`` is
     "auto", the one scaled-dot-product attention kernel allowed to run (the same function in every
-    kernel, to rounding; their speed differs by device)."""
+    kernel, to rounding; their speed differs by device). "auto" leaves the choice to PyTorch, except in
+    bf16 on a CPU, where it is the math kernel."""
     autocast = autocast_for(device, cache=not graph, precision=precision)
-    backend = (
-        None if check_attention(attention, device) == "auto" else getattr(SDPBackend, ATTENTION_CHOICES[attention])
-    )
+    if check_attention(attention, device) == "auto" and device.type == "cpu" and precision in ("autocast", "bf16"):
+        # PyTorch's CPU flash attention is slow backwards in bf16 (69% of a demo ViT step); the math kernel
+        # gives the step fp32's speed there (71.5 against 152.0 ms, batch 32, one thread: docs/benchmarks.md)
+        attention = "math"
+    backend = None if attention == "auto" else getattr(SDPBackend, ATTENTION_CHOICES[attention])
 
     @contextlib.contextmanager
     def context():
