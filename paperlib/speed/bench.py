@@ -275,8 +275,8 @@ def _step_arguments(parser) -> None:
     parser.add_argument(
         "--precision",
         default="autocast",
-        help="autocast (bf16 autocast, the benchmarks' default), bf16 (bf16 compute, fp32 master weights) "
-        "or fp32 (the paper's)",
+        help="autocast (bf16 autocast, the benchmarks' default), bf16 (bf16 compute, fp32 master weights), "
+        "tf32 (fp32 with TF32 matrix products; CUDA only) or fp32 (the paper's)",
     )
     parser.add_argument(
         "--fused",
@@ -367,7 +367,9 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument(
         "--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math"
     )
-    v.add_argument("--precision", default="autocast", help="comma-separated, of: fp32 (the paper's), autocast, bf16")
+    v.add_argument(
+        "--precision", default="autocast", help="comma-separated, of: fp32 (the paper's), tf32, autocast, bf16"
+    )
     v.add_argument(
         "--fused",
         default="auto",
