@@ -66,7 +66,7 @@ def step_flops(model, images, labels) -> int:
     return counter.get_total_flops() * len(images)
 
 
-def _synthetic_train_set(n: int, source_size: int):
+def synthetic_train_set(n: int, source_size: int):
     """``n`` random uint8 images of ``source_size`` pixels (Cifar-like) with labels of 10 classes."""
     generator = torch.Generator().manual_seed(0)
     return ImageDataset(
@@ -155,7 +155,7 @@ def bench_finetune(
     # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
     pristine = copy.deepcopy(model) if lora_rank else None
     size = image_size or model.patch_embed.img_size[0]
-    dataset = _synthetic_train_set(batch_size * 4, source_size)
+    dataset = synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     plain_set = ImageDataset(
         dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
@@ -286,7 +286,7 @@ def bench_plain(
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(
-        _synthetic_train_set(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device
+        synthetic_train_set(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device
     )
     batches = [loader.batch(index) for index in range(4)]
     autocast = autocast_for(device, precision=precision)
@@ -414,7 +414,7 @@ def bench_variants(
             model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
             size = model.patch_embed.img_size[0]
             loader = DeviceLoader(
-                _synthetic_train_set(batch_size * 2, source_size),
+                synthetic_train_set(batch_size * 2, source_size),
                 batch_size,
                 augment=True,
                 image_size=size,
@@ -531,7 +531,7 @@ def bench_profile(
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(
-        _synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
+        synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
     )
     steps_of = library_steps(model, config, loader, batch_size, device, options)
 
