@@ -785,7 +785,8 @@ def comparisons(
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``: notebook 07's
     tables for a finetuning sweep's runs, without the notebook: what is finished and missing, Table 6,
-    Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test."""
+    Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec of
+    several precisions (a precision check), these of its fp32 runs and ``precision_effect``."""
     parser = argparse.ArgumentParser(prog="python -m paperlib.stats", description=main.__doc__.split(":", 1)[1].strip())
     parser.add_argument("spec", help="a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml")
     parser.add_argument(
@@ -804,11 +805,15 @@ def main(argv: list[str] | None = None) -> int:
         found, _, missing = runs.for_spec(spec)
         if found.empty:
             raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
-        tables = summary(found, args.select, args.reference)
+        effect = {}
+        if found["precision"].nunique() > 1:  # a precision check: its effect, then the paper's tables in fp32
+            effect = {f"precision_{name}": table for name, table in precision_effect(found, select=args.select).items()}
+            found = found[found["precision"] == "fp32"]
+        tables = summary(found, args.select, args.reference) | effect
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
-    print(f"{len(found)} runs of {args.spec}: {counts}; {len(missing)} missing\n")
+    print(f"{len(found)} {'fp32 ' if effect else ''}runs of {args.spec}: {counts}; {len(missing)} missing\n")
     shown = {
         "Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
         "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
@@ -816,6 +821,17 @@ def main(argv: list[str] | None = None) -> int:
         "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
         "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3),
     }
+    if effect:
+        shown |= {
+            "Precision against fp32: test accuracy difference (points) per dataset and component, "
+            "95% interval, '=' equivalent within 0.5 points (TOST)": formatted_precision(
+                effect["precision_differences"]
+            ),
+            "Precision against fp32, all pairs": effect["precision_overall"].round(3),
+            "Does precision change the conclusions? (Table 1's pattern, Table 6's best configuration)": effect[
+                "precision_conclusions"
+            ],
+        }
     for title, table in shown.items():
         print(f"{title}\n{table.to_string()}\n")
     if args.csv:

@@ -636,3 +636,34 @@ def test_pooled_order_and_paper_accuracy():
     assert row["order"] == "MHA > FC1 > FC2 > LN2 > LN1" and row["tau"] == pytest.approx(1.0)
     assert stats.paper_accuracy("cifar10", "mha") == 98.91 and stats.paper_accuracy("digits", "mha") is None
     assert stats.paper_accuracy("pets", "probe") == pytest.approx(88.33)
+
+
+def test_the_results_command_of_a_precision_check_prints_the_precisions_effect(tree, capsys, tmp_path, move_results):
+    move_results(".")  # the tree, and beside each finished run its tf32 twin, one point lower
+    for metrics_file in list((tmp_path / "finetune").rglob("metrics.json")):
+        metrics = json.loads(metrics_file.read_text())
+        if metrics["status"] != "finished":
+            continue
+        twin = metrics_file.parent.with_name(metrics_file.parent.name + "-tf32")
+        twin.mkdir()
+        params = json.loads((metrics_file.parent / "params.json").read_text()) | {"precision": "tf32"}
+        (twin / "params.json").write_text(json.dumps(params))
+        (twin / "metrics.json").write_text(json.dumps(metrics | {"test_accuracy": metrics["test_accuracy"] - 0.01}))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}/{precision}'\n"
+        "parameters:\n  model: demo\n  device: cuda\n"  # tf32 is CUDA's; nothing runs here
+        f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS}\n  lr: {LRS}\n  seed: {SEEDS}\n"
+        "  precision: [fp32, tf32]\n"
+    )
+    assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    out = capsys.readouterr().out
+    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(CONFIGS)
+    assert f"{grid} fp32 runs of" in out and "Table 6" in out and "Precision against fp32" in out
+    overall = pd.read_csv(tmp_path / "tables" / "precision_overall.csv")
+    assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
+    assert overall["mean"].iloc[0] == pytest.approx(-1.0) and not overall["equivalent"].iloc[0]  # margin 0.5
+    conclusions = pd.read_csv(tmp_path / "tables" / "precision_conclusions.csv")
+    assert conclusions["table1_same"].tolist() == [True] and conclusions["best_same"].tolist() == [True]
+    table6 = pd.read_csv(tmp_path / "tables" / "table6.csv")  # the paper's tables of the fp32 runs
+    assert len(table6) == len(DATASETS) * len(CONFIGS)
