@@ -32,7 +32,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import finetune, paths, plasticity, plots, probe, report, specs, stats
+from paperlib import finetune, paths, plasticity, plots, precision, probe, report, specs, stats
 from paperlib.runs import KEYS, for_spec
 
 grid_spec = specs.load_spec(paths.ROOT / spec)
@@ -216,7 +216,7 @@ ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on
 #
 # The paper trains in fp32 (Table 4's text). On an H100 that is the grid's cost: TF32 runs the same step
 # about 2.9x faster and bf16 autocast about 6x (docs/benchmarks.md), but a cheaper precision is worth taking
-# only if the paper's conclusions survive it. `stats.precision_effect` pairs each run of `precision_spec` with
+# only if the paper's conclusions survive it. `precision.effect` pairs each run of `precision_spec` with
 # its fp32 twin (same dataset, component, learning rate and seed; each run's test accuracy at its
 # best-validation checkpoint) and gives, per dataset and component, the mean difference with its 95%
 # interval and an equivalence test (two one-sided t tests against ±`margin` points: "equivalent" means the
@@ -238,8 +238,8 @@ if precision_spec:
     if compute_missing:
         finetune.run_spec(precision_grid)
     precision_runs = for_spec(precision_grid)[0]
-    effect = stats.precision_effect(precision_runs, reference="fp32", margin=margin, select=select)
+    effect = precision.effect(precision_runs, reference="fp32", margin=margin, select=select)
     display(effect["overall"].set_index("precision").round(3))
-    display(stats.formatted_precision(effect["differences"]).rename(columns=plots.LABELS))
+    display(precision.formatted(effect["differences"]).rename(columns=plots.LABELS))
     display(effect["best"].rename(columns=lambda p: f"best in {p}"))
     display(effect["conclusions"].set_index("precision"))

@@ -25,9 +25,11 @@ One module per concern, named for what it holds, in the order they import one an
 - ``probe``       linear probing of the pretrained model as the authors' code does it (Table 6's last column)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 - ``stats``       every table across runs: Tables 1 and 6, pairs, Takeaway 2, LoRA; ``python -m paperlib.stats``
+- ``precision``   whether a cheaper precision (tf32, bf16) keeps the results; ``python -m paperlib.precision``
 - ``plots``       figures with a fixed colour per component
 - ``report``      executing notebooks with papermill and rendering HTML reports
-- ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM
+- ``plan``        what a sweep costs before it runs: its runs counted, the device-hours of those to run
+- ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM; ``--plan``
 - ``demo``        the deterministic pretraining script of the demo ViT
 - ``cli``         the command lines' parameter files and overrides
 """

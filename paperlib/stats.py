@@ -26,11 +26,7 @@ stable finetuning performance" (§5.2).
 - ``paper_order``: the paper's ranking as scores, for a Table 6 without measured plasticity
   (the paper finds MHA > FC1 > FC2 > LN2 > LN1 on every benchmark, Fig. 2 middle).
 
-Beyond the paper, whether a cheaper training precision (tf32, autocast, bf16) changes its results:
-
-- ``precision_effect``: runs paired with the reference precision's (fp32), per dataset and config
-  the mean difference with a confidence interval and an equivalence test (TOST), and whether Table
-  1's pattern and Table 6's best configuration per dataset stay the same.
+Whether a cheaper training precision (tf32, autocast, bf16) changes these results: ``precision``.
 """
 
 from __future__ import annotations
@@ -74,7 +70,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
-    _check_one_setting(runs, "table6")
+    check_one_setting(runs, "table6")
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
     finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
     finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
@@ -96,7 +92,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
         .groupby(["dataset", "component"])
         .head(1)
     )
-    return best.drop(columns="score").sort_values(["dataset", "component"], key=_config_order).reset_index(drop=True)
+    return best.drop(columns="score").sort_values(["dataset", "component"], key=config_order).reset_index(drop=True)
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
@@ -110,7 +106,7 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return wide(table.assign(text=table.apply(cell, axis=1)), "text")
 
 
-def _config_order(column: pd.Series) -> pd.Series:
+def config_order(column: pd.Series) -> pd.Series:
     if column.name == "component":
         return column.map({c: i for i, c in enumerate(COLUMNS)})
     return column
@@ -228,7 +224,7 @@ def with_probing(table: pd.DataFrame, probing: pd.DataFrame) -> pd.DataFrame:
     rows = probing[probing["dataset"].isin(table["dataset"])].rename(columns={"accuracy": "mean"})
     rows = rows.assign(component=PROBE, std=np.nan, seeds=1)[["dataset", "component", "mean", "std", "seeds"]]
     both = pd.concat([table[table["component"] != PROBE], rows], ignore_index=True)
-    return both.sort_values(["dataset", "component"], key=_config_order).reset_index(drop=True)
+    return both.sort_values(["dataset", "component"], key=config_order).reset_index(drop=True)
 
 
 def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = "accuracy") -> pd.DataFrame:
@@ -260,7 +256,7 @@ def average(table: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append({"component": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
-    return out.sort_values("component", key=_config_order).reset_index(drop=True)
+    return out.sort_values("component", key=config_order).reset_index(drop=True)
 
 
 def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> pd.DataFrame:
@@ -276,7 +272,7 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     learning rates is not made to look steadier by losing them: its divergences are in
     ``diverged``. ``runs``: ``runs.load``'s table for one model, precision, optimizer, LoRA
     setting, normalisation and tag (a ValueError otherwise)."""
-    _check_one_setting(runs, "grid_spread")
+    check_one_setting(runs, "grid_spread")
     columns = ["dataset", "component", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
     rows = []
     for dataset, part in runs[runs["component"].isin(configs)].groupby("dataset", sort=True):
@@ -310,7 +306,7 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     return pd.DataFrame(rows, columns=columns)
 
 
-def _check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
+def check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
     for key in keys:
         if key in runs and runs[key].nunique() > 1:
             raise ValueError(
@@ -500,189 +496,6 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     )
 
 
-# Beyond the paper: does a cheaper training precision change the results?
-
-PAIR = ["dataset", "component", "lr", "seed"]
-"""What pairs a run in one precision with the reference precision's run: the same grid point."""
-
-EQUAL = 1e-9
-"""Paired differences (accuracy points) that spread less than this are equal: float rounding, not seed noise."""
-
-EQUIVALENCE = ["pairs", "mean", "ci_low", "ci_high", "p_equivalence", "equivalent", "diverged"]
-"""``precision_effect``'s columns for a set of pairs (``_equivalence``)."""
-
-
-def precision_effect(
-    runs: pd.DataFrame, reference: str = "fp32", margin: float = 0.5, level: float = 0.05, select: str = "test"
-) -> dict[str, pd.DataFrame]:
-    """Whether finetuning in another precision (tf32, autocast, bf16...) changes the results of ``reference``'s.
-
-    ``runs``: ``runs.load``'s runs of one setting except precision (one model, optimizer, LoRA setting,
-    normalisation and tag; a ValueError otherwise), in ``reference`` and at least one other precision.
-    Each run is paired with the reference's run of its dataset, config, learning rate and seed; a pair
-    counts where both ``finished`` (a run's ``test_accuracy`` is that of its best-validation checkpoint),
-    and a pair where either diverged is counted in ``diverged``, not in the mean. Returns:
-
-    - ``differences``: per other precision, dataset and config: ``pairs``, ``mean`` (the precision's
-      test accuracy minus the reference's, accuracy points), ``ci_low`` and ``ci_high`` (two-sided
-      1 - ``level`` t interval of the mean), ``p_equivalence`` (two one-sided t tests, TOST, of the
-      mean against -``margin`` and +``margin``: the larger p-value), ``equivalent`` (p < ``level``:
-      the difference is within ±``margin``: its 1 - 2 x ``level`` interval lies inside), ``diverged``.
-      One pair: no interval nor test (NaN; not equivalent). Differences all equal (to ``EQUAL``, e.g.
-      identical results) have no variance: the interval is [mean, mean], p is 0 if |mean| < margin, else 1.
-    - ``overall``: the same per other precision, over all its pairs pooled. The pairs of one dataset
-      share its test set, so they are not independent: the pooled test is a summary, the per-cell
-      tests of ``differences`` are the test.
-    - ``conclusions``: per other precision, whether the paper's conclusions are those of the reference:
-      ``table1_same`` (Table 1's sign of the decrease from MHA and its significance, for each component
-      both have; None where either Table 1 has no test: no MHA, or fewer than 2 datasets),
-      ``table1_differs`` (the components where not), ``best_same`` (Table 6's best finetuning
-      configuration, the highest ``mean``, on every dataset both have), ``best_differs`` (the datasets
-      where not). Each precision's Table 6 is ``table6`` of its own runs (``select``), over its own
-      datasets and configs: compare sweeps of one grid.
-    - ``table1``: each precision's Table 1 (``table1``), stacked, with a ``precision`` column; ``best``:
-      datasets x precisions, the best configuration.
-
-    ``margin`` is in accuracy points. The default, 0.5, is the largest seed-to-seed standard deviation
-    of the components in the paper's Table 6, on its noisiest benchmarks (Gaussian Noise: MHA 0.53, FC2
-    0.51; Clipart: full finetuning 0.49); most of them are smaller (median 0.15 of the 66, from 0.02
-    to 1.16). It is also more than Table 1's decrease from MHA to FC2 (0.44): a difference within the
-    margin can still move the conclusions, which ``conclusions`` checks.
-    """
-    if select not in SELECTIONS:
-        raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
-    _check_one_setting(runs, "precision_effect", [key for key in SETTING if key != "precision"])
-    precisions = sorted(runs["precision"].unique())
-    others = [precision for precision in precisions if precision != reference]
-    if reference not in precisions or not others:
-        raise ValueError(
-            f"precision_effect needs runs in the reference precision {reference!r} and at least one other; "
-            f"found: {', '.join(map(str, precisions)) or 'none'}"
-        )
-    pairs = _precision_pairs(runs, reference)
-    cells = [
-        {"precision": p, "dataset": d, "component": c, **_equivalence(part, margin, level)}
-        for (p, d, c), part in pairs.groupby(["precision", "dataset", "component"])
-    ]
-    differences = pd.DataFrame(cells, columns=["precision", "dataset", "component", *EQUIVALENCE])
-    differences = differences.sort_values(["precision", "dataset", "component"], key=_config_order)
-    overall = [{"precision": p, **_equivalence(pairs[pairs["precision"] == p], margin, level)} for p in others]
-
-    tables = {p: table6(runs[runs["precision"] == p], select=select) for p in [reference, *others]}
-    ones = {p: _table1_or_none(table) for p, table in tables.items()}
-    best = pd.concat({p: _best(table) for p, table in tables.items()}, axis=1).rename_axis(columns="precision")
-    conclusions = []
-    for p in others:
-        both = best[[reference, p]].dropna()
-        best_differs = both.index[both[reference] != both[p]].tolist()
-        table1_differs = _pattern_differs(ones[reference], ones[p])
-        conclusions.append(
-            {
-                "precision": p,
-                "table1_same": None if table1_differs is None else not table1_differs,
-                "table1_differs": None if table1_differs is None else ", ".join(table1_differs),
-                "best_same": not best_differs,
-                "best_differs": ", ".join(best_differs),
-            }
-        )
-    stacked = [t.assign(precision=p)[["precision", *t.columns]] for p, t in ones.items() if t is not None]
-    return {
-        "differences": differences.reset_index(drop=True),
-        "overall": pd.DataFrame(overall, columns=["precision", *EQUIVALENCE]),
-        "conclusions": pd.DataFrame(conclusions),
-        "table1": pd.concat(stacked, ignore_index=True) if stacked else pd.DataFrame(columns=["precision"]),
-        "best": best,
-    }
-
-
-def _precision_pairs(runs: pd.DataFrame, reference: str) -> pd.DataFrame:
-    """Each run of another precision that finished or diverged, with the reference's run of its grid point
-    (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where either
-    diverged) and ``diverged``."""
-    ended = runs[runs["status"].isin(["finished", "diverged"])]
-    repeated = ended[ended.duplicated(["precision", *PAIR], keep=False)]
-    if not repeated.empty:
-        raise ValueError(
-            f"more than one run of precision {repeated['precision'].iloc[0]!r} at {repeated[PAIR].iloc[0].tolist()}: "
-            "select one setting first"
-        )
-    columns = ["precision", *PAIR, "status", "test_accuracy"]
-    base = ended.loc[ended["precision"] == reference, columns].drop(columns="precision")
-    pairs = ended.loc[ended["precision"] != reference, columns].merge(base, on=PAIR, suffixes=("", "_reference"))
-    finished = (pairs["status"] == "finished") & (pairs["status_reference"] == "finished")
-    difference = (pairs["test_accuracy"] - pairs["test_accuracy_reference"]) * 100
-    return pairs.assign(difference=difference.where(finished), diverged=~finished)
-
-
-def _equivalence(pairs: pd.DataFrame, margin: float, level: float) -> dict:
-    """``EQUIVALENCE`` over ``pairs`` (``_precision_pairs``'s rows): the mean difference of the finished
-    pairs, its t interval and TOST against ±``margin`` (see ``precision_effect``), the diverged pairs."""
-    d = pairs["difference"].dropna().to_numpy(float)
-    n = len(d)
-    mean = float(d.mean()) if n else float("nan")
-    if n < 2:
-        low = high = p_value = float("nan")
-    elif np.ptp(d) <= EQUAL:  # no variance: scipy's t tests would give NaN
-        low = high = mean
-        p_value = 0.0 if abs(mean) < margin else 1.0
-    else:
-        low, high = stats.t.interval(1 - level, n - 1, loc=mean, scale=stats.sem(d))
-        above = stats.ttest_1samp(d, -margin, alternative="greater").pvalue
-        below = stats.ttest_1samp(d, margin, alternative="less").pvalue
-        p_value = max(float(above), float(below))
-    return {
-        "pairs": n,
-        "mean": mean,
-        "ci_low": float(low),
-        "ci_high": float(high),
-        "p_equivalence": p_value,
-        "equivalent": bool(p_value < level),
-        "diverged": int(pairs["diverged"].sum()),
-    }
-
-
-def _table1_or_none(table: pd.DataFrame) -> pd.DataFrame | None:
-    """``table1`` of a ``table6`` output, or None where it has no test (no MHA, or fewer than 2 datasets)."""
-    if "mha" not in set(table["component"]) or table["dataset"].nunique() < 2:
-        return None
-    return table1(table.rename(columns={"mean": "accuracy"}))
-
-
-def _best(table: pd.DataFrame) -> pd.Series:
-    """Per dataset of a ``table6`` output, the finetuning configuration of the highest ``mean``."""
-    table = table[table["component"].isin(CONFIGS)].dropna(subset=["mean"])
-    return table.loc[table.groupby("dataset")["mean"].idxmax()].set_index("dataset")["component"]
-
-
-def _pattern_differs(first: pd.DataFrame | None, second: pd.DataFrame | None) -> list[str] | None:
-    """The components both Table 1s have whose decrease from MHA has another sign or significance (None
-    where either Table 1 is None)."""
-    if first is None or second is None:
-        return None
-    both = first.merge(second, on="component", suffixes=("", "_other"))
-    differs = (np.sign(both["decrease"]) != np.sign(both["decrease_other"])) | (
-        both["significant"] != both["significant_other"]
-    )
-    return both.loc[differs, "component"].tolist()
-
-
-def formatted_precision(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``precision_effect``'s ``differences`` as (precision, dataset) x configs: "mean [ci_low, ci_high]",
-    ``=`` where equivalent, and the diverged pairs; empty cells where no pair."""
-
-    def cell(row) -> str:
-        text = f"{row['mean']:+.{digits}f}"
-        if pd.notna(row["ci_low"]):
-            text += f" [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}]"
-        text += " =" if row["equivalent"] else ""
-        return text + (f" ({int(row['diverged'])} diverged)" if row["diverged"] else "")
-
-    matrix = differences.assign(text=differences.apply(cell, axis=1)).pivot(
-        index=["precision", "dataset"], columns="component", values="text"
-    )
-    return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
-
-
 # Every table of a sweep's runs, and the command line
 
 
@@ -786,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``: notebook 07's
     tables for a finetuning sweep's runs, without the notebook: what is finished and missing, Table 6,
     Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec of
-    several precisions (a precision check), these of its fp32 runs and ``precision_effect``."""
+    several precisions (a precision check: ``python -m paperlib.precision``), these of its fp32 runs."""
     parser = argparse.ArgumentParser(prog="python -m paperlib.stats", description=main.__doc__.split(":", 1)[1].strip())
     parser.add_argument("spec", help="a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml")
     parser.add_argument(
@@ -805,15 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         found, _, missing = runs.for_spec(spec)
         if found.empty:
             raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
-        effect = {}
-        if found["precision"].nunique() > 1:  # a precision check: its effect, then the paper's tables in fp32
-            effect = {f"precision_{name}": table for name, table in precision_effect(found, select=args.select).items()}
+        several = found["precision"].nunique() > 1
+        if several:  # a precision check (precision.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
-        tables = summary(found, args.select, args.reference) | effect
+        tables = summary(found, args.select, args.reference)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
-    print(f"{len(found)} {'fp32 ' if effect else ''}runs of {args.spec}: {counts}; {len(missing)} missing\n")
+    print(f"{len(found)} {'fp32 ' if several else ''}runs of {args.spec}: {counts}; {len(missing)} missing\n")
     shown = {
         "Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
         "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
@@ -821,19 +633,10 @@ def main(argv: list[str] | None = None) -> int:
         "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
         "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3),
     }
-    if effect:
-        shown |= {
-            "Precision against fp32: test accuracy difference (points) per dataset and component, "
-            "95% interval, '=' equivalent within 0.5 points (TOST)": formatted_precision(
-                effect["precision_differences"]
-            ),
-            "Precision against fp32, all pairs": effect["precision_overall"].round(3),
-            "Does precision change the conclusions? (Table 1's pattern, Table 6's best configuration)": effect[
-                "precision_conclusions"
-            ],
-        }
     for title, table in shown.items():
         print(f"{title}\n{table.to_string()}\n")
+    if several:
+        print(f"several precisions: their effect on these results is python -m paperlib.precision {args.spec}\n")
     if args.csv:
         folder = Path(args.csv)
         folder.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import finetune, paths, stats
+from paperlib import finetune, paths, precision, stats
 from paperlib.components import COMPONENTS
 from paperlib.runs import KEYS, Config, expected, load, missing
 
@@ -638,8 +638,8 @@ def test_pooled_order_and_paper_accuracy():
     assert stats.paper_accuracy("pets", "probe") == pytest.approx(88.33)
 
 
-def test_the_results_command_of_a_precision_check_prints_the_precisions_effect(tree, capsys, tmp_path, move_results):
-    move_results(".")  # the tree, and beside each finished run its tf32 twin, one point lower
+def tf32_twins(tmp_path, points: float = 1.0) -> None:
+    """Beside each finished run of the tree under ``tmp_path``, its tf32 twin, ``points`` lower."""
     for metrics_file in list((tmp_path / "finetune").rglob("metrics.json")):
         metrics = json.loads(metrics_file.read_text())
         if metrics["status"] != "finished":
@@ -648,7 +648,12 @@ def test_the_results_command_of_a_precision_check_prints_the_precisions_effect(t
         twin.mkdir()
         params = json.loads((metrics_file.parent / "params.json").read_text()) | {"precision": "tf32"}
         (twin / "params.json").write_text(json.dumps(params))
-        (twin / "metrics.json").write_text(json.dumps(metrics | {"test_accuracy": metrics["test_accuracy"] - 0.01}))
+        test = metrics["test_accuracy"] - points / 100
+        (twin / "metrics.json").write_text(json.dumps(metrics | {"test_accuracy": test}))
+
+
+def precision_spec(tmp_path):
+    """A spec of the tree's grid in fp32 and tf32."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}/{precision}'\n"
@@ -656,14 +661,37 @@ def test_the_results_command_of_a_precision_check_prints_the_precisions_effect(t
         f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS}\n  lr: {LRS}\n  seed: {SEEDS}\n"
         "  precision: [fp32, tf32]\n"
     )
+    return spec
+
+
+def test_the_results_command_of_a_precision_check_prints_its_fp32_tables_and_the_precisions_command(
+    tree, capsys, tmp_path, move_results
+):
+    move_results(".")  # the tree, and its tf32 twins
+    tf32_twins(tmp_path)
+    spec = precision_spec(tmp_path)
     assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(CONFIGS)
-    assert f"{grid} fp32 runs of" in out and "Table 6" in out and "Precision against fp32" in out
-    overall = pd.read_csv(tmp_path / "tables" / "precision_overall.csv")
-    assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
-    assert overall["mean"].iloc[0] == pytest.approx(-1.0) and not overall["equivalent"].iloc[0]  # margin 0.5
-    conclusions = pd.read_csv(tmp_path / "tables" / "precision_conclusions.csv")
-    assert conclusions["table1_same"].tolist() == [True] and conclusions["best_same"].tolist() == [True]
+    assert f"{grid} fp32 runs of" in out and "Table 6" in out
+    assert f"python -m paperlib.precision {spec}" in out
     table6 = pd.read_csv(tmp_path / "tables" / "table6.csv")  # the paper's tables of the fp32 runs
     assert len(table6) == len(DATASETS) * len(CONFIGS)
+
+
+def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path, move_results):
+    move_results(".")
+    tf32_twins(tmp_path, points=1.0)
+    spec = precision_spec(tmp_path)
+    assert precision.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    out = capsys.readouterr().out
+    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(CONFIGS)
+    assert "Test accuracy difference from fp32" in out and "conclusions" in out
+    overall = pd.read_csv(tmp_path / "tables" / "overall.csv")
+    assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
+    assert overall["mean"].iloc[0] == pytest.approx(-1.0) and not overall["equivalent"].iloc[0]  # margin 0.5
+    assert precision.main([str(spec), "--margin", "2", "--csv", str(tmp_path / "wide")]) == 0
+    assert pd.read_csv(tmp_path / "wide" / "overall.csv")["equivalent"].tolist() == [True]
+    conclusions = pd.read_csv(tmp_path / "tables" / "conclusions.csv")
+    assert conclusions["table1_same"].tolist() == [True] and conclusions["best_same"].tolist() == [True]
+    assert precision.main([str(tmp_path / "absent.yaml")]) == 2

@@ -1,4 +1,4 @@
-"""stats.precision_effect on synthetic runs tables in two precisions, where the answer is known."""
+"""precision.effect on synthetic runs tables in two precisions, where the answer is known."""
 
 import itertools
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import stats
+from paperlib import precision, stats
 from paperlib.runs import RUN_COLUMNS
 
 DATASETS = [f"set{i}" for i in range(6)]
@@ -82,7 +82,7 @@ def test_the_synthetic_fp32_runs_have_mha_best_and_every_table1_decrease_signifi
 
 
 def test_identical_results_in_another_precision_are_equivalent_everywhere_with_the_same_conclusions():
-    effect = stats.precision_effect(both(in_precision(fp32_runs(), "autocast")))
+    effect = precision.effect(both(in_precision(fp32_runs(), "autocast")))
     differences = effect["differences"]
     assert len(differences) == len(DATASETS) * len(CONFIGS)
     assert (differences["pairs"] == len(LRS) * len(SEEDS)).all() and (differences["diverged"] == 0).all()
@@ -96,7 +96,7 @@ def test_identical_results_in_another_precision_are_equivalent_everywhere_with_t
 
 
 def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
-    effect = stats.precision_effect(both(in_precision(fp32_runs(), "autocast", -2.0)))
+    effect = precision.effect(both(in_precision(fp32_runs(), "autocast", -2.0)))
     differences = effect["differences"]
     assert not differences["equivalent"].any()
     assert (differences["p_equivalence"] == 1.0).all()
@@ -112,7 +112,7 @@ def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
 
 def test_a_precision_that_makes_ln1_best_changes_the_conclusions():
     runs = fp32_runs()
-    effect = stats.precision_effect(both(in_precision(runs, "bf16", np.where(runs["component"] == "ln1", 10.0, 0.0))))
+    effect = precision.effect(both(in_precision(runs, "bf16", np.where(runs["component"] == "ln1", 10.0, 0.0))))
     conclusions = effect["conclusions"].set_index("precision").loc["bf16"]
     assert conclusions[["best_same", "table1_same", "table1_differs"]].tolist() == [False, False, "ln1"]
     assert conclusions["best_differs"].split(", ") == DATASETS
@@ -129,7 +129,7 @@ def test_a_precision_that_leaves_fc1_below_mha_on_fewer_datasets_changes_its_sig
     runs = fp32_runs()
     # fc1 0.5 below MHA on set0-set3, 0.2 above on set4 and set5: still below on average, not significantly
     gain = np.where(runs["component"] == "fc1", np.where(runs["dataset"].isin(["set4", "set5"]), 1.2, 0.5), 0.0)
-    effect = stats.precision_effect(both(in_precision(runs, "tf32", gain)))
+    effect = precision.effect(both(in_precision(runs, "tf32", gain)))
     table1 = effect["table1"].set_index(["precision", "component"])
     assert table1.loc[("tf32", "fc1"), "decrease"] > 0 and not table1.loc[("tf32", "fc1"), "significant"]
     assert table1.loc[("fp32", "fc1"), "significant"]
@@ -145,9 +145,9 @@ def test_a_precision_that_leaves_fc1_below_mha_on_fewer_datasets_changes_its_sig
 def test_small_noise_is_equivalent_at_half_a_point_and_not_at_a_hundredth():
     runs = fp32_runs()
     noisy = in_precision(runs, "autocast", np.random.default_rng(0).normal(0.0, 0.1, len(runs)))
-    effect = stats.precision_effect(both(noisy))
+    effect = precision.effect(both(noisy))
     assert effect["differences"]["equivalent"].all() and effect["overall"]["equivalent"].all()
-    strict = stats.precision_effect(both(noisy), margin=0.01)
+    strict = precision.effect(both(noisy), margin=0.01)
     assert not strict["differences"]["equivalent"].any()
     differences = strict["differences"]
     inside = (differences["ci_low"] < differences["mean"]) & (differences["mean"] < differences["ci_high"])
@@ -157,7 +157,7 @@ def test_small_noise_is_equivalent_at_half_a_point_and_not_at_a_hundredth():
 def test_p_equivalence_is_the_larger_of_the_two_one_sided_t_tests_on_the_paired_differences():
     runs = fp32_runs()
     noisy = in_precision(runs, "autocast", np.random.default_rng(1).normal(0.0, 0.3, len(runs)))
-    row = cell(stats.precision_effect(both(noisy))["differences"], "set2", "fc2")
+    row = cell(precision.effect(both(noisy))["differences"], "set2", "fc2")
     keys = ["lr", "seed"]
     mine = noisy[(noisy["dataset"] == "set2") & (noisy["component"] == "fc2")].set_index(keys)["test_accuracy"]
     theirs = runs[(runs["dataset"] == "set2") & (runs["component"] == "fc2")].set_index(keys)["test_accuracy"]
@@ -176,7 +176,7 @@ def test_p_equivalence_is_the_larger_of_the_two_one_sided_t_tests_on_the_paired_
 def test_a_single_pair_has_no_interval_nor_equivalence():
     runs = fp32_runs()
     runs = runs[(runs["lr"] == 0.01) & (runs["seed"] == 0)]
-    differences = stats.precision_effect(pd.concat([runs, in_precision(runs, "autocast")]))["differences"]
+    differences = precision.effect(pd.concat([runs, in_precision(runs, "autocast")]))["differences"]
     assert (differences["pairs"] == 1).all()
     assert differences[["ci_low", "ci_high", "p_equivalence"]].isna().all().all()
     assert not differences["equivalent"].any()
@@ -185,7 +185,7 @@ def test_a_single_pair_has_no_interval_nor_equivalence():
 def test_table1_is_not_compared_on_a_single_dataset():
     runs = fp32_runs()
     runs = runs[runs["dataset"] == "set0"]
-    effect = stats.precision_effect(pd.concat([runs, in_precision(runs, "autocast")]))
+    effect = precision.effect(pd.concat([runs, in_precision(runs, "autocast")]))
     conclusions = effect["conclusions"].iloc[0]
     assert conclusions[["table1_same", "table1_differs", "best_same"]].tolist() == [None, None, True]
     assert effect["table1"].empty
@@ -197,7 +197,7 @@ def test_diverged_runs_are_counted_and_left_out_of_the_pairs():
     other.loc[at(other, "set0", "mha", 0.01, 0), ["status", "test_accuracy"]] = ["diverged", 0.0]  # 0 would count
     other.loc[at(other, "set2", "ln2", 0.03, 1), "status"] = "partial"
     runs.loc[at(runs, "set1", "fc1", 0.03, 2), ["status", "test_accuracy"]] = ["diverged", np.nan]
-    effect = stats.precision_effect(pd.concat([runs, other], ignore_index=True))
+    effect = precision.effect(pd.concat([runs, other], ignore_index=True))
     differences = effect["differences"]
     for dataset, component, diverged_pairs in (("set0", "mha", 1), ("set1", "fc1", 1), ("set2", "ln2", 0)):
         row = cell(differences, dataset, component)
@@ -211,7 +211,7 @@ def test_formatted_precision_shows_the_interval_equivalence_and_divergences():
     runs = fp32_runs()
     other = in_precision(runs, "autocast")
     other.loc[(other["component"] == "fc1") & (other["seed"] == 0) & (other["lr"] == 0.01), "status"] = "diverged"
-    text = stats.formatted_precision(stats.precision_effect(pd.concat([runs, other]))["differences"])
+    text = precision.formatted(precision.effect(pd.concat([runs, other]))["differences"])
     assert list(text.columns) == CONFIGS
     assert text.loc[("autocast", "set0"), "mha"] == "+0.00 [+0.00, +0.00] ="
     assert text.loc[("autocast", "set0"), "fc1"] == "+0.00 [+0.00, +0.00] = (1 diverged)"
@@ -219,18 +219,18 @@ def test_formatted_precision_shows_the_interval_equivalence_and_divergences():
 
 def test_runs_in_a_single_precision_are_refused_naming_the_precisions_found():
     with pytest.raises(ValueError, match="found: fp32"):
-        stats.precision_effect(fp32_runs())
+        precision.effect(fp32_runs())
     with pytest.raises(ValueError, match="'fp32'.*found: autocast"):
-        stats.precision_effect(in_precision(fp32_runs(), "autocast"))
+        precision.effect(in_precision(fp32_runs(), "autocast"))
 
 
 def test_runs_of_two_models_are_refused_naming_the_model_key():
     other = in_precision(fp32_runs(), "autocast")
     other.loc[other["dataset"] == "set0", "model"] = "other"
     with pytest.raises(ValueError, match="one model, got demo, other"):
-        stats.precision_effect(both(other))
+        precision.effect(both(other))
 
 
 def test_an_unknown_selection_is_refused():
     with pytest.raises(ValueError, match="unknown selection 'best'"):
-        stats.precision_effect(both(in_precision(fp32_runs(), "autocast")), select="best")
+        precision.effect(both(in_precision(fp32_runs(), "autocast")), select="best")
