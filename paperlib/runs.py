@@ -71,8 +71,9 @@ class Config:
     # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
     compile_mode: str = "default"
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
-    # fp32 (the paper's protocol), or beyond it "autocast" (bf16 autocast on CUDA) or "bf16" (bf16 compute, fp32
-    # master weights): faster on a GPU, not the paper's, so their runs get their own folders
+    # fp32 (the paper's protocol: PyTorch's defaults, matrix products without TF32), or beyond it "tf32" (TF32 matrix
+    # products and convolutions; CUDA only), "autocast" (bf16 autocast) or "bf16" (bf16 compute, fp32 master
+    # weights): faster on a GPU, not the paper's, so their runs get their own folders (speed.options.PRECISIONS)
     precision: str = "fp32"
     # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
     # gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
