@@ -215,7 +215,10 @@ def _total(table: pd.DataFrame) -> str:
     """The estimate's total line: its hours (in days or minutes too), and the runs without an img/s."""
     hours, unknown = table["hours"].sum(), table.loc[table["hours"].isna(), "runs"].sum()
     if unknown == table["runs"].sum():
-        return "total: unknown (no img/s for any run)"
+        return (
+            "total: unknown (no img/s for any run): run --plan on the machine that will run the sweep; "
+            "the README gives the paper grid's H100-hours per precision"
+        )
     total = f"total: {_hours(hours)} device-hours"
     total += f" ({hours / 24:,.1f} days on one device)" if hours >= 24 else f" ({hours * 60:.3g} min)"
     return total + (f", not counting {unknown} runs without an img/s" if unknown else "")
