@@ -11,14 +11,13 @@ the paper's conclusions (Table 1's pattern, Table 6's best configuration) in bot
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
 from . import cli, paths, runs, specs
-from .stats import COLUMNS, CONFIGS, SELECTIONS, SETTING, check_one_setting, config_order, table1, table6
+from .stats import COLUMNS, CONFIGS, SELECTIONS, SETTING, check_one_setting, config_order, table1, table6, write_csv
 
 PAIR = ["dataset", "component", "lr", "seed"]
 """What pairs a run in one precision with the reference precision's run: the same grid point."""
@@ -240,13 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for title, table in shown.items():
         print(f"{title}\n{table.to_string()}\n")
     if args.csv:
-        folder = Path(args.csv)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
-            paths.atomic_write(
-                folder / f"{name}.csv", lambda tmp, table=table, index=name == "best": table.to_csv(tmp, index=index)
-            )
-        print(f"tables written to {paths.display(folder)}")
+        write_csv(tables, args.csv, indexed=("best",))
     return 0
 
 

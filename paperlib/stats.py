@@ -638,15 +638,19 @@ def main(argv: list[str] | None = None) -> int:
     if several:
         print(f"several precisions: their effect on these results is python -m paperlib.precision {args.spec}\n")
     if args.csv:
-        folder = Path(args.csv)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, table in tables.items():
-            paths.atomic_write(
-                folder / f"{name}.csv",
-                lambda tmp, table=table, index=name == "takeaway2": table.to_csv(tmp, index=index),
-            )
-        print(f"tables written to {paths.display(folder)}")
+        write_csv(tables, args.csv, indexed=("takeaway2",))
     return 0
+
+
+def write_csv(tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = ()) -> None:
+    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones; says where."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        paths.atomic_write(
+            folder / f"{name}.csv", lambda tmp, table=table, index=name in indexed: table.to_csv(tmp, index=index)
+        )
+    print(f"tables written to {paths.display(folder)}")
 
 
 if __name__ == "__main__":  # the package's module, not this __main__ copy of it

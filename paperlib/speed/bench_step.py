@@ -13,6 +13,7 @@ Every step benchmark builds its step as ``finetune.train`` does (``library_steps
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import itertools
@@ -104,6 +105,17 @@ def library_steps(
         return last
 
     return steps
+
+
+def plain_step(model, trainable, optimizer, images, labels, context=contextlib.nullcontext) -> None:
+    """One step of the plain loop in the authors' style: forward (in ``context``, e.g. autocast), cross-entropy,
+    backward, clipping at global norm 1, the optimizer's update."""
+    with context():
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    optimizer.step()
 
 
 def bench_finetune(
@@ -204,11 +216,7 @@ def bench_finetune(
                 for _ in range(count):
                     x, y = next(iterator)
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    loss = torch.nn.functional.cross_entropy(plain_model(x), y)
-                    plain_optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(plain_trainable, 1.0)
-                    plain_optimizer.step()
+                    plain_step(plain_model, plain_trainable, plain_optimizer, x, y)
                 iterator.close()
 
             runs["plain"] = (lambda: plain_steps(steps), lambda: plain_steps(1))
@@ -292,20 +300,14 @@ def bench_plain(
     autocast = autocast_for(device, precision=precision)
     rates = {}
     for config in configs:
-        finetune.set_trainable(model, config)
+        components.set_trainable(model, config)
         trainable = [p for _, p in components.trainable_parameters(model)]
         optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
 
         def plain_steps(count: int):
             with tf32_flags(precision):
                 for index in range(count):
-                    images, labels = batches[index % len(batches)]
-                    with autocast():
-                        loss = torch.nn.functional.cross_entropy(model(images), labels)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-                    optimizer.step()
+                    plain_step(model, trainable, optimizer, *batches[index % len(batches)], autocast)
 
         seconds = median_seconds({"plain": (lambda: plain_steps(steps), lambda: plain_steps(2))}, device, 3)["plain"]
         rates[config] = round(batch_size * steps / seconds, 1)
