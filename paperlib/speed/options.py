@@ -108,7 +108,7 @@ their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
   (``layers.linear_patch_embed``), so it is full fp32 here where the authors' convolution could use TF32.
 - "tf32" (CUDA only): fp32 weights, activations and optimizer state; matrix products and convolutions
   on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), for the run's steps only.
-- "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (slower than fp32
+- "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (about fp32's speed
   there on the demo ViT: a way to check the precision's effect at demo scale, not a speed-up).
 - "bf16": bf16 compute with fp32 master weights (``step.MasterWeights``).
 """
