@@ -15,12 +15,16 @@ notebooks never special-case a dataset. Names:
   ``train/<class>/<image>`` with a held-out ``test/`` (or ``val/``) beside it, or
   ``<class>/<image>`` alone (then split 80/20 like DomainNet). See ``custom_dataset``.
 
-Splits: ``test`` is the official test set (for ImageNet and Imagenette, which have no public test
-labels, the official validation images); ``trainval`` is the official training set; ``val`` is the
-finetuning protocol's validation set, 20% of ``trainval`` chosen by hashing each sample's key with
-the ``seed`` (§5.2, "validation set (20% of the training set)"); ``train`` is the other 80%.
-Datasets without an official split (Cifar10-C, DomainNet, the digits) get a deterministic 80/20
-train/test split the same way (appendix C.2). No split depends on global random state.
+Splits, drawn as the authors' released code draws them (``docs/fidelity.md``): ``test`` is the
+official test set (for ImageNet and Imagenette, which have no public test labels, the official
+validation images); ``trainval`` is the official training set; ``val`` is the finetuning
+protocol's validation set (§5.2, "validation set (20% of the training set)"): 20% of ``trainval``
+drawn from the run's ``seed`` (``validation_split``), or, for Flowers102, its official validation
+split as in the authors' code (``validation="fraction"``: 20% of its training set, the paper's
+words); ``train`` is the rest. Cifar10-C and DomainNet, which have no official test set, get the
+authors' fixed 80/20 train/test split (``deterministic_split``, appendix C.2); the demo world's
+digits and ``custom/<name>`` folders one by each image's key (``hash_split``). No split reads or
+changes global random state.
 
 Data live under one root: the ``root`` argument, else ``$VIT_PLASTICITY_DATA``, else ``data/``.
 Files are read from the official layouts; ``download=True`` fetches what can be fetched (through
@@ -52,23 +56,55 @@ from .imagesets import FileDataset, ImageDataset
 from .transforms import IMAGENET, as_mean_std, paper_transform
 
 SPLITS = ("train", "val", "test", "trainval")
-TEST_FRACTION = 0.2  # deterministic test split of datasets without an official one
-VAL_FRACTION = 0.2  # the protocol's validation set, a share of the official training set
+VALIDATIONS = ("official", "fraction")
+TRAIN_FRACTION = 0.8  # the training share of every 80/20 split (the authors' ``train_size``)
+SPLIT_SEED = 42  # the authors' fixed seed of the train/test split of datasets without an official one
+SPLITS_VERSION = 2
+"""Which splits ``get_dataset`` draws, recorded with every result made from them (runs, probes,
+plasticity), so that results of other splits are not mixed with these: 2, the authors' draws
+(``deterministic_split``, ``validation_split``, Flowers102's official validation split); 1, before
+(SHA-256 key splits everywhere), recorded by no key."""
 SEVERITY = 5
 SOURCE_DIGITS = (0, 1, 2, 3, 4)
 DOWNSTREAM_DIGITS = (5, 6, 7, 8, 9)
 PAPER_IMAGE_SIZE = 224
 
 
-def deterministic_split(
-    keys: Sequence, test_fraction: float = TEST_FRACTION, salt: str = ""
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split positions ``0..len(keys)-1`` into (train, test) by hashing each key.
+def _check_fraction(fraction: float) -> None:
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {fraction!r}")
 
-    The keys are ordered by the SHA-256 of ``f"{salt}:{key}"`` and the first
-    ``round(test_fraction * n)`` go to test; no random generator is involved, so the split is the
-    same in every process and on every machine. Both index arrays are sorted.
-    """
+
+def deterministic_split(
+    n: int, train_fraction: float = TRAIN_FRACTION, seed: int = SPLIT_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) positions of ``n`` images without an official test set (Cifar10-C, DomainNet;
+    appendix C.2), as the authors' code draws them: one numpy permutation of ``0..n-1`` from
+    ``seed`` (42, whatever the run's seed), its first ``int(train_fraction * n)`` positions for
+    training and the rest for test, both sorted (images keep their order in the files). A
+    ``RandomState`` of its own draws it: global random state is neither read nor changed."""
+    _check_fraction(train_fraction)
+    order = np.random.RandomState(seed).permutation(n)
+    n_train = int(train_fraction * n)
+    return np.sort(order[:n_train]), np.sort(order[n_train:])
+
+
+def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) positions of a training set of ``n`` images for the run of ``seed``, as the
+    authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
+    of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
+    ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
+    _check_fraction(train_fraction)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
+    n_train = int(train_fraction * n)
+    return np.sort(order[:n_train]), np.sort(order[n_train:])
+
+
+def hash_split(keys: Sequence, test_fraction: float = 0.2, salt: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) positions of ``keys`` by hashing each key: the keys are ordered by the SHA-256
+    of ``f"{salt}:{key}"`` and the first ``round(test_fraction * n)`` go to test; both sorted. The
+    demo world's digits (the split the committed demo ViT was trained on) and ``custom/<name>``
+    folders without a test folder (an image stays on its side when others are added) use it."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     digests = [hashlib.sha256(f"{salt}:{key}".encode()).hexdigest() for key in keys]
@@ -111,7 +147,7 @@ def _digits(name: str, digit_set: tuple[int, ...], corruption: str | None = None
     def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
         images, labels = digits_images()
         positions = _half(digit_set)
-        train, test = deterministic_split(positions.tolist(), salt="digits")
+        train, test = hash_split(positions.tolist(), salt="digits")
         positions = positions[train if official == "train" else test]
         source = images if corruption is None else _corrupted(corruption, digit_set)
         chosen = torch.from_numpy(source[positions]).permute(0, 3, 1, 2).contiguous()
@@ -257,8 +293,9 @@ def _cifar10c(corruption: str):
                 f"{files[0]} holds {len(images)} images and {files[1]} {len(labels)} labels: "
                 "expected the same number, 5 severities stacked"
             )
-        # The same image index falls in the same split for every corruption and severity.
-        train, test = deterministic_split(list(range(per_severity)), salt="cifar10c")
+        # The 10,000 images of one severity, split as the authors split them: the same image index
+        # falls in the same split for every corruption and severity.
+        train, test = deterministic_split(per_severity)
         positions = train if official == "train" else test
         offset = (severity - 1) * per_severity
         chosen = np.asarray(images[offset + positions], dtype=np.uint8)
@@ -304,7 +341,7 @@ def _domainnet(domain: str):
             )
         files, targets, classes = _image_folder(folder)
         keys = [f.relative_to(folder).as_posix() for f in files]
-        train, test = deterministic_split(keys, salt="domainnet")
+        train, test = deterministic_split(len(keys))  # files in ImageFolder order, as the authors read them
         chosen = train if official == "train" else test
         return FileDataset(
             [files[i] for i in chosen], [targets[i] for i in chosen], classes, name, official, [keys[i] for i in chosen]
@@ -328,9 +365,10 @@ def _flowers102(root: Path, official: str, download: bool, severity: int) -> Fil
                 f"(giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
             )
     labels = loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]
-    ids = np.atleast_1d(
-        loadmat(base / "setid.mat", squeeze_me=True)["trnid" if official == "train" else "tstid"]
-    ).tolist()
+    setid = loadmat(base / "setid.mat", squeeze_me=True)
+    # official: train (1,020 images), val (1,020), test (6,149), or trainval (train and val)
+    parts = {"train": ["trnid"], "val": ["valid"], "test": ["tstid"], "trainval": ["trnid", "valid"]}[official]
+    ids = [int(i) for part in parts for i in np.atleast_1d(setid[part])]
     files = [base / "jpg" / f"image_{i:05d}.jpg" for i in ids]
     return FileDataset(
         files, [int(labels[i - 1]) - 1 for i in ids], [str(c) for c in range(1, 103)], "flowers102", official, ids
@@ -412,7 +450,7 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
       ``test/``): the official split. The classes are the training folder's; a held-out class
       that has no training images is an error.
     - ``train/`` alone, or ``<class>/<image>`` with no ``train/``: a deterministic 80/20 split
-      by each file's path, as for DomainNet (appendix C.2).
+      by each file's path (``hash_split``).
 
     Samples are keyed by their path inside the folder, so the splits stay the same when the
     folder moves. Decoded caches (``loader.uint8_images``) are keyed by each file's size and
@@ -448,7 +486,7 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
     keys = [f.relative_to(folder).as_posix() for f in files]
     if held_out is None:
         # by path alone: a copy of the folder (cleaned, renamed) keeps the split
-        train, test = deterministic_split(keys, salt="custom")
+        train, test = hash_split(keys, salt="custom")
         chosen = (train if official == "train" else test).tolist()
         files, targets, keys = [files[i] for i in chosen], [targets[i] for i in chosen], [keys[i] for i in chosen]
     return FileDataset(files, targets, classes, name, official, keys, stat_keyed=True)
@@ -552,6 +590,8 @@ class Source:
     load: Callable
     image_size: int  # default resolution of get_dataset (the paper's 224, the demo's 32)
     group: str  # "demo", "paper", "reference" or "custom"
+    # it has an official validation split: load also takes "val" and "trainval" (train and val)
+    official_val: bool = False
 
 
 DATASETS: dict[str, Source] = {
@@ -563,7 +603,7 @@ DATASETS: dict[str, Source] = {
     **{f"cifar10c/{c}": Source(_cifar10c(c), PAPER_IMAGE_SIZE, "paper") for c in CORRUPTIONS},
     "domainnet/clipart": Source(_domainnet("clipart"), PAPER_IMAGE_SIZE, "paper"),
     "domainnet/sketch": Source(_domainnet("sketch"), PAPER_IMAGE_SIZE, "paper"),
-    "flowers102": Source(_flowers102, PAPER_IMAGE_SIZE, "paper"),
+    "flowers102": Source(_flowers102, PAPER_IMAGE_SIZE, "paper", official_val=True),
     "pets": Source(_pets, PAPER_IMAGE_SIZE, "paper"),
     "imagenet": Source(_imagenet, PAPER_IMAGE_SIZE, "reference"),
     "imagenette": Source(_imagenette, PAPER_IMAGE_SIZE, "reference"),
@@ -606,6 +646,13 @@ def dataset_source(name: str) -> Source:
     return DATASETS[name] if name in DATASETS else _custom_source(check_dataset(name))
 
 
+def check_validation(validation: str) -> str:
+    """Return ``validation`` or raise a ValueError that names the valid choices."""
+    if validation not in VALIDATIONS:
+        raise ValueError(f"unknown validation {validation!r}; valid choices: {', '.join(VALIDATIONS)}")
+    return validation
+
+
 def get_dataset(
     name: str,
     split: str = "train",
@@ -617,6 +664,7 @@ def get_dataset(
     seed: int = 0,
     transform: Callable | None = None,
     mean_std: tuple = IMAGENET,
+    validation: str = "official",
 ) -> ImageDataset | FileDataset:
     """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
 
@@ -631,6 +679,9 @@ def get_dataset(
         image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
         severity: Cifar10-C severity, 1-5 (the paper: 5).
         seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
+        validation: ``official`` (a dataset's official validation split where it has one,
+            Flowers102, as the authors' code; elsewhere 20% of the training set) or ``fraction``
+            (20% of the training set everywhere, the paper's words).
         transform: replaces the paper's transform (it receives a PIL image for file datasets
             and a uint8 CHW tensor for array datasets).
         mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
@@ -639,16 +690,20 @@ def get_dataset(
     source = dataset_source(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
+    check_validation(validation)
     check_severity(severity)
     if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     mean_std = as_mean_std(*mean_std)
     root = _data_root(root)
     download = paths.download_allowed() if download is None else download
-    dataset = source.load(root, "test" if split == "test" else "train", download, severity)
-    if split in ("train", "val"):
-        train, val = deterministic_split(dataset.keys, VAL_FRACTION, salt=f"val:{seed}")
-        dataset = dataset.subset(train if split == "train" else val, split)
+    if source.official_val and validation == "official":
+        dataset = source.load(root, split, download, severity)
+    else:
+        dataset = source.load(root, "test" if split == "test" else "train", download, severity)
+        if split in ("train", "val"):
+            train, val = validation_split(len(dataset), seed)
+            dataset = dataset.subset(train if split == "train" else val, split)
     dataset.split = split
     dataset.root = root  # where caches of this dataset go (loader.uint8_images)
     dataset.mean_std = mean_std

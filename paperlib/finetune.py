@@ -9,7 +9,8 @@ component in every block + the head + the final LayerNorm (``set_trainable``; or
 paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
 decay (``make_optimizer``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); gradients clipped at global norm 1 (the logged norm is the one clipping saw);
-evaluation on the ``val`` split (20% of the training set, chosen by the seed) every
+evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
+official validation split; ``data.get_dataset``) every
 ``eval_every`` steps (``evaluate``); the result is the test accuracy of the best-validation
 checkpoint. A non-finite loss stops the run, recorded as ``diverged``.
 
@@ -51,9 +52,10 @@ def set_trainable(model: nn.Module, component: str, lora_rank: int = 0) -> nn.Mo
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
-    """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine decay to 0."""
+    """Learning-rate multiplier at ``step`` (0-based): linear warm-up from 0 (``step / warmup``: the first
+    step's rate is 0, as in the authors' code), then cosine decay to 0."""
     if step < warmup:
-        return (step + 1) / warmup
+        return step / warmup
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
 
 
@@ -249,7 +251,9 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
     side = cache_side(size)
     splits = {
         split: uint8_images(
-            data.get_dataset(config.dataset, split, root=config.data_root or None, seed=config.seed),
+            data.get_dataset(
+                config.dataset, split, root=config.data_root or None, seed=config.seed, validation=config.validation
+            ),
             cache_size=side,
             workers=decode_workers(),
         )

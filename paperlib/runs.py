@@ -53,6 +53,9 @@ class Config:
     micro_batch: int = 0
     warmup: int = 10  # linear warm-up steps
     eval_every: int = 10  # evaluate on val every this many steps (and at the end)
+    # official (a dataset's official validation split where it has one, Flowers102, as the authors' code) or fraction
+    # (20% of the training set everywhere, the paper's words); elsewhere both are 20% drawn from the seed
+    validation: str = "official"
     device: str = "cpu"
     image_size: int = 0  # 0 = the model's resolution
     # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with;
@@ -113,6 +116,7 @@ class Config:
         """Fail before any work, with the valid choices."""
         components.check_config(self.component)
         data.check_dataset(self.dataset)
+        data.check_validation(self.validation)
         models.resolve_name(self.model)
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
@@ -166,7 +170,8 @@ class Config:
         """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, with ``-<precision>``
         unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
         optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-norm-model`` for
-        the model's own normalisation, and ``+<tag>`` last (``+``, which no tag has, so that no tag
+        the model's own normalisation, ``-val-fraction`` for the paper's reading of the validation
+        split, and ``+<tag>`` last (``+``, which no tag has, so that no tag
         can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
         or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
         warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
@@ -178,6 +183,7 @@ class Config:
             run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
             run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
         run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
+        run += f"-val-{self.validation}" if self.validation != "official" else ""
         run += f"+{self.tag}" if self.tag else ""
         return finetune_root() / self.model / self.dataset / self.component / f"lr={self.lr:g}" / run
 
@@ -220,11 +226,18 @@ def input_fingerprints(config: Config) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
+PROTOCOL = 2
+"""The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
+``is_finished`` (a run of another version is run again, never mixed with these): 2, the authors' splits
+(``data.SPLITS_VERSION`` 2) and warm-up (``finetune.lr_factor``: 0 at the first step); 1, before
+(recorded by no key). See ``docs/fidelity.md``."""
+
+
 def run_record(config: Config) -> dict:
-    """What ``params.json`` (and a checkpoint) record of a run: its parameters and, for custom
-    datasets and models, their fingerprints."""
+    """What ``params.json`` (and a checkpoint) record of a run: its parameters, the ``PROTOCOL`` and,
+    for custom datasets and models, their fingerprints."""
     fingerprints = input_fingerprints(config)
-    return asdict(config) | ({"fingerprints": fingerprints} if fingerprints else {})
+    return asdict(config) | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
 OUTPUT_ONLY = ("save_weights",)
@@ -249,8 +262,9 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
 
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``),
-    a key one lacks counting as the field's default (none for fingerprints); ``ignore``d keys aside."""
-    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}}
+    a key one lacks counting as the field's default (none for fingerprints, 1 for ``protocol``); ``ignore``d
+    keys aside."""
+    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}, "protocol": 1}
     saved, record = {**defaults, **saved}, {**defaults, **record}
     return sorted(
         key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
@@ -347,7 +361,7 @@ def history(config: Config) -> pd.DataFrame:
 
 
 KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
-KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "tag"]
+KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
 RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "trainable_parameters"]
@@ -362,7 +376,8 @@ def finetune_root(root: str | Path | None = None) -> Path:
 
 def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, histories): one row per run folder, and the history of every finished run, with its keys.
-    A run whose files are damaged counts as partial, and one whose ``params.json`` is damaged is left
+    A run whose files are damaged counts as partial, one of another ``PROTOCOL`` as outdated (the tables
+    take finished and diverged runs only), and one whose ``params.json`` is damaged is left
     out (``paths.json_or_none``: each with a warning that names the file)."""
     runs, histories = [], []
     for params_file in sorted(finetune_root(root).rglob(PARAMS)):
@@ -374,6 +389,8 @@ def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
         row = keys | {"folder": str(folder)}
         metrics = paths.json_or_none(folder / METRICS)
         row |= metrics if metrics is not None else {"status": "partial"}
+        if params.get("protocol", 1) != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
+            row["status"] = "outdated"
         runs.append(row)
         if metrics is not None and (folder / HISTORY).is_file():
             history = pd.read_csv(folder / HISTORY)

@@ -16,25 +16,49 @@ def _disturb_global_rngs():
     torch.rand(1000)
 
 
-def test_deterministic_split_ignores_global_random_state():
+def test_deterministic_split_is_the_authors_seed_42_permutation():
+    # the authors' code: np.random.seed(42), np.random.permutation(range(n)), the first int(0.8 n) for training
+    for n in (10, 1000, 2001, 48833):
+        np.random.seed(42)
+        order = np.random.permutation(range(n))
+        n_train = int(0.8 * n)
+        _disturb_global_rngs()
+        state = np.random.get_state()[1].copy()
+        train, test = data.deterministic_split(n)
+        assert np.array_equal(np.random.get_state()[1], state)  # global state neither read nor changed
+        assert train.tolist() == sorted(order[:n_train]) and test.tolist() == sorted(order[n_train:])
+    # numpy's legacy permutation of 10 under seed 42 is a fixed fact: 8 1 5 0 7 2 9 4 | 3 6
+    assert data.deterministic_split(10)[1].tolist() == [3, 6]
+
+
+def test_validation_split_is_random_split_under_the_runs_seed():
+    dataset = list(range(737))
+    for seed in (0, 42, 3407):
+        torch.manual_seed(seed)  # the authors: set_seed(seed), then random_split with the global generator
+        train_part, val_part = torch.utils.data.random_split(dataset, [int(0.8 * 737), 737 - int(0.8 * 737)])
+        _disturb_global_rngs()
+        train, val = data.validation_split(737, seed)
+        assert train.tolist() == sorted(train_part.indices) and val.tolist() == sorted(val_part.indices)
+    assert data.validation_split(737, 0)[1].tolist() != data.validation_split(737, 42)[1].tolist()
+
+
+def test_hash_split_ignores_global_random_state_and_is_not_a_prefix_split():
     keys = list(range(1000))
-    first = data.deterministic_split(keys)
+    first = data.hash_split(keys)
     _disturb_global_rngs()
-    second = data.deterministic_split(keys)
+    second = data.hash_split(keys)
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
     train, test = first
     assert len(test) == 200 and len(train) == 800
     assert not set(train) & set(test) and set(train) | set(test) == set(keys)
-
-
-def test_deterministic_split_is_not_a_prefix_split():
-    train, test = data.deterministic_split(list(range(1000)))
     assert test.min() < 100 and test.max() > 900  # spread over the whole set, not its tail
 
 
-def test_split_rejects_bad_fraction():
+def test_splits_reject_bad_fractions():
     with pytest.raises(ValueError, match="test_fraction"):
-        data.deterministic_split([1, 2, 3], test_fraction=1.5)
+        data.hash_split([1, 2, 3], test_fraction=1.5)
+    with pytest.raises(ValueError, match="train_fraction"):
+        data.deterministic_split(3, train_fraction=0.0)
 
 
 def _identity(dataset):

@@ -33,7 +33,7 @@ SIZES = {
     **{f"cifar10c/{c}": (40, 10) for c in CORRUPTIONS},  # 50 images per severity, 80/20
     "domainnet/clipart": (16, 4),  # 4 classes x 5 images, 80/20
     "domainnet/sketch": (16, 4),
-    "flowers102": (10, 10),  # 30 images: a third train, a third val (unused), a third test
+    "flowers102": (20, 10),  # 30 images: a third train, a third val (official, together trainval), a third test
     "pets": (12, 6),  # 3 breeds x 6 images: 4 trainval + 2 test each
     "imagenet": (12, 12),  # 3 classes x 4 images, train and val folders
     "imagenette": (20, 20),  # 10 classes x 2 images
@@ -60,7 +60,8 @@ def test_sizes_labels_and_items(root, name):
     trainval, test = SIZES[name]
     sets = {split: data.get_dataset(name, split, root=root) for split in data.SPLITS}
     assert len(sets["trainval"]) == trainval and len(sets["test"]) == test
-    assert len(sets["val"]) == round(0.2 * trainval) and len(sets["train"]) == trainval - len(sets["val"])
+    n_train = trainval // 2 if name == "flowers102" else int(0.8 * trainval)  # Flowers102: the official val split
+    assert len(sets["train"]) == n_train and len(sets["val"]) == trainval - n_train
     n_classes = N_CLASSES.get(name, 10)
     for dataset in sets.values():
         assert len(dataset.classes) == n_classes
@@ -83,7 +84,40 @@ def test_val_split_is_deterministic_disjoint_and_seeded(root, name):
     if name.startswith(("cifar10c", "domainnet")):  # no official split: ours must not overlap
         assert not set(test.keys) & set(trainval.keys)
     other_seeds = [data.get_dataset(name, "val", root=root, seed=s).keys for s in (42, 3407)]
-    assert any(keys != val.keys for keys in other_seeds)
+    if name == "flowers102":  # its official validation split, the same for every seed
+        assert all(keys == val.keys for keys in other_seeds)
+    else:
+        assert any(keys != val.keys for keys in other_seeds)
+
+
+def test_flowers102_uses_the_official_validation_split(root):
+    from scipy.io import loadmat
+
+    setid = loadmat(root / "flowers-102" / "setid.mat", squeeze_me=True)
+    ids = {split: data.get_dataset("flowers102", split, root=root).keys for split in data.SPLITS}
+    assert ids["train"] == setid["trnid"].tolist() and ids["val"] == setid["valid"].tolist()
+    assert ids["test"] == setid["tstid"].tolist() and ids["trainval"] == ids["train"] + ids["val"]
+    # the paper's words instead: 20% of the official training images, drawn from the seed
+    paper = {split: data.get_dataset("flowers102", split, root=root, validation="fraction").keys for split in data.SPLITS}
+    assert sorted(paper["train"] + paper["val"]) == sorted(setid["trnid"].tolist()) == sorted(paper["trainval"])
+    assert len(paper["val"]) == 10 - int(0.8 * 10) and paper["test"] == ids["test"]
+    with pytest.raises(ValueError, match="valid choices: official, fraction"):
+        data.get_dataset("flowers102", "val", root=root, validation="paper")
+
+
+def test_no_official_split_is_the_authors_seed_42_permutation(root):
+    np.random.seed(42)  # the authors' deterministic_split, over the 50 images of one severity in file order
+    order = np.random.permutation(range(50))
+    cifar10c = data.get_dataset("cifar10c/contrast", "test", root=root)
+    assert cifar10c.keys == sorted(order[int(0.8 * 50) :].tolist())
+    # the fixture marks pixel (0, 0, 0) of image i with i: the test images are those, in file order
+    assert cifar10c.images[:, 0, 0, 0].tolist() == cifar10c.keys
+    np.random.seed(42)  # DomainNet: the 20 files of the domain in ImageFolder order (class, then file name)
+    order = np.random.permutation(range(20))
+    folder = root / "domainnet" / "clipart"
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.jpg"))
+    test = [files[i] for i in sorted(order[int(0.8 * 20) :])]
+    assert data.get_dataset("domainnet/clipart", "test", root=root).keys == test
 
 
 def test_cifar10c_severity_selects_its_block(root):

@@ -272,6 +272,23 @@ def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_train
     pd.testing.assert_frame_equal(runs.history(config), history)
 
 
+def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
+    # runs made before the authors' splits and warm-up record no protocol: never mixed with new ones
+    config = small()
+    metrics = finetune.run(config)
+    params_file = config.folder() / runs.PARAMS
+    params = json.loads(params_file.read_text())
+    assert params["protocol"] == runs.PROTOCOL and runs.is_finished(config)
+    del params["protocol"]
+    params_file.write_text(json.dumps(params))
+    assert not runs.is_finished(config)
+    table, _ = runs.load()
+    assert table.loc[table["folder"] == str(config.folder()), "status"].tolist() == ["outdated"]
+    again = finetune.run(config)
+    assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
+    assert runs.load()[0]["status"].tolist() == ["finished"]
+
+
 def test_damaged_runs_are_partial_in_the_results_table(small):
     finetune.run(small())
     finetune.run(small(seed=1))

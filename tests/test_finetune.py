@@ -198,8 +198,9 @@ def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypa
 
 
 def test_lr_schedule():
-    assert finetune.lr_factor(0, 10, 100) == pytest.approx(0.1)
-    assert finetune.lr_factor(9, 10, 100) == pytest.approx(1.0)
+    # the authors' warm-up: step / warmup, so the first step's rate is 0
+    assert finetune.lr_factor(0, 10, 100) == 0.0
+    assert finetune.lr_factor(9, 10, 100) == pytest.approx(0.9)
     assert finetune.lr_factor(10, 10, 100) == pytest.approx(1.0)
     assert finetune.lr_factor(99, 10, 100) == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
 
@@ -295,6 +296,7 @@ def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a non-negative number"),
         ({"optimizer": "adamw", "fused": "update"}, "fused SGD update, which adamw does not have"),
         ({"optimizer": "adamw", "momentum": 0.5}, "momentum is SGD's; adamw has its own"),
+        ({"validation": "paper"}, "valid choices: official, fraction"),
     ],
 )
 def test_bad_optimizer_parameters_fail_before_any_work(results, overrides, message, small):
@@ -406,6 +408,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
         assert small(tag=clash).folder() not in {small(precision="bf16").folder(), small(optimizer="adamw").folder()}
         assert small(tag=clash).folder().name == f"seed=0+{clash}"
     assert small(tag=2000).tag == "2000"  # a sweep spec's number
+    assert small(validation="fraction").folder().name == "seed=0-val-fraction"  # the paper's reading of Flowers' val
     finetune.run(longer)
     assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
     runs, _ = run_files.load()
