@@ -11,7 +11,7 @@ decay (``make_optimizer``; or, beyond the paper, AdamW); linear warm-up then cos
 (``lr_factor``); gradients clipped at global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
 official validation split; ``data.get_dataset``) every
-``eval_every`` steps (``evaluate``); the result is the test accuracy of the best-validation
+``eval_every`` steps (``evaluate``; at the end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the best-validation
 checkpoint. A non-finite loss stops the run, recorded as ``diverged``.
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
@@ -336,7 +336,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         schedule.step()
         seen += len(images)
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
-        evaluation = (step + 1) % config.eval_every == 0 or step + 1 == config.steps
+        # every eval_every steps, as the authors' loop (none after the last step unless it is one of them),
+        # and at the end of a run too short for one
+        evaluation = (step + 1) % config.eval_every == 0 or (step + 1 == config.steps and config.eval_every > config.steps)
         if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows):
             status = "diverged"
             break

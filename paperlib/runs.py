@@ -52,7 +52,7 @@ class Config:
     # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
     micro_batch: int = 0
     warmup: int = 10  # linear warm-up steps
-    eval_every: int = 10  # evaluate on val every this many steps (and at the end)
+    eval_every: int = 10  # evaluate on val every this many steps (at the end only if it exceeds the steps)
     # official (a dataset's official validation split where it has one, Flowers102, as the authors' code) or fraction
     # (20% of the training set everywhere, the paper's words); elsewhere both are 20% drawn from the seed
     validation: str = "official"
@@ -229,8 +229,8 @@ def input_fingerprints(config: Config) -> dict:
 PROTOCOL = 2
 """The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
 ``is_finished`` (a run of another version is run again, never mixed with these): 2, the authors' splits
-(``data.SPLITS_VERSION`` 2) and warm-up (``finetune.lr_factor``: 0 at the first step); 1, before
-(recorded by no key). See ``docs/fidelity.md``."""
+(``data.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step) and validation steps
+(multiples of ``eval_every`` only); 1, before (recorded by no key). See ``docs/fidelity.md``."""
 
 
 def run_record(config: Config) -> dict:

@@ -456,3 +456,14 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     for component in ("mha", "ln1"):
         assert together[component]["test_accuracy"] == alone[component]["test_accuracy"]
         assert together[component]["best_val_accuracy"] == alone[component]["best_val_accuracy"]
+
+
+def test_validation_runs_every_eval_every_steps_and_not_after_the_last_step(small):
+    # the authors' loop validates when the step is a multiple of the period, not after the last step
+    finetune.run(small(steps=7, warmup=1, eval_every=3))
+    history = run_files.history(small(steps=7, warmup=1, eval_every=3))
+    assert history.dropna(subset=["val_accuracy"])["step"].tolist() == [3, 6]
+    # a run shorter than its period validates once, at its end (the authors clamp the period to the steps)
+    finetune.run(small(steps=4, warmup=1, eval_every=10))
+    history = run_files.history(small(steps=4, warmup=1, eval_every=10))
+    assert history.dropna(subset=["val_accuracy"])["step"].tolist() == [4]

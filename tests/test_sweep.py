@@ -228,6 +228,25 @@ def test_finetune_specs_follow_table_5():
     assert len(sweep.expand(specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_demo.yaml"))) == 42
 
 
+# The authors' validation periods (``eval_period`` of the configs their finetuning.sh names; docs/fidelity.md)
+AUTHORS_EVAL_PERIOD = {"cifar10": 500, "cifar100": 500, "cifar10c": 350, "domainnet": 500, "flowers102": 250, "pets": 200}
+
+
+def test_paper_runs_validate_as_often_as_the_authors_runs():
+    from paperlib import data
+
+    files = sorted((sweep.paths.PARAMETERS / "finetune").glob("*.yaml"))
+    found = {}
+    for path in files:
+        parameters = yaml.safe_load(path.read_text())
+        found[parameters["dataset"]] = parameters["eval_every"]
+        assert parameters["eval_every"] == AUTHORS_EVAL_PERIOD[parameters["dataset"].split("/")[0]], path.name
+    assert sorted(found) == sorted(data.PAPER_DATASETS)
+    for name in ("finetune_paper", "lora_paper", "precision_paper"):  # the sweeps run the same protocol
+        for run in sweep.expand(specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / f"{name}.yaml")):
+            assert run.parameters["eval_every"] == found[run.parameters["dataset"]], (name, run.parameters)
+
+
 def test_finetune_parameter_files_set_notebook_parameters_only():
     nb = nbformat.read(sweep.paths.NOTEBOOKS / "05_finetune.ipynb", as_version=4)
     source = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
