@@ -10,9 +10,9 @@ paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9
 decay (``make_optimizer``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); gradients clipped at global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
-official validation split; ``data.get_dataset``) every
-``eval_every`` steps (``evaluate``; at the end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the best-validation
-checkpoint. A non-finite loss stops the run, recorded as ``diverged``.
+official validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the
+end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the
+best-validation checkpoint. A non-finite loss stops the run, recorded as ``diverged``.
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
 ``runs``; how a step is made fast (compilation, precision, fused ops, CUDA graphs, micro-batches)
@@ -338,7 +338,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
         # every eval_every steps, as the authors' loop (none after the last step unless it is one of them),
         # and at the end of a run too short for one
-        evaluation = (step + 1) % config.eval_every == 0 or (step + 1 == config.steps and config.eval_every > config.steps)
+        evaluation = (step + 1) % config.eval_every == 0 or (
+            step + 1 == config.steps and config.eval_every > config.steps
+        )
         if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows):
             status = "diverged"
             break

@@ -1,16 +1,19 @@
 """The paper's statistics over finetuning results (§5.2: Tables 1 and 6, Figs. 2 right, 4 left, 17, 18).
 
 - ``table6``: per dataset and configuration, the test accuracy at the best learning rate of the
-  grid, as mean and standard deviation over seeds. The paper picks the learning rate by test
+  grid, as mean and standard deviation over seeds (numpy's ``np.std``, ddof=0, as the authors'
+  code; ``ddof=1`` for the sample deviation). The paper picks the learning rate by test
   accuracy ("best top-1 accuracy on the test set over the learning grid"); ``select="val"``
   picks it by validation accuracy instead, the choice that does not look at the test set.
 - ``table1``: mean decrease (accuracy points) between MHA and each other component over the
-  benchmarks, with a Wilcoxon signed-rank test across benchmarks (scipy), significant at 5%.
+  benchmarks, with a Wilcoxon signed-rank test across benchmarks (scipy), significant at 5%: one-sided
+  (MHA better) by default, as the authors' code (``alternative="greater"``; the paper says only "a
+  Wilcoxon signed-rank test"), ``alternative="two-sided"`` for the two-sided test.
   Beyond the paper, ``p_holm``: the p-values adjusted for its four comparisons (Holm).
 - ``pairwise``: every pair of configurations, the same test, Holm-adjusted over all the pairs.
 - ``relative_gain``: percentage improvement over linear probing (Fig. 2 right); ``with_probing``
   adds Table 6's linear-probing column (``PROBE``, from ``probe.table6_column``)
-- ``average``: mean over benchmarks with the pooled standard error (Fig. 17).
+- ``average``: mean over benchmarks with the pooled standard error (Fig. 17), as the authors compute it.
 
 Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
 stable finetuning performance" (§5.2).
@@ -58,9 +61,10 @@ SETTING = tuple(key for key in KEYS if key not in ("dataset", "component", "lr",
 that differ in them are not seeds or learning rates of one another."""
 
 
-def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
-    """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; the
-    sample standard deviation, ddof=1), ``seeds``.
+def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFrame:
+    """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
+    ``ddof=0`` numpy's ``np.std``, as the authors' code computed Table 6's ±; ``ddof=1`` the sample
+    standard deviation, 1.22x larger for three seeds), ``seeds``.
 
     ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
     and tag (a ValueError otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
@@ -78,7 +82,7 @@ def table6(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
         finished.groupby(["dataset", "component", "lr"])
         .agg(
             mean=("test", lambda s: s.mean(skipna=False)),
-            std=("test", "std"),
+            std=("test", lambda s: s.std(ddof=ddof)),
             seeds=("test", "size"),
             score=(select, lambda s: s.mean(skipna=False)),
         )
@@ -118,13 +122,15 @@ def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     return table[[c for c in COLUMNS if c in table.columns]]
 
 
-def table1(accuracies: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> pd.DataFrame:
+def table1(accuracies: pd.DataFrame, alternative: str = "greater", level: float = 0.05) -> pd.DataFrame:
     """Table 1: MHA against each other component across benchmarks.
 
-    ``accuracies``: columns ``dataset``, ``config``, ``accuracy`` (one value per dataset and
-    config). Returns one row per other component present: ``config``, ``decrease`` (mean over
+    ``accuracies``: columns ``dataset``, ``component``, ``accuracy`` (one value per dataset and
+    component). Returns one row per other component present: ``component``, ``decrease`` (mean over
     datasets of MHA minus it, in accuracy points), ``p_value`` (Wilcoxon signed-rank over the
-    datasets where both are present), ``significant`` (p < ``level``).
+    datasets where both are present; ``alternative="greater"``, the authors' one-sided test that MHA
+    is better, or ``"two-sided"``), ``significant`` (p < ``level``), ``datasets``, and the same
+    adjusted for the four comparisons (``p_holm``, ``significant_holm``).
     """
     table = wide(accuracies)
     if "mha" not in table:
@@ -239,18 +245,28 @@ def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = 
     return gain
 
 
-def average(table: pd.DataFrame) -> pd.DataFrame:
-    """Mean over datasets per config, with the pooled standard error of that mean (Fig. 17).
+STANDARD_ERRORS = ("pooled", "of_average")
 
-    ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and config). The
-    standard error of an average of k independent means, each over s seeds with deviation sd_i,
-    is ``sqrt(sum_i sd_i^2 / s) / k``; it is NaN when a dataset has a single seed (no deviation).
+
+def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame:
+    """Mean over datasets per config, with a standard error (Fig. 17: "the pooled standard error
+    computed over 3 finetuning runs").
+
+    ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and config). With k datasets,
+    each over s seeds with deviation sd_i, ``pooled_se`` is ``sqrt(mean_i sd_i^2 / s)``: the
+    deviation pooled over the datasets, as the standard error of a mean over s runs (the authors' code,
+    the default ``"pooled"``); ``"of_average"`` gives the standard error of the average over the k
+    datasets, ``sqrt(sum_i sd_i^2 / s) / k`` (sqrt(k) times smaller). NaN when a dataset has a single
+    seed (no deviation).
     """
+    if standard_error not in STANDARD_ERRORS:
+        raise ValueError(f"unknown standard_error {standard_error!r}; valid choices: {', '.join(STANDARD_ERRORS)}")
     rows = []
     for config, part in table.groupby("component", sort=False):
         k = len(part)
+        pooled = math.sqrt(((part["std"] ** 2) / part["seeds"]).mean(skipna=False))
         se = (
-            math.sqrt(((part["std"] ** 2) / part["seeds"]).sum(skipna=False)) / k
+            (pooled if standard_error == "pooled" else pooled / math.sqrt(k))
             if (part["seeds"] > 1).all()
             else float("nan")
         )

@@ -98,7 +98,9 @@ def test_flowers102_uses_the_official_validation_split(root):
     assert ids["train"] == setid["trnid"].tolist() and ids["val"] == setid["valid"].tolist()
     assert ids["test"] == setid["tstid"].tolist() and ids["trainval"] == ids["train"] + ids["val"]
     # the paper's words instead: 20% of the official training images, drawn from the seed
-    paper = {split: data.get_dataset("flowers102", split, root=root, validation="fraction").keys for split in data.SPLITS}
+    paper = {
+        split: data.get_dataset("flowers102", split, root=root, validation="fraction").keys for split in data.SPLITS
+    }
     assert sorted(paper["train"] + paper["val"]) == sorted(setid["trnid"].tolist()) == sorted(paper["trainval"])
     assert len(paper["val"]) == 10 - int(0.8 * 10) and paper["test"] == ids["test"]
     with pytest.raises(ValueError, match="valid choices: official, fraction"):

@@ -2,7 +2,7 @@
 with nothing trained or written."""
 
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,7 @@ def fixed_rate(monkeypatch, rate: float = 1000.0) -> list:
 
 def finish(config: runs.Config, status: str = "finished", images_per_second: float = 100.0) -> None:
     """Record ``config``'s run as a run that ended with ``status`` (its files, as ``finetune`` writes them)."""
-    runs.write_json(config.folder() / runs.PARAMS, asdict(config))
+    runs.write_json(config.folder() / runs.PARAMS, runs.run_record(config))
     runs.write_json(
         config.folder() / runs.METRICS,
         {"status": status, "images_per_second": images_per_second, "device": "cpu", "best_step": 4},

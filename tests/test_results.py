@@ -6,13 +6,14 @@ import math
 import statistics
 from dataclasses import fields
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
 from paperlib import finetune, paths, precision, stats
 from paperlib.components import COMPONENTS
-from paperlib.runs import KEYS, Config, expected, load, missing
+from paperlib.runs import KEYS, PROTOCOL, Config, expected, load, missing
 
 DATASETS = [
     "digits",
@@ -42,6 +43,7 @@ def write_run(root, dataset, config, lr, seed, status="finished"):
     folder = root / "finetune" / "demo" / dataset / config / f"lr={lr:g}" / f"seed={seed}"
     folder.mkdir(parents=True)
     params = {field.name: field.default for field in fields(Config)} | {
+        "protocol": PROTOCOL,
         "model": "demo",
         "dataset": dataset,
         "component": config,
@@ -98,6 +100,7 @@ def test_runs_in_another_precision_are_other_runs(tree):
         json.dumps(
             {field.name: field.default for field in fields(Config)}
             | {"model": "demo", "dataset": "digits", "component": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}
+            | {"protocol": PROTOCOL}
         )
     )
     runs, histories = load(tree)
@@ -121,7 +124,8 @@ def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
         best = max(means, key=means.get)
         row = table.loc[(dataset, config)]
         assert row["lr"] == best and row["mean"] == pytest.approx(means[best])
-        assert row["std"] == pytest.approx(statistics.stdev(100 * accuracy(dataset, config, best, s) for s in SEEDS))
+        # Table 6's ±: numpy's np.std over the seeds (ddof=0), as the authors' code
+        assert row["std"] == pytest.approx(statistics.pstdev(100 * accuracy(dataset, config, best, s) for s in SEEDS))
         assert row["seeds"] == 3
     assert table.loc[("digits", "fc2"), "lr"] == 0.03 if ("digits", "fc2") in table.index else True
     by_val = stats.table6(runs, select="val").set_index(["dataset", "component"])
@@ -181,18 +185,32 @@ def test_table1_matches_scipy_and_the_definition():
     for config in ("fc1", "fc2", "ln2"):
         other = accuracies[accuracies.component == config].set_index("dataset")["accuracy"]
         assert table.loc[config, "decrease"] == pytest.approx((mha - other).mean())
-        assert table.loc[config, "p_value"] == pytest.approx(scipy_stats.wilcoxon(mha, other.loc[mha.index]).pvalue)
+        assert table.loc[config, "p_value"] == pytest.approx(
+            scipy_stats.wilcoxon(mha, other.loc[mha.index], alternative="greater").pvalue
+        )
     assert not table.loc["fc1", "significant"] and table.loc["fc2", "significant"] and table.loc["ln2", "significant"]
 
 
 def test_table1_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
     assert len(paper) == 77 and set(paper["component"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "probe"}
-    table = stats.table1(paper.rename(columns={"mean": "accuracy"})).set_index("component")
-    # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant)
+    accuracies = paper.rename(columns={"mean": "accuracy"})
+    table = stats.table1(accuracies).set_index("component")
+    # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant); by default
+    # the authors' one-sided test (MHA better), whose p-values are half the two-sided ones here
     assert table.loc["fc1", "decrease"] == pytest.approx(0.07, abs=0.005) and not table.loc["fc1", "significant"]
     assert table.loc["fc2", "decrease"] == pytest.approx(0.44, abs=0.005) and table.loc["fc2", "significant"]
     assert table.loc[["ln1", "ln2"], "significant"].all()
+    wide = stats.wide(accuracies)
+    for component in ("fc1", "fc2", "ln2", "ln1"):
+        one_sided = scipy_stats.wilcoxon(wide["mha"], wide[component], alternative="greater").pvalue
+        assert table.loc[component, "p_value"] == pytest.approx(one_sided)
+    two_sided = stats.table1(accuracies, alternative="two-sided").set_index("component")
+    assert two_sided["p_value"].tolist() == pytest.approx((2 * table["p_value"]).clip(upper=1).tolist())
+    # the same bold entries either way (the paper's pattern); only Holm's adjustment tells them apart
+    assert two_sided["significant"].tolist() == table["significant"].tolist() == [False, True, True, True]
+    assert table["significant_holm"].tolist() == [False, True, True, True]
+    assert two_sided["significant_holm"].tolist() == [False, True, False, True]
     averages = paper.groupby("component")["mean"].mean()  # Table 6, last row (printed from unrounded entries)
     printed = {"fc1": 90.7, "fc2": 90.3, "full": 90.9, "probe": 64.2, "ln1": 89.8, "ln2": 89.9, "mha": 90.8}
     assert averages.to_dict() == pytest.approx(printed, abs=0.06)
@@ -219,7 +237,11 @@ def test_relative_gain_and_pooled_standard_error(tree):
     average = stats.average(table).set_index("component")
     part = table[table.component == "mha"]
     assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
-    assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part))
+    # the authors': the seeds' deviation pooled over the datasets, over sqrt(3) runs
+    assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(np.mean(part["std"] ** 2)) / math.sqrt(3))
+    of_average = stats.average(table, standard_error="of_average").set_index("component")
+    expected_se = math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part)
+    assert of_average.loc["mha", "pooled_se"] == pytest.approx(expected_se)
     one_seed = stats.table6(runs[runs["seed"] == 0])
     assert math.isnan(stats.average(one_seed).set_index("component").loc["mha", "pooled_se"])
 
@@ -494,9 +516,10 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
 
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
-    table = stats.table1(paper).set_index("component")
+    table = stats.table1(paper, alternative="two-sided").set_index("component")
     assert table["p_holm"].tolist() == pytest.approx(stats.holm(table["p_value"]).tolist())
-    # the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four tests are counted
+    # two-sided, the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four
+    # tests are counted (one-sided, as the authors' code, it stays: 0.021 x 2)
     assert (
         table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
     )

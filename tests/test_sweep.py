@@ -229,7 +229,14 @@ def test_finetune_specs_follow_table_5():
 
 
 # The authors' validation periods (``eval_period`` of the configs their finetuning.sh names; docs/fidelity.md)
-AUTHORS_EVAL_PERIOD = {"cifar10": 500, "cifar100": 500, "cifar10c": 350, "domainnet": 500, "flowers102": 250, "pets": 200}
+AUTHORS_EVAL_PERIOD = {
+    "cifar10": 500,
+    "cifar100": 500,
+    "cifar10c": 350,
+    "domainnet": 500,
+    "flowers102": 250,
+    "pets": 200,
+}
 
 
 def test_paper_runs_validate_as_often_as_the_authors_runs():
