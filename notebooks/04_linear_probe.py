@@ -11,17 +11,18 @@
 # tables are cached under `results/probe/<model>/<dataset>/`.
 #
 # **Which point is the paper's.** "The attention hidden representation of the last layer" most
-# likely means the output of the last block's MHA, before the residual addition (the `mha` point):
-# every point of the authors' probing code is the hidden representation *after a component*, and
-# the attention is the component. The two other readings, the residual stream after the attention
-# (`attn_residual`) and the output of the whole last block (`block`), are in the table and the
-# figure below; `point` chooses the column.
+# likely means the output of the last block's MHA, before the residual addition (the `mha` point,
+# the authors' `attn`): every point of the authors' probing code is the hidden representation
+# *after a component*, and the attention is the component. Two stored versions of the authors'
+# plotting code read that point for this column; a third reads the output of the whole last block
+# (`block`, their `ffn_res`; `docs/fidelity.md`). Those two readings and `attn_residual` are in the
+# table and the figure below; `point` chooses the column.
 #
-# **Which images.** The authors' script fits on the 80% part of its 80/20 split of the training set
-# (`train_size=0.8`) and scores on the test set; here that is the protocol's `train` split of
-# `data.get_dataset` (seed `split_seed`, the protocol's validation 20% held aside) and the `test`
-# split, both with the deterministic evaluation transform (resize and centre crop) at the model's
-# resolution.
+# **Which images.** The authors' script reads the training images through its finetuning loader:
+# the 80% training split (Flowers102: its official training split), one random resized crop and
+# flip per image, shuffled, in batches of 512 with the last incomplete one dropped; the test images
+# resized and centre-cropped. `train_features="augmented"` (the default) does the same, drawn from
+# `split_seed`; `"clean"` fits on a centre crop of every training image instead.
 #
 # At demo scale (the default): the demo ViT on the six demo downstream sets; it runs in seconds on a
 # CPU. Demo numbers are not the paper's.
@@ -31,7 +32,8 @@ model = "demo"  # short name (demo, vit_base_in21k, ...) or any timm ViT name
 datasets = ["digits", "digits_c/contrast", "digits_c/gaussian_noise", "digits_c/motion_blur", "digits_c/snow", "digits_c/speckle_noise"]  # downstream datasets
 point = "mha"  # probe point of Table 6's column: mha (the last block's attention output, the paper's most likely reading), attn_residual, block, ...
 block = -1  # block of Table 6's column (-1: the last, the paper's "last layer")
-split_seed = 0  # seed of the 80/20 split of the training set that the probe is fitted on
+split_seed = 0  # seed of the 80/20 split of the training set that the probe is fitted on (and of its crops)
+train_features = "augmented"  # augmented: the authors' (one random crop and flip per image, batches of 512, the last incomplete one dropped); clean: centre crops of every training image
 probe_batch_size = 256  # images per forward pass of the probe
 device = "cpu"  # cpu or cuda
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
@@ -55,7 +57,8 @@ from IPython.display import display
 from paperlib import finetune, plots, probe, report, stats
 from paperlib.runs import for_spec
 
-options = dict(split_seed=split_seed, device=device, batch_size=probe_batch_size, root=data_root or None, normalize=normalize)
+options = dict(split_seed=split_seed, train_features=train_features, device=device, batch_size=probe_batch_size,
+               root=data_root or None, normalize=normalize)
 start = time.perf_counter()
 table = probe.probe_datasets(model, datasets, **options)
 print(f"{model}: {table['block'].nunique()} blocks x {table['point'].nunique()} probe points on {len(datasets)} datasets "

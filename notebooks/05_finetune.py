@@ -23,7 +23,8 @@ steps = 100  # optimisation steps (Table 5: 4,000 to 20,000)
 batch_size = 32  # images per step (the paper: 512)
 micro_batch = 0  # images per forward pass (0: the whole batch, split automatically if the GPU runs out of memory)
 warmup = 10  # linear warm-up steps (the authors' code: 2,000)
-eval_every = 10  # validation every this many steps
+eval_every = 10  # validation every this many steps (the authors' per dataset: parameters/finetune/)
+validation = "official"  # official: a dataset's official validation split where it has one (Flowers102), as the authors' code; fraction: 20% of the training set everywhere (the paper's words)
 device = "cpu"  # cpu or cuda
 speed = "auto"  # how steps are made fast, the same step to rounding (beyond the paper): auto, none, a file of parameters/speed/ (e.g. h100), or a mapping of step options
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
@@ -45,7 +46,7 @@ config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, speed=speed,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-    normalize=normalize, tag=tag, save_weights=save_weights,
+    normalize=normalize, validation=validation, tag=tag, save_weights=save_weights,
 ))
 metrics = finetune.run(config)
 history = runs.history(config)

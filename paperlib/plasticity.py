@@ -369,22 +369,24 @@ def has_result(
     reference: str | None = None,
     severity: int = 5,
 ) -> bool:
-    """Whether ``result_folder`` for these arguments holds a complete result: its ``metadata.json``
-    (which ``save`` writes last) whole, and ``rates.csv.gz`` of the size it records (``paths.json_or_none``:
-    a damaged result is reported in a warning and not taken for one)."""
+    """Whether ``result_folder`` for these arguments holds a complete result of today's test splits: its
+    ``metadata.json`` (which ``save`` writes last) whole, and ``rates.csv.gz`` of the size it records
+    (``paths.json_or_none``: a damaged result is reported in a warning and not taken for one), measured on
+    the splits of ``data.SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
     folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
-    return paths.json_or_none(folder / "metadata.json") is not None
+    metadata = paths.json_or_none(folder / "metadata.json")
+    return metadata is not None and metadata.get("splits", 1) == data.SPLITS_VERSION
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
 
-    ``metadata.json`` is written last, with the table's size (``files``): its presence marks a
-    complete result, and a table damaged since is not taken for one.
+    ``metadata.json`` is written last, with the table's size (``files``) and today's splits
+    (``data.SPLITS_VERSION``): its presence marks a complete result, and a table damaged since is not taken for one.
     """
     folder = Path(folder)
     paths.atomic_write(folder / "rates.csv.gz", lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    metadata = {**(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
+    metadata = {"splits": data.SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
     paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
@@ -589,14 +591,15 @@ def collect(
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
-    all): a model and dataset measured several ways would otherwise count twice.
+    all): a model and dataset measured several ways would otherwise count twice. Results measured on
+    earlier test splits (``data.SPLITS_VERSION``) are left out with a warning that names them.
     """
     if sample is not None:
         check_sample(sample)
     if normalize is not None:
         check_normalize(normalize)
     base = Path(root) if root is not None else results_root(inputs)
-    rows = []
+    rows, outdated = [], []
     for metadata_file in sorted(base.rglob("metadata.json")):
         metadata = paths.read_json(metadata_file)  # a damaged result: an error that names the file
         # results from before the option: first
@@ -616,6 +619,9 @@ def collect(
         ):
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
+            continue
+        if metadata.get("splits", 1) != data.SPLITS_VERSION:
+            outdated.append(paths.display(metadata_file.parent))
             continue
         ranked = ranking(load(metadata_file.parent))
         for label, row in ranked.iterrows():
@@ -653,6 +659,8 @@ def collect(
     # None (the paper's draw has no seed) stays missing, not NaN in a float column
     table["seed"] = table["seed"].astype("Int64")
     table["token_rms"] = table["token_rms"].astype(float)
+    if outdated:
+        warnings.warn(f"results of earlier test splits left out (measure them again): {', '.join(outdated)}")
     return table
 
 

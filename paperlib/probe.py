@@ -9,13 +9,16 @@ training features) and fits scikit-learn's multinomial ``LogisticRegression(max_
 80% training split, scored on the test split. ``linear_probe`` does exactly that, for every block
 and every point of ``POINTS``, from one forward pass over the images (forward hooks).
 
-Which images. The authors' script reads the training images through the loader that splits the
-training set 80/20 (``train_size=0.8``) and keeps the 80% part; the test images are the test split.
-Here that is ``get_dataset(dataset, "train", seed=split_seed)`` (80% of the official training set,
-the protocol's validation 20% held aside; for datasets without an official split, 80% of their
-deterministic 80% training part) and ``"test"``, both with the deterministic evaluation transform
-(resize and centre crop; no augmentation), at the model's resolution. ``train_split="trainval"``
-(beyond the paper) fits on the whole training set instead.
+Which images. The authors' script reads the training images through their finetuning loader:
+the 80% training split (``train_size=0.8``; Flowers102's official training split), each image
+once as one random resized crop and flip, shuffled, in batches of 512 with the last incomplete
+batch dropped (on Flowers102, 512 of its 1,020 training images); the test images are the test
+split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does
+the same: ``get_dataset(dataset, "train", seed=split_seed)`` read once by a
+``loader.DeviceLoader`` drawing crops, flips and order from ``split_seed`` (a set smaller than
+``AUGMENTED_BATCH`` is one batch of all it has). ``train_features="clean"`` (beyond the authors)
+takes every training image once, resized and centre-cropped. ``train_split="trainval"`` (beyond
+the paper) fits on the whole training set instead.
 
 Which point is the paper's. "The attention hidden representation of the last layer" most likely
 means the output of the last block's MHA (``mha``: the attention module's output, before the
@@ -53,7 +56,7 @@ from tqdm.auto import tqdm
 from . import components, data, models, paths, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset
-from .loader import decode_workers
+from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
 from .transforms import IMAGENET, as_mean_std, check_normalize
 
 POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
@@ -83,6 +86,8 @@ class token's position included), ``patches`` (the mean over the patch tokens al
 (the class token; the authors' ``cls_pooling=True``)."""
 
 TRAIN_SPLITS = ("train", "trainval")
+TRAIN_FEATURES = ("augmented", "clean")
+AUGMENTED_BATCH = 512  # the authors' training loader's batch, whose last incomplete one is dropped
 """Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
 
 MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
@@ -192,6 +197,18 @@ def batches(dataset, batch_size: int, device: torch.device, num_workers: int | N
         yield images.to(device, non_blocking=True), labels
 
 
+def augmented_batches(dataset, image_size: int, device: torch.device, seed: int):
+    """(images, labels) batches of ``dataset`` as the authors' training loader gives them: each image
+    once, as one random resized crop and flip, shuffled, in batches of ``AUGMENTED_BATCH`` with the
+    last incomplete one dropped (all in one batch if there are fewer); crops, flips and order drawn
+    from ``seed`` (``loader.DeviceLoader``). Labels on the CPU."""
+    images = uint8_images(dataset, cache_size=cache_side(image_size), workers=decode_workers())
+    batch = min(AUGMENTED_BATCH, len(images))
+    loader = DeviceLoader(images, batch, True, image_size, device, shuffle=True, drop_last=True, seed=seed)
+    for images, labels in loader:
+        yield images, labels.cpu()
+
+
 def pooled_features(
     model: nn.Module,
     dataset,
@@ -200,10 +217,12 @@ def pooled_features(
     batch_size: int = 256,
     device: str | torch.device = "cpu",
     num_workers: int | None = None,
+    augment_seed: int | None = None,
 ) -> tuple[dict[tuple[int, str], np.ndarray], np.ndarray]:
     """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``
-    (float32, one row per image, in the dataset's order) and the labels, from one forward pass per
-    batch, the model in eval mode and without gradients (its mode restored after)."""
+    (float32, one row per image, in the dataset's order; with ``augment_seed``, as
+    ``augmented_batches`` gives them) and the labels, from one forward pass per batch, the model in
+    eval mode and without gradients (its mode restored after)."""
     check_choice(pool, POOLS, "pool")
     device = torch.device(device)
     model = model.to(device)
@@ -212,7 +231,11 @@ def pooled_features(
     try:
         model.eval()
         with torch.inference_mode(), hooked(model, wanted, pool) as store:
-            for images, targets in batches(dataset, batch_size, device, num_workers):
+            if augment_seed is None:
+                inputs = batches(dataset, batch_size, device, num_workers)
+            else:
+                inputs = augmented_batches(dataset, model.patch_embed.img_size[0], device, augment_seed)
+            for images, targets in inputs:
                 model(images)
                 labels.append(targets.numpy())
     finally:
@@ -273,16 +296,19 @@ def result_folder(
     normalize: str = "imagenet",
     pool: str = "mean",
     train_split: str = "train",
+    train_features: str = "augmented",
 ) -> Path:
     """``results/probe/<model>/<dataset>/``, where ``linear_probe`` caches a model's probe table on a
     dataset (``+seed-<s>`` for another split seed than 0, ``+trainval`` when fitted on the whole
-    training set, ``+pool-<pool>`` for another pooling than the authors' mean, ``+norm-model`` for
-    images normalised with the model's own statistics)."""
+    training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for another
+    pooling than the authors' mean, ``+norm-model`` for images normalised with the model's own
+    statistics)."""
     leaf = dataset
     if train_split == "trainval":
         leaf += "+trainval"
-    elif split_seed != 0:
+    if split_seed != 0 and (train_split == "train" or train_features == "augmented"):
         leaf += f"+seed-{split_seed}"
+    leaf += "" if train_features == "augmented" else "+clean"
     leaf += "" if pool == "mean" else f"+pool-{pool}"
     leaf += "" if normalize == "imagenet" else f"+norm-{normalize}"
     return paths.results_dir() / "probe" / model / leaf
@@ -352,6 +378,7 @@ def linear_probe(
     blocks: int | Iterable[int] | None = None,
     pool: str = "mean",
     train_split: str = "train",
+    train_features: str = "augmented",
     cache: bool = True,
     name: str | None = None,
     num_workers: int | None = None,
@@ -371,6 +398,9 @@ def linear_probe(
         points: probe points (``POINTS``); blocks: block indices (None: all; -1: the last).
         pool: ``POOLS`` (the authors' ``mean`` by default).
         train_split: ``train`` (the authors' 80% training split) or ``trainval``.
+        train_features: ``augmented`` (the authors': one random crop and flip per training image,
+            shuffled, batches of 512 without the last incomplete one; drawn from ``split_seed``) or
+            ``clean`` (every training image, resized and centre-cropped).
         cache: read and write ``result_folder`` (a module is cached only under a ``name``, which
             then stands for its weights: another module under the same name reads the same table).
         progress: a progress bar over the probes still to fit.
@@ -385,6 +415,7 @@ def linear_probe(
     wanted_points = check_points(points)
     check_choice(pool, POOLS, "pool")
     check_choice(train_split, TRAIN_SPLITS, "train_split")
+    check_choice(train_features, TRAIN_FEATURES, "train_features")
     check_normalize(normalize)
     label = model if isinstance(model, str) else name
     if label is not None:
@@ -398,6 +429,8 @@ def linear_probe(
         "dataset": dataset,
         "split_seed": split_seed,
         "train_split": train_split,
+        "train_features": train_features,
+        "splits": data.SPLITS_VERSION,
         "pool": pool,
         "normalize": normalize,
         "mean": list(mean_std[0]),
@@ -405,7 +438,11 @@ def linear_probe(
         "model_fingerprint": models.content_fingerprint(label) if isinstance(model, str) else None,
         "data_fingerprint": data.content_fingerprint(dataset, root),
     }
-    folder = result_folder(label, dataset, split_seed, normalize, pool, train_split) if cache and label else None
+    folder = (
+        result_folder(label, dataset, split_seed, normalize, pool, train_split, train_features)
+        if cache and label
+        else None
+    )
     table, metadata, missing = cached(folder, key, wanted)
     if not missing:
         return tidy(table, wanted)
@@ -425,10 +462,11 @@ def linear_probe(
         n_images = sum(len(s) for s in splits.values())
         bar = tqdm(total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
         for group in groups(network, missing, n_images, max_gib):
-            (train_x, train_y), (test_x, test_y) = (
-                pooled_features(network, splits[split], group, pool, batch_size, device, num_workers)
-                for split in (train_split, "test")
+            augment_seed = split_seed if train_features == "augmented" else None
+            train_x, train_y = pooled_features(
+                network, splits[train_split], group, pool, batch_size, device, num_workers, augment_seed
             )
+            test_x, test_y = pooled_features(network, splits["test"], group, pool, batch_size, device, num_workers)
             # small fits (every demo-scale one) run one per core of this process's share; larger ones
             # one at a time, on BLAS's threads
             jobs = (threads.budget() or threads.cores()) if all(train_x[i].size <= SMALL_FIT for i in group) else 1

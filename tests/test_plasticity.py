@@ -1,10 +1,12 @@
 """The plasticity measurement against Definition 1 read literally."""
 
+import json
+
 import pytest
 import timm
 import torch
 
-from paperlib import component_rates, components, models, plasticity
+from paperlib import component_rates, components, data, models, plasticity
 from paperlib.components import COMPONENTS
 
 
@@ -411,6 +413,21 @@ def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, mo
     folder = plasticity.save(table, plasticity.result_folder("mine", "elsewhere"))  # plasticity.save with no metadata
     assert plasticity.has_result("mine", "elsewhere")
     assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
+
+
+def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(move_results):
+    move_results(".")
+    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
+    folder = plasticity.result_folder("demo", "digits")
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert metadata["splits"] == data.SPLITS_VERSION and plasticity.has_result("demo", "digits")
+    del metadata["splits"]  # a result from before the authors' splits
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    assert not plasticity.has_result("demo", "digits")
+    with pytest.warns(UserWarning, match="earlier test splits"):
+        assert plasticity.collect().empty
+    assert plasticity.measure_missing("demo", "digits", n_pairs=4, batch_size=4) == [("demo", "digits")]
+    assert plasticity.has_result("demo", "digits") and len(plasticity.collect()) == 5
 
 
 def test_measure_missing_measures_a_missing_pair_and_skips_a_present_one(monkeypatch, tmp_path, move_results):

@@ -30,13 +30,13 @@ def _hooks(model: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-def test_last_block_mha_is_the_authors_recipe_computed_independently(full):
-    table, _ = full
-    got = table[(table["block"] == DEMO_DEPTH - 1) & (table["point"] == "mha")]["accuracy"].item()
+def test_last_block_mha_is_the_authors_recipe_computed_independently(results):
+    clean = probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
+    got = clean["accuracy"].item()
 
     # the recipe by hand: the pretrained model, the hidden representation after the last block's
     # attention, tokens mean-pooled, unit L2 norm per image, StandardScaler, LogisticRegression(5000),
-    # fitted on the 80% training split (the protocol's train split, seed 0), scored on the test split
+    # fitted on the 80% training split (the protocol's train split, seed 0; centre crops), scored on the test split
     model = models.create_model("demo").eval()
     captured = []
     handle = model.blocks[-1].attn.register_forward_hook(lambda _m, _i, out: captured.append(out))
@@ -56,8 +56,35 @@ def test_last_block_mha_is_the_authors_recipe_computed_independently(full):
     expected = classifier.fit(features["train"], labels["train"]).score(features["test"], labels["test"])
 
     n_test = len(labels["test"])
-    assert features["train"].shape == (574, 64) and n_test == 179
+    assert features["train"].shape == (573, 64) and n_test == 179
     assert abs(got - expected) <= 1 / n_test + 1e-12, (got, expected)
+
+
+def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
+    # one random crop and flip per image, shuffled, batches of 512 with the last incomplete one dropped
+    model = models.create_model("demo").eval()
+    train = data.get_dataset("digits", "train", seed=0)
+    wanted = [(DEMO_DEPTH - 1, "mha")]
+    first, labels = probe.pooled_features(model, train, wanted, augment_seed=0)
+    again, labels_again = probe.pooled_features(model, train, wanted, augment_seed=0)
+    other, other_labels = probe.pooled_features(model, train, wanted, augment_seed=42)
+    clean, clean_labels = probe.pooled_features(model, train, wanted)
+    assert len(train) == 573 and first[wanted[0]].shape == (512, 64) and len(clean_labels) == 573
+    assert np.array_equal(first[wanted[0]], again[wanted[0]]) and np.array_equal(labels, labels_again)
+    assert not np.array_equal(labels, other_labels)  # another order from another seed
+    # shuffled: not the first 512 images in order; every label is a training image's
+    assert not np.array_equal(labels, clean_labels[:512])
+    assert set(np.unique(labels)) <= set(np.unique(clean_labels))
+    assert (np.bincount(labels, minlength=5) <= np.bincount(clean_labels, minlength=5)).all()
+    # augmented crops are not the centre crops: no augmented feature equals a clean one
+    distances = np.linalg.norm(first[wanted[0]][:, None] - clean[wanted[0]][None], axis=-1)
+    assert distances.min() > 1e-4
+    # a set smaller than a batch is one batch of all it has
+    small = train.subset(list(range(100)), "train")
+    features, small_labels = probe.pooled_features(model, small, wanted, augment_seed=0)
+    assert features[wanted[0]].shape == (100, 64) and sorted(small_labels) == sorted(small.targets.tolist())
+    with pytest.raises(ValueError, match="train_features"):
+        probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="centre")
 
 
 def test_every_block_and_point_with_accuracies_above_chance_at_the_end(full):
@@ -114,7 +141,8 @@ def test_missing_points_are_added_to_the_cache(monkeypatch):
     assert both["point"].tolist() == ["mha", "block"]
     assert both["accuracy"].iloc[0] == first["accuracy"].item()
     cached, metadata = probe.load(probe.result_folder("demo", "digits"))
-    assert len(cached) == 2 and metadata["n_train"] == 574 and metadata["n_test"] == 179
+    # the authors' training features: one batch of 512 of the 573 training images (drop_last)
+    assert len(cached) == 2 and metadata["n_train"] == 512 and metadata["n_test"] == 179
 
 
 def test_a_module_is_cached_only_under_a_name_and_its_hooks_are_removed(results):
@@ -205,3 +233,4 @@ def test_result_folders_keep_other_choices_apart():
     assert probe.result_folder("demo", "digits", split_seed=42) == base / "digits+seed-42"
     assert probe.result_folder("demo", "digits", train_split="trainval") == base / "digits+trainval"
     assert probe.result_folder("demo", "digits", pool="cls", normalize="model") == base / "digits+pool-cls+norm-model"
+    assert probe.result_folder("demo", "digits", train_features="clean") == base / "digits+clean"
