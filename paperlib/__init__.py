@@ -9,6 +9,7 @@ One module per concern, named for what it holds, in the order they import one an
 - ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
 - ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``
 - ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
+- ``splits``      how datasets are split: the authors' train/test and validation draws
 - ``transforms``  the paper's transforms, per image (torchvision) and per batch on the device
 - ``loader``      the fast data path: uint8 caches and ``DeviceLoader``
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)

@@ -58,6 +58,7 @@ from .component_rates import (
 )
 from .components import COMPONENTS, LABELS
 from .loader import decode_workers
+from .splits import SPLITS_VERSION
 from .transforms import check_normalize
 
 SAMPLES = ("first", "random")
@@ -372,21 +373,21 @@ def has_result(
     """Whether ``result_folder`` for these arguments holds a complete result of today's test splits: its
     ``metadata.json`` (which ``save`` writes last) whole, and ``rates.csv.gz`` of the size it records
     (``paths.json_or_none``: a damaged result is reported in a warning and not taken for one), measured on
-    the splits of ``data.SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
+    the splits of ``SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
     folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
     metadata = paths.json_or_none(folder / "metadata.json")
-    return metadata is not None and metadata.get("splits", 1) == data.SPLITS_VERSION
+    return metadata is not None and metadata.get("splits", 1) == SPLITS_VERSION
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
 
     ``metadata.json`` is written last, with the table's size (``files``) and today's splits
-    (``data.SPLITS_VERSION``): its presence marks a complete result, and a table damaged since is not taken for one.
+    (``SPLITS_VERSION``): its presence marks a complete result, and a table damaged since is not taken for one.
     """
     folder = Path(folder)
     paths.atomic_write(folder / "rates.csv.gz", lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    metadata = {"splits": data.SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
+    metadata = {"splits": SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
     paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
@@ -592,7 +593,7 @@ def collect(
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
     all): a model and dataset measured several ways would otherwise count twice. Results measured on
-    earlier test splits (``data.SPLITS_VERSION``) are left out with a warning that names them.
+    earlier test splits (``SPLITS_VERSION``) are left out with a warning that names them.
     """
     if sample is not None:
         check_sample(sample)
@@ -620,7 +621,7 @@ def collect(
             continue
         if severity is not None and (metadata.get("severity") or severity) != severity:
             continue
-        if metadata.get("splits", 1) != data.SPLITS_VERSION:
+        if metadata.get("splits", 1) != SPLITS_VERSION:
             outdated.append(paths.display(metadata_file.parent))
             continue
         ranked = ranking(load(metadata_file.parent))

@@ -57,6 +57,7 @@ from . import components, data, models, paths, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset
 from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
+from .splits import SPLITS_VERSION
 from .transforms import IMAGENET, as_mean_std, check_normalize
 
 POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
@@ -430,7 +431,7 @@ def linear_probe(
         "split_seed": split_seed,
         "train_split": train_split,
         "train_features": train_features,
-        "splits": data.SPLITS_VERSION,
+        "splits": SPLITS_VERSION,
         "pool": pool,
         "normalize": normalize,
         "mean": list(mean_std[0]),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from paperlib import data, imagesets, transforms
+from paperlib import data, imagesets, splits, transforms
 from paperlib.corruptions import CORRUPTIONS
 
 
@@ -24,11 +24,11 @@ def test_deterministic_split_is_the_authors_seed_42_permutation():
         n_train = int(0.8 * n)
         _disturb_global_rngs()
         state = np.random.get_state()[1].copy()
-        train, test = data.deterministic_split(n)
+        train, test = splits.deterministic_split(n)
         assert np.array_equal(np.random.get_state()[1], state)  # global state neither read nor changed
         assert train.tolist() == sorted(order[:n_train]) and test.tolist() == sorted(order[n_train:])
     # numpy's legacy permutation of 10 under seed 42 is a fixed fact: 8 1 5 0 7 2 9 4 | 3 6
-    assert data.deterministic_split(10)[1].tolist() == [3, 6]
+    assert splits.deterministic_split(10)[1].tolist() == [3, 6]
 
 
 def test_validation_split_is_random_split_under_the_runs_seed():
@@ -37,16 +37,16 @@ def test_validation_split_is_random_split_under_the_runs_seed():
         torch.manual_seed(seed)  # the authors: set_seed(seed), then random_split with the global generator
         train_part, val_part = torch.utils.data.random_split(dataset, [int(0.8 * 737), 737 - int(0.8 * 737)])
         _disturb_global_rngs()
-        train, val = data.validation_split(737, seed)
+        train, val = splits.validation_split(737, seed)
         assert train.tolist() == sorted(train_part.indices) and val.tolist() == sorted(val_part.indices)
-    assert data.validation_split(737, 0)[1].tolist() != data.validation_split(737, 42)[1].tolist()
+    assert splits.validation_split(737, 0)[1].tolist() != splits.validation_split(737, 42)[1].tolist()
 
 
 def test_hash_split_ignores_global_random_state_and_is_not_a_prefix_split():
     keys = list(range(1000))
-    first = data.hash_split(keys)
+    first = splits.hash_split(keys)
     _disturb_global_rngs()
-    second = data.hash_split(keys)
+    second = splits.hash_split(keys)
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
     train, test = first
     assert len(test) == 200 and len(train) == 800
@@ -56,9 +56,9 @@ def test_hash_split_ignores_global_random_state_and_is_not_a_prefix_split():
 
 def test_splits_reject_bad_fractions():
     with pytest.raises(ValueError, match="test_fraction"):
-        data.hash_split([1, 2, 3], test_fraction=1.5)
+        splits.hash_split([1, 2, 3], test_fraction=1.5)
     with pytest.raises(ValueError, match="train_fraction"):
-        data.deterministic_split(3, train_fraction=0.0)
+        splits.deterministic_split(3, train_fraction=0.0)
 
 
 def _identity(dataset):
