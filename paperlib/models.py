@@ -30,7 +30,6 @@ from timm.models.eva import Eva
 from timm.models.vision_transformer import (
     VisionTransformer,
     checkpoint_filter_fn,
-    init_weights_vit_timm,
 )
 
 from . import components, paths
@@ -313,9 +312,9 @@ def create_model(
         components.check_model(model, timm_name)
     if pretrained and num_classes:
         # timm keeps a pretrained head whose size matches (the demo ViT's 5 classes and a 5-class
-        # dataset); the head asked for is new, initialised as timm initialises a ViT's new head
+        # dataset); the head asked for is new: an nn.Linear as PyTorch initialises it, as the authors'
+        # code makes the new head (docs/fidelity.md)
         model.reset_classifier(num_classes)
-        model.get_classifier().apply(init_weights_vit_timm)
     return model
 
 
