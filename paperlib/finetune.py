@@ -8,7 +8,8 @@ The protocol: the pretrained model with a new classification head; trainable = t
 component in every block + the head + the final LayerNorm (``set_trainable``; or, beyond the
 paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
 decay (``make_optimizer``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
-(``lr_factor``); gradients clipped at global norm 1 (the logged norm is the one clipping saw);
+(``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
+global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
 official validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the
 end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the
@@ -268,6 +269,7 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
             image_size=size,
             device=device,
             seed=config.seed if split == "train" else 0,
+            drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
             images_on="auto",
             mean_std=mean_std,
         )

@@ -284,16 +284,27 @@ class DeviceLoader:
         """Training batch number ``step`` (0-based), a pure function of (seed, step).
 
         Epoch ``e`` visits the images in a permutation drawn from (seed, e); augmentations are
-        drawn from (seed, step). Nothing depends on earlier calls, so a resumed run sees exactly
-        the batches an uninterrupted one would.
+        drawn from (seed, step). With ``drop_last`` (the authors' training loader), an epoch is its
+        ``n // batch_size`` whole batches and the images left over wait for a later epoch; without
+        it (or with fewer images than a batch), the next batch goes on into the next epoch.
+        Nothing depends on earlier calls, so a resumed run sees exactly the batches an
+        uninterrupted one would.
         """
         n = len(self.images)
-        first = step * self.batch_size
-        indices = []
-        while len(indices) < self.batch_size:
-            epoch, offset = divmod(first + len(indices), n)
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
-            indices.extend(order[offset : offset + self.batch_size - len(indices)].tolist())
+
+        def epoch_order(epoch: int) -> torch.Tensor:
+            return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+
+        per_epoch = n // self.batch_size
+        if self.drop_last and per_epoch:
+            epoch, position = divmod(step, per_epoch)
+            indices = epoch_order(epoch)[position * self.batch_size : (position + 1) * self.batch_size].tolist()
+        else:
+            first = step * self.batch_size
+            indices = []
+            while len(indices) < self.batch_size:
+                epoch, offset = divmod(first + len(indices), n)
+                indices.extend(epoch_order(epoch)[offset : offset + self.batch_size - len(indices)].tolist())
         index = torch.tensor(indices)
         on_device = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         augment = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + 7919 * (step + 1))

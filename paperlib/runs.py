@@ -230,8 +230,8 @@ PROTOCOL = 2
 """The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
 ``is_finished`` (a run of another version is run again, never mixed with these): 2, the authors' splits
 (``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
-(multiples of ``eval_every`` only) and new head (PyTorch's ``nn.Linear`` initialisation); 1, before (recorded
-by no key). See ``docs/fidelity.md``."""
+(multiples of ``eval_every`` only), batches (the last incomplete one of an epoch dropped) and new head
+(PyTorch's ``nn.Linear`` initialisation); 1, before (recorded by no key). See ``docs/fidelity.md``."""
 
 
 def run_record(config: Config) -> dict:

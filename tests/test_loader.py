@@ -5,7 +5,7 @@ from torchvision.transforms import v2
 
 from paperlib import data, fixtures
 from paperlib import transforms as T
-from paperlib.imagesets import FileDataset, UnevenImages
+from paperlib.imagesets import FileDataset, ImageDataset, UnevenImages
 from paperlib.loader import DeviceLoader, resized_size, uint8_images
 
 
@@ -189,6 +189,30 @@ def test_batch_at_step_is_stateless_and_walks_epochs(digits):
     seen = torch.cat([plain.batch(s)[0] for s in range(len(digits) // 100)])  # the first epoch: no repeats
     assert len({bytes(image.numpy()) for image in seen}) == 700
     assert loader.batch(7)[0].shape == (100, 3, 32, 32)  # crosses into the second epoch
+
+
+def test_with_drop_last_an_epoch_is_its_whole_batches():
+    # the authors' training loader: shuffled each epoch, the last incomplete batch dropped
+    n, size = 700, 128
+    images = torch.zeros(n, 3, 8, 8, dtype=torch.uint8)
+    images[:, 0, 0, 0], images[:, 1, 0, 0] = torch.arange(n) % 256, torch.arange(n) // 256  # each image's index
+    marked = ImageDataset(images, torch.zeros(n, dtype=torch.int64), ["0"], "marked", "train", list(range(n)))
+    loader = DeviceLoader(
+        marked, size, augment=False, image_size=8, seed=3, drop_last=True, mean_std=((0,) * 3, (1,) * 3)
+    )
+    per_epoch = n // size
+
+    def positions(step):
+        pixels = (loader.batch(step)[0][:, :2, 0, 0] * 255).round().long()
+        return (pixels[:, 0] + 256 * pixels[:, 1]).tolist()
+
+    epochs = [[i for step in range(e * per_epoch, (e + 1) * per_epoch) for i in positions(step)] for e in (0, 1)]
+    for seen in epochs:  # no image twice in an epoch, and n - per_epoch * size left out
+        assert len(seen) == len(set(seen)) == per_epoch * size and set(seen) <= set(range(n))
+    assert set(epochs[0]) != set(epochs[1])  # another epoch, another draw (and other images left out)
+    # fewer images than a batch: the batches go on across epochs, nothing to drop
+    whole = DeviceLoader(marked, n + 10, augment=False, image_size=8, seed=3, drop_last=True)
+    assert whole.batch(0)[0].shape[0] == n + 10
 
 
 def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(tmp_path):
