@@ -23,6 +23,8 @@ import pandas as pd
 
 from paperlib import components, data, models, paths, plots, report
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 pd.options.display.float_format = "{:,.4g}".format
 
 # %% [markdown]

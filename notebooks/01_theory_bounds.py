@@ -28,6 +28,8 @@ import pandas as pd
 
 from paperlib import bounds, data, imagesets, models, paths, plasticity, plots, report
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
 mean_std = models.normalization(model, normalize)

@@ -30,6 +30,8 @@ import matplotlib.pyplot as plt
 
 from paperlib import bounds, paths, plasticity, plots, report
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {bounds.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")

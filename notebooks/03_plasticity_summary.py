@@ -29,6 +29,8 @@ import matplotlib.pyplot as plt
 
 from paperlib import paths, plasticity, plots, report, stats
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 if compute_missing:
     plasticity.measure_missing(models, datasets, reference, n_pairs, batch_size, device, inputs, sample, seed, normalize, root=data_root)
 against = "default" if all(reference == plasticity.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for

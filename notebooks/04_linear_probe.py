@@ -57,6 +57,8 @@ from IPython.display import display
 from paperlib import finetune, plots, probe, report, stats
 from paperlib.runs import for_spec
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 options = dict(split_seed=split_seed, train_features=train_features, device=device, batch_size=probe_batch_size,
                root=data_root or None, normalize=normalize)
 start = time.perf_counter()

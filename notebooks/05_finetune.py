@@ -42,6 +42,8 @@ import matplotlib.pyplot as plt
 
 from paperlib import components, finetune, lora, models, paths, plots, report, runs, stats
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, speed=speed,

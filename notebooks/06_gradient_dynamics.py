@@ -29,6 +29,8 @@ import matplotlib.pyplot as plt
 from paperlib import finetune, paths, plasticity, plots, report, specs, stats
 from paperlib.runs import for_spec
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(specs.restrict(grid_spec, dataset=[dataset], seed=[seed]))

@@ -35,6 +35,8 @@ import pandas as pd
 from paperlib import finetune, paths, plasticity, plots, precision, probe, report, specs, stats
 from paperlib.runs import KEYS, for_spec
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(grid_spec)

@@ -40,6 +40,8 @@ import pandas as pd
 
 from paperlib import components, data, finetune, models, paths, plasticity, plots, report, runs
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 if make_example:
     if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
         models.save_model(models.create_model("demo"), model)

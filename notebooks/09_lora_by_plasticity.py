@@ -33,6 +33,8 @@ import pandas as pd
 from paperlib import components, finetune, lora, paths, plasticity, plots, report, specs, stats
 from paperlib.runs import for_spec
 
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
 spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
 if compute_missing:
     for grid_spec in spec_list:

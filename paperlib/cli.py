@@ -20,14 +20,45 @@ from typing import Any
 
 import yaml
 
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
-"""What a command line reports as a bad input (``fail``), not as a traceback."""
+from . import paths
+
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, paths.CannotWrite)
+"""What a command line reports as a bad input (``fail``), not as a traceback: a disk that refuses a file too."""
 
 
 def fail(error: BaseException) -> int:
     """Report a bad input as one line on stderr (``error: ...``); returns the exit status, 2."""
     print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
     return 2
+
+
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def devices_here() -> list[str]:
+    """The devices this machine has: ``cpu``, and ``cuda`` (``cuda:0``, ...) for its GPUs."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(count)] if count else [])
+
+
+def check_device(device, here: bool = True):
+    """``device`` as a ``torch.device``, or a ValueError naming the valid ones: a device's name
+    (``cpu``, ``cuda``, ``cuda:<i>``), and with ``here``, one this machine has (``devices_here``)."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        parsed = None
+    if parsed is None or parsed.type not in DEVICE_TYPES:
+        raise ValueError(
+            f"unknown device {device!r}; valid devices: cpu, cuda, cuda:<index> (here: {', '.join(devices_here())})"
+        )
+    if here and parsed.type == "cuda" and str(parsed) not in devices_here():
+        raise ValueError(f"device {device!r} is not on this machine; devices here: {', '.join(devices_here())}")
+    return parsed
 
 
 def read_yaml(path: str | Path, what: str = "parameter file") -> Any:
@@ -100,7 +131,9 @@ def parameters(
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     for file in args.pop("file"):  # a file's problems: FileNotFoundError or ValueError naming it (``fail``)
-        loaded = read_yaml(file) or {}
+        loaded = read_yaml(file)
+        if loaded is None:
+            raise ValueError(f"{file} is empty: no parameters in it")
         if not isinstance(loaded, dict):
             raise ValueError(f"{file} is not a mapping of parameter names to values")
         unknown = sorted(set(loaded) - set(valid))

@@ -13,7 +13,8 @@ global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
 official validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the
 end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the
-best-validation checkpoint. A non-finite loss stops the run, recorded as ``diverged``.
+best-validation checkpoint. A loss that is not finite, or above ``EXPLODED`` times chance level's,
+stops the run, recorded as ``diverged`` (with the step).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
 ``runs``; how a step is made fast (compilation, precision, fused ops, CUDA graphs, micro-batches)
@@ -107,10 +108,17 @@ def evaluate(
     return loss / count, correct / count
 
 
-def _read_back(pending: list, rows: list) -> bool:
-    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if one diverged.
+EXPLODED = 10.0
+"""A training loss above ``EXPLODED`` times chance level's (log of the number of classes, what a new head
+starts near) is a run that diverged: it stops there, recorded ``diverged`` with the step, as one whose loss
+is not finite. Runs of the paper's grid stay far below (a loss above 23 on Cifar10, 46 on Cifar100)."""
 
-    Rows after the first non-finite loss are dropped: the run stops at that step.
+
+def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
+    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if one diverged
+    (a loss not finite, or above ``limit``).
+
+    Rows after the first diverged loss are dropped: the run stops at that step.
     """
     if not pending:
         return False
@@ -119,7 +127,7 @@ def _read_back(pending: list, rows: list) -> bool:
     pending.clear()
     for row, (loss, norm) in zip(pending_rows, values):
         rows.append({**row, "train_loss": loss, "grad_norm": norm})
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) or loss > limit:
             return True
     return False
 
@@ -138,10 +146,24 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """
     folder = config.folder()
     if not runs.is_finished(config):
+        check_runnable(config)
         with paths.locked(folder, wait=wait):
             if not runs.is_finished(config):  # the process waited for may have finished it
                 return train(config, progress)[1]
     return paths.read_json(folder / METRICS)
+
+
+def check_runnable(config: Config) -> None:
+    """What a run needs of this machine and its data, checked before any file is touched: its device here
+    (``cli.check_device``) and a batch no larger than its training set; a ValueError that says which."""
+    cli.check_device(config.device)
+    root = config.data_root or None
+    n_train = len(data.get_dataset(config.dataset, "train", root=root, seed=config.seed, validation=config.validation))
+    if config.batch_size > n_train:
+        raise ValueError(
+            f"batch_size must be at most the training set of {config.dataset} ({n_train} images), "
+            f"got {config.batch_size}"
+        )
 
 
 def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
@@ -327,6 +349,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     # the loop
     status, start, seen = "finished", time.perf_counter(), 0
+    limit = EXPLODED * math.log(max(num_classes, 2))  # a loss above it: diverged
     pending = []  # steps whose loss and gradient norm are still on the device
     name = f"{config.component} steps"
     steps = tqdm(range(start_step, config.steps), name, config.steps, initial=start_step, disable=not progress)
@@ -343,7 +366,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         evaluation = (step + 1) % config.eval_every == 0 or (
             step + 1 == config.steps and config.eval_every > config.steps
         )
-        if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows):
+        if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
             status = "diverged"
             break
         if evaluation:
@@ -382,6 +405,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     metrics = {
         "status": status,
+        "diverged_step": rows[-1]["step"] if status == "diverged" else None,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
         "best_step": best["step"],
         "test_accuracy": test_accuracy,

@@ -181,7 +181,10 @@ class FileDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index: int):
-        image = default_loader(str(self.files[index]))
+        try:
+            image = default_loader(str(self.files[index]))
+        except (OSError, ValueError, SyntaxError) as error:  # truncated, damaged, not an image
+            raise ValueError(f"cannot read image {self.files[index]}: {error}") from None
         return (self.transform(image) if self.transform is not None else image), int(self.targets[index])
 
     def subset(self, indices: Sequence[int], split: str) -> "FileDataset":

@@ -162,8 +162,11 @@ def _decode(
     """Decode the dataset's images into the cache files; returns them as ``_cached`` does."""
     sizes = []
     for path in dataset.files:
-        with Image.open(path) as image:  # reads the header only
-            width, height = image.size
+        try:
+            with Image.open(path) as image:  # reads the header only
+                width, height = image.size
+        except (OSError, ValueError, SyntaxError) as error:  # not an image, or cut short before its size
+            raise ValueError(f"cannot read image {path}: {error}") from None
         sizes.append(resized_size(height, width, cache_size))
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     counts = 3 * sizes[:, 0] * sizes[:, 1]
@@ -180,10 +183,15 @@ def _decode(
 
     def write_pixels(tmp: str) -> None:
         pixels = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(int(counts.sum()),))
-        for index, (image, _) in enumerate(DataLoader(view, batch_size=None, num_workers=workers)):
-            if tuple(image.shape[1:]) != tuple(sizes[index]):
-                raise RuntimeError(f"{dataset.files[index]} decoded to {tuple(image.shape[1:])}, not {sizes[index]}")
-            pixels[offsets[index] : offsets[index] + counts[index]] = image.numpy().reshape(-1)
+        try:
+            for index, (image, _) in enumerate(DataLoader(view, batch_size=None, num_workers=workers)):
+                if tuple(image.shape[1:]) != tuple(sizes[index]):
+                    raise RuntimeError(
+                        f"{dataset.files[index]} decoded to {tuple(image.shape[1:])}, not {sizes[index]}"
+                    )
+                pixels[offsets[index] : offsets[index] + counts[index]] = image.numpy().reshape(-1)
+        except ValueError as error:  # an image that cannot be read: from a worker, the last line of its traceback
+            raise ValueError(str(error).strip().splitlines()[-1].removeprefix("ValueError: ")) from None
         pixels.flush()
         del pixels
 

@@ -8,6 +8,7 @@ scratch space without touching the code.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -91,16 +92,61 @@ def figures_dir() -> Path:
     return reports_dir() / "figures"
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
-    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file."""
+class CannotWrite(OSError):
+    """The disk refused a file: a read-only folder, no permission, or no space left. The message says
+    which folder or file and why; command lines report it in one line (``cli.BAD_INPUT``)."""
+
+
+FULL_DISK = (
+    64 * 2**20
+)  # bytes free below which a failed write is taken for a full disk (torch.save says only "unexpected pos")
+
+
+def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
+    """``error``, raised while writing ``path``, as a ``CannotWrite`` that says why when the disk refused it
+    (read-only, no permission, no space left, or a write that failed on a disk with less than ``FULL_DISK``
+    free); any other error as it is. ``folder``: the folder to name (default: ``path``'s)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder = Path(folder) if folder is not None else path.parent
+    number = getattr(error, "errno", None)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    try:
+        full = existing is not None and shutil.disk_usage(existing).free < FULL_DISK
+    except OSError:
+        full = False
+    if number in (errno.ENOSPC, errno.EDQUOT) or (full and isinstance(error, (OSError, RuntimeError))):
+        return CannotWrite(f"no space left on the device of {display(existing or folder)}: cannot write {path.name}")
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return CannotWrite(f"cannot write in {display(folder)}: {os.strerror(number).lower()}")
+    return error
+
+
+def make_folder(folder: str | Path) -> Path:
+    """``folder`` and its parents, made if missing; a ``CannotWrite`` that says why if the disk refuses."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise unwritable(folder, error, folder) from error
+    return folder
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
+    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file. A
+    read-only folder or a full disk is a ``CannotWrite`` that names it (``unwritable``)."""
+    path = Path(path)
+    make_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise unwritable(path, error) from error
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        raise unwritable(path, error) from error
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -199,9 +245,12 @@ def locked(path: str | Path, wait: bool = True):
     if path in _HELD:
         yield
         return
-    lock = path.parent / f".{path.name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:  # closing it (here, or by the process's end) releases the lock
+    lock = make_folder(path.parent) / f".{path.name}.lock"
+    try:
+        handle = open(lock, "a")
+    except OSError as error:
+        raise unwritable(lock, error) from error
+    with handle:  # closing it (here, or by the process's end) releases the lock
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

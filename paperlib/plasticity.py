@@ -459,22 +459,22 @@ def run(
     both (``n_pairs`` used, ``n_pairs_requested``). ``sample``/``seed``: which images make the pairs
     (``SAMPLES``; the paper's ``first``, or ``random`` with its seed, saved in a folder of its own).
     ``normalize``: ``imagenet`` (the paper's ImageNet mean and std) or ``model`` (the statistics the
-    model was pretrained with, ``models.normalization``; a folder of its own).
-    ``num_workers``: DataLoader workers decoding
-    images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave the GPU
-    waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
+    model was pretrained with, ``models.normalization``; a folder of its own). ``num_workers``: DataLoader
+    workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave
+    the GPU waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
     The metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
     ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
     """
     check_inputs(inputs)
     check_sample(sample)
+    if n_pairs < 1:
+        raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
+    device = cli.check_device(device)  # before any data is read: a device this machine has
     network, mean_std, reference_set, target_set = _pair_sets(model, dataset, reference, root, severity, normalize)
     size = network.patch_embed.img_size[0]
     start = time.perf_counter()
     if num_workers is None:
-        num_workers = decode_workers() if torch.device(device).type == "cuda" else 0
-    if n_pairs < 1:
-        raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
+        num_workers = decode_workers() if device.type == "cuda" else 0
     pairs = min(n_pairs, len(reference_set), len(target_set))
     if pairs < n_pairs and progress:
         print(

@@ -83,6 +83,35 @@ def headline(here: str, paper: str | None = None) -> None:
     display({HEADLINE_MIME: {"here": here, "paper": paper}, "text/plain": text}, raw=True)
 
 
+def check_parameters() -> None:
+    """Stop a notebook that papermill gave a parameter it does not have (``-p lrr 0.1``): the names of
+    papermill's injected cell (the executed cell that starts with "# Parameters") against those of the
+    notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and
+    the valid ones. Called by the first cell after the parameters of every notebook; a notebook run
+    without parameters (JupyterLab, nbval, papermill with none) has no injected cell: nothing to check."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    history = shell.user_ns.get("In", []) if shell is not None else []
+    injected = [i for i, source in enumerate(history) if i and source.lstrip().startswith("# Parameters")]
+    if not injected:
+        return
+    given, declared = (_assigned(history[i]) for i in (injected[-1], injected[-1] - 1))
+    unknown = sorted(given - declared)
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {', '.join(unknown)}; this notebook's parameters: {', '.join(sorted(declared))}"
+        )
+
+
+def _assigned(source: str) -> set[str]:
+    """The names a cell assigns at its top level (``name = value``)."""
+    import ast
+
+    tree = ast.parse(source)
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+
+
 @contextlib.contextmanager
 def ipc_kernels():
     """The configuration of kernels that talk to us over IPC sockets in a private temporary folder

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from . import components, data, lora, models, paths, specs
+from . import cli, components, data, lora, models, paths, specs
 from .cli import coerce
 from .speed import STEP_OPTIONS, StepOptions, preset
 from .speed.options import fused_parts, offered
@@ -118,15 +118,8 @@ class Config:
         data.check_dataset(self.dataset)
         data.check_validation(self.validation)
         models.resolve_name(self.model)
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
-        for name in ("steps", "batch_size", "eval_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not 0 <= self.warmup < self.steps:
-            raise ValueError(f"warmup must be in 0..steps-1 ({self.steps - 1}), got {self.warmup!r}")
-        if self.micro_batch and self.batch_size % self.micro_batch:
-            raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        self._check_numbers()
+        cli.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
         # a model without recorded statistics fails here, before any work
@@ -154,6 +147,39 @@ class Config:
                     f"leave momentum at {Config.momentum}"
                 )
         return self
+
+    def _check_numbers(self) -> None:
+        """Every number of the run in its valid range, the range in the message."""
+
+        def number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+        def integer(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not (number(self.lr) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name in ("steps", "batch_size", "eval_every"):
+            if not integer(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not integer(self.warmup) or not 0 <= self.warmup < self.steps:
+            raise ValueError(f"warmup must be an integer in 0..steps-1 (0..{self.steps - 1}), got {self.warmup!r}")
+        if not integer(self.micro_batch) or not 0 <= self.micro_batch <= self.batch_size:
+            raise ValueError(
+                f"micro_batch must be 0 (automatic) or 1..batch_size (1..{self.batch_size}), got {self.micro_batch!r}"
+            )
+        if self.micro_batch and self.batch_size % self.micro_batch:
+            raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        if not (number(self.clip) and self.clip > 0):
+            raise ValueError(
+                f"clip must be a positive number (the gradient-norm bound; inf: no clipping), got {self.clip!r}"
+            )
+        if not (number(self.momentum) and 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
+        if not integer(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not integer(self.image_size) or self.image_size < 0:
+            raise ValueError(f"image_size must be 0 (the model's) or a positive integer, got {self.image_size!r}")
 
     def step_options(self) -> StepOptions:
         """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
@@ -272,14 +298,25 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
     )
 
 
+def recorded_difference(config: Config, ignore: tuple[str, ...] = OUTPUT_ONLY) -> list[str] | None:
+    """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``: None if
+    there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now),
+    else the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an
+    earlier ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for
+    ``is_finished`` (runs, sweeps: train it again?) and ``for_spec`` (notebooks, ``stats``: is it the
+    spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to rounding)."""
+    params = paths.json_or_none(config.folder() / PARAMS)
+    return None if params is None else differing(params, run_record(config), ignore)
+
+
 def is_finished(config: Config) -> bool:
     """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there and whole, with the
     files it records whole (``paths.json_or_none``: a damaged run is trained again), its recorded
     parameters are ``config``'s on the same custom data and model as now (``same_params``), and, with
     ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
-    params, metrics = paths.json_or_none(folder / PARAMS), paths.json_or_none(folder / METRICS)
-    if params is None or metrics is None or not same_params(params, config):
+    metrics = paths.json_or_none(folder / METRICS)
+    if metrics is None or recorded_difference(config) != []:
         return False
     return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
 
@@ -455,10 +492,21 @@ def _without_folder(runs: pd.DataFrame, wanted: pd.DataFrame) -> pd.DataFrame:
 
 def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(runs, histories, missing) of one or several finetuning sweep specs: the runs under the
-    results root that the specs ask for (``load``: a row per run folder, whatever its status), their
-    histories, and the runs they ask for that have no folder. Notebooks 06, 07 and 09 read their
-    runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
-    wanted = pd.concat([expected(spec) for spec in spec_list]).drop_duplicates(ignore_index=True)
+    results root that the specs ask for (``load``: a row per run folder, whatever its status) with
+    every parameter the spec sets but how they ran (``recorded_difference``), their histories,
+    and the runs they ask for that are not there (``KEYS`` and ``reason``: "no run", or "different
+    parameters: <names>" for a folder that holds a run of other parameters). Notebooks 06, 07 and 09
+    read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
+    wanted = {str(config.folder()): config for spec in spec_list for config in configs(spec)}
     runs, histories = load()
-    runs = runs.merge(wanted, on=KEYS)
-    return runs, histories.merge(wanted, on=KEYS), _without_folder(runs, wanted)
+    ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
+    found = {folder: recorded_difference(wanted[folder], ignore) for folder in runs["folder"] if folder in wanted}
+    runs = runs[runs["folder"].map(lambda folder: found.get(folder) == [])].reset_index(drop=True)
+    histories = histories.merge(runs[KEYS], on=KEYS) if len(runs) else histories.iloc[:0]
+    absent = [
+        {key: getattr(config, key) for key in KEYS}
+        | {"reason": "no run" if not found.get(folder) else f"different parameters: {', '.join(found[folder])}"}
+        for folder, config in wanted.items()
+        if found.get(folder) != []
+    ]
+    return runs, histories, pd.DataFrame(absent, columns=KEYS + ["reason"])

@@ -142,7 +142,13 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
         for values in itertools.product(*grid.values()):
             cell = {key: _typed(key, value, defaults.get(key)) for key, value in zip(grid, values)}
             template = spec.get("name")
-            name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
+            try:
+                name = template.format(**fixed, **cell) if template else "/".join(str(v) for v in values) or "run"
+            except (KeyError, IndexError, ValueError) as error:  # a misspelt {key}, a stray brace
+                raise ValueError(
+                    f"the spec's name template {template!r} cannot be filled ({type(error).__name__}: {error}); "
+                    f"its keys can be: {', '.join(sorted({**fixed, **cell}))}"
+                ) from None
             parameters = {**fixed, **cell}
             found.append((_safe(name), notebook, _with_speed(parameters) if folds else parameters))
     names = [name for name, _, _ in found]

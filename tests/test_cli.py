@@ -1,6 +1,7 @@
 """``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line;
 every command's report of a bad input."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -8,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from paperlib import cli, demo, finetune, paths, plasticity, report, runs, specs, stats, sweep
+from paperlib import cli, data, demo, finetune, paths, plasticity, report, runs, specs, stats, sweep
 from paperlib.runs import Config
 from paperlib.speed import bench
 
@@ -183,3 +185,70 @@ def test_a_missing_parameter_file_ends_the_command_with_one_line_and_status_2(tm
     )
     assert done.returncode == 2 and done.stdout == ""
     assert "parameter file not found" in one_error_line(done.stderr) and "Traceback" not in done.stderr
+
+
+# --- values refused before any file is touched ------------------------------------------------------
+
+SHORT = ["--steps", "4", "--warmup", "1", "--eval-every", "2", "--batch-size", "8"]
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_refused_value_leaves_a_finished_run_byte_identical(tmp_path, capsys, move_results):
+    move_results(".")
+    assert finetune.main(SHORT) == 0
+    folder = Config(steps=4, warmup=1, eval_every=2, batch_size=8).folder()
+    before = checksums(folder)
+    assert {"params.json", "metrics.json", "history.csv"} <= set(before)
+    capsys.readouterr()
+    assert finetune.main([*SHORT, "--momentum", "-5"]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: momentum must be a number in [0, 1), got -5.0"
+    assert checksums(folder) == before
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--micro-batch", "-1", "micro_batch must be 0 (automatic) or 1..batch_size (1..8), got -1"),
+        ("--micro-batch", "16", "micro_batch must be 0 (automatic) or 1..batch_size (1..8), got 16"),
+        ("--clip", "0", "clip must be a positive number (the gradient-norm bound; inf: no clipping), got 0.0"),
+        ("--clip", "-1", "clip must be a positive number"),
+        ("--clip", "nan", "clip must be a positive number"),
+        ("--momentum", "nan", "momentum must be a number in [0, 1), got nan"),
+        ("--momentum", "1", "momentum must be a number in [0, 1)"),
+        ("--warmup", "4", "warmup must be an integer in 0..steps-1 (0..3), got 4"),
+        ("--eval-every", "0", "eval_every must be a positive integer, got 0"),
+        ("--seed", "-1", "seed must be a non-negative integer, got -1"),
+        ("--image-size", "-3", "image_size must be 0 (the model's) or a positive integer"),
+        ("--batch-size", "100000", "batch_size must be at most the training set of digits (573 images), got 100000"),
+        ("--device", "gpu", "unknown device 'gpu'; valid devices: cpu, cuda, cuda:<index> (here: cpu"),
+        ("--weight-decay", "-1", "weight_decay"),
+    ],
+)
+def test_bad_values_stop_in_one_line_and_write_nothing(option, value, message, tmp_path, capsys, move_results):
+    root = move_results("results")
+    shorter = [part for i, part in enumerate(SHORT) if option not in SHORT[i - 1 : i + 1]]  # the value asked wins
+    assert finetune.main([*shorter, option, value]) == 2
+    assert message in one_error_line(capsys.readouterr().err)
+    assert not root.exists()  # nothing written: no folder, no lock
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+def test_a_gpu_this_machine_lacks_is_refused_before_any_data_is_read(capsys, move_results, monkeypatch):
+    root = move_results("results")
+    read = []
+    monkeypatch.setattr(data, "get_dataset", lambda *a, **k: read.append(a) or pytest.fail("data read"))
+    assert finetune.main([*SHORT, "--device", "cuda"]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: device 'cuda' is not on this machine; devices here: cpu"
+    assert plasticity.main(["--device", "cuda", "--n-pairs", "4", "--progress", "false"]) == 2
+    assert "device 'cuda' is not on this machine" in one_error_line(capsys.readouterr().err)
+    assert not read and not root.exists()
+
+
+def test_an_empty_parameter_file_is_refused(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    assert finetune.main(["-f", str(empty)]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"error: {empty} is empty: no parameters in it"

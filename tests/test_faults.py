@@ -6,10 +6,12 @@ results of an undisturbed run, or a clear error that names the file; nothing hal
 taken as finished.
 """
 
+import errno
 import json
 import os
 import pickle
 import pickletools
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import torch
 import yaml
 from test_finetune import interrupted, resumed, same_metrics
 
-from paperlib import data, finetune, fixtures, paths, plasticity, probe, runs, specs, sweep, threads
+from paperlib import data, finetune, fixtures, paths, plasticity, probe, runs, specs, stats, sweep, threads
 from paperlib.loader import uint8_images
 from paperlib.runs import Config
 
@@ -490,3 +492,109 @@ def test_our_processes_wait_without_spinning_unless_told_otherwise():
     assert subprocess.run([sys.executable, "-c", code], env=env, **check).stdout.strip() == "PASSIVE"
     told = {**env, "OMP_WAIT_POLICY": "ACTIVE"}
     assert subprocess.run([sys.executable, "-c", code], env=told, **check).stdout.strip() == "ACTIVE"
+
+
+# --- runs that explode, runs of other parameters in a spec's folder ---------------------------------
+
+
+def test_an_exploded_run_is_diverged_and_never_chosen(small):
+    # lr 1000 at demo scale: a loss far above chance level's (log 5) stops the run, recorded diverged with the step
+    exploded = finetune.run(small(lr=1000.0, steps=20, eval_every=5))
+    assert exploded["status"] == "diverged" and exploded["diverged_step"] is not None
+    history = runs.history(small(lr=1000.0, steps=20, eval_every=5))
+    assert history["step"].iloc[-1] == exploded["diverged_step"] <= 20
+    assert history["train_loss"].iloc[-1] > finetune.EXPLODED * np.log(5)
+    sane = finetune.run(small(lr=0.01, steps=20, eval_every=5))
+    assert sane["status"] == "finished" and sane["diverged_step"] is None
+    table = stats.table6(runs.load()[0])
+    assert table["lr"].tolist() == [0.01]  # the diverged learning rate is never the best
+
+
+def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, capsys, move_results):
+    move_results(".")
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "name": "{component}/{lr}",
+        "parameters": {"steps": 20, "warmup": 2, "eval_every": 10, "batch_size": 16},
+        "grid": {"component": ["mha", "ln1"], "lr": [0.03]},
+    }
+    finetune.run_spec(spec)
+    found, _, missing = runs.for_spec(spec)
+    assert found["status"].tolist() == ["finished", "finished"] and missing.empty
+    longer = Config(component="mha", lr=0.03, steps=30, warmup=2, eval_every=10, batch_size=16)  # the CLI's, say
+    finetune.run(longer)
+    found, histories, missing = runs.for_spec(spec)
+    assert found["component"].tolist() == ["ln1"] and set(histories["component"]) == {"ln1"}
+    assert missing[["component", "reason"]].values.tolist() == [["mha", "different parameters: steps"]]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert stats.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"1 runs of {path}: 1 finished; 1 missing (1 different parameters)" in out
+    assert "different parameters: steps" in out
+    assert "Table 1 needs finished MHA runs: none yet" in out
+    table6 = out.split("Table 6: test accuracy (%) at the best learning rate")[1].split("Table 1")[0]
+    assert "ln1" in table6 and "mha" not in table6  # Table 6 of the runs there are
+
+
+# --- one line, not a traceback: unreadable images, templates, disks that refuse -----------------------
+
+
+def test_a_truncated_image_is_named_in_one_line(tmp_path, capsys, move_results):
+    move_results("results")
+    folder = fixtures.write_image_folder(tmp_path / "data" / "custom" / "mine", ["a", "b"], per_class=6)
+    images = sorted(folder.rglob("*.jpg"))
+    arguments = ["--dataset", "custom/mine", "--data-root", str(tmp_path / "data"), "--steps", "2", "--warmup", "0"]
+    for broken, keep in ((images[3], 400), (images[7], 20)):  # the header reads, the pixels do not; nor the header
+        broken.write_bytes(broken.read_bytes()[:keep])
+        assert finetune.main([*arguments, "--eval-every", "1", "--batch-size", "4"]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith(f"error: cannot read image {broken}: "), line
+        broken.unlink()
+
+
+def test_a_misspelt_key_in_a_specs_name_template_is_one_line(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "notebook: notebooks/05_finetune.ipynb\nname: '{datset}/{lr}'\nparameters: {steps: 4}\ngrid: {lr: [0.1]}\n"
+    )
+    for main in (sweep.main, stats.main):
+        assert main([str(spec), *(["--dry-run"] if main is sweep.main else [])]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("error: the spec's name template '{datset}/{lr}' cannot be filled (KeyError: 'datset')")
+        assert line.endswith("its keys can be: lr, steps") and "\n" not in line
+
+
+def test_a_read_only_results_folder_is_named_in_one_line(tmp_path, capsys, move_results, monkeypatch):
+    root = move_results("results")
+    make = Path.mkdir
+
+    def read_only(self, *args, **kwargs):  # the results root on a read-only file system (as root, chmod is no test)
+        if self.is_relative_to(root):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    assert finetune.main(["--steps", "2", "--warmup", "0", "--eval-every", "1", "--batch-size", "4"]) == 2
+    folder = Config().folder().parent
+    assert capsys.readouterr().err.strip() == f"error: cannot write in {folder}: read-only file system"
+
+
+def test_a_full_disk_says_no_space_left_and_which_file(tmp_path, monkeypatch):
+    target = tmp_path / "run" / "checkpoint.pt"
+
+    def torch_on_a_full_disk(tmp):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=4096))
+    with pytest.raises(
+        paths.CannotWrite, match=f"no space left on the device of {tmp_path / 'run'}: cannot write checkpoint.pt"
+    ):
+        paths.atomic_write(target, torch_on_a_full_disk)
+    with pytest.raises(paths.CannotWrite, match="no space left"):  # an OSError that says so
+        paths.atomic_write(target, lambda tmp: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    assert not list(target.parent.iterdir())  # no temporary file left
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # with room on the disk, the error as it is
+        paths.atomic_write(target, torch_on_a_full_disk)

@@ -157,9 +157,11 @@ def test_divergence_is_recorded_not_raised(small):
     assert metrics["status"] == "diverged"
     history = run_files.history(small(component="full", lr=1e8, steps=30, eval_every=10))
     # losses are read back from the device in groups of steps; the history still ends at the
-    # first non-finite loss
-    assert not math.isfinite(history["train_loss"].iloc[-1])
-    assert history["train_loss"].iloc[:-1].map(math.isfinite).all()
+    # first loss that is not finite or above EXPLODED times chance level's (log of the 5 classes)
+    limit = finetune.EXPLODED * math.log(metrics["num_classes"])
+    exploded = lambda loss: not math.isfinite(loss) or loss > limit  # noqa: E731
+    assert exploded(history["train_loss"].iloc[-1]) and not history["train_loss"].iloc[:-1].map(exploded).any()
+    assert metrics["diverged_step"] == history["step"].iloc[-1]
     assert history["step"].tolist() == list(range(1, len(history) + 1))
     assert (
         json.loads((small(component="full", lr=1e8, steps=30, eval_every=10).folder() / "metrics.json").read_text())[

@@ -234,6 +234,7 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
     monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
+    monkeypatch.setattr(plasticity.cli, "check_device", lambda device: torch.device(device))  # as if with a GPU
     plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, device="cuda", progress=False)
     assert workers[-1] >= 1
 
