@@ -207,6 +207,13 @@ def component_parameters(model: nn.Module, component: str) -> int:
     return count_parameters(component_modules(model, component))
 
 
+def parameter_share(model: nn.Module) -> pd.Series:
+    """Each component's parameters over all blocks (what ``set_trainable`` trains of it) as a share of
+    the model's: the capacity a component brings to finetuning, beside its plasticity (``capacity``)."""
+    total = count_parameters([model])
+    return pd.Series({c: component_parameters(model, c) / total for c in COMPONENTS}, name="parameter share")
+
+
 def config_parameters(model: nn.Module, config: str) -> int:
     """Parameters that ``set_trainable(model, config)`` leaves trainable (head and final norm included)."""
     check_config(config)

@@ -348,9 +348,14 @@ def paper_order(datasets) -> pd.DataFrame:
 
 
 def plasticity_correlation(
-    plasticity: pd.DataFrame, results: pd.DataFrame, value: str = "accuracy", alternative: str = "two-sided"
+    plasticity: pd.DataFrame,
+    results: pd.DataFrame,
+    value: str = "accuracy",
+    alternative: str = "two-sided",
+    predictor: str = "plasticity",
 ) -> pd.DataFrame:
-    """Per dataset, how the components' finetuning ``value`` follows their plasticity.
+    """Per dataset, how the components' finetuning ``value`` follows their plasticity, or any other
+    per-component ``predictor`` column of the first table (``capacity.predictor_table``: the parameter share).
 
     ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
     one model, or ``paper_order``); ``results``: columns ``dataset``, ``config`` and ``value`` (e.g.
@@ -377,6 +382,7 @@ def plasticity_correlation(
                 f"{', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
                 "select one model, setting and measurement first"
             )
+    plasticity = plasticity.rename(columns={predictor: "plasticity"}) if predictor != "plasticity" else plasticity
     table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(
         subset=["plasticity", value]
     )
