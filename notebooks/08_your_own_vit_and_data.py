@@ -38,7 +38,7 @@ device = "cpu"  # cpu or cuda
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, data, finetune, models, paths, plasticity, plots, report, runs
+from paperlib import capacity, components, data, finetune, models, paths, plasticity, plots, report, runs
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -130,6 +130,23 @@ fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}", normalize))
 plt.show()
+
+# %% [markdown]
+# ## Beyond the paper: plasticity or capacity?
+#
+# The components that hold many parameters (MHA, FC1, FC2) are also, on the paper's ViT-Base, the
+# most plastic, so P(f) alone may credit plasticity for what capacity does (notebook 07,
+# `paperlib.capacity`). Here both predictors stand beside the runs above: each component's P(f), its
+# share of the model's parameters, and its test accuracy, with which of the two the runs followed
+# where they order a pair of components differently. Before choosing components for your model by
+# P(f), check that the runs agree.
+
+# %%
+by_label = {components.LABELS[c]: c for c in components.CONFIGS}
+both, said = capacity.verdict(ranked["plasticity"].rename(index=by_label), components.parameter_share(models.architecture(model)),
+                              summary["test accuracy"].rename(index=by_label))
+print(f"{model} on {dataset}: {said}")
+both.round(4)
 
 # %% [markdown]
 # ## Beyond the paper: the plasticity of the finetuned model

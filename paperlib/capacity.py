@@ -157,3 +157,37 @@ def _pair_row(plastic: str, large: str, plasticity: int, capacity: int, ties: in
         "p_value": float(p_value),
         "verdict": verdict if decided else "no case",
     }
+
+
+def verdict(
+    plasticity: pd.Series, capacity: pd.Series, accuracy: pd.Series, tolerance: float = TOLERANCE
+) -> tuple[pd.DataFrame, str]:
+    """One model on one dataset (notebook 08): per component its P(f), parameter share and finetuning
+    accuracy side by side (Series indexed by component), and one sentence: whether the two predictors
+    order the components alike and, where they do not (``discordant_pairs``), which one the runs followed,
+    with Kendall's tau of each predictor with the accuracy."""
+    names = [c for c in COMPONENTS if c in accuracy.index and c in plasticity.index and c in capacity.index]
+    table = pd.DataFrame(
+        {"P(f)": plasticity[names], "parameter share": capacity[names], "accuracy": accuracy[names]}
+    ).astype(float)
+    taus = {
+        column: scipy_stats.kendalltau(table[column], table["accuracy"]).statistic
+        for column in ("P(f)", "parameter share")
+    }
+    measured = predictor_table(table["P(f)"], ["here"], "plasticity")
+    results = pd.DataFrame({"dataset": "here", "component": names, "accuracy": table["accuracy"].to_numpy()})
+    pairs = discordant_pairs(measured, results, table["parameter share"], tolerance=tolerance)
+    if pairs.empty:
+        text = "plasticity and capacity order these components alike: these runs cannot tell them apart"
+    else:
+        total = pairs.iloc[-1]
+        followed = "capacity" if total["followed_capacity"] > total["followed_plasticity"] else "plasticity"
+        if total["followed_capacity"] == total["followed_plasticity"]:
+            followed = "neither more often"
+        text = (
+            f"plasticity and capacity disagree on {len(pairs) - 1} pair(s) of components: finetuning followed "
+            f"capacity in {total['followed_capacity']}, plasticity in {total['followed_plasticity']} "
+            f"({total['ties']} tie(s)): here it followed {followed}"
+        )
+    text += f" (Kendall's tau with accuracy: P(f) {taus['P(f)']:+.2f}, parameter share {taus['parameter share']:+.2f})"
+    return table.rename(index=LABELS), text

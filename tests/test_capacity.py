@@ -109,3 +109,20 @@ def test_the_takeaway_2_test_takes_any_predictor():
         expected = scipy_stats.kendalltau(share[part.index], part["accuracy"]).statistic
         assert row["tau"] == pytest.approx(expected)
     assert list(itertools.islice(table["component"], 5)) == list(components.COMPONENTS)
+
+
+def test_the_verdict_says_which_predictor_the_runs_followed():
+    share = pd.Series(SHARE)
+    reversed_plasticity = pd.Series({"mha": 0.1, "fc1": 0.4, "ln1": 2.4})
+    followed_capacity = pd.Series({"mha": 0.54, "fc1": 0.55, "ln1": 0.47})
+    table, said = capacity.verdict(reversed_plasticity, share, followed_capacity)
+    assert list(table.index) == ["MHA", "FC1", "LN1"] and list(table.columns) == ["P(f)", "parameter share", "accuracy"]
+    assert said.startswith(
+        "plasticity and capacity disagree on 2 pair(s) of components: finetuning followed capacity in 2"
+    )
+    assert "here it followed capacity" in said
+    _, said = capacity.verdict(reversed_plasticity, share, pd.Series({"mha": 0.4, "fc1": 0.45, "ln1": 0.6}))
+    assert "here it followed plasticity" in said
+    agreeing = pd.Series({"mha": 2.0, "fc1": 1.5, "ln1": 0.1})  # the paper's kind of model: nothing to tell apart
+    _, said = capacity.verdict(agreeing, share, followed_capacity)
+    assert said.startswith("plasticity and capacity order these components alike")
