@@ -26,6 +26,7 @@ warmup = 10  # linear warm-up steps (the authors' code: 2,000)
 eval_every = 10  # validation every this many steps (the authors' per dataset: parameters/finetune/)
 validation = "official"  # official: a dataset's official validation split where it has one (Flowers102), as the authors' code; fraction: 20% of the training set everywhere (the paper's words)
 device = "cpu"  # cpu or cuda
+image_size = 0  # 0: the model's resolution; else the images' and the model's (its position embedding resampled)
 speed = "auto"  # how steps are made fast, the same step to rounding (beyond the paper): auto, none, a file of parameters/speed/ (e.g. h100), or a mapping of step options
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
@@ -46,7 +47,7 @@ report.check_parameters()  # papermill's -p of a name this notebook does not hav
 
 config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, data_root=data_root, speed=speed,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root, speed=speed,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
     normalize=normalize, validation=validation, tag=tag, save_weights=save_weights,
 ))

@@ -16,6 +16,7 @@
 
 # %% tags=["parameters"]
 spec = "parameters/sweeps/finetune_demo.yaml"  # the sweep whose runs are summarised
+model = ""  # of a spec of several models (finetune_later_vits.yaml), the one summarised ("": the spec's one model)
 compute_missing = True  # run the spec's missing runs, and measure missing plasticity, first (demo scale only)
 select = "test"  # learning rate chosen by test accuracy (the paper) or val (no test-set selection)
 reference = None  # reference images of the plasticity beside the results (None: each dataset's default: ImageNet, or digits_source in the demo world)
@@ -41,7 +42,9 @@ grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(grid_spec)
 runs, _, missing = for_spec(grid_spec)  # the spec's runs only
-model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]  # the tables below take the runs of one model and normalisation
+model = stats.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
+runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
+normalize = runs["normalize"].iloc[0]
 if compute_missing:  # P(f) of the runs' model on their datasets, for the Takeaway 2 test below
     plasticity.measure_missing(model, sorted(runs["dataset"].unique()), reference=reference, n_pairs=n_pairs, device=device, normalize=normalize)
 print(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) + f"; {len(missing)} missing")

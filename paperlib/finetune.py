@@ -53,6 +53,13 @@ def set_trainable(model: nn.Module, component: str, lora_rank: int = 0) -> nn.Mo
     return (lora.set_trainable if lora_rank else components.set_trainable)(model, component)
 
 
+def network(config: Config, num_classes: int) -> nn.Module:
+    """The run's pretrained model with a new head of ``num_classes``, at ``config.image_size`` if it is set
+    (timm resamples the position embedding to that grid, e.g. DINOv2 at 224 rather than 518), else at its own."""
+    size = {"img_size": config.image_size} if config.image_size else {}
+    return models.create_model(config.model, num_classes=num_classes, **size)
+
+
 def lr_factor(step: int, warmup: int, steps: int) -> float:
     """Learning-rate multiplier at ``step`` (0-based): linear warm-up from 0 (``step / warmup``: the first
     step's rate is 0, as in the authors' code), then cosine decay to 0."""
@@ -222,7 +229,7 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
         )
     metrics = paths.read_json(folder / METRICS)
-    model = models.create_model(config.model, num_classes=metrics["num_classes"])
+    model = network(config, metrics["num_classes"])
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
     state = load_file(str(weights))
@@ -313,7 +320,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
-    model = models.create_model(config.model, num_classes=num_classes).to(device)
+    model = network(config, num_classes).to(device)
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
     # recorded only now that data and model have loaded, so that a run that cannot start loses nothing

@@ -57,7 +57,7 @@ class Config:
     # (20% of the training set everywhere, the paper's words); elsewhere both are 20% drawn from the seed
     validation: str = "official"
     device: str = "cpu"
-    image_size: int = 0  # 0 = the model's resolution
+    image_size: int = 0  # 0 = the model's resolution; else the images' and the model's (position embedding resampled)
     # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with;
     # models.normalization)
     normalize: str = "imagenet"

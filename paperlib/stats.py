@@ -111,9 +111,7 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def config_order(column: pd.Series) -> pd.Series:
-    if column.name == "component":
-        return column.map({c: i for i, c in enumerate(COLUMNS)})
-    return column
+    return column.map({c: i for i, c in enumerate(COLUMNS)}) if column.name == "component" else column
 
 
 def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
@@ -323,6 +321,14 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
                 }
             )
     return pd.DataFrame(rows, columns=columns)
+
+
+def one_model(runs: pd.DataFrame, model: str = "") -> str:
+    """``model`` if ``runs`` has runs of it, else their one model; a ValueError naming them (``-p model``)."""
+    found = sorted(runs["model"].unique())
+    if (model and model not in found) or (not model and len(found) != 1):
+        raise ValueError(f"choose one model with -p model <name>; runs of: {', '.join(found) or 'none'}")
+    return model or found[0]
 
 
 def check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
@@ -611,7 +617,7 @@ def comparisons(
         .rename_axis("Kendall's tau of P(f) with")
         .assign(plasticity=source)
     )
-    has_mha = "mha" in set(accuracies["component"])  # without it, no Table 1 (``main`` says which runs it needs)
+    has_mha = "mha" in set(accuracies["component"])  # without it no Table 1 (``main`` says so)
     return {
         "table1": table1(accuracies) if has_mha else pd.DataFrame(columns=TABLE1_COLUMNS),
         "pairwise": pairwise(accuracies),

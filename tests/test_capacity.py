@@ -126,3 +126,11 @@ def test_the_verdict_says_which_predictor_the_runs_followed():
     agreeing = pd.Series({"mha": 2.0, "fc1": 1.5, "ln1": 0.1})  # the paper's kind of model: nothing to tell apart
     _, said = capacity.verdict(agreeing, share, followed_capacity)
     assert said.startswith("plasticity and capacity order these components alike")
+
+
+def test_one_model_of_a_spec_of_several():
+    runs = pd.DataFrame({"model": ["a", "b", "a"]})
+    assert stats.one_model(runs, "b") == "b" and stats.one_model(runs.iloc[[0, 2]]) == "a"
+    for model in ("", "c"):
+        with pytest.raises(ValueError, match="choose one model with -p model <name>; runs of: a, b"):
+            stats.one_model(runs, model)

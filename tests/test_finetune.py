@@ -469,3 +469,11 @@ def test_validation_runs_every_eval_every_steps_and_not_after_the_last_step(smal
     finetune.run(small(steps=4, warmup=1, eval_every=10))
     history = run_files.history(small(steps=4, warmup=1, eval_every=10))
     assert history.dropna(subset=["val_accuracy"])["step"].tolist() == [4]
+
+
+def test_image_size_sets_the_models_resolution_too(small):
+    # the demo ViT is 32 px (patches of 4): at 48 px its position embedding is resampled to a 12 x 12 grid
+    config = small(image_size=48, steps=4, eval_every=2, save_weights=True)
+    assert finetune.run(config)["status"] == "finished"
+    model = finetune.load_model(config)
+    assert model.patch_embed.img_size == (48, 48) and model.pos_embed.shape[1] == 1 + 12 * 12
