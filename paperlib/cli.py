@@ -106,6 +106,29 @@ def coerce(name: str, value: Any, default: Any) -> Any:
     return value if value is None or not isinstance(default, str) else str(value)
 
 
+def field_comments(cls) -> dict[str, str]:
+    """Each field of a dataclass with its comment in the source: the comment lines just above it and the
+    one after it on its line (``runs.Config`` documents its fields so; ``--help`` shows them)."""
+    import dataclasses
+    import inspect
+    import re
+
+    names, comments, pending = {f.name for f in dataclasses.fields(cls)}, {}, []
+    for line in inspect.getsource(cls).splitlines():
+        stripped = line.strip()
+        field = re.match(r"(\w+)\s*:", stripped)
+        if stripped.startswith("#"):
+            text = stripped.lstrip("#").strip()
+            pending += [] if text.startswith("---") else [text]
+        elif field and field.group(1) in names:
+            trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+            comments[field.group(1)] = " ".join(pending + ([trailing] if trailing else []))
+            pending = []
+        else:
+            pending = []
+    return comments
+
+
 def parameters(
     argv: list[str] | None,
     defaults: dict[str, Any],
@@ -113,11 +136,13 @@ def parameters(
     description: str,
     prog: str,
     flexible: frozenset[str] = frozenset(),
+    meanings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
 
     ``aliases`` map a command's names to these (``data_root`` -> ``root`` for plasticity's ``run``);
     names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
+    ``--help`` shows each option's meaning (``meanings``), type and default.
     A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or
     ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
     """
@@ -127,7 +152,18 @@ def parameters(
         "-f", "--file", action="append", default=[], help="a YAML parameter file (as papermill -f); repeatable"
     )
     for name in valid:
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS, metavar="VALUE")
+        default = defaults[aliases.get(name, name)]
+        kind = (
+            "true or false" if isinstance(default, bool) else type(default).__name__ if default is not None else "value"
+        )
+        meaning = (meanings or {}).get(name, "").replace("%", "%%")
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=kind.upper().replace(" ", "_") if kind != "true or false" else "BOOL",
+            help=f"{meaning + ' ' if meaning else ''}({kind}; default {default!r})",
+        )
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     for file in args.pop("file"):  # a file's problems: FileNotFoundError or ValueError naming it (``fail``)

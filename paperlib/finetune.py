@@ -439,6 +439,11 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
 
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
+HELP = {
+    "speed": "how steps are made fast, the same step to rounding: auto, none, a file of parameters/speed/ (e.g. h100)",
+    "wait": "wait for a run another process is training (false: say it runs elsewhere and exit with status 75)",
+}
+"""``--help``'s meaning of the command's options that are not ``Config`` fields (theirs: ``cli.field_comments``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             "One finetuning run (paper §5.2); notebook 05's parameters.",
             "python -m paperlib.finetune",
             flexible=frozenset({"compile"}),
+            meanings=cli.field_comments(Config) | HELP,
         )
         wait = values.pop("wait", True)
         config = runs.config_from(values)

@@ -56,13 +56,13 @@ class Config:
     # official (a dataset's official validation split where it has one, Flowers102, as the authors' code) or fraction
     # (20% of the training set everywhere, the paper's words); elsewhere both are 20% drawn from the seed
     validation: str = "official"
-    device: str = "cpu"
+    device: str = "cpu"  # cpu, cuda or cuda:<index>: a device this machine has
     image_size: int = 0  # 0 = the model's resolution; else the images' and the model's (position embedding resampled)
     # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with;
     # models.normalization)
     normalize: str = "imagenet"
     data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
-    momentum: float = 0.9
+    momentum: float = 0.9  # SGD's momentum, in [0, 1) (the paper: 0.9)
     clip: float = 1.0  # global gradient-norm clipping
     # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
     optimizer: str = "sgd"

@@ -1,6 +1,7 @@
 """``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line;
 every command's report of a bad input."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -252,3 +253,19 @@ def test_an_empty_parameter_file_is_refused(tmp_path, capsys):
     empty.write_text("# nothing here\n")
     assert finetune.main(["-f", str(empty)]) == 2
     assert one_error_line(capsys.readouterr().err) == f"error: {empty} is empty: no parameters in it"
+
+
+def test_finetune_help_gives_every_option_a_meaning_a_type_and_a_default(capsys):
+    with pytest.raises(SystemExit) as done:
+        finetune.main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    comments = cli.field_comments(Config)
+    for field in dataclasses.fields(Config):
+        option = f"--{field.name.replace('_', '-')}"
+        meaning = " ".join(comments[field.name].split())
+        assert meaning, f"Config.{field.name} has no comment for --help"
+        assert f"{meaning} (" in text and f"default {field.default!r})" in text, option
+    assert (
+        "(float; default 0.03)" in text and "--wait BOOL" in text and "status 75) (true or false; default True)" in text
+    )
