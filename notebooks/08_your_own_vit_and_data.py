@@ -5,9 +5,9 @@
 # and finetunes each component on them (§5.2). This notebook runs the same two analyses on a model
 # and a dataset you bring: a ViT saved as `custom/<name>` (`<models dir>/<name>/`, timm's hub
 # layout) and images in class folders under `<data root>/custom/<name>/`. Every other notebook,
-# run and sweep takes these names too (README: "Your own ViT and your own images"). Your ViT may be
+# run and sweep takes these names too (docs/beyond-the-paper.md: "Your own ViT and images"). Your ViT may be
 # one of timm's later ones, saved as it is: DINOv2 or v3, EVA-02, CLIP, SigLIP, AIMv2 (RoPE, SwiGLU,
-# RMSNorm; README: "Later ViTs").
+# RMSNorm; docs/beyond-the-paper.md: "Later ViTs").
 #
 # At demo scale (the default), `make_example` first makes both from the demo world: the demo ViT
 # saved as `custom/demo_vit`, and digits 5-9 written as PNG class folders, `train/` and `test/`, as
