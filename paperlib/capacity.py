@@ -181,9 +181,8 @@ def verdict(
         text = "plasticity and capacity order these components alike: these runs cannot tell them apart"
     else:
         total = pairs.iloc[-1]
-        followed = "capacity" if total["followed_capacity"] > total["followed_plasticity"] else "plasticity"
-        if total["followed_capacity"] == total["followed_plasticity"]:
-            followed = "neither more often"
+        by = {"capacity": total["followed_capacity"], "plasticity": total["followed_plasticity"]}
+        followed = max(by, key=by.get) if by["capacity"] != by["plasticity"] else "neither more often"
         text = (
             f"plasticity and capacity disagree on {len(pairs) - 1} pair(s) of components: finetuning followed "
             f"capacity in {total['followed_capacity']}, plasticity in {total['followed_plasticity']} "

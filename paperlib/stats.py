@@ -150,7 +150,7 @@ def table1(accuracies: pd.DataFrame, alternative: str = "greater", level: float 
                 "datasets": datasets,
             }
         )
-    out = pd.DataFrame(rows, columns=["component", "decrease", "p_value", "significant", "datasets"])
+    out = pd.DataFrame(rows, columns=TABLE1_COLUMNS[:5])
     out["p_holm"] = holm(out["p_value"])
     out["significant_holm"] = out["p_holm"] < level
     return out
