@@ -124,9 +124,9 @@ average = stats.average(ours["table6"])
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
 plots.component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
 axes[0].set_title("Fig. 2 (right):\nmean over datasets")
-configs = [c for c in average["component"] if c not in ("linear", stats.PROBE)]
-part = average.set_index("component").loc[configs]
-axes[1].bar([plots.LABELS[c] for c in configs], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in configs], capsize=3)
+finetuned = [c for c in average["component"] if c not in ("linear", stats.PROBE)]
+part = average.set_index("component").loc[finetuned]
+axes[1].bar([plots.LABELS[c] for c in finetuned], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in finetuned], capsize=3)
 axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
 axes[1].set_ylabel("mean test accuracy (%)")
 axes[1].set_title("Fig. 17: mean over datasets\n± pooled standard error" + ("" if part["pooled_se"].notna().all() else " (one seed: none)"))

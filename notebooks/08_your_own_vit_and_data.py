@@ -142,7 +142,7 @@ plt.show()
 # P(f), check that the runs agree.
 
 # %%
-by_label = {components.LABELS[c]: c for c in components.CONFIGS}
+by_label = {components.LABELS[c]: c for c in components.RUN_COMPONENTS}
 both, said = capacity.verdict(ranked["plasticity"].rename(index=by_label), components.parameter_share(models.architecture(model)),
                               summary["test accuracy"].rename(index=by_label))
 print(f"{model} on {dataset}: {said}")

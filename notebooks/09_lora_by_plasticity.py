@@ -76,20 +76,20 @@ methods = list(dict.fromkeys(table["method"]))
 average = table.groupby(["component", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
 by_method = average.pivot(index="component", columns="method", values="mean")
 report.headline("test accuracy (%), " + " / ".join(methods) + ": " + ", ".join(
-    f"{components.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.CONFIGS if c in by_method.index))
-configs = [config for config in lora.CONFIGS if config in set(average["component"])]
+    f"{components.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.ADAPTABLE if c in by_method.index))
+adapted = [c for c in lora.ADAPTABLE if c in set(average["component"])]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 width = 0.8 / max(len(methods), 1)
 for i, name in enumerate(methods):
-    part = average[average["method"] == name].set_index("component").reindex(configs)
-    positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(configs))]
-    axes[0].bar(positions, part["mean"], width, label=name, color=[plots.COLORS[c] for c in configs],
+    part = average[average["method"] == name].set_index("component").reindex(adapted)
+    positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(adapted))]
+    axes[0].bar(positions, part["mean"], width, label=name, color=[plots.COLORS[c] for c in adapted],
                 alpha=1.0 if name == "weights" else 0.55, hatch=None if name == "weights" else "//", edgecolor="black")
     axes[1].plot(part["trainable_parameters"], part["mean"], marker="o" if name == "weights" else "s", linestyle="none", label=name, color="gray")
-    for config, row in part.iterrows():
-        axes[1].annotate(components.LABELS[config], (row["trainable_parameters"], row["mean"]), fontsize=8,
-                         xytext=(4, 2), textcoords="offset points", color=plots.COLORS[config])
-axes[0].set_xticks(range(len(configs)), [components.LABELS[c] for c in configs])
+    for c, row in part.iterrows():
+        axes[1].annotate(components.LABELS[c], (row["trainable_parameters"], row["mean"]), fontsize=8,
+                         xytext=(4, 2), textcoords="offset points", color=plots.COLORS[c])
+axes[0].set_xticks(range(len(adapted)), [components.LABELS[c] for c in adapted])
 low = average["mean"].min()
 axes[0].set(ylabel="test accuracy (%)", ylim=(max(0, low - 10), None))
 axes[0].legend(fontsize=8)
@@ -111,9 +111,9 @@ finished = runs[runs["status"] == "finished"]
 grid = finished.groupby(["component", "method", "lr"], as_index=False)["test_accuracy"].mean()
 fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
 for ax, name in zip(axes[0], methods):
-    for config in configs:
-        part = grid[(grid["method"] == name) & (grid["component"] == config)]
-        ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=plots.COLORS[config], label=components.LABELS[config])
+    for c in adapted:
+        part = grid[(grid["method"] == name) & (grid["component"] == c)]
+        ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=plots.COLORS[c], label=components.LABELS[c])
     ax.set(xscale="log", xlabel="learning rate", title=name)
     ax.set_xticks(sorted(grid["lr"].unique()), [f"{lr:g}" for lr in sorted(grid["lr"].unique())])
     ax.minorticks_off()
@@ -138,7 +138,7 @@ for model, dataset, normalize in measured_as.itertuples(index=False):
     if compute_missing:
         plasticity.measure_missing(model, dataset, reference=reference, n_pairs=n_pairs, device=device, normalize=normalize, root=data_root)
 measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
-side = (measured[measured["component"].isin(configs)].groupby("component", observed=True)["plasticity"].mean()
+side = (measured[measured["component"].isin(adapted)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())
 side = side.join(average.pivot(index="component", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))
 side.index = side.index.map(components.LABELS)

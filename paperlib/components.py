@@ -1,4 +1,4 @@
-"""The five transformer components of a ViT block and the finetuning configurations.
+"""The five transformer components of a ViT block and what a finetuning run trains.
 
 Paper §2 (Fig. 2, left) and appendix C.3 (Tables 3 and 4). Components are listed in the
 plasticity order of the paper (§5.1): MHA > FC1 > FC2 > LN2 > LN1.
@@ -23,8 +23,9 @@ from torch import nn
 COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
 """The five components, in the paper's plasticity order."""
 
-CONFIGS = COMPONENTS + ("full", "linear")
-"""Finetuning configurations: one component, every parameter (``full``), or the head only."""
+RUN_COMPONENTS = COMPONENTS + ("full", "linear")
+"""What a finetuning run trains (``runs.Config.component``), the paper's finetuning configurations:
+one component, every parameter (``full``), or the head only (``linear``)."""
 
 LABELS = {
     "mha": "MHA",
@@ -59,11 +60,13 @@ def check_component(component: str) -> str:
     return component
 
 
-def check_config(config: str) -> str:
-    """Return ``config`` or raise a ValueError that names the valid configurations."""
-    if config not in CONFIGS:
-        raise ValueError(f"unknown finetuning configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
-    return config
+def check_run_component(component: str) -> str:
+    """Return ``component`` or raise a ValueError that names what a run can train (``RUN_COMPONENTS``)."""
+    if component not in RUN_COMPONENTS:
+        raise ValueError(
+            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(RUN_COMPONENTS)}"
+        )
+    return component
 
 
 def blocks(model: nn.Module) -> nn.Module:
@@ -171,21 +174,26 @@ def final_norm_modules(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def set_trainable(model: nn.Module, config: str) -> nn.Module:
-    """Freeze every parameter except those finetuned by ``config`` (appendix C.3).
+def trained_modules(model: nn.Module, component: str) -> list[nn.Module]:
+    """The modules a run of ``component`` (one of ``RUN_COMPONENTS``) trains (appendix C.3).
 
-    A component configuration trains that component in every block, the classification head and
-    the final LayerNorm (as in the authors' code); ``full`` trains everything and ``linear``
-    (linear probing) trains the head only. Returns the model.
+    A component trains in every block, with the classification head and the final LayerNorm (as in
+    the authors' code); ``full`` trains everything (``[model]``) and ``linear`` the head only.
     """
-    check_config(config)
-    if config == "full":
-        model.requires_grad_(True)
-        return model
-    model.requires_grad_(False)
+    check_run_component(component)
+    if component == "full":
+        return [model]
     modules = head_modules(model)
-    if config != "linear":
-        modules += component_modules(model, config) + final_norm_modules(model)
+    if component != "linear":
+        modules += component_modules(model, component) + final_norm_modules(model)
+    return modules
+
+
+def set_trainable(model: nn.Module, component: str) -> nn.Module:
+    """Freeze every parameter except those a run of ``component`` finetunes (``trained_modules``).
+    Returns the model."""
+    modules = trained_modules(model, component)
+    model.requires_grad_(False)
     for module in modules:
         module.requires_grad_(True)
     return model
@@ -214,15 +222,9 @@ def parameter_share(model: nn.Module) -> pd.Series:
     return pd.Series({c: component_parameters(model, c) / total for c in COMPONENTS}, name="parameter share")
 
 
-def config_parameters(model: nn.Module, config: str) -> int:
-    """Parameters that ``set_trainable(model, config)`` leaves trainable (head and final norm included)."""
-    check_config(config)
-    if config == "full":
-        return count_parameters([model])
-    modules = head_modules(model)
-    if config != "linear":
-        modules += component_modules(model, config) + final_norm_modules(model)
-    return count_parameters(modules)
+def trained_parameters(model: nn.Module, component: str) -> int:
+    """Parameters that ``set_trainable(model, component)`` leaves trainable (head and final norm included)."""
+    return count_parameters(trained_modules(model, component))
 
 
 def memory_load(num_parameters: int, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> int:
@@ -246,20 +248,20 @@ def parameter_table(model: nn.Module, bytes_per_parameter: int = 4, optimizer: s
     """
     total = count_parameters([model])
     rows = []
-    for config in CONFIGS:
-        if config in COMPONENTS:
-            count = component_parameters(model, config)
-        elif config == "full":
+    for component in RUN_COMPONENTS:
+        if component in COMPONENTS:
+            count = component_parameters(model, component)
+        elif component == "full":
             count = total
         else:
             count = count_parameters(head_modules(model))
         rows.append(
             {
-                "configuration": LABELS[config],
+                "configuration": LABELS[component],
                 "parameters": count,
                 "% of total": 100.0 * count / total,
                 "memory load (MiB)": memory_load(count, bytes_per_parameter, optimizer) / 2**20,
-                "trainable": config_parameters(model, config),
+                "trainable": trained_parameters(model, component),
             }
         )
     return pd.DataFrame(rows).set_index("configuration")

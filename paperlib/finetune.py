@@ -50,7 +50,7 @@ EVAL_BATCH = 256  # images per forward pass when evaluating
 def set_trainable(model: nn.Module, component: str, lora_rank: int = 0) -> nn.Module:
     """Freeze all but what a run of ``component`` trains: the component (``components.set_trainable``)
     or, with ``lora_rank``, the LoRA updates that the model carries beside it (``lora.set_trainable``)."""
-    return (lora.set_trainable if lora_rank else components.set_trainable)(model, component)
+    return lora.set_trainable(model) if lora_rank else components.set_trainable(model, component)
 
 
 def network(config: Config, num_classes: int) -> nn.Module:

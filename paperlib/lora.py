@@ -46,7 +46,8 @@ ALTERNATIVES = {
     "mlp.fc1": components.SPLIT_FC1,
 }
 
-CONFIGS = tuple(TARGETS)
+ADAPTABLE = tuple(TARGETS)
+"""The components (``runs.Config.component``) that LoRA can adapt: those with weight matrices."""
 
 
 def _block_paths(block: nn.Module, path: str) -> tuple[str, ...]:
@@ -63,11 +64,11 @@ def _has(block: nn.Module, path: str) -> bool:
         return False
 
 
-def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
+def check(component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
     """Fail before any work, with the valid choices: ``rank`` 0 (no LoRA: the component's own weights
     train) or a positive integer for a configuration that has weight matrices; ``alpha`` 0 (the
     rank: a scale of 1) or positive; ``dropout`` in [0, 1)."""
-    components.check_config(config)
+    components.check_run_component(component)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
     for name, value, valid in (
@@ -88,20 +89,20 @@ def check(config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> N
         if alpha or dropout:
             raise ValueError("lora_alpha and lora_dropout are LoRA's: set lora_rank (e.g. 8) too, or leave them at 0")
         return
-    if config not in TARGETS:
+    if component not in TARGETS:
         raise ValueError(
-            f"LoRA adapts weight matrices and {config!r} has none; with lora_rank use one of "
-            f"{', '.join(CONFIGS)}, or lora_rank=0 to finetune {config!r} itself"
+            f"LoRA adapts weight matrices and {component!r} has none; with lora_rank use one of "
+            f"{', '.join(ADAPTABLE)}, or lora_rank=0 to finetune {component!r} itself"
         )
 
 
-def target_names(model: nn.Module, config: str) -> list[str]:
-    """The full names of the linear layers that LoRA adapts for ``config``, block by block."""
-    if config not in TARGETS:
-        raise ValueError(f"unknown LoRA configuration {config!r}; valid configurations: {', '.join(CONFIGS)}")
+def target_names(model: nn.Module, component: str) -> list[str]:
+    """The full names of the linear layers that LoRA adapts for ``component``, block by block."""
+    if component not in TARGETS:
+        raise ValueError(f"unknown LoRA configuration {component!r}; valid configurations: {', '.join(ADAPTABLE)}")
     names = []
     for index, block in enumerate(components.blocks(model)):
-        for path in (found for target in TARGETS[config] for found in _block_paths(block, target)):
+        for path in (found for target in TARGETS[component] for found in _block_paths(block, target)):
             try:
                 layer = block.get_submodule(path)
             except AttributeError as error:
@@ -124,25 +125,29 @@ def target_names(model: nn.Module, config: str) -> list[str]:
                 # timm's EvaAttention with separate q/v biases multiplies by qkv.weight itself (F.linear)
                 raise ValueError(
                     f"blocks.{index}.{parent} ({type(owner).__name__} with separate query and value biases) applies "
-                    f"{child}'s weight itself, which would bypass LoRA: LoRA on {config!r} is not available for this "
-                    "model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2"
+                    f"{child}'s weight itself, which would bypass LoRA: LoRA on {component!r} is not available "
+                    "for this model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2"
                 )
             names.append(f"blocks.{index}.{path}")
     return names
 
 
-def add_lora(model: nn.Module, config: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> nn.Module:
-    """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``config``
+def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> nn.Module:
+    """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``
     (``TARGETS``), in place; ``alpha`` 0 means the rank. ``A`` is drawn from torch's generator
     (peft's Kaiming-uniform), ``B`` is zero: the function is unchanged until training."""
-    check(config, rank, alpha, dropout)
+    check(component, rank, alpha, dropout)
     if rank == 0:
         raise ValueError("add_lora needs a positive rank")
     # peft imports transformers: only when LoRA is asked for
     from peft import LoraConfig, inject_adapter_in_model
 
     settings = LoraConfig(
-        r=rank, lora_alpha=alpha or rank, lora_dropout=dropout, bias="none", target_modules=target_names(model, config)
+        r=rank,
+        lora_alpha=alpha or rank,
+        lora_dropout=dropout,
+        bias="none",
+        target_modules=target_names(model, component),
     )
     return inject_adapter_in_model(settings, model)
 
@@ -154,12 +159,12 @@ def adapted_layers(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, LoraLayer)]
 
 
-def set_trainable(model: nn.Module, config: str) -> nn.Module:
+def set_trainable(model: nn.Module) -> nn.Module:
     """Freeze every parameter except the LoRA updates (``add_lora``), the head and the final
     LayerNorm, the component-wise protocol with LoRA in place of the component's weights."""
     layers = adapted_layers(model)
     if not layers:
-        raise ValueError("the model has no LoRA layers: add_lora(model, config, rank) first")
+        raise ValueError("the model has no LoRA layers: add_lora(model, component, rank) first")
     model.requires_grad_(False)
     for module in components.head_modules(model) + components.final_norm_modules(model):
         module.requires_grad_(True)
@@ -182,12 +187,12 @@ def merge(model: nn.Module) -> nn.Module:
     return model
 
 
-def lora_parameters(model: nn.Module, config: str, rank: int) -> int:
-    """Parameters of the LoRA updates of rank ``rank`` for ``config`` over all blocks: ``rank *
+def lora_parameters(model: nn.Module, component: str, rank: int) -> int:
+    """Parameters of the LoRA updates of rank ``rank`` for ``component`` over all blocks: ``rank *
     (inputs + outputs)`` per adapted matrix (``model`` without LoRA)."""
     return sum(
         rank * (layer.in_features + layer.out_features)
-        for layer in (model.get_submodule(name) for name in target_names(model, config))
+        for layer in (model.get_submodule(name) for name in target_names(model, component))
     )
 
 
@@ -199,12 +204,12 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
     total = components.count_parameters([model])
     shared = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     rows = []
-    for config in CONFIGS:
-        count = lora_parameters(model, config, rank)
-        adapted = sum(model.get_submodule(name).weight.numel() for name in target_names(model, config))
+    for component in ADAPTABLE:
+        count = lora_parameters(model, component, rank)
+        adapted = sum(model.get_submodule(name).weight.numel() for name in target_names(model, component))
         rows.append(
             {
-                "configuration": f"{components.LABELS[config]} (LoRA r={rank})",
+                "configuration": f"{components.LABELS[component]} (LoRA r={rank})",
                 "parameters": count,
                 "% of adapted weights": 100.0 * count / adapted,
                 "% of total": 100.0 * count / total,

@@ -200,20 +200,20 @@ def bounds_along_depth(
 
 
 def training_curves(
-    histories, value: str, ax: plt.Axes | None = None, configs=COMPONENTS + ("full",), log: bool = False
+    histories, value: str, ax: plt.Axes | None = None, components=COMPONENTS + ("full",), log: bool = False
 ) -> plt.Axes:
     """One curve per configuration of ``value`` (e.g. grad_norm, val_loss) against step (Fig. 4 middle/right)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
-    for config in configs:
-        part = histories[histories["component"] == config].dropna(subset=[value])
+    for component in components:
+        part = histories[histories["component"] == component].dropna(subset=[value])
         if len(part):
             ax.plot(
                 part["step"],
                 part[value],
-                color=COLORS[config],
-                ls="--" if config == "full" else "-",
-                label=LABELS[config],
+                color=COLORS[component],
+                ls="--" if component == "full" else "-",
+                label=LABELS[component],
             )
     if log:
         ax.set_yscale("log")
@@ -234,14 +234,14 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
             "config_boxes shows one dataset (Fig. 18 has a panel per benchmark), "
             f"got {', '.join(sorted(runs['dataset'].unique()))}"
         )
-    configs = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
+    components = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
     finished = runs[runs["status"] == "finished"]
-    values = [100 * finished.loc[finished["component"] == c, "test_accuracy"].dropna().to_numpy() for c in configs]
+    values = [100 * finished.loc[finished["component"] == c, "test_accuracy"].dropna().to_numpy() for c in components]
     parts = ax.boxplot(values, patch_artist=True, widths=0.6)
-    for box, config in zip(parts["boxes"], configs):
-        box.set_facecolor(COLORS[config])
-    diverged = [int(((runs["component"] == c) & (runs["status"] == "diverged")).sum()) for c in configs]
-    labels = [LABELS[c] + (f"\n{n} diverged" if n else "") for c, n in zip(configs, diverged)]
-    ax.set_xticks(range(1, len(configs) + 1), labels)
+    for box, component in zip(parts["boxes"], components):
+        box.set_facecolor(COLORS[component])
+    diverged = [int(((runs["component"] == c) & (runs["status"] == "diverged")).sum()) for c in components]
+    labels = [LABELS[c] + (f"\n{n} diverged" if n else "") for c, n in zip(components, diverged)]
+    ax.set_xticks(range(1, len(components) + 1), labels)
     ax.set_ylabel("test accuracy (%)")
     return ax

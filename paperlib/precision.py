@@ -17,7 +17,8 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from . import cli, paths, runs, specs
-from .stats import COLUMNS, CONFIGS, SELECTIONS, SETTING, check_one_setting, config_order, table1, table6, write_csv
+from .components import RUN_COMPONENTS
+from .stats import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table1, table6, write_csv
 
 PAIR = ["dataset", "component", "lr", "seed"]
 """What pairs a run in one precision with the reference precision's run: the same grid point."""
@@ -36,11 +37,11 @@ def effect(
 
     ``runs``: ``runs.load``'s runs of one setting except precision (one model, optimizer, LoRA setting,
     normalisation and tag; a ValueError otherwise), in ``reference`` and at least one other precision.
-    Each run is paired with the reference's run of its dataset, config, learning rate and seed; a pair
+    Each run is paired with the reference's run of its dataset, component, learning rate and seed; a pair
     counts where both ``finished`` (a run's ``test_accuracy`` is that of its best-validation checkpoint),
     and a pair where either diverged is counted in ``diverged``, not in the mean. Returns:
 
-    - ``differences``: per other precision, dataset and config: ``pairs``, ``mean`` (the precision's
+    - ``differences``: per other precision, dataset and component: ``pairs``, ``mean`` (the precision's
       test accuracy minus the reference's, accuracy points), ``ci_low`` and ``ci_high`` (two-sided
       1 - ``level`` t interval of the mean), ``p_equivalence`` (two one-sided t tests, TOST, of the
       mean against -``margin`` and +``margin``: the larger p-value), ``equivalent`` (p < ``level``:
@@ -56,7 +57,7 @@ def effect(
       ``table1_differs`` (the components where not), ``best_same`` (Table 6's best finetuning
       configuration, the highest ``mean``, on every dataset both have), ``best_differs`` (the datasets
       where not). Each precision's Table 6 is ``table6`` of its own runs (``select``), over its own
-      datasets and configs: compare sweeps of one grid.
+      datasets and components: compare sweeps of one grid.
     - ``table1``: each precision's Table 1 (``table1``), stacked, with a ``precision`` column; ``best``:
       datasets x precisions, the best configuration.
 
@@ -82,7 +83,7 @@ def effect(
         for (p, d, c), part in pairs.groupby(["precision", "dataset", "component"])
     ]
     differences = pd.DataFrame(cells, columns=["precision", "dataset", "component", *EQUIVALENCE])
-    differences = differences.sort_values(["precision", "dataset", "component"], key=config_order)
+    differences = differences.sort_values(["precision", "dataset", "component"], key=component_order)
     overall = [{"precision": p, **_equivalence(pairs[pairs["precision"] == p], margin, level)} for p in others]
 
     tables = {p: table6(runs[runs["precision"] == p], select=select) for p in [reference, *others]}
@@ -167,7 +168,7 @@ def _table1_or_none(table: pd.DataFrame) -> pd.DataFrame | None:
 
 def _best(table: pd.DataFrame) -> pd.Series:
     """Per dataset of a ``table6`` output, the finetuning configuration of the highest ``mean``."""
-    table = table[table["component"].isin(CONFIGS)].dropna(subset=["mean"])
+    table = table[table["component"].isin(RUN_COMPONENTS)].dropna(subset=["mean"])
     return table.loc[table.groupby("dataset")["mean"].idxmax()].set_index("dataset")["component"]
 
 
@@ -184,7 +185,7 @@ def _pattern_differs(first: pd.DataFrame | None, second: pd.DataFrame | None) ->
 
 
 def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``effect``'s ``differences`` as (precision, dataset) x configs: "mean [ci_low, ci_high]",
+    """``effect``'s ``differences`` as (precision, dataset) x components: "mean [ci_low, ci_high]",
     ``=`` where equivalent, and the diverged pairs; empty cells where no pair."""
 
     def cell(row) -> str:

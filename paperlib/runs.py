@@ -114,7 +114,7 @@ class Config:
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
-        components.check_config(self.component)
+        components.check_run_component(self.component)
         data.check_dataset(self.dataset)
         data.check_validation(self.validation)
         models.resolve_name(self.model)

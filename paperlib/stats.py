@@ -18,7 +18,7 @@
 Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
 stable finetuning performance" (§5.2).
 
-- ``grid_spread``: per dataset and config, the spread of test accuracy over every finished run
+- ``grid_spread``: per dataset and component, the spread of test accuracy over every finished run
   of the grid (learning rates x seeds: what Fig. 4 left and Fig. 18 draw as boxes).
 - ``plasticity_correlation``: per dataset, Kendall's tau (scipy) between the components' P(f)
   and a finetuning result (accuracy, spread...), with its exact p-value over the five components.
@@ -43,7 +43,7 @@ import pandas as pd
 from scipy import stats
 
 from . import cli, lora, paths, plasticity, runs, specs
-from .components import COMPONENTS, CONFIGS, LABELS
+from .components import COMPONENTS, LABELS, RUN_COMPONENTS
 from .runs import KEYS, method
 
 SELECTIONS = ("test", "val")
@@ -53,7 +53,7 @@ PROBE = "probe"
 (``probe.table6_column``), not a finetuning run; the baseline of every relative gain (Fig. 2 right).
 The ``linear`` configuration is another thing: a new head trained with SGD by the protocol."""
 
-COLUMNS = CONFIGS + (PROBE,)
+COLUMNS = RUN_COMPONENTS + (PROBE,)
 """Table 6's columns, in order: the finetuning configurations, then linear probing."""
 
 SETTING = tuple(key for key in KEYS if key not in ("dataset", "component", "lr", "seed"))
@@ -62,14 +62,14 @@ that differ in them are not seeds or learning rates of one another."""
 
 
 def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFrame:
-    """One row per dataset and config: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
+    """One row per dataset and component: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
     ``ddof=0`` numpy's ``np.std``, as the authors' code computed Table 6's ±; ``ddof=1`` the sample
     standard deviation, 1.22x larger for three seeds), ``seeds``.
 
     ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
     and tag (a ValueError otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
     runs of a learning rate make its mean NaN, so it is never chosen; a learning rate with fewer
-    seeds than another of its dataset and config (an unfinished sweep) is not chosen either, so
+    seeds than another of its dataset and component (an unfinished sweep) is not chosen either, so
     that every cell rests on the same seeds.
     """
     if select not in SELECTIONS:
@@ -96,11 +96,11 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
         .groupby(["dataset", "component"])
         .head(1)
     )
-    return best.drop(columns="score").sort_values(["dataset", "component"], key=config_order).reset_index(drop=True)
+    return best.drop(columns="score").sort_values(["dataset", "component"], key=component_order).reset_index(drop=True)
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``table6`` output as the paper prints it, datasets x configs: "mean ± std (seeds)", or
+    """``table6`` output as the paper prints it, datasets x components: "mean ± std (seeds)", or
     "mean (1)" for a single seed."""
 
     def cell(row) -> str:
@@ -110,12 +110,12 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return wide(table.assign(text=table.apply(cell, axis=1)), "text")
 
 
-def config_order(column: pd.Series) -> pd.Series:
+def component_order(column: pd.Series) -> pd.Series:
     return column.map({c: i for i, c in enumerate(COLUMNS)}) if column.name == "component" else column
 
 
 def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
-    """datasets x configs, configs in plasticity order (then ``full``, ``linear`` and ``PROBE``)."""
+    """datasets x components, components in plasticity order (then ``full``, ``linear`` and ``PROBE``)."""
     table = accuracies.pivot(index="dataset", columns="component", values=value)
     return table[[c for c in COLUMNS if c in table.columns]]
 
@@ -135,15 +135,15 @@ def table1(accuracies: pd.DataFrame, alternative: str = "greater", level: float 
     """
     table = wide(accuracies)
     if "mha" not in table:
-        raise ValueError("table1 needs MHA accuracies (config 'mha')")
+        raise ValueError("table1 needs MHA accuracies (component 'mha')")
     rows = []
-    for config in COMPONENTS[1:]:
-        if config not in table:
+    for component in COMPONENTS[1:]:
+        if component not in table:
             continue
-        difference, p_value, datasets = _signed_rank(table["mha"], table[config], alternative)
+        difference, p_value, datasets = _signed_rank(table["mha"], table[component], alternative)
         rows.append(
             {
-                "component": config,
+                "component": component,
                 "decrease": difference,
                 "p_value": p_value,
                 "significant": bool(p_value < level),
@@ -188,21 +188,21 @@ def holm(p_values) -> np.ndarray:
 
 
 def pairwise(
-    accuracies: pd.DataFrame, configs=COMPONENTS, alternative: str = "two-sided", level: float = 0.05
+    accuracies: pd.DataFrame, components=COMPONENTS, alternative: str = "two-sided", level: float = 0.05
 ) -> pd.DataFrame:
-    """Table 1 for every pair of ``configs`` (beyond the paper, which compares MHA with each): one
+    """Table 1 for every pair of ``components`` (beyond the paper, which compares MHA with each): one
     row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of
     first minus second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``,
     ``p_value`` (Wilcoxon signed-rank over the datasets both have), ``p_holm`` (Holm-adjusted over
     all the pairs) and ``significant_holm`` (``p_holm`` < ``level``).
-    ``accuracies``: columns ``dataset``, ``config``, ``accuracy``."""
-    unknown = [c for c in configs if c not in COLUMNS]
+    ``accuracies``: columns ``dataset``, ``component``, ``accuracy``."""
+    unknown = [c for c in components if c not in COLUMNS]
     if unknown:
         raise ValueError(
             f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(COLUMNS)}"
         )
     table = wide(accuracies)
-    present = [c for c in configs if c in table]
+    present = [c for c in components if c in table]
     rows = []
     for i, first in enumerate(present):
         for second in present[i + 1 :]:
@@ -231,11 +231,11 @@ def with_probing(table: pd.DataFrame, probing: pd.DataFrame) -> pd.DataFrame:
     rows = probing[probing["dataset"].isin(table["dataset"])].rename(columns={"accuracy": "mean"})
     rows = rows.assign(component=PROBE, std=np.nan, seeds=1)[["dataset", "component", "mean", "std", "seeds"]]
     both = pd.concat([table[table["component"] != PROBE], rows], ignore_index=True)
-    return both.sort_values(["dataset", "component"], key=config_order).reset_index(drop=True)
+    return both.sort_values(["dataset", "component"], key=component_order).reset_index(drop=True)
 
 
 def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = "accuracy") -> pd.DataFrame:
-    """Percentage improvement of each config over ``baseline`` per dataset (Fig. 2 right): datasets x configs
+    """Percentage improvement of each component over ``baseline`` per dataset (Fig. 2 right): datasets x components
     (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``; ``baseline``:
     linear probing, ``PROBE``, as in the paper, or another column, e.g. ``linear``)."""
     table = wide(accuracies, value)
@@ -250,10 +250,10 @@ STANDARD_ERRORS = ("pooled", "of_average")
 
 
 def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame:
-    """Mean over datasets per config, with a standard error (Fig. 17: "the pooled standard error
+    """Mean over datasets per component, with a standard error (Fig. 17: "the pooled standard error
     computed over 3 finetuning runs").
 
-    ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and config). With k datasets,
+    ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and component). With k datasets,
     each over s seeds with deviation sd_i, ``pooled_se`` is ``sqrt(mean_i sd_i^2 / s)``: the
     deviation pooled over the datasets, as the standard error of a mean over s runs (the authors' code,
     the default ``"pooled"``); ``"of_average"`` gives the standard error of the average over the k
@@ -263,7 +263,7 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
     if standard_error not in STANDARD_ERRORS:
         raise ValueError(f"unknown standard_error {standard_error!r}; valid choices: {', '.join(STANDARD_ERRORS)}")
     rows = []
-    for config, part in table.groupby("component", sort=False):
+    for component, part in table.groupby("component", sort=False):
         k = len(part)
         pooled = math.sqrt(((part["std"] ** 2) / part["seeds"]).mean(skipna=False))
         se = (
@@ -271,13 +271,13 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
             if (part["seeds"] > 1).all()
             else float("nan")
         )
-        rows.append({"component": config, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
+        rows.append({"component": component, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
-    return out.sort_values("component", key=config_order).reset_index(drop=True)
+    return out.sort_values("component", key=component_order).reset_index(drop=True)
 
 
-def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> pd.DataFrame:
-    """One row per dataset and config of ``configs``: the spread of test accuracy (%) over the grid
+def grid_spread(runs: pd.DataFrame, components=COMPONENTS, common: bool = True) -> pd.DataFrame:
+    """One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
     (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
     (interquartile range), ``range``, ``median``, over ``finished`` runs; ``diverged`` (runs that
     diverged) and ``cells`` (the grid's learning rate and seed pairs counted).
@@ -292,8 +292,8 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
     check_one_setting(runs, "grid_spread")
     columns = ["dataset", "component", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
     rows = []
-    for dataset, part in runs[runs["component"].isin(configs)].groupby("dataset", sort=True):
-        present = [c for c in configs if c in set(part["component"])]
+    for dataset, part in runs[runs["component"].isin(components)].groupby("dataset", sort=True):
+        present = [c for c in components if c in set(part["component"])]
         if part.duplicated(["lr", "seed", "component"]).any():
             raise ValueError(
                 f"{dataset}: more than one run of a configuration at one learning rate and seed; "
@@ -305,18 +305,18 @@ def grid_spread(runs: pd.DataFrame, configs=COMPONENTS, common: bool = True) -> 
         ended = (status == "diverged") | ((status == "finished") & accuracy.notna())
         complete = ended.all(axis=1)
         kept = complete & (status == "finished").all(axis=1) if common else complete
-        for config in present:
-            values = accuracy.loc[kept & (status[config] == "finished"), config]
+        for component in present:
+            values = accuracy.loc[kept & (status[component] == "finished"), component]
             rows.append(
                 {
                     "dataset": dataset,
-                    "component": config,
+                    "component": component,
                     "std": values.std(),
                     "iqr": values.quantile(0.75) - values.quantile(0.25),
                     "range": values.max() - values.min(),
                     "median": values.median(),
                     "finished": len(values),
-                    "diverged": int((complete & (status[config] == "diverged")).sum()),
+                    "diverged": int((complete & (status[component] == "diverged")).sum()),
                     "cells": int(complete.sum()),
                 }
             )
@@ -364,7 +364,7 @@ def plasticity_correlation(
     per-component ``predictor`` column of the first table (``capacity.predictor_table``: the parameter share).
 
     ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
-    one model, or ``paper_order``); ``results``: columns ``dataset``, ``config`` and ``value`` (e.g.
+    one model, or ``paper_order``); ``results``: columns ``dataset``, ``component`` and ``value`` (e.g.
     ``table6``'s ``mean`` renamed ``accuracy``, or ``grid_spread``'s ``std``). Over the components
     both have (``full`` and ``linear`` have no plasticity), one row per dataset: ``tau`` (Kendall's
     tau-b, scipy; +1: the more plastic, the higher the value; NaN if either side is constant),
@@ -496,8 +496,8 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs.load``'s runs of the configurations LoRA has (``lora.CONFIGS``) with a ``method`` column (``method``)."""
-    runs = runs[runs["component"].isin(lora.CONFIGS)]
+    """``runs.load``'s runs of the components LoRA adapts (``lora.ADAPTABLE``) with a ``method`` column (``method``)."""
+    runs = runs[runs["component"].isin(lora.ADAPTABLE)]
     return runs.assign(
         method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])]
     )
@@ -516,7 +516,7 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     columns = ["dataset", "component", "method", "lr", "mean", "std", "seeds", "trainable_parameters"]
     if not tables:
         return pd.DataFrame(columns=columns)
-    order = {component: i for i, component in enumerate(lora.CONFIGS)}
+    order = {component: i for i, component in enumerate(lora.ADAPTABLE)}
     table = pd.concat(tables, ignore_index=True)[columns]
     table["_order"] = table["component"].map(order)
     table["_lora"] = table["method"] != "weights"

@@ -282,10 +282,10 @@ def _randomise_lora(model):
 @torch.no_grad()
 def test_lora_updates_change_what_each_model_computes():
     x = torch.randn(2, 3, 32, 32)
-    for kind, config in (("dinov3_swiglu", "full"), ("eva02", "fc1"), ("aimv2", "full")):
+    for kind, component in (("dinov3_swiglu", "full"), ("eva02", "fc1"), ("aimv2", "full")):
         model = _build(kind)
         before = model.forward_features(x)
-        lora.add_lora(model, config, rank=2)
+        lora.add_lora(model, component, rank=2)
         assert torch.allclose(model.forward_features(x), before, atol=1e-5)  # B starts at zero
         _randomise_lora(model)
         assert not torch.allclose(model.forward_features(x), before, atol=1e-2)
@@ -324,7 +324,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
         save_weights=True,
     )
     metrics = finetune.run(config)
-    assert metrics["trainable_parameters"] == components.config_parameters(
+    assert metrics["trainable_parameters"] == components.trained_parameters(
         models.create_model("custom/tiny_dinov3", num_classes=5), "fc1"
     )
     tuned, start = finetune.load_model(config), models.create_model("custom/tiny_dinov3", num_classes=5).state_dict()

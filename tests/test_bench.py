@@ -472,7 +472,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
 
     seen = []
     original = lora.set_trainable
-    monkeypatch.setattr(lora, "set_trainable", lambda model, config: seen.append(model) or original(model, config))
+    monkeypatch.setattr(lora, "set_trainable", lambda model: seen.append(model) or original(model))
     result = bench_step.bench_finetune(
         "demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2
     )

@@ -5,7 +5,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 from paperlib import components, models
-from paperlib.components import COMPONENTS, CONFIGS
+from paperlib.components import COMPONENTS, RUN_COMPONENTS
 
 
 def vit_base_counts(d=768, hidden=3072, depth=12):
@@ -27,7 +27,7 @@ def vit_base():
 
 def test_plasticity_order_and_configs():
     assert COMPONENTS == ("mha", "fc1", "fc2", "ln2", "ln1")
-    assert set(CONFIGS) == set(COMPONENTS) | {"full", "linear"}
+    assert set(RUN_COMPONENTS) == set(COMPONENTS) | {"full", "linear"}
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -61,8 +61,8 @@ def test_memory_load_is_table_4(vit_base):
 def test_meta_architecture_matches_real_model(vit_base):
     meta = models.architecture("vit_base_in21k", num_classes=10)
     assert all(p.is_meta for p in meta.parameters())
-    for config in CONFIGS:
-        assert components.config_parameters(meta, config) == components.config_parameters(vit_base, config)
+    for component in RUN_COMPONENTS:
+        assert components.trained_parameters(meta, component) == components.trained_parameters(vit_base, component)
 
 
 def test_vit_huge_is_the_papers_632m():
@@ -72,25 +72,25 @@ def test_vit_huge_is_the_papers_632m():
     assert components.component_parameters(huge, "ln1") == 32 * 2 * 1280
 
 
-def _expected_trainable(model, config):
+def _expected_trainable(model, component):
     """Names that must train, derived from parameter names (not from paperlib's module lists)."""
     names = [n for n, _ in model.named_parameters()]
-    if config == "full":
+    if component == "full":
         return set(names)
     keep = {n for n in names if n.startswith("head.")}
-    if config != "linear":
-        path = components.MODULE_PATHS[config]
+    if component != "linear":
+        path = components.MODULE_PATHS[component]
         keep |= {n for n in names if n.startswith("blocks.") and n.split(".", 2)[2].startswith(path + ".")}
         keep |= {n for n in names if n.startswith("norm.")}
     return keep
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_set_trainable_changes_only_the_chosen_parameters(config, tiny_model):
+@pytest.mark.parametrize("component", RUN_COMPONENTS)
+def test_set_trainable_changes_only_the_chosen_parameters(component, tiny_model):
     model = tiny_model
-    components.set_trainable(model, config)
+    components.set_trainable(model, component)
     trainable = {n for n, _ in components.trainable_parameters(model)}
-    assert trainable == _expected_trainable(model, config)
+    assert trainable == _expected_trainable(model, component)
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
@@ -102,7 +102,7 @@ def test_set_trainable_changes_only_the_chosen_parameters(config, tiny_model):
     for name, parameter in model.named_parameters():
         if name in trainable:
             continue
-        assert torch.equal(parameter, before[name]), f"{name} changed under config {config}"
+        assert torch.equal(parameter, before[name]), f"{name} changed under component {component}"
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed, "nothing was trained"
     assert changed <= trainable
@@ -137,7 +137,7 @@ def test_demo_counts_follow_its_architecture():
     assert components.component_parameters(model, "fc1") == depth * (d * 4 * d + 4 * d)
     total = components.count_parameters([model])
     assert math.isclose(components.parameter_table(model).loc["All", "% of total"], 100.0)
-    assert components.config_parameters(model, "full") == total
+    assert components.trained_parameters(model, "full") == total
 
 
 def test_blocks_are_the_models_transformer_blocks():

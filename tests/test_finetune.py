@@ -12,16 +12,16 @@ from paperlib import runs as run_files
 from paperlib.runs import Config
 
 
-@pytest.mark.parametrize("config", ["fc2", "ln1", "linear"])
-def test_only_the_chosen_parameters_change(config, small):
-    model, metrics = finetune.train(small(component=config))
+@pytest.mark.parametrize("component", ["fc2", "ln1", "linear"])
+def test_only_the_chosen_parameters_change(component, small):
+    model, metrics = finetune.train(small(component=component))
     torch.manual_seed(0)
     initial = models.create_model("demo", num_classes=5)  # the run's initialisation: same seed, same head
-    expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, config))}
+    expected = {n for n, _ in components.trainable_parameters(components.set_trainable(initial, component))}
     changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
     assert changed and changed <= expected
     assert "head.weight" in changed
-    assert metrics["trainable_parameters"] == components.config_parameters(initial, config)
+    assert metrics["trainable_parameters"] == components.trained_parameters(initial, component)
 
 
 def test_same_seed_same_numbers(results, tmp_path, monkeypatch, small, move_results):
@@ -339,9 +339,9 @@ def _test_accuracy(model) -> float:
         return (model(images).argmax(dim=1) == labels).double().mean().item()
 
 
-@pytest.mark.parametrize("config", ["mha", "linear"])
-def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(config, small):
-    run = small(component=config, save_weights=True)
+@pytest.mark.parametrize("component", ["mha", "linear"])
+def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(component, small):
+    run = small(component=component, save_weights=True)
     metrics = finetune.run(run)
     assert metrics["weights"] == "weights.safetensors" and (run.folder() / "weights.safetensors").is_file()
     model = finetune.load_model(run)
@@ -353,7 +353,7 @@ def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(config, sm
     trained = {
         n
         for n, _ in components.trainable_parameters(
-            components.set_trainable(models.create_model("demo", num_classes=5), config)
+            components.set_trainable(models.create_model("demo", num_classes=5), component)
         )
     }
     assert set(load_file(str(run.folder() / "weights.safetensors"))) == trained

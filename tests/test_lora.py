@@ -36,7 +36,7 @@ def test_lora_starts_as_the_pretrained_function_and_trains_only_its_updates_head
     lora.add_lora(model, "mha", rank=4)
     with torch.no_grad():
         assert torch.equal(model(x), reference(x))  # B starts at zero
-    lora.set_trainable(model, "mha")
+    lora.set_trainable(model)
     trainable = {name for name, _ in components.trainable_parameters(model)}
     expected = {
         f"blocks.{i}.attn.{m}.lora_{ab}.default.weight"
@@ -73,9 +73,9 @@ def test_an_update_is_alpha_over_rank_times_b_a_and_merging_folds_it_into_the_we
     assert torch.equal(model.blocks[1].mlp.fc2.weight, reference.blocks[1].mlp.fc2.weight)
 
 
-@pytest.mark.parametrize("config", ["mha", "fc2", "full"])
-def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config, small):
-    model, metrics = finetune.train(small(component=config, lora_rank=4))
+@pytest.mark.parametrize("component", ["mha", "fc2", "full"])
+def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(component, small):
+    model, metrics = finetune.train(small(component=component, lora_rank=4))
     initial = demo()  # the run's initialisation: same seed, same head (LoRA goes on after the head)
     weights = dict(model.named_parameters())
     changed_lora = set()
@@ -83,13 +83,13 @@ def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(config,
         assert torch.equal(layer.base_layer.weight, initial.get_submodule(name).weight)  # frozen, bit for bit
         if not torch.equal(layer.lora_B.default.weight, torch.zeros_like(layer.lora_B.default.weight)):
             changed_lora.add(name)
-    assert changed_lora == set(lora.target_names(initial, config))
+    assert changed_lora == set(lora.target_names(initial, component))
     plain = {name.replace(".base_layer", ""): p for name, p in weights.items() if "lora_" not in name}
     changed = {n for n, p in plain.items() if not torch.equal(p.detach(), initial.state_dict()[n])}
     assert changed == {"head.weight", "head.bias", "norm.weight", "norm.bias"}
     assert (
         metrics["trainable_parameters"]
-        == lora.parameter_table(initial, 4).loc[f"{components.LABELS[config]} (LoRA r=4)", "trainable"]
+        == lora.parameter_table(initial, 4).loc[f"{components.LABELS[component]} (LoRA r=4)", "trainable"]
     )
     assert metrics["lora_rank"] == 4
 
@@ -209,7 +209,7 @@ def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
     x, labels = images(8), torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(2))
     grads = []
     for compiled in (False, True):
-        model = lora.set_trainable(lora.add_lora(demo(), "full", rank=2), "full")
+        model = lora.set_trainable(lora.add_lora(demo(), "full", rank=2))
         with torch.no_grad():
             for layer in lora.adapted_layers(model):
                 layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))

@@ -11,17 +11,17 @@ from paperlib import precision, stats
 from paperlib.runs import RUN_COLUMNS
 
 DATASETS = [f"set{i}" for i in range(6)]
-CONFIGS = ["mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"]
+GRID_COMPONENTS = ["mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"]
 LRS = [0.01, 0.03]
 SEEDS = [0, 1, 2]
 BASE = {"mha": 90.0, "fc1": 89.0, "fc2": 88.5, "ln2": 87.5, "ln1": 87.0, "full": 89.5, "linear": 70.0}
 
 
-def accuracy(dataset, config, lr, seed):
+def accuracy(dataset, component, lr, seed):
     """Test accuracy (%) of a synthetic fp32 run: MHA best on every dataset, the larger learning rate
     better, and seed noise of ±0.2 points (mean 0 over the three seeds)."""
     index = DATASETS.index(dataset)
-    return BASE[config] - index + (1.0 if lr == 0.03 else 0.0) + 0.2 * ((7 * seed + index) % 3 - 1)
+    return BASE[component] - index + (1.0 if lr == 0.03 else 0.0) + 0.2 * ((7 * seed + index) % 3 - 1)
 
 
 def fp32_runs():
@@ -29,7 +29,7 @@ def fp32_runs():
         {
             "model": "demo",
             "dataset": dataset,
-            "component": config,
+            "component": component,
             "lr": lr,
             "seed": seed,
             "precision": "fp32",
@@ -41,11 +41,11 @@ def fp32_runs():
             "normalize": "imagenet",
             "tag": "",
             "status": "finished",
-            "best_val_accuracy": accuracy(dataset, config, lr, seed) / 100,
+            "best_val_accuracy": accuracy(dataset, component, lr, seed) / 100,
             "best_step": 10,
-            "test_accuracy": accuracy(dataset, config, lr, seed) / 100,
+            "test_accuracy": accuracy(dataset, component, lr, seed) / 100,
         }
-        for dataset, config, lr, seed in itertools.product(DATASETS, CONFIGS, LRS, SEEDS)
+        for dataset, component, lr, seed in itertools.product(DATASETS, GRID_COMPONENTS, LRS, SEEDS)
     ]
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
@@ -84,13 +84,13 @@ def test_the_synthetic_fp32_runs_have_mha_best_and_every_table1_decrease_signifi
 def test_identical_results_in_another_precision_are_equivalent_everywhere_with_the_same_conclusions():
     effect = precision.effect(both(in_precision(fp32_runs(), "autocast")))
     differences = effect["differences"]
-    assert len(differences) == len(DATASETS) * len(CONFIGS)
+    assert len(differences) == len(DATASETS) * len(GRID_COMPONENTS)
     assert (differences["pairs"] == len(LRS) * len(SEEDS)).all() and (differences["diverged"] == 0).all()
     assert (differences[["mean", "ci_low", "ci_high"]] == 0).all().all()
     assert (differences["p_equivalence"] == 0.0).all() and differences["equivalent"].all()
     overall = effect["overall"].set_index("precision").loc["autocast"]
     assert overall["mean"] == 0 and overall["equivalent"]
-    assert overall["pairs"] == len(DATASETS) * len(CONFIGS) * len(LRS) * len(SEEDS)
+    assert overall["pairs"] == len(DATASETS) * len(GRID_COMPONENTS) * len(LRS) * len(SEEDS)
     conclusions = effect["conclusions"].set_index("precision").loc["autocast"]
     assert conclusions[["table1_same", "best_same", "table1_differs", "best_differs"]].tolist() == [True, True, "", ""]
 
@@ -212,7 +212,7 @@ def test_formatted_precision_shows_the_interval_equivalence_and_divergences():
     other = in_precision(runs, "autocast")
     other.loc[(other["component"] == "fc1") & (other["seed"] == 0) & (other["lr"] == 0.01), "status"] = "diverged"
     text = precision.formatted(precision.effect(pd.concat([runs, other]))["differences"])
-    assert list(text.columns) == CONFIGS
+    assert list(text.columns) == GRID_COMPONENTS
     assert text.loc[("autocast", "set0"), "mha"] == "+0.00 [+0.00, +0.00] ="
     assert text.loc[("autocast", "set0"), "fc1"] == "+0.00 [+0.00, +0.00] = (1 diverged)"
 

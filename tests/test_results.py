@@ -23,38 +23,38 @@ DATASETS = [
     "digits_c/snow",
     "digits_c/speckle_noise",
 ]  # real names: a Config validates its dataset
-CONFIGS = ["mha", "fc1", "ln1", "linear"]
+GRID_COMPONENTS = ["mha", "fc1", "ln1", "linear"]
 LRS = [0.01, 0.03]
 SEEDS = [0, 1, 2]
 
 
-def accuracy(dataset, config, lr, seed):
-    """Test accuracy (fraction) of a synthetic run: config and lr matter, seeds jitter."""
-    base = {"mha": 0.90, "fc1": 0.89, "ln1": 0.85, "linear": 0.70}[config] - 0.01 * DATASETS.index(dataset)
-    return base + (0.02 if lr == 0.03 else 0.0) * (1 if config != "ln1" else -1) + 0.003 * seed
+def accuracy(dataset, component, lr, seed):
+    """Test accuracy (fraction) of a synthetic run: component and lr matter, seeds jitter."""
+    base = {"mha": 0.90, "fc1": 0.89, "ln1": 0.85, "linear": 0.70}[component] - 0.01 * DATASETS.index(dataset)
+    return base + (0.02 if lr == 0.03 else 0.0) * (1 if component != "ln1" else -1) + 0.003 * seed
 
 
-def val_accuracy(dataset, config, lr, seed):
+def val_accuracy(dataset, component, lr, seed):
     # validation prefers the other learning rate for ln1, so the two selections differ
-    return accuracy(dataset, config, lr, seed) + (0.05 if (config == "ln1" and lr == 0.03) else 0.0)
+    return accuracy(dataset, component, lr, seed) + (0.05 if (component == "ln1" and lr == 0.03) else 0.0)
 
 
-def write_run(root, dataset, config, lr, seed, status="finished"):
-    folder = root / "finetune" / "demo" / dataset / config / f"lr={lr:g}" / f"seed={seed}"
+def write_run(root, dataset, component, lr, seed, status="finished"):
+    folder = root / "finetune" / "demo" / dataset / component / f"lr={lr:g}" / f"seed={seed}"
     folder.mkdir(parents=True)
     params = {field.name: field.default for field in fields(Config)} | {
         "protocol": PROTOCOL,
         "model": "demo",
         "dataset": dataset,
-        "component": config,
+        "component": component,
         "lr": lr,
         "seed": seed,
     }
     (folder / "params.json").write_text(json.dumps(params))
     if status == "partial":
         return
-    test = accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
-    val = val_accuracy(dataset, config, lr, seed) if status == "finished" else float("nan")
+    test = accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
+    val = val_accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
     (folder / "metrics.json").write_text(
         json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10})
     )
@@ -65,8 +65,8 @@ def write_run(root, dataset, config, lr, seed, status="finished"):
 
 @pytest.fixture
 def tree(tmp_path):
-    for dataset, config, lr, seed in itertools.product(DATASETS, CONFIGS, LRS, SEEDS):
-        write_run(tmp_path, dataset, config, lr, seed)
+    for dataset, component, lr, seed in itertools.product(DATASETS, GRID_COMPONENTS, LRS, SEEDS):
+        write_run(tmp_path, dataset, component, lr, seed)
     write_run(tmp_path, "digits", "fc2", 0.01, 0, status="partial")
     write_run(tmp_path, "digits", "fc2", 0.03, 0, status="diverged")
     return tmp_path
@@ -74,7 +74,7 @@ def tree(tmp_path):
 
 def test_load_lists_every_run_including_partial_and_diverged(tree):
     runs, histories = load(tree)
-    assert len(runs) == len(DATASETS) * len(CONFIGS) * len(LRS) * len(SEEDS) + 2
+    assert len(runs) == len(DATASETS) * len(GRID_COMPONENTS) * len(LRS) * len(SEEDS) + 2
     status = runs.set_index(["component", "lr"]).loc["fc2", "status"]
     assert sorted(status.tolist()) == ["diverged", "partial"]
     assert set(histories.columns) >= {"model", "dataset", "component", "lr", "seed", "step", "grad_norm"}
@@ -119,13 +119,15 @@ def test_runs_in_another_precision_are_other_runs(tree):
 def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
     runs, _ = load(tree)
     table = stats.table6(runs).set_index(["dataset", "component"])
-    for dataset, config in itertools.product(DATASETS, CONFIGS):
-        means = {lr: statistics.mean(100 * accuracy(dataset, config, lr, s) for s in SEEDS) for lr in LRS}
+    for dataset, component in itertools.product(DATASETS, GRID_COMPONENTS):
+        means = {lr: statistics.mean(100 * accuracy(dataset, component, lr, s) for s in SEEDS) for lr in LRS}
         best = max(means, key=means.get)
-        row = table.loc[(dataset, config)]
+        row = table.loc[(dataset, component)]
         assert row["lr"] == best and row["mean"] == pytest.approx(means[best])
         # Table 6's ±: numpy's np.std over the seeds (ddof=0), as the authors' code
-        assert row["std"] == pytest.approx(statistics.pstdev(100 * accuracy(dataset, config, best, s) for s in SEEDS))
+        assert row["std"] == pytest.approx(
+            statistics.pstdev(100 * accuracy(dataset, component, best, s) for s in SEEDS)
+        )
         assert row["seeds"] == 3
     assert table.loc[("digits", "fc2"), "lr"] == 0.03 if ("digits", "fc2") in table.index else True
     by_val = stats.table6(runs, select="val").set_index(["dataset", "component"])
@@ -176,16 +178,21 @@ def test_table6_printed_as_the_paper_prints_it():
 def test_table1_matches_scipy_and_the_definition():
     rows = []
     for i, dataset in enumerate(DATASETS):
-        for config, offset in (("mha", 0.0), ("fc1", 0.1 * (-1) ** i), ("fc2", 0.5 + 0.1 * i), ("ln2", 1.0 + 0.05 * i)):
-            rows.append({"dataset": dataset, "component": config, "accuracy": 90.0 - offset - i})
+        for component, offset in (
+            ("mha", 0.0),
+            ("fc1", 0.1 * (-1) ** i),
+            ("fc2", 0.5 + 0.1 * i),
+            ("ln2", 1.0 + 0.05 * i),
+        ):
+            rows.append({"dataset": dataset, "component": component, "accuracy": 90.0 - offset - i})
     accuracies = pd.DataFrame(rows)
     table = stats.table1(accuracies).set_index("component")
     assert list(table.index) == ["fc1", "fc2", "ln2"]
     mha = accuracies[accuracies.component == "mha"].set_index("dataset")["accuracy"]
-    for config in ("fc1", "fc2", "ln2"):
-        other = accuracies[accuracies.component == config].set_index("dataset")["accuracy"]
-        assert table.loc[config, "decrease"] == pytest.approx((mha - other).mean())
-        assert table.loc[config, "p_value"] == pytest.approx(
+    for component in ("fc1", "fc2", "ln2"):
+        other = accuracies[accuracies.component == component].set_index("dataset")["accuracy"]
+        assert table.loc[component, "decrease"] == pytest.approx((mha - other).mean())
+        assert table.loc[component, "p_value"] == pytest.approx(
             scipy_stats.wilcoxon(mha, other.loc[mha.index], alternative="greater").pvalue
         )
     assert not table.loc["fc1", "significant"] and table.loc["fc2", "significant"] and table.loc["ln2", "significant"]
@@ -318,7 +325,7 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
 
 def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     runs, _ = load(tree)
-    spread = stats.grid_spread(runs, configs=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
+    spread = stats.grid_spread(runs, components=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
     values = [100 * accuracy("digits_c/contrast", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
     row = spread.loc[("digits_c/contrast", "fc1")]
     assert row["std"] == pytest.approx(statistics.stdev(values))
@@ -332,14 +339,14 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     assert (row["finished"], row["diverged"], row["cells"]) == (6, 0, 6)
     assert set(spread.index.get_level_values("component")) == {"mha", "fc1", "ln1"}
     # FC2 of dataset a has one diverged run and one that did not finish: no cell of a has every configuration
-    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"]).set_index("component")
+    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"]).set_index("component")
     assert (
         with_fc2["cells"].tolist() == [1, 1]
         and with_fc2.loc["fc2", "diverged"] == 1
         and with_fc2.loc["mha", "finished"] == 0
     )
     assert (
-        stats.grid_spread(runs[runs["dataset"] == "digits"], configs=["mha", "fc2"], common=False)
+        stats.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"], common=False)
         .set_index("component")
         .loc["mha", "finished"]
         == 1
@@ -373,12 +380,12 @@ def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_stead
                 "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed,
             }
         )
-    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
+    spread = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [6, 6] and spread.loc["mha", "diverged"] == 2
     assert spread["finished"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
     ln1 = [80.0, 80.1, 85.0, 85.1]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev(ln1))
-    everything = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"], common=False).set_index("component")
+    everything = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"], common=False).set_index("component")
     assert everything.loc["ln1", "finished"] == 6 and everything.loc["mha", "finished"] == 4
 
 
@@ -532,9 +539,9 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     )
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
     assert pairs["p_holm"].tolist() == pytest.approx(stats.holm(pairs["p_value"]).tolist())
-    assert stats.pairwise(paper, configs=["mha", "full", "probe"])["first"].tolist() == ["mha", "mha", "full"]
+    assert stats.pairwise(paper, components=["mha", "full", "probe"])["first"].tolist() == ["mha", "mha", "full"]
     with pytest.raises(ValueError, match="unknown configuration.*valid configurations: mha"):
-        stats.pairwise(paper, configs=["mha", "attn"])
+        stats.pairwise(paper, components=["mha", "attn"])
 
 
 def test_pairwise_printed_as_a_matrix():
@@ -580,7 +587,7 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
         for c in ("mha", "ln1")
         for seed in range(3)
     ]
-    spread = stats.grid_spread(pd.DataFrame(rows), configs=["mha", "ln1"]).set_index("component")
+    spread = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
 
@@ -590,15 +597,15 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
-        f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n"
+        f"grid:\n  dataset: {DATASETS}\n  component: {GRID_COMPONENTS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n"
     )
     assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS)
     # every run of the tree's configurations, and of FC2 a partial and a diverged run on a; the other FC2 runs missing
     assert (
-        f"{grid * len(CONFIGS) + 2} runs of" in out
-        and f"{grid * len(CONFIGS)} finished, 1 partial, 1 diverged; {grid - 2} missing" in out
+        f"{grid * len(GRID_COMPONENTS) + 2} runs of" in out
+        and f"{grid * len(GRID_COMPONENTS)} finished, 1 partial, 1 diverged; {grid - 2} missing" in out
     )
     assert "Table 6" in out and "p_holm" in out and "no P(f)" not in out
     written = {p.stem for p in (tmp_path / "tables").iterdir()}
@@ -681,7 +688,7 @@ def precision_spec(tmp_path):
     spec.write_text(
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}/{precision}'\n"
         "parameters:\n  model: demo\n  device: cuda\n"  # tf32 is CUDA's; nothing runs here
-        f"grid:\n  dataset: {DATASETS}\n  component: {CONFIGS}\n  lr: {LRS}\n  seed: {SEEDS}\n"
+        f"grid:\n  dataset: {DATASETS}\n  component: {GRID_COMPONENTS}\n  lr: {LRS}\n  seed: {SEEDS}\n"
         "  precision: [fp32, tf32]\n"
     )
     return spec
@@ -695,11 +702,11 @@ def test_the_results_command_of_a_precision_check_prints_its_fp32_tables_and_the
     spec = precision_spec(tmp_path)
     assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
-    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(CONFIGS)
+    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(GRID_COMPONENTS)
     assert f"{grid} fp32 runs of" in out and "Table 6" in out
     assert f"python -m paperlib.precision {spec}" in out
     table6 = pd.read_csv(tmp_path / "tables" / "table6.csv")  # the paper's tables of the fp32 runs
-    assert len(table6) == len(DATASETS) * len(CONFIGS)
+    assert len(table6) == len(DATASETS) * len(GRID_COMPONENTS)
 
 
 def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path, move_results):
@@ -708,7 +715,7 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     spec = precision_spec(tmp_path)
     assert precision.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
-    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(CONFIGS)
+    grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(GRID_COMPONENTS)
     assert "Test accuracy difference from fp32" in out and "conclusions" in out
     overall = pd.read_csv(tmp_path / "tables" / "overall.csv")
     assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
