@@ -319,11 +319,6 @@ def batch_pair_rates(
     return PairRates(rates, identical, token_squares, 2 * ex.shape[1])
 
 
-def batch_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str, terms) -> torch.Tensor:
-    """``rate_tensor`` inside ``evaluating`` (the model checked and in eval mode once for many batches)."""
-    return batch_pair_rates(model, x, y, inputs, terms).rates
-
-
 def pair_rates(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None, scale: float = 1.0
 ) -> PairRates:

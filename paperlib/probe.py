@@ -414,8 +414,8 @@ def linear_probe(
     """
     data.check_dataset(dataset)
     wanted_points = check_points(points)
-    check_choice(pool, POOLS, "pool")
-    check_choice(train_split, TRAIN_SPLITS, "train_split")
+    for value, valid, what in (pool, POOLS, "pool"), (train_split, TRAIN_SPLITS, "train_split"):
+        check_choice(value, valid, what)
     check_choice(train_features, TRAIN_FEATURES, "train_features")
     check_normalize(normalize)
     label = model if isinstance(model, str) else name
@@ -425,20 +425,7 @@ def linear_probe(
     # the depth from the architecture alone (meta device: no weights): a cached table needs no model
     depth = len(components.blocks(models.architecture(model) if isinstance(model, str) else model))
     wanted = [(b, p) for b in check_blocks(blocks, depth) for p in wanted_points]
-    key = {
-        "model": label,
-        "dataset": dataset,
-        "split_seed": split_seed,
-        "train_split": train_split,
-        "train_features": train_features,
-        "splits": SPLITS_VERSION,
-        "pool": pool,
-        "normalize": normalize,
-        "mean": list(mean_std[0]),
-        "std": list(mean_std[1]),
-        "model_fingerprint": models.content_fingerprint(label) if isinstance(model, str) else None,
-        "data_fingerprint": data.content_fingerprint(dataset, root),
-    }
+    key = probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std)
     folder = (
         result_folder(label, dataset, split_seed, normalize, pool, train_split, train_features)
         if cache and label
@@ -453,46 +440,61 @@ def linear_probe(
         if not missing:
             return tidy(table, wanted)
         threads.apply()  # this process's share of the cores, if it shares them with others of ours
-        start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
         network = models.create_model(model) if isinstance(model, str) else model
         size = network.patch_embed.img_size[0]
-        splits = {
-            split: data.get_dataset(dataset, split, root=root, seed=split_seed, image_size=size, mean_std=mean_std)
-            for split in (train_split, "test")
-        }
-        n_images = sum(len(s) for s in splits.values())
-        bar = tqdm(total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
-        for group in groups(network, missing, n_images, max_gib):
-            augment_seed = split_seed if train_features == "augmented" else None
-            train_x, train_y = pooled_features(
-                network, splits[train_split], group, pool, batch_size, device, num_workers, augment_seed
-            )
-            test_x, test_y = pooled_features(network, splits["test"], group, pool, batch_size, device, num_workers)
-            # small fits (every demo-scale one) run one per core of this process's share; larger ones
-            # one at a time, on BLAS's threads
-            jobs = (threads.budget() or threads.cores()) if all(train_x[i].size <= SMALL_FIT for i in group) else 1
-            fits = Parallel(n_jobs=min(jobs, len(group)), return_as="generator")(
-                delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
-            )
-            for (index, point), accuracy in zip(group, fits):
-                table.loc[len(table)] = [index, point, accuracy]
-                if folder is not None:  # after every fit: an interrupted call resumes
-                    metadata = {
-                        "key": key,
-                        "depth": depth,
-                        "image_size": size,
-                        "n_train": len(train_y),
-                        "n_test": len(test_y),
-                        "n_classes": len(splits["test"].classes),
-                        "device": str(device),
-                        "seconds": round(seconds + time.perf_counter() - start, 2),
-                        "torch": torch.__version__,
-                        "sklearn": sklearn.__version__,
-                    }
-                    save(table, folder, metadata)
-                bar.update()
-        bar.close()
+        loading = {"root": root, "seed": split_seed, "image_size": size, "mean_std": mean_std}
+        train, test = (data.get_dataset(dataset, split, **loading) for split in (train_split, "test"))
+        record = {"key": key, "depth": depth, "image_size": size, "n_classes": len(test.classes)}
+        record |= {"device": str(device), "torch": torch.__version__, "sklearn": sklearn.__version__}
+        augment_seed = split_seed if train_features == "augmented" else None
+        loaders = (pool, batch_size, device, num_workers)
+        fitting = fit_missing(network, train, test, missing, loaders, augment_seed, split_seed, max_gib)
+        start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
+        for (index, point), accuracy, n_train, n_test in tqdm(
+            fitting, total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress
+        ):
+            table.loc[len(table)] = [index, point, accuracy]
+            if folder is not None:  # after every fit: an interrupted call resumes
+                elapsed = round(seconds + time.perf_counter() - start, 2)
+                save(table, folder, record | {"n_train": n_train, "n_test": n_test, "seconds": elapsed})
         return tidy(table, wanted)
+
+
+def probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std) -> dict:
+    """What a cached probe table was computed from (its ``metadata.json``'s ``key``): another key is
+    another table, computed again."""
+    return {
+        "model": label,
+        "dataset": dataset,
+        "split_seed": split_seed,
+        "train_split": train_split,
+        "train_features": train_features,
+        "splits": SPLITS_VERSION,
+        "pool": pool,
+        "normalize": normalize,
+        "mean": list(mean_std[0]),
+        "std": list(mean_std[1]),
+        "model_fingerprint": models.content_fingerprint(label) if isinstance(model, str) else None,
+        "data_fingerprint": data.content_fingerprint(dataset, root),
+    }
+
+
+def fit_missing(network, train, test, missing, loaders, augment_seed, split_seed, max_gib: float = 8.0):
+    """Fit the probes of ``missing`` (block, point), a group of them per pass over ``train`` and
+    ``test`` (``groups``: as many as ``max_gib`` of pooled features hold); yields ((block, point),
+    test accuracy, training images, test images) as each fit ends. ``loaders``: (pool, batch_size,
+    device, num_workers) of ``pooled_features``."""
+    for group in groups(network, missing, len(train) + len(test), max_gib):
+        train_x, train_y = pooled_features(network, train, group, *loaders, augment_seed)
+        test_x, test_y = pooled_features(network, test, group, *loaders)
+        # small fits (every demo-scale one) run one per core of this process's share; larger ones
+        # one at a time, on BLAS's threads
+        jobs = (threads.budget() or threads.cores()) if all(train_x[i].size <= SMALL_FIT for i in group) else 1
+        fits = Parallel(n_jobs=min(jobs, len(group)), return_as="generator")(
+            delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
+        )
+        for item, accuracy in zip(group, fits):
+            yield item, accuracy, len(train_y), len(test_y)
 
 
 def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:
