@@ -89,27 +89,28 @@ def effect(
     tables = {p: table6(runs[runs["precision"] == p], select=select) for p in [reference, *others]}
     ones = {p: _table1_or_none(table) for p, table in tables.items()}
     best = pd.concat({p: _best(table) for p, table in tables.items()}, axis=1).rename_axis(columns="precision")
-    conclusions = []
-    for p in others:
-        both = best[[reference, p]].dropna()
-        best_differs = both.index[both[reference] != both[p]].tolist()
-        table1_differs = _pattern_differs(ones[reference], ones[p])
-        conclusions.append(
-            {
-                "precision": p,
-                "table1_same": None if table1_differs is None else not table1_differs,
-                "table1_differs": None if table1_differs is None else ", ".join(table1_differs),
-                "best_same": not best_differs,
-                "best_differs": ", ".join(best_differs),
-            }
-        )
     stacked = [t.assign(precision=p)[["precision", *t.columns]] for p, t in ones.items() if t is not None]
     return {
         "differences": differences.reset_index(drop=True),
         "overall": pd.DataFrame(overall, columns=["precision", *EQUIVALENCE]),
-        "conclusions": pd.DataFrame(conclusions),
+        "conclusions": pd.DataFrame([_conclusions(best, ones, reference, p) for p in others]),
         "table1": pd.concat(stacked, ignore_index=True) if stacked else pd.DataFrame(columns=["precision"]),
         "best": best,
+    }
+
+
+def _conclusions(best: pd.DataFrame, ones: dict, reference: str, precision: str) -> dict:
+    """``effect``'s ``conclusions`` row of ``precision``: does its Table 1 (``ones``) keep the reference's
+    pattern, and its Table 6 the reference's best component on every dataset (``best``)?"""
+    both = best[[reference, precision]].dropna()
+    best_differs = both.index[both[reference] != both[precision]].tolist()
+    table1_differs = _pattern_differs(ones[reference], ones[precision])
+    return {
+        "precision": precision,
+        "table1_same": None if table1_differs is None else not table1_differs,
+        "table1_differs": None if table1_differs is None else ", ".join(table1_differs),
+        "best_same": not best_differs,
+        "best_differs": ", ".join(best_differs),
     }
 
 
