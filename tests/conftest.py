@@ -48,10 +48,16 @@ def small():
 
 
 @pytest.fixture
-def tiny_model():
-    """The demo ViT's architecture with random weights (seeded) and a 3-class head: a whole ViT in
-    milliseconds."""
-    return models.create_model("demo", pretrained=False, num_classes=3)
+def tiny_vit():
+    """``tiny_vit(**kwargs)``: the demo ViT's architecture with random weights (seeded by ``_seeded``),
+    ``models.create_model("demo", pretrained=False, **kwargs)``: a whole ViT in milliseconds."""
+    return lambda **kwargs: models.create_model("demo", pretrained=False, **kwargs)
+
+
+@pytest.fixture
+def tiny_model(tiny_vit):
+    """``tiny_vit`` with a 3-class head."""
+    return tiny_vit(num_classes=3)
 
 
 @pytest.fixture

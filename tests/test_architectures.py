@@ -246,8 +246,8 @@ def test_bounds_are_empty_where_the_propositions_do_not_reach(model):
     assert shares["fc1"] == 0.0 and shares["fc2"] == 0.0  # a linear map never exceeds its spectral norm
 
 
-def test_the_papers_vits_are_inside_the_propositions():
-    assert bounds.outside_propositions(models.create_model("demo", pretrained=False)) == {}
+def test_the_papers_vits_are_inside_the_propositions(tiny_vit):
+    assert bounds.outside_propositions(tiny_vit()) == {}
 
 
 def test_lora_finds_the_projections_each_block_has():
@@ -377,8 +377,8 @@ def test_the_later_vits_sweep_names_models_that_build_and_normalise():
 
 
 @torch.no_grad()
-def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
-    plain = models.create_model("demo", pretrained=False).eval()
+def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without(tiny_vit):
+    plain = tiny_vit().eval()
     fused = speed.step.fuse(copy.deepcopy(plain), "gelu+qkv")
     assert type(fused.blocks[0].mlp).__name__ == "BiasGeluMlp"  # fc1 is read, not called
     x, y = _pairs()
@@ -393,8 +393,8 @@ def test_the_papers_vit_with_fused_ops_measures_and_bounds_as_without():
     )
 
 
-def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them():
-    model = models.create_model("demo", pretrained=False)
+def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them(tiny_vit):
+    model = tiny_vit()
     lora.add_lora(model, "fc1", rank=2)
     x, y = _pairs()
     with pytest.raises(TypeError, match=r"lora.merge\(model\) first"):
@@ -406,8 +406,8 @@ def test_unmerged_lora_updates_are_refused_by_the_measures_that_would_miss_them(
 
 
 @torch.no_grad()
-def test_blocks_sharing_weights_have_no_in_situ_rate():
-    model = models.create_model("demo", pretrained=False).eval()
+def test_blocks_sharing_weights_have_no_in_situ_rate(tiny_vit):
+    model = tiny_vit().eval()
     model.blocks[1] = model.blocks[0]
     x, y = _pairs()
     with pytest.raises(TypeError, match="called mha of block 0 2 times"):

@@ -110,15 +110,15 @@ def test_set_trainable_changes_only_the_chosen_parameters(component, tiny_model)
     assert "head.weight" in changed
 
 
-def test_set_trainable_is_reversible():
-    model = models.create_model("demo", pretrained=False)
+def test_set_trainable_is_reversible(tiny_vit):
+    model = tiny_vit()
     components.set_trainable(model, "ln1")
     components.set_trainable(model, "full")
     assert all(p.requires_grad for p in model.parameters())
 
 
-def test_bad_names_list_the_valid_choices():
-    model = models.create_model("demo", pretrained=False)
+def test_bad_names_list_the_valid_choices(tiny_vit):
+    model = tiny_vit()
     with pytest.raises(ValueError, match="valid configurations: mha, fc1, fc2, ln2, ln1, full, linear"):
         components.set_trainable(model, "attention")
     with pytest.raises(ValueError, match="valid components: mha, fc1, fc2, ln2, ln1"):
@@ -130,8 +130,8 @@ def test_non_vit_is_rejected_clearly():
         components.component_parameters(torch.nn.Linear(3, 3), "mha")
 
 
-def test_demo_counts_follow_its_architecture():
-    model = models.create_model("demo", pretrained=False)
+def test_demo_counts_follow_its_architecture(tiny_vit):
+    model = tiny_vit()
     assert isinstance(model, VisionTransformer)
     d, depth = model.embed_dim, len(model.blocks)
     assert components.component_parameters(model, "fc1") == depth * (d * 4 * d + 4 * d)
@@ -140,8 +140,8 @@ def test_demo_counts_follow_its_architecture():
     assert components.trained_parameters(model, "full") == total
 
 
-def test_blocks_are_the_models_transformer_blocks():
-    model = models.create_model("demo", pretrained=False)
+def test_blocks_are_the_models_transformer_blocks(tiny_vit):
+    model = tiny_vit()
     assert components.blocks(model) is model.blocks
     with pytest.raises(TypeError, match="has no transformer blocks"):
         components.blocks(torch.nn.Linear(3, 3))

@@ -160,8 +160,8 @@ def test_saved_architecture_arguments_rebuild_the_model(home):
     assert torch.equal(loaded.pos_embed, source.pos_embed) and torch.equal(loaded.head.weight, source.head.weight)
 
 
-def test_a_folder_written_by_timm_itself_loads(home):
-    source = models.create_model("demo", pretrained=False, num_classes=4)
+def test_a_folder_written_by_timm_itself_loads(home, tiny_vit):
+    source = tiny_vit(num_classes=4)
     # pytorch_model.bin
     timm.models.save_for_hf(source, str(home / "data" / "models" / "byhand"), safe_serialization=False)
     loaded = models.create_model("custom/byhand")
