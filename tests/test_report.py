@@ -1,11 +1,13 @@
 """`make demo`'s machinery: papermill execution, HTML rendering, the index page."""
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
 
-from paperlib import report, threads
+from paperlib import paths, report, threads
 
 
 def _figures(notebook) -> int:
@@ -81,6 +83,34 @@ def test_progress_bars_show_their_last_state_in_the_reports(tmp_path):
     for page in (report.render_html(tmp_path / "bar.ipynb"), tmp_path / "bar.nocode.html"):
         text = page.read_text()
         assert "probing digits: 100%|####| 4/4" in text and "probing digits:  25%" not in text
+
+
+def test_a_notebook_waiting_for_a_lock_says_so_on_the_terminal_not_in_its_report(
+    tmp_path, monkeypatch, capfd, write_notebook
+):
+    # the kernel sends its file descriptor 2 into the cells, as under `make demo` (ipykernel does not under pytest)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    target = tmp_path / "result"
+    code = f"from paperlib import paths\nwith paths.locked({str(target)!r}):\n    print('written')"
+    notebook = write_notebook(tmp_path / "waits.ipynb", code)
+    terminal = ""  # what this process's stderr, and the kernel's (inherited), received
+    with ThreadPoolExecutor(1) as pool:
+        with paths.locked(target):  # another process holds it, as a notebook beside it in `make demo`
+            executed = pool.submit(report.execute, notebook, tmp_path / "out.ipynb")
+            deadline = time.monotonic() + 120
+            while "waiting for another process" not in terminal:
+                assert not executed.done() and time.monotonic() < deadline, "no notice of the wait on the terminal"
+                time.sleep(0.1)
+                terminal += capfd.readouterr().err
+        executed.result()  # the kernel took the lock once it was let go
+    assert paths.display(target) in terminal
+    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].outputs
+    assert [(output.name, output.text) for output in outputs] == [("stdout", "written\n")]
+
+
+def test_a_notice_on_a_command_line_goes_to_stderr(capsys):
+    paths.notice("waiting for another process that is writing results/x")
+    assert capsys.readouterr() == ("", "waiting for another process that is writing results/x\n")
 
 
 def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
