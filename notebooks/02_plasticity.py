@@ -74,7 +74,8 @@ print(f"{model} on {dataset}: {order}")
 print(f"This model {verdict} the paper's ranking MHA > FC1 > FC2 > LN2 > LN1 (Kendall's tau = {tau:.2f}).")
 
 # %%
-report.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with the paper's ranking)", paper="MHA > FC1 > FC2 > LN2 > LN1 on every benchmark (Fig. 2)")
+report.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with the paper's ranking)", paper="MHA > FC1 > FC2 > LN2 > LN1 on every benchmark (Fig. 2)",
+                why=report.token_scale_why(tau, table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## How sure is the ranking? (an extension)

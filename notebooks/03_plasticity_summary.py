@@ -55,8 +55,10 @@ plt.show()
 
 # %%
 pooled = stats.pooled_order(summary)  # per model: the components by P(f) averaged over datasets, and tau with the paper's order
+token_rms = summary.groupby("model")["token_rms"].mean()
+whys = {row.model: report.token_scale_why(row.tau, token_rms[row.model]) for row in pooled.itertuples()}
 report.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",
-                paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)")
+                paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)", why="; ".join(f"{m}: {why}" for m, why in whys.items() if why) or None)
 
 # %% [markdown]
 # ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)

@@ -93,7 +93,7 @@ plt.show()
 
 # %%
 report.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {plasticity.paper_agreement(table):.2f} with the paper's ranking)",
-                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)")
+                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=report.token_scale_why(plasticity.paper_agreement(table), table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## Finetuning one component at a time (§5.2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import re
@@ -226,6 +227,23 @@ def json_or_none(path: str | Path) -> dict | None:
         return None
 
 
+def notice(message: str) -> None:
+    """Say ``message``, a note on what this process does or waits for (not a result), on the terminal
+    it was started from: its stderr. In a Jupyter kernel, stderr is the running cell's output, and
+    ipykernel sends the kernel's file descriptor 2 there too; the note goes instead to the copy of the
+    kernel's own stderr that ipykernel keeps (``sys.stderr.fileno()``): the terminal of ``make demo``
+    or of ``jupyter lab``, never an executed notebook or its report."""
+    iostream = sys.modules.get("ipykernel.iostream")
+    if iostream is None or not isinstance(sys.stderr, iostream.OutStream):  # a command line
+        print(message, file=sys.stderr, flush=True)
+        return
+    try:
+        terminal = sys.stderr.fileno()
+    except io.UnsupportedOperation:  # a kernel that left descriptor 2 as it was (under pytest): the terminal
+        terminal = sys.__stderr__.fileno()
+    os.write(terminal, f"{message}\n".encode())
+
+
 class Busy(RuntimeError):
     """Another process holds the lock of what this one was asked to write (``locked(..., wait=False)``)."""
 
@@ -238,9 +256,9 @@ def locked(path: str | Path, wait: bool = True):
     """Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
     at a time may write) while the block runs. The lock is an OS file lock (``fcntl.flock``) on
     ``.<name>.lock`` beside ``path``, which the OS releases when its process ends, however it ends
-    (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on
-    stderr and waits for it (``wait=False``: raises ``Busy`` instead); the caller then checks whether
-    the holder finished the work. Locking what this process already holds does not wait."""
+    (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on the
+    terminal (``notice``) and waits for it (``wait=False``: raises ``Busy`` instead); the caller then
+    checks whether the holder finished the work. Locking what this process already holds does not wait."""
     path = Path(path).absolute()
     if path in _HELD:
         yield
@@ -256,7 +274,7 @@ def locked(path: str | Path, wait: bool = True):
         except BlockingIOError:
             if not wait:
                 raise Busy(f"{display(path)} is being written by another process (running elsewhere)") from None
-            print(f"waiting for another process that is writing {display(path)}", file=sys.stderr, flush=True)
+            notice(f"waiting for another process that is writing {display(path)}")
             fcntl.flock(handle, fcntl.LOCK_EX)
         _HELD.add(path)
         try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from dataclasses import asdict, fields
 
 import pandas as pd
@@ -138,7 +137,7 @@ def images_per_second(config: runs.Config, recorded: dict, timing_steps: int = 3
         return statistics.median(rate for rate, _ in rates), f"recorded{names} (median of {len(rates)} runs)"
     if here is None:
         return math.nan, f"none: no {torch.device(config.device).type} device here, and no finished run to read"
-    print(f"timing the {config.component} step of {config.model} at batch {config.batch_size} ...", file=sys.stderr)
+    paths.notice(f"timing the {config.component} step of {config.model} at batch {config.batch_size} ...")
     try:
         return time_step(config, timing_steps), f"timed here ({timing_steps} steps)"
     except RuntimeError as error:  # out of memory, a kernel this device lacks: the other steps still count

@@ -8,7 +8,8 @@
 ``parameters/``) into ``reports/<notebook>.ipynb``, renders ``reports/<notebook>.html`` with
 nbconvert (and ``<notebook>.nocode.html``, the same without code cells, for readers) and writes
 ``reports/index.html``, the landing page: per notebook its paper section, a thumbnail of its first
-figure, its headline result (``headline``) beside the paper's, the parameters it ran with and when.
+figure, its headline result (``headline``) beside the paper's, with why they differ where they do,
+the parameters it ran with and when.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
 and nbval can check them. The notebook libraries (nbformat, papermill, nbconvert) are imported
 where they are used: every notebook's kernel imports this module for ``headline``, and importing
@@ -74,13 +75,29 @@ HEADLINE_MIME = "application/vnd.vit-plasticity.headline+json"
 """The MIME type of a notebook's headline output (``headline``), which the landing page reads."""
 
 
-def headline(here: str, paper: str | None = None) -> None:
+def headline(here: str, paper: str | None = None, why: str | None = None) -> None:
     """Show a notebook's result in one line, and mark it for the reports' landing page
-    (``write_index``): ``here`` what this run found, ``paper`` the paper's number for it, if any."""
+    (``write_index``): ``here`` what this run found, ``paper`` the paper's number for it, if any, and
+    ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
     from IPython.display import display
 
-    text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "")
-    display({HEADLINE_MIME: {"here": here, "paper": paper}, "text/plain": text}, raw=True)
+    text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
+    marked = {"here": here, "paper": paper} | ({"why": why} if why else {})
+    display({HEADLINE_MIME: marked, "text/plain": text}, raw=True)
+
+
+def token_scale_why(tau: float, token_rms: float) -> str | None:
+    """``headline``'s ``why`` for a plasticity ranking that is not the paper's (``tau``: Kendall's tau
+    with it, below 1) of a model whose tokens are smaller than ViT-B/16's (``token_rms``, their RMS
+    norm, below the paper's r): notebook 02's scale curve; None otherwise."""
+    from .bounds import PAPER_R
+
+    if tau == 1 or token_rms >= PAPER_R:
+        return None
+    return (
+        f"small tokens (RMS norm {token_rms:.1f}; ViT-B/16's: {PAPER_R}): a LayerNorm's rate falls as tokens grow "
+        "and attention's rises, so small tokens favour the LayerNorms (notebook 02)"
+    )
 
 
 def check_parameters() -> None:
@@ -180,9 +197,10 @@ def _title(notebook: Path, node=None) -> str:
 
 def summary(notebook: Path) -> dict:
     """What the landing page shows of an executed notebook: ``title`` and ``section`` (its heading,
-    e.g. "Finetuning results" and "paper Tables 1 and 6; ..."), ``headline`` (``{"here", "paper"}``
-    or None), ``thumbnail`` (the first PNG figure, bytes, or None), ``parameters`` (those papermill
-    gave it; {}: the notebook's defaults, the demo world) and ``date`` (when it finished, or None)."""
+    e.g. "Finetuning results" and "paper Tables 1 and 6; ..."), ``headline`` (``{"here", "paper"}``,
+    with ``"why"`` where given, or None), ``thumbnail`` (the first PNG figure, bytes, or None),
+    ``parameters`` (those papermill gave it; {}: the notebook's defaults, the demo world) and ``date``
+    (when it finished, or None)."""
     import base64
 
     import nbformat
@@ -217,7 +235,8 @@ h1 { font-weight: 600; margin-bottom: 4px; } .lead { color: #616161; margin-top:
 .card { background: #fff; border: 1px solid #e0e0e0; border-radius: 6px; padding: 14px; }
 .card h2 { font-size: 1.05em; margin: 0 0 2px 0; } .section { color: #757575; font-size: 0.85em; margin: 0 0 8px 0; }
 .card img { width: 100%; height: 190px; object-fit: contain; background: #fff; border: 1px solid #eee; }
-.here, .paper { font-size: 0.9em; margin: 6px 0 0 0; } .paper { color: #1565c0; }
+.here, .paper, .why { font-size: 0.9em; margin: 6px 0 0 0; } .paper { color: #1565c0; }
+.why { color: #616161; font-style: italic; }
 .meta { color: #757575; font-size: 0.8em; margin-top: 8px; } a { color: #1976d2; text-decoration: none; }
 a:hover { text-decoration: underline; } .links { margin-top: 8px; font-size: 0.9em; }
 """
@@ -237,13 +256,14 @@ def _card(notebook: Path, out_dir: Path) -> str:
     line = info["headline"] or {}
     here = html.escape(line.get("here") or "no headline (run the notebook to the end)")
     paper = f'<p class="paper">paper: {html.escape(line["paper"])}</p>' if line.get("paper") else ""
+    why = f'<p class="why">why they differ: {html.escape(line["why"])}</p>' if line.get("why") else ""
     given = ", ".join(f"{k}={v}" for k, v in info["parameters"].items())
     ran = f"parameters: {given}" if given else "demo world (the notebook's defaults)"
     when = f" · {info['date']}" if info["date"] else ""
     return (
         f'<div class="card"><h2>{html.escape(notebook.stem[:2])} · {html.escape(info["title"])}</h2>'
         f'<p class="section">{html.escape(info["section"])}</p>{image}'
-        f'<p class="here"><b>here:</b> {here}</p>{paper}'
+        f'<p class="here"><b>here:</b> {here}</p>{paper}{why}'
         f'<p class="meta">{html.escape(ran)}{html.escape(when)}</p>'
         f'<p class="links"><a href="{html.escape(nocode)}">report</a> · '
         f'<a href="{html.escape(page)}">with code</a></p></div>'

@@ -1,11 +1,13 @@
 """`make demo`'s machinery: papermill execution, HTML rendering, the index page."""
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
 
-from paperlib import report, threads
+from paperlib import paths, report, threads
 
 
 def _figures(notebook) -> int:
@@ -83,6 +85,34 @@ def test_progress_bars_show_their_last_state_in_the_reports(tmp_path):
         assert "probing digits: 100%|####| 4/4" in text and "probing digits:  25%" not in text
 
 
+def test_a_notebook_waiting_for_a_lock_says_so_on_the_terminal_not_in_its_report(
+    tmp_path, monkeypatch, capfd, write_notebook
+):
+    # the kernel sends its file descriptor 2 into the cells, as under `make demo` (ipykernel does not under pytest)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    target = tmp_path / "result"
+    code = f"from paperlib import paths\nwith paths.locked({str(target)!r}):\n    print('written')"
+    notebook = write_notebook(tmp_path / "waits.ipynb", code)
+    terminal = ""  # what this process's stderr, and the kernel's (inherited), received
+    with ThreadPoolExecutor(1) as pool:
+        with paths.locked(target):  # another process holds it, as a notebook beside it in `make demo`
+            executed = pool.submit(report.execute, notebook, tmp_path / "out.ipynb")
+            deadline = time.monotonic() + 120
+            while "waiting for another process" not in terminal:
+                assert not executed.done() and time.monotonic() < deadline, "no notice of the wait on the terminal"
+                time.sleep(0.1)
+                terminal += capfd.readouterr().err
+        executed.result()  # the kernel took the lock once it was let go
+    assert paths.display(target) in terminal
+    outputs = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].outputs
+    assert [(output.name, output.text) for output in outputs] == [("stdout", "written\n")]
+
+
+def test_a_notice_on_a_command_line_goes_to_stderr(capsys):
+    paths.notice("waiting for another process that is writing results/x")
+    assert capsys.readouterr() == ("", "waiting for another process that is writing results/x\n")
+
+
 def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -97,6 +127,35 @@ def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
     assert "parameters: dataset=pets · 2026-11-25 10:11" in landing and "no headline" in landing
     assert "<img" not in landing  # no figure, no thumbnail
     assert 'href="sweep/run.html"' in landing  # other reports listed below
+
+
+def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_path, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append(data))
+    report.headline("demo: LN1 > MHA", paper="MHA > LN1", why="small tokens")
+    report.headline("vit_base: MHA 33%", paper="MHA 33%")
+    assert "why: small tokens" in shown[0]["text/plain"]
+    assert shown[1][report.HEADLINE_MIME] == {"here": "vit_base: MHA 33%", "paper": "MHA 33%"}  # no why: as before
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, data in (("02_plasticity", shown[0]), ("00_components", shown[1])):
+        output = nbformat.v4.new_output("display_data", data=data)
+        nbformat.write(
+            nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", outputs=[output])]), out / f"{name}.ipynb"
+        )
+        (out / f"{name}.html").write_text("<html></html>")
+    landing = report.write_index(out).read_text()
+    assert 'paper: MHA &gt; LN1</p><p class="why">why they differ: small tokens</p>' in landing
+    assert landing.count("why they differ") == 1
+
+
+def test_a_ranking_not_the_papers_is_put_down_to_small_tokens_only_where_they_are():
+    assert report.token_scale_why(1.0, 3.2) is None  # the paper's ranking: nothing to explain
+    assert report.token_scale_why(-0.8, 25.0) is None  # tokens larger than ViT-B/16's (19.4): not the reason
+    why = report.token_scale_why(-0.8, 3.24)
+    assert "RMS norm 3.2" in why and "19.4" in why and "LayerNorm" in why
 
 
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
