@@ -26,13 +26,16 @@ normalize = "imagenet"  # imagenet: ImageNet's mean and std for every model (the
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 
 # %%
+from dataclasses import replace
+
 import matplotlib.pyplot as plt
 
-from paperlib import bounds, paths, plasticity, plots, report
+from paperlib import bounds, paths, plasticity, plots, ranking, report
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-table, folder = plasticity.run(model, dataset, reference, n_pairs, batch_size, device, inputs, root=data_root, progress=False, sample=sample, seed=seed, normalize=normalize)
+measurement = plasticity.Measurement(model, dataset, reference, n_pairs, inputs, sample, seed, normalize)
+table, folder = plasticity.run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=False)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {bounds.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")
 
@@ -63,7 +66,7 @@ plt.show()
 
 # %%
 ranked = plasticity.ranking(table)
-tau = plasticity.paper_agreement(table)
+tau = ranking.paper_agreement(table)
 ranked.round(3)
 
 # %%
@@ -86,7 +89,7 @@ report.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with th
 # Kendall's tau: with few pairs, or components of nearly equal plasticity, a ranking can be luck.
 
 # %%
-uncertainty = plasticity.ranking_uncertainty(table)
+uncertainty = ranking.ranking_uncertainty(table)
 low, high = uncertainty.attrs["tau"]
 print(f"Kendall's tau with the paper's ranking, 95% interval: [{low:.2f}, {high:.2f}]; "
       f"the whole order holds in {uncertainty.attrs['order stable']:.0%} of the resamples.")
@@ -110,7 +113,7 @@ uncertainty.round(3)
 # below FC1.
 
 # %%
-network, x, y = plasticity.pair_images(model, dataset, reference, min(n_pairs, 512), root=data_root, sample=sample, seed=seed, normalize=normalize)
+network, x, y = plasticity.pair_images(replace(measurement, n_pairs=min(n_pairs, 512)), data_root)
 factors = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
 curve = plasticity.scale_curve(network, x, y, factors, batch_size, device)
 at_paper_r = bounds.PAPER_R / table.attrs["token_rms"]
@@ -129,8 +132,8 @@ plots.save_figure(fig, plots.figure_path("02_scale_curve", model, dataset, refer
 plt.show()
 
 # %%
-by_factor = plasticity.scale_ranking(curve)
-onset = plasticity.paper_order_from(curve)
+by_factor = ranking.scale_ranking(curve)
+onset = ranking.paper_order_from(curve)
 if onset is None:
     print(f"The paper's ranking MHA > FC1 > FC2 > LN2 > LN1 appears at no factor from {factors[0]} to {factors[-1]} (at {factors[-1]}: {by_factor['order'].iloc[-1]}).")
 else:

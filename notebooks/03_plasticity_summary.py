@@ -32,7 +32,8 @@ from paperlib import paths, plasticity, plots, report, stats
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 if compute_missing:
-    plasticity.measure_missing(models, datasets, reference, n_pairs, batch_size, device, inputs, sample, seed, normalize, root=data_root)
+    wanted = [plasticity.Measurement(m, d, reference, n_pairs, inputs, sample, seed, normalize) for m in models for d in datasets]
+    plasticity.measure_missing(wanted, batch_size=batch_size, device=device, data_root=data_root)
 against = "default" if all(reference == plasticity.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
 summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against)
 if not include_all_results:

@@ -85,7 +85,7 @@ if norms.empty:
 else:
     model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
     if compute_missing:
-        plasticity.measure_missing(model, dataset, reference=reference, n_pairs=n_pairs, device=device, normalize=normalize)
+        plasticity.measure_missing([plasticity.Measurement(model, dataset, reference, n_pairs, normalize=normalize)], device=device)
     measured = plasticity.collect(normalize=normalize, reference=reference or "default")
     per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
     lost = runs.query("lr == @lr and seed == @seed and status == 'diverged'")

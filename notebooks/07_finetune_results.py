@@ -46,7 +46,8 @@ model = stats.one_model(runs, model)  # the tables below take the runs of one mo
 runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
 normalize = runs["normalize"].iloc[0]
 if compute_missing:  # P(f) of the runs' model on their datasets, for the Takeaway 2 test below
-    plasticity.measure_missing(model, sorted(runs["dataset"].unique()), reference=reference, n_pairs=n_pairs, device=device, normalize=normalize)
+    wanted = [plasticity.Measurement(model, d, reference, n_pairs, normalize=normalize) for d in sorted(runs["dataset"].unique())]
+    plasticity.measure_missing(wanted, device=device)
 print(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) + f"; {len(missing)} missing")
 
 # %%

@@ -35,10 +35,12 @@ keep_weights = True  # keep what each run trained (weights.safetensors in its fo
 device = "cpu"  # cpu or cuda
 
 # %%
+from dataclasses import replace
+
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import capacity, components, data, finetune, models, paths, plasticity, plots, report, runs
+from paperlib import capacity, components, data, finetune, models, paths, plasticity, plots, ranking, report, runs
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -76,9 +78,10 @@ print(f"{dataset}: {len(train.classes)} classes ({', '.join(train.classes)}), {l
 # finds MHA > FC1 > FC2 > LN2 > LN1 on its models; yours need not follow it.
 
 # %%
-table, folder = plasticity.run(model, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed, normalize=normalize)
+measurement = plasticity.Measurement(model, dataset, reference, n_pairs, sample=sample, seed=seed, normalize=normalize)
+table, folder = plasticity.run(measurement, device=device, progress=False)
 ranked = plasticity.ranking(table)
-print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's tau with the paper's ranking: {plasticity.paper_agreement(table):.2f}")
+print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's tau with the paper's ranking: {ranking.paper_agreement(table):.2f}")
 ranked.round(3)
 
 # %%
@@ -92,8 +95,8 @@ plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, refere
 plt.show()
 
 # %%
-report.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {plasticity.paper_agreement(table):.2f} with the paper's ranking)",
-                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=report.token_scale_why(plasticity.paper_agreement(table), table.attrs["token_rms"]))
+report.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {ranking.paper_agreement(table):.2f} with the paper's ranking)",
+                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=report.token_scale_why(ranking.paper_agreement(table), table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## Finetuning one component at a time (§5.2)
@@ -166,7 +169,7 @@ if keep_weights and (summary["status"] == "finished").any():
                          batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
     models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
-    after, _ = plasticity.run(finetuned_name, dataset, reference, n_pairs, device=device, progress=False, sample=sample, seed=seed, normalize=normalize)
+    after, _ = plasticity.run(replace(measurement, model=finetuned_name), device=device, progress=False)
     change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity.ranking(after)["plasticity"]})
     change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]
     print(f"{finetuned_name}: {components.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity.ranking(after).index)}")

@@ -136,7 +136,8 @@ plt.show()
 measured_as = runs[["model", "dataset", "normalize"]].drop_duplicates()  # plasticity on images normalised as the runs' were
 for model, dataset, normalize in measured_as.itertuples(index=False):
     if compute_missing:
-        plasticity.measure_missing(model, dataset, reference=reference, n_pairs=n_pairs, device=device, normalize=normalize, root=data_root)
+        measurement = plasticity.Measurement(model, dataset, reference, n_pairs, normalize=normalize)
+        plasticity.measure_missing([measurement], device=device, data_root=data_root)
 measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
 side = (measured[measured["component"].isin(adapted)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())

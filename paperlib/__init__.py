@@ -22,7 +22,9 @@ One module per concern, named for what it holds, in the order they import one an
                   whether it is finished, every run as a table
 - ``finetune``    the paper's finetuning protocol (§5.2), top to bottom
 - ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
-- ``plasticity``  plasticity of every component (Definition 1, §5.1): measure, rank, save, collect
+- ``ranking``     statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
+- ``plasticity``  plasticity of every component (Definition 1, §5.1): a ``Measurement``, measured, ranked,
+                  saved in its folder, collected
 - ``probe``       linear probing of the pretrained model as the authors' code does it (Table 6's last column)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 - ``stats``       every table across runs: Tables 1 and 6, pairs, Takeaway 2, LoRA; ``python -m paperlib.stats``

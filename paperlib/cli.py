@@ -140,7 +140,7 @@ def parameters(
 ) -> dict[str, Any]:
     """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
 
-    ``aliases`` map a command's names to these (``data_root`` -> ``root`` for plasticity's ``run``);
+    ``aliases`` map a command's names to these (another name for the same option);
     names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
     ``--help`` shows each option's meaning (``meanings``), type and default.
     A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or

@@ -21,7 +21,8 @@ A pair whose two embeddings are equal (``x == y``, or two images the embedding d
 apart) has no rate: 0/0, NaN in ``rate_tensor``. "Equal" is exact equality of the two embedded
 tensors, every element, pair by pair, on the device (``PairRates.identical``); near-equal pairs
 keep their (finite, possibly large) rate, as Definition 1 defines it. ``plasticity.rates`` and
-``plasticity.measure`` exclude the identical pairs and count them.
+``plasticity.measure`` exclude the identical pairs and count them (``tabulate``); the summaries of a
+table made otherwise (``to_table``) leave them out (``pairs_with_rates``).
 
 ``scale`` (beyond the paper) multiplies both embeddings by a factor before the components see
 them: a linear map's rate does not change, a LayerNorm's falls as 1/scale (while its eps is
@@ -397,3 +398,20 @@ def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
         table = to_table(rates)
     table.attrs.update(token_rms=token_rms, identical_pairs_excluded=excluded)
     return table
+
+
+def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with an
+    ``IdenticalPairsWarning`` naming how many: for the summaries of tables made otherwise than by
+    ``tabulate`` (``to_table`` keeps the NaN rates). The warning names the caller of the summary."""
+    if "pair" not in table:
+        return table
+    unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())
+    if not unmeasured:
+        return table
+    warnings.warn(
+        f"{len(unmeasured)} pairs without any rate left out (identical embeddings, x == y: 0/0)",
+        IdenticalPairsWarning,
+        stacklevel=3,
+    )
+    return table[~table["pair"].isin(unmeasured)]

@@ -564,6 +564,10 @@ DATASETS: dict[str, Source] = {
 DEMO_DOWNSTREAM = ("digits",) + tuple(f"digits_c/{c}" for c in CORRUPTIONS)
 """The demo world's downstream datasets, in the order of the paper's Cifar10 / Cifar10-C."""
 
+DEMO_PAIRS = 179
+"""The demo world's number of plasticity pairs (the paper's is 12,800): every image of the
+downstream test splits (179; ``digits_source``'s has 180), each paired with a reference image."""
+
 PAPER_DATASETS = tuple(name for name, source in DATASETS.items() if source.group == "paper")
 """The paper's 11 downstream benchmarks (appendix C.2)."""
 

@@ -10,15 +10,22 @@ The same holds for timm's later ViTs (``components``): an ``Eva`` model's embedd
 rotary position embedding the model gives its blocks; RMSNorm is measured as LayerNorm is; FC1 of
 a SwiGLU block is its gate and value layers together.
 
-``run`` measures one model on one dataset and saves the result in its ``result_folder``;
-``has_result`` says whether that folder holds a complete result, ``measure_missing`` runs what is
-not there yet, and ``collect`` reads every saved result as one table of P(f).
+A ``Measurement`` is one model on one dataset against reference images, validated when it is made,
+with its result folder (``folder()``) and whether a result is saved there (``is_saved()``):
+
+    from paperlib.plasticity import Measurement, run
+    measurement = Measurement(dataset="digits_c/snow")   # the demo ViT against digits_source, 179 pairs
+    table, folder = run(measurement)                     # results/plasticity/demo/digits_c/snow
+
+``run`` measures one and saves it, ``measure_missing`` runs those not saved yet, and ``collect``
+reads every saved result as one table of P(f). ``ranking`` ranks P(f); the statistics of a ranking
+(its agreement with the paper's, its bootstrap uncertainty) are in ``paperlib.ranking``.
 
 Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
-``measure`` exclude them with an ``IdenticalPairsWarning`` naming how many, counted in
+``measure`` exclude them with a ``component_rates.IdenticalPairsWarning`` naming how many, counted in
 ``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
-numbers and exact rates. ``ranking``, ``plasticity_by_block`` and ``ranking_uncertainty`` leave
-out, with the same warning, pairs without any rate in tables made otherwise (``to_table``).
+numbers and exact rates. ``ranking`` and ``plasticity_by_block`` leave out, with the same warning,
+pairs without any rate in tables made otherwise (``component_rates.to_table``).
 
 The scale of the embeddings (beyond the paper): a linear map's rate does not change when both
 embeddings are multiplied by a, a LayerNorm's falls as 1/a, so the ranking depends on the size of
@@ -26,8 +33,8 @@ the tokens. Every result records the token RMS norm of its embeddings (``table.a
 ``token_rms`` in ``run``'s metadata and ``collect``): the square root of the mean of
 ``||token||_2^2`` over every token (class token included) of both images of every measured pair,
 the paper's r (Fig. 6: 19.4 for ViT-B/16 in21k on Cifar10; ``bounds.token_radius``'s ``rms``).
-``scale_curve`` gives P(f) with the embeddings multiplied by factors, ``paper_order_from`` from
-which factor on it follows the paper's ranking.
+``scale_curve`` gives P(f) with the embeddings multiplied by factors (``ranking.paper_order_from``:
+from which factor on it follows the paper's ranking).
 """
 
 from __future__ import annotations
@@ -36,28 +43,30 @@ import inspect
 import json
 import time
 import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
 from . import cli, data, models, paths, threads
 from .component_rates import (
-    IdenticalPairsWarning,
     batch_pair_rates,
     check_inputs,
     evaluating,
     linear_terms,
     pair_rates,
+    pairs_with_rates,
     tabulate,
 )
 from .components import COMPONENTS, LABELS
+from .corruptions import check_severity
 from .loader import decode_workers
+from .ranking import paper_agreement
 from .splits import SPLITS_VERSION
 from .transforms import check_normalize
 
@@ -113,30 +122,15 @@ def rates(
     return tabulate([pair_rates(model, x, y, inputs, scale=scale)])
 
 
-def _with_rates(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with a warning."""
-    if "pair" not in table:
-        return table
-    unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())
-    if not unmeasured:
-        return table
-    warnings.warn(
-        f"{len(unmeasured)} pairs without any rate left out (identical embeddings, x == y: 0/0)",
-        IdenticalPairsWarning,
-        stacklevel=3,
-    )
-    return table[~table["pair"].isin(unmeasured)]
-
-
 def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
-    table = _with_rates(table)
+    table = pairs_with_rates(table)
     return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
 
 
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
-    table = _with_rates(table)
+    table = pairs_with_rates(table)
     mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
     out = pd.DataFrame(
         {
@@ -147,64 +141,6 @@ def ranking(table: pd.DataFrame) -> pd.DataFrame:
     )
     out["rank"] = out["plasticity"].rank(ascending=False, method="min").astype(int)
     return out.sort_values("rank").set_index("component")[["plasticity", "rank", "paper rank"]]
-
-
-def paper_agreement(table: pd.DataFrame) -> float:
-    """Kendall's tau between this model's ranking and the paper's (MHA > FC1 > FC2 > LN2 > LN1).
-
-    1 means the same order, -1 the reverse.
-    """
-    ranked = ranking(table)
-    return float(stats.kendalltau(ranked["rank"], ranked["paper rank"]).statistic)
-
-
-def ranking_uncertainty(
-    table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
-) -> pd.DataFrame:
-    """How sure the ranking is: a bootstrap over pairs (an extension; the paper reports P(f) alone).
-
-    Each pair's rates, averaged over blocks, are resampled jointly for the five components
-    (``scipy.stats.bootstrap``, percentile intervals). Returns, per component in rank order:
-    ``plasticity`` and its ``low``/``high`` interval, ``rank``, and ``rank stable`` (the fraction
-    of resamples that give the component the same rank). The attribute ``attrs["tau"]`` holds the
-    interval of Kendall's tau with the paper's ranking, ``attrs["order stable"]`` the fraction of
-    resamples with the whole order unchanged. Pairs without any rate (identical embeddings) are
-    left out, with a warning, so they make no NaN interval.
-    """
-    table = _with_rates(table)
-    per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
-    result = stats.bootstrap(
-        (per_pair.to_numpy(),),
-        np.mean,
-        axis=0,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        batch=200,
-        rng=np.random.default_rng(seed),
-    )
-    means = per_pair.to_numpy().mean(axis=0)
-    ranks = stats.rankdata(-means, method="min")
-    resampled = stats.rankdata(-result.bootstrap_distribution.T, method="min", axis=1)  # (resamples, components)
-    taus = np.array([stats.kendalltau(row, np.arange(1, len(COMPONENTS) + 1)).statistic for row in resampled])
-    out = (
-        pd.DataFrame(
-            {
-                "component": [LABELS[c] for c in COMPONENTS],
-                "plasticity": means,
-                "low": result.confidence_interval.low,
-                "high": result.confidence_interval.high,
-                "rank": ranks,
-                "rank stable": (resampled == ranks).mean(axis=0),
-            }
-        )
-        .sort_values("rank")
-        .set_index("component")
-    )
-    tail = (1 - confidence) / 2
-    out.attrs["tau"] = (float(np.quantile(taus, tail)), float(np.quantile(taus, 1 - tail)))
-    out.attrs["order stable"] = float((resampled == ranks).all(axis=1).mean())
-    return out
 
 
 def scale_curve(
@@ -244,30 +180,6 @@ def scale_curve(
     curve = pd.DataFrame(rows, columns=["factor", "component", "plasticity", "token_rms"])
     curve["component"] = pd.Categorical(curve["component"], categories=COMPONENTS)
     return curve
-
-
-def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
-    """Per factor of ``scale_curve``'s table (ascending): ``order``, the components by decreasing
-    P(f) ("FC1 > MHA > ..."), and ``follows paper``, whether that is strictly the paper's ranking
-    MHA > FC1 > FC2 > LN2 > LN1."""
-    wide = curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
-    wide = wide[list(COMPONENTS)].sort_index()
-    values = wide.to_numpy()
-    order = [" > ".join(LABELS[COMPONENTS[i]] for i in np.argsort(-row, kind="stable")) for row in values]
-    return pd.DataFrame({"order": order, "follows paper": (np.diff(values, axis=1) < 0).all(axis=1)}, wide.index)
-
-
-def paper_order_from(curve: pd.DataFrame) -> float | None:
-    """The smallest factor of ``scale_curve``'s table from which on (at it and at every larger
-    factor of the table) P(f) follows the paper's ranking (``scale_ranking``); None if it does not
-    at the largest factor."""
-    follows = scale_ranking(curve)["follows paper"]
-    onset = None
-    for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):
-        if not holds:
-            break
-        onset = float(factor)
-    return onset
 
 
 def measure(
@@ -336,59 +248,88 @@ def default_reference(dataset: str) -> str:
     return "digits_source" if source is not None and source.group == "demo" else "imagenet"
 
 
-def result_folder(
-    model: str,
-    dataset: str,
-    inputs: str = "embedding",
-    sample: str = "first",
-    seed: int = 0,
-    normalize: str = "imagenet",
-    reference: str | None = None,
-    severity: int = 5,
-):
-    """``results/plasticity/<model>/<dataset>/``: where ``run`` saves one result
-    (``<dataset>+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
-    normalised with the model's own statistics, ``+ref-<reference>`` against reference images
-    other than the dataset's ``default_reference`` (None: the default), ``+severity-<s>`` for a
-    Cifar10-C corruption at another severity than the paper's 5)."""
-    leaf = dataset if check_sample(sample) == "first" else f"{dataset}+random-seed={seed}"
-    leaf += "" if check_normalize(normalize) == "imagenet" else f"+norm-{normalize}"
-    if reference is not None and reference != default_reference(dataset):
-        leaf += f"+ref-{reference.replace('/', '_')}"
-    if dataset.startswith("cifar10c/") and severity != 5:
-        leaf += f"+severity-{severity}"
-    return results_root(inputs) / model / leaf
+RATES, METADATA = "rates.csv.gz", "metadata.json"
+"""The files of a saved result: its tidy table, then its metadata (written last: ``save``)."""
 
 
-def has_result(
-    model: str,
-    dataset: str,
-    inputs: str = "embedding",
-    sample: str = "first",
-    seed: int = 0,
-    normalize: str = "imagenet",
-    reference: str | None = None,
-    severity: int = 5,
-) -> bool:
-    """Whether ``result_folder`` for these arguments holds a complete result of today's test splits: its
-    ``metadata.json`` (which ``save`` writes last) whole, and ``rates.csv.gz`` of the size it records
-    (``paths.json_or_none``: a damaged result is reported in a warning and not taken for one), measured on
-    the splits of ``SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
-    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
-    metadata = paths.json_or_none(folder / "metadata.json")
-    return metadata is not None and metadata.get("splits", 1) == SPLITS_VERSION
+@dataclass(frozen=True)
+class Measurement:
+    """One plasticity measurement, validated when it is made: a model on a dataset's test images
+    against reference images. Defaults: notebook 02's, the demo world (the demo ViT on digits 5-9
+    against digits 0-4); the paper's: a ViT-Base or -Huge in21k on each benchmark against ImageNet,
+    12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
+
+    ``reference`` "" (or None) is the dataset's ``default_reference``, stored by its name. ``run``
+    saves the measurement in ``folder()`` (``RATES``, then ``METADATA``); ``is_saved()`` says whether
+    a complete result is there. ``n_pairs`` is not part of the folder: a saved result stands for the
+    measurement whatever number of pairs it was asked for (``run`` measures again and replaces it).
+    """
+
+    model: str = "demo"  # short name (demo, vit_base_in21k, vit_huge_in21k), any timm ViT name, or custom/<name>
+    dataset: str = "digits"  # downstream dataset, whose test split gives the images y (see data.dataset_names())
+    # pretraining-distribution images x: a dataset name (the paper: imagenet), or "" for the dataset's
+    # default_reference (digits_source for the demo's datasets, imagenet for the others)
+    reference: str = ""
+    # at most this many (x, y) pairs (the paper: 12,800); a test split with fewer images gives as many as it has
+    n_pairs: int = data.DEMO_PAIRS
+    inputs: str = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
+    # first (the paper: the first n_pairs images of each test split, paired by position) or random (a random subset
+    # of each, drawn with seed)
+    sample: str = "first"
+    seed: int = 0  # seed of the random subset (with sample random)
+    # imagenet (the paper: ImageNet's mean and std for every model) or model (the mean and std the model was
+    # pretrained with; models.normalization)
+    normalize: str = "imagenet"
+    severity: int = data.SEVERITY  # Cifar10-C's corruption severity, 1 to 5 (the paper: 5; the demo's digits_c: 5 only)
+
+    def __post_init__(self):
+        data.check_dataset(self.dataset)
+        if self.reference in ("", None):  # the dataset's default written one way: one measurement, one value
+            object.__setattr__(self, "reference", default_reference(self.dataset))
+        data.check_dataset(self.reference)
+        models.resolve_name(self.model)
+        check_inputs(self.inputs)
+        check_sample(self.sample)
+        check_normalize(self.normalize)
+        check_severity(self.severity)
+        for name, least in (("n_pairs", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be at least {least} (an integer), got {value!r}")
+
+    def folder(self) -> Path:
+        """``results/plasticity/<model>/<dataset>`` (``results/plasticity_in_situ/...`` for ``in_situ``
+        inputs), with ``+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
+        normalised with the model's own statistics, ``+ref-<reference>`` against reference images other
+        than the dataset's ``default_reference``, ``+severity-<s>`` for a Cifar10-C corruption at
+        another severity than the paper's 5: a measurement that is not the paper's never replaces one."""
+        leaf = self.dataset if self.sample == "first" else f"{self.dataset}+random-seed={self.seed}"
+        leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
+        if self.reference != default_reference(self.dataset):
+            leaf += f"+ref-{self.reference.replace('/', '_')}"
+        if self.dataset.startswith("cifar10c/") and self.severity != data.SEVERITY:
+            leaf += f"+severity-{self.severity}"
+        return results_root(self.inputs) / self.model / leaf
+
+    def is_saved(self) -> bool:
+        """Whether ``folder()`` holds a complete result of today's test splits: its ``METADATA`` (which
+        ``save`` writes last) whole, and ``RATES`` of the size it records (``paths.json_or_none``: a
+        damaged result is reported in a warning and not taken for one), measured on the splits of
+        ``SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
+        metadata = paths.json_or_none(self.folder() / METADATA)
+        return metadata is not None and metadata.get("splits", 1) == SPLITS_VERSION
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
-    """Write the tidy table (``rates.csv.gz``) and ``metadata.json`` into ``folder``, atomically.
+    """Write the tidy table (``RATES``) and ``METADATA`` into ``folder``, atomically.
 
-    ``metadata.json`` is written last, with the table's size (``files``) and today's splits
+    ``METADATA`` is written last, with the table's size (``files``) and today's splits
     (``SPLITS_VERSION``): its presence marks a complete result, and a table damaged since is not taken for one.
     """
     folder = Path(folder)
-    paths.atomic_write(folder / "rates.csv.gz", lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    metadata = {"splits": SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, ["rates.csv.gz"])}
-    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
+    paths.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
+    metadata = {"splits": SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, [RATES])}
+    paths.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
 
@@ -397,92 +338,70 @@ def load(folder) -> pd.DataFrame:
     ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded); an
     error naming the file if the result is missing or damaged (``paths.read_json``)."""
     folder = Path(folder)
-    metadata = paths.read_json(folder / "metadata.json")
-    table = pd.read_csv(folder / "rates.csv.gz")
+    metadata = paths.read_json(folder / METADATA)
+    table = pd.read_csv(folder / RATES)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
     return table
 
 
-def _pair_sets(model: str, dataset: str, reference: str, root, severity: int, normalize: str):
+def _pair_sets(measurement: Measurement, data_root):
     """The model (pretrained weights), its normalisation and the test splits of both datasets at its resolution."""
-    mean_std = models.normalization(model, normalize)
-    network = models.create_model(model)
+    mean_std = models.normalization(measurement.model, measurement.normalize)
+    network = models.create_model(measurement.model)
     size = network.patch_embed.img_size[0]
-    reference_set = data.get_dataset(reference, "test", root=root, image_size=size, mean_std=mean_std)
-    target_set = data.get_dataset(dataset, "test", root=root, image_size=size, severity=severity, mean_std=mean_std)
+    reference_set = data.get_dataset(measurement.reference, "test", root=data_root, image_size=size, mean_std=mean_std)
+    target_set = data.get_dataset(
+        measurement.dataset, "test", root=data_root, image_size=size, severity=measurement.severity, mean_std=mean_std
+    )
     return network, mean_std, reference_set, target_set
 
 
-def pair_images(
-    model: str,
-    dataset: str,
-    reference: str,
-    n_pairs: int,
-    root=None,
-    severity: int = 5,
-    sample: str = "first",
-    seed: int = 0,
-    normalize: str = "imagenet",
-) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The model and the images of the pairs ``run`` measures with these arguments, in memory:
+def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model and the images of the pairs ``run`` measures for ``measurement``, in memory:
     (network, x, y), x the reference images and y the target's, paired by position (at most
     ``n_pairs``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
-    network, _, reference_set, target_set = _pair_sets(model, dataset, reference, root, severity, normalize)
-    pairs = min(n_pairs, len(reference_set), len(target_set))
-    chosen = pair_indices(len(reference_set), len(target_set), pairs, sample, seed)
+    network, _, reference_set, target_set = _pair_sets(measurement, data_root)
+    pairs = min(measurement.n_pairs, len(reference_set), len(target_set))
+    chosen = pair_indices(len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed)
     x, y = ([images[i][0] for i in indices] for images, indices in zip((reference_set, target_set), chosen))
     return network, torch.stack(x), torch.stack(y)
 
 
 def run(
-    model: str,
-    dataset: str,
-    reference: str,
-    n_pairs: int,
+    measurement: Measurement,
+    *,
     batch_size: int = 64,
     device: str = "cpu",
-    inputs: str = "embedding",
-    root=None,
-    severity: int = 5,
+    data_root=None,
     progress: bool = True,
     num_workers: int | None = None,
-    sample: str = "first",
-    seed: int = 0,
-    normalize: str = "imagenet",
 ) -> tuple[pd.DataFrame, Path]:
-    """Measure one model on one downstream dataset against reference images, and save the result.
+    """Make one measurement and save it in its folder (``Measurement.folder``), replacing what was there.
 
-    The model's pretrained weights; the test splits of both datasets at the model's resolution.
-    ``n_pairs`` is at most that many pairs: a test split with fewer images (Cifar10-C's 2,000,
-    Pets' 3,669 against the paper's 12,800) gives as many pairs as it has, and the metadata record
-    both (``n_pairs`` used, ``n_pairs_requested``). ``sample``/``seed``: which images make the pairs
-    (``SAMPLES``; the paper's ``first``, or ``random`` with its seed, saved in a folder of its own).
-    ``normalize``: ``imagenet`` (the paper's ImageNet mean and std) or ``model`` (the statistics the
-    model was pretrained with, ``models.normalization``; a folder of its own). ``num_workers``: DataLoader
-    workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main process would leave
-    the GPU waiting; none on a CPU). Returns the tidy table and the folder it was saved in (``result_folder``).
-    The metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
+    The model's pretrained weights; the test splits of both datasets at the model's resolution, read
+    from ``data_root`` (None: ``$VIT_PLASTICITY_DATA`` or ``data/``). ``n_pairs`` is at most that
+    many pairs: a test split with fewer images (Cifar10-C's 2,000, Pets' 3,669 against the paper's
+    12,800) gives as many pairs as it has, and the metadata record both (``n_pairs`` used,
+    ``n_pairs_requested``). ``batch_size`` pairs at a time on ``device``; ``num_workers``:
+    DataLoader workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main
+    process would leave the GPU waiting; none on a CPU). Returns the tidy table and its folder. The
+    metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
     ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
     """
-    check_inputs(inputs)
-    check_sample(sample)
-    if n_pairs < 1:
-        raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
     device = cli.check_device(device)  # before any data is read: a device this machine has
-    network, mean_std, reference_set, target_set = _pair_sets(model, dataset, reference, root, severity, normalize)
-    size = network.patch_embed.img_size[0]
+    network, mean_std, reference_set, target_set = _pair_sets(measurement, data_root)
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if device.type == "cuda" else 0
-    pairs = min(n_pairs, len(reference_set), len(target_set))
-    if pairs < n_pairs and progress:
+    pairs = min(measurement.n_pairs, len(reference_set), len(target_set))
+    if pairs < measurement.n_pairs and progress:
         print(
-            f"{dataset}: {pairs} pairs, not {n_pairs}: "
-            f"{reference} has {len(reference_set)} test images and {dataset} {len(target_set)}"
+            f"{measurement.dataset}: {pairs} pairs, not {measurement.n_pairs}: "
+            f"{measurement.reference} has {len(reference_set)} test images and {measurement.dataset} {len(target_set)}"
         )
-    folder = result_folder(model, dataset, inputs, sample, seed, normalize, reference, severity)
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
+    folder = measurement.folder()
     with paths.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
         table = measure(
             network,
@@ -491,28 +410,28 @@ def run(
             pairs,
             batch_size,
             device,
-            inputs,
+            measurement.inputs,
             num_workers=num_workers,
             progress=progress,
-            sample=sample,
-            seed=seed,
+            sample=measurement.sample,
+            seed=measurement.seed,
         )
         metadata = {
-            "model": model,
-            "dataset": dataset,
-            "reference": reference,
+            "model": measurement.model,
+            "dataset": measurement.dataset,
+            "reference": measurement.reference,
             "n_pairs": pairs,
-            "n_pairs_requested": n_pairs,
+            "n_pairs_requested": measurement.n_pairs,
             "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
             "token_rms": table.attrs["token_rms"],
-            "sample": sample,
-            "seed": seed if sample == "random" else None,
-            "inputs": inputs,
-            "normalize": normalize,
+            "sample": measurement.sample,
+            "seed": measurement.seed if measurement.sample == "random" else None,
+            "inputs": measurement.inputs,
+            "normalize": measurement.normalize,
             "mean": list(mean_std[0]),
             "std": list(mean_std[1]),
-            "image_size": size,
-            "severity": severity if dataset.startswith("cifar10c/") else None,
+            "image_size": network.patch_embed.img_size[0],
+            "severity": measurement.severity if measurement.dataset.startswith("cifar10c/") else None,
             "device": str(device),
             "threads": threads_used,
             "seconds": round(time.perf_counter() - start, 2),
@@ -522,55 +441,42 @@ def run(
 
 
 def measure_missing(
-    models: str | list[str],
-    datasets: str | list[str],
-    reference: str | None = None,
-    n_pairs: int = 179,
+    measurements: Iterable[Measurement],
+    *,
     batch_size: int = 64,
     device: str = "cpu",
-    inputs: str = "embedding",
-    sample: str = "first",
-    seed: int = 0,
-    normalize: str = "imagenet",
-    root=None,
+    data_root=None,
     progress: bool = False,
-) -> list[tuple[str, str]]:
-    """Measure every model on every dataset that has no result yet, as the notebooks do before ``collect``.
-
-    ``models``, ``datasets``: a name or a list of names. For each (model, dataset), models outer,
-    without ``has_result`` for these arguments, ``run`` measures it against ``reference`` (None:
-    the dataset's ``default_reference``) with the other arguments as they are given. ``n_pairs``:
-    notebook 02's 179 unless given (``run`` has no default; the paper's is 12,800). Returns the
-    (model, dataset) pairs measured, in that order.
-    """
-    models = [models] if isinstance(models, str) else list(models)
-    datasets = [datasets] if isinstance(datasets, str) else list(datasets)
-    measured = []
-    for model in models:
-        for dataset in datasets:
-            if has_result(model, dataset, inputs, sample, seed, normalize, reference):
+) -> list[Measurement]:
+    """Make every measurement of ``measurements`` (an iterable of ``Measurement``) that is not saved
+    yet, in order, with ``run``'s options as given, as the notebooks do before ``collect``; returns
+    those it made. A measurement that another process is making is waited for, then found saved."""
+    made = []
+    for measurement in measurements:
+        if measurement.is_saved():
+            continue
+        with paths.locked(measurement.folder()):  # one measures, others wait for it and then find its result
+            if measurement.is_saved():
                 continue
-            # one measures, others wait for it and then find its result
-            with paths.locked(result_folder(model, dataset, inputs, sample, seed, normalize, reference)):
-                if has_result(model, dataset, inputs, sample, seed, normalize, reference):
-                    continue
-                against = reference if reference is not None else default_reference(dataset)
-                run(
-                    model,
-                    dataset,
-                    against,
-                    n_pairs,
-                    batch_size,
-                    device,
-                    inputs,
-                    root=root,
-                    progress=progress,
-                    sample=sample,
-                    seed=seed,
-                    normalize=normalize,
-                )
-            measured.append((model, dataset))
-    return measured
+            run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=progress)
+        made.append(measurement)
+    return made
+
+
+COLLECTED = (
+    "model",
+    "dataset",
+    "reference",
+    "component",
+    "plasticity",
+    "rank",
+    "n_pairs",
+    "sample",
+    "seed",
+    "normalize",
+    "token_rms",
+)
+"""The columns of ``collect``'s table."""
 
 
 def collect(
@@ -584,8 +490,8 @@ def collect(
 ) -> pd.DataFrame:
     """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
 
-    Columns ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean rate over
-    pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
+    Columns (``COLLECTED``) ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean
+    rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
     ``sample``, ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
     embeddings; missing for results saved before it was recorded). Only results whose pairs were
     drawn by ``sample`` (the paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
@@ -593,7 +499,8 @@ def collect(
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
     all): a model and dataset measured several ways would otherwise count twice. Results measured on
-    earlier test splits (``SPLITS_VERSION``) are left out with a warning that names them.
+    earlier test splits (``SPLITS_VERSION``) are left out with a warning that names them. ``root``:
+    the results folder to read (None: ``results_root(inputs)``).
     """
     if sample is not None:
         check_sample(sample)
@@ -601,61 +508,19 @@ def collect(
         check_normalize(normalize)
     base = Path(root) if root is not None else results_root(inputs)
     rows, outdated = [], []
-    for metadata_file in sorted(base.rglob("metadata.json")):
-        metadata = paths.read_json(metadata_file)  # a damaged result: an error that names the file
-        # results from before the option: first
-        drawn, drawn_seed = (metadata.get("sample", "first"), metadata.get("seed"))
-        normalized = metadata.get("normalize", "imagenet")  # results from before the option: the paper's
-        if (
-            (sample is not None and drawn != sample)
-            or (seed is not None and drawn_seed != seed)
-            or (normalize is not None and normalized != normalize)
-        ):
-            continue
-        against = metadata.get("reference")
-        if (
-            reference is not None
-            and against is not None
-            and against != (default_reference(metadata["dataset"]) if reference == "default" else reference)
-        ):
-            continue
-        if severity is not None and (metadata.get("severity") or severity) != severity:
+    for metadata_file in sorted(base.rglob(METADATA)):
+        # a damaged result: an error that names the file; results from before an option: the paper's choice
+        metadata = {"sample": "first", "seed": None, "normalize": "imagenet", **paths.read_json(metadata_file)}
+        if not _asked_for(metadata, sample, seed, normalize, reference, severity):
             continue
         if metadata.get("splits", 1) != SPLITS_VERSION:
             outdated.append(paths.display(metadata_file.parent))
             continue
-        ranked = ranking(load(metadata_file.parent))
-        for label, row in ranked.iterrows():
+        for label, row in ranking(load(metadata_file.parent)).iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
-            rows.append(
-                {
-                    "model": metadata.get("model"),
-                    "dataset": metadata.get("dataset"),
-                    "reference": metadata.get("reference"),
-                    "component": component,
-                    "plasticity": row["plasticity"],
-                    "rank": int(row["rank"]),
-                    "n_pairs": metadata.get("n_pairs"),
-                    "sample": drawn,
-                    "seed": drawn_seed,
-                    "normalize": normalized,
-                    "token_rms": metadata.get("token_rms"),
-                }
-            )
-    columns = [
-        "model",
-        "dataset",
-        "reference",
-        "component",
-        "plasticity",
-        "rank",
-        "n_pairs",
-        "sample",
-        "seed",
-        "normalize",
-        "token_rms",
-    ]
-    table = pd.DataFrame(rows, columns=columns)
+            measured = {"component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])}
+            rows.append({**{column: metadata.get(column) for column in COLLECTED}, **measured})
+    table = pd.DataFrame(rows, columns=list(COLLECTED))
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     # None (the paper's draw has no seed) stays missing, not NaN in a float column
     table["seed"] = table["seed"].astype("Int64")
@@ -665,26 +530,50 @@ def collect(
     return table
 
 
-CLI_DEFAULTS = {"model": "demo", "dataset": "digits", "reference": "digits_source", "n_pairs": 179}
-"""``python -m paperlib.plasticity``'s defaults for ``run``'s required arguments: notebook 02's (the demo world)."""
+def _asked_for(metadata: dict, sample, seed, normalize, reference, severity) -> bool:
+    """Whether the saved result of ``metadata`` is one ``collect``'s filters (None: any) ask for."""
+    if (
+        (sample is not None and metadata["sample"] != sample)
+        or (seed is not None and metadata["seed"] != seed)
+        or (normalize is not None and metadata["normalize"] != normalize)
+    ):
+        return False
+    against = metadata.get("reference")  # None: a result saved without a record of it
+    if reference is not None and against is not None:
+        wanted = default_reference(metadata["dataset"]) if reference == "default" else reference
+        if against != wanted:
+            return False
+    return severity is None or (metadata.get("severity") or severity) == severity
+
+
+HELP = {
+    "batch_size": "pairs per batch",
+    "device": "cpu, cuda or cuda:<index>: a device this machine has",
+    "data_root": "data folder (None: $VIT_PLASTICITY_DATA or data/)",
+    "progress": "show a progress bar over the pairs",
+    "num_workers": "DataLoader workers decoding images; not given: up to 8 on CUDA, 0 (the main process) on a CPU",
+}
+"""``--help``'s meaning of the command's options that are ``run``'s, not ``Measurement`` fields (theirs:
+``cli.field_comments``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
-    signature = inspect.signature(run).parameters
-    defaults = {name: CLI_DEFAULTS.get(name, p.default) for name, p in signature.items()}
-    defaults["num_workers"] = 0  # run's None (automatic) as a number a command line can give; None stays automatic
+    options = {name: p.default for name, p in inspect.signature(run).parameters.items() if p.kind == p.KEYWORD_ONLY}
+    # num_workers: run's None (automatic) unless given, so typed as the number a command line gives
+    defaults = {field.name: field.default for field in fields(Measurement)} | options | {"num_workers": 0}
     try:
         values = cli.parameters(
             argv,
             defaults,
-            {"data_root": "root"},
+            {},
             "Plasticity of every component (paper §5.1); notebook 02's parameters.",
             "python -m paperlib.plasticity",
+            meanings=cli.field_comments(Measurement) | HELP,
         )
-        values.setdefault("num_workers", None)
-        table, folder = run(**{**CLI_DEFAULTS, **values})
+        given = {name: values.pop(name) for name in options if name in values}
+        table, folder = run(Measurement(**values), **given)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     ranked = ranking(table)

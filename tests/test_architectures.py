@@ -347,7 +347,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
     )
     assert 0.0 <= finetune.run(lora_config)["test_accuracy"] <= 1.0
 
-    table, folder = plasticity.run("custom/tiny_dinov3", "digits", "digits_source", n_pairs=8, progress=False)
+    table, folder = plasticity.run(plasticity.Measurement("custom/tiny_dinov3", n_pairs=8), progress=False)
     assert folder.is_dir() and set(table["component"]) == set(COMPONENTS) and table["rate"].notna().all()
 
 

@@ -89,9 +89,7 @@ def test_plasticity_command(tmp_path, monkeypatch, capsys, move_results):
     )
     out = capsys.readouterr().out
     assert "Kendall's tau" in out and all(label in out for label in ("MHA", "FC1", "FC2", "LN2", "LN1"))
-    metadata = json.loads(
-        (plasticity.result_folder("demo", "digits", sample="random", seed=1) / "metadata.json").read_text()
-    )
+    metadata = json.loads((plasticity.Measurement(sample="random", seed=1).folder() / "metadata.json").read_text())
     assert (metadata["n_pairs"], metadata["sample"], metadata["seed"], metadata["reference"]) == (
         6,
         "random",
@@ -100,6 +98,33 @@ def test_plasticity_command(tmp_path, monkeypatch, capsys, move_results):
     )
     assert plasticity.main(["--dataset", "digits_c/nowhere", "--progress", "false"]) == 2
     assert "unknown dataset 'digits_c/nowhere'" in capsys.readouterr().err
+
+
+def test_plasticity_help_gives_every_option_a_meaning_a_type_and_a_default(capsys):
+    with pytest.raises(SystemExit) as done:
+        plasticity.main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    comments = cli.field_comments(plasticity.Measurement)
+    options = {
+        field.name: (comments[field.name], field.default) for field in dataclasses.fields(plasticity.Measurement)
+    }
+    # run's options beside the measurement's fields: how it runs, not what it measures
+    options |= {
+        "batch_size": (plasticity.HELP["batch_size"], 64),
+        "device": (plasticity.HELP["device"], "cpu"),
+        "data_root": (plasticity.HELP["data_root"], None),
+        "progress": (plasticity.HELP["progress"], True),
+        "num_workers": (plasticity.HELP["num_workers"], 0),
+    }
+    assert set(plasticity.HELP) == set(options) - set(comments)
+    for name, (meaning, default) in options.items():
+        meaning = " ".join(meaning.split())
+        assert meaning, f"--{name} has no meaning for --help"
+        assert f"{meaning} (" in text and f"default {default!r})" in text, name
+    assert "--n-pairs INT" in text and "--progress BOOL" in text
+    assert "embedding (the paper's definition) or in_situ" in text and "first (the paper" in text  # the choices
+    assert "--root" not in text  # one name for the data folder, notebook 02's
 
 
 def test_the_command_with_no_options_is_notebook_05_with_no_parameters():

@@ -236,7 +236,8 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     runs, _ = run_files.load()
     assert runs[["model", "dataset", "component"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
-    table, folder = plasticity.run("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5, progress=False)
+    measurement = plasticity.Measurement("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5)
+    table, folder = plasticity.run(measurement, progress=False)
     # not ImageNet, the default
     assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"
     assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images

@@ -380,8 +380,8 @@ def test_a_process_waiting_for_a_cache_reads_the_one_the_other_made(tmp_path):
 
 
 def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
-    measure = {"n_pairs": 6, "batch_size": 3, "progress": False}
-    _, folder = plasticity.run("demo", "digits", "digits_source", **measure)
+    measurement = plasticity.Measurement(n_pairs=6)
+    _, folder = plasticity.run(measurement, batch_size=3, progress=False)
     table = plasticity.load(folder)
     cut(folder / "rates.csv.gz")
     with pytest.raises(ValueError, match=r"rates\.csv\.gz is not the file metadata\.json records"):
@@ -389,9 +389,9 @@ def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
     with pytest.raises(ValueError, match=r"rates\.csv\.gz"):
         plasticity.collect()
     with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
-        assert not plasticity.has_result("demo", "digits")
+        assert not measurement.is_saved()
     with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
-        assert plasticity.measure_missing("demo", "digits", **measure) == [("demo", "digits")]
+        assert plasticity.measure_missing([measurement], batch_size=3) == [measurement]
     pd.testing.assert_frame_equal(plasticity.load(folder), table)
     cut(folder / "metadata.json")
     with pytest.raises(ValueError, match=r"metadata\.json is not whole JSON"):

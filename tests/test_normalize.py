@@ -216,15 +216,10 @@ def test_runs_recorded_before_the_option_are_the_papers(home, small):
 
 def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     save_demo("half", *HALF)
-    paper, paper_folder = plasticity.run("custom/half", "digits", "digits_source", n_pairs=12, progress=False)
-    own, own_folder = plasticity.run(
-        "custom/half", "digits", "digits_source", n_pairs=12, progress=False, normalize="model"
-    )
-    assert (
-        own_folder
-        == paper_folder.with_name("digits+norm-model")
-        == plasticity.result_folder("custom/half", "digits", normalize="model")
-    )
+    paper, paper_folder = plasticity.run(plasticity.Measurement("custom/half", n_pairs=12), progress=False)
+    own_measurement = plasticity.Measurement("custom/half", n_pairs=12, normalize="model")
+    own, own_folder = plasticity.run(own_measurement, progress=False)
+    assert own_folder == paper_folder.with_name("digits+norm-model") == own_measurement.folder()
     assert json.loads((own_folder / "metadata.json").read_text())["mean"] == [0.5] * 3
     assert not torch.allclose(torch.tensor(own["rate"].values), torch.tensor(paper["rate"].values))
     assert set(plasticity.collect()["normalize"]) == {"imagenet"} and len(plasticity.collect()) == 5
@@ -241,7 +236,7 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     for index, component in enumerate(plasticity.COMPONENTS):
         assert measured[component] == pytest.approx(by_hand[index].item(), rel=1e-4)
     with pytest.raises(ValueError, match="imagenet, model"):
-        plasticity.run("demo", "digits", "digits_source", n_pairs=4, progress=False, normalize="own")
+        plasticity.Measurement(normalize="own")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """The plasticity measurement against Definition 1 read literally."""
 
+import dataclasses
 import json
 
 import pytest
 import timm
 import torch
 
-from paperlib import component_rates, components, models, plasticity, splits
+from paperlib import component_rates, components, data, models, paths, plasticity, specs, splits
 from paperlib.components import COMPONENTS
+from paperlib.plasticity import Measurement
 
 
 def _perturb(model, seed=0):
@@ -159,16 +161,6 @@ def test_tidy_table_and_summaries(demo):
     assert ranked["plasticity"].is_monotonic_decreasing
 
 
-def test_paper_agreement_is_kendalls_tau():
-    import pandas as pd
-
-    def table(values):
-        return pd.DataFrame({"block": 0, "depth": 0.0, "component": list(COMPONENTS), "pair": 0, "rate": values})
-
-    assert plasticity.paper_agreement(table([5, 4, 3, 2, 1])) == pytest.approx(1.0)
-    assert plasticity.paper_agreement(table([1, 2, 3, 4, 5])) == pytest.approx(-1.0)
-
-
 def test_bad_inputs():
     model = models.create_model("demo", pretrained=False)
     x, y = _pairs(2)
@@ -204,8 +196,9 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
 
 def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path, move_results):
     move_results(".")
-    assert plasticity.result_folder("demo", "digits_c/snow") == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
-    assert plasticity.result_folder("demo", "digits", "in_situ") == tmp_path / "plasticity_in_situ" / "demo" / "digits"
+    assert Measurement("demo", "digits_c/snow").folder() == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
+    in_situ = Measurement("demo", "digits", inputs="in_situ")
+    assert in_situ.folder() == tmp_path / "plasticity_in_situ" / "demo" / "digits"
 
 
 def test_plasticity_benchmark_runs(capsys):
@@ -226,16 +219,16 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
         return original(*args, num_workers=num_workers, **kwargs)
 
     monkeypatch.setattr(plasticity, "measure", spy)
-    table, folder = plasticity.run("demo", "digits", "digits_source", n_pairs=8, batch_size=4, progress=False)
+    table, folder = plasticity.run(Measurement(n_pairs=8), batch_size=4, progress=False)
     assert (
         folder == tmp_path / "plasticity" / "demo" / "digits"
         and len(plasticity.load(folder)) == len(table) == 8 * 6 * 5
     )
-    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, num_workers=2)
+    plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
     monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
     monkeypatch.setattr(plasticity.cli, "check_device", lambda device: torch.device(device))  # as if with a GPU
-    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, device="cuda", progress=False)
+    plasticity.run(Measurement(n_pairs=4), batch_size=4, device="cuda", progress=False)
     assert workers[-1] >= 1
 
 
@@ -243,17 +236,17 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
     import json
 
     move_results(".")
-    table, folder = plasticity.run("demo", "digits", "digits_source", n_pairs=6, batch_size=4, progress=False)
+    table, folder = plasticity.run(Measurement(n_pairs=6), batch_size=4, progress=False)
     metadata = json.loads((folder / "metadata.json").read_text())
     assert metadata["identical_pairs_excluded"] == 0 and metadata["token_rms"] == table.attrs["token_rms"] > 0
-    network, x, y = plasticity.pair_images("demo", "digits", "digits_source", 6)
+    network, x, y = plasticity.pair_images(Measurement(n_pairs=6))
     assert metadata["token_rms"] == pytest.approx(plasticity.rates(network, x, y).attrs["token_rms"], rel=1e-9)
     assert plasticity.load(folder).attrs["token_rms"] == metadata["token_rms"]
     collected = plasticity.collect()
     assert collected["token_rms"].tolist() == [metadata["token_rms"]] * 5
     # a dataset against itself, paired by position: every pair identical, nothing to measure
     with pytest.raises(ValueError, match="all 4 pairs have identical embeddings"):
-        plasticity.run("demo", "digits", "digits", n_pairs=4, batch_size=4, progress=False)
+        plasticity.run(Measurement(reference="digits", n_pairs=4), batch_size=4, progress=False)
     # results saved before the record: a missing token_rms
     del metadata["token_rms"]
     (folder / "metadata.json").write_text(json.dumps(metadata))
@@ -271,12 +264,10 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_pat
     monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or measured)
     monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
     available = min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
-    _, metadata = plasticity.run("demo", "digits", "digits_source", n_pairs=12800, progress=False)
+    _, metadata = plasticity.run(Measurement(n_pairs=12800), progress=False)
     assert asked == [available] and metadata["n_pairs"] == available and metadata["n_pairs_requested"] == 12800
-    _, metadata = plasticity.run("demo", "digits", "digits_source", n_pairs=5, progress=False)
+    _, metadata = plasticity.run(Measurement(n_pairs=5), progress=False)
     assert asked[-1] == 5 and metadata["n_pairs"] == metadata["n_pairs_requested"] == 5
-    with pytest.raises(ValueError, match="n_pairs must be at least 1"):
-        plasticity.run("demo", "digits", "digits_source", n_pairs=0, progress=False)
 
 
 def test_pair_indices_first_and_random():
@@ -314,14 +305,12 @@ def test_random_pairs_are_the_drawn_images_paired(demo):
 
 def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_path, move_results):
     move_results(".")
-    _, first = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
-    _, drawn = plasticity.run(
-        "demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False, sample="random", seed=3
-    )
+    _, first = plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False)
+    _, drawn = plasticity.run(Measurement(n_pairs=4, sample="random", seed=3), batch_size=4, progress=False)
     assert first == tmp_path / "plasticity" / "demo" / "digits"
     assert (
         drawn
-        == plasticity.result_folder("demo", "digits", sample="random", seed=3)
+        == Measurement(sample="random", seed=3).folder()
         == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
     )
     assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {
@@ -331,50 +320,6 @@ def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_
     assert plasticity.collect()["seed"].isna().all() and str(plasticity.collect(sample=None)["seed"].dtype) == "Int64"
     assert plasticity.collect(sample="random", seed=4).empty
     assert len(plasticity.collect(sample=None)) == 10
-    with pytest.raises(ValueError, match="valid samples"):
-        plasticity.run("demo", "digits", "digits_source", n_pairs=4, progress=False, sample="all")
-
-
-def _synthetic_table(levels, n_pairs, blocks=3, noise=0.1, seed=0):
-    """A tidy table whose rates are ``levels[component]`` plus independent noise."""
-    import numpy as np
-    import pandas as pd
-
-    rng = np.random.default_rng(seed)
-    rows = [
-        {"block": b, "depth": 50.0 * b, "component": c, "pair": p, "rate": levels[c] + noise * rng.standard_normal()}
-        for b in range(blocks)
-        for c in COMPONENTS
-        for p in range(n_pairs)
-    ]
-    table = pd.DataFrame(rows)
-    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
-    return table
-
-
-def test_ranking_uncertainty_separated_and_tied_components():
-    separated = _synthetic_table(dict(zip(COMPONENTS, [5.0, 4.0, 3.0, 2.0, 1.0])), n_pairs=200)
-    sure = plasticity.ranking_uncertainty(separated, n_resamples=500)
-    assert list(sure.index) == ["MHA", "FC1", "FC2", "LN2", "LN1"] and (sure["rank stable"] == 1.0).all()
-    assert sure.attrs["tau"] == pytest.approx((1.0, 1.0)) and sure.attrs["order stable"] == 1.0
-    assert ((sure["low"] <= sure["plasticity"]) & (sure["plasticity"] <= sure["high"])).all()
-    assert (sure["high"] - sure["low"]).max() < 0.05
-
-    tied = _synthetic_table(dict.fromkeys(COMPONENTS, 1.0), n_pairs=200)
-    unsure = plasticity.ranking_uncertainty(tied, n_resamples=500)
-    assert unsure["rank stable"].max() < 0.9 and unsure.attrs["order stable"] < 0.3
-    low, high = unsure.attrs["tau"]
-    assert high - low >= 0.6  # the order of tied components is anyone's guess
-
-
-def test_ranking_uncertainty_is_reproducible_and_shrinks_with_pairs():
-    levels = dict(zip(COMPONENTS, [1.0, 1.02, 1.04, 1.06, 1.08]))
-    few = plasticity.ranking_uncertainty(_synthetic_table(levels, 50), n_resamples=300, seed=3)
-    again = plasticity.ranking_uncertainty(_synthetic_table(levels, 50), n_resamples=300, seed=3)
-    many = plasticity.ranking_uncertainty(_synthetic_table(levels, 2000), n_resamples=300, seed=3)
-    assert few.equals(again)
-    assert ((many["high"] - many["low"]) < (few["high"] - few["low"]).reindex(many.index)).all()
-    assert many["rank stable"].mean() > few["rank stable"].mean()
 
 
 def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path, move_results):
@@ -382,16 +327,18 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     assert plasticity.default_reference("digits_c/snow") == "digits_source"
     assert plasticity.default_reference("cifar10") == plasticity.default_reference("custom/anything") == "imagenet"
     default, default_folder = plasticity.run(
-        "demo", "digits_c/snow", "digits_source", n_pairs=6, batch_size=4, progress=False
+        Measurement("demo", "digits_c/snow", n_pairs=6), batch_size=4, progress=False
     )
-    other, other_folder = plasticity.run("demo", "digits_c/snow", "digits", n_pairs=6, batch_size=4, progress=False)
+    other, other_folder = plasticity.run(
+        Measurement("demo", "digits_c/snow", "digits", n_pairs=6), batch_size=4, progress=False
+    )
     assert default_folder == tmp_path / "plasticity" / "demo" / "digits_c" / "snow"
     assert (
         other_folder
         == default_folder.with_name("snow+ref-digits")
-        == plasticity.result_folder("demo", "digits_c/snow", reference="digits")
+        == Measurement("demo", "digits_c/snow", reference="digits").folder()
     )
-    assert plasticity.result_folder("demo", "digits_c/snow", reference="digits_source") == default_folder
+    assert Measurement("demo", "digits_c/snow", reference="digits_source").folder() == default_folder
     assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()  # not replaced
     assert other["rate"].tolist() != default["rate"].tolist()
     assert set(plasticity.collect()["reference"]) == {"digits_source"}
@@ -401,66 +348,57 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
 
 def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path, move_results):
     move_results(".")
-    five = plasticity.result_folder("m", "cifar10c/snow")
-    assert plasticity.result_folder("m", "cifar10c/snow", severity=5) == five
-    assert plasticity.result_folder("m", "cifar10c/snow", severity=3) == five.with_name("snow+severity-3")
+    five = Measurement("demo", "cifar10c/snow").folder()
+    assert Measurement("demo", "cifar10c/snow", severity=5).folder() == five
+    assert Measurement("demo", "cifar10c/snow", severity=3).folder() == five.with_name("snow+severity-3")
     # the demo's corruptions have one severity
-    assert plasticity.result_folder("m", "digits_c/snow", severity=3) == plasticity.result_folder("m", "digits_c/snow")
+    assert Measurement("demo", "digits_c/snow", severity=3).folder() == Measurement("demo", "digits_c/snow").folder()
 
 
 def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, move_results):
     move_results(".")
-    table, _ = plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
-    folder = plasticity.save(table, plasticity.result_folder("mine", "elsewhere"))  # plasticity.save with no metadata
-    assert plasticity.has_result("mine", "elsewhere")
+    table, _ = plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False)
+    elsewhere = Measurement(dataset="digits_c/snow")
+    folder = plasticity.save(table, elsewhere.folder())  # plasticity.save with no metadata
+    assert elsewhere.is_saved()
     assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
 
 
 def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(move_results):
     move_results(".")
-    plasticity.run("demo", "digits", "digits_source", n_pairs=4, batch_size=4, progress=False)
-    folder = plasticity.result_folder("demo", "digits")
+    measurement = Measurement(n_pairs=4)
+    _, folder = plasticity.run(measurement, batch_size=4, progress=False)
     metadata = json.loads((folder / "metadata.json").read_text())
-    assert metadata["splits"] == splits.SPLITS_VERSION and plasticity.has_result("demo", "digits")
+    assert metadata["splits"] == splits.SPLITS_VERSION and measurement.is_saved()
     del metadata["splits"]  # a result from before the authors' splits
     (folder / "metadata.json").write_text(json.dumps(metadata))
-    assert not plasticity.has_result("demo", "digits")
+    assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="earlier test splits"):
         assert plasticity.collect().empty
-    assert plasticity.measure_missing("demo", "digits", n_pairs=4, batch_size=4) == [("demo", "digits")]
-    assert plasticity.has_result("demo", "digits") and len(plasticity.collect()) == 5
+    assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
+    assert measurement.is_saved() and len(plasticity.collect()) == 5
 
 
-def test_measure_missing_measures_a_missing_pair_and_skips_a_present_one(monkeypatch, tmp_path, move_results):
+def test_measure_missing_measures_a_missing_result_and_skips_a_present_one(monkeypatch, tmp_path, move_results):
     move_results(".")
     calls = []
     original = plasticity.run
     monkeypatch.setattr(
         plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or original(*args, **kwargs)
     )
-    assert not plasticity.has_result("demo", "digits")
-    assert plasticity.measure_missing("demo", "digits", n_pairs=4, batch_size=4) == [("demo", "digits")]
-    folder = plasticity.result_folder("demo", "digits")
-    assert plasticity.has_result("demo", "digits") and len(plasticity.load(folder)) == 4 * 6 * 5
-    assert not plasticity.has_result("demo", "digits", sample="random")  # another draw is another result
-    # run gets the dataset's default reference and every argument as given
-    assert calls == [
-        (
-            ("demo", "digits", "digits_source", 4, 4, "cpu", "embedding"),
-            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"},
-        )
-    ]
-    first = plasticity.load(folder)["rate"].tolist()
-    # present: skipped, and not replaced; missing: measured, models outer and datasets inner
-    assert plasticity.measure_missing(
-        ["demo"], ["digits", "digits_c/snow"], "digits_source", n_pairs=6, batch_size=4
-    ) == [("demo", "digits_c/snow")]
-    assert plasticity.load(folder)["rate"].tolist() == first and len(calls) == 2
-    assert (
-        plasticity.has_result("demo", "digits_c/snow")
-        and plasticity.load(plasticity.result_folder("demo", "digits_c/snow"))["pair"].nunique() == 6
-    )
-    assert plasticity.measure_missing("demo", ["digits", "digits_c/snow"], n_pairs=6) == [] and len(calls) == 2
+    clean, snow = Measurement(n_pairs=4), Measurement(dataset="digits_c/snow", n_pairs=6)
+    assert not clean.is_saved()
+    assert plasticity.measure_missing([clean], batch_size=4) == [clean]
+    assert clean.is_saved() and len(plasticity.load(clean.folder())) == 4 * 6 * 5
+    assert not Measurement(sample="random").is_saved()  # another draw is another result
+    # run gets the measurement and run's options as given
+    assert calls == [((clean,), {"batch_size": 4, "device": "cpu", "data_root": None, "progress": False})]
+    first = plasticity.load(clean.folder())["rate"].tolist()
+    # present: skipped, and not replaced, whatever number of pairs it asks for; missing: measured, in order
+    assert plasticity.measure_missing([Measurement(n_pairs=6), snow], batch_size=4) == [snow]
+    assert plasticity.load(clean.folder())["rate"].tolist() == first and len(calls) == 2
+    assert snow.is_saved() and plasticity.load(snow.folder())["pair"].nunique() == 6
+    assert plasticity.measure_missing([clean, snow]) == [] and len(calls) == 2
     assert len(plasticity.collect()) == 10
 
 
@@ -468,35 +406,75 @@ def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_
     move_results(".")
     calls = []
     monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
-    plasticity.save(
-        component_rates.to_table(torch.ones(6, 5, 4)), plasticity.result_folder("demo", "digits"), {"model": "demo"}
-    )
-    # another reference, draw or normalisation is another result: measured, with those arguments
-    assert plasticity.measure_missing("demo", "digits", "digits") == [("demo", "digits")]
-    assert plasticity.measure_missing(
-        "demo", "digits", sample="random", seed=3, n_pairs=5, device="cuda", root="elsewhere", progress=True
-    ) == [("demo", "digits")]
-    assert plasticity.measure_missing("demo", "digits", normalize="model", inputs="in_situ") == [("demo", "digits")]
-    assert calls == [
-        (
-            ("demo", "digits", "digits", 179, 64, "cpu", "embedding"),
-            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "imagenet"},
-        ),
-        (
-            ("demo", "digits", "digits_source", 5, 64, "cuda", "embedding"),
-            {"root": "elsewhere", "progress": True, "sample": "random", "seed": 3, "normalize": "imagenet"},
-        ),
-        (
-            ("demo", "digits", "digits_source", 179, 64, "cpu", "in_situ"),
-            {"root": None, "progress": False, "sample": "first", "seed": 0, "normalize": "model"},
-        ),
+    plasticity.save(component_rates.to_table(torch.ones(6, 5, 4)), Measurement().folder(), {"model": "demo"})
+    # another reference, draw, normalisation or inputs is another result: measured, with run's options as given
+    others = [
+        Measurement(reference="digits"),
+        Measurement(sample="random", seed=3, n_pairs=5),
+        Measurement(normalize="model", inputs="in_situ"),
     ]
+    assert plasticity.measure_missing(others) == others
+    assert plasticity.measure_missing(others[1:2], device="cuda", data_root="elsewhere", progress=True) == others[1:2]
+    options = {"batch_size": 64, "device": "cpu", "data_root": None, "progress": False}
+    assert calls == [((measurement,), options) for measurement in others] + [
+        ((others[1],), {**options, "device": "cuda", "data_root": "elsewhere", "progress": True})
+    ]
+    # the default reference, however it is written, is the saved one
     assert (
-        plasticity.measure_missing("demo", "digits") == []
-        and plasticity.measure_missing("demo", "digits", "digits_source") == []
+        plasticity.measure_missing([Measurement(), Measurement(reference="digits_source"), Measurement(reference=None)])
+        == []
     )
-    with pytest.raises(ValueError, match="valid samples"):
-        plasticity.measure_missing("demo", "digits", sample="all")
+
+
+def test_a_measurement_is_validated_when_it_is_made():
+    for fields, message in [
+        ({"model": "vit_nothing"}, "unknown model 'vit_nothing'; valid short names: vit_base_in21k"),
+        ({"dataset": "digits_c/nowhere"}, "unknown dataset 'digits_c/nowhere'; valid datasets: digits_source"),
+        ({"reference": "imagenet21k"}, "unknown dataset 'imagenet21k'"),
+        ({"inputs": "forward"}, "valid inputs: embedding, in_situ"),
+        ({"sample": "all"}, "valid samples: first, random"),
+        ({"normalize": "own"}, "valid choices: imagenet, model"),
+        ({"severity": 6}, r"severity must be one of \(1, 2, 3, 4, 5\), got 6"),
+        ({"n_pairs": 0}, "n_pairs must be at least 1 \\(an integer\\), got 0"),
+        ({"n_pairs": 12.5}, "n_pairs must be at least 1 \\(an integer\\), got 12.5"),
+        ({"seed": -1}, "seed must be at least 0 \\(an integer\\), got -1"),
+        ({"seed": True}, "seed must be at least 0 \\(an integer\\), got True"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Measurement(**fields)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Measurement().n_pairs = 5
+    # one measurement, one value: the default reference written any way
+    assert (
+        Measurement()
+        == Measurement(reference="")
+        == Measurement(reference=None)
+        == Measurement("demo", "digits", "digits_source")
+    )
+    assert Measurement(dataset="cifar10").reference == Measurement(dataset="custom/xrays").reference == "imagenet"
+
+
+def test_measurements_defaults_are_notebook_02s_and_every_notebook_has_the_demos_pairs():
+    notebook = specs.notebook_parameters(paths.NOTEBOOKS / "02_plasticity.ipynb")
+    assert (
+        Measurement(
+            **{field.name: notebook[field.name] for field in dataclasses.fields(Measurement) if field.name in notebook}
+        )
+        == Measurement()
+    )
+    assert {field.name for field in dataclasses.fields(Measurement)} - set(notebook) == {"severity"}
+    # the demo's pairs: every image of the smaller test split
+    assert data.DEMO_PAIRS == min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
+    for name, parameter in [
+        ("01_theory_bounds", "n_images"),
+        ("02_plasticity", "n_pairs"),
+        ("03_plasticity_summary", "n_pairs"),
+        ("06_gradient_dynamics", "n_pairs"),
+        ("07_finetune_results", "n_pairs"),
+        ("08_your_own_vit_and_data", "n_pairs"),
+        ("09_lora_by_plasticity", "n_pairs"),
+    ]:
+        assert specs.notebook_parameters(paths.NOTEBOOKS / f"{name}.ipynb")[parameter] == data.DEMO_PAIRS, name
 
 
 def _with_identical_pairs(n=6, size=32, seed=0, identical=(1, 4)):
@@ -509,7 +487,7 @@ def test_identical_pairs_are_excluded_with_a_warning_and_counted(demo):
     x, y = _with_identical_pairs()
     with torch.no_grad():
         assert component_rates.rate_tensor(demo, x, y)[:, :, [1, 4]].isnan().all()  # 0/0 in the raw tensor
-    with pytest.warns(plasticity.IdenticalPairsWarning, match="2 of 6 pairs excluded"):
+    with pytest.warns(component_rates.IdenticalPairsWarning, match="2 of 6 pairs excluded"):
         table = plasticity.rates(demo, x, y)
     assert table.attrs["identical_pairs_excluded"] == 2 and table["rate"].notna().all()
     assert sorted(table["pair"].unique()) == [0, 2, 3, 5]  # the other pairs keep their numbers
@@ -527,10 +505,10 @@ def test_measure_excludes_identical_pairs_across_batches(demo):
 
     x, y = _with_identical_pairs(10, identical=(0, 4, 9))
     reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
-    with pytest.warns(plasticity.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
+    with pytest.warns(component_rates.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
         table = plasticity.measure(demo, reference, target, n_pairs=10, batch_size=4, progress=False)
     assert table.attrs["identical_pairs_excluded"] == 3 and sorted(table["pair"].unique()) == [1, 2, 3, 5, 6, 7, 8]
-    with pytest.warns(plasticity.IdenticalPairsWarning):
+    with pytest.warns(component_rates.IdenticalPairsWarning):
         direct = plasticity.rates(demo, x, y)
     assert table["rate"].tolist() == pytest.approx(direct["rate"].tolist(), rel=1e-6)
 
@@ -539,7 +517,7 @@ def test_token_rms_is_the_root_mean_square_norm_of_the_measured_tokens(demo):
     from paperlib import bounds
 
     x, y = _with_identical_pairs(identical=(2,))
-    with pytest.warns(plasticity.IdenticalPairsWarning):
+    with pytest.warns(component_rates.IdenticalPairsWarning):
         table = plasticity.rates(demo, x, y)
     kept = [0, 1, 3, 4, 5]  # the identical pair's tokens are not measured, so not counted
     with torch.no_grad():
@@ -551,27 +529,19 @@ def test_token_rms_is_the_root_mean_square_norm_of_the_measured_tokens(demo):
     assert scaled.attrs["token_rms"] == pytest.approx(4 * expected, rel=1e-9)
 
 
-def test_summaries_leave_out_pairs_without_rates_and_intervals_stay_finite(demo):
+def test_summaries_leave_out_pairs_without_rates(demo):
     # a table made from the raw tensor still has the identical pairs' NaN rates
     x, y = _with_identical_pairs()
     with torch.no_grad():
         raw = component_rates.to_table(component_rates.rate_tensor(demo, x, y))
     assert raw["rate"].isna().any()
-    with pytest.warns(plasticity.IdenticalPairsWarning, match="2 pairs without any rate"):
-        uncertainty = plasticity.ranking_uncertainty(raw, n_resamples=200)
-    assert uncertainty[["plasticity", "low", "high"]].notna().all().all()
-    assert all(map(lambda v: v == v, uncertainty.attrs["tau"]))  # not NaN
-    with pytest.warns(plasticity.IdenticalPairsWarning):
+    with pytest.warns(component_rates.IdenticalPairsWarning, match="2 pairs without any rate"):
         ranked = plasticity.ranking(raw)
-    with pytest.warns(plasticity.IdenticalPairsWarning):
+    with pytest.warns(component_rates.IdenticalPairsWarning):
         by_block = plasticity.plasticity_by_block(raw)
     clean = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
     assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity.ranking(clean)["plasticity"].to_numpy())
     assert by_block.to_numpy() == pytest.approx(plasticity.plasticity_by_block(clean).to_numpy())
-    # and the table rates() gives has no such pair to begin with
-    with pytest.warns(plasticity.IdenticalPairsWarning):
-        measured = plasticity.rates(demo, x, y)
-    assert plasticity.ranking_uncertainty(measured, n_resamples=200)[["low", "high"]].notna().all().all()
 
 
 SCALE_FACTORS = [0.25, 1.0, 4.0, 16.0]
@@ -649,20 +619,3 @@ def test_scaled_rates_equal_the_plain_definition_on_scaled_embeddings(demo):
                 row.append(norm / torch.linalg.vector_norm((ex - ey).flatten(1).double(), dim=1))
             expected.append(torch.stack(row))
     assert torch.allclose(fast, torch.stack(expected), rtol=1e-4, atol=1e-6)
-
-
-def test_paper_order_from_finds_where_the_papers_ranking_holds_on():
-    import pandas as pd
-
-    def curve(orders):
-        rows = [(f, c, v) for f, values in orders.items() for c, v in zip(COMPONENTS, values)]
-        return pd.DataFrame(rows, columns=["factor", "component", "plasticity"])
-
-    paper, reverse = [5, 4, 3, 2, 1], [1, 2, 3, 4, 5]
-    assert plasticity.paper_order_from(curve({1: reverse, 2: paper, 4: paper})) == 2
-    assert plasticity.paper_order_from(curve({1: paper, 2: reverse, 4: paper})) == 4  # from, and on
-    assert plasticity.paper_order_from(curve({1: paper, 2: reverse})) is None
-    assert plasticity.paper_order_from(curve({4: paper, 1: paper})) == 1  # any order of rows
-    ranked = plasticity.scale_ranking(curve({2: paper, 1: [5, 4, 3, 2, 2], 4: reverse}))
-    assert ranked["follows paper"].tolist() == [False, True, False]  # strict, by ascending factor
-    assert ranked["order"].tolist()[1:] == ["MHA > FC1 > FC2 > LN2 > LN1", "LN1 > LN2 > FC2 > FC1 > MHA"]

@@ -628,10 +628,10 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     rates = pd.DataFrame(
         [{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)]
     )
-    for model in ("demo", "other"):
+    for model in ("demo", "vit_base_in21k"):
         plasticity.save(
             rates,
-            plasticity.result_folder(model, "digits"),
+            plasticity.Measurement(model).folder(),
             {
                 "model": model,
                 "dataset": "digits",

@@ -1,0 +1,109 @@
+"""Statistics of a plasticity ranking: how a measured order of the components compares with the
+paper's (MHA > FC1 > FC2 > LN2 > LN1, Fig. 2 middle) and how sure it is.
+
+- ``paper_agreement``: Kendall's tau between a table's ranking of P(f) and the paper's (notebooks 02
+  and 08; ``python -m paperlib.plasticity``).
+- ``ranking_uncertainty`` (beyond the paper, which reports P(f) alone): a bootstrap over pairs, with
+  intervals for each P(f) and for the tau, and how often each rank holds (notebook 02).
+- ``scale_ranking`` and ``paper_order_from`` (beyond the paper): the order of the components at each
+  factor of ``plasticity.scale_curve``, and from which factor on it is the paper's (notebook 02's
+  scale curve).
+
+Tables are ``plasticity``'s tidy tables (``plasticity.rates``, ``run``, ``load``): one row per block,
+component and pair. Pairs without any rate (identical embeddings, in tables made by
+``component_rates.to_table``) are left out with an ``IdenticalPairsWarning``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .component_rates import pairs_with_rates
+from .components import COMPONENTS, LABELS
+
+
+def paper_agreement(table: pd.DataFrame) -> float:
+    """Kendall's tau between this model's ranking of P(f) (mean rate over pairs and blocks, as
+    ``plasticity.ranking``'s) and the paper's (MHA > FC1 > FC2 > LN2 > LN1).
+
+    1 means the same order, -1 the reverse.
+    """
+    table = pairs_with_rates(table)
+    means = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
+    paper = np.arange(len(COMPONENTS), 0, -1)  # the paper's order as scores: 5 for MHA ... 1 for LN1
+    return float(stats.kendalltau(means.to_numpy(), paper).statistic)
+
+
+def ranking_uncertainty(
+    table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+) -> pd.DataFrame:
+    """How sure the ranking is: a bootstrap over pairs (an extension; the paper reports P(f) alone).
+
+    Each pair's rates, averaged over blocks, are resampled jointly for the five components
+    (``scipy.stats.bootstrap``, percentile intervals). Returns, per component in rank order:
+    ``plasticity`` and its ``low``/``high`` interval, ``rank``, and ``rank stable`` (the fraction
+    of resamples that give the component the same rank). The attribute ``attrs["tau"]`` holds the
+    interval of Kendall's tau with the paper's ranking, ``attrs["order stable"]`` the fraction of
+    resamples with the whole order unchanged. Pairs without any rate (identical embeddings) are
+    left out, with a warning, so they make no NaN interval.
+    """
+    table = pairs_with_rates(table)
+    per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
+    result = stats.bootstrap(
+        (per_pair.to_numpy(),),
+        np.mean,
+        axis=0,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        batch=200,
+        rng=np.random.default_rng(seed),
+    )
+    means = per_pair.to_numpy().mean(axis=0)
+    ranks = stats.rankdata(-means, method="min")
+    resampled = stats.rankdata(-result.bootstrap_distribution.T, method="min", axis=1)  # (resamples, components)
+    taus = np.array([stats.kendalltau(row, np.arange(1, len(COMPONENTS) + 1)).statistic for row in resampled])
+    out = (
+        pd.DataFrame(
+            {
+                "component": [LABELS[c] for c in COMPONENTS],
+                "plasticity": means,
+                "low": result.confidence_interval.low,
+                "high": result.confidence_interval.high,
+                "rank": ranks,
+                "rank stable": (resampled == ranks).mean(axis=0),
+            }
+        )
+        .sort_values("rank")
+        .set_index("component")
+    )
+    tail = (1 - confidence) / 2
+    out.attrs["tau"] = (float(np.quantile(taus, tail)), float(np.quantile(taus, 1 - tail)))
+    out.attrs["order stable"] = float((resampled == ranks).all(axis=1).mean())
+    return out
+
+
+def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
+    """Per factor of ``plasticity.scale_curve``'s table (ascending): ``order``, the components by
+    decreasing P(f) ("FC1 > MHA > ..."), and ``follows paper``, whether that is strictly the
+    paper's ranking MHA > FC1 > FC2 > LN2 > LN1."""
+    wide = curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
+    wide = wide[list(COMPONENTS)].sort_index()
+    values = wide.to_numpy()
+    order = [" > ".join(LABELS[COMPONENTS[i]] for i in np.argsort(-row, kind="stable")) for row in values]
+    return pd.DataFrame({"order": order, "follows paper": (np.diff(values, axis=1) < 0).all(axis=1)}, wide.index)
+
+
+def paper_order_from(curve: pd.DataFrame) -> float | None:
+    """The smallest factor of ``plasticity.scale_curve``'s table from which on (at it and at every
+    larger factor of the table) P(f) follows the paper's ranking (``scale_ranking``); None if it
+    does not at the largest factor."""
+    follows = scale_ranking(curve)["follows paper"]
+    onset = None
+    for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):
+        if not holds:
+            break
+        onset = float(factor)
+    return onset
