@@ -241,11 +241,22 @@ def run_sweep(
     return runs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paperlib.sweep", description=__doc__.split("\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m paperlib.sweep`` (``main``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib.sweep", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
     parser.add_argument("spec", type=Path, help="sweep spec (YAML), e.g. parameters/sweeps/plasticity_demo.yaml")
-    parser.add_argument("--executor", default="local", choices=EXECUTORS)
-    parser.add_argument("--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1 (default: all visible)")
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=EXECUTORS,
+        help="local: one run after another, here; gpus: a process per GPU here; slurm: a cluster job per run "
+        "(submitit); submitit-local: submitit's jobs, here",
+    )
+    parser.add_argument(
+        "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
+    )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
         "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
@@ -253,16 +264,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--precision",
         default=None,
-        help=f"with --plan: as if the spec's precision were this ({', '.join(PRECISIONS)})",
+        help=f"with --plan: as if the spec's precision were this, one of {', '.join(PRECISIONS)}; default: the spec's",
     )
     parser.add_argument(
         "--plan-steps",
         type=int,
         default=None,
-        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up (default 3; "
-        "ViT-Base at batch 512 takes minutes a step on a CPU)",
+        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up "
+        "(ViT-Base at batch 512 takes minutes a step on a CPU); default: 3",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):
             raise ValueError("--precision and --plan-steps are options of --plan")
