@@ -248,9 +248,11 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
     return optimizer
 
 
-def input_fingerprints(config: Config) -> dict:
-    """What a custom dataset and model hold now (``data.content_fingerprint``,
-    ``models.content_fingerprint``), for the run's record; empty for the built-in ones."""
+def config_fingerprints(config: Config) -> dict:
+    """What ``config``'s dataset and model hold now, if custom (``data.content_fingerprint``,
+    ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
+    "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
+    those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
     found = {
         "dataset": data.content_fingerprint(config.dataset, config.data_root or None),
         "model": models.content_fingerprint(config.model),
@@ -269,7 +271,7 @@ PROTOCOL = 2
 def run_record(config: Config) -> dict:
     """What ``params.json`` (and a checkpoint) record of a run: its parameters, the ``PROTOCOL`` and,
     for custom datasets and models, their fingerprints."""
-    fingerprints = input_fingerprints(config)
+    fingerprints = config_fingerprints(config)
     return asdict(config) | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
 
 

@@ -71,10 +71,10 @@ class Run:
 
     @property
     def fingerprints(self) -> dict:
-        """``input_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
+        """``parameter_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
         them for all runs, each dataset read once)."""
         if "fingerprints" not in self.extra:
-            self.extra["fingerprints"] = input_fingerprints(self.parameters)
+            self.extra["fingerprints"] = parameter_fingerprints(self.parameters)
         return self.extra["fingerprints"]
 
     @property
@@ -97,11 +97,12 @@ class Run:
         return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
 
 
-def input_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
-    """What the ``custom/<name>`` models and datasets among a run's parameter values (names, or
-    lists of names) hold now: ``{"model:<name>": models.content_fingerprint, "dataset:<name>":
-    data.content_fingerprint}`` (datasets under the run's ``data_root``); empty when it names none.
-    A name that is not there, or not valid, is left out: the run itself says what is wrong.
+def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
+    """What the ``custom/<name>`` models and datasets among a notebook's parameter values (names, or
+    lists of names, under any parameter) hold now: ``{"model:<name>": models.content_fingerprint,
+    "dataset:<name>": data.content_fingerprint}`` (datasets under the run's ``data_root``), as a run's
+    marker keeps them; empty when it names none. A name that is not there, or not valid, is left out: the
+    run itself says what is wrong. (A finetuning run's record keeps its own: ``runs.config_fingerprints``.)
     ``memo`` keeps fingerprints across the runs of one sweep, so a dataset is read once."""
     memo = {} if memo is None else memo
     root = parameters.get("data_root") or None
@@ -124,7 +125,7 @@ def fingerprinted(runs: list[Run]) -> list[Run]:
     read once for all of them (what ``finished`` compares the markers with); returns them."""
     memo: dict = {}
     for run in runs:
-        run.extra["fingerprints"] = input_fingerprints(run.parameters, memo)
+        run.extra["fingerprints"] = parameter_fingerprints(run.parameters, memo)
     return runs
 
 
@@ -164,7 +165,7 @@ def _execute(run: Run) -> Run:
         report.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
         # the custom inputs as the run leaves them: a run that makes its own (notebook 08's example) records them
-        run.extra["fingerprints"] = input_fingerprints(run.parameters)
+        run.extra["fingerprints"] = parameter_fingerprints(run.parameters)
         marker = {
             "name": run.name,
             "notebook": run.notebook.name,
