@@ -7,7 +7,9 @@ Values take the type of the parameter's default, so ``--lr 1e-2`` is a number an
 a boolean; an unknown name or a value of the wrong type stops before any work with the valid
 choices. Every command (these, ``sweep``, ``stats``, ``report``, ``demo``, ``speed.bench``) reports a
 missing or malformed file, spec or folder as one line, ``error: ...``, with exit status 2
-(``BAD_INPUT``, ``fail``).
+(``BAD_INPUT``, ``fail``). Their ``--help`` gives each option its meaning, type, valid choices and
+default: these two's from ``Config``'s field comments (``field_comments``), the others' from their
+``add_argument`` (``Help``).
 """
 
 from __future__ import annotations
@@ -127,6 +129,51 @@ def field_comments(cls) -> dict[str, str]:
         else:
             pending = []
     return comments
+
+
+class Help(argparse.HelpFormatter):
+    """``--help`` of the commands that declare their options with ``add_argument`` (``formatter_class=cli.Help``):
+    each argument's ``help`` (its meaning), then, in parentheses, what its ``add_argument`` says: its type
+    (``flag`` for an option without a value), its valid ``choices`` and its ``default``. An option whose
+    default is None (or a path of this machine) ends its help with it in words, ``; default: <words>``
+    (``--gpus``: ``; default: every visible GPU``), shown in the parentheses."""
+
+    TYPES = {None: "str", str: "str", int: "int", float: "float", Path: "path"}
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        # a subcommand's line in its parent's list, or --help itself: the help as it is
+        if not (action.option_strings or action.required) or action.default is argparse.SUPPRESS:
+            return action.help
+        meaning, _, absent = (action.help or "").partition("; default: ")
+        if action.nargs == 0:
+            facts = ["flag"]
+        else:
+            facts = [self.TYPES.get(action.type, getattr(action.type, "__name__", "value"))]
+            facts[0] += ", one or more" if action.nargs == "+" else ""
+            facts += [] if action.choices is None else ["one of %(choices)s"]
+            if absent:
+                facts.append(f"default: {absent}")
+            elif action.default is not None and not action.required:
+                facts.append("default %(default)s")
+        return f"{meaning} ({'; '.join(facts)})"
+
+
+def tables_parser(prog: str, description: str, spec: str, selections: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The command line that ``stats`` and ``precision`` share (each adds its own options): they print the
+    tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6 picking
+    each learning rate by one of ``selections``, and write them as CSV files if asked."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
+    parser.add_argument("spec", type=Path, help=spec)
+    parser.add_argument(
+        "--select",
+        default="test",
+        choices=selections,
+        help="how Table 6 picks each learning rate: by test (the paper) or val accuracy",
+    )
+    parser.add_argument(
+        "--csv", type=Path, metavar="DIR", help="also write each table as DIR/<table>.csv; default: no file written"
+    )
+    return parser
 
 
 def parameters(

@@ -35,16 +35,16 @@ from .models import create_model
 
 @dataclass(frozen=True)
 class Recipe:
-    """Pretraining settings of the demo ViT."""
+    """Pretraining settings of the demo ViT (AdamW, linear warm-up then cosine decay, per step)."""
 
-    epochs: int = 120
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    warmup_epochs: int = 5
+    epochs: int = 120  # passes over digits_source's trainval split
+    batch_size: int = 64  # images per step
+    lr: float = 1e-3  # AdamW's peak learning rate
+    weight_decay: float = 0.05  # AdamW's decoupled weight decay
+    warmup_epochs: int = 5  # epochs of linear warm-up
     max_shift: int = 3  # random translation in pixels, the only augmentation (digits must not flip)
-    label_smoothing: float = 0.1
-    seed: int = 0
+    label_smoothing: float = 0.1  # of the cross-entropy loss
+    seed: int = 0  # initialisation, shuffling and augmentation
 
 
 def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
@@ -112,14 +112,35 @@ def save_weights(model: nn.Module, path: Path, card: dict | None = None) -> None
         paths.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m paperlib.demo", description=__doc__.split("\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m paperlib.demo`` (``main``): its subcommands ``pretrain`` and ``evaluate``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib.demo", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("pretrain", help="pretrain the demo ViT on digits_source and save its weights")
-    train.add_argument("--out", type=Path, default=paths.DEMO_WEIGHTS, help="weight file (default: the committed one)")
-    train.add_argument("--epochs", type=int, default=Recipe.epochs)
-    evaluate = commands.add_parser("evaluate", help="accuracy of demo weights on digits_source")
-    evaluate.add_argument("--weights", type=Path, default=paths.DEMO_WEIGHTS)
+    committed = f"the committed weights, {paths.display(paths.DEMO_WEIGHTS)}"
+    what = "pretrain the demo ViT on digits_source (Recipe) and save its weights, with a JSON card beside them"
+    train = commands.add_parser("pretrain", help=what, description=what, formatter_class=cli.Help)
+    train.add_argument(
+        "--out",
+        type=Path,
+        default=paths.DEMO_WEIGHTS,
+        help=f"weight file to write (safetensors); default: {committed}",
+    )
+    train.add_argument("--epochs", type=int, default=Recipe.epochs, help=cli.field_comments(Recipe)["epochs"])
+    what = "accuracy of demo weights on digits_source's trainval and test splits"
+    evaluate = commands.add_parser("evaluate", help=what, description=what, formatter_class=cli.Help)
+    evaluate.add_argument(
+        "--weights",
+        type=Path,
+        default=paths.DEMO_WEIGHTS,
+        help=f"weight file to read (safetensors); default: {committed}",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argument_parser()
     args = parser.parse_args(argv)
 
     try:

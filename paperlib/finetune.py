@@ -31,7 +31,6 @@ import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import fields
 
 import torch
 from safetensors.torch import load_file
@@ -452,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics as JSON. The step options may be given one by one (``--compile blocks``) or as a preset
     (``--speed none``, a file of ``parameters/speed/``). A run that another process is training is
     waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
-    defaults = {field.name: field.default for field in fields(Config)} | {"speed": "auto", "wait": True}
+    defaults = Config.defaults() | {"speed": "auto", "wait": True}
     try:
         values = cli.parameters(
             argv,

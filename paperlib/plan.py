@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import pandas as pd
 import torch
@@ -109,7 +109,7 @@ def estimate(todo: list[runs.Config], timing_steps: int = 3) -> pd.DataFrame:
 def step_key(record: dict) -> tuple:
     """What a step's speed depends on (``STEP_KEY``, and the kind of device), from a run's parameters:
     ``asdict(config)``, or the ``params.json`` it recorded (a field it lacks: ``Config``'s default)."""
-    values = {field.name: field.default for field in fields(runs.Config)} | record
+    values = runs.Config.defaults() | record
     return tuple(values[name] for name in STEP_KEY) + (torch.device(values["device"]).type,)
 
 

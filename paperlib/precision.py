@@ -10,14 +10,13 @@ the paper's conclusions (Table 1's pattern, Table 6's best configuration) in bot
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
 from . import cli, paths, runs, specs
 from .components import RUN_COMPONENTS
+from .speed.options import PRECISIONS
 from .stats import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table1, table6, write_csv
 
 PAIR = ["dataset", "component", "lr", "seed"]
@@ -202,24 +201,24 @@ def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
 
 
+def argument_parser():
+    """``main``'s command line: ``cli.tables_parser``'s, the reference precision and the equivalence margin."""
+    spec = "a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
+    description = main.__doc__.split(":", 1)[1].strip()
+    parser = cli.tables_parser("python -m paperlib.precision", description, spec, SELECTIONS)
+    parser.add_argument(
+        "--reference",
+        default="fp32",
+        help=f"the precision the others are compared with, one of {', '.join(PRECISIONS)}",
+    )
+    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``:
     ``effect`` of a finetuning sweep spec's runs in several precisions (e.g. ``precision_paper.yaml``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib.precision", description=main.__doc__.split(":", 1)[1].strip()
-    )
-    parser.add_argument(
-        "spec", help="a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
-    )
-    parser.add_argument(
-        "--reference", default="fp32", help="the precision the others are compared with (the paper's fp32)"
-    )
-    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
-    parser.add_argument(
-        "--select", default="test", choices=SELECTIONS, help="Table 6's learning rate by test (the paper) or val"
-    )
-    parser.add_argument("--csv", default=None, metavar="DIR", help="also write each table as DIR/<table>.csv")
-    args = parser.parse_args(argv)
+    args = argument_parser().parse_args(argv)
     try:
         found, _, missing = runs.for_spec(specs.load_spec(args.spec))
         if found.empty:

@@ -370,16 +370,32 @@ def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
         print(f"executed {notebook}", flush=True)
 
 
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m paperlib.report`` (``main``): its subcommands ``demo`` and ``inplace``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib.report", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    what = "execute notebooks at demo scale and render HTML reports, with an index page"
+    demo = commands.add_parser("demo", help=what, description=what, formatter_class=cli.Help)
+    names = ", ".join(notebook.stem for notebook in notebook_paths())
+    demo.add_argument(
+        "-n",
+        "--notebook",
+        action="append",
+        help=f"a notebook to run, by name (repeatable): {names}; default: every notebook",
+    )
+    demo.add_argument("--out", type=Path, help="report folder; default: $VIT_PLASTICITY_REPORTS if set, else reports/")
+    what = "re-execute committed notebooks in place (nbclient), keeping their cells and metadata"
+    inplace = commands.add_parser("inplace", help=what, description=what, formatter_class=cli.Help)
+    inplace.add_argument("notebooks", nargs="+", type=Path, help="notebook files, e.g. notebooks/00_components.ipynb")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
     import nbformat
 
-    parser = argparse.ArgumentParser(prog="python -m paperlib.report", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="execute notebooks at demo scale and render HTML reports")
-    demo.add_argument("-n", "--notebook", action="append", help="only this notebook (repeatable)")
-    demo.add_argument("--out", type=Path, default=None, help="report folder (default: reports/)")
-    inplace = commands.add_parser("inplace", help="re-execute committed notebooks in place")
-    inplace.add_argument("notebooks", nargs="+", type=Path)
+    parser = argument_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":

@@ -181,6 +181,12 @@ class Config:
         if not integer(self.image_size) or self.image_size < 0:
             raise ValueError(f"image_size must be 0 (the model's) or a positive integer, got {self.image_size!r}")
 
+    @classmethod
+    def defaults(cls) -> dict:
+        """Each field's default by name: what a run is where nothing is asked (and what a record
+        written before a field existed counts as)."""
+        return {field.name: field.default for field in fields(cls)}
+
     def step_options(self) -> StepOptions:
         """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
         precision, fused ops, graph); ``checked_options`` are the same checked for its device."""
@@ -242,9 +248,11 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
     return optimizer
 
 
-def input_fingerprints(config: Config) -> dict:
-    """What a custom dataset and model hold now (``data.content_fingerprint``,
-    ``models.content_fingerprint``), for the run's record; empty for the built-in ones."""
+def config_fingerprints(config: Config) -> dict:
+    """What ``config``'s dataset and model hold now, if custom (``data.content_fingerprint``,
+    ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
+    "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
+    those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
     found = {
         "dataset": data.content_fingerprint(config.dataset, config.data_root or None),
         "model": models.content_fingerprint(config.model),
@@ -263,7 +271,7 @@ PROTOCOL = 2
 def run_record(config: Config) -> dict:
     """What ``params.json`` (and a checkpoint) record of a run: its parameters, the ``PROTOCOL`` and,
     for custom datasets and models, their fingerprints."""
-    fingerprints = input_fingerprints(config)
+    fingerprints = config_fingerprints(config)
     return asdict(config) | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
@@ -291,7 +299,7 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
     """The keys whose values differ between two run records (``params.json``, ``run_record``),
     a key one lacks counting as the field's default (none for fingerprints, 1 for ``protocol``); ``ignore``d
     keys aside."""
-    defaults = {field.name: field.default for field in fields(Config)} | {"fingerprints": {}, "protocol": 1}
+    defaults = Config.defaults() | {"fingerprints": {}, "protocol": 1}
     saved, record = {**defaults, **saved}, {**defaults, **record}
     return sorted(
         key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
@@ -451,7 +459,7 @@ def config_from(parameters: dict) -> Config:
     """The ``Config`` of notebook 05's parameters (``speed`` read by ``speed.preset``, and refused in a
     precision it is not offered for: ``speed.options.offered``; the rest are Config's fields, typed by
     their defaults)."""
-    defaults = {field.name: field.default for field in fields(Config)}
+    defaults = Config.defaults()
     values = dict(parameters)
     speed = values.pop("speed", "auto")
     chosen = preset(speed)

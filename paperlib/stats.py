@@ -34,7 +34,6 @@ Whether a cheaper training precision (tf32, autocast, bf16) changes these result
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -627,24 +626,22 @@ def comparisons(
     }
 
 
+def argument_parser():
+    """``main``'s command line: ``cli.tables_parser``'s and the reference images of P(f)."""
+    spec = "a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml"
+    parser = cli.tables_parser("python -m paperlib.stats", main.__doc__.split(":", 1)[1].strip(), spec, SELECTIONS)
+    parser.add_argument(
+        "--reference", help="the dataset P(f) was measured against (its reference images); default: each dataset's own"
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``: notebook 07's
     tables for a finetuning sweep's runs, without the notebook: what is finished and missing, Table 6,
     Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec of
     several precisions (a precision check: ``python -m paperlib.precision``), these of its fp32 runs."""
-    parser = argparse.ArgumentParser(prog="python -m paperlib.stats", description=main.__doc__.split(":", 1)[1].strip())
-    parser.add_argument("spec", help="a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml")
-    parser.add_argument(
-        "--select",
-        default="test",
-        choices=SELECTIONS,
-        help="pick each learning rate by test (the paper) or val accuracy",
-    )
-    parser.add_argument(
-        "--reference", default=None, help="reference images of the P(f) to read (default: each dataset's default)"
-    )
-    parser.add_argument("--csv", default=None, metavar="DIR", help="also write each table as DIR/<table>.csv")
-    args = parser.parse_args(argv)
+    args = argument_parser().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
         found, _, missing = runs.for_spec(spec)

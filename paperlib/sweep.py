@@ -71,10 +71,10 @@ class Run:
 
     @property
     def fingerprints(self) -> dict:
-        """``input_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
+        """``parameter_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
         them for all runs, each dataset read once)."""
         if "fingerprints" not in self.extra:
-            self.extra["fingerprints"] = input_fingerprints(self.parameters)
+            self.extra["fingerprints"] = parameter_fingerprints(self.parameters)
         return self.extra["fingerprints"]
 
     @property
@@ -97,11 +97,12 @@ class Run:
         return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
 
 
-def input_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
-    """What the ``custom/<name>`` models and datasets among a run's parameter values (names, or
-    lists of names) hold now: ``{"model:<name>": models.content_fingerprint, "dataset:<name>":
-    data.content_fingerprint}`` (datasets under the run's ``data_root``); empty when it names none.
-    A name that is not there, or not valid, is left out: the run itself says what is wrong.
+def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
+    """What the ``custom/<name>`` models and datasets among a notebook's parameter values (names, or
+    lists of names, under any parameter) hold now: ``{"model:<name>": models.content_fingerprint,
+    "dataset:<name>": data.content_fingerprint}`` (datasets under the run's ``data_root``), as a run's
+    marker keeps them; empty when it names none. A name that is not there, or not valid, is left out: the
+    run itself says what is wrong. (A finetuning run's record keeps its own: ``runs.config_fingerprints``.)
     ``memo`` keeps fingerprints across the runs of one sweep, so a dataset is read once."""
     memo = {} if memo is None else memo
     root = parameters.get("data_root") or None
@@ -124,7 +125,7 @@ def fingerprinted(runs: list[Run]) -> list[Run]:
     read once for all of them (what ``finished`` compares the markers with); returns them."""
     memo: dict = {}
     for run in runs:
-        run.extra["fingerprints"] = input_fingerprints(run.parameters, memo)
+        run.extra["fingerprints"] = parameter_fingerprints(run.parameters, memo)
     return runs
 
 
@@ -164,7 +165,7 @@ def _execute(run: Run) -> Run:
         report.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
         # the custom inputs as the run leaves them: a run that makes its own (notebook 08's example) records them
-        run.extra["fingerprints"] = input_fingerprints(run.parameters)
+        run.extra["fingerprints"] = parameter_fingerprints(run.parameters)
         marker = {
             "name": run.name,
             "notebook": run.notebook.name,
@@ -241,11 +242,22 @@ def run_sweep(
     return runs
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m paperlib.sweep", description=__doc__.split("\n")[0])
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m paperlib.sweep`` (``main``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib.sweep", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
     parser.add_argument("spec", type=Path, help="sweep spec (YAML), e.g. parameters/sweeps/plasticity_demo.yaml")
-    parser.add_argument("--executor", default="local", choices=EXECUTORS)
-    parser.add_argument("--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1 (default: all visible)")
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=EXECUTORS,
+        help="local: one run after another, here; gpus: a process per GPU here; slurm: a cluster job per run "
+        "(submitit); submitit-local: submitit's jobs, here",
+    )
+    parser.add_argument(
+        "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
+    )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
         "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
@@ -253,16 +265,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--precision",
         default=None,
-        help=f"with --plan: as if the spec's precision were this ({', '.join(PRECISIONS)})",
+        help=f"with --plan: as if the spec's precision were this, one of {', '.join(PRECISIONS)}; default: the spec's",
     )
     parser.add_argument(
         "--plan-steps",
         type=int,
         default=None,
-        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up (default 3; "
-        "ViT-Base at batch 512 takes minutes a step on a CPU)",
+        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up "
+        "(ViT-Base at batch 512 takes minutes a step on a CPU); default: 3",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):
             raise ValueError("--precision and --plan-steps are options of --plan")

@@ -1,6 +1,7 @@
 """``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line;
 every command's report of a bad input."""
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib import cli, data, demo, finetune, paths, plasticity, report, runs, specs, stats, sweep
+from paperlib import cli, data, demo, finetune, paths, plasticity, precision, report, runs, specs, stats, sweep
 from paperlib.runs import Config
 from paperlib.speed import bench
 
@@ -294,3 +295,61 @@ def test_finetune_help_gives_every_option_a_meaning_a_type_and_a_default(capsys)
     assert (
         "(float; default 0.03)" in text and "--wait BOOL" in text and "status 75) (true or false; default True)" in text
     )
+
+
+TYPE_WORDS = {None: "str", str: "str", int: "int", float: "float", Path: "path"}
+"""How ``--help`` names the type of an argument's values (``add_argument``'s ``type``)."""
+
+
+def help_line(text: str, invocation: str) -> str:
+    """The help of the argument that ``--help`` lists as ``invocation`` (its first option, or its name), on one
+    line: beside it, or on the next line, further indented, when the invocation is long ("" if it has none)."""
+    lines = text.split("\n\n", 1)[1].splitlines()  # after the usage
+    for at, line in enumerate(lines):
+        if line.startswith("  ") and line.split()[0].rstrip(",") == invocation:
+            beside = line.strip().split("  ", 1)
+            if len(beside) == 2:
+                return beside[1].strip()
+            below = lines[at + 1] if at + 1 < len(lines) else ""
+            indented = len(below) - len(below.lstrip()) > len(line) - len(line.lstrip())
+            return below.strip() if indented and not below.strip().startswith("-") else ""
+    raise AssertionError(f"{invocation} is not in --help:\n{text}")
+
+
+@pytest.mark.parametrize("module", [sweep, stats, precision, report, demo], ids=lambda module: module.__name__)
+def test_help_gives_every_argument_a_meaning_a_type_its_choices_and_its_default(module, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per argument
+    todo = [([], module.argument_parser())]  # the command, then each of its subcommands
+    while todo:
+        words, parser = todo.pop()
+        with pytest.raises(SystemExit) as done:
+            module.main([*words, "--help"])
+        assert done.value.code == 0
+        text = capsys.readouterr().out
+        assert parser.description and " ".join(parser.description.split()) in " ".join(text.split())
+        for action in parser._actions:
+            where = f"{' '.join([module.__name__, *words])} {action.dest}"
+            if isinstance(action, argparse._SubParsersAction):
+                for name, subcommand in action.choices.items():
+                    assert help_line(text, name), f"{where}: subcommand {name} has no help"
+                    todo.append(([*words, name], subcommand))
+                continue
+            if action.default is argparse.SUPPRESS:  # --help
+                continue
+            assert action.help, f"{where} has no help"
+            meaning, _, facts = help_line(text, (action.option_strings or [action.dest])[0]).rpartition(" (")
+            facts = facts.removesuffix(")").split("; ")
+            assert meaning.strip(), f"{where} has no meaning in --help"
+            if action.nargs == 0:
+                assert facts == ["flag"], where
+                continue
+            assert facts[0] == TYPE_WORDS[action.type] + (", one or more" if action.nargs == "+" else ""), where
+            if action.choices is not None:
+                assert f"one of {', '.join(action.choices)}" in facts, where
+            if action.required:
+                assert not any(fact.startswith("default") for fact in facts), where
+            else:  # a default value, or what leaving it out does in words
+                said = [fact for fact in facts if fact.startswith("default")]
+                in_words = len(said) == 1 and said[0].startswith("default: ") and said[0] != "default: "
+                value = action.default is not None and said == [f"default {action.default}"]
+                assert value or in_words, f"{where}: no default in --help"

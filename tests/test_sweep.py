@@ -122,7 +122,7 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
         assert run.status == "done" and marker.pop("fingerprints") == run.fingerprints
         run.marker.write_text(json.dumps(marker))
     assert [run.finished for run in sweep.expand(spec)] == [False, False]  # tag names the custom model in both
-    assert sweep.input_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
+    assert sweep.parameter_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
 
 
 def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, monkeypatch, write_notebook):
