@@ -4,7 +4,6 @@ import itertools
 import json
 import math
 import statistics
-from dataclasses import fields
 
 import numpy as np
 import pandas as pd
@@ -42,7 +41,7 @@ def val_accuracy(dataset, component, lr, seed):
 def write_run(root, dataset, component, lr, seed, status="finished"):
     folder = root / "finetune" / "demo" / dataset / component / f"lr={lr:g}" / f"seed={seed}"
     folder.mkdir(parents=True)
-    params = {field.name: field.default for field in fields(Config)} | {
+    params = Config.defaults() | {
         "protocol": PROTOCOL,
         "model": "demo",
         "dataset": dataset,
@@ -98,7 +97,7 @@ def test_runs_in_another_precision_are_other_runs(tree):
     folder.mkdir(parents=True)
     (folder / "params.json").write_text(
         json.dumps(
-            {field.name: field.default for field in fields(Config)}
+            Config.defaults()
             | {"model": "demo", "dataset": "digits", "component": "ln2", "lr": 0.01, "seed": 0, "precision": "bf16"}
             | {"protocol": PROTOCOL}
         )
@@ -483,7 +482,7 @@ def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
 
 
 def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_run():
-    keys = {field.name: field.default for field in fields(Config) if field.name in KEYS} | {
+    keys = {key: value for key, value in Config.defaults().items() if key in KEYS} | {
         "model": "m",
         "dataset": "digits",
         "lr": 0.01,
