@@ -179,7 +179,6 @@ def tables_parser(prog: str, description: str, spec: str, selections: tuple[str,
 def parameters(
     argv: list[str] | None,
     defaults: dict[str, Any],
-    aliases: dict[str, str],
     description: str,
     prog: str,
     flexible: frozenset[str] = frozenset(),
@@ -187,19 +186,18 @@ def parameters(
 ) -> dict[str, Any]:
     """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
 
-    ``aliases`` map a command's names to these (another name for the same option);
-    names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
+    Names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
     ``--help`` shows each option's meaning (``meanings``), type and default.
     A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or
     ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
     """
-    valid = sorted(set(defaults) | set(aliases))
+    valid = sorted(defaults)
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
     parser.add_argument(
         "-f", "--file", action="append", default=[], help="a YAML parameter file (as papermill -f); repeatable"
     )
     for name in valid:
-        default = defaults[aliases.get(name, name)]
+        default = defaults[name]
         kind = (
             "true or false" if isinstance(default, bool) else type(default).__name__ if default is not None else "value"
         )
@@ -226,13 +224,11 @@ def parameters(
     values.update(args)
     result = {}
     for name, value in values.items():
-        target = aliases.get(name, name)
-        default = defaults[target]
-        if target in flexible and isinstance(value, str):
+        if name in flexible and isinstance(value, str):
             lowered = value.strip().lower()
-            result[target] = (lowered in TRUE) if lowered in TRUE + FALSE else value
+            result[name] = (lowered in TRUE) if lowered in TRUE + FALSE else value
         else:
-            result[target] = coerce(name, value, default)
+            result[name] = coerce(name, value, defaults[name])
     return result
 
 

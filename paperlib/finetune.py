@@ -456,7 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         values = cli.parameters(
             argv,
             defaults,
-            {},
             "One finetuning run (paper §5.2); notebook 05's parameters.",
             "python -m paperlib.finetune",
             flexible=frozenset({"compile"}),

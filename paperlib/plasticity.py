@@ -567,7 +567,6 @@ def main(argv: list[str] | None = None) -> int:
         values = cli.parameters(
             argv,
             defaults,
-            {},
             "Plasticity of every component (paper §5.1); notebook 02's parameters.",
             "python -m paperlib.plasticity",
             meanings=cli.field_comments(Measurement) | HELP,
