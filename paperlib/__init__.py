@@ -15,7 +15,7 @@ One module per concern, named for what it holds, in the order they import one an
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
 - ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
 - ``lora``        LoRA surgery on one component (beyond the paper)
-- ``speed``       how a finetuning step is made fast (compilation, precision, fused ops, CUDA graphs)
+- ``speed``       how a finetuning step is made fast (compilation, precision, fused ops)
                   and the benchmarks (``python -m paperlib.speed.bench``)
 - ``specs``       sweep specs: read, checked, expanded into runs
 - ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,

@@ -7,7 +7,7 @@
 The protocol: the pretrained model with a new classification head; trainable = the chosen
 component in every block + the head + the final LayerNorm (``set_trainable``; or, beyond the
 paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
-decay (``make_optimizer``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
+decay (built by ``speed.make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
 global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
@@ -17,10 +17,11 @@ best-validation checkpoint. A loss that is not finite, or above ``EXPLODED`` tim
 stops the run, recorded as ``diverged`` (with the step).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
-``runs``; how a step is made fast (compilation, precision, fused ops, CUDA graphs, micro-batches)
-is ``speed``: the loop asks it for a step (``speed.Step``) and calls it once per batch. Batches
-are a function of (seed, step), so a run interrupted and started again resumes from its last
-checkpoint and ends where an uninterrupted one would.
+``runs``; how a step is made fast (the optimizer's kernels, compilation, precision, fused ops,
+micro-batches) is ``speed``: the loop asks it for the run's step, its optimizer included
+(``speed.make_step``), and calls it once per batch. Batches are a function of (seed, step), so a
+run interrupted and started again resumes from its last checkpoint and ends where an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 from safetensors.torch import load_file
-from timm.optim import param_groups_weight_decay
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -65,32 +65,6 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
     if step < warmup:
         return step / warmup
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
-
-
-def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """The trainable parameters of ``model`` in two AdamW groups, by timm's rule
-    (``timm.optim.param_groups_weight_decay``): weight matrices decay; biases, norms (1-d) and the
-    model's ``no_weight_decay()`` (a ViT's position embedding and class token) do not."""
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
-    groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
-    return [group for group in groups if group["params"]]
-
-
-def make_optimizer(
-    parameters,
-    lr: float,
-    momentum: float,
-    device: torch.device,
-    fused_update: bool = False,
-    optimizer: str = "sgd",
-    weight_decay: float = 0.0,
-) -> torch.optim.Optimizer:
-    """SGD with momentum and no weight decay (appendix C.3), its kernel chosen by ``speed.sgd``
-    (``fused_update``: ``FusedSGD``). ``optimizer="adamw"``: ``torch.optim.AdamW`` (fused on CUDA)
-    with ``weight_decay``; ``parameters`` may then be ``decay_groups``."""
-    if runs.check_optimizer(optimizer, weight_decay) == "adamw":
-        return torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
-    return speed.sgd(parameters, lr, momentum, device, fused_update)
 
 
 @torch.no_grad()
@@ -325,19 +299,22 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
     runs.start(config, params)
     set_trainable(model, config.component, config.lora_rank)
-    trainable = [p for _, p in components.trainable_parameters(model)]
 
-    # the optimizer and schedule, and a step as fast as the run's options make it
-    options = config.checked_options
-    groups = decay_groups(model, config.weight_decay) if config.optimizer == "adamw" else trainable
-    fused_update = "update" in speed.options.fused_parts(options.fused)
-    optimizer = make_optimizer(
-        groups, config.lr, config.momentum, device, fused_update, config.optimizer, config.weight_decay
+    # the optimizer and a step as fast as the run's options make it, and the schedule
+    step_fn = speed.make_step(
+        model,
+        config.checked_options,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        clip=config.clip,
+        micro_batch=config.micro_batch,
+        progress=progress,
     )
+    optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
-    step_fn = speed.Step(
-        model, trainable, optimizer, options, config.batch_size, config.clip, config.micro_batch, progress
-    )
 
     start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
     saved = runs.load_checkpoint(config, params, side, device)
@@ -416,7 +393,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         "best_step": best["step"],
         "test_accuracy": test_accuracy,
         "test_loss": test_loss,
-        "trainable_parameters": sum(p.numel() for p in trainable),
+        "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
         "micro_batch": step_fn.micro,
         "num_classes": num_classes,
         "wall_seconds": round(wall, 2),

@@ -18,7 +18,7 @@ validation and checkpoints included), or else the step timed here (``time_step``
 ``finetune.train`` builds it, random weights, synthetic images, a few steps after warm-up), once
 per step. Not included: for a timed step, evaluation (validation every ``eval_every`` steps, the
 test at the end); for every run, loading its data and model, and the steps a checkpoint would save
-a run that resumes. AdamW runs are timed with SGD's update (``bench_step.library_steps``).
+a run that resumes. AdamW runs are timed with SGD's update (``speed.bench_step.library_steps``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from dataclasses import asdict
 import pandas as pd
 import torch
 
-from . import lora, models, paths, runs
+from . import finetune, lora, models, paths, runs
 from .loader import DeviceLoader
-from .speed.bench_data import device_name, median_seconds
 from .speed.bench_step import library_steps, synthetic_train_set
+from .speed.clock import device_name, median_seconds
 from .speed.options import STEP_OPTIONS
 from .speed.step import warmup_steps
 
@@ -155,9 +155,9 @@ def _device_here(device: str) -> str | None:
 
 def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     """Training images/s of ``config``'s step on its device: the step as ``finetune.train`` builds it
-    (``bench_step.library_steps``, at the whole batch), on random weights with a 10-class head and a
-    batch of synthetic uint8 images at the model's resolution (or ``image_size``), timed over
-    ``timing_steps`` steps after its warm-up (``step.warmup_steps``: compilation, graph capture)."""
+    (``finetune.set_trainable``, then ``bench_step.library_steps``, at the whole batch), on random weights
+    with a 10-class head and a batch of synthetic uint8 images at the model's resolution (or ``image_size``),
+    timed over ``timing_steps`` steps after its warm-up (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
     model = models.create_model(config.model, pretrained=False, num_classes=10).to(device)
     if config.lora_rank:
@@ -165,7 +165,8 @@ def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     size = config.image_size or model.patch_embed.img_size[0]
     loader = DeviceLoader(synthetic_train_set(config.batch_size, size), config.batch_size, True, size, device)
     options = config.checked_options
-    steps = library_steps(model, config.component, loader, config.batch_size, device, options, config.lora_rank)
+    finetune.set_trainable(model, config.component, config.lora_rank)
+    steps = library_steps(model, loader, options)
     warmup = warmup_steps(options)
     seconds = median_seconds({"step": (lambda: steps(warmup, timing_steps), lambda: steps(0, warmup))}, device)
     return config.batch_size * timing_steps / seconds["step"]

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from . import cli, components, data, lora, models, paths, specs
 from .cli import coerce
 from .speed import STEP_OPTIONS, StepOptions, preset
-from .speed.options import fused_parts, offered
+from .speed.options import offered
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
@@ -79,11 +79,8 @@ class Config:
     # weights): faster on a GPU, not the paper's, so their runs get their own folders (speed.options.PRECISIONS)
     precision: str = "fp32"
     # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
-    # gelu (fc1's bias+GELU), qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by "+"
+    # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+"
     fused: str = "auto"
-    # replay each training step from a CUDA graph (CUDA only; GraphedStep): the same step without the time between its
-    # kernels
-    graph: bool = False
     # --- beyond the paper: LoRA, tags, kept weights ---
     # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices
     # trains instead (``lora``; mha, fc1, fc2 or full)
@@ -133,19 +130,11 @@ class Config:
             raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
         options = self.step_options().checked(torch.device(self.device))
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
-        if self.optimizer != "sgd":  # what only SGD has
-            if "update" in fused_parts(options.fused):
-                raise ValueError(
-                    f"fused={self.fused!r} includes the fused SGD update, which {self.optimizer} does not have: "
-                    "leave 'update' out (e.g. fused='gelu+qkv' or 'auto')"
-                )
-            if self.graph:
-                raise ValueError(f"graph=True replays SGD's update; with optimizer={self.optimizer!r} use graph=False")
-            if self.momentum != Config.momentum:
-                raise ValueError(
-                    f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): "
-                    f"leave momentum at {Config.momentum}"
-                )
+        if self.optimizer != "sgd" and self.momentum != Config.momentum:  # SGD's alone
+            raise ValueError(
+                f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): "
+                f"leave momentum at {Config.momentum}"
+            )
         return self
 
     def _check_numbers(self) -> None:
@@ -189,7 +178,7 @@ class Config:
 
     def step_options(self) -> StepOptions:
         """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
-        precision, fused ops, graph); ``checked_options`` are the same checked for its device."""
+        precision, fused ops); ``checked_options`` are the same checked for its device."""
         return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
 
     @property
@@ -279,9 +268,13 @@ OUTPUT_ONLY = ("save_weights",)
 """``Config`` fields that say what a run keeps, not what it computes: runs that differ only in them
 are the same run."""
 
-HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "attention", "fused", "graph")
+HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "attention", "fused")
 """``Config`` fields that say how a run ran, not what it trains: ``load_model`` rebuilds a run's
 model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
+
+RETIRED = ("graph",)
+"""Fields ``Config`` no longer has that said only how a run ran (``graph``: its steps replayed from
+a CUDA graph, removed unmeasured), which runs recorded before may hold: never compared."""
 
 WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
@@ -298,11 +291,11 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``),
     a key one lacks counting as the field's default (none for fingerprints, 1 for ``protocol``); ``ignore``d
-    keys aside."""
+    keys and ``RETIRED`` fields aside."""
     defaults = Config.defaults() | {"fingerprints": {}, "protocol": 1}
     saved, record = {**defaults, **saved}, {**defaults, **record}
     return sorted(
-        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
+        key for key in saved.keys() | record.keys() if key not in ignore + RETIRED and saved.get(key) != record.get(key)
     )
 
 

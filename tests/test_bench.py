@@ -1,15 +1,17 @@
-"""The benchmark's target checks: each figure compared with its issue's target, results kept on disk."""
+"""The step benchmarks and the benchmark command: each figure compared with its target, results kept
+on disk, every row of a variant checked against the first, ``--help`` that says what each option is."""
 
 import json
 import math
+import re
 from dataclasses import asdict
 
 import pytest
 import torch
 
-from paperlib import models
+from paperlib.components import RUN_COMPONENTS
 from paperlib.speed import bench, bench_step, step
-from paperlib.speed.options import StepOptions, compile_choice, resolve_fused
+from paperlib.speed.options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 
 
 @pytest.fixture
@@ -32,15 +34,15 @@ def fake_benchmarks(monkeypatch):
             "seconds_for_12800_pairs": 12800 / (10.0 * figures["plasticity_speedup"]),
         }
 
-    def finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
+    def finetune(name, components, batch, steps, device, options=StepOptions(), plain=True, **kwargs):
         out = {}
-        for config in configs:
-            library = figures["ln1_images"] if config == "ln1" else (500.0 if config == "full" else 800.0)
+        for component in components:
+            library = figures["ln1_images"] if component == "ln1" else (500.0 if component == "full" else 800.0)
             out.update(
                 {
-                    f"{config}_library_images_per_s": library,
-                    f"{config}_plain_images_per_s": 400.0,
-                    f"{config}_speedup": library / 400.0,
+                    f"{component}_library_images_per_s": library,
+                    f"{component}_plain_images_per_s": 400.0,
+                    f"{component}_speedup": library / 400.0,
                 }
             )
         return out
@@ -59,7 +61,8 @@ def test_cpu_targets_pass_and_fail_with_the_figures(fake_benchmarks, tmp_path):
     checks = bench.bench_targets("cpu", tmp_path)
     assert _met(checks, "device path >= 1x") == [True]
     assert _met(checks, "measure >= 2x") == [True, True]
-    assert _met(checks, "frozen configurations faster") == [True]
+    assert _met(checks, "frozen components faster") == [True]
+    assert len(_met(checks, "library step vs plain fp32")) == len(RUN_COMPONENTS)
     assert json.loads((tmp_path / "targets.json").read_text()) == checks
     assert {p.name for p in tmp_path.iterdir()} == {"targets.json", "data.json", "plasticity.json", "finetune.json"}
 
@@ -73,7 +76,8 @@ def test_cpu_targets_pass_and_fail_with_the_figures(fake_benchmarks, tmp_path):
 
 def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
     checks = bench.bench_targets("cpu", None, ("plasticity",))
-    assert {row["issue"] for row in checks} == {4}
+    assert len(checks) == 2 and all("measure >= 2x the plain definition" in row["target"] for row in checks)
+    assert all(set(row) == {"target", "measured", "met"} for row in checks)
     with pytest.raises(SystemExit) as exit:
         bench.main(["targets", "--parts", "data,speed"])
     assert exit.value.code == 2 and "valid parts: data, plasticity, finetune, compiled" in capsys.readouterr().err
@@ -82,39 +86,31 @@ def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
 def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, monkeypatch):
     calls = []
 
-    def fake_finetune(name, configs, batch, steps, device, compile=False, plain=True, **kwargs):
-        calls.append(
-            (
-                compile,
-                batch,
-                kwargs.get("precision", "autocast"),
-                kwargs.get("fused", "none"),
-                kwargs.get("graph", False),
-            )
-        )
-        mfu = 0.41 if kwargs.get("precision") == "bf16" else {"model": 0.45, "blocks": 0.38}.get(compile, 0.3)
-        # what the real result records (bench_finetune's own default precision: autocast)
-        options = asdict(StepOptions(compile_choice(compile), **{"precision": "autocast", **kwargs}))
-        options["fused"] = resolve_fused(options["fused"], torch.device("cpu"))
-        return {"batch_size": batch, **options, "full_library_mfu": mfu, "full_library_tflops": 123.0}
+    def fake_finetune(name, components, batch, steps, device, options=StepOptions(), plain=True, **kwargs):
+        calls.append((options.compile, batch, options.precision, options.fused))
+        mfu = 0.41 if options.precision == "bf16" else {"model": 0.45, "blocks": 0.38}.get(options.compile, 0.3)
+        # what the real result records: the options as they resolved on its device
+        return {
+            "batch_size": batch,
+            **asdict(options.checked("cpu")),
+            "full_library_mfu": mfu,
+            "full_library_tflops": 1,
+        }
 
     monkeypatch.setattr(bench, "bench_finetune", fake_finetune)
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert calls == [
-        ("model", 64, "autocast", "none", False),
-        ("blocks", 64, "autocast", "none", False),
-        ("blocks", 128, "bf16", "none", False),
-        ("blocks", 128, "bf16", "all", False),
-        ("blocks", 128, "bf16", "all", True),
+        ("model", 64, "autocast", "auto"),
+        ("blocks", 64, "autocast", "auto"),
+        ("blocks", 128, "bf16", "none"),
+        ("blocks", 128, "bf16", "all"),
     ]
-    assert [row["met"] for row in checks] == [True, False, True, True, True]
+    assert [row["met"] for row in checks] == [True, False, True, True]
     assert "45.0%" in checks[0]["measured"] and "38.0%" in checks[1]["measured"]
-    assert (
-        "(compiled (model), batch 64)" in checks[0]["target"] and "(compiled (blocks), batch 64)" in checks[1]["target"]
-    )
+    assert "(compiled (model), bf16 autocast, batch 64)" in checks[0]["target"]
+    assert "(compiled (blocks), bf16 autocast, batch 64)" in checks[1]["target"]
     assert "(compiled (blocks, coordinate-descent), bf16 with fp32 masters, batch 128)" in checks[2]["target"]
-    assert "bf16 with fp32 masters, fused all, batch 128" in checks[3]["target"]
-    assert "fused all, CUDA graph, batch 128" in checks[4]["target"]
+    assert "bf16 with fp32 masters, fused gelu+qkv, batch 128" in checks[3]["target"]
     monkeypatch.setattr(bench, "bench_finetune", lambda *a, **k: {"batch_size": 64, "full_library_tflops": 0.07})
     checks = bench.bench_targets("cpu", None, ("compiled",))
     assert checks[0]["met"] is None and "no known peak" in checks[0]["measured"]
@@ -154,9 +150,9 @@ def test_profile_of_a_training_step_on_the_cpu():
     assert len(largest) == 5 and largest == sorted(largest, reverse=True) and result["time_ms_per_step"] > 0
 
 
-def test_profile_rejects_an_unknown_configuration(capsys):
+def test_profile_rejects_an_unknown_component(capsys):
     with pytest.raises(SystemExit) as exit:
-        bench.main(["profile", "--config", "attention", "--device", "cpu"])
+        bench.main(["profile", "--component", "attention", "--device", "cpu"])
     assert (
         exit.value.code == 2
         and "valid configurations: mha, fc1, fc2, ln2, ln1, full, linear" in capsys.readouterr().err
@@ -177,7 +173,7 @@ def test_variants_measure_every_combination_and_check_the_first_step(aot_eager, 
     bench.main(
         [
             "variants",
-            "--config",
+            "--component",
             "ln1",
             "--batch-sizes",
             "8",
@@ -225,26 +221,16 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     measured = []
     original = bench_step.library_steps
 
-    def library_steps(model, config, loader, batch_size, device, options):
+    def library_steps(model, loader, options):
         measured.append(options.attention)
         if options.attention == "flash":
             raise RuntimeError("no kernel for this shape\nsecond line")
-        return original(model, config, loader, batch_size, device, options)
+        return original(model, loader, options)
 
     monkeypatch.setattr(bench_step, "library_steps", library_steps)
-    rows = bench_step.bench_variants(
-        "demo",
-        "linear",
-        (4,),
-        ("none",),
-        ("default",),
-        ("auto", "flash", "math"),
-        steps=1,
-        repeats=1,
-        device="cpu",
-        out=out,
-    )
-    # the finished row (written before rows had a precision) is kept, not measured again
+    choices = {"compile": ("none",), "attention": ("auto", "flash", "math"), "precision": ("autocast",)}
+    rows = bench_step.bench_variants("demo", "linear", (4,), choices, steps=1, repeats=1, device="cpu", out=out)
+    # the finished row (written before rows had a precision: they ran under autocast) is kept, not measured again
     assert measured == ["flash", "math"]
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
     assert rows[2]["agrees"] is False  # its first step differs from the (made-up) kept row's
@@ -258,10 +244,9 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
         (["--compile", "model", "--modes", "fastest"], "valid modes: default"),
         (["--attention", "cudnn"], "valid choices: auto, flash, math"),
         (["--batch-sizes", "64,big"], "--batch-sizes must be comma-separated integers"),
-        (["--config", "attention"], "valid configurations"),
-        (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, all, gelu, qkv, update"),
-        (["--graph", "false,maybe"], "--graph takes comma-separated false/true, got 'maybe'"),
-        (["--graph", "false,true"], "graph=True replays steps from a CUDA graph and needs a CUDA device"),
+        (["--component", "attention"], "valid configurations"),
+        (["--fused", "none,gelu,all,fast"], "valid choices: auto, none, all, gelu, qkv"),
+        (["--fused", "update"], "valid choices: auto, none, all, gelu, qkv"),  # removed unmeasured
     ],
 )
 def test_variants_reject_bad_choices_before_any_work(arguments, message, capsys, tmp_path):
@@ -293,7 +278,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
     monkeypatch.setattr(models, "create_model", create)
     result = bench_step.bench_finetune(
-        "demo", ("ln1",), 4, steps=1, device="cpu", workers=0, compile="blocks", repeats=1
+        "demo", ("ln1",), 4, steps=1, device="cpu", options=StepOptions(compile="blocks"), workers=0, repeats=1
     )
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
     twin = twins[0]
@@ -306,19 +291,8 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
-    rows = bench_step.bench_variants(
-        "demo",
-        "full",
-        (8,),
-        ("none",),
-        ("default",),
-        ("auto",),
-        steps=1,
-        repeats=1,
-        device="cpu",
-        out=tmp_path / "v.json",
-        precisions=("autocast", "bf16"),
-    )
+    choices = {"compile": ("none",), "precision": ("autocast", "bf16")}
+    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert [r["precision"] for r in rows] == ["autocast", "bf16"] and all("error" not in r for r in rows)
     assert rows[1]["agrees"] is True  # bf16 rounding, the same first step
     assert "bf16 with fp32 masters" in bench_step.variant_words(rows[1])
@@ -328,7 +302,7 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
     bench.main(
         [
             "variants",
-            "--config",
+            "--component",
             "full",
             "--batch-sizes",
             "8",
@@ -347,24 +321,16 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
         ]
     )
     rows = json.loads((tmp_path / "v.json").read_text())
-    assert [r["fused"] for r in rows] == ["none", "gelu", "qkv", "all"] and all("error" not in r for r in rows)
+    # all: every op, written as its parts
+    assert [r["fused"] for r in rows] == ["none", "gelu", "qkv", "gelu+qkv"] and all("error" not in r for r in rows)
     for row in rows[1:]:
         assert row["agrees"] is True and row["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)
     assert "fused gelu" in capsys.readouterr().out
 
 
 def test_fused_auto_rows_record_what_ran(tmp_path):
-    rows = bench_step.bench_variants(
-        "demo",
-        "full",
-        (8,),
-        ("none",),
-        steps=1,
-        repeats=1,
-        device="cpu",
-        out=tmp_path / "v.json",
-        fuseds=("auto", "none"),
-    )
+    choices = {"compile": ("none",), "fused": ("auto", "none")}
+    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
 
 
@@ -378,10 +344,7 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
         "bias_gelu forward",
         "bias_gelu backward (+ bias gradient)",
         "qkv_heads_backward (+ bias gradient)",
-        "SGD update with bf16 masters, unfused",
-        "SGD update with bf16 masters, fused (FusedSGD)",
     )
-    assert result["parameters"] == sum(p.numel() for p in models.create_model("demo", pretrained=False).parameters())
     assert all(result[f"{name}: ms"] > 0 and result[f"{name}: GB/s"] > 0 for name in names)
     with pytest.raises(SystemExit):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
@@ -398,11 +361,10 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     monkeypatch.setattr(
         step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device)
     )
-    rows = bench_step.bench_variants(
-        "demo", "full", (4,), ("none",), steps=1, repeats=1, device="cpu", fuseds=("none", "all")
-    )
+    choices = {"compile": ("none",), "fused": ("none", "all")}
+    rows = bench_step.bench_variants("demo", "full", (4,), choices, steps=1, repeats=1, device="cpu")
     # the "all" row's model only, once per op
-    assert [row["fused"] for row in rows] == ["none", "all"] and len(fused_into) == 2
+    assert [row["fused"] for row in rows] == ["none", "gelu+qkv"] and len(fused_into) == 2
 
 
 def test_step_flops_counted_on_one_image_are_the_whole_batchs():
@@ -420,48 +382,29 @@ def test_step_flops_counted_on_one_image_are_the_whole_batchs():
     assert bench_step.step_flops(model, images, labels) == counter.get_total_flops() > 0
 
 
-def test_a_graphed_row_says_so():
-    row = {
-        "compile": "blocks",
-        "compile_mode": "coordinate-descent",
-        "precision": "bf16",
-        "fused": "all",
-        "graph": True,
-    }
+def test_a_row_says_how_its_step_ran():
+    row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "gelu+qkv"}
     assert (
-        bench_step.variant_words(row)
-        == ", compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused all, CUDA graph"
+        bench_step.variant_words(row) == "compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused gelu+qkv"
     )
-    assert (
-        "graph" not in bench_step.variant_words({**row, "graph": False}) and bench_step.VARIANT_KEYS["graph"] is False
-    )
+    assert bench_step.variant_words({"compile": "none", "precision": "fp32", "fused": "none"}) == "eager, fp32"
+    # rows written before rows recorded their precision ran under autocast
+    assert bench_step.variant_words({"compile": "model"}) == "compiled (model), bf16 autocast"
 
 
 def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agrees(tmp_path, monkeypatch):
     # the first step's loss and norm come before any update: a broken update (or a graph replaying
     # stale learning rates) shows only in the later step that every row also records
-    from paperlib import finetune
-
     made = []
-    original = finetune.make_optimizer
+    original = bench_step.make_step
 
-    def make_optimizer(parameters, lr, *args, **kwargs):
+    def make_step(model, options, lr, **settings):
         made.append(lr)
-        return original(parameters, lr * (1 if len(made) == 1 else 300), *args, **kwargs)
+        return original(model, options, lr=lr * (1 if len(made) == 1 else 300), **settings)
 
-    monkeypatch.setattr(finetune, "make_optimizer", make_optimizer)
-    rows = bench_step.bench_variants(
-        "demo",
-        "full",
-        (8,),
-        ("none",),
-        ("default",),
-        ("auto", "math"),
-        steps=1,
-        repeats=1,
-        device="cpu",
-        out=tmp_path / "v.json",
-    )
+    monkeypatch.setattr(bench_step, "make_step", make_step)
+    choices = {"compile": ("none",), "attention": ("auto", "math")}
+    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
     assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False
@@ -478,7 +421,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     )
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
     models_seen = list({id(model): model for model in seen}.values())
-    assert len(models_seen) == 4  # a fresh LoRA model per configuration and loop
+    assert len(models_seen) == 4  # a fresh LoRA model per component and loop
     for model in models_seen:
         layers = lora.adapted_layers(model)
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
@@ -505,3 +448,27 @@ def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_b
     assert ["plain_images_per_s" in r for r in rows] == [True, False, True, False]
     with pytest.raises(ValueError, match="valid precisions on cpu: fp32, autocast, bf16"):
         bench_step.bench_presets("demo", ("ln2",), 8, 1, "cpu", precisions=("tf32",), repeats=1)
+
+
+def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):
+    commands = ("data", "plasticity", "finetune", "profile", "variants", "kernels", "presets", "targets")
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {name}" in listed for name in commands)
+    for name in commands:
+        with pytest.raises(SystemExit):
+            bench.main([name, "--help"])
+        text = capsys.readouterr().out
+        options = re.split(r"\n  (?=--)", text.split("options:", 1)[1])[1:]  # one entry per option but --help
+        assert options, name
+        for option in options:
+            flag, _, meaning = option.partition("  ")
+            described = " ".join(meaning.split())
+            assert described and "(default" in described, (name, flag)
+            if flag.split()[1:] == []:  # a flag without a value says what it does
+                continue
+            assert flag.split()[1] in ("INT", "PATH", "TEXT", "LIST", "[HOW]"), (name, flag)  # its type
+        if name in ("finetune", "profile"):
+            for choices in (PRECISIONS, COMPILE_CHOICES, ATTENTION_CHOICES, FUSED_CHOICES, RUN_COMPONENTS):
+                assert all(choice in text for choice in choices), (name, choices)

@@ -6,7 +6,6 @@ docs/benchmarks.md for the one command that also runs every benchmark). The devi
 on a CPU, to check the tests themselves.
 """
 
-import copy
 import os
 from dataclasses import replace
 
@@ -19,16 +18,8 @@ from paperlib import component_rates, components, data, finetune, imagesets, mod
 from paperlib import transforms as T
 from paperlib.loader import DeviceLoader
 from paperlib.speed import layers
-from paperlib.speed.options import CPU_ATTENTION, StepOptions, fuses_update
-from paperlib.speed.step import (
-    GRAPH_WARMUP,
-    GraphedStep,
-    compile_model,
-    make_forward,
-    make_step,
-    step_context,
-    training_step,
-)
+from paperlib.speed.options import CPU_ATTENTION, StepOptions
+from paperlib.speed.step import compile_model, make_forward, make_optimizer, step_context, training_step
 
 DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -121,18 +112,18 @@ def test_host_images_go_through_reused_staging_buffers_unchanged():
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="host-device synchronisation exists on CUDA only")
-@pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "update")])
-def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, fused):
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_training_step_never_makes_the_host_wait_for_the_device(precision):
     # the host must queue step after step: a blocking copy or read-back in the batch or the step
     # would leave the GPU idle while the host prepares the next one
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
-    options = StepOptions(precision=precision, fused=fused).checked(DEVICE)
+    options = StepOptions(precision=precision).checked(DEVICE)
     forward = make_forward(model, options)
     trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 0.01, 0.9, DEVICE, fuses_update(options.fused, DEVICE))
+    optimizer = make_optimizer(model, "sgd", 0.01, 0.9)
     loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
-    context = step_context(DEVICE)
+    context = step_context(DEVICE, precision=precision)
     for step in range(2):  # first steps: lazy initialisation, allocations
         training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
     torch.cuda.synchronize()
@@ -170,10 +161,10 @@ def test_attention_kernels_on_the_device_compute_the_same_function(attention):
         pytest.skip(f"no {attention} kernel on a {DEVICE.type}")
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
-    with torch.no_grad(), step_context(DEVICE)():
+    with torch.no_grad(), step_context(DEVICE, precision="autocast")():
         reference = model(images).float()
     try:
-        with torch.no_grad(), step_context(DEVICE, attention)():
+        with torch.no_grad(), step_context(DEVICE, attention, precision="autocast")():
             output = model(images).float()
     except RuntimeError as error:  # a kernel this GPU (or this PyTorch build) lacks
         pytest.skip(f"{attention}: {error}".splitlines()[0])
@@ -183,7 +174,7 @@ def test_attention_kernels_on_the_device_compute_the_same_function(attention):
 def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device():
     model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
-    with torch.no_grad(), step_context(DEVICE)():
+    with torch.no_grad(), step_context(DEVICE, precision="autocast")():
         reference = model(images).float()
         forward = compile_model(model, "none")
         output = forward(images).float()
@@ -247,11 +238,8 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
     config = small(**ON_DEVICE, component="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["optimizer"] == "adamw"
-    assert bool(
-        finetune.make_optimizer(
-            [torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE, optimizer="adamw"
-        ).defaults["fused"]
-    ) == (DEVICE.type == "cuda")
+    adamw = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), "adamw", 0.1, 0.9, weight_decay=0.05)
+    assert bool(adamw.defaults["fused"]) == (DEVICE.type == "cuda")
     losses = runs.history(config)["train_loss"].to_numpy()
     move_results("cpu")
     cpu = replace(config, device="cpu", precision="autocast")
@@ -308,26 +296,6 @@ def test_fused_bias_gelu_on_the_device_equals_the_cpu_arithmetic(dtype):
     assert bias_on.grad.dtype == torch.float32 and _relative_error(bias_on.grad, expected_bias) < 1e-5
 
 
-@pytest.mark.parametrize("grad_dtype, first", [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)])
-def test_fused_sgd_update_on_the_device_equals_the_cpu_arithmetic(grad_dtype, first):
-    """The update kernel against its PyTorch arithmetic on a CPU: the fp32 parameter and momentum
-    within fp32 rounding, the bf16 copy exactly the updated parameter rounded to nearest."""
-    from paperlib.speed import kernels
-
-    generator = torch.Generator().manual_seed(0)
-    size = 768 * 3072 + 5  # fc1's weight of ViT-Base/16, and a tail that does not fill a block
-    grad = torch.randn(size, generator=generator).to(grad_dtype)
-    param, buf = torch.randn(size, generator=generator), torch.randn(size, generator=generator)
-    lr, scale = torch.tensor(0.3), torch.tensor(0.7)
-    on = [t.to(DEVICE, copy=True) for t in (grad, param, buf, lr, scale)]
-    copy_on = torch.empty(size, dtype=torch.bfloat16, device=DEVICE)
-    kernels.sgd_update(*on, 0.9, first, copy_on)
-    kernels.sgd_update_reference(grad, param, buf, lr, scale, 0.9, first)
-    for mine, reference in ((on[1], param), (on[2], buf)):
-        assert ((mine.cpu().double() - reference.double()).abs() <= 2.0**-22 * (reference.double().abs() + 1)).all()
-    assert torch.equal(copy_on, on[1].to(torch.bfloat16))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_qkv_stack_on_the_device_equals_the_cpu_arithmetic(dtype):
     from paperlib.speed import kernels
@@ -382,60 +350,6 @@ def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(
     assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)
 
 
-@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
-@pytest.mark.parametrize("precision, fused", [("autocast", "gelu+qkv"), ("bf16", "gelu+qkv"), ("bf16", "all")])
-def test_a_step_replayed_from_a_cuda_graph_trains_as_the_ordinary_step(precision, fused):
-    # compiled blocks, our Triton kernels, cuDNN attention, the fused update and (bf16) the master
-    # copies, all inside one graph: each replay must train on its own batch at its own learning rate
-    # ("all": FusedSGD's update kernels, reading the graph's learning-rate tensors, against torch's SGD)
-    torch.manual_seed(0)
-    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
-    components.set_trainable(model, "full")
-    twin = copy.deepcopy(model)
-    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
-    runs = []
-    for network, graph in ((model, False), (twin, True)):
-        options = StepOptions(
-            compile="blocks", precision=precision, fused=fused if graph else "gelu+qkv", graph=graph
-        ).checked(DEVICE)
-        forward = make_forward(network, options)
-        trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(network)]
-        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, DEVICE, fuses_update(options.fused, DEVICE))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 10))
-        step = make_step(forward, trainable, optimizer, 32, 1.0, step_context(DEVICE, graph=graph), graph)
-        outputs = []
-        for index in range(10):
-            if graph and index == GRAPH_WARMUP + 1:  # captured: from now on the host never waits
-                torch.cuda.synchronize()
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                outputs.append(torch.stack(step(*loader.batch(index))))
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            schedule.step()
-        runs.append((torch.stack(outputs).cpu(), [p.detach().float().cpu() for p in network.parameters()]))
-    (plain, plain_weights), (replayed, replayed_weights) = runs
-    assert isinstance(step, GraphedStep) and step._replay is not None
-    assert len(set(plain[:, 0].tolist())) == 10  # each batch its own loss: a stale batch would show
-    # the same kernels; the update reads an fp32 learning rate
-    torch.testing.assert_close(replayed, plain, rtol=2e-2, atol=1e-3)
-    assert max(_relative_error(a, b) for a, b in zip(replayed_weights, plain_weights)) < 1e-2
-
-
-@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs exist on CUDA only")
-def test_finetuning_replayed_from_a_cuda_graph_follows_the_plain_run(
-    results, monkeypatch, tmp_path, move_results, small
-):
-    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks"))["status"] == "finished"
-    move_results("graph")
-    assert finetune.run(small(**ON_DEVICE, component="full", compile="blocks", graph=True))["status"] == "finished"
-    losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks"))["train_loss"].to_numpy()
-    graph_losses = runs.history(small(**ON_DEVICE, component="full", compile="blocks", graph=True))[
-        "train_loss"
-    ].to_numpy()
-    assert np.allclose(graph_losses, losses, rtol=5e-2, atol=1e-2)
-
-
 def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
     model = models.create_model("demo", pretrained=False)
     generator = torch.Generator().manual_seed(0)
@@ -481,7 +395,7 @@ def test_finetuning_on_the_device_trains_only_the_chosen_component(results, smal
     assert metrics["device"] == (torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu")
     history = runs.history(small(**ON_DEVICE, component="fc2"))
     assert history["train_loss"].map(np.isfinite).all() and history["grad_norm"].gt(0).all()
-    optimizer = finetune.make_optimizer([torch.zeros(2, device=DEVICE, requires_grad=True)], 0.1, 0.9, DEVICE)
+    optimizer = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), "sgd", 0.1, 0.9)
     assert bool(optimizer.defaults["fused"]) == (DEVICE.type == "cuda")
 
 
@@ -497,7 +411,8 @@ def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkey
 
 
 def test_benchmarks_run_on_the_device(capsys):
-    from paperlib.speed import bench_data, bench_step
+    from paperlib import bench_data
+    from paperlib.speed import bench_step
 
     result = bench_data.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
     assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
@@ -515,30 +430,12 @@ def test_benchmarks_run_on_the_device(capsys):
         result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference")
         and result["bias_gelu forward: ms"] > 0
     )
-    assert result["SGD update with bf16 masters, fused (FusedSGD): ms"] > 0
-    if DEVICE.type == "cuda":  # and replayed from a graph, without the host's launches
-        assert not [key for key in result if key.endswith(": error")]
-        assert result["SGD update with bf16 masters, fused (FusedSGD), replayed from a CUDA graph: ms"] > 0
-    result = bench_step.bench_profile(
-        "demo", "full", batch_size=32, steps=1, device=str(DEVICE), graph=DEVICE.type == "cuda"
-    )
-    assert result["shares"]["matrix products"] > 0  # a profile taken of a graph's replays still sees its kernels
     result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
-    graphs = (False, True) if DEVICE.type == "cuda" else (False,)
-    rows = bench_step.bench_variants(
-        "demo",
-        "full",
-        (32,),
-        ("none", "blocks"),
-        steps=2,
-        repeats=1,
-        device=str(DEVICE),
-        fuseds=("none", "all"),
-        graphs=graphs,
-    )
-    assert [row.get("error") for row in rows] == [None] * 4 * len(graphs) and all(row["agrees"] for row in rows[1:])
+    choices = {"compile": ("none", "blocks"), "precision": ("autocast",), "fused": ("none", "all")}
+    rows = bench_step.bench_variants("demo", "full", (32,), choices, steps=2, repeats=1, device=str(DEVICE))
+    assert [row.get("error") for row in rows] == [None] * 4 and all(row["agrees"] for row in rows[1:])
     assert all(
         (row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows
     )

@@ -134,12 +134,9 @@ def test_best_validation_checkpoint_is_reported(small):
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
 
 
-# bf16: the copy is refreshed from the loaded masters; update: FusedSGD's momentum comes back from the checkpoint
-@pytest.mark.parametrize("precision, fused", [("autocast", "auto"), ("bf16", "auto"), ("bf16", "update")])
-def test_resume_after_interruption_matches_an_uninterrupted_run(
-    precision, fused, results, tmp_path, monkeypatch, small, move_results
-):
-    config = small(precision=precision, fused=fused)
+def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_path, monkeypatch, small, move_results):
+    # in the protocol's fp32; the other precisions: tests/test_speed.py
+    config = small()
     reference = finetune.run(config)
     move_results("interrupted")
     interrupted(config, 9, monkeypatch)
@@ -181,22 +178,12 @@ def test_divergence_is_recorded_not_raised(small):
         ({"dataset": "mnist"}, "valid datasets"),
         ({"model": "resnet50"}, "valid short names"),
         ({"micro_batch": 5}, "must divide batch_size"),
-        ({"graph": True}, "needs a CUDA device"),
-        ({"graph": "yes"}, "graph must be True or False"),
     ],
 )
 def test_bad_parameters_fail_before_any_work(results, overrides, message, small):
     with pytest.raises(ValueError, match=message):
         finetune.run(small(**overrides))
     assert not results.exists()
-
-
-def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypatch, small, move_results):
-    whole = run_files.history(small()) if finetune.run(small()) else None
-    move_results("micro")
-    finetune.run(small(micro_batch=4))
-    accumulated = run_files.history(small(micro_batch=4))
-    assert accumulated["train_loss"].tolist() == pytest.approx(whole["train_loss"].tolist(), rel=1e-4)
 
 
 def test_lr_schedule():
@@ -251,6 +238,7 @@ def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch, small):
     params_file = small().folder() / "params.json"
     params = json.loads(params_file.read_text())
     del params["fused"], params["precision"]  # as a run written before Config had these fields
+    params["graph"] = False  # and with a field Config no longer has (runs.RETIRED)
     params_file.write_text(json.dumps(params))
     monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     assert finetune.run(small()) == metrics  # the missing fields count as their defaults
@@ -271,32 +259,12 @@ def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(resul
     assert sorted(runs["optimizer"]) == ["adamw", "sgd"] and sorted(runs["weight_decay"]) == [0.0, 0.05]
 
 
-def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
-    model = components.set_trainable(models.create_model("demo", num_classes=5), "full")
-    groups = finetune.decay_groups(model, 0.1)
-    names = {id(p): n for n, p in model.named_parameters()}
-    decayed = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
-    kept = {names[id(p)] for g in groups if not g["weight_decay"] for p in g["params"]}
-    assert "blocks.0.attn.qkv.weight" in decayed and "head.weight" in decayed
-    assert {"blocks.0.attn.qkv.bias", "blocks.0.norm1.weight", "pos_embed", "cls_token", "norm.weight"} <= kept
-    assert decayed.isdisjoint(kept) and decayed | kept == {n for n, p in model.named_parameters() if p.requires_grad}
-    optimizer = finetune.make_optimizer(groups, 1e-3, 0.9, torch.device("cpu"), optimizer="adamw", weight_decay=0.1)
-    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.999)
-    weight, bias = model.head.weight, model.head.bias
-    before_w, before_b = weight.detach().clone(), bias.detach().clone()
-    # no gradient: only the decay moves a weight
-    weight.grad, bias.grad = (torch.zeros_like(weight), torch.zeros_like(bias))
-    optimizer.step()
-    assert torch.allclose(weight, before_w * (1 - 1e-3 * 0.1)) and torch.equal(bias, before_b)
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
         ({"optimizer": "adam"}, "valid optimizers: sgd, adamw"),
         ({"weight_decay": 0.05}, "weight_decay is for optimizer='adamw'"),
         ({"optimizer": "adamw", "weight_decay": -1.0}, "weight_decay must be a non-negative number"),
-        ({"optimizer": "adamw", "fused": "update"}, "fused SGD update, which adamw does not have"),
         ({"optimizer": "adamw", "momentum": 0.5}, "momentum is SGD's; adamw has its own"),
         ({"validation": "paper"}, "valid choices: official, fraction"),
     ],

@@ -1,6 +1,6 @@
 """Our fused ops (kernels.bias_gelu, kernels.QkvHeads): the PyTorch arithmetic, the custom ops
 (autograd, torch.compile), the Triton kernels (under Triton's interpreter on a CPU), and the models
-and finetuning runs that use them (speed.step.fuse)."""
+and finetuning runs that use them (speed.step.fuse), LoRA's included."""
 
 import json
 import os
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib import components, finetune, models, runs
+from paperlib import components, finetune, lora, models, runs
 from paperlib.speed import kernels, layers, options
-from paperlib.speed.options import StepOptions, fused_parts, fuses_update, resolve_fused
-from paperlib.speed.step import FusedSGD, MasterWeights, fuse, make_forward, step_context, training_step
+from paperlib.speed.options import StepOptions, fused_parts, resolve_fused
+from paperlib.speed.step import fuse
 
 
 def _gelu_of_sum(mm: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor):
@@ -127,19 +127,7 @@ TRITON_CHECK = textwrap.dedent("""
                            "stacked_dtype": str(stacked.dtype), "sums": sums.double().tolist(),
                            "exact_sums": packed.double().reshape(batch * tokens, -1).sum(0).tolist(),
                            "scale": packed.double().abs().reshape(batch * tokens, -1).sum(0).tolist()})
-    updates = []
-    # SGD updates: sizes that do and do not fill BLOCK, bf16 (master weights) or fp32 gradients, first step or not
-    for size, grad_dtype, first, copy in [(5000, torch.bfloat16, False, True), (1, torch.bfloat16, True, True),
-                                          (4096, torch.float32, False, False), (2049, torch.float32, True, False)]:
-        grad = torch.randn(size, generator=generator).to(grad_dtype)
-        param, buf = torch.randn(size, generator=generator), torch.randn(size, generator=generator)
-        lr, scale = torch.tensor(0.3), torch.tensor(0.7)
-        inputs = [grad.double().tolist(), param.double().tolist(), buf.double().tolist()]
-        out = torch.empty(size, dtype=torch.bfloat16) if copy else None
-        kernels.sgd_update_triton(grad, param, buf, lr, scale, 0.9, first, out)
-        updates.append({"first": first, "inputs": inputs, "param": param.double().tolist(),
-                        "buf": buf.double().tolist(), "copy": out.double().tolist() if copy else None})
-    print(json.dumps({"bias_gelu": results, "qkv": stacks, "sgd": updates}))
+    print(json.dumps({"bias_gelu": results, "qkv": stacks}))
 """)
 
 
@@ -189,107 +177,6 @@ def test_triton_kernels_match_autograd_of_gelu(triton_results):
         scale = grad_mm.abs().sum(dim=tuple(range(grad_mm.dim() - 1))) + 1
         assert (error <= 1e-5 * scale).all(), (case["shape"], case["dtype"], float(error.max()))
         assert case["deterministic"]
-
-
-def _sgd_exact(grad, param, buf, lr, scale, momentum, first):
-    """The SGD update with clipping's factor in float64: (parameter, momentum)."""
-    g = grad.double() * scale
-    buf = g if first else momentum * buf.double() + g
-    return param.double() - lr * buf, buf
-
-
-def test_triton_sgd_update_is_the_update_in_one_pass(triton_results):
-    """The update kernel, run by Triton's interpreter, against the float64 update: the parameter and
-    momentum within fp32 rounding, the copy within one bf16 unit of the updated parameter (the
-    interpreter rounds toward zero; on a GPU it rounds to nearest, which tests/test_cuda.py checks exactly)."""
-    assert len(triton_results["sgd"]) == 4
-    for case in triton_results["sgd"]:
-        grad, param, buf = (torch.tensor(values, dtype=torch.float64) for values in case["inputs"])
-        expected_param, expected_buf = _sgd_exact(grad, param, buf, 0.3, 0.7, 0.9, case["first"])
-        mine_param, mine_buf = (
-            torch.tensor(case["param"], dtype=torch.float64),
-            torch.tensor(case["buf"], dtype=torch.float64),
-        )
-        assert ((mine_buf - expected_buf).abs() <= 2.0**-22 * (expected_buf.abs() + 1)).all(), case["first"]
-        assert ((mine_param - expected_param).abs() <= 2.0**-22 * (expected_param.abs() + 1)).all(), case["first"]
-        if case["copy"] is not None:
-            copy = torch.tensor(case["copy"], dtype=torch.float64)
-            assert ((copy - mine_param).abs() <= 2.0**-7 * mine_param.abs()).all()
-
-
-@pytest.mark.parametrize("first", [True, False])
-def test_sgd_update_reference_is_torchs_sgd_after_clipping(first):
-    generator = torch.Generator().manual_seed(4)
-    grad = torch.randn(300, generator=generator).bfloat16()
-    param, buf = torch.randn(300, generator=generator), torch.randn(300, generator=generator)
-    mine_param, mine_buf, copy = param.clone(), buf.clone(), torch.empty(300, dtype=torch.bfloat16)
-    kernels.sgd_update(grad, mine_param, mine_buf, torch.tensor(0.3), torch.tensor(0.7), 0.9, first, copy)
-    expected_param, expected_buf = _sgd_exact(grad, param, buf, 0.3, 0.7, 0.9, first)
-    assert torch.allclose(mine_param.double(), expected_param, rtol=1e-6, atol=1e-6)
-    assert torch.allclose(mine_buf.double(), expected_buf, rtol=1e-6, atol=1e-6)
-    assert torch.equal(copy, mine_param.bfloat16())
-    with pytest.raises(ValueError, match="contiguous gradient, parameter, momentum and copy of one shape"):
-        kernels.sgd_update(grad[:10], param, buf, torch.tensor(0.3), torch.tensor(0.7), 0.9, first)
-    with pytest.raises(ValueError, match="momentum in the parameter's dtype"):
-        kernels.sgd_update(grad, param, buf.double(), torch.tensor(0.3), torch.tensor(0.7), 0.9, first)
-
-
-def _sgd_run(fused_update: bool, precision: str, steps: int = 4, state: dict | None = None):
-    """A few training steps of the demo ViT (fc1 trainable, a learning rate that changes each step,
-    clipping that bites on the first steps): (losses, norms, fp32 weights, the run's bf16 copy or None, optimizer)."""
-    torch.manual_seed(0)
-    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=5), "fc1")
-    options = StepOptions(precision=precision, fused="update" if fused_update else "none").checked(torch.device("cpu"))
-    forward = make_forward(model, options)
-    trainable = (
-        forward.masters if isinstance(forward, MasterWeights) else [p for p in model.parameters() if p.requires_grad]
-    )
-    optimizer = finetune.make_optimizer(
-        trainable, 0.05, 0.9, torch.device("cpu"), fuses_update(options.fused, torch.device("cpu"))
-    )
-    if state is not None:
-        optimizer.load_state_dict(state)
-    context = step_context(torch.device("cpu"), precision=precision)
-    generator = torch.Generator().manual_seed(1)
-    losses, norms = [], []
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = 0.05 * (step + 1)
-        images, labels = torch.randn(8, 3, 32, 32, generator=generator), torch.randint(0, 5, (8,), generator=generator)
-        loss, norm = training_step(forward, trainable, optimizer, images, labels, 4, 1.0, context)
-        losses.append(float(loss))
-        norms.append(float(norm))
-    copy = dict(forward.module.named_parameters()) if isinstance(forward, MasterWeights) else None
-    return losses, norms, dict(model.named_parameters()), copy, optimizer
-
-
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_fused_update_trains_as_clipping_then_sgd(precision):
-    """``FusedSGD`` (fused="update") against clip_grad_norm_ then torch.optim.SGD: the same norms
-    (clipping bites on the first steps), losses and weights to fp32 rounding, frozen weights
-    untouched, with bf16 master weights a copy that is the masters rounded, and an optimizer state
-    that torch's SGD takes over."""
-    losses, norms, weights, copy, optimizer = _sgd_run(False, precision)
-    fused_losses, fused_norms, fused_weights, fused_copy, fused_optimizer = _sgd_run(True, precision)
-    assert isinstance(fused_optimizer, FusedSGD) and not isinstance(optimizer, FusedSGD)
-    assert norms[0] > 1.0  # the first steps are clipped
-    assert torch.allclose(torch.tensor(fused_norms), torch.tensor(norms), rtol=1e-5)
-    assert torch.allclose(torch.tensor(fused_losses), torch.tensor(losses), rtol=1e-5)
-    torch.manual_seed(0)  # the runs' initial weights
-    initial = dict(models.create_model("demo", pretrained=False, num_classes=5).named_parameters())
-    for name, weight in fused_weights.items():
-        assert torch.allclose(weight, weights[name], rtol=1e-5, atol=1e-6), name
-        if not weight.requires_grad:
-            assert torch.equal(weight, initial[name]), name  # frozen: bit-identical
-        elif copy is not None:
-            assert torch.equal(fused_copy[name], weight.detach().bfloat16()), name
-    if precision == "bf16":  # no fp32 gradients for the masters: the kernel reads the copy's bf16 ones
-        assert all(weight.grad is None for weight in fused_weights.values())
-    assert fused_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
-    # torch's SGD resumes from the fused optimizer's state, and the other way round, where the other would be
-    again = _sgd_run(False, precision, steps=2, state=fused_optimizer.state_dict())[4]
-    assert isinstance(again, torch.optim.SGD) and not isinstance(again, FusedSGD)
-    assert isinstance(_sgd_run(True, precision, steps=2, state=optimizer.state_dict())[4], FusedSGD)
 
 
 def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
@@ -378,7 +265,7 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
     assert any(name.endswith(bias) for name in trained)
     for name, p in fused_model.named_parameters():
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
-    with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv, update"):
+    with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv"):
         runs.Config(fused="yes")  # validated when made
 
 
@@ -391,7 +278,7 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
     with pytest.raises(ValueError, match="Triton is not installed"):
         checked("all", "cuda")
     assert checked("none", "cuda") == "none"
-    assert checked("all", "cpu") == "all"  # PyTorch arithmetic there
+    assert checked("all", "cpu") == "gelu+qkv"  # PyTorch arithmetic there
     assert checked("auto", "cuda") == "none"  # auto never fails
     assert resolve_fused("auto", torch.device("cuda")) == "none"  # and without Triton it means none
 
@@ -399,31 +286,19 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
     assert runs.Config().fused == "auto"
     monkeypatch.setattr(options, "triton_available", lambda: True)  # what the checks call
-    assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones; not yet the update
+    assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones
     assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
     assert resolve_fused("auto", torch.device("cpu")) == "none"
-    for choice in ("none", "all", "gelu", "qkv", "update", "gelu+qkv", "qkv+update"):
+    for choice in ("none", "gelu", "qkv", "gelu+qkv"):
         assert resolve_fused(choice, torch.device("cuda")) == choice == resolve_fused(choice, torch.device("cpu"))
-    # combinations are written one way: in FUSED_PARTS' order, and "all" for all of them
-    assert resolve_fused("qkv+gelu", torch.device("cpu")) == "gelu+qkv"
-    assert resolve_fused("update+qkv+gelu", torch.device("cpu")) == "all"
-    assert fused_parts("all") == ("gelu", "qkv", "update") and fused_parts("none") == ()
-    assert fuses_update("all", torch.device("cpu")) and fuses_update("gelu+update", torch.device("cpu"))
-    assert not fuses_update("auto", torch.device("cuda")) and not fuses_update("gelu+qkv", torch.device("cpu"))
-    for bad in ("fastest", "gelu+gelu", "gelu+", "", "all+update", None):
+    # combinations are written one way: their parts in FUSED_PARTS' order ("all" is every part)
+    assert resolve_fused("qkv+gelu", torch.device("cpu")) == "gelu+qkv" == resolve_fused("all", torch.device("cpu"))
+    assert fused_parts("all") == ("gelu", "qkv") and fused_parts("none") == ()
+    for bad in ("fastest", "gelu+gelu", "gelu+", "", "all+gelu", "update", "gelu+update", None):
         with pytest.raises(
-            ValueError,
-            match="valid choices: auto, none, all, gelu, qkv, update, or several of gelu, qkv, update joined by",
+            ValueError, match="valid choices: auto, none, all, gelu, qkv, or several of gelu, qkv joined by"
         ):
             resolve_fused(bad, torch.device("cpu"))
-
-
-def test_fusing_a_model_puts_in_only_its_own_parts():
-    model = fuse(models.create_model("demo", pretrained=False), "qkv+update")  # the update is the optimizer's
-    assert all(
-        isinstance(block.attn, layers.QkvFusedAttention) and not isinstance(block.mlp, layers.BiasGeluMlp)
-        for block in model.blocks
-    )
 
 
 def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):
@@ -442,3 +317,42 @@ def test_the_cuda_kernels_leave_float64_to_the_pytorch_arithmetic(monkeypatch):
     heads = torch.randn(2, 5, 3, 4, 8, dtype=torch.float64, generator=generator).permute(2, 0, 3, 1, 4).unbind(0)
     for mine, reference in zip(kernels._qkv_heads_backward_cuda(*heads), kernels.qkv_heads_backward_reference(*heads)):
         assert mine.dtype == torch.float64 and torch.equal(mine, reference)
+
+
+def test_fused_ops_leave_layers_with_lora_alone(tiny_model):
+    # the fused attention reads qkv's weight itself: on a LoRA layer it would skip the update
+    model = lora.add_lora(tiny_model.eval(), "mha", rank=2)
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for layer in lora.adapted_layers(model):
+            layer.lora_B.default.weight.normal_()
+        before = model(images)
+    fuse(model, "gelu+qkv")
+    assert not isinstance(model.blocks[0].attn, layers.QkvFusedAttention)
+    assert isinstance(model.blocks[0].mlp, layers.BiasGeluMlp)  # the feedforward layer has no LoRA: fused
+    with torch.no_grad():
+        assert torch.allclose(model(images), before, atol=1e-5)
+
+
+def test_lora_refuses_layers_that_already_run_fused_ops():
+    model = fuse(models.create_model("demo", pretrained=False), "gelu+qkv")  # fused layers read their weights
+    with pytest.raises(ValueError, match="add LoRA before speed.step.fuse"):
+        lora.add_lora(model, "fc1", rank=2)
+    assert not any(hasattr(m, "lora_A") for m in model.modules())
+    lora.add_lora(model, "fc2", rank=2)  # fc2 and proj are called as modules, even in the fused layers: fine
+    lora.add_lora(fuse(models.create_model("demo", pretrained=False), "qkv"), "fc1", rank=2)
+
+
+def test_the_run_fuses_after_adding_lora(results, monkeypatch, small):
+    from paperlib import speed
+
+    seen = []
+    original = speed.step.fuse
+
+    def spy(model, fused="all"):
+        seen.append(len(lora.adapted_layers(model)))
+        return original(model, fused)
+
+    monkeypatch.setattr(speed.step, "fuse", spy)
+    finetune.run(small(component="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
+    assert seen and seen[0] == len(lora.target_names(models.create_model("demo", pretrained=False), "fc1"))

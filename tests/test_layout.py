@@ -68,6 +68,16 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _reach(name: str) -> set[str]:
+    """The package's modules that ``name`` imports, directly or through others."""
+    reach, todo = set(), [name]
+    while todo:
+        for other in GRAPH[todo.pop()] - reach:
+            reach.add(other)
+            todo.append(other)
+    return reach
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -90,12 +100,23 @@ def test_no_import_circle_in_the_package():
     ],
 )
 def test_the_layers_import_downwards(lower, upper):
-    reach, todo = set(), [lower]
-    while todo:
-        for other in GRAPH[todo.pop()] - reach:
-            reach.add(other)
-            todo.append(other)
-    assert upper not in reach, f"{lower} reaches {upper}"
+    assert upper not in _reach(lower), f"{lower} reaches {upper}"
+
+
+PROTOCOL = ("paperlib.finetune", "paperlib.runs", "paperlib.sweep")
+
+
+def test_the_speed_layer_never_reaches_the_protocol(tmp_path):
+    # paperlib.speed is a layer the protocol calls and never the reverse: no module under it imports
+    # finetune, runs or sweep, directly or through another module of the package
+    speed = [name for name in GRAPH if name == "paperlib.speed" or name.startswith("paperlib.speed.")]
+    assert "paperlib.speed.bench" in speed and "paperlib.speed.step" in speed
+    for name in speed:
+        assert not _reach(name) & set(PROTOCOL), f"{name} reaches {sorted(_reach(name) & set(PROTOCOL))}"
+    # an import inside a function counts: the way a module would hide one
+    hidden = tmp_path / "hidden.py"
+    hidden.write_text("def run():\n    from .. import finetune\n")
+    assert "paperlib.finetune" in _imports("paperlib.speed.hidden", hidden)
 
 
 def test_no_private_name_of_the_package_is_used_outside_its_module():

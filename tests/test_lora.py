@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_finetune import interrupted, resumed, same_metrics
 
-from paperlib import components, finetune, lora, models, specs, speed, stats
+from paperlib import components, finetune, lora, models, specs, stats
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -132,43 +132,6 @@ def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
     pd.testing.assert_frame_equal(run_files.history(config), history)
 
 
-def test_fused_ops_leave_layers_with_lora_alone():
-    # the fused attention reads qkv's weight itself: on a LoRA layer it would skip the update
-    model = demo()
-    lora.add_lora(model, "mha", rank=2)
-    with torch.no_grad():
-        for layer in lora.adapted_layers(model):
-            layer.lora_B.default.weight.normal_()
-        before = model(images())
-    speed.step.fuse(model, "gelu+qkv")
-    assert not isinstance(model.blocks[0].attn, speed.layers.QkvFusedAttention)
-    assert isinstance(model.blocks[0].mlp, speed.layers.BiasGeluMlp)  # the feedforward layer has no LoRA: fused
-    with torch.no_grad():
-        assert torch.allclose(model(images()), before, atol=1e-5)
-
-
-def test_lora_refuses_layers_that_already_run_fused_ops():
-    model = speed.step.fuse(demo(), "gelu+qkv")  # fused layers read their weights themselves
-    with pytest.raises(ValueError, match="add LoRA before speed.step.fuse"):
-        lora.add_lora(model, "fc1", rank=2)
-    assert not any(hasattr(m, "lora_A") for m in model.modules())
-    lora.add_lora(model, "fc2", rank=2)  # fc2 and proj are called as modules, even in the fused layers: fine
-    lora.add_lora(speed.step.fuse(demo(), "qkv"), "fc1", rank=2)
-
-
-def test_the_run_fuses_after_adding_lora(results, monkeypatch, small):
-    seen = []
-    original = speed.step.fuse
-
-    def spy(model, fused="all"):
-        seen.append(len(lora.adapted_layers(model)))
-        return original(model, fused)
-
-    monkeypatch.setattr(speed.step, "fuse", spy)
-    finetune.run(small(component="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
-    assert seen and seen[0] == len(lora.target_names(demo(), "fc1"))
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -198,27 +161,6 @@ def test_the_command_line_and_notebook_take_the_lora_parameters():
     wanted = run_files.expected(spec)
     assert sorted(zip(wanted["component"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
     assert isinstance(Config(lora_rank=4).lora_rank, int)
-
-
-@pytest.mark.parametrize("how", ["model", "blocks"])
-def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
-    # real dynamo and AOTAutograd (the "aot_eager" backend: no compiler needed) through peft's layers:
-    # the same loss, and gradients for exactly the LoRA updates, the head and the final norm
-    original = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
-    x, labels = images(8), torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(2))
-    grads = []
-    for compiled in (False, True):
-        model = lora.set_trainable(lora.add_lora(demo(), "full", rank=2))
-        with torch.no_grad():
-            for layer in lora.adapted_layers(model):
-                layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))
-        forward = speed.step.compile_model(model, how) if compiled else model
-        torch.nn.functional.cross_entropy(forward(x), labels).backward()
-        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
-        assert set(grads[-1]) == {n for n, p in model.named_parameters() if p.requires_grad}
-    for name, grad in grads[0].items():
-        assert torch.allclose(grads[1][name], grad, atol=1e-5, rtol=1e-4), name
 
 
 def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, small):

@@ -1,50 +1,27 @@
-"""The speed machinery (``paperlib.speed``): step options, compilation, precision, fused ops,
-CUDA graphs and micro-batches each give the step the protocol defines, to rounding."""
+"""The speed machinery (``paperlib.speed``): step options, the run's optimizer, compilation, precision,
+fused ops and micro-batches each give the step the protocol defines, to rounding."""
 
-import copy
+import inspect
 import math
 from dataclasses import fields
 
 import pytest
 import torch
 import yaml
+from test_finetune import interrupted, resumed, same_metrics
 
-from paperlib import components, finetune, models, paths, speed
+from paperlib import components, finetune, lora, models, paths, speed
 from paperlib import runs as run_files
+from paperlib.loader import DeviceLoader
 from paperlib.runs import Config
-from paperlib.speed import kernels
-
-
-@pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_logged_gradient_norm_is_what_the_fused_update_clipped_with(precision, monkeypatch, small):
-    # fused="update" clips inside its update kernel: each parameter's factor is clipping's for the logged norm
-    seen = []
-    original = kernels.sgd_update
-
-    def spy(grad, param, buf, lr, scale, momentum, first, copy=None):
-        seen.append((float(grad.float().square().sum()), float(scale)))
-        return original(grad, param, buf, lr, scale, momentum, first, copy)
-
-    monkeypatch.setattr(speed.step, "sgd_update", spy)  # what FusedSGD calls
-    config = small(lr=0.01, precision=precision, fused="update")
-    finetune.run(config)
-    logged = run_files.history(config)["grad_norm"].tolist()
-    per_step = len(seen) // len(logged)
-    assert len(logged) == 12 and per_step * len(logged) == len(seen) and per_step > 2
-    for step, norm in enumerate(logged):
-        squares, scales = zip(*seen[step * per_step : (step + 1) * per_step])
-        assert math.sqrt(sum(squares)) == pytest.approx(norm, rel=1e-5)
-        assert list(scales) == pytest.approx([min(1.0, 1.0 / (norm + 1e-6))] * per_step, rel=1e-6)
-    assert max(logged) > 1.0  # clipping bit on some steps
+from paperlib.speed import bench, bench_step
 
 
 def test_finetune_benchmark_runs(capsys):
-    from paperlib.speed import bench
-
     bench.main(
         [
             "finetune",
-            "--configs",
+            "--components",
             "ln1,linear",
             "--batch-size",
             "8",
@@ -90,7 +67,7 @@ def test_compiled_model_trains_like_the_eager_one(
 
 @pytest.mark.parametrize("how", ["model", "blocks"])
 @pytest.mark.parametrize("order", [("linear", "full", "mha"), ("full", "linear", "ln1")])
-def test_configurations_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch):
+def test_components_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch):
     # Real dynamo guards and AOTAutograd, which fixes at trace time which inputs get gradients
     # (the "aot_eager" backend: no compiler needed; plain "eager" runs autograd at run time and
     # would hide a stale graph). A graph compiled for one set of trainable parameters must not be
@@ -100,14 +77,14 @@ def test_configurations_compiled_one_after_another_train_their_own_parameters(or
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
     shared = models.create_model("demo", pretrained=False, num_classes=3)
-    for config in order:
+    for component in order:
         for model in (shared, models.create_model("demo", pretrained=False, num_classes=3)):
-            components.set_trainable(model, config)
+            components.set_trainable(model, component)
             forward = speed.step.compile_model(model, how)
             model.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(forward(images), labels).backward()
             expected = {n for n, p in model.named_parameters() if p.requires_grad}
-            assert {n for n, p in model.named_parameters() if p.grad is not None} == expected, config
+            assert {n for n, p in model.named_parameters() if p.grad is not None} == expected, component
 
 
 def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch):
@@ -156,7 +133,7 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
     assert not any(results.rglob("*")) if results.exists() else True
 
 
-def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, small):
+def test_a_runs_step_options_are_its_config_fields_checked_once(small):
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
     options = config.step_options()
     assert set(speed.options.STEP_OPTIONS) <= {
@@ -168,7 +145,6 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
         "math",
         "bf16",
         "auto",
-        False,
     ]
     checked = options.checked("cpu")
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
@@ -176,14 +152,6 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(monkeypatch, sma
     assert checked.checked("cpu") == checked  # checking is idempotent
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         speed.options.StepOptions(precision="fp16").checked("cpu")
-    monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # as on a GPU
-    for mode in ("reduce-overhead", "max-autotune"):  # inductor's own CUDA graphs cannot go inside ours
-        with pytest.raises(ValueError, match="records CUDA graphs of its own"):
-            speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu")
-    for mode in ("default", "coordinate-descent", "max-autotune-no-cudagraphs"):
-        assert speed.options.StepOptions(compile="blocks", compile_mode=mode, graph=True).checked("cpu").graph
-    # not compiled: no mode applies
-    assert speed.options.StepOptions(compile_mode="reduce-overhead", graph=True).checked("cpu").graph
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping():
@@ -216,7 +184,7 @@ def test_training_step_returns_device_tensors_and_updates_only_trainable_weights
     components.set_trainable(model, "ln2")
     trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = finetune.make_optimizer(trainable, 0.1, 0.9, torch.device("cpu"))
+    optimizer = speed.step.make_optimizer(model, "sgd", 0.1, 0.9)
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
     loss, norm = speed.step.training_step(
         model,
@@ -276,7 +244,7 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tin
     trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     master = speed.step.MasterWeights(model)
-    optimizer = finetune.make_optimizer(trainable, 1e-4, 0.9, torch.device("cpu"))
+    optimizer = speed.step.make_optimizer(model, "sgd", 1e-4, 0.9)
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
     loss, norm = speed.step.training_step(
         master,
@@ -342,155 +310,8 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
         and calls[-2] == {"mode": "max-autotune-no-cudagraphs"}
         and calls[-1] == {}
     )
-    calls.clear()
-    speed.step.compile_model(model, "model", "coordinate-descent-pdl")
-    assert calls == [{"options": {"coordinate_descent_tuning": True, "triton.enable_pdl": True}}]
-    # a mode whose options this PyTorch's inductor lacks is not offered, and is refused before any work
-    monkeypatch.setitem(speed.options.OWN_COMPILE_MODES, "future", {"triton.no_such_option": True})
-    assert "future" not in speed.options.compile_modes() and "pdl" in speed.options.compile_modes()
-    with pytest.raises(ValueError, match="unknown torch.compile mode 'future'; valid modes: .*coordinate-descent"):
-        speed.step.compile_model(model, "model", "future")
-
-
-def test_the_pdl_mode_compiles_for_real():
-    # its option is one inductor accepts (coordinate-descent's is compiled by the finetuning tests);
-    # on a CPU it changes nothing
-    model = models.create_model("demo", pretrained=False, num_classes=3)
-    images = torch.randn(2, 3, 32, 32)
-    expected = model(images)
-    torch.testing.assert_close(speed.step.compile_model(model, "model", "pdl")(images), expected, rtol=1e-4, atol=1e-5)
-
-
-def recorded_capture(step, run):
-    """A stand-in for ``GraphedStep._capture`` where the "graph" is the recorded Python function:
-    capturing runs nothing and replaying runs it into the same output tensors, as a CUDA graph
-    does (CPUs have no graphs)."""
-    CAPTURES.append(step)
-    outputs = (torch.zeros(()), torch.zeros(()))
-
-    def replay():
-        for output, value in zip(outputs, run()):
-            output.copy_(value)
-
-    return replay, outputs
-
-
-CAPTURES = []
-
-
-class RecordedStep(speed.step.GraphedStep):
-    _capture = recorded_capture
-
-
-@pytest.mark.parametrize("precision, fused", [("autocast", "none"), ("bf16", "none"), ("bf16", "update")])
-def test_a_graphed_step_replays_the_step_with_each_new_batch_and_learning_rate(precision, fused):
-    # what a CUDA graph changes (one capture, then replays of recorded inputs, learning rates and
-    # outputs) checked on the CPU against ordinary steps under a changing learning rate
-    torch.manual_seed(0)
-    model = models.create_model("demo", pretrained=False, num_classes=3)
-    components.set_trainable(model, "mha")
-    twin = copy.deepcopy(model)
-    cpu = torch.device("cpu")
-    batches = [(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))) for _ in range(7)]
-    runs = []
-    for network, graphed in ((model, False), (twin, True)):
-        trainable = [p for _, p in components.trainable_parameters(network)]
-        options = speed.options.StepOptions(precision=precision)
-        forward = speed.step.make_forward(network, options)
-        if precision == "bf16":
-            trainable = forward.masters
-        # the graphed step with FusedSGD (reading its learning rates from GraphedStep's tensors) against plain SGD
-        optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, cpu, graphed and fused == "update")
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: finetune.lr_factor(step, 2, 7))
-        context = speed.step.step_context(cpu, precision=precision)
-        step = (
-            RecordedStep(forward, trainable, optimizer, 4, 1.0, context, warmup=2)
-            if graphed
-            else speed.step.make_step(forward, trainable, optimizer, 4, 1.0, context)
-        )
-        outputs = []
-        for images, labels in batches:
-            outputs.append(step(images, labels))
-            schedule.step()
-            # the schedule's and the checkpoints' number, kept
-            assert isinstance(optimizer.param_groups[0]["lr"], float)
-        runs.append((outputs, [p.detach().clone() for p in network.parameters()]))
-    (plain, plain_weights), (replayed, replayed_weights) = runs
-    assert CAPTURES[-1] is step and step.calls == 2
-    losses = torch.tensor([[float(loss), float(norm)] for loss, norm in plain])
-    assert len(set(losses[:, 0].tolist())) == 7  # every batch gives its own loss, so a stale batch would show
-    torch.testing.assert_close(
-        torch.tensor([[float(loss), float(norm)] for loss, norm in replayed]), losses, rtol=1e-5, atol=1e-6
-    )
-    for replayed_weight, plain_weight in zip(replayed_weights, plain_weights):
-        torch.testing.assert_close(replayed_weight, plain_weight, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="replays one batch shape"):
-        step(torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,)))
-
-
-def test_a_step_that_cannot_be_recorded_says_what_to_do():
-    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=3), "mha")
-    trainable = [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 0.05, 0.9, torch.device("cpu"))
-
-    class Unrecordable(speed.step.GraphedStep):
-        def _capture(self, run):
-            raise RuntimeError("operation not permitted when stream is capturing")
-
-    step = Unrecordable(
-        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu"), precision="fp32"), warmup=2
-    )
-    images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 3, (4,))
-    step(images, labels)  # the ordinary warm-up steps
-    step(images, labels)
-    with pytest.raises(RuntimeError, match=r"CUDA graph failed \(operation not permitted.*run with graph=False"):
-        step(images, labels)
-
-    class OutOfMemoryWhileRecording(speed.step.GraphedStep):
-        def _capture(self, run):  # the allocator's error inside a capture can come as a plain RuntimeError
-            raise RuntimeError("CUDA error: out of memory")
-
-    step = OutOfMemoryWhileRecording(
-        model, trainable, optimizer, 4, 1.0, speed.step.step_context(torch.device("cpu"), precision="fp32"), warmup=2
-    )
-    step(images, labels)
-    step(images, labels)
-    with pytest.raises(torch.cuda.OutOfMemoryError, match="out of memory"):  # train() then retries with micro-batches
-        step(images, labels)
-
-
-def test_warmup_steps_cover_compilation_and_a_graphs_capture():
-    assert speed.step.warmup_steps(speed.options.StepOptions()) == 1
-    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks")) == 3
-    assert (
-        speed.step.warmup_steps(speed.options.StepOptions(compile="blocks", graph=True)) == speed.step.GRAPH_WARMUP + 1
-    )
-    assert speed.step.make_step(None, [], None, 4, 1.0, None).__name__ == "<lambda>"
-    with pytest.raises(ValueError, match="needs trainable parameters"):
-        speed.step.make_step(None, [], None, 4, 1.0, None, graph=True)
-    # a capture of the first step would record the momentum's initialisation
-    weight = torch.zeros(2, requires_grad=True)
-    with pytest.raises(ValueError, match="at least 2 ordinary steps before its capture, got warmup=1"):
-        speed.step.GraphedStep(None, [weight], torch.optim.SGD([weight], lr=0.1, momentum=0.9), 4, 1.0, None, warmup=1)
-
-
-def test_a_run_of_graphed_steps_records_what_an_ordinary_run_does(results, tmp_path, monkeypatch, small, move_results):
-    # train() with graph=True: warm-up, capture, replays between evaluations and checkpoints
-    reference = finetune.run(small(component="full"))
-    losses = run_files.history(small(component="full"))
-    monkeypatch.setattr(speed.options, "check_graph", lambda graph, device=None: graph)  # the CPU stands in for a GPU
-    monkeypatch.setattr(speed.step.GraphedStep, "_capture", recorded_capture)
-    move_results("graphed")
-    CAPTURES.clear()
-    metrics = finetune.run(small(component="full", graph=True))
-    assert len(CAPTURES) == 1 and CAPTURES[0].calls == speed.step.GRAPH_WARMUP
-    graphed = run_files.history(small(component="full", graph=True))
-    assert graphed["lr"].tolist() == losses["lr"].tolist()
-    assert graphed["train_loss"].tolist() == pytest.approx(losses["train_loss"].tolist(), rel=1e-5)
-    assert graphed["val_accuracy"].dropna().tolist() == pytest.approx(
-        losses["val_accuracy"].dropna().tolist(), abs=1e-9
-    )
-    assert metrics["best_step"] == reference["best_step"] and metrics["status"] == "finished"
+    with pytest.raises(ValueError, match="unknown torch.compile mode 'pdl'; valid modes: .*coordinate-descent"):
+        speed.step.compile_model(model, "model", "pdl")  # removed unmeasured
 
 
 def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_folders(small, monkeypatch):
@@ -506,12 +327,24 @@ def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_fold
     cuda = torch.device("cuda")
     assert speed.step.autocast_for(cuda, precision="fp32")() == ("cuda", {"enabled": False})
     for precision in ("autocast", "bf16"):
-        assert speed.step.autocast_for(cuda, precision=precision)() == (
-            "cuda",
-            {"dtype": torch.bfloat16, "cache_enabled": True},
-        )
+        assert speed.step.autocast_for(cuda, precision=precision)() == ("cuda", {"dtype": torch.bfloat16})
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         small(precision="fp16")
+
+
+def test_every_step_and_benchmark_defaults_to_the_protocols_fp32(monkeypatch):
+    # one precision default: what a context factory, a step option or a benchmark is given when nothing is said
+    monkeypatch.setattr(torch, "autocast", lambda device, **options: (device, options))
+    cuda = torch.device("cuda")
+    assert speed.step.autocast_for(cuda)() == ("cuda", {"enabled": False})
+    assert inspect.signature(speed.step.step_context).parameters["precision"].default == "fp32"
+    for function in (bench_step.bench_finetune, bench_step.bench_profile):
+        assert inspect.signature(function).parameters["options"].default.precision == "fp32"
+    assert bench_step.variant_options((8,), {}, torch.device("cpu"))[0][1].precision == "fp32"
+    parser = bench.make_parser()
+    for command in ("finetune", "profile", "variants"):
+        assert parser.parse_args([command]).precision == "fp32", command
+    assert parser.parse_args(["presets"]).precisions.split(",")[0] == "fp32"
 
 
 def _flags_seen(model) -> list[tuple[str, bool, bool]]:
@@ -597,3 +430,106 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
     assert [config.compile for config in run_files.configs(spec)] == ["blocks", "blocks"]
     # presets without recorded gains (auto, none, a mapping of options) are offered in every precision
     assert run_files.config_from({"speed": "none", "precision": "autocast"}).fused == "none"
+
+
+def test_warmup_steps_cover_compilation():
+    assert speed.step.warmup_steps(speed.options.StepOptions()) == 1
+    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks")) == 3
+    assert speed.step.warmup_steps(speed.options.StepOptions(compile=True)) == 3
+
+
+def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monkeypatch, small):
+    # one set-up of a step (its optimizer, then Step), which finetune trains with and the benchmarks time
+    made = []
+    original = speed.step.make_optimizer
+
+    def spy(model, optimizer, lr, momentum, weight_decay=0.0):
+        made.append((optimizer, lr, momentum, weight_decay))
+        return original(model, optimizer, lr, momentum, weight_decay)
+
+    monkeypatch.setattr(speed.step, "make_optimizer", spy)
+    finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
+    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=10), "ln2")
+    loader = DeviceLoader(bench_step.synthetic_train_set(8, 32), 8, augment=True, image_size=32)
+    loss, norm = bench_step.library_steps(model, loader, speed.StepOptions())(0, 1)
+    assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))
+
+
+def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):
+    model = components.set_trainable(tiny_model, "mha")
+    options = speed.StepOptions().checked("cpu")
+    step = speed.make_step(model, options, optimizer="sgd", lr=0.1, momentum=0.9, batch_size=8, clip=1.0)
+    trainable = [p for _, p in components.trainable_parameters(model)]
+    assert [id(p) for p in step.trainable] == [id(p) for p in trainable]
+    group = step.optimizer.param_groups[0]
+    assert isinstance(step.optimizer, torch.optim.SGD) and (group["momentum"], group["weight_decay"]) == (0.9, 0.0)
+    assert not step.optimizer.defaults["fused"] and step.micro == 8 and not step.fixed  # fused on CUDA only
+    adamw = speed.make_step(
+        model, options, optimizer="adamw", lr=1e-3, momentum=0.9, weight_decay=0.1, batch_size=8, clip=1.0
+    )
+    assert isinstance(adamw.optimizer, torch.optim.AdamW) and len(adamw.optimizer.param_groups) == 2
+    with pytest.raises(ValueError, match="valid optimizers: sgd, adamw"):
+        speed.step.make_optimizer(model, "adam", 0.1, 0.9)
+
+
+def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():
+    model = components.set_trainable(models.create_model("demo", num_classes=5), "full")
+    groups = speed.step.decay_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
+    kept = {names[id(p)] for g in groups if not g["weight_decay"] for p in g["params"]}
+    assert "blocks.0.attn.qkv.weight" in decayed and "head.weight" in decayed
+    assert {"blocks.0.attn.qkv.bias", "blocks.0.norm1.weight", "pos_embed", "cls_token", "norm.weight"} <= kept
+    assert decayed.isdisjoint(kept) and decayed | kept == {n for n, p in model.named_parameters() if p.requires_grad}
+    optimizer = speed.step.make_optimizer(model, "adamw", 1e-3, 0.9, weight_decay=0.1)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.999)
+    weight, bias = model.head.weight, model.head.bias
+    before_w, before_b = weight.detach().clone(), bias.detach().clone()
+    # no gradient: only the decay moves a weight
+    weight.grad, bias.grad = (torch.zeros_like(weight), torch.zeros_like(bias))
+    optimizer.step()
+    assert torch.allclose(weight, before_w * (1 - 1e-3 * 0.1)) and torch.equal(bias, before_b)
+
+
+def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypatch, small, move_results):
+    whole = run_files.history(small()) if finetune.run(small()) else None
+    move_results("micro")
+    finetune.run(small(micro_batch=4))
+    accumulated = run_files.history(small(micro_batch=4))
+    assert accumulated["train_loss"].tolist() == pytest.approx(whole["train_loss"].tolist(), rel=1e-4)
+
+
+# bf16: the copy that runs is refreshed from the loaded masters
+@pytest.mark.parametrize("precision", ["autocast", "bf16"])
+def test_a_run_in_another_precision_resumes_as_if_uninterrupted(
+    precision, results, tmp_path, monkeypatch, small, move_results
+):
+    config = small(precision=precision)
+    reference = finetune.run(config)
+    move_results("interrupted")
+    interrupted(config, 9, monkeypatch)
+    assert (config.folder() / "checkpoint.pt").is_file() and not (config.folder() / "metrics.json").exists()
+    assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
+
+
+@pytest.mark.parametrize("how", ["model", "blocks"])
+def test_a_compiled_lora_model_trains_like_the_eager_one(how, monkeypatch):
+    # real dynamo and AOTAutograd (the "aot_eager" backend: no compiler needed) through peft's layers:
+    # the same loss, and gradients for exactly the LoRA updates, the head and the final norm
+    original = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    generator = torch.Generator().manual_seed(1)
+    x, labels = torch.randn(8, 3, 32, 32, generator=generator), torch.randint(0, 5, (8,), generator=generator)
+    grads = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = lora.set_trainable(lora.add_lora(models.create_model("demo", num_classes=5).eval(), "full", 2))
+        with torch.no_grad():
+            for layer in lora.adapted_layers(model):
+                layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))
+        forward = speed.step.compile_model(model, how) if compiled else model
+        torch.nn.functional.cross_entropy(forward(x), labels).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        assert set(grads[-1]) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for name, grad in grads[0].items():
+        assert torch.allclose(grads[1][name], grad, atol=1e-5, rtol=1e-4), name

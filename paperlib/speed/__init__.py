@@ -1,15 +1,20 @@
 """How a finetuning step is made fast: beyond the paper, the same step to rounding.
 
-- ``options``  the choices (compilation, attention kernel, precision, fused ops, CUDA graph),
-               checked once and resolved for a device (``StepOptions``), and named presets
-- ``step``     ``Step``: what the protocol (``finetune``) calls once per batch, and the machinery
-               behind it (``compile_model``, ``MasterWeights``, ``FusedSGD``, ``GraphedStep``)
+A layer the protocol calls and never the reverse: nothing here imports ``finetune``, ``runs`` or
+``sweep`` (``tests/test_layout.py`` checks it).
+
+- ``options``  the choices (compilation, attention kernel, precision, fused ops), checked once and
+               resolved for a device (``StepOptions``), and named presets
+- ``step``     ``make_step``: the run's optimizer and ``Step``, what the protocol (``finetune``)
+               calls once per batch, and the machinery behind it (``compile_model``, ``MasterWeights``)
 - ``layers``   timm's layers rewritten for speed (patch embedding as a matrix product, fused ops)
 - ``kernels``  our fused ops (Triton on CUDA, their PyTorch reference elsewhere)
+- ``clock``    the device and the clock every benchmark measures with
 - ``bench``    benchmarks that print their figures: ``python -m paperlib.speed.bench``
+               (``bench_step``: the training step; the data and plasticity ones: ``paperlib.bench_data``)
 """
 
 from .options import STEP_OPTIONS, StepOptions, preset
-from .step import Step, sgd
+from .step import Step, make_step
 
-__all__ = ["STEP_OPTIONS", "Step", "StepOptions", "preset", "sgd"]
+__all__ = ["STEP_OPTIONS", "Step", "StepOptions", "make_step", "preset"]

@@ -2,14 +2,14 @@
 
     python -m paperlib.speed.bench plasticity                 # demo ViT, plain definition vs measure
     python -m paperlib.speed.bench plasticity --model vit_base_in21k --pairs 64 --batch-size 16
-    python -m paperlib.speed.bench finetune                   # demo ViT, every configuration
-    python -m paperlib.speed.bench finetune --model vit_base_in21k --batch-size 256 --device cuda
+    python -m paperlib.speed.bench finetune                   # demo ViT, the protocol's fp32, five components
+    python -m paperlib.speed.bench finetune --model vit_base_in21k --batch-size 256 --device cuda --precision autocast
 
     python -m paperlib.speed.bench data                       # fixture Cifar10 at 224, batch 512
     python -m paperlib.speed.bench data --dataset digits --image-size 224
     python -m paperlib.speed.bench data --dataset cifar10 --root /data --device cuda
 
-    python -m paperlib.speed.bench targets --out bench-out     # all of them at the issues' settings, checked
+    python -m paperlib.speed.bench targets --out bench-out     # every benchmark at its target's settings, checked
     python -m paperlib.speed.bench profile --model vit_base_in21k --batch-size 256 \
         --device cuda                                             # where a step's time goes
     python -m paperlib.speed.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
@@ -18,187 +18,207 @@
     python -m paperlib.speed.bench presets --model vit_base_in21k --device cuda --batch-size 128 \
         --presets h100 --precisions fp32,tf32,autocast,bf16  # each preset against none, per precision, plain beside
 
+``python -m paperlib.speed.bench COMMAND --help`` lists each command's options with their meaning, type,
+default and valid choices. Every step runs in the protocol's fp32 unless ``--precision`` says otherwise.
+
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
 device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/normalise).
 Without ``--root``, a paper dataset is benchmarked on a fixture written in its official format
 (random images, ``--fixture-size`` of them), so the figures measure the pipeline, not a disk.
 
-The benchmarks themselves: ``bench_data`` (data paths, plasticity; and the device and clock every
-benchmark measures with) and ``bench_step`` (the training step: finetune, variants, profile,
-kernels). Here: the command line (``main``, the step options its subcommands share, printing) and
-``bench_targets``, every benchmark at its issue's settings, checked. Measured figures:
-docs/benchmarks.md.
+The benchmarks themselves: ``bench_step`` (the training step: finetune, presets, variants, profile,
+kernels) and ``paperlib.bench_data`` (the data paths and plasticity, beside what they measure). Here:
+the command line (``main``: one parser and one runner per command) and ``bench_targets``, every
+benchmark at the settings of its target, checked. Measured figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
 from .. import cli, data, paths
-from .bench_data import bench_data, bench_plasticity, resolve_device
-from .bench_step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
-from .options import STEP_OPTIONS
+from ..bench_data import bench_data, bench_plasticity
+from ..components import RUN_COMPONENTS
+from .bench_step import (
+    bench_finetune,
+    bench_kernels,
+    bench_presets,
+    bench_profile,
+    bench_variants,
+    variant_words,
+)
+from .clock import resolve_device
+from .options import (
+    ATTENTION_CHOICES,
+    COMPILE_CHOICES,
+    PRECISIONS,
+    STEP_OPTIONS,
+    StepOptions,
+    compile_modes,
+)
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
-FINETUNE_CONFIGS = ("full", "mha", "fc1", "fc2", "ln2", "ln1", "linear")
+
+
+@dataclass
+class Targets:
+    """The checks of ``bench_targets`` as they are made, and each part's figures; with ``out``, both
+    written there as soon as they are known (``<part>.json``, ``targets.json``)."""
+
+    out: Path | None
+    checks: list[dict] = field(default_factory=list)
+
+    def check(self, target: str, measured: str, met: bool | None) -> None:
+        self.checks.append({"target": target, "measured": measured, "met": met})
+        if self.out:
+            paths.atomic_write_text(self.out / "targets.json", json.dumps(self.checks, indent=2) + "\n")
+
+    def keep(self, part: str, result) -> None:
+        if self.out:
+            paths.atomic_write_text(self.out / f"{part}.json", json.dumps(result, indent=2) + "\n")
+
+
+def _data_targets(targets: Targets, device: torch.device) -> None:
+    """The data paths on a Cifar10 fixture at 224: the device path >= 5x the DataLoader path on CUDA,
+    never slower on a CPU."""
+    result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
+    targets.keep("data", result)
+    need = 5.0 if device.type == "cuda" else 1.0
+    targets.check(
+        f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
+        f"{result['device_path_images_per_s']:,.0f} vs "
+        f"{result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
+        result["speedup"] >= need,
+    )
+
+
+def _plasticity_targets(targets: Targets, device: torch.device) -> None:
+    """On a GPU, the paper's 12,800 ViT-Base pairs in under a minute (``measure``); on a CPU,
+    ``measure`` >= 2x the plain definition on the demo ViT and on ViT-Base."""
+    cuda = device.type == "cuda"
+    # (model, pairs, batch, repeats): on a GPU, the paper's 12,800 pairs once
+    settings = [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1) if cuda else ("vit_base_in21k", 32, 16, 3)]
+    results = [
+        bench_plasticity(name, pairs, batch, str(device), repeats=repeats) for name, pairs, batch, repeats in settings
+    ]
+    targets.keep("plasticity", results)
+    for (name, pairs, _, _), result in zip(settings, results):
+        figures = (
+            f"{result['measure_pairs_per_s']:,.1f} vs {result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
+        )
+        if cuda:
+            targets.check(f"measure vs plain definition, {name}, {pairs:,} pairs", figures, None)
+        else:
+            targets.check(f"measure >= 2x the plain definition, {name}", figures, result["speedup"] >= 2.0)
+    if cuda:
+        seconds = results[-1]["seconds_for_12800_pairs"]
+        targets.check("12,800 ViT-Base pairs in under a minute (measure, no decoding)", f"{seconds} s", seconds < 60)
+
+
+def _step_scale(device: torch.device) -> tuple[str, int]:
+    """The model and batch the step targets are measured at: ViT-Base/16 at 256 on a GPU, the demo ViT at 64."""
+    return ("vit_base_in21k", 256) if device.type == "cuda" else ("demo", 64)
+
+
+def _check_mfu(targets: Targets, result: dict) -> None:
+    """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options,
+    as they resolved)."""
+    mfu = result.get("full_library_mfu")
+    targets.check(
+        f"full finetuning at >= 40% model FLOP utilisation on an H100 ({variant_words(result)}, "
+        f"batch {result['batch_size']})",
+        f"{mfu:.1%}" if mfu is not None else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
+        None if mfu is None else mfu >= 0.40,
+    )
+
+
+def _finetune_targets(targets: Targets, device: torch.device) -> None:
+    """Every component's step under bf16 autocast against the plain fp32 loop, frozen components faster
+    than full finetuning; on a GPU, the utilisation target and the cost of the protocol's fp32."""
+    name, batch = _step_scale(device)
+    eager = bench_finetune(name, RUN_COMPONENTS, batch, 10, str(device), StepOptions(precision="autocast"))
+    targets.keep("finetune", eager)
+    for component in RUN_COMPONENTS:
+        targets.check(
+            f"{component}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
+            f"{eager[f'{component}_library_images_per_s']:,.1f} vs "
+            f"{eager[f'{component}_plain_images_per_s']:,.1f} img/s ({eager[f'{component}_speedup']}x)",
+            eager[f"{component}_speedup"] >= 1.0,
+        )
+    full = eager["full_library_images_per_s"]
+    slower = [c for c in RUN_COMPONENTS if c != "full" and eager[f"{c}_library_images_per_s"] <= full]
+    targets.check(
+        "frozen components faster than full finetuning", "slower or equal: " + (", ".join(slower) or "none"), not slower
+    )
+    if device.type == "cuda":
+        _check_mfu(targets, eager)
+        # the paper's own precision (fp32), so that its cost is known beside the fast options'
+        paper = bench_finetune(name, ("full",), batch, 10, str(device), StepOptions(), plain=False)
+        targets.keep("finetune_fp32", paper)
+        targets.check(
+            f"full finetuning in fp32, the paper's precision ({name}, batch {batch})",
+            f"{paper['full_library_images_per_s']:,.1f} img/s",
+            None,
+        )
+
+
+def _compiled_targets(targets: Targets, device: torch.device) -> None:
+    """The utilisation target for compiled steps under bf16 autocast (the whole model for full, MHA, LN1
+    and linear; full with its blocks compiled), then full at the fastest settings measured (the paper's
+    batch, blocks compiled with inductor's tuning, bf16 compute with fp32 masters), without and with
+    our fused ops (fc1's bias+GELU, the q/k/v split)."""
+    name, batch = _step_scale(device)
+    measured = {
+        "finetune_compiled": (("full", "mha", "ln1", "linear"), batch, StepOptions("model", precision="autocast")),
+        "finetune_compiled_blocks": (("full",), batch, StepOptions("blocks", precision="autocast")),
+    }
+    fastest = StepOptions("blocks", compile_mode="coordinate-descent", precision="bf16")
+    for part, fused in (("finetune_compiled_fastest", "none"), ("finetune_compiled_fused", "all")):
+        measured[part] = (("full",), batch * 2, replace(fastest, fused=fused))
+    for part, (components, batch_size, options) in measured.items():
+        result = bench_finetune(name, components, batch_size, 10, str(device), options, plain=False)
+        targets.keep(part, result)
+        _check_mfu(targets, result)
+
+
+TARGETS = {
+    "data": _data_targets,
+    "plasticity": _plasticity_targets,
+    "finetune": _finetune_targets,
+    "compiled": _compiled_targets,
+}
 
 
 def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[str, ...] | None = None) -> list[dict]:
-    """Every benchmark at the settings of its issue, each figure checked against its target.
-
-    On CUDA: the data paths on a Cifar10 fixture at 224 (device path >= 5x the DataLoader path);
-    12,800 ViT-Base pairs (plain definition and ``measure``, under a minute); ViT-Base/16
-    training steps at batch 256 for every configuration (``finetune``: frozen configurations
-    faster than full, full finetuning at >= 40% FLOP utilisation on an H100), and compiled for
-    full, MHA, LN1 and linear, full with its blocks compiled, and full at the fastest settings
-    measured (batch 512, blocks compiled with ``coordinate-descent``, ``precision="bf16"``), with
-    our fused ops, and with those replayed from a CUDA graph (``compiled``: the same utilisation target).
-    On a CPU, by default all but ``compiled``, at CPU scale: device path never slower; ``measure`` >= 2x the plain
-    definition on the demo ViT and ViT-Base; the finetuning step against the plain loop on the
-    demo ViT. Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
-    ``<out>/targets.json`` as they are made; returns the checks.
-    """
+    """Every benchmark at the settings of its target, each figure checked against it (the parts'
+    functions say which: ``TARGETS``). On CUDA: the data paths, the paper's plasticity pairs, every
+    component's step on ViT-Base/16 at batch 256 (``finetune``) and compiled steps (``compiled``: full
+    finetuning at >= 40% FLOP utilisation on an H100). On a CPU, by default all but ``compiled``, at CPU
+    scale (the demo ViT). Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks
+    to ``<out>/targets.json`` as they are made; returns the checks (target, measured, met)."""
     for part in parts or ():
         if part not in TARGET_PARTS:
             raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(TARGET_PARTS)}")
     device = resolve_device(device)
-    cuda = device.type == "cuda"
-    parts = parts or (TARGET_PARTS if cuda else TARGET_PARTS[:-1])
-    checks: list[dict] = []
-
-    def check(issue: int, target: str, measured: str, met: bool | None) -> None:
-        checks.append({"issue": issue, "target": target, "measured": measured, "met": met})
-        if out:
-            paths.atomic_write_text(out / "targets.json", json.dumps(checks, indent=2) + "\n")
-
-    def keep(part: str, result) -> None:
-        if out:
-            paths.atomic_write_text(out / f"{part}.json", json.dumps(result, indent=2) + "\n")
-
-    if "data" in parts:
-        result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
-        keep("data", result)
-        need = 5.0 if cuda else 1.0
-        check(
-            3,
-            f"device path >= {need:g}x the DataLoader path (Cifar10 at 224, batch 512)",
-            f"{result['device_path_images_per_s']:,.0f} vs "
-            f"{result['dataloader_images_per_s']:,.0f} img/s ({result['speedup']}x)",
-            result["speedup"] >= need,
-        )
-    if "plasticity" in parts:
-        # (model, pairs, batch, repeats): on a GPU, the paper's 12,800 pairs once
-        settings = (
-            [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1)]
-            if cuda
-            else [("demo", 256, 64, 3), ("vit_base_in21k", 32, 16, 3)]
-        )
-        results = [
-            bench_plasticity(name, pairs, batch, str(device), repeats=repeats)
-            for name, pairs, batch, repeats in settings
-        ]
-        keep("plasticity", results)
-        for (name, pairs, _, _), result in zip(settings, results):
-            figures = (
-                f"{result['measure_pairs_per_s']:,.1f} vs "
-                f"{result['plain_pairs_per_s']:,.1f} pairs/s ({result['speedup']}x)"
-            )
-            if cuda:
-                check(4, f"measure vs plain definition, {name}, {pairs:,} pairs", figures, None)
-            else:
-                check(4, f"measure >= 2x the plain definition, {name}", figures, result["speedup"] >= 2.0)
-        if cuda:
-            seconds = results[-1]["seconds_for_12800_pairs"]
-            check(4, "12,800 ViT-Base pairs in under a minute (measure, no decoding)", f"{seconds} s", seconds < 60)
-    name, batch = ("vit_base_in21k", 256) if cuda else ("demo", 64)
-
-    def check_mfu(result: dict) -> None:
-        """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options, as
-        they resolved)."""
-        mfu = result.get("full_library_mfu")
-        how = variant_words(result).lstrip(", ") or "eager"
-        check(
-            6,
-            f"full finetuning at >= 40% model FLOP utilisation on an H100 ({how}, batch {result['batch_size']})",
-            f"{mfu:.1%}"
-            if mfu is not None
-            else f"{result['full_library_tflops']} TFLOP/s (no known peak for this device)",
-            None if mfu is None else mfu >= 0.40,
-        )
-
-    if "finetune" in parts:
-        eager = bench_finetune(name, FINETUNE_CONFIGS, batch, steps=10, device=str(device))
-        keep("finetune", eager)
-        for config in FINETUNE_CONFIGS:
-            check(
-                6,
-                f"{config}: library step vs plain fp32 DataLoader loop ({name}, batch {batch})",
-                f"{eager[f'{config}_library_images_per_s']:,.1f} vs "
-                f"{eager[f'{config}_plain_images_per_s']:,.1f} img/s ({eager[f'{config}_speedup']}x)",
-                eager[f"{config}_speedup"] >= 1.0,
-            )
-        full = eager["full_library_images_per_s"]
-        slower = [c for c in FINETUNE_CONFIGS[1:] if eager[f"{c}_library_images_per_s"] <= full]
-        check(
-            6,
-            "frozen configurations faster than full finetuning",
-            "slower or equal: " + (", ".join(slower) or "none"),
-            not slower,
-        )
-        if cuda:
-            check_mfu(eager)
-            # the paper's own precision (fp32), so that its cost is known beside the fast options'
-            paper = bench_finetune(name, ("full",), batch, steps=10, device=str(device), precision="fp32", plain=False)
-            keep("finetune_fp32", paper)
-            check(
-                6,
-                f"full finetuning in fp32, the paper's precision ({name}, batch {batch})",
-                f"{paper['full_library_images_per_s']:,.1f} img/s",
-                None,
-            )
-    if "compiled" in parts:
-        compiled = bench_finetune(
-            name, ("full", "mha", "ln1", "linear"), batch, steps=10, device=str(device), compile="model", plain=False
-        )
-        keep("finetune_compiled", compiled)
-        check_mfu(compiled)
-        blocks = bench_finetune(name, ("full",), batch, steps=10, device=str(device), compile="blocks", plain=False)
-        keep("finetune_compiled_blocks", blocks)
-        check_mfu(blocks)
-        # the fastest settings measured (the paper's batch, inductor's tuning, bf16 compute with fp32
-        # masters), then the same with our fused ops (kernels: fc1's bias+GELU, the q/k/v split), then
-        # that replayed from a CUDA graph
-        for part, fused, graph in (
-            ("finetune_compiled_fastest", "none", False),
-            ("finetune_compiled_fused", "all", False),
-            ("finetune_compiled_graph", "all", True),
-        ):
-            result = bench_finetune(
-                name,
-                ("full",),
-                batch * 2,
-                steps=10,
-                device=str(device),
-                compile="blocks",
-                plain=False,
-                compile_mode="coordinate-descent",
-                precision="bf16",
-                fused=fused,
-                graph=graph,
-            )
-            keep(part, result)
-            check_mfu(result)
-    return checks
+    parts = parts or (TARGET_PARTS if device.type == "cuda" else TARGET_PARTS[:-1])
+    targets = Targets(out)
+    for part in TARGET_PARTS:
+        if part in parts:
+            TARGETS[part](targets, device)
+    return targets.checks
 
 
-def _print_checks(checks: list[dict]) -> None:
-    print(f"{'issue':<6}{'met':<6}{'target':<78}measured")
+def _print_checks(checks: list[dict], json_path: None = None) -> None:
+    print(f"{'met':<6}{'target':<84}measured")
     for row in checks:
         met = {True: "yes", False: "NO", None: "-"}[row["met"]]
-        print(f"#{row['issue']:<5}{met:<6}{row['target']:<78}{row['measured']}")
+        print(f"{met:<6}{row['target']:<84}{row['measured']}")
 
 
 def _print(result: dict, json_path: Path | None) -> None:
@@ -209,32 +229,32 @@ def _print(result: dict, json_path: Path | None) -> None:
         paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
-def _print_variants(rows: list[dict]) -> None:
+def _print_variants(rows: list[dict], json_path: Path | None = None) -> None:
     print(
-        f"{'batch':>6}  {'variant':<48}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}"
+        f"{'batch':>6}  {'variant':<62}{'img/s':>10}{'TFLOP/s':>9}{'MFU':>7}"
         f"{'warm-up s':>11}{'GiB':>7}  first loss / grad norm"
     )
     for row in rows:
-        variant = variant_words(row).lstrip(", ") or "eager"
+        variant = variant_words(row)
         if "error" in row:
-            print(f"{row['batch_size']:>6}  {variant:<48}{row['error']}")
+            print(f"{row['batch_size']:>6}  {variant:<62}{row['error']}")
             continue
         mfu = f"{row['mfu']:.1%}" if row.get("mfu") is not None else "-"
         agrees = {True: "", False: "  DIFFERS from the first row", None: ""}[row.get("agrees")]
         memory = f"{row['peak_memory_gib']:.1f}" if row.get("peak_memory_gib") is not None else "-"
         print(
-            f"{row['batch_size']:>6}  {variant:<48}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
+            f"{row['batch_size']:>6}  {variant:<62}{row['images_per_s']:>10,.1f}{row['tflops']:>9.2f}{mfu:>7}"
             f"{row['warmup_seconds']:>11.1f}{memory:>7}  {row['first_loss']:.4f} / {row['first_grad_norm']:.4f}{agrees}"
         )
 
 
 def _print_presets(rows: list[dict], json_path: Path | None) -> None:
-    print("| precision | preset | configuration | img/s | gain over none | warm-up s | plain loop img/s |")
+    print("| precision | preset | component | img/s | gain over none | warm-up s | plain loop img/s |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         plain = f"{row['plain_images_per_s']:,.1f}" if "plain_images_per_s" in row else ""
         print(
-            f"| {row['precision']} | {row['preset']} | {row['config']} | {row['images_per_s']:,.1f} | "
+            f"| {row['precision']} | {row['preset']} | {row['component']} | {row['images_per_s']:,.1f} | "
             f"{row['gain']:.2f}x | {row['warmup_seconds']:.1f} | {plain} |"
         )
     if rows:
@@ -245,7 +265,7 @@ def _print_presets(rows: list[dict], json_path: Path | None) -> None:
 
 def _print_profile(result: dict, json_path: Path | None) -> None:
     print(
-        f"{result['model']}, {result['config']}, batch {result['batch_size']}, {result['device']}"
+        f"{result['model']}, {result['component']}, batch {result['batch_size']}, {result['device']}, "
         f"{variant_words(result)}: {result['time_ms_per_step']} ms per step ({result['measured']}); "
         f"wall time {result['wall_ms_per_step']} ms per step"
     )
@@ -256,248 +276,316 @@ def _print_profile(result: dict, json_path: Path | None) -> None:
         paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """``--help`` that shows each option's type (its metavar: INT, PATH, TEXT, LIST) and its default
+    (unless its help says it in words)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or "(default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: {action.default})"
+
+    def _get_default_metavar_for_optional(self, action):
+        return {int: "INT", Path: "PATH"}.get(action.type, "TEXT")
+
+
+def _list(choices) -> str:
+    return ", ".join(choices)
+
+
+COMPONENTS_HELP = f"of: {_list(RUN_COMPONENTS)}"
+PRECISION_HELP = (
+    "fp32 (the paper's protocol), tf32 (TF32 matrix products; CUDA only), autocast (bf16 autocast) "
+    "or bf16 (bf16 compute, fp32 master weights)"
+)
+FUSED_HELP = (
+    "our fused ops (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, "
+    "all (every op: gelu+qkv), gelu (fc1's bias and GELU), qkv (the q/k/v split), or several joined by '+'"
+)
+
+
+def _command(commands, name: str, summary: str) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=summary, description=summary, formatter_class=_Help)
+
+
+def _common(
+    parser, model: str | None = "demo", json_help: str | None = "also write the figures to this JSON file"
+) -> None:
+    """The options most commands share: the model (random weights), the device, the JSON file (none
+    without ``json_help``)."""
+    if model is not None:
+        parser.add_argument(
+            "--model", default=model, help="a short name or timm ViT name (random weights): demo, vit_base_in21k, ..."
+        )
+    parser.add_argument("--device", default="auto", help="cuda, cuda:<index>, cpu or auto (a GPU if there is one)")
+    if json_help is None:
+        parser.set_defaults(json=None)
+    else:
+        parser.add_argument("--json", type=Path, default=None, help=f"{json_help} (default: none)")
+
+
 def _step_arguments(parser) -> None:
+    """``StepOptions``' options, one value each, with their defaults (the protocol's fp32)."""
+    defaults = StepOptions()
     parser.add_argument(
         "--compile",
         nargs="?",
         const="model",
         default="none",
         metavar="HOW",
-        help="torch.compile the model: none, model (the default with a bare --compile) "
-        "or blocks (one graph shared by the blocks)",
+        help=f"torch.compile: {_list(COMPILE_CHOICES)} (blocks: one graph shared by the blocks); "
+        "a bare --compile is model",
     )
     parser.add_argument(
-        "--compile-mode",
-        default="default",
-        help="torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...",
-    )
-    parser.add_argument("--attention", default="auto", help="attention kernel: auto, flash, cudnn, efficient or math")
-    parser.add_argument(
-        "--precision",
-        default="autocast",
-        help="autocast (bf16 autocast, the benchmarks' default), bf16 (bf16 compute, fp32 master weights), "
-        "tf32 (fp32 with TF32 matrix products; CUDA only) or fp32 (the paper's)",
+        "--compile-mode", default=defaults.compile_mode, help=f"torch.compile's mode, of: {_list(compile_modes())}"
     )
     parser.add_argument(
-        "--fused",
-        default="auto",
-        help="our fused ops: auto (gelu+qkv on CUDA, none elsewhere), none, all, or of gelu (fc1's bias+GELU), "
-        "qkv (the q/k/v split), update (clipping and SGD in one pass) one or several joined by '+'",
+        "--attention", default=defaults.attention, help=f"attention kernel, of: {_list(ATTENTION_CHOICES)}"
     )
-    parser.add_argument("--graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)")
+    parser.add_argument("--precision", default=defaults.precision, help=PRECISION_HELP)
+    parser.add_argument("--fused", default=defaults.fused, help=FUSED_HELP)
 
 
-def _step_options(args) -> dict:
-    """The options of ``_step_arguments`` (``options.STEP_OPTIONS``) as keyword arguments of ``bench_finetune``
-    and ``bench_profile``."""
-    return {name: getattr(args, name) for name in STEP_OPTIONS}
+def _step_options(args) -> StepOptions:
+    """The ``StepOptions`` of ``_step_arguments``."""
+    return StepOptions(**{name: getattr(args, name) for name in STEP_OPTIONS})
 
 
-def _booleans(text: str, option: str) -> tuple[bool, ...]:
-    """ "false,true" -> (False, True); anything else is a ValueError naming the valid words."""
-    words = {"false": False, "true": True}
-    values = tuple(word.strip().lower() for word in text.split(","))
-    unknown = [value for value in values if value not in words]
-    if unknown:
-        raise ValueError(f"{option} takes comma-separated false/true, got {', '.join(map(repr, unknown))}")
-    return tuple(words[value] for value in values)
+def _words(text: str) -> tuple[str, ...]:
+    """ "a,b" -> ("a", "b"), empty words left out."""
+    return tuple(word for word in text.split(",") if word)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m paperlib.speed.bench", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    d = commands.add_parser("data", help="images/s of the DataLoader path and the device path")
-    d.add_argument("--dataset", default="cifar10", help=f"one of: {', '.join(data.dataset_names())}")
-    d.add_argument("--root", default=None, help="data root with the real files (default: a fixture)")
-    d.add_argument("--batch-size", type=int, default=512)
-    d.add_argument("--image-size", type=int, default=224)
+def _data_command(commands) -> None:
+    d = _command(commands, "data", "images/s of the DataLoader path and the device path on one dataset")
+    d.add_argument("--dataset", default="cifar10", help=f"of: {_list(data.dataset_names())}")
+    d.add_argument(
+        "--root", default=None, help="data root with the real files (default: a fixture in the official format)"
+    )
+    d.add_argument("--batch-size", type=int, default=512, help="images per batch")
+    d.add_argument("--image-size", type=int, default=224, help="side of the images the paths deliver, in pixels")
     d.add_argument("--batches", type=int, default=5, help="timed batches per path (after one warm-up batch)")
-    d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: all CPU cores)")
-    d.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    d.add_argument("--fixture-size", type=int, default=5000)
-    d.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    p = commands.add_parser("plasticity", help="pairs/s of the plain definition and of plasticity.measure")
-    p.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
-    p.add_argument("--pairs", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--image-size", type=int, default=None, help="default: the model's")
-    p.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: one per CPU core)")
+    d.add_argument("--fixture-size", type=int, default=5000, help="random images in the fixture (without --root)")
+    _common(d, model=None)
+    d.set_defaults(
+        run=lambda a: bench_data(
+            a.dataset, a.root, a.batch_size, a.image_size, a.batches, a.workers, a.device, a.fixture_size
+        ),
+        show=_print,
+    )
+
+
+def _plasticity_command(commands) -> None:
+    p = _command(commands, "plasticity", "pairs/s of the plain definition and of plasticity.measure")
+    p.add_argument("--pairs", type=int, default=256, help="image pairs measured")
+    p.add_argument("--batch-size", type=int, default=64, help="pairs per batch")
+    p.add_argument("--image-size", type=int, default=None, help="side of the images (default: the model's)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    f = commands.add_parser(
-        "finetune", help="training images/s per configuration: library step vs plain fp32 DataLoader loop"
+    _common(p)
+    p.set_defaults(
+        run=lambda a: bench_plasticity(a.model, a.pairs, a.batch_size, a.device, a.image_size, a.repeats),
+        show=_print,
     )
-    f.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
-    f.add_argument("--configs", default="full,mha,fc1,ln1,linear", help="comma-separated configurations")
-    f.add_argument("--batch-size", type=int, default=64)
-    f.add_argument("--steps", type=int, default=10, help="timed steps per path (after one warm-up step)")
-    f.add_argument("--image-size", type=int, default=None, help="default: the model's")
+
+
+def _finetune_command(commands) -> None:
+    f = _command(
+        commands, "finetune", "training images/s per component: the library step vs a plain fp32 DataLoader loop"
+    )
     f.add_argument(
-        "--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: all CPU cores)"
+        "--components", default="full,mha,fc1,ln1,linear", metavar="LIST", help=f"comma-separated, {COMPONENTS_HELP}"
     )
-    f.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    f.add_argument("--batch-size", type=int, default=64, help="images per step")
+    f.add_argument("--steps", type=int, default=10, help="timed steps per path (after the warm-up)")
+    f.add_argument("--image-size", type=int, default=None, help="side of the images (default: the model's)")
+    f.add_argument(
+        "--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: one per CPU core)"
+    )
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     _step_arguments(f)
-    f.add_argument("--no-plain", action="store_true", help="skip the plain DataLoader loop")
+    f.add_argument("--no-plain", action="store_true", help="time the library step alone, without the plain loop")
     f.add_argument(
         "--lora-rank",
         type=int,
         default=0,
-        help="train LoRA updates of this rank instead of each configuration's weights (of mha, fc1, fc2, full)",
+        help="train LoRA updates of this rank instead of each component's weights (of mha, fc1, fc2, full; 0: none)",
     )
-    f.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    r = commands.add_parser("profile", help="where a training step's time goes: matrix products, attention, the rest")
-    r.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
-    r.add_argument("--config", default="full", help="the configuration trained (full, mha, fc1, fc2, ln2, ln1, linear)")
-    r.add_argument("--batch-size", type=int, default=64)
+    _common(f)
+    f.set_defaults(
+        run=lambda a: bench_finetune(
+            a.model,
+            _words(a.components),
+            a.batch_size,
+            a.steps,
+            a.device,
+            _step_options(a),
+            image_size=a.image_size,
+            workers=a.workers,
+            plain=not a.no_plain,
+            repeats=a.repeats,
+            lora_rank=a.lora_rank,
+        ),
+        show=_print,
+    )
+
+
+def _profile_command(commands) -> None:
+    r = _command(commands, "profile", "where a training step's time goes: matrix products, attention, the rest")
+    r.add_argument("--component", default="full", help=f"what trains, {COMPONENTS_HELP}")
+    r.add_argument("--batch-size", type=int, default=64, help="images per step")
     r.add_argument("--steps", type=int, default=3, help="profiled steps (after the warm-up)")
-    r.add_argument("--device", default="auto", help="cuda, cpu or auto")
     _step_arguments(r)
     r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
-    r.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    v = commands.add_parser(
-        "variants",
-        help="one configuration's step under every combination of batch size, compilation and attention kernel",
+    _common(r)
+    r.set_defaults(
+        run=lambda a: bench_profile(a.model, a.component, a.batch_size, a.steps, a.device, _step_options(a), top=a.top),
+        show=_print_profile,
     )
-    v.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
-    v.add_argument("--config", default="full", help="the configuration trained (full, mha, fc1, fc2, ln2, ln1, linear)")
-    v.add_argument("--batch-sizes", default="64", help="comma-separated")
-    v.add_argument("--compile", default="none,model,blocks", help="comma-separated, of: none, model, blocks")
-    v.add_argument("--modes", default="default", help="comma-separated torch.compile modes (for compiled rows)")
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise ValueError(f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+
+
+def _variants_command(commands) -> None:
+    v = _command(commands, "variants", "one component's step under every combination of batch size and step options")
+    v.add_argument("--component", default="full", help=f"what trains, {COMPONENTS_HELP}")
+    v.add_argument("--batch-sizes", default="64", metavar="LIST", help="comma-separated integers")
     v.add_argument(
-        "--attention", default="auto", help="comma-separated attention kernels, of: auto, flash, cudnn, efficient, math"
+        "--compile", default="none,model,blocks", metavar="LIST", help=f"comma-separated, of: {_list(COMPILE_CHOICES)}"
     )
     v.add_argument(
-        "--precision", default="autocast", help="comma-separated, of: fp32 (the paper's), tf32, autocast, bf16"
+        "--modes",
+        default="default",
+        metavar="LIST",
+        help=f"comma-separated torch.compile modes (for compiled rows), of: {_list(compile_modes())}",
     )
     v.add_argument(
-        "--fused",
-        default="auto",
-        help="comma-separated, of: auto (gelu+qkv on CUDA, none elsewhere), none, all, "
-        "or gelu, qkv, update joined by '+' (our fused ops)",
+        "--attention", default="auto", metavar="LIST", help=f"comma-separated, of: {_list(ATTENTION_CHOICES)}"
     )
-    v.add_argument(
-        "--graph",
-        default="false",
-        help="comma-separated, of: false, true (replay each step from a CUDA graph; CUDA only)",
-    )
+    v.add_argument("--precision", default="fp32", metavar="LIST", help=f"comma-separated, each {PRECISION_HELP}")
+    v.add_argument("--fused", default="auto", metavar="LIST", help=f"comma-separated, each {FUSED_HELP}")
     v.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     v.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
-    v.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    v.add_argument(
-        "--json", type=Path, default=None, help="rows go here as each ends; rows already there are not measured again"
+    _common(v, json_help="rows go to this JSON file as each ends; rows already there are not measured again")
+    v.set_defaults(
+        run=lambda a: bench_variants(
+            a.model,
+            a.component,
+            _batch_sizes(a.batch_sizes),
+            {
+                "compile": _words(a.compile),
+                "compile_mode": _words(a.modes),
+                "attention": _words(a.attention),
+                "precision": _words(a.precision),
+                "fused": _words(a.fused),
+            },
+            a.steps,
+            a.repeats,
+            a.device,
+            a.json,
+        ),
+        show=_print_variants,
     )
-    k = commands.add_parser(
-        "kernels", help="our fused ops alone at a model's training shapes, against a copy of the same bytes"
-    )
-    k.add_argument("--model", default="vit_base_in21k", help="whose shapes: demo, vit_base_in21k, ...")
+
+
+def _kernels_command(commands) -> None:
+    k = _command(commands, "kernels", "our fused ops alone at a model's training shapes, against a copy of their bytes")
     k.add_argument("--batch-size", type=int, default=None, help="images (default: 512 on CUDA, 8 on a CPU)")
-    k.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    k.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
-    s = commands.add_parser(
-        "presets", help="images/s per precision: each speed preset against none, a plain loop beside, one machine"
+    _common(k, model="vit_base_in21k")
+    k.set_defaults(run=lambda a: bench_kernels(a.model, a.batch_size, a.device), show=_print)
+
+
+def _presets_command(commands) -> None:
+    s = _command(
+        commands, "presets", "images/s per precision: each speed preset against none, a plain loop beside, one machine"
     )
-    s.add_argument("--model", default="demo", help="demo, vit_base_in21k, ... (random weights)")
-    s.add_argument("--configs", default="full,mha,ln2", help="comma-separated configurations")
-    s.add_argument("--presets", default="", help="comma-separated presets (parameters/speed/<name>, files) beside none")
-    s.add_argument("--precisions", default="fp32,autocast", help="comma-separated, of: fp32, tf32, autocast, bf16")
-    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--components", default="full,mha,ln2", metavar="LIST", help=f"comma-separated, {COMPONENTS_HELP}")
+    s.add_argument(
+        "--presets",
+        default="",
+        metavar="LIST",
+        help="comma-separated presets (names of parameters/speed/<name>.yaml, or files) measured beside none "
+        "(default: none alone)",
+    )
+    s.add_argument(
+        "--precisions", default="fp32,autocast", metavar="LIST", help=f"comma-separated, of: {_list(PRECISIONS)}"
+    )
+    s.add_argument("--batch-size", type=int, default=64, help="images per step")
     s.add_argument("--steps", type=int, default=10, help="timed steps per row (after the warm-up)")
     s.add_argument("--repeats", type=int, default=3, help="timings per row; the median is reported")
-    s.add_argument("--device", default="auto", help="cuda, cpu or auto")
     s.add_argument("--no-plain", action="store_true", help="skip the plain loop")
-    s.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
-    t = commands.add_parser("targets", help="every benchmark at its issue's settings, checked against the targets")
-    t.add_argument("--device", default="auto", help="cuda, cpu or auto")
+    _common(s, json_help="also write the rows to this JSON file")
+    s.set_defaults(
+        run=lambda a: bench_presets(
+            a.model,
+            _words(a.components),
+            a.batch_size,
+            a.steps,
+            a.device,
+            _words(a.presets),
+            _words(a.precisions),
+            a.repeats,
+            plain=not a.no_plain,
+        ),
+        show=_print_presets,
+    )
+
+
+def _targets_command(commands) -> None:
+    t = _command(commands, "targets", "every benchmark at its target's settings, checked against the target")
     t.add_argument(
         "--parts",
         default=None,
-        help="comma-separated, of: " + ", ".join(TARGET_PARTS) + " (default: all; compiled on CUDA only)",
+        metavar="LIST",
+        help=f"comma-separated, of: {_list(TARGET_PARTS)} (default: all; compiled on CUDA only)",
     )
-    t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json")
+    t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json (default: none)")
+    _common(t, model=None, json_help=None)
+    t.set_defaults(
+        run=lambda a: bench_targets(a.device, a.out, _words(a.parts) if a.parts else None), show=_print_checks
+    )
+
+
+COMMANDS = (
+    _data_command,
+    _plasticity_command,
+    _finetune_command,
+    _profile_command,
+    _variants_command,
+    _kernels_command,
+    _presets_command,
+    _targets_command,
+)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per benchmark (``COMMANDS``), each with its runner and printer."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib.speed.bench",
+        description=__doc__.split("\n")[0],
+        epilog="python -m paperlib.speed.bench COMMAND --help: the command's options",
+        formatter_class=_Help,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "targets":
-            checks = bench_targets(args.device, args.out, tuple(args.parts.split(",")) if args.parts else None)
-        elif args.command == "profile":
-            result = bench_profile(
-                args.model, args.config, args.batch_size, args.steps, args.device, top=args.top, **_step_options(args)
-            )
-        elif args.command == "variants":
-            try:
-                batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-            except ValueError:
-                raise ValueError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
-            rows = bench_variants(
-                args.model,
-                args.config,
-                batch_sizes,
-                tuple(args.compile.split(",")),
-                tuple(args.modes.split(",")),
-                tuple(args.attention.split(",")),
-                args.steps,
-                args.repeats,
-                args.device,
-                args.json,
-                precisions=tuple(args.precision.split(",")),
-                fuseds=tuple(args.fused.split(",")),
-                graphs=_booleans(args.graph, "--graph"),
-            )
-        elif args.command == "presets":
-            rows = bench_presets(
-                args.model,
-                tuple(args.configs.split(",")),
-                args.batch_size,
-                args.steps,
-                args.device,
-                tuple(name for name in args.presets.split(",") if name),
-                tuple(args.precisions.split(",")),
-                args.repeats,
-                plain=not args.no_plain,
-            )
-        elif args.command == "data":
-            result = bench_data(
-                args.dataset,
-                args.root,
-                args.batch_size,
-                args.image_size,
-                args.batches,
-                args.workers,
-                args.device,
-                args.fixture_size,
-            )
-        elif args.command == "kernels":
-            result = bench_kernels(args.model, args.batch_size, args.device)
-        elif args.command == "plasticity":
-            result = bench_plasticity(
-                args.model, args.pairs, args.batch_size, args.device, args.image_size, args.repeats
-            )
-        else:
-            result = bench_finetune(
-                args.model,
-                tuple(args.configs.split(",")),
-                args.batch_size,
-                args.steps,
-                args.device,
-                args.image_size,
-                args.workers,
-                plain=not args.no_plain,
-                repeats=args.repeats,
-                lora_rank=args.lora_rank,
-                **_step_options(args),
-            )
+        result = args.run(args)
     except cli.BAD_INPUT as error:  # a bad option, or a data root or --json file missing or malformed
         parser.exit(cli.fail(error))
-    if args.command == "targets":
-        _print_checks(checks)
-    elif args.command == "profile":
-        _print_profile(result, args.json)
-    elif args.command == "variants":
-        _print_variants(rows)
-    elif args.command == "presets":
-        _print_presets(rows, args.json)
-    else:
-        _print(result, args.json)
+    args.show(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """The benchmarks of the training step: how fast ``finetune``'s step runs, and why.
 
-- ``bench_finetune``: training images/s per configuration, the library's step against a plain
-  fp32 DataLoader loop (``python -m paperlib.speed.bench finetune``).
-- ``bench_variants``: one configuration's step under every combination of the step's options,
-  each row checked against the first (``... bench variants``).
+- ``bench_finetune``: training images/s per component, the library's step against a plain fp32
+  DataLoader loop (``python -m paperlib.speed.bench finetune``).
+- ``bench_presets``: each speed preset against "none", per precision (``... bench presets``).
+- ``bench_variants``: one component's step under every combination of the step's options, each
+  row checked against the first (``... bench variants``).
 - ``bench_profile``: where a step's time goes (``... bench profile``).
 - ``bench_kernels``: our fused ops alone, against a copy of the same bytes (``... bench kernels``).
 
-Every step benchmark builds its step as ``finetune.train`` does (``library_steps``: ``speed.Step``,
-``finetune``'s optimizer) and counts its FLOPs with PyTorch (``step_flops``).
+Every step benchmark builds its step as ``finetune.train`` does, through ``step.make_step``
+(``library_steps``), and counts its FLOPs with PyTorch (``step_flops``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import gc
 import itertools
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -27,15 +28,16 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from .. import components, finetune, lora, models, paths
+from .. import lora, models, paths
+from ..components import check_run_component, set_trainable, trainable_parameters
 from ..imagesets import ImageDataset
 from ..loader import DeviceLoader
 from ..transforms import paper_transform
-from .bench_data import Timed, device_name, endless, median_seconds, resolve_device, sync
+from .clock import Timed, device_name, endless, median_seconds, resolve_device, sync
 from .kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
 from .layers import is_fusable_attention, is_fusable_mlp
-from .options import PRESET_RECORD, StepOptions, check_precision, compile_choice, fuses_update, preset
-from .step import MasterWeights, Step, autocast_for, clip_and_update, compile_model, tf32_flags, warmup_steps
+from .options import PRESET_RECORD, STEP_OPTIONS, StepOptions, check_precision, compile_choice, preset
+from .step import autocast_for, compile_model, make_step, tf32_flags, warmup_steps
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
@@ -79,25 +81,16 @@ def synthetic_train_set(n: int, source_size: int):
     )
 
 
-def library_steps(
-    model,
-    config: str,
-    loader: DeviceLoader,
-    batch_size: int,
-    device: torch.device,
-    options: StepOptions,
-    lora_rank: int = 0,
-):
-    """The library's training step for ``config``, as ``finetune.train`` runs it (``finetune``'s
-    optimizer, and ``speed.Step`` with ``options``, checked: ``StepOptions.checked``; with
-    ``lora_rank``, the model carries its LoRA layers), at the whole batch (no retry with smaller
-    micro-batches: a benchmark measures the batch it is given): returns ``steps(first, count)``,
-    which trains on the loader's batches ``first`` to ``first + count - 1`` and returns the last
-    (loss, norm)."""
-    finetune.set_trainable(model, config, lora_rank)
-    trainable = [p for _, p in components.trainable_parameters(model)]
-    optimizer = finetune.make_optimizer(trainable, 1e-3, 0.9, device, fuses_update(options.fused, device))
-    one_step = Step(model, trainable, optimizer, options, batch_size, 1.0, micro_batch=batch_size)
+def library_steps(model, loader: DeviceLoader, options: StepOptions):
+    """The library's training step for ``model`` as its trainable parameters stand, built as
+    ``finetune.train`` builds it (``step.make_step``: the paper's SGD, ``options`` checked), at the
+    loader's whole batch (no retry with smaller micro-batches: a benchmark measures the batch it is
+    given): returns ``steps(first, count)``, which trains on the loader's batches ``first`` to
+    ``first + count - 1`` and returns the last (loss, norm)."""
+    batch = loader.batch_size
+    one_step = make_step(
+        model, options, optimizer="sgd", lr=1e-3, momentum=0.9, batch_size=batch, clip=1.0, micro_batch=batch
+    )
 
     def steps(first: int, count: int):
         for index in range(first, first + count):
@@ -118,73 +111,82 @@ def plain_step(model, trainable, optimizer, images, labels, context=contextlib.n
     optimizer.step()
 
 
+def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: int, device: torch.device):
+    """The plain loop's data: ``dataset``'s images through the paper's torchvision transform in ``workers``
+    DataLoader workers, as the authors' code loads them."""
+    transformed = ImageDataset(
+        dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
+    )
+    return DataLoader(
+        transformed,
+        batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+
+
+def _plain_run(model, loader: DataLoader, steps: int, device: torch.device) -> tuple:
+    """(timed run, warm-up) of the plain loop on ``model`` as its trainable parameters stand: batches of
+    ``loader`` copied to the device, ``torch.optim.SGD`` with PyTorch's default kernels, fp32."""
+    trainable = [p for _, p in trainable_parameters(model)]
+    optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
+
+    def plain_steps(count: int):
+        iterator = endless(loader)
+        for _ in range(count):
+            x, y = next(iterator)
+            plain_step(model, trainable, optimizer, x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+        iterator.close()
+
+    return lambda: plain_steps(steps), lambda: plain_steps(1)
+
+
 def bench_finetune(
     model_name: str = "demo",
-    configs: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
+    components: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
     batch_size: int = 64,
     steps: int = 10,
     device: str = "auto",
+    options: StepOptions = StepOptions(),
+    *,
     image_size: int | None = None,
     workers: int | None = None,
     source_size: int = 32,
-    compile: bool | str = False,
     plain: bool = True,
     repeats: int = 3,
-    compile_mode: str = "default",
-    attention: str = "auto",
-    precision: str = "autocast",
-    fused: str = "auto",
-    graph: bool = False,
     lora_rank: int = 0,
 ) -> dict:
-    """Training images/s per configuration: the library step vs a plain fp32 DataLoader loop.
+    """Training images/s per component: the library step vs a plain fp32 DataLoader loop.
 
     Random weights and synthetic uint8 images of ``source_size`` pixels (Cifar-like), upsampled to
-    the model's resolution with the paper's training transform. The library step is
-    ``step.training_step`` with ``finetune``'s optimizer and precision (images on the device,
-    batched augmentation, bf16 autocast and a fused SGD update on CUDA, only trainable weights get
-    gradients, ``step.compile_model`` with ``compile``, ``compile_mode`` and the kernel chosen
-    by ``attention``, ``precision``, the ``fused`` ops and ``graph``); its first steps (with any compilation)
-    are timed apart as ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as
-    created, torchvision transforms in DataLoader workers, fp32, ``requires_grad`` set the same way.
-    Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward and backward).
-    Median of ``repeats`` interleaved timings of ``steps`` steps. With ``graph``, the graph keeps its
-    activations' memory while the plain loop runs beside it: at large batches pass ``plain=False``
-    (``--no-plain``), as ``bench targets`` does for its compiled parts. With ``lora_rank`` > 0 each
-    configuration trains LoRA updates of that rank instead of its weights (``lora``), in both
-    loops, each on a fresh copy of the model with peft's layers.
+    the model's resolution with the paper's training transform. The library step is ``finetune``'s
+    (``library_steps``: images on the device, batched augmentation, only trainable weights get
+    gradients, the step ``options``: compilation, attention kernel, precision, fused ops); its first
+    steps (with any compilation) are timed apart as ``warmup_seconds``. The plain loop (what the
+    authors' code does): a twin of the timm model as created, torchvision transforms in ``workers``
+    DataLoader workers (None: one per CPU core), fp32, ``requires_grad`` set the same way. Model FLOP
+    utilisation counts the FLOPs PyTorch reports for one step (forward and backward). Median of
+    ``repeats`` interleaved timings of ``steps`` steps; ``plain=False`` times the library step alone.
+    With ``lora_rank`` > 0 each component trains LoRA updates of that rank instead of its weights
+    (``lora``), in both loops, each on a fresh copy of the model with peft's layers.
     """
     device = resolve_device(device)
     workers = os.cpu_count() if workers is None else workers
-    cuda = device.type == "cuda"
-    for config in configs:
-        lora.check(config, lora_rank)
-    # recorded as what ran
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)
+    for component in components:
+        lora.check(component, lora_rank)
+    options = options.checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     plain_model = copy.deepcopy(model) if plain and not lora_rank else None
-    # LoRA goes on before the fused ops: on an untouched copy per configuration and loop
+    # LoRA goes on before the fused ops: on an untouched copy per component and loop
     pristine = copy.deepcopy(model) if lora_rank else None
     size = image_size or model.patch_embed.img_size[0]
     dataset = synthetic_train_set(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
-    plain_set = ImageDataset(
-        dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
-    )
-    plain_loader = (
-        DataLoader(
-            plain_set,
-            batch_size,
-            shuffle=True,
-            drop_last=True,
-            num_workers=workers,
-            pin_memory=cuda,
-            persistent_workers=workers > 0,
-        )
-        if plain
-        else None
-    )
+    plain_loader = _plain_loader(dataset, batch_size, size, workers, device) if plain else None
     peak = _peak_tflops(device)
     result = {
         "model": f"{model_name} ({size}px, random weights)",
@@ -197,43 +199,31 @@ def bench_finetune(
         "peak_tflops_bf16": peak,
         "lora_rank": lora_rank,
     }
-    for config in configs:
+    train_only = lora.set_trainable if lora_rank else set_trainable  # what a run of the component trains
+    for component in components:
         if lora_rank:
-            model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank)
-            plain_model = lora.add_lora(copy.deepcopy(pristine), config, lora_rank) if plain else None
-        finetune.set_trainable(model, config, lora_rank)
+            model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank)
+            plain_model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank) if plain else None
+        train_only(model, component)
         flops = step_flops(model, *fast.batch(0))
-        train_steps = library_steps(model, config, fast, batch_size, device, options, lora_rank)
+        train_steps = library_steps(model, fast, options)
         warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
         runs = {"library": (lambda: train_steps(1, steps), warmup)}
         if plain:
-            finetune.set_trainable(plain_model, config, lora_rank)
-            plain_trainable = [p for _, p in components.trainable_parameters(plain_model)]
-            plain_optimizer = torch.optim.SGD(plain_trainable, lr=1e-3, momentum=0.9)  # PyTorch's default SGD kernels
-
-            def plain_steps(count: int):
-                iterator = endless(plain_loader)
-                for _ in range(count):
-                    x, y = next(iterator)
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    plain_step(plain_model, plain_trainable, plain_optimizer, x, y)
-                iterator.close()
-
-            runs["plain"] = (lambda: plain_steps(steps), lambda: plain_steps(1))
+            runs["plain"] = _plain_run(train_only(plain_model, component), plain_loader, steps, device)
         rates = {name: batch_size * steps / value for name, value in median_seconds(runs, device, repeats).items()}
         if plain:
-            result[f"{config}_plain_images_per_s"] = round(rates["plain"], 1)
-            result[f"{config}_speedup"] = round(rates["library"] / rates["plain"], 2)
-        result[f"{config}_library_images_per_s"] = round(rates["library"], 1)
-        result[f"{config}_warmup_seconds"] = round(warmup.seconds, 2)
+            result[f"{component}_plain_images_per_s"] = round(rates["plain"], 1)
+            result[f"{component}_speedup"] = round(rates["library"] / rates["plain"], 2)
+        result[f"{component}_library_images_per_s"] = round(rates["library"], 1)
+        result[f"{component}_warmup_seconds"] = round(warmup.seconds, 2)
         achieved = flops / batch_size * rates["library"] / 1e12
-        result[f"{config}_library_tflops"] = _significant(achieved)
+        result[f"{component}_library_tflops"] = _significant(achieved)
         if peak:
-            result[f"{config}_library_mfu"] = round(achieved / peak, 6)
+            result[f"{component}_library_mfu"] = round(achieved / peak, 6)
     plain_loader = plain_model = None  # shuts its workers down
     gc.collect()
-    result["torch"] = torch.__version__
-    return result
+    return result | {"torch": torch.__version__}
 
 
 PLAIN_PRECISION = {"fp32": "fp32", "tf32": "tf32", "autocast": "autocast", "bf16": "autocast"}
@@ -242,7 +232,7 @@ PLAIN_PRECISION = {"fp32": "fp32", "tf32": "tf32", "autocast": "autocast", "bf16
 
 def bench_presets(
     model_name: str = "demo",
-    configs: tuple[str, ...] = ("full", "mha", "ln2"),
+    components: tuple[str, ...] = ("full", "mha", "ln2"),
     batch_size: int = 64,
     steps: int = 10,
     device: str = "auto",
@@ -251,44 +241,43 @@ def bench_presets(
     repeats: int = 3,
     plain: bool = True,
 ) -> list[dict]:
-    """Training images/s per precision, configuration and speed preset, on one machine: each preset of
+    """Training images/s per precision, component and speed preset, on one machine: each preset of
     ``presets`` (``options.preset``: names, files) against "none" in the same precision, and a plain loop in
     that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``, clipping at 1)
     on the same batches, already on the device, so that only the step differs. What a preset file records as
-    its ``gain`` is this table's ``gain`` column. Rows: precision, preset, configuration, img/s, gain over
+    its ``gain`` is this table's ``gain`` column. Rows: precision, preset, component, img/s, gain over
     "none", warm-up seconds (compilation included), and the plain loop's img/s beside "none"."""
     rows = []
     device_ = resolve_device(device)
     for precision in precisions:
         check_precision(precision, device_)
         for name in ("none", *presets):
-            options = {key: value for key, value in preset(name).items() if key not in PRESET_RECORD}
-            options = {**asdict(StepOptions()), **options, "precision": precision}
+            chosen = {key: value for key, value in preset(name).items() if key not in PRESET_RECORD}
+            options = StepOptions(**{**chosen, "precision": precision})
             result = bench_finetune(
-                model_name, configs, batch_size, steps, device, plain=False, repeats=repeats, **options
+                model_name, components, batch_size, steps, device, options, plain=False, repeats=repeats
             )
-            for config in configs:
-                row = {"precision": precision, "preset": name, "config": config, "device": result["device"]}
-                row["images_per_s"] = result[f"{config}_library_images_per_s"]
-                row["warmup_seconds"] = result[f"{config}_warmup_seconds"]
+            for component in components:
+                row = {"precision": precision, "preset": name, "component": component, "device": result["device"]}
+                row["images_per_s"] = result[f"{component}_library_images_per_s"]
+                row["warmup_seconds"] = result[f"{component}_warmup_seconds"]
                 rows.append(row)
         if plain:
-            plain_rates = bench_plain(model_name, configs, batch_size, steps, device_, PLAIN_PRECISION[precision])
+            plain_rates = bench_plain(model_name, components, batch_size, steps, device_, PLAIN_PRECISION[precision])
             for row in rows:
                 if row["precision"] == precision and row["preset"] == "none":
-                    row["plain_images_per_s"] = plain_rates[row["config"]]
+                    row["plain_images_per_s"] = plain_rates[row["component"]]
     for row in rows:
-        none = next(
-            r for r in rows if (r["precision"], r["preset"], r["config"]) == (row["precision"], "none", row["config"])
-        )
+        key = (row["precision"], "none", row["component"])
+        none = next(r for r in rows if (r["precision"], r["preset"], r["component"]) == key)
         row["gain"] = round(row["images_per_s"] / none["images_per_s"], 3)
     return rows
 
 
 def bench_plain(
-    model_name: str, configs: tuple[str, ...], batch_size: int, steps: int, device: torch.device, precision: str
+    model_name: str, components: tuple[str, ...], batch_size: int, steps: int, device: torch.device, precision: str
 ) -> dict[str, float]:
-    """Images/s per configuration of a plain training loop in ``precision`` (fp32, tf32 or autocast) on
+    """Images/s per component of a plain training loop in ``precision`` (fp32, tf32 or autocast) on
     batches already on the device: timm's model as created, ``torch.optim.SGD`` (PyTorch's default kernels),
     clipping at norm 1; TF32 flags and autocast as the library's step sets them (``tf32_flags``, ``autocast_for``)."""
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
@@ -297,11 +286,11 @@ def bench_plain(
         synthetic_train_set(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device
     )
     batches = [loader.batch(index) for index in range(4)]
-    autocast = autocast_for(device, precision=precision)
+    autocast = autocast_for(device, precision)
     rates = {}
-    for config in configs:
-        components.set_trainable(model, config)
-        trainable = [p for _, p in components.trainable_parameters(model)]
+    for component in components:
+        set_trainable(model, component)
+        trainable = [p for _, p in trainable_parameters(model)]
         optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
 
         def plain_steps(count: int):
@@ -310,32 +299,31 @@ def bench_plain(
                     plain_step(model, trainable, optimizer, *batches[index % len(batches)], autocast)
 
         seconds = median_seconds({"plain": (lambda: plain_steps(steps), lambda: plain_steps(2))}, device, 3)["plain"]
-        rates[config] = round(batch_size * steps / seconds, 1)
+        rates[component] = round(batch_size * steps / seconds, 1)
     return rates
 
 
+PRECISION_WORDS = {"fp32": "fp32", "tf32": "tf32", "autocast": "bf16 autocast", "bf16": "bf16 with fp32 masters"}
+
+
 def variant_words(row: dict) -> str:
-    """How a step was run, in words: ", compiled (blocks, max-autotune), attention cudnn"."""
-    words = ""
+    """How a step was run, in words: "compiled (blocks, coordinate-descent), attention cudnn, bf16
+    autocast". A row without a precision was written when rows ran under autocast only."""
+    words = ["eager"]
     if row.get("compile", "none") not in ("none", False):
         mode = row.get("compile_mode", "default")
-        words += f", compiled ({row['compile']}{'' if mode == 'default' else ', ' + mode})"
+        words = [f"compiled ({row['compile']}{'' if mode == 'default' else ', ' + mode})"]
     if row.get("attention", "auto") != "auto":
-        words += f", attention {row['attention']}"
-    if row.get("precision", "autocast") == "bf16":
-        words += ", bf16 with fp32 masters"
-    elif row.get("precision", "autocast") == "fp32":
-        words += ", fp32"
+        words.append(f"attention {row['attention']}")
+    words.append(PRECISION_WORDS[row.get("precision", "autocast")])
     if row.get("fused", "none") != "none":
-        words += f", fused {row['fused']}"
-    if row.get("graph"):
-        words += ", CUDA graph"
-    return words
+        words.append(f"fused {row['fused']}")
+    return ", ".join(words)
 
 
 CHECK_STEP = 4
 """The step (0-based) whose loss and gradient norm every variant row records beside its first's: by
-then every variant runs as it is timed (``step.warmup_steps``; a graphed step replays)."""
+then every variant runs as it is timed (``step.warmup_steps``: compilation done)."""
 
 VARIANT_KEYS = {
     "batch_size": None,
@@ -344,130 +332,138 @@ VARIANT_KEYS = {
     "attention": "auto",
     "precision": "autocast",
     "fused": "none",
-    "graph": False,
 }
-"""What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed."""
+"""What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed
+(those rows ran under autocast, without fused ops)."""
+
+
+def variant_options(
+    batch_sizes: tuple[int, ...], choices: dict[str, tuple], device: torch.device
+) -> list[tuple[int, StepOptions]]:
+    """(batch size, checked step options) for every combination of ``batch_sizes`` and ``choices`` (a
+    ``StepOptions`` field -> its values; a field not there keeps its default), each once, in that order
+    (batch size first, then the fields in ``STEP_OPTIONS``' order); a mode only for compiled rows.
+    Every choice is checked here, before any work."""
+    unknown = sorted(set(choices) - set(STEP_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown step option(s) {', '.join(unknown)}; valid: {', '.join(STEP_OPTIONS)}")
+    defaults = asdict(StepOptions())
+    values = [choices.get(name, (defaults[name],)) for name in STEP_OPTIONS]
+    runs = []
+    for batch_size in batch_sizes:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
+        for combination in itertools.product(*values):
+            options = StepOptions(*combination)
+            if compile_choice(options.compile) == "none":
+                options = replace(options, compile_mode="default")
+            run = (batch_size, options.checked(device))
+            if run not in runs:
+                runs.append(run)
+    return runs
+
+
+def _measure_variant(model_name: str, component: str, batch_size: int, options: StepOptions, timing: dict) -> dict:
+    """One row of ``bench_variants``: the step of ``options`` at ``batch_size`` from fresh random weights
+    (seed 0) on synthetic batches, timed as ``timing`` says (steps, repeats, device, source_size)."""
+    device = timing["device"]
+    torch.manual_seed(0)
+    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    size = model.patch_embed.img_size[0]
+    dataset = synthetic_train_set(batch_size * 2, timing["source_size"])
+    loader = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
+    set_trainable(model, component)
+    flops = step_flops(model, *loader.batch(0))
+    steps_of = library_steps(model, loader, options)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
+    assert warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
+    more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731 -- compilation
+    check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now
+    steps = timing["steps"]
+    seconds = median_seconds(
+        {"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))},
+        device,
+        timing["repeats"],
+    )["step"]
+    loss, norm = (float(v) for v in warmup.value)
+    check_loss, check_norm = (float(v) for v in check.value)
+    rate = batch_size * steps / seconds
+    achieved = flops / batch_size * rate / 1e12
+    peak = _peak_tflops(device)
+    return {
+        "images_per_s": round(rate, 1),
+        "tflops": _significant(achieved),
+        "mfu": round(achieved / peak, 6) if peak else None,
+        "warmup_seconds": round(warmup.seconds, 2),
+        "first_loss": loss,
+        "first_grad_norm": norm,
+        "check_loss": check_loss,
+        "check_grad_norm": check_norm,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+    }
+
+
+def _agrees(row: dict, reference: dict) -> bool:
+    """Whether ``row``'s first step (and its step ``CHECK_STEP``, where ``reference`` has it) is
+    ``reference``'s, within 5% (the bf16 tolerance)."""
+    near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
+    later = "check_loss" not in reference or (near("check_loss") and near("check_grad_norm"))
+    return bool(near("first_loss") and near("first_grad_norm") and later)
 
 
 def bench_variants(
     model_name: str = "demo",
-    config: str = "full",
+    component: str = "full",
     batch_sizes: tuple[int, ...] = (64,),
-    compiles: tuple[str, ...] = ("none", "model", "blocks"),
-    modes: tuple[str, ...] = ("default",),
-    attentions: tuple[str, ...] = ("auto",),
+    choices: dict[str, tuple] | None = None,
     steps: int = 10,
     repeats: int = 3,
     device: str = "auto",
     out: Path | None = None,
     source_size: int = 32,
-    precisions: tuple[str, ...] = ("autocast",),
-    fuseds: tuple[str, ...] = ("auto",),
-    graphs: tuple[bool, ...] = (False,),
 ) -> list[dict]:
-    """The library's training step for ``config`` under every combination of batch size, compilation
-    (``step.compile_model``: none, model, blocks), ``torch.compile`` mode, attention kernel,
-    precision (``options.PRECISIONS``), fused ops (``options.FUSED_CHOICES``; rows record what
-    "auto" resolves to) and CUDA graph or not (``step.GraphedStep``):
-    images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA,
-    the peak GPU memory allocated (GiB) per row.
+    """The library's training step for ``component`` under every combination of batch size and step
+    options (``variant_options``: ``choices`` maps a ``StepOptions`` field to its values, e.g.
+    ``{"compile": ("none", "blocks"), "precision": ("fp32", "bf16")}``; rows record what "auto"
+    resolves to): images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included)
+    and, on CUDA, the peak GPU memory allocated (GiB) per row.
 
     Every row starts from the same random weights and the same batches, and records the loss and
-    gradient norm of its first step and of step ``CHECK_STEP`` (after that many updates, and for a
-    graphed step a replay of its graph) next to those of the first row (``agrees``: both within 5%,
-    the bf16 tolerance), so that no variant is fast because it computes something else: a stale
-    compiled graph that skips gradients, a replay with stale inputs or learning rates, an update
-    that does not update. A variant that fails (a kernel missing for this device or
-    shape, a compiler error) is recorded with its error; the others still run. With ``out``, the rows
-    are written there (JSON) as each ends, and rows already there are kept and not measured again:
-    a sweep stopped by a time limit goes on where it stopped.
+    gradient norm of its first step and of step ``CHECK_STEP`` (after that many updates) next to
+    those of the first row (``agrees``: both within 5%, the bf16 tolerance), so that no variant is
+    fast because it computes something else: a stale compiled graph that skips gradients, an update
+    that does not update. A variant that fails (a kernel missing for this device or shape, a compiler
+    error) is recorded with its error; the others still run. With ``out``, the rows are written there
+    (JSON) as each ends, and rows already there are kept and not measured again: a sweep stopped by
+    a time limit goes on where it stopped.
     """
-    components.check_config(config)  # every choice is checked before any work
+    check_run_component(component)  # every choice is checked before any work
     device = resolve_device(device)
-    runs = []  # (batch size, checked step options), each once
-    for batch_size in batch_sizes:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch sizes must be positive integers, got {batch_size!r}")
-        for how in compiles:
-            for mode in modes if compile_choice(how) != "none" else ("default",):
-                for attention, precision, fused, graph in itertools.product(attentions, precisions, fuseds, graphs):
-                    run = (batch_size, StepOptions(how, mode, attention, precision, fused, graph).checked(device))
-                    if run not in runs:
-                        runs.append(run)
+    runs = variant_options(batch_sizes, choices or {}, device)
     try:
         rows = json.loads(out.read_text()) if out and out.is_file() else []
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"{out} holds no rows of JSON: move it away or name another --json file") from None
-    cuda = device.type == "cuda"
-    peak = _peak_tflops(device)
+    timing = {"steps": steps, "repeats": repeats, "device": device, "source_size": source_size}
     for batch_size, options in runs:
         combo = {"batch_size": batch_size, **asdict(options)}
         if any({key: row.get(key, default) for key, default in VARIANT_KEYS.items()} == combo for row in rows):
             continue
-        row = {
-            "model": model_name,
-            "config": config,
-            **combo,
-            "device": device_name(device),
-            "torch": torch.__version__,
-        }
+        row = {"model": model_name, "component": component, **combo}
+        row |= {"device": device_name(device), "torch": torch.__version__}
         try:
-            torch.manual_seed(0)
-            model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-            size = model.patch_embed.img_size[0]
-            loader = DeviceLoader(
-                synthetic_train_set(batch_size * 2, source_size),
-                batch_size,
-                augment=True,
-                image_size=size,
-                device=device,
-            )
-            components.set_trainable(model, config)
-            flops = step_flops(model, *loader.batch(0))
-            steps_of = library_steps(model, config, loader, batch_size, device, options)
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-            # compilation, a graph's capture
-            assert warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
-            more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731
-            check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now: a graph replays
-            seconds = median_seconds(
-                {"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))},
-                device,
-                repeats,
-            )["step"]
-            loss, norm = (float(v) for v in warmup.value)
-            check_loss, check_norm = (float(v) for v in check.value)
-            rate = batch_size * steps / seconds
-            achieved = flops / batch_size * rate / 1e12
-            row.update(
-                {
-                    "images_per_s": round(rate, 1),
-                    "tflops": _significant(achieved),
-                    "mfu": round(achieved / peak, 6) if peak else None,
-                    "warmup_seconds": round(warmup.seconds, 2),
-                    "first_loss": loss,
-                    "first_grad_norm": norm,
-                    "check_loss": check_loss,
-                    "check_grad_norm": check_norm,
-                    "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
-                }
-            )
+            row |= _measure_variant(model_name, component, batch_size, options, timing)
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == batch_size), None)
             if reference:
-                near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
-                row["agrees"] = bool(
-                    near("first_loss")
-                    and near("first_grad_norm")
-                    and ("check_loss" not in reference or (near("check_loss") and near("check_grad_norm")))
-                )
+                row["agrees"] = _agrees(row, reference)
         except Exception as error:  # noqa: BLE001 -- one failing variant must not lose the others
             row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         finally:
-            model = loader = steps_of = None
             gc.collect()
-            if cuda:
+            if device.type == "cuda":
                 torch.cuda.empty_cache()
         rows.append(row)
         if out:
@@ -501,55 +497,8 @@ def profile_group(name: str) -> str:
     return "other"
 
 
-def bench_profile(
-    model_name: str = "demo",
-    config: str = "full",
-    batch_size: int = 64,
-    steps: int = 3,
-    device: str = "auto",
-    compile: bool | str = False,
-    top: int = 15,
-    source_size: int = 32,
-    compile_mode: str = "default",
-    attention: str = "auto",
-    precision: str = "autocast",
-    fused: str = "auto",
-    graph: bool = False,
-) -> dict:
-    """Where a training step's time goes: ``step.training_step`` on synthetic images through
-    the ``DeviceLoader`` (the step ``bench finetune`` times), profiled with ``torch.profiler``.
-
-    On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
-    ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
-    entries; ``time_ms_per_step`` is the profiled time per step (kernel time on CUDA, so launch
-    gaps are not in it) and ``wall_ms_per_step`` the wall time of the same steps run unprofiled
-    just before (on CUDA, the difference is the time the GPU waits between kernels).
-    """
-    components.check_config(config)  # before any work
-    device = resolve_device(device)
-    cuda = device.type == "cuda"
-    # recorded as what ran
-    options = StepOptions(compile, compile_mode, attention, precision, fused, graph).checked(device)
-    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
-    size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(
-        synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
-    )
-    steps_of = library_steps(model, config, loader, batch_size, device, options)
-
-    def run(first: int, count: int) -> None:
-        steps_of(first, count)
-        sync(device)
-
-    # the profiler's first use after a graph's capture can miss or break the graph's kernels (pytorch#75504)
-    if options.graph:
-        with profile():
-            pass
-    run(0, max(2, warmup_steps(options)))  # warm-up (compilation, a graph's capture)
-    wall = Timed(lambda: run(1, steps), device)
-    wall()  # the same steps unprofiled: wall time against the profiled time shows the gaps between kernels
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
-        run(1, steps)
+def _self_times(profiler, cuda: bool) -> dict[str, float]:
+    """The self time of each kernel (``cuda``) or ATen op (CPU) that a profile recorded, by name."""
     times: dict[str, float] = {}
     for event in profiler.key_averages():
         if cuda != (event.device_type.name == "CUDA"):
@@ -557,16 +506,60 @@ def bench_profile(
         spent = event.self_device_time_total if cuda else event.self_cpu_time_total
         if spent > 0:
             times[event.key] = times.get(event.key, 0.0) + spent
-    total = sum(times.values())
-    if not total:
+    if not times:
         raise RuntimeError("the profiler recorded no time; is this PyTorch build's profiler working?")
+    return times
+
+
+def bench_profile(
+    model_name: str = "demo",
+    component: str = "full",
+    batch_size: int = 64,
+    steps: int = 3,
+    device: str = "auto",
+    options: StepOptions = StepOptions(),
+    top: int = 15,
+    source_size: int = 32,
+) -> dict:
+    """Where a training step's time goes: the library's step for ``component`` with ``options``
+    (``library_steps``, the step ``bench finetune`` times) on synthetic images through the
+    ``DeviceLoader``, profiled with ``torch.profiler``.
+
+    On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
+    ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
+    entries; ``time_ms_per_step`` is the profiled time per step (kernel time on CUDA, so launch
+    gaps are not in it) and ``wall_ms_per_step`` the wall time of the same steps run unprofiled
+    just before (on CUDA, the difference is the time the GPU waits between kernels).
+    """
+    check_run_component(component)  # before any work
+    device = resolve_device(device)
+    cuda = device.type == "cuda"
+    options = options.checked(device)  # recorded as what ran
+    model = set_trainable(models.create_model(model_name, pretrained=False, num_classes=10).to(device), component)
+    size = model.patch_embed.img_size[0]
+    loader = DeviceLoader(
+        synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
+    )
+    steps_of = library_steps(model, loader, options)
+
+    def run(first: int, count: int) -> None:
+        steps_of(first, count)
+        sync(device)
+
+    run(0, max(2, warmup_steps(options)))  # warm-up (compilation)
+    wall = Timed(lambda: run(1, steps), device)
+    wall()  # the same steps unprofiled: wall time against the profiled time shows the gaps between kernels
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as profiler:
+        run(1, steps)
+    times = _self_times(profiler, cuda)
+    total = sum(times.values())
     groups = {group: 0.0 for group in PROFILE_GROUPS}
     for name, spent in times.items():
         groups[profile_group(name)] += spent
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
         "model": f"{model_name} ({size}px, random weights)",
-        "config": config,
+        "component": component,
         "batch_size": batch_size,
         "device": device_name(device),
         **asdict(options),
@@ -593,15 +586,6 @@ def bench_kernels(
     the bias gradient), timm's strided q/k/v head gradients for ``qkv_heads_backward``. Milliseconds
     are the median of ``torch.utils.benchmark``'s blocked autorange; GB/s counts the bytes each op
     must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
-
-    The SGD update of all the model's parameters with bf16 master weights (clipping at norm 1, the
-    update, the bf16 copy) is timed as a training step runs it (``step.clip_and_update``), unfused
-    (the gradients copied to the fp32 masters, ``clip_grad_norm_``, ``torch.optim.SGD``, the masters
-    copied back) and fused (``step.FusedSGD``: the norm, then one pass per parameter); GB/s counts
-    the 22 bytes per parameter that the job must move (a bf16 gradient read twice, an fp32 weight and
-    momentum read and written, a bf16 copy written). Timed eagerly, both include the host's kernel launches
-    (one per parameter fused), which a training step mostly hides behind its backward; on CUDA both are also timed
-    replayed from a CUDA graph (as ``graph=True`` runs them), which leaves the device's time alone.
     """
     # imported here, not at the top: torch.utils.benchmark imports torch.utils.cpp_extension, which
     # logs "No CUDA runtime is found" where a CUDA build of PyTorch runs without a GPU; at the top,
@@ -622,14 +606,6 @@ def bench_kernels(
         )
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads
-    master = MasterWeights(model.to(device))  # fp32 masters and their bf16 copy, all trainable
-    del model, block
-    gradients = torch.Generator(device).manual_seed(1)
-    for copied in master.copies:
-        copied.grad = torch.randn(copied.shape, device=device, generator=gradients).to(copied.dtype)
-    unfused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device)
-    fused_sgd = finetune.make_optimizer(master.masters, 1e-4, 0.9, device, fused_update=True)
-    parameters = sum(p.numel() for p in master.masters)
     rows, dtype = batch_size * tokens, torch.bfloat16
     generator = torch.Generator(device).manual_seed(0)
     mm = torch.randn(rows, hidden, device=device, dtype=dtype, generator=generator)
@@ -643,30 +619,15 @@ def bench_kernels(
         "bias_gelu backward (+ bias gradient)": (lambda: bias_gelu_backward(grad, mm, bias), 6 * mm.numel()),
         "qkv_heads_backward (+ bias gradient)": (lambda: qkv_heads_backward(dq, dk, dv), 4 * packed.numel()),
     }
-    updates = {
-        f"SGD update with bf16 masters, {name}": (
-            lambda optimizer=optimizer: clip_and_update(optimizer, master.masters, 1.0, master)
-        )
-        for name, optimizer in (("unfused", unfused_sgd), ("fused (FusedSGD)", fused_sgd))
-    }
-    ops |= {name: (update, 22 * parameters) for name, update in updates.items()}
-    errors = {}
     if cuda:
         inductor = torch.compile(lambda a, b: torch.nn.functional.gelu(a + b))
         ops["inductor's bias + GELU forward"] = (lambda: inductor(mm, bias), 4 * mm.numel())
-        # without the host's launches (one per parameter fused, a few per step unfused)
-        for name, update in updates.items():
-            try:
-                ops[f"{name}, replayed from a CUDA graph"] = (_graphed(update, device), 22 * parameters)
-            except RuntimeError as error:  # a step that cannot be recorded: say so, time the rest
-                errors[f"{name}, replayed from a CUDA graph: error"] = str(error).splitlines()[0][:300]
     result = {
         "model": model_name,
         "batch_size": batch_size,
         "rows": rows,
         "hidden": hidden,
         "heads": heads,
-        "parameters": parameters,
         "device": device_name(device),
         "torch": torch.__version__,
         "ops": "Triton kernels" if cuda and triton_available() else "PyTorch reference",
@@ -676,19 +637,4 @@ def bench_kernels(
         seconds = Timer(stmt="run()", globals={"run": run}).blocked_autorange(min_run_time=min_run_time).median
         result[f"{name}: ms"] = round(seconds * 1e3, 4)
         result[f"{name}: GB/s"] = round(nbytes / seconds / 1e9, 1)
-    return result | errors
-
-
-def _graphed(run, device: torch.device):
-    """``run`` recorded into a CUDA graph (after three runs on a side stream, as PyTorch asks:
-    kernels compiled, state allocated); returns the graph's replay."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph.replay
+    return result

@@ -22,11 +22,6 @@ passes (a stack kernel and a reduction that reads the head gradients again). ``l
 puts it into a ViT's attention through ``QkvHeads``, an autograd function over the projection and
 its split.
 
-``sgd_update(grad, param, buf, lr, scale, momentum, first, copy)`` is the SGD step after
-clipping, in one pass per parameter: the gradient (bf16 for master weights) times clipping's
-factor, the momentum, the parameter and, for master weights, its bf16 copy for the next forward.
-``step.FusedSGD`` runs it (``fused="update"``); unfused, the same work is five passes.
-
 The Triton kernels run on a CPU too under Triton's interpreter (``TRITON_INTERPRET=1``), which
 is how the tests check them without a GPU.
 """
@@ -87,8 +82,7 @@ def triton_available() -> bool:
 
 @functools.cache
 def _triton_kernels():
-    """The Triton kernels, compiled on first use (Triton is imported only then). Their
-    constants are ``SQRT_HALF`` and ``INV_SQRT_2PI`` written out (a kernel reads no Python globals)."""
+    """The Triton kernels, compiled on first use; ``SQRT_HALF`` and ``INV_SQRT_2PI`` written out (no globals)."""
     import triton
     import triton.language as tl
 
@@ -166,40 +160,7 @@ def _triton_kernels():
             total += tl.sum(g.to(tl.float32), axis=0)
         tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * (3 * C) + column + cols, total, mask=cols < C)
 
-    @triton.jit
-    def sgd_kernel(
-        grad_ptr,
-        param_ptr,
-        buf_ptr,
-        copy_ptr,
-        lr_ptr,
-        scale_ptr,
-        momentum,
-        total,
-        FIRST: tl.constexpr,
-        COPY: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        # one parameter, in place: g = grad * scale; buf = g on the first step, else momentum * buf + g;
-        # param -= lr * buf; and the updated param, rounded (to nearest even), into its copy
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offsets < total
-        scale = tl.load(scale_ptr).to(tl.float32)
-        lr = tl.load(lr_ptr).to(tl.float32)
-        g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * scale
-        if FIRST:
-            buf = g
-        else:
-            buf = tl.load(buf_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * momentum + g
-        param = tl.load(param_ptr + offsets, mask=mask, other=0.0).to(tl.float32) - lr * buf
-        tl.store(buf_ptr + offsets, buf.to(buf_ptr.dtype.element_ty), mask=mask)
-        tl.store(param_ptr + offsets, param.to(param_ptr.dtype.element_ty), mask=mask)
-        if COPY:
-            tl.store(copy_ptr + offsets, param.to(copy_ptr.dtype.element_ty), mask=mask)
-
-    return SimpleNamespace(
-        triton=triton, forward=forward_kernel, backward=backward_kernel, stack=stack_kernel, sgd=sgd_kernel
-    )
+    return SimpleNamespace(triton=triton, forward=forward_kernel, backward=backward_kernel, stack=stack_kernel)
 
 
 def _matrix(t: torch.Tensor) -> torch.Tensor:
@@ -445,96 +406,3 @@ class QkvHeads(torch.autograd.Function):
         dweight = (matrix.t() @ xc.reshape(-1, xc.shape[-1])).to(weight_dtype) if need_weight else None
         dbias = sums.to(bias_dtype) if need_bias else None
         return dx, dweight, dbias, None
-
-
-# The SGD update with clipping, in one pass per parameter: ``sgd_update``.
-
-
-def sgd_update_reference(
-    grad: torch.Tensor,
-    param: torch.Tensor,
-    buf: torch.Tensor,
-    lr: torch.Tensor,
-    scale: torch.Tensor,
-    momentum: float,
-    first: bool,
-    copy: torch.Tensor | None = None,
-) -> None:
-    """One parameter's update, in place, in PyTorch (the reference the kernel is tested against,
-    and what a CPU runs): the gradient in ``param``'s dtype times ``scale`` (clipping's factor),
-    ``buf`` the momentum (the gradient itself on the ``first`` step), ``param -= lr * buf``, and
-    the updated ``param`` rounded into ``copy`` when given. ``lr`` and ``scale`` are 0-d tensors."""
-    g = grad.to(param.dtype) * scale.to(param.dtype)
-    if first:
-        buf.copy_(g)
-    else:
-        buf.mul_(momentum).add_(g)
-    param.sub_(lr.to(param.dtype) * buf)
-    if copy is not None:
-        copy.copy_(param)
-
-
-def sgd_update_triton(
-    grad: torch.Tensor,
-    param: torch.Tensor,
-    buf: torch.Tensor,
-    lr: torch.Tensor,
-    scale: torch.Tensor,
-    momentum: float,
-    first: bool,
-    copy: torch.Tensor | None = None,
-) -> None:
-    """``sgd_update_reference`` by the Triton kernel: one pass reads the gradient, the parameter and
-    its momentum and writes the parameter, the momentum and the copy (contiguous tensors)."""
-    ops = _triton_kernels()
-    if param.numel():
-        ops.sgd[(ops.triton.cdiv(param.numel(), BLOCK),)](
-            grad,
-            param,
-            buf,
-            param if copy is None else copy,
-            lr,
-            scale,
-            float(momentum),
-            param.numel(),
-            FIRST=bool(first),
-            COPY=copy is not None,
-            BLOCK=BLOCK,
-            num_warps=WARPS,
-        )
-
-
-def _check_update(grad: torch.Tensor, param: torch.Tensor, buf: torch.Tensor, copy: torch.Tensor | None) -> None:
-    same = [t for t in (grad, buf, copy) if t is not None]
-    if any(t.shape != param.shape or t.device != param.device or not t.is_contiguous() for t in [param, *same]):
-        given = [grad, param, buf] + ([copy] if copy is not None else [])
-        raise ValueError(
-            "sgd_update needs contiguous gradient, parameter, momentum and copy of one shape and device; got "
-            f"{[(tuple(t.shape), str(t.device), t.is_contiguous()) for t in given]}"
-        )
-    if buf.dtype != param.dtype:
-        raise ValueError(f"sgd_update keeps the momentum in the parameter's dtype ({param.dtype}), got {buf.dtype}")
-
-
-def sgd_update(
-    grad: torch.Tensor,
-    param: torch.Tensor,
-    buf: torch.Tensor,
-    lr: torch.Tensor,
-    scale: torch.Tensor,
-    momentum: float,
-    first: bool,
-    copy: torch.Tensor | None = None,
-) -> None:
-    """SGD with momentum (no weight decay, dampening or Nesterov: ``torch.optim.SGD``'s arithmetic),
-    clipping's factor and, for master weights, the rounded copy, in place in one pass: the Triton
-    kernel for fp32 (or bf16/fp16) parameters on CUDA, ``sgd_update_reference`` otherwise.
-
-    Unfused, with master weights, the same update is five passes over the parameters (the bf16
-    gradient copied to fp32, its norm, the clipping product, the fused SGD kernel, the copy back to
-    bf16), about 44 bytes per parameter against this kernel's 20 and the norm's 2."""
-    _check_update(grad, param, buf, copy)
-    if param.is_cuda and _on_triton(param.dtype) and _on_triton(grad.dtype) and triton_available():
-        sgd_update_triton(grad, param, buf, lr, scale, momentum, first, copy)
-    else:
-        sgd_update_reference(grad, param, buf, lr, scale, momentum, first, copy)

@@ -2,8 +2,8 @@
 
 ``StepOptions`` holds them: ``compile`` (torch.compile of the model or of each block),
 ``compile_mode``, ``attention`` (the scaled-dot-product attention kernel), ``precision``
-(``PRECISIONS``: "fp32", the paper's; beyond it "tf32", "autocast" and "bf16"), ``fused`` (our
-fused ops, ``kernels``) and ``graph`` (replay from a CUDA graph).
+(``PRECISIONS``: "fp32", the paper's and every default's; beyond it "tf32", "autocast" and "bf16")
+and ``fused`` (our fused ops, ``kernels``).
 ``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
 ("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
 of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
@@ -64,31 +64,16 @@ OWN_COMPILE_MODES = {
     # them: the fused LayerNorm, GELU and residual kernels that bound a bf16 ViT step; longer
     # compilation for a few % more images/s (docs/benchmarks.md)
     "coordinate-descent": {"coordinate_descent_tuning": True},
-    # programmatic dependent launch (Hopper and later): each of inductor's kernels may start while the
-    # one before it finishes, waiting for its data only where it reads it; for the time between
-    # kernels. Not yet measured here (docs/benchmarks.md); on older GPUs inductor leaves it out
-    "pdl": {"triton.enable_pdl": True},
-    "coordinate-descent-pdl": {"coordinate_descent_tuning": True, "triton.enable_pdl": True},
 }
 
 
-def _inductor_knows(options: dict) -> bool:
-    """Whether this PyTorch's inductor has every one of these options (older ones lack some)."""
-    try:
-        known = torch._inductor.config.get_config_copy()
-    except AttributeError:
-        return True
-    return all(name in known for name in options)
-
-
 def compile_modes() -> tuple[str, ...]:
-    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and those of
-    ``OWN_COMPILE_MODES`` whose options its inductor has."""
+    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and ``OWN_COMPILE_MODES``."""
     try:
         modes = tuple(torch._inductor.list_mode_options())
     except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
         modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-    return modes + tuple(mode for mode, options in OWN_COMPILE_MODES.items() if _inductor_knows(options))
+    return modes + tuple(OWN_COMPILE_MODES)
 
 
 def check_compile_mode(mode: str) -> str:
@@ -130,22 +115,12 @@ def check_precision(precision: str, device: torch.device | None = None) -> str:
     return precision
 
 
-def _graphs_of_its_own(mode: str) -> bool:
-    """Whether ``torch.compile``'s ``mode`` records CUDA graphs itself (reduce-overhead, max-autotune)."""
-    if mode == "default" or mode in OWN_COMPILE_MODES:
-        return False
-    try:
-        return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
-    except (AttributeError, RuntimeError):  # a PyTorch without the listing: the modes of torch 2.x that do
-        return mode in ("reduce-overhead", "max-autotune")
-
-
 # our fused ops (``kernels``) that a step may use, by name: each takes passes over the data that
-# PyTorch leaves apart and makes them one. "gelu" and "qkv" are the model's (``step.fuse``),
-# "update" is the optimizer's (``FusedSGD``).
-FUSED_PARTS = ("gelu", "qkv", "update")
+# PyTorch leaves apart and makes them one, in the model's blocks (``step.fuse``): "gelu", fc1's bias
+# and GELU; "qkv", the q/k/v projection's split into heads
+FUSED_PARTS = ("gelu", "qkv")
 FUSED_CHOICES = ("auto", "none", "all", *FUSED_PARTS)  # and parts joined by "+", e.g. "gelu+qkv"
-# what "auto" means on CUDA: the ops measured faster there (docs/benchmarks.md); "update" is not yet measured on a GPU
+# what "auto" means on CUDA: the ops measured faster there (docs/benchmarks.md)
 AUTO_FUSED_CUDA = ("gelu", "qkv")
 
 
@@ -166,7 +141,7 @@ def fused_parts(fused: str) -> tuple[str, ...]:
 
 
 def _fused_name(parts: tuple[str, ...]) -> str:
-    return "none" if not parts else "all" if set(parts) == set(FUSED_PARTS) else "+".join(parts)
+    return "+".join(parts) or "none"
 
 
 def check_fused(fused: str, device: torch.device | None = None) -> str:
@@ -183,22 +158,9 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
     return fused
 
 
-def check_graph(graph: bool, device: torch.device | None = None) -> bool:
-    """``graph`` if it is a bool, and False or on a CUDA device (graphs are CUDA's); otherwise a
-    ValueError that says what is valid."""
-    if not isinstance(graph, bool):
-        raise ValueError(f"graph must be True or False, got {graph!r}")
-    if graph and device is not None and torch.device(device).type != "cuda":
-        raise ValueError(
-            f"graph=True replays steps from a CUDA graph and needs a CUDA device, not {torch.device(device).type!r}; "
-            "use graph=False there"
-        )
-    return graph
-
-
 def resolve_fused(fused: str, device: torch.device) -> str:
-    """What ``fused`` means on ``device``, written one way ("none", "all", or parts joined by "+" in
-    ``FUSED_PARTS``' order): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
+    """What ``fused`` means on ``device``, written one way ("none", or its parts joined by "+" in
+    ``FUSED_PARTS``' order: "all" is "gelu+qkv"): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
     faster on a GPU: docs/benchmarks.md) and "none" elsewhere (on a CPU the ops run their PyTorch
     reference, which inductor's own code beats)."""
     if check_fused(fused, device) != "auto":
@@ -207,22 +169,18 @@ def resolve_fused(fused: str, device: torch.device) -> str:
     return _fused_name(AUTO_FUSED_CUDA if cuda else ())
 
 
-def fuses_update(fused: str, device: torch.device) -> bool:
-    """Whether ``fused`` on ``device`` includes the fused SGD update ("update": ``FusedSGD``)."""
-    return "update" in fused_parts(resolve_fused(fused, device))
-
-
 @dataclass(frozen=True)
 class StepOptions:
-    """How a training step runs, not what it trains: ``Config``'s fields of the same names, passed
-    whole from ``train`` and the benchmarks to ``make_forward``, ``step_context`` and ``make_step``."""
+    """How a training step runs, not what it trains: ``Config``'s fields of the same names
+    (``Config.step_options``). Passed whole to what builds a step (``step.make_step``,
+    ``step.make_forward``) and to the step benchmarks (``bench_step``); ``step_context`` takes the
+    two that shape a forward pass (attention, precision)."""
 
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
     attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
     precision: str = "fp32"  # PRECISIONS
     fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
-    graph: bool = False  # replay steps from a CUDA graph (make_step, GraphedStep)
 
     def checked(self, device: torch.device) -> "StepOptions":
         """These options with every choice checked for ``device`` before any work (a ValueError
@@ -232,20 +190,13 @@ class StepOptions:
         check_compile_mode(self.compile_mode)
         check_attention(self.attention, device)
         check_precision(self.precision, device)
-        check_graph(self.graph, device)
-        if self.graph and compile_choice(self.compile) != "none" and _graphs_of_its_own(self.compile_mode):
-            raise ValueError(
-                f"compile_mode={self.compile_mode!r} records CUDA graphs of its own, which cannot be recorded "
-                "inside graph=True's; use graph=True with a mode without them (default, coordinate-descent, "
-                "max-autotune-no-cudagraphs) or graph=False"
-            )
         return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
 
 
 STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))
 
 
-PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": "none", "graph": False}}
+PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": "none"}}
 """Named step options: "auto", ``StepOptions``' defaults (our fused ops where they are measured
 faster: on CUDA); "none", PyTorch as it is. More in ``parameters/speed/<name>.yaml``."""
 
