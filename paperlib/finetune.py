@@ -5,7 +5,7 @@
     metrics = finetune.run(Config(component="mha", lr=0.03))
 
 The protocol: the pretrained model with a new classification head; trainable = the chosen
-component in every block + the head + the final LayerNorm (``set_trainable``; or, beyond the
+component in every block + the head + the final LayerNorm (``lora.set_run_trainable``; or, beyond the
 paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
 decay (built by ``speed.make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
@@ -44,12 +44,6 @@ from .runs import METRICS, PARAMS, WEIGHTS, Config
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
-
-
-def set_trainable(model: nn.Module, component: str, lora_rank: int = 0) -> nn.Module:
-    """Freeze all but what a run of ``component`` trains: the component (``components.set_trainable``)
-    or, with ``lora_rank``, the LoRA updates that the model carries beside it (``lora.set_trainable``)."""
-    return lora.set_trainable(model) if lora_rank else components.set_trainable(model, component)
 
 
 def network(config: Config, num_classes: int) -> nn.Module:
@@ -284,7 +278,6 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     params = runs.run_record(config)
     device = torch.device(config.device)
-    cuda = device.type == "cuda"
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     torch.manual_seed(config.seed)
 
@@ -298,7 +291,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
     # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
     runs.start(config, params)
-    set_trainable(model, config.component, config.lora_rank)
+    lora.set_run_trainable(model, config.component, config.lora_rank)
 
     # the optimizer and a step as fast as the run's options make it, and the schedule
     step_fn = speed.make_step(
@@ -316,19 +309,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
-    start_step, rows, best = 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
-    saved = runs.load_checkpoint(config, params, side, device)
-    if saved is not None:
-        model.load_state_dict(saved["model"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["schedule"])
-        start_step, rows, best = saved["step"], saved["history"], saved["best"]
-        # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
-        if "rng" in saved:
-            torch.set_rng_state(saved["rng"]["cpu"])
-            if cuda and saved["rng"].get("cuda") is not None:
-                torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
-        step_fn.loaded()
+    start_step, rows, best = _resume(config, params, side, model, step_fn, schedule)
 
     # the loop
     status, start, seen = "finished", time.perf_counter(), 0
@@ -344,11 +325,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         schedule.step()
         seen += len(images)
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
-        # every eval_every steps, as the authors' loop (none after the last step unless it is one of them),
-        # and at the end of a run too short for one
-        evaluation = (step + 1) % config.eval_every == 0 or (
-            step + 1 == config.steps and config.eval_every > config.steps
-        )
+        evaluation = evaluates(step + 1, config)
         if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
             status = "diverged"
             break
@@ -360,21 +337,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             current = _trainable_state(model)
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
-            rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if cuda else None}
-            runs.save_checkpoint(
-                config,
-                {
-                    "params": params,
-                    "step": step + 1,
-                    "history": rows,
-                    "best": best,
-                    "rng": rng,
-                    "cache_side": side,
-                    "model": current,
-                    "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(),
-                },
-            )
+            state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
+            _checkpoint(config, state | {"model": current}, optimizer, schedule)
             if progress:
                 steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
     steps.close()
@@ -386,32 +350,74 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
-    metrics = {
+    measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
+    metrics = _metrics(config, status, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
+    runs.record(config, rows, best, metrics)
+    return model, metrics
+
+
+def evaluates(step: int, config: Config) -> bool:
+    """Whether a run validates after ``step`` steps: every ``eval_every`` steps, as the authors' loop
+    (none after the last step unless it is one of them), and at the end of a run too short for one."""
+    return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
+
+
+def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
+    """(first step, history rows, best checkpoint) of ``config``'s run: where its last checkpoint left
+    it, the model, optimizer, schedule and random generators restored, or the start."""
+    device = torch.device(config.device)
+    saved = runs.load_checkpoint(config, params, side, device)
+    if saved is None:
+        return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
+    model.load_state_dict(saved["model"], strict=False)
+    step_fn.optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+    if "rng" in saved:
+        torch.set_rng_state(saved["rng"]["cpu"])
+        if device.type == "cuda" and saved["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
+    step_fn.loaded()
+    return saved["step"], saved["history"], saved["best"]
+
+
+def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
+    """Save ``config``'s run where it is (``state``: step, history, best, trainable weights...), with its
+    optimizer, schedule and random generators, for ``_resume``."""
+    device = torch.device(config.device)
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    state = state | {"rng": rng, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
+    runs.save_checkpoint(config, state)
+
+
+def _metrics(config: Config, status: str, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
+    """A run's ``metrics.json``: how it ended, the test (loss, accuracy) of its best-validation
+    checkpoint, and how it ran (``measured``: wall seconds, images seen, threads, cache side, mean/std)."""
+    device = torch.device(config.device)
+    return {
         "status": status,
         "diverged_step": rows[-1]["step"] if status == "diverged" else None,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
         "best_step": best["step"],
-        "test_accuracy": test_accuracy,
-        "test_loss": test_loss,
+        "test_accuracy": test[1],
+        "test_loss": test[0],
         "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
         "micro_batch": step_fn.micro,
         "num_classes": num_classes,
-        "wall_seconds": round(wall, 2),
-        "images_per_second": round(seen / wall, 1) if wall > 0 else None,
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "wall_seconds": round(measured["wall"], 2),
+        "images_per_second": round(measured["seen"] / measured["wall"], 1) if measured["wall"] > 0 else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": config.precision,
         "optimizer": config.optimizer,
         "lora_rank": config.lora_rank,
         "normalize": config.normalize,
-        "cache_side": side,
+        "cache_side": measured["side"],
         "weights": None,  # the weights file, if kept: runs.record
-        "mean": list(mean_std[0]),
-        "std": list(mean_std[1]),
-        "threads": threads_used,  # CPU threads: on a CPU their number changes the last digits
+        "mean": list(measured["mean_std"][0]),
+        "std": list(measured["mean_std"][1]),
+        "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
         "torch": torch.__version__,
     }
-    runs.record(config, rows, best, metrics)
-    return model, metrics
 
 
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)

@@ -174,6 +174,13 @@ def set_trainable(model: nn.Module) -> nn.Module:
     return model
 
 
+def set_run_trainable(model: nn.Module, component: str, rank: int = 0) -> nn.Module:
+    """Freeze all but what a finetuning run of ``component`` trains: the component
+    (``components.set_trainable``) or, with ``rank``, the LoRA updates that the model carries beside it
+    (``set_trainable``). Returns the model."""
+    return set_trainable(model) if rank else components.set_trainable(model, component)
+
+
 def merge(model: nn.Module) -> nn.Module:
     """Fold every LoRA update into its weight matrix (peft's ``merge``) and put the plain linear
     layer back, in place: a timm ViT with its usual parameter names and the same function (to

@@ -30,7 +30,7 @@ from dataclasses import asdict
 import pandas as pd
 import torch
 
-from . import finetune, lora, models, paths, runs
+from . import lora, models, paths, runs
 from .loader import DeviceLoader
 from .speed.bench_step import library_steps, synthetic_train_set
 from .speed.clock import device_name, median_seconds
@@ -155,7 +155,7 @@ def _device_here(device: str) -> str | None:
 
 def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     """Training images/s of ``config``'s step on its device: the step as ``finetune.train`` builds it
-    (``finetune.set_trainable``, then ``bench_step.library_steps``, at the whole batch), on random weights
+    (``lora.set_run_trainable``, then ``bench_step.library_steps``, at the whole batch), on random weights
     with a 10-class head and a batch of synthetic uint8 images at the model's resolution (or ``image_size``),
     timed over ``timing_steps`` steps after its warm-up (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
@@ -165,7 +165,7 @@ def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     size = config.image_size or model.patch_embed.img_size[0]
     loader = DeviceLoader(synthetic_train_set(config.batch_size, size), config.batch_size, True, size, device)
     options = config.checked_options
-    finetune.set_trainable(model, config.component, config.lora_rank)
+    lora.set_run_trainable(model, config.component, config.lora_rank)
     steps = library_steps(model, loader, options)
     warmup = warmup_steps(options)
     seconds = median_seconds({"step": (lambda: steps(warmup, timing_steps), lambda: steps(0, warmup))}, device)

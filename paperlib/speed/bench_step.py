@@ -199,18 +199,19 @@ def bench_finetune(
         "peak_tflops_bf16": peak,
         "lora_rank": lora_rank,
     }
-    train_only = lora.set_trainable if lora_rank else set_trainable  # what a run of the component trains
     for component in components:
         if lora_rank:
             model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank)
             plain_model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank) if plain else None
-        train_only(model, component)
+        lora.set_run_trainable(model, component, lora_rank)
         flops = step_flops(model, *fast.batch(0))
         train_steps = library_steps(model, fast, options)
         warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
         runs = {"library": (lambda: train_steps(1, steps), warmup)}
         if plain:
-            runs["plain"] = _plain_run(train_only(plain_model, component), plain_loader, steps, device)
+            runs["plain"] = _plain_run(
+                lora.set_run_trainable(plain_model, component, lora_rank), plain_loader, steps, device
+            )
         rates = {name: batch_size * steps / value for name, value in median_seconds(runs, device, repeats).items()}
         if plain:
             result[f"{component}_plain_images_per_s"] = round(rates["plain"], 1)
