@@ -9,9 +9,9 @@ Where component-wise finetuning (``components.set_trainable``) trains a componen
 themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
 ``r``, scaled by ``alpha / r``) beside each of the component's weight matrices, through the
 field's library, peft (``inject_adapter_in_model``: the model stays a timm ViT, its linear layers
-wrapped in peft's ``lora.Linear``). The rest of the protocol is the component-wise one: the new
-head and the final LayerNorm train too, everything else is frozen. ``B`` starts at zero, so the
-model starts as the pretrained one.
+wrapped in peft's ``lora.Linear``, less a multiplication by a scale of 1: ``add_lora``). The rest
+of the protocol is the component-wise one: the new head and the final LayerNorm train too,
+everything else is frozen. ``B`` starts at zero, so the model starts as the pretrained one.
 
 The weight matrices of each configuration (``TARGETS``): ``mha``, the attention's q/k/v (one
 fused matrix, or three) and output projections; ``fc1`` and ``fc2``, the feedforward layers; ``full``, all four
@@ -22,9 +22,11 @@ saving with ``models.save_model``...).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pandas as pd
+import torch
 from torch import nn
 
 from . import components
@@ -149,7 +151,38 @@ def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dr
         bias="none",
         target_modules=target_names(model, component),
     )
+    settings._register_custom_module({nn.Linear: _linear_layer()})  # peft's way to choose its layer
     return inject_adapter_in_model(settings, model)
+
+
+@functools.cache
+def _linear_layer() -> type:
+    """The layer ``add_lora`` puts in place of each linear layer: peft's (``peft.tuners.lora.Linear``),
+    without its multiplication of the update ``B @ A x`` by the scale ``alpha / r`` when that is 1
+    (``alpha`` 0, the rank: the default). That multiplication is a pass over the layer's output
+    forward and another backward, which on a CPU cost more than the update's small products, and by 1
+    it changes no bit. Any other case (another scale, several adapters, a variant, merged or disabled
+    adapters, extra arguments) takes peft's own forward."""
+    from peft.tuners.lora import Linear
+
+    class UnitScaleLinear(Linear):
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
+            if (
+                args
+                or kwargs
+                or self.disable_adapters
+                or self.merged
+                or name not in self.lora_A
+                or name in self.lora_variant
+                or self.scaling[name] != 1
+            ):
+                return super().forward(x, *args, **kwargs)
+            result = self.base_layer(x)
+            x = self._cast_input_dtype(x, self.lora_A[name].weight.dtype)
+            return (result + self.lora_B[name](self.lora_A[name](self.lora_dropout[name](x)))).to(result.dtype)
+
+    return UnitScaleLinear
 
 
 def adapted_layers(model: nn.Module) -> list[nn.Module]:

@@ -1,10 +1,13 @@
 """LoRA on one component (paperlib.lora): what trains, what the updates compute, merging, the run's
 record and folder, resume, bad parameters."""
 
+import copy
+
 import pandas as pd
 import pytest
 import torch
 from test_finetune import interrupted, resumed, same_metrics
+from torch.overrides import TorchFunctionMode
 
 from paperlib import components, finetune, lora, models, specs, stats
 from paperlib import runs as run_files
@@ -71,6 +74,46 @@ def test_an_update_is_alpha_over_rank_times_b_a_and_merging_folds_it_into_the_we
     with torch.no_grad():
         assert torch.allclose(model(images()), before, atol=1e-5)
     assert torch.equal(model.blocks[1].mlp.fc2.weight, reference.blocks[1].mlp.fc2.weight)
+
+
+class Multiplications(TorchFunctionMode):
+    """Counts the tensor multiplications called while it is on."""
+
+    count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in ("mul", "__mul__", "mul_")
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_of_scale_1_is_not_multiplied_by_it_and_gives_peft_s_numbers(tiny_model):
+    # alpha = the rank (the default): peft's own layer multiplies the update by 1.0, a pass over the
+    # output each way; ours skips it, with peft's numbers to the bit, forward and backward
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.lora import Linear
+
+    ours, theirs = lora.add_lora(copy.deepcopy(tiny_model), "full", rank=4), tiny_model
+    inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=lora.target_names(theirs, "full")), theirs)
+    assert type(theirs.blocks[0].mlp.fc1) is Linear and type(ours.blocks[0].mlp.fc1) is not Linear
+    with torch.no_grad():
+        for layer in lora.adapted_layers(ours):
+            layer.lora_B.default.weight.normal_(generator=torch.Generator().manual_seed(3))
+    theirs.load_state_dict(ours.state_dict())
+    x, labels = images(4), torch.tensor([0, 1, 2, 0])
+    for model in (ours, theirs):
+        lora.set_trainable(model)
+        torch.nn.functional.cross_entropy(model(x), labels).backward()
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+    for (name, mine), (_, peft_s) in zip(ours.named_parameters(), theirs.named_parameters()):
+        assert (mine.grad is None and peft_s.grad is None) or torch.equal(mine.grad, peft_s.grad), name
+    tokens = torch.randn(2, 5, 64)
+    counts = []
+    for layer in (ours.blocks[0].mlp.fc1, theirs.blocks[0].mlp.fc1):
+        with Multiplications() as mode:
+            layer(tokens)
+        counts.append(mode.count)
+    assert counts == [0, 1]
 
 
 @pytest.mark.parametrize("component", ["mha", "fc2", "full"])
