@@ -412,15 +412,8 @@ def linear_probe(
     Returns a table with columns ``block`` (0-based), ``point`` and ``accuracy`` (test accuracy,
     a fraction), one row per block and point, in forward order.
     """
-    data.check_dataset(dataset)
-    wanted_points = check_points(points)
-    for value, valid, what in (pool, POOLS, "pool"), (train_split, TRAIN_SPLITS, "train_split"):
-        check_choice(value, valid, what)
-    check_choice(train_features, TRAIN_FEATURES, "train_features")
-    check_normalize(normalize)
     label = model if isinstance(model, str) else name
-    if label is not None:
-        paths.custom_name(label, "model")  # a valid folder name
+    wanted_points = check_options(label, dataset, points, pool, train_split, train_features, normalize)
     mean_std = model_mean_std(model, normalize)
     # the depth from the architecture alone (meta device: no weights): a cached table needs no model
     depth = len(components.blocks(models.architecture(model) if isinstance(model, str) else model))
@@ -449,15 +442,22 @@ def linear_probe(
         augment_seed = split_seed if train_features == "augmented" else None
         loaders = (pool, batch_size, device, num_workers)
         fitting = fit_missing(network, train, test, missing, loaders, augment_seed, split_seed, max_gib)
-        start, seconds = time.perf_counter(), metadata.get("seconds", 0.0)
-        for (index, point), accuracy, n_train, n_test in tqdm(
-            fitting, total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress
-        ):
-            table.loc[len(table)] = [index, point, accuracy]
-            if folder is not None:  # after every fit: an interrupted call resumes
-                elapsed = round(seconds + time.perf_counter() - start, 2)
-                save(table, folder, record | {"n_train": n_train, "n_test": n_test, "seconds": elapsed})
+        bar = tqdm(fitting, total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
+        add_fits(bar, table, folder, record | {"seconds": metadata.get("seconds", 0.0)})
         return tidy(table, wanted)
+
+
+def check_options(label, dataset, points, pool, train_split, train_features, normalize) -> tuple[str, ...]:
+    """``linear_probe``'s options checked before any work (a ValueError naming the valid choices);
+    returns the probe points asked for, in forward order."""
+    data.check_dataset(dataset)
+    for value, valid, what in (pool, POOLS, "pool"), (train_split, TRAIN_SPLITS, "train_split"):
+        check_choice(value, valid, what)
+    check_choice(train_features, TRAIN_FEATURES, "train_features")
+    check_normalize(normalize)
+    if label is not None:
+        paths.custom_name(label, "model")  # a valid folder name
+    return check_points(points)
 
 
 def probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std) -> dict:
@@ -495,6 +495,18 @@ def fit_missing(network, train, test, missing, loaders, augment_seed, split_seed
         )
         for item, accuracy in zip(group, fits):
             yield item, accuracy, len(train_y), len(test_y)
+
+
+def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> None:
+    """Add each fit of ``fits`` (``fit_missing``'s) to ``table`` and, with a ``folder``, save the table
+    after each one, so that an interrupted call resumes: its metadata is ``record`` with the images
+    fitted on and the seconds spent (``record["seconds"]``: those of earlier calls)."""
+    start = time.perf_counter()
+    for (index, point), accuracy, n_train, n_test in fits:
+        table.loc[len(table)] = [index, point, accuracy]
+        if folder is not None:
+            seconds = round(record["seconds"] + time.perf_counter() - start, 2)
+            save(table, folder, record | {"n_train": n_train, "n_test": n_test, "seconds": seconds})
 
 
 def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:

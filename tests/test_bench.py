@@ -367,13 +367,13 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
     assert [row["fused"] for row in rows] == ["none", "gelu+qkv"] and len(fused_into) == 2
 
 
-def test_step_flops_counted_on_one_image_are_the_whole_batchs():
+def test_step_flops_counted_on_one_image_are_the_whole_batchs(tiny_vit):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from paperlib import components, models
+    from paperlib import components
 
     torch.manual_seed(0)
-    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=10), "mha")
+    model = components.set_trainable(tiny_vit(num_classes=10), "mha")
     images, labels = torch.randn(6, 3, 32, 32), torch.randint(0, 10, (6,))
     counter = FlopCounterMode(display=False)
     with counter:

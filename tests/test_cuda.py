@@ -113,10 +113,10 @@ def test_host_images_go_through_reused_staging_buffers_unchanged():
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="host-device synchronisation exists on CUDA only")
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
-def test_a_training_step_never_makes_the_host_wait_for_the_device(precision):
+def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, tiny_vit):
     # the host must queue step after step: a blocking copy or read-back in the batch or the step
     # would leave the GPU idle while the host prepares the next one
-    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE)
+    model = tiny_vit(num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
     options = StepOptions(precision=precision).checked(DEVICE)
     forward = make_forward(model, options)
@@ -156,10 +156,10 @@ def test_images_of_different_sizes_on_the_device_equal_the_cpu():
 
 
 @pytest.mark.parametrize("attention", ["flash", "efficient", "cudnn", "math"])
-def test_attention_kernels_on_the_device_compute_the_same_function(attention):
+def test_attention_kernels_on_the_device_compute_the_same_function(attention, tiny_vit):
     if DEVICE.type != "cuda" and attention not in CPU_ATTENTION:
         pytest.skip(f"no {attention} kernel on a {DEVICE.type}")
-    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
+    model = tiny_vit(num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
     with torch.no_grad(), step_context(DEVICE, precision="autocast")():
         reference = model(images).float()
@@ -171,8 +171,8 @@ def test_attention_kernels_on_the_device_compute_the_same_function(attention):
     assert _relative_error(output, reference) < 2e-2  # bf16 autocast
 
 
-def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device():
-    model = models.create_model("demo", pretrained=False, num_classes=10).to(DEVICE).eval()
+def test_finetuning_embeds_patches_with_a_matrix_product_on_the_device(tiny_vit):
+    model = tiny_vit(num_classes=10).to(DEVICE).eval()
     images = torch.randn(8, 3, 32, 32, device=DEVICE)
     with torch.no_grad(), step_context(DEVICE, precision="autocast")():
         reference = model(images).float()
@@ -350,8 +350,8 @@ def test_finetuning_with_our_fused_ops_on_the_device_follows_the_plain_run(
     assert np.allclose(fused_losses, losses, rtol=5e-2, atol=1e-2)
 
 
-def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu():
-    model = models.create_model("demo", pretrained=False)
+def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu(tiny_vit):
+    model = tiny_vit()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib import components, finetune, lora, models, runs
+from paperlib import components, finetune, lora, runs
 from paperlib.speed import kernels, layers, options
 from paperlib.speed.options import StepOptions, fused_parts, resolve_fused
 from paperlib.speed.step import fuse
@@ -179,9 +179,9 @@ def test_triton_kernels_match_autograd_of_gelu(triton_results):
         assert case["deterministic"]
 
 
-def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
+def test_fused_feedforward_is_the_same_function_with_the_same_parameters(tiny_vit):
     torch.manual_seed(0)
-    model = models.create_model("demo", pretrained=False, num_classes=3).double()
+    model = tiny_vit(num_classes=3).double()
     images = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     expected_out = model(images)
     expected_out.square().sum().backward()
@@ -210,19 +210,19 @@ def test_fused_feedforward_is_the_same_function_with_the_same_parameters():
     "fused, fused_types",
     [("gelu", (layers.BiasGeluMlp,)), ("qkv", (layers.QkvFusedAttention,)), ("none", ()), ("auto", ())],
 )  # auto on a CPU: none (inductor's own code is faster there)
-def test_each_fusion_alone(fused, fused_types):
-    model = fuse(models.create_model("demo", pretrained=False), fused)
+def test_each_fusion_alone(fused, fused_types, tiny_vit):
+    model = fuse(tiny_vit(), fused)
     kinds = {type(block.mlp) for block in model.blocks} | {type(block.attn) for block in model.blocks}
     assert {kind for kind in kinds if kind in (layers.BiasGeluMlp, layers.QkvFusedAttention)} == set(fused_types)
 
 
-def test_only_the_forms_the_ops_compute_are_fused():
-    model = models.create_model("demo", pretrained=False, act_layer=lambda: torch.nn.GELU(approximate="tanh"))
+def test_only_the_forms_the_ops_compute_are_fused(tiny_vit):
+    model = tiny_vit(act_layer=lambda: torch.nn.GELU(approximate="tanh"))
     layers.fuse_bias_gelu(model)
     assert not any(isinstance(block.mlp, layers.BiasGeluMlp) for block in model.blocks)  # another function: left alone
     with pytest.raises(ValueError, match="biased nn.Linear fc1 and nn.GELU"):
         layers.BiasGeluMlp(model.blocks[0].mlp)
-    model = models.create_model("demo", pretrained=False, qkv_bias=False)
+    model = tiny_vit(qkv_bias=False)
     layers.fuse_qkv(model)
     # no bias to sum: left alone
     assert not any(isinstance(block.attn, layers.QkvFusedAttention) for block in model.blocks)
@@ -231,9 +231,9 @@ def test_only_the_forms_the_ops_compute_are_fused():
     assert layers.fuse_bias_gelu(torch.nn.Linear(2, 2)) is not None  # no blocks: left as it is
 
 
-def test_fused_block_compiles_into_one_graph():
+def test_fused_block_compiles_into_one_graph(tiny_vit):
     torch.manual_seed(0)
-    block = models.create_model("demo", pretrained=False).blocks[0]
+    block = tiny_vit().blocks[0]
     tokens = torch.randn(2, 65, 64)
     expected = block(tokens)
     expected.square().sum().backward()
@@ -334,16 +334,16 @@ def test_fused_ops_leave_layers_with_lora_alone(tiny_model):
         assert torch.allclose(model(images), before, atol=1e-5)
 
 
-def test_lora_refuses_layers_that_already_run_fused_ops():
-    model = fuse(models.create_model("demo", pretrained=False), "gelu+qkv")  # fused layers read their weights
+def test_lora_refuses_layers_that_already_run_fused_ops(tiny_vit):
+    model = fuse(tiny_vit(), "gelu+qkv")  # fused layers read their weights
     with pytest.raises(ValueError, match="add LoRA before speed.step.fuse"):
         lora.add_lora(model, "fc1", rank=2)
     assert not any(hasattr(m, "lora_A") for m in model.modules())
     lora.add_lora(model, "fc2", rank=2)  # fc2 and proj are called as modules, even in the fused layers: fine
-    lora.add_lora(fuse(models.create_model("demo", pretrained=False), "qkv"), "fc1", rank=2)
+    lora.add_lora(fuse(tiny_vit(), "qkv"), "fc1", rank=2)
 
 
-def test_the_run_fuses_after_adding_lora(results, monkeypatch, small):
+def test_the_run_fuses_after_adding_lora(results, monkeypatch, small, tiny_vit):
     from paperlib import speed
 
     seen = []
@@ -355,4 +355,4 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch, small):
 
     monkeypatch.setattr(speed.step, "fuse", spy)
     finetune.run(small(component="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
-    assert seen and seen[0] == len(lora.target_names(models.create_model("demo", pretrained=False), "fc1"))
+    assert seen and seen[0] == len(lora.target_names(tiny_vit(), "fc1"))

@@ -58,10 +58,10 @@ def test_fast_rates_equal_the_plain_definition(request, fixture, size):
     assert torch.allclose(fast, plain, rtol=1e-4, atol=1e-6)
 
 
-def test_layer_norms_with_other_eps_or_no_gain_equal_the_plain_definition():
+def test_layer_norms_with_other_eps_or_no_gain_equal_the_plain_definition(tiny_vit):
     # the shortcut shares each LayerNorm's normalisation across blocks: it must key it by eps and
     # read a missing gain as ones
-    model = _perturb(models.create_model("demo", pretrained=False), seed=2)
+    model = _perturb(tiny_vit(), seed=2)
     d = model.embed_dim
     model.blocks[1].norm2 = torch.nn.LayerNorm(d, eps=1e-2, elementwise_affine=False)
     model.blocks[2].norm1 = torch.nn.LayerNorm(d, eps=0.5)
@@ -161,8 +161,8 @@ def test_tidy_table_and_summaries(demo):
     assert ranked["plasticity"].is_monotonic_decreasing
 
 
-def test_bad_inputs():
-    model = models.create_model("demo", pretrained=False)
+def test_bad_inputs(tiny_vit):
+    model = tiny_vit()
     x, y = _pairs(2)
     with pytest.raises(ValueError, match="valid inputs: embedding, in_situ"):
         plasticity.rates(model, x, y, inputs="forward")

@@ -67,7 +67,7 @@ def test_compiled_model_trains_like_the_eager_one(
 
 @pytest.mark.parametrize("how", ["model", "blocks"])
 @pytest.mark.parametrize("order", [("linear", "full", "mha"), ("full", "linear", "ln1")])
-def test_components_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch):
+def test_components_compiled_one_after_another_train_their_own_parameters(order, how, monkeypatch, tiny_vit):
     # Real dynamo guards and AOTAutograd, which fixes at trace time which inputs get gradients
     # (the "aot_eager" backend: no compiler needed; plain "eager" runs autograd at run time and
     # would hide a stale graph). A graph compiled for one set of trainable parameters must not be
@@ -76,9 +76,9 @@ def test_components_compiled_one_after_another_train_their_own_parameters(order,
     original = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    shared = models.create_model("demo", pretrained=False, num_classes=3)
+    shared = tiny_vit(num_classes=3)
     for component in order:
-        for model in (shared, models.create_model("demo", pretrained=False, num_classes=3)):
+        for model in (shared, tiny_vit(num_classes=3)):
             components.set_trainable(model, component)
             forward = speed.step.compile_model(model, how)
             model.zero_grad(set_to_none=True)
@@ -87,7 +87,7 @@ def test_components_compiled_one_after_another_train_their_own_parameters(order,
             assert {n for n, p in model.named_parameters() if p.grad is not None} == expected, component
 
 
-def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch):
+def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch, tiny_vit):
     # regional compilation: the six blocks of the demo ViT run one graph (compiled once, not once
     # per block), gradients are those of the eager model, and compile_model(..., "none") undoes it
     from torch._dynamo.utils import counters
@@ -95,7 +95,7 @@ def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch):
     original = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
     torch.manual_seed(0)
-    model = models.create_model("demo", pretrained=False, num_classes=3)
+    model = tiny_vit(num_classes=3)
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
 
     def gradients(forward):
@@ -154,7 +154,7 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(small):
         speed.options.StepOptions(precision="fp16").checked("cpu")
 
 
-def test_attention_kernel_is_the_only_one_allowed_while_stepping():
+def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
     cpu = torch.device("cpu")
     assert speed.step.step_context(cpu, "auto") is not None
     before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
@@ -169,7 +169,7 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping():
             assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
     with speed.step.step_context(cpu, "auto", precision="fp32")():
         assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
-    model = models.create_model("demo", pretrained=False, num_classes=3).eval()
+    model = tiny_vit(num_classes=3).eval()
     images = torch.randn(4, 3, 32, 32)
     outputs = {}
     for attention in speed.options.CPU_ATTENTION:
@@ -295,10 +295,10 @@ def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results,
         finetune.run(small(precision="fp16"))
 
 
-def test_own_compile_modes_pass_their_inductor_options(monkeypatch):
+def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
-    model = models.create_model("demo", pretrained=False, num_classes=3)
+    model = tiny_vit(num_classes=3)
     assert "coordinate-descent" in speed.options.compile_modes()
     speed.step.compile_model(model, "model", "coordinate-descent")
     speed.step.compile_model(model, "blocks", "coordinate-descent")
@@ -438,7 +438,7 @@ def test_warmup_steps_cover_compilation():
     assert speed.step.warmup_steps(speed.options.StepOptions(compile=True)) == 3
 
 
-def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monkeypatch, small):
+def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monkeypatch, small, tiny_vit):
     # one set-up of a step (its optimizer, then Step), which finetune trains with and the benchmarks time
     made = []
     original = speed.step.make_optimizer
@@ -449,7 +449,7 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
 
     monkeypatch.setattr(speed.step, "make_optimizer", spy)
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
-    model = components.set_trainable(models.create_model("demo", pretrained=False, num_classes=10), "ln2")
+    model = components.set_trainable(tiny_vit(num_classes=10), "ln2")
     loader = DeviceLoader(bench_step.synthetic_train_set(8, 32), 8, augment=True, image_size=32)
     loss, norm = bench_step.library_steps(model, loader, speed.StepOptions())(0, 1)
     assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))

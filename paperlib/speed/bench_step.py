@@ -209,9 +209,8 @@ def bench_finetune(
         warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
         runs = {"library": (lambda: train_steps(1, steps), warmup)}
         if plain:
-            runs["plain"] = _plain_run(
-                lora.set_run_trainable(plain_model, component, lora_rank), plain_loader, steps, device
-            )
+            trained = lora.set_run_trainable(plain_model, component, lora_rank)
+            runs["plain"] = _plain_run(trained, plain_loader, steps, device)
         rates = {name: batch_size * steps / value for name, value in median_seconds(runs, device, repeats).items()}
         if plain:
             result[f"{component}_plain_images_per_s"] = round(rates["plain"], 1)
