@@ -98,7 +98,8 @@ def _norm_core(tokens: torch.Tensor, norm: nn.Module) -> torch.Tensor:
 
 
 def _check_block(block: nn.Module) -> None:
-    if any(type(module).__module__.startswith("peft.") for module in block.modules()):
+    # a peft layer, or one of ours built on it (lora.add_lora's)
+    if any(cls.__module__.startswith("peft.") for module in block.modules() for cls in type(module).__mro__):
         raise TypeError(
             "the model carries LoRA updates that are not merged into its weights, which the rates of the "
             "linear components would not see: lora.merge(model) first (finetune.load_model merges them)"
