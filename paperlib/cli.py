@@ -131,6 +131,13 @@ def field_comments(cls) -> dict[str, str]:
     return comments
 
 
+def field_defaults(cls) -> dict[str, Any]:
+    """Each field of a dataclass with its default, by name (what a command line starts from)."""
+    import dataclasses
+
+    return {field.name: field.default for field in dataclasses.fields(cls)}
+
+
 class Help(argparse.HelpFormatter):
     """``--help`` of the commands that declare their options with ``add_argument`` (``formatter_class=cli.Help``):
     each argument's ``help`` (its meaning), then, in parentheses, what its ``add_argument`` says: its type

@@ -44,7 +44,7 @@ import json
 import time
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
     options = {name: p.default for name, p in inspect.signature(run).parameters.items() if p.kind == p.KEYWORD_ONLY}
     # num_workers: run's None (automatic) unless given, so typed as the number a command line gives
-    defaults = {field.name: field.default for field in fields(Measurement)} | options | {"num_workers": 0}
+    defaults = cli.field_defaults(Measurement) | options | {"num_workers": 0}
     try:
         values = cli.parameters(
             argv,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -174,7 +174,7 @@ class Config:
     def defaults(cls) -> dict:
         """Each field's default by name: what a run is where nothing is asked (and what a record
         written before a field existed counts as)."""
-        return {field.name: field.default for field in fields(cls)}
+        return cli.field_defaults(cls)
 
     def step_options(self) -> StepOptions:
         """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
