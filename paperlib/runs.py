@@ -32,6 +32,7 @@ from . import cli, components, data, lora, models, paths, specs
 from .cli import coerce
 from .speed import STEP_OPTIONS, StepOptions, preset
 from .speed.options import offered
+from .speed.step import OPTIMIZERS
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
@@ -219,11 +220,6 @@ def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -
         [f"dropout={lora_dropout:g}"] if lora_dropout else []
     )
     return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
-
-
-OPTIMIZERS = ("sgd", "adamw")
-"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
-tailored optimisation of each module)."""
 
 
 def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:

@@ -278,6 +278,11 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
+OPTIMIZERS = ("sgd", "adamw")
+"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
+tailored optimisation of each module)."""
+
+
 def make_optimizer(
     model: nn.Module, optimizer: str, lr: float, momentum: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
@@ -291,7 +296,7 @@ def make_optimizer(
         return torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, weight_decay=weight_decay, fused=cuda)
     if optimizer == "sgd":
         return torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=0.0, fused=cuda)
-    raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: sgd, adamw")
+    raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
 
 
 class Step:
