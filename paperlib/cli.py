@@ -209,12 +209,13 @@ def parameters(
             "true or false" if isinstance(default, bool) else type(default).__name__ if default is not None else "value"
         )
         meaning = (meanings or {}).get(name, "").replace("%", "%%")
+        shown = repr(default) if default == "" else str(default).replace("%", "%%")  # unquoted, as argparse's own
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=argparse.SUPPRESS,
             metavar=kind.upper().replace(" ", "_") if kind != "true or false" else "BOOL",
-            help=f"{meaning + ' ' if meaning else ''}({kind}; default {default!r})",
+            help=f"{meaning + ' ' if meaning else ''}({kind}; default {shown})",
         )
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
