@@ -402,6 +402,8 @@ KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "
 RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "trainable_parameters"]
 RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
+COUNTS = ["best_step", "trainable_parameters"]
+"""The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
 
 
 def finetune_root(root: str | Path | None = None) -> Path:
@@ -499,6 +501,8 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame
     ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
     found = {folder: recorded_difference(wanted[folder], ignore) for folder in runs["folder"] if folder in wanted}
     runs = runs[runs["folder"].map(lambda folder: found.get(folder) == [])].reset_index(drop=True)
+    # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
+    runs = runs.astype({column: "int64" for column in COUNTS if runs[column].notna().all()})
     histories = histories.merge(runs[KEYS], on=KEYS) if len(runs) else histories.iloc[:0]
     absent = [
         {key: getattr(config, key) for key in KEYS}

@@ -537,6 +537,23 @@ def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, 
     assert "ln1" in table6 and "mha" not in table6  # Table 6 of the runs there are
 
 
+def test_a_run_being_written_elsewhere_leaves_a_specs_counts_whole_numbers(move_results):
+    move_results(".")
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"steps": 10, "warmup": 2, "eval_every": 5, "batch_size": 16},
+        "grid": {"component": ["ln1"], "lr": [0.03]},
+    }
+    finetune.run_spec(spec)
+    other = Config(component="fc2", lr=0.03, steps=10, warmup=2, eval_every=5, batch_size=16)
+    other.folder().mkdir(parents=True)
+    (other.folder() / runs.PARAMS).write_text(json.dumps(runs.run_record(other)))  # begun, no metrics yet
+    assert runs.load()[0]["trainable_parameters"].isna().any()  # the whole root: a partial run among them
+    found, _, _ = runs.for_spec(spec)
+    assert found["status"].tolist() == ["finished"]
+    assert found["trainable_parameters"].dtype == "int64" and found["best_step"].dtype == "int64"
+
+
 # --- one line, not a traceback: unreadable images, templates, disks that refuse -----------------------
 
 
