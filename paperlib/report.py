@@ -154,7 +154,9 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
                 str(partial),
                 parameters=parameters or {},
                 kernel_name=kernel_name,
-                cwd=str(notebook.parent),
+                # the kernel starts in the notebook's folder; papermill's `cwd` would change this
+                # process's folder for the run, and two runs at once (run_demo) would leave it in one's
+                resources={"metadata": {"path": str(notebook.parent)}},
                 progress_bar=False,
                 config=config,
             )

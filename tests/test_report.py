@@ -64,6 +64,36 @@ def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch,
     assert os.environ["MPLBACKEND"] == "Agg"  # and it is restored after
 
 
+def test_notebooks_run_at_once_each_in_its_folder_leave_this_process_where_it_was(
+    tmp_path, monkeypatch, write_notebook
+):
+    # papermill's `cwd` changes this process's folder for the run: two at once would leave it in a notebook's folder
+    here = os.getcwd()
+    monkeypatch.chdir(here)  # put back after, should this test fail
+    first, second = tmp_path / "first", tmp_path / "second"
+    wait = "import os, pathlib, time\nwhile not pathlib.Path({!r}).exists():\n    time.sleep(0.05)\nprint(os.getcwd())"
+    first.mkdir(), second.mkdir()
+    a = write_notebook(
+        first / "a.ipynb", f"open({str(tmp_path / 'a-began')!r}, 'w').close()", wait.format(str(tmp_path / "b-began"))
+    )
+    b = write_notebook(
+        second / "b.ipynb", f"open({str(tmp_path / 'b-began')!r}, 'w').close()", wait.format(str(tmp_path / "a-ended"))
+    )
+    with ThreadPoolExecutor(2) as pool:  # a begins, then b; a ends, then b
+        run_a = pool.submit(report.execute, a, tmp_path / "a.out.ipynb")
+        while not (tmp_path / "a-began").exists():
+            assert not run_a.done(), run_a.result()
+            time.sleep(0.05)
+        run_b = pool.submit(report.execute, b, tmp_path / "b.out.ipynb")
+        run_a.result()
+        (tmp_path / "a-ended").touch()
+        run_b.result()
+    assert os.getcwd() == here
+    for folder, name in ((first, "a"), (second, "b")):
+        cell = nbformat.read(tmp_path / f"{name}.out.ipynb", as_version=4).cells[-1]
+        assert cell.outputs[0].text.strip() == str(folder)
+
+
 def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setattr(threads, "cores", lambda: 1)
     failing = write_notebook(tmp_path / "00_fails.ipynb", "raise ValueError('on purpose')")
