@@ -70,6 +70,7 @@ def test_notebooks_run_at_once_each_in_its_folder_leave_this_process_where_it_wa
     # papermill's `cwd` changes this process's folder for the run: two at once would leave it in a notebook's folder
     here = os.getcwd()
     monkeypatch.chdir(here)  # put back after, should this test fail
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # and the figure backend that two executes at once may leave set
     first, second = tmp_path / "first", tmp_path / "second"
     wait = "import os, pathlib, time\nwhile not pathlib.Path({!r}).exists():\n    time.sleep(0.05)\nprint(os.getcwd())"
     first.mkdir(), second.mkdir()
