@@ -14,9 +14,11 @@ the 80% training split (``train_size=0.8``; Flowers102's official training split
 once as one random resized crop and flip, shuffled, in batches of 512 with the last incomplete
 batch dropped (on Flowers102, 512 of its 1,020 training images); the test images are the test
 split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does
-the same: ``get_dataset(dataset, "train", seed=split_seed)`` read once by a
-``loader.DeviceLoader`` drawing crops, flips and order from ``split_seed`` (a set smaller than
-``AUGMENTED_BATCH`` is one batch of all it has). ``train_features="clean"`` (beyond the authors)
+the same: ``get_dataset(dataset, "train", seed=split_seed)``, each image cropped at its full
+resolution by torchvision's ``RandomResizedCrop`` and flipped by ``RandomHorizontalFlip``
+(``transforms.paper_transform(augment=True)``), crops, flips and order drawn from ``split_seed``
+(``augmented_batches``; a set smaller than ``AUGMENTED_BATCH`` is one batch of all it has).
+``train_features="clean"`` (beyond the authors)
 takes every training image once, resized and centre-cropped. ``train_split="trainval"`` (beyond
 the paper) fits on the whole training set instead.
 
@@ -35,6 +37,7 @@ second call is instant and an interrupted one resumes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import time
 from pathlib import Path
@@ -50,15 +53,15 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from . import components, data, models, paths, threads
 from .components import JointLinear, block_component
-from .imagesets import FileDataset
-from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
+from .imagesets import FileDataset, ImageDataset
+from .loader import DeviceLoader, decode_workers
 from .splits import SPLITS_VERSION
-from .transforms import IMAGENET, as_mean_std, check_normalize
+from .transforms import IMAGENET, as_mean_std, check_normalize, paper_transform
 
 POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
 """Probe points of a block, in the order of its forward pass: the output of each component (``ln1``,
@@ -90,6 +93,11 @@ TRAIN_SPLITS = ("train", "trainval")
 TRAIN_FEATURES = ("augmented", "clean")
 AUGMENTED_BATCH = 512  # the authors' training loader's batch, whose last incomplete one is dropped
 """Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
+AUGMENTED_CROPS = "full_image"
+"""Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution, as the
+authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``probe_key``
+(``crops``): tables made before, whose crops came from the decoded cache (shorter side 256), lack
+it and are computed again."""
 
 MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
 SMALL_FIT = 2**22  # training features (images x width) up to which a fit runs on one BLAS thread
@@ -198,16 +206,87 @@ def batches(dataset, batch_size: int, device: torch.device, num_workers: int | N
         yield images.to(device, non_blocking=True), labels
 
 
-def augmented_batches(dataset, image_size: int, device: torch.device, seed: int):
+def image_seed(seed: int, index: int) -> int:
+    """The seed of image ``index``'s crop and flip under the probe's ``seed``: a function of the pair
+    alone (``numpy.random.SeedSequence``), so that neither the order nor the worker that
+    transforms an image changes its crop."""
+    return int(np.random.SeedSequence((seed % 2**64, index)).generate_state(1, np.uint64)[0])
+
+
+def augmented_order(n: int, seed: int) -> list[int]:
+    """The images of one shuffled epoch of the authors' training loader over ``n`` images: a
+    permutation drawn from ``seed``, cut to whole batches of ``AUGMENTED_BATCH`` (the last incomplete
+    one dropped; all ``n`` when they are fewer than a batch)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return order if n < AUGMENTED_BATCH else order[: n // AUGMENTED_BATCH * AUGMENTED_BATCH]
+
+
+class SeededCrops(Dataset):
+    """Items (normalised crop, label) of ``dataset``: image ``index`` at its full resolution (the PIL
+    image of a file, or the uint8 array) through ``transforms.paper_transform(augment=True)``, i.e.
+    torchvision's ``RandomResizedCrop`` (default scale and ratio, bilinear, antialiased) and
+    ``RandomHorizontalFlip``, as the authors' ``build_transform(mode="train")``.
+
+    torchvision draws from the global generator: each item is transformed inside
+    ``torch.random.fork_rng`` with that generator seeded by ``image_seed(seed, index)``, so the crop
+    and flip are a function of (seed, index) and the caller's random state is left as it was.
+    """
+
+    def __init__(self, dataset: ImageDataset | FileDataset, image_size: int, seed: int):
+        self.dataset = copy.copy(dataset)  # the same images and labels, with the training transform
+        self.dataset.transform = paper_transform(True, image_size, getattr(dataset, "mean_std", IMAGENET))
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(image_seed(self.seed, index))
+            return self.dataset[index]
+
+
+def crops_on_device(dataset, image_size: int) -> bool:
+    """Whether ``augmented_batches`` draws the crops of ``dataset`` on the device (``DeviceLoader``):
+    images held whole in one array (the demo's digits, Cifar, Cifar10-C) no larger than the model's
+    input. Every crop is then an upsampling of the very pixels torchvision would read, where its
+    antialiasing does nothing: the same crops within 1/255 (``transforms.resized_crops``)."""
+    if not isinstance(dataset, ImageDataset) or not isinstance(dataset.images, torch.Tensor):
+        return False  # image files, or decoded images of different sizes
+    return max(dataset.images.shape[-2:]) <= image_size
+
+
+def augmented_batches(dataset, image_size: int, device: torch.device, seed: int, num_workers: int | None = None):
     """(images, labels) batches of ``dataset`` as the authors' training loader gives them: each image
-    once, as one random resized crop and flip, shuffled, in batches of ``AUGMENTED_BATCH`` with the
-    last incomplete one dropped (all in one batch if there are fewer); crops, flips and order drawn
-    from ``seed`` (``loader.DeviceLoader``). Labels on the CPU."""
-    images = uint8_images(dataset, cache_size=cache_side(image_size), workers=decode_workers())
-    batch = min(AUGMENTED_BATCH, len(images))
-    loader = DeviceLoader(images, batch, True, image_size, device, shuffle=True, drop_last=True, seed=seed)
+    once, as one random resized crop of its full-resolution image and a random flip, shuffled, in
+    batches of ``AUGMENTED_BATCH`` with the last incomplete one dropped (all in one batch if there are
+    fewer); crops, flips and order drawn from ``seed``. Labels on the CPU.
+
+    Image files (DomainNet, Flowers102, Pets, your own) and arrays larger than the model's input go
+    image by image through torchvision (``SeededCrops``; order from ``augmented_order``), in a
+    DataLoader (``num_workers``: default up to 8 on CUDA, none otherwise). Arrays no larger than the
+    input (``crops_on_device``) are cropped in whole batches on the device (``loader.DeviceLoader``,
+    the same distribution from its own draws of ``seed``)."""
+    batch = min(AUGMENTED_BATCH, len(dataset))
+    if crops_on_device(dataset, image_size):
+        loader = DeviceLoader(dataset, batch, True, image_size, device, shuffle=True, drop_last=True, seed=seed)
+        for images, labels in loader:
+            yield images, labels.cpu()
+        return
+    if num_workers is None:
+        num_workers = decode_workers() if device.type == "cuda" else 0
+    crops = SeededCrops(dataset, image_size, seed)
+    order = augmented_order(len(dataset), seed)
+    loader = DataLoader(
+        crops,
+        batch_size=batch,
+        sampler=order,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(seed),  # its workers' seeds: not from the global generator
+    )
     for images, labels in loader:
-        yield images, labels.cpu()
+        yield images.to(device, non_blocking=True), labels
 
 
 def pooled_features(
@@ -235,7 +314,8 @@ def pooled_features(
             if augment_seed is None:
                 inputs = batches(dataset, batch_size, device, num_workers)
             else:
-                inputs = augmented_batches(dataset, model.patch_embed.img_size[0], device, augment_seed)
+                size = model.patch_embed.img_size[0]
+                inputs = augmented_batches(dataset, size, device, augment_seed, num_workers)
             for images, targets in inputs:
                 model(images)
                 labels.append(targets.numpy())
@@ -399,9 +479,10 @@ def linear_probe(
         points: probe points (``POINTS``); blocks: block indices (None: all; -1: the last).
         pool: ``POOLS`` (the authors' ``mean`` by default).
         train_split: ``train`` (the authors' 80% training split) or ``trainval``.
-        train_features: ``augmented`` (the authors': one random crop and flip per training image,
-            shuffled, batches of 512 without the last incomplete one; drawn from ``split_seed``) or
-            ``clean`` (every training image, resized and centre-cropped).
+        train_features: ``augmented`` (the authors': one random crop of each training image at its
+            full resolution and a random flip, shuffled, batches of 512 without the last incomplete
+            one; drawn from ``split_seed``) or ``clean`` (every training image, resized and
+            centre-cropped).
         cache: read and write ``result_folder`` (a module is cached only under a ``name``, which
             then stands for its weights: another module under the same name reads the same table).
         progress: a progress bar over the probes still to fit.
@@ -462,13 +543,17 @@ def check_options(label, dataset, points, pool, train_split, train_features, nor
 
 def probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std) -> dict:
     """What a cached probe table was computed from (its ``metadata.json``'s ``key``): another key is
-    another table, computed again."""
+    another table, computed again. Augmented training features record where their crops come from
+    (``crops``: ``AUGMENTED_CROPS``), so that tables whose crops were cut otherwise are not taken
+    for them."""
+    crops = {"crops": AUGMENTED_CROPS} if train_features == "augmented" else {}
     return {
         "model": label,
         "dataset": dataset,
         "split_seed": split_seed,
         "train_split": train_split,
         "train_features": train_features,
+        **crops,
         "splits": SPLITS_VERSION,
         "pool": pool,
         "normalize": normalize,

@@ -1,16 +1,20 @@
 """Linear probing as the authors compute it (Table 6, last column), on the demo world: the last
 block's MHA point against the recipe written out here by hand, every block and point, the cache,
-clear errors, and hooks that do not outlive the call."""
+clear errors, and hooks that do not outlive the call; on image files in DomainNet's layout, the
+augmented training crops against torchvision's cut from each full-resolution image."""
 
 import numpy as np
 import pytest
 import timm
 import torch
+from PIL import Image
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from torchvision.transforms import RandomResizedCrop, v2
+from torchvision.transforms.v2 import functional as F
 
-from paperlib import data, models, paths, probe
+from paperlib import data, fixtures, models, paths, probe
 from paperlib.imagesets import stack
 
 DEMO_DEPTH = models.DEMO_ARGS["depth"]
@@ -234,3 +238,87 @@ def test_result_folders_keep_other_choices_apart():
     assert probe.result_folder("demo", "digits", train_split="trainval") == base / "digits+trainval"
     assert probe.result_folder("demo", "digits", pool="cls", normalize="model") == base / "digits+pool-cls+norm-model"
     assert probe.result_folder("demo", "digits", train_features="clean") == base / "digits+clean"
+
+
+# --------------------------------------------------------------------------------------------
+# Augmented training features: crops of each image at its full resolution, as torchvision cuts them
+
+FULL = (360, 280)  # width, height of the test's image files: larger than the decoded cache (shorter side 256)
+
+
+@pytest.fixture
+def clipart(tmp_path):
+    """The training split of a small DomainNet clipart in its official layout, images of ``FULL``."""
+    root = tmp_path / "data"
+    classes = [f"class_{i:03d}" for i in range(3)]
+    fixtures.write_image_folder(root / "domainnet" / "clipart", classes, per_class=5, size=FULL)
+    return data.get_dataset("domainnet/clipart", "train", root=root)
+
+
+def test_augmented_crops_are_torchvision_crops_of_the_full_resolution_image(clipart, monkeypatch):
+    seed, size = 3, 32
+    seen = []  # the size of every image that RandomResizedCrop draws a box in
+    draw = v2.RandomResizedCrop.make_params
+    monkeypatch.setattr(
+        v2.RandomResizedCrop,
+        "make_params",
+        lambda self, inputs: seen.append(tuple(F.get_size(inputs[0]))) or draw(self, inputs),
+    )
+    state = torch.get_rng_state()
+    (images, labels), *more = probe.augmented_batches(clipart, size, torch.device("cpu"), seed)
+    assert seen == [(FULL[1], FULL[0])] * len(clipart)  # boxes drawn in the full image, not in a 256-pixel copy
+    assert not more  # one batch of all
+    order = probe.augmented_order(len(clipart), seed)
+    assert sorted(order) == list(range(len(clipart))) and order != sorted(order)
+    assert labels.tolist() == [int(clipart.targets[i]) for i in order]
+    # each crop: torchvision's RandomResizedCrop box (its get_params, from the image's seeded generator)
+    # and flip cut from the decoded file at its full resolution, resized bilinearly with antialiasing
+    mean, std = clipart.mean_std
+    flips, beyond_cache = [], []
+    for position, index in enumerate(order):
+        with Image.open(clipart.files[index]) as file:
+            full = file.convert("RGB")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(probe.image_seed(seed, index))
+            top, left, height, width = RandomResizedCrop.get_params(full, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3])
+            flips.append(torch.rand(1).item() < 0.5)
+        crop = F.resized_crop(F.pil_to_tensor(full), top, left, height, width, [size, size], antialias=True)
+        crop = F.horizontal_flip(crop) if flips[-1] else crop
+        expected = F.normalize(crop.float() / 255, list(mean), list(std))
+        assert torch.allclose(images[position], expected, atol=1e-5), (position, index)
+        beyond_cache.append(top + height > 256 or left + width > 256 * FULL[0] // FULL[1])
+    assert 0 < sum(flips) < len(flips)  # flipped and not flipped both checked
+    assert any(beyond_cache)  # some crops reach parts of the image a 256-pixel copy has no pixels of
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state untouched
+
+
+def test_augmented_features_of_image_files_depend_on_the_seed_alone(clipart, tiny_vit):
+    model = tiny_vit().eval()
+    wanted = [(DEMO_DEPTH - 1, "mha")]
+    first, labels = probe.pooled_features(model, clipart, wanted, augment_seed=0)
+    torch.manual_seed(1234)  # another global random state, and workers that transform the images
+    again, labels_again = probe.pooled_features(model, clipart, wanted, augment_seed=0, num_workers=2)
+    other, _ = probe.pooled_features(model, clipart, wanted, augment_seed=42)
+    assert first[wanted[0]].shape == (len(clipart), 64)  # fewer than a batch: one batch of all
+    assert np.array_equal(first[wanted[0]], again[wanted[0]]) and np.array_equal(labels, labels_again)
+    assert not np.allclose(first[wanted[0]], other[wanted[0]])
+
+
+def test_a_table_cached_before_full_resolution_crops_is_computed_again(monkeypatch):
+    first = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    folder = probe.result_folder("demo", "digits")
+    table, metadata = probe.load(folder)
+    assert metadata["key"]["crops"] == probe.AUGMENTED_CROPS == "full_image"
+    # a table of the crops cut from the decoded cache: its key had no "crops"
+    old = {name: value for name, value in metadata["key"].items() if name != "crops"}
+    probe.save(table.assign(accuracy=0.0), folder, {**metadata, "key": old})
+    calls = []
+    fit = probe.fit_probe
+    monkeypatch.setattr(probe, "fit_probe", lambda *a, **k: calls.append(a) or fit(*a, **k))
+    again = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    assert len(calls) == 1 and again["accuracy"].item() == first["accuracy"].item() > 0
+    assert probe.load(folder)[1]["key"]["crops"] == "full_image"
+    # centre-cropped training features have no random crops: their key, and their tables, are as before
+    clean = probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
+    assert "crops" not in probe.load(probe.result_folder("demo", "digits", train_features="clean"))[1]["key"]
+    assert len(clean) == 1
