@@ -16,11 +16,12 @@
 model = "demo"  # short name (demo, vit_base_in21k, vit_huge_in21k) or any timm ViT name
 dataset = "digits"  # downstream dataset: its test split gives the images y
 reference = "digits_source"  # pretraining-distribution images x (the paper: imagenet)
-n_pairs = 179  # number of (x, y) pairs (the paper: 12,800)
+n_pairs = 179  # number of (x, y) pairs (the paper: 12,800; a smaller test split repeats, as in the authors' code)
 batch_size = 64  # pairs per batch
 device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
-sample = "first"  # first: the first n_pairs images of each test split, paired by position (the paper); random: a random subset of each
+sample = "first"  # first: each test split in order, paired by position, cycled in whole batches of loader_batch (the authors'); once: each image at most once; random: a random subset of each
+loader_batch = 0  # with sample first: the authors' loader batch, whose last partial batch is never used (0: theirs, 32 for vit_huge_in21k, 64 otherwise)
 seed = 0  # seed of the random subset (sample="random")
 normalize = "imagenet"  # imagenet: ImageNet's mean and std for every model (the paper); model: the statistics the model was pretrained with (0.5 for vit_base_in21k)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
@@ -34,28 +35,47 @@ from paperlib import bounds, paths, plasticity, plots, ranking, report
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-measurement = plasticity.Measurement(model, dataset, reference, n_pairs, inputs, sample, seed, normalize)
+measurement = plasticity.Measurement(model, dataset, reference, n_pairs, inputs, sample, seed, normalize, loader_batch=loader_batch)
 table, folder = plasticity.run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=False)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
 print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {bounds.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")
 
 # %% [markdown]
-# ## Distribution of the rates and plasticity along depth
+# ## Plasticity per block and along depth (Fig. 3, left and middle)
 #
-# Left: every rate of change (all pairs, all blocks) per component, in plasticity order (Fig. 3,
-# left); the dashed line at 1 separates contracting (smooth) from amplifying (non-smooth)
-# behaviour. Right: P(f) in each block, against the position of the block in the network
-# (Fig. 3, middle).
+# The authors' summary, as their figures draw it. Left: for each component, a box of its P(f) in
+# each block (one value per block, the mean rate over the block's pairs: 12 values for ViT-Base),
+# in plasticity order; whiskers reach 1.5 interquartile ranges and points beyond them are not
+# drawn, as in the authors' figure. Right: P(f) in each block against the position of the block
+# in the network (Fig. 3 middle; Fig. 3 right is the same with `model="vit_huge_in21k"`), with a
+# band of ± 1.96 sd / √n around each curve, sd the standard deviation of the block's per-pair rates
+# and n its number of pairs (a 95% interval of each block's mean; thin with many pairs). The dashed
+# line at 1 separates contracting (smooth) from amplifying (non-smooth) behaviour.
 
 # %%
-by_block = plasticity.plasticity_by_block(table)
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-plots.rate_distributions(table, axes[0])
-axes[0].set_title(f"{model} on {dataset}: rates of change")
-plots.plasticity_along_depth(by_block, axes[1])
-axes[1].set_title("plasticity along depth")
+plots.layer_mean_boxes(table, axes[0])
+axes[0].set_title(f"{model} on {dataset}: P(f) per block")
+plots.plasticity_along_depth(table, axes[1])
+axes[1].set_title("plasticity along depth (± 1.96 sd/√n)")
 fig.tight_layout()
 plots.save_figure(fig, plots.figure_path("02_plasticity", model, dataset, reference, inputs, sample, f"seed{seed}", normalize))
+plt.show()
+
+# %% [markdown]
+# ## Every rate of change (the package's richer view)
+#
+# The boxes above summarise each block by its mean; the paper's text and captions speak of "the
+# distribution of rates of change". Here is that distribution itself: every rate (all pairs, all
+# blocks) per component, as violins with their medians. It shows what the means hide: how widely
+# single pairs spread, and whether a component amplifies some pairs while contracting most.
+
+# %%
+fig, ax = plt.subplots(figsize=(4.8, 3.4))
+plots.rate_distributions(table, ax)
+ax.set_title(f"{model} on {dataset}: every rate of change")
+fig.tight_layout()
+plots.save_figure(fig, plots.figure_path("02_rates", model, dataset, reference, inputs, sample, f"seed{seed}", normalize))
 plt.show()
 
 # %% [markdown]

@@ -18,7 +18,7 @@ n_pairs = 179  # pairs per missing result (the paper: 12,800)
 batch_size = 64  # pairs per batch
 device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ
-sample = "first"  # results whose pairs were drawn this way: first (the paper) or random (notebook 02's sample)
+sample = "first"  # results whose pairs were drawn this way: first (the authors' pair set), once (each image at most once) or random (notebook 02's sample)
 seed = 0  # the seed of random draws to read and compute
 normalize = "imagenet"  # results whose images were normalised this way: imagenet (the paper) or model (notebook 02's normalize)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
@@ -43,13 +43,24 @@ print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {su
 # %% [markdown]
 # ## Pooled across datasets (Fig. 2, middle)
 #
-# Each point is P(f) of one component on one dataset; bars are the mean over datasets.
+# Left, the authors' summary: for each component, a box of its P(f) in every block of every
+# dataset (one value per block and dataset: 12 blocks x 11 datasets for ViT-Base at paper scale),
+# one panel per model (the paper's Fig. 2 shows ViT-Base); whiskers reach 1.5 interquartile ranges
+# and points beyond them are not drawn, as in the authors' figure. Right, the package's richer
+# view: each point is P(f) of one component on one dataset (averaged over blocks), the bar their
+# mean over datasets, so a dataset that departs from the others stands out.
 
 # %%
-fig, axes = plt.subplots(1, summary["model"].nunique(), figsize=(4.5 * summary["model"].nunique(), 3.2), squeeze=False)
-for ax, (model, part) in zip(axes[0], summary.groupby("model")):
-    plots.pooled_plasticity(part, ax)
-    ax.set_title(f"{model}: {part['dataset'].nunique()} datasets")
+layers = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against, by_block=True)
+layers = layers.merge(summary[["model", "dataset"]].drop_duplicates())  # the results the summary shows
+n_models = summary["model"].nunique()
+fig, axes = plt.subplots(n_models, 2, figsize=(9, 3.2 * n_models), squeeze=False)
+for row, (model, part) in zip(axes, summary.groupby("model")):
+    blocks = layers[layers["model"] == model]
+    plots.layer_mean_boxes(blocks, row[0])
+    row[0].set_title(f"{model}: P(f) per block, {blocks['dataset'].nunique()} datasets pooled")
+    plots.pooled_plasticity(part, row[1])
+    row[1].set_title(f"{model}: P(f) per dataset")
 fig.tight_layout()
 plots.save_figure(fig, paths.figures_dir() / "03_plasticity_pooled.png")
 plt.show()
@@ -63,6 +74,9 @@ report.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f
 
 # %% [markdown]
 # ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)
+#
+# P(f) averaged over blocks, per model. The paper's Fig. 3 (right) draws ViT-Huge's P(f) along
+# depth on one dataset, with its band: notebook 02 with `model="vit_huge_in21k"`.
 
 # %%
 summary.pivot_table(index="component", columns="model", values="plasticity", aggfunc="mean", observed=True).round(3)

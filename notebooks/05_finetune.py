@@ -34,6 +34,7 @@ lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r L
 lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
 lora_dropout = 0.0  # dropout on the LoRA updates' input
 tag = ""  # a name of your own for runs that change steps, batch size, warm-up, momentum or clip (not in the folder name): their own folder, kept beside the others
+stop_exploded = False  # stop a run whose loss goes above 10x chance level's (the authors' loop never stops; a loss that is not finite stops it either way)
 save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (beyond the paper; its runs get their own folder)
 data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
@@ -49,7 +50,7 @@ config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root, speed=speed,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-    normalize=normalize, validation=validation, tag=tag, save_weights=save_weights,
+    normalize=normalize, validation=validation, tag=tag, stop_exploded=stop_exploded, save_weights=save_weights,
 ))
 metrics = finetune.run(config)
 history = runs.history(config)

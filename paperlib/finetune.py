@@ -13,8 +13,10 @@ global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
 official validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the
 end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the
-best-validation checkpoint. A loss that is not finite, or above ``EXPLODED`` times chance level's,
-stops the run, recorded as ``diverged`` (with the step).
+best-validation checkpoint, whatever came after it. A loss that is not finite stops the run (nothing
+changes after it); a loss that is not finite or above ``EXPLODED`` times chance level's marks the run
+``diverged``, with the first such step, and it keeps its test accuracy, as the authors' loop, which never
+stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
 ``runs``; how a step is made fast (the optimizer's kernels, compilation, precision, fused ops,
@@ -84,15 +86,24 @@ def evaluate(
 
 EXPLODED = 10.0
 """A training loss above ``EXPLODED`` times chance level's (log of the number of classes, what a new head
-starts near) is a run that diverged: it stops there, recorded ``diverged`` with the step, as one whose loss
-is not finite. Runs of the paper's grid stay far below (a loss above 23 on Cifar10, 46 on Cifar100)."""
+starts near) marks a run ``diverged`` (``diverged_step``), as one whose loss is not finite; it stops the run
+only with ``Config.stop_exploded``. Runs of the paper's grid stay far below (a loss above 23 on Cifar10, 46
+on Cifar100)."""
+
+
+def diverged_step(rows: list, num_classes: int) -> int | None:
+    """The first step of a run's history whose loss is not finite or above ``EXPLODED`` times chance
+    level's (log of ``num_classes``); None if there is none."""
+    limit = EXPLODED * math.log(max(num_classes, 2))
+    exploded = (row["step"] for row in rows if not math.isfinite(row["train_loss"]) or row["train_loss"] > limit)
+    return next(exploded, None)
 
 
 def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
-    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if one diverged
-    (a loss not finite, or above ``limit``).
+    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if the run stops
+    there (a loss not finite, or above ``limit``).
 
-    Rows after the first diverged loss are dropped: the run stops at that step.
+    Rows after the first such loss are dropped: the run stops at that step.
     """
     if not pending:
         return False
@@ -312,8 +323,8 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     start_step, rows, best = _resume(config, params, side, model, step_fn, schedule)
 
     # the loop
-    status, start, seen = "finished", time.perf_counter(), 0
-    limit = EXPLODED * math.log(max(num_classes, 2))  # a loss above it: diverged
+    start, seen = time.perf_counter(), 0
+    limit = EXPLODED * math.log(max(num_classes, 2)) if config.stop_exploded else math.inf  # a loss above it: stop
     pending = []  # steps whose loss and gradient norm are still on the device
     name = f"{config.component} steps"
     steps = tqdm(range(start_step, config.steps), name, config.steps, initial=start_step, disable=not progress)
@@ -327,7 +338,6 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
         evaluation = evaluates(step + 1, config)
         if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
-            status = "diverged"
             break
         if evaluation:
             row = rows[-1]
@@ -342,7 +352,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             if progress:
                 steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
     steps.close()
+    _read_back(pending, rows)  # the last steps, if the run did not end on a read-back
     wall = time.perf_counter() - start
+    status = "diverged" if diverged_step(rows, num_classes) is not None else "finished"
 
     # the result: the test accuracy of the best-validation checkpoint
     test_loss = test_accuracy = float("nan")
@@ -396,7 +408,7 @@ def _metrics(config: Config, status: str, rows: list, best: dict, test, step_fn,
     device = torch.device(config.device)
     return {
         "status": status,
-        "diverged_step": rows[-1]["step"] if status == "diverged" else None,
+        "diverged_step": diverged_step(rows, num_classes),
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
         "best_step": best["step"],
         "test_accuracy": test[1],

@@ -66,14 +66,32 @@ from .component_rates import (
 from .components import COMPONENTS, LABELS
 from .corruptions import check_severity
 from .loader import decode_workers
-from .ranking import paper_agreement
+from .ranking import layer_means, paper_agreement
 from .splits import SPLITS_VERSION
 from .transforms import check_normalize
 
-SAMPLES = ("first", "random")
-"""How the pairs are drawn: ``first``, the first ``n_pairs`` images of each set paired by position
-(as the authors' code pairs them); ``random``, a random subset of each set, drawn with a seed (class
-folders are sorted by class, so the first images of a large set are its first classes)."""
+SAMPLES = ("first", "once", "random")
+"""How the pairs are drawn: ``first`` (the authors' pair set), the images of each set in order, paired by
+position, each set read in whole batches of ``LOADER_BATCH`` and cycled as the authors' loaders are
+(``drop_last``, made endless), so ``n_pairs`` pairs whatever the sets' sizes: a smaller test split repeats
+(Cifar10-C's 2,000 images give 1,984 distinct ones, 6.45 times each, for the paper's 12,800 pairs);
+``once``, each image at most once: the first ``min(n_pairs, len(reference), len(target))`` of each set;
+``random``, a random subset of each set, drawn with a seed (class folders are sorted by class, so the first
+images of a large set are its first classes)."""
+
+LOADER_BATCH = 64
+"""The batch of the authors' loaders in their analysis (``apps/vit/scripts/analysis.sh``: 64 x 200 steps for
+ViT-Base, ``HUGE_LOADER_BATCH`` x 400 for ViT-Huge): with ``sample="first"``, a set is read in whole batches
+of it, a last partial batch never used (a set smaller than one batch is used whole)."""
+
+HUGE_LOADER_BATCH = 32
+"""The authors' loader batch for ViT-Huge (``models.PAPER_MODELS["vit_huge_in21k"]``): ``Measurement``'s
+``loader_batch=0`` is it for that model, ``LOADER_BATCH`` for every other."""
+
+PAIRS = 2
+"""The version of the pair set, recorded in a result's metadata and checked with the splits' (``current``):
+2, ``first`` is the authors' cycled pair set; 1 (recorded by no key), each image once. A result of
+another version is measured again and left out of ``collect``, never mixed with these."""
 
 
 def check_sample(sample: str) -> str:
@@ -83,27 +101,47 @@ def check_sample(sample: str) -> str:
     return sample
 
 
+def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
+    """The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order in whole batches of
+    ``batch`` (the last partial batch dropped), cycled: what an unshuffled loader with ``drop_last``, made
+    endless, yields (a set smaller than one batch is used whole)."""
+    used = n_images - n_images % batch if n_images >= batch else n_images
+    return [i % used for i in range(n_pairs)]
+
+
 def pair_indices(
-    n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0
+    n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0, batch: int = LOADER_BATCH
 ) -> tuple[list[int], list[int]]:
     """Which images make the pairs: pair ``i`` is (reference[r[i]], target[t[i]]) for the returned (r, t).
 
-    ``first``: both ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, each
-    set drawn by a generator of its own (seeded ``2 * seed`` for the reference, ``2 * seed + 1`` for
-    the target), so the same seed gives the same images of a set on every machine, whatever the
-    other set, and the two draws are not the same permutation.
+    ``first``: each set ``cycled`` in whole batches of ``batch`` (any ``n_pairs``). ``once``: both
+    ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, each set drawn by a generator
+    of its own (seeded ``2 * seed`` for the reference, ``2 * seed + 1`` for the target), so the same seed
+    gives the same images of a set on every machine, whatever the other set, and the two draws are not the
+    same permutation. ``once`` and ``random`` need ``n_pairs`` at most the smaller set's size.
     """
     check_sample(sample)
-    if not 1 <= n_pairs <= min(n_reference, n_target):
+    if n_pairs < 1 or (sample != "first" and n_pairs > min(n_reference, n_target)):
+        most = "" if sample == "first" else f"..{min(n_reference, n_target)}"
         raise ValueError(
-            f"n_pairs must be in 1..{min(n_reference, n_target)} "
+            f"n_pairs must be in 1{most} with sample {sample!r} "
             f"(the reference has {n_reference} images and the target {n_target}), got {n_pairs}"
         )
     if sample == "first":
+        return cycled(n_reference, n_pairs, batch), cycled(n_target, n_pairs, batch)
+    if sample == "once":
         return list(range(n_pairs)), list(range(n_pairs))
     reference = torch.randperm(n_reference, generator=torch.Generator().manual_seed(2 * seed))[:n_pairs]
     target = torch.randperm(n_target, generator=torch.Generator().manual_seed(2 * seed + 1))[:n_pairs]
     return reference.tolist(), target.tolist()
+
+
+def pair_count(measurement: Measurement, n_reference: int, n_target: int) -> int:
+    """How many pairs ``measurement`` measures on sets of these sizes: ``n_pairs`` with the authors' pair
+    set (``first``), else at most the smaller set's size."""
+    if measurement.sample == "first":
+        return measurement.n_pairs
+    return min(measurement.n_pairs, n_reference, n_target)
 
 
 def rates(
@@ -194,29 +232,23 @@ def measure(
     progress: bool = True,
     sample: str = "first",
     seed: int = 0,
+    loader_batch: int = LOADER_BATCH,
 ) -> pd.DataFrame:
     """Rates of change over ``n_pairs`` image pairs streamed from two datasets (§5.1).
 
-    Pair ``i`` is (``reference[i]``, ``target[i]``) (``sample="first"``, the paper's; or a seeded
-    random subset of each set, ``pair_indices``): reference = images of the pretraining
-    distribution, target = the downstream test split, both yielding (normalised image, label).
+    The pairs are ``pair_indices``' (``sample="first"``, the authors': both sets in order, cycled in
+    whole batches of ``loader_batch``; ``once``: each image at most once; ``random``: a seeded random
+    subset of each set): reference = images of the pretraining distribution, target = the downstream
+    test split, both yielding (normalised image, label).
     Returns the tidy table of ``rates`` for all pairs but those with identical embeddings
     (excluded, with an ``IdenticalPairsWarning`` naming how many); ``table.attrs["token_rms"]``
     is the token RMS norm of the measured pairs' embeddings, ``table.attrs["identical_pairs_excluded"]``
     the count.
     """
     check_inputs(inputs)
-    if n_pairs < 1:
-        raise ValueError(f"n_pairs must be at least 1, got {n_pairs}")
-    available = min(len(reference), len(target))
-    if n_pairs > available:
-        raise ValueError(
-            f"n_pairs={n_pairs} but only {available} pairs: "
-            f"the reference has {len(reference)} images and the target {len(target)}"
-        )
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    indices = pair_indices(len(reference), len(target), n_pairs, sample, seed)
+    indices = pair_indices(len(reference), len(target), n_pairs, sample, seed, loader_batch)
     device = torch.device(device)
     model = model.to(device)
     loaders = [
@@ -270,40 +302,50 @@ class Measurement:
     # pretraining-distribution images x: a dataset name (the paper: imagenet), or "" for the dataset's
     # default_reference (digits_source for the demo's datasets, imagenet for the others)
     reference: str = ""
-    # at most this many (x, y) pairs (the paper: 12,800); a test split with fewer images gives as many as it has
+    # this many (x, y) pairs (the paper: 12,800), a smaller set repeating (sample first); at most a set's size otherwise
     n_pairs: int = data.DEMO_PAIRS
     inputs: str = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
-    # first (the paper: the first n_pairs images of each test split, paired by position) or random (a random subset
-    # of each, drawn with seed)
+    # first (the authors': each set in order, paired by position, read in whole batches of loader_batch and cycled
+    # until n_pairs), once (each image at most once: the first images of each set) or random (a random subset of
+    # each, drawn with seed)
     sample: str = "first"
     seed: int = 0  # seed of the random subset (with sample random)
     # imagenet (the paper: ImageNet's mean and std for every model) or model (the mean and std the model was
     # pretrained with; models.normalization)
     normalize: str = "imagenet"
     severity: int = data.SEVERITY  # Cifar10-C's corruption severity, 1 to 5 (the paper: 5; the demo's digits_c: 5 only)
+    # with sample first: the batch of the authors' loaders, whose last partial batch is never used; 0 = theirs for the
+    # model (32 for vit_huge_in21k, 64 for every other)
+    loader_batch: int = 0
 
     def __post_init__(self):
         data.check_dataset(self.dataset)
         if self.reference in ("", None):  # the dataset's default written one way: one measurement, one value
             object.__setattr__(self, "reference", default_reference(self.dataset))
         data.check_dataset(self.reference)
-        models.resolve_name(self.model)
+        timm_name = models.resolve_name(self.model)
+        if self.loader_batch == 0:  # the authors' batch written one way, as the reference
+            huge = timm_name == models.PAPER_MODELS["vit_huge_in21k"]
+            object.__setattr__(self, "loader_batch", HUGE_LOADER_BATCH if huge else LOADER_BATCH)
         check_inputs(self.inputs)
         check_sample(self.sample)
         check_normalize(self.normalize)
         check_severity(self.severity)
-        for name, least in (("n_pairs", 1), ("seed", 0)):
+        for name, least in (("n_pairs", 1), ("seed", 0), ("loader_batch", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be at least {least} (an integer), got {value!r}")
 
     def folder(self) -> Path:
         """``results/plasticity/<model>/<dataset>`` (``results/plasticity_in_situ/...`` for ``in_situ``
-        inputs), with ``+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images
+        inputs), with ``+once`` for each image at most once, ``+random-seed=<seed>`` for pairs drawn at
+        random, ``+norm-model`` for images
         normalised with the model's own statistics, ``+ref-<reference>`` against reference images other
         than the dataset's ``default_reference``, ``+severity-<s>`` for a Cifar10-C corruption at
         another severity than the paper's 5: a measurement that is not the paper's never replaces one."""
-        leaf = self.dataset if self.sample == "first" else f"{self.dataset}+random-seed={self.seed}"
+        leaf = {"first": self.dataset, "once": f"{self.dataset}+once"}.get(
+            self.sample, f"{self.dataset}+random-seed={self.seed}"
+        )
         leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
         if self.reference != default_reference(self.dataset):
             leaf += f"+ref-{self.reference.replace('/', '_')}"
@@ -312,23 +354,31 @@ class Measurement:
         return results_root(self.inputs) / self.model / leaf
 
     def is_saved(self) -> bool:
-        """Whether ``folder()`` holds a complete result of today's test splits: its ``METADATA`` (which
-        ``save`` writes last) whole, and ``RATES`` of the size it records (``paths.json_or_none``: a
-        damaged result is reported in a warning and not taken for one), measured on the splits of
-        ``SPLITS_VERSION`` (pairs are the first test images: other splits, other pairs)."""
+        """Whether ``folder()`` holds a complete result of today's test splits and pair set: its
+        ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
+        (``paths.json_or_none``: a damaged result is reported in a warning and not taken for one), and
+        ``current``."""
         metadata = paths.json_or_none(self.folder() / METADATA)
-        return metadata is not None and metadata.get("splits", 1) == SPLITS_VERSION
+        return metadata is not None and current(metadata)
+
+
+def current(metadata: dict) -> bool:
+    """Whether a saved result was measured on today's test splits (``SPLITS_VERSION``) with today's pair
+    set (``PAIRS``): other splits or another pair set, other pairs."""
+    return metadata.get("splits", 1) == SPLITS_VERSION and metadata.get("pairs", 1) == PAIRS
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     """Write the tidy table (``RATES``) and ``METADATA`` into ``folder``, atomically.
 
-    ``METADATA`` is written last, with the table's size (``files``) and today's splits
-    (``SPLITS_VERSION``): its presence marks a complete result, and a table damaged since is not taken for one.
+    ``METADATA`` is written last, with the table's size (``files``), today's splits (``SPLITS_VERSION``)
+    and pair set (``PAIRS``): its presence marks a complete result, and a table damaged since is not taken
+    for one.
     """
     folder = Path(folder)
     paths.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    metadata = {"splits": SPLITS_VERSION, **(metadata or {}), "files": paths.file_sizes(folder, [RATES])}
+    versions = {"splits": SPLITS_VERSION, "pairs": PAIRS}
+    metadata = {**versions, **(metadata or {}), "files": paths.file_sizes(folder, [RATES])}
     paths.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
@@ -359,11 +409,13 @@ def _pair_sets(measurement: Measurement, data_root):
 
 def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The model and the images of the pairs ``run`` measures for ``measurement``, in memory:
-    (network, x, y), x the reference images and y the target's, paired by position (at most
-    ``n_pairs``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
+    (network, x, y), x the reference images and y the target's, paired by position (``pair_count``
+    pairs, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
     network, _, reference_set, target_set = _pair_sets(measurement, data_root)
-    pairs = min(measurement.n_pairs, len(reference_set), len(target_set))
-    chosen = pair_indices(len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed)
+    pairs = pair_count(measurement, len(reference_set), len(target_set))
+    chosen = pair_indices(
+        len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed, measurement.loader_batch
+    )
     x, y = ([images[i][0] for i in indices] for images, indices in zip((reference_set, target_set), chosen))
     return network, torch.stack(x), torch.stack(y)
 
@@ -380,10 +432,12 @@ def run(
     """Make one measurement and save it in its folder (``Measurement.folder``), replacing what was there.
 
     The model's pretrained weights; the test splits of both datasets at the model's resolution, read
-    from ``data_root`` (None: ``$VIT_PLASTICITY_DATA`` or ``data/``). ``n_pairs`` is at most that
-    many pairs: a test split with fewer images (Cifar10-C's 2,000, Pets' 3,669 against the paper's
-    12,800) gives as many pairs as it has, and the metadata record both (``n_pairs`` used,
-    ``n_pairs_requested``). ``batch_size`` pairs at a time on ``device``; ``num_workers``:
+    from ``data_root`` (None: ``$VIT_PLASTICITY_DATA`` or ``data/``). With the authors' pair set
+    (``sample="first"``) ``n_pairs`` pairs are measured whatever the test split's size: a smaller
+    one repeats (Cifar10-C's 2,000 images against the paper's 12,800 pairs); with ``once`` or
+    ``random``, at most as many as the smaller set has. The metadata record ``n_pairs`` used,
+    ``n_pairs_requested`` and the distinct images of each side used (``distinct_reference``,
+    ``distinct_target``). ``batch_size`` pairs at a time on ``device``; ``num_workers``:
     DataLoader workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main
     process would leave the GPU waiting; none on a CPU). Returns the tidy table and its folder. The
     metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
@@ -394,11 +448,15 @@ def run(
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if device.type == "cuda" else 0
-    pairs = min(measurement.n_pairs, len(reference_set), len(target_set))
-    if pairs < measurement.n_pairs and progress:
+    pairs = pair_count(measurement, len(reference_set), len(target_set))
+    indices = pair_indices(
+        len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed, measurement.loader_batch
+    )
+    distinct = [len(set(chosen)) for chosen in indices]
+    if progress and (pairs < measurement.n_pairs or min(distinct) < pairs):
         print(
-            f"{measurement.dataset}: {pairs} pairs, not {measurement.n_pairs}: "
-            f"{measurement.reference} has {len(reference_set)} test images and {measurement.dataset} {len(target_set)}"
+            f"{measurement.dataset}: {pairs} pairs of {distinct[0]} distinct {measurement.reference} images "
+            f"(of {len(reference_set)}) and {distinct[1]} distinct {measurement.dataset} images (of {len(target_set)})"
         )
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     folder = measurement.folder()
@@ -415,6 +473,7 @@ def run(
             progress=progress,
             sample=measurement.sample,
             seed=measurement.seed,
+            loader_batch=measurement.loader_batch,
         )
         metadata = {
             "model": measurement.model,
@@ -422,6 +481,9 @@ def run(
             "reference": measurement.reference,
             "n_pairs": pairs,
             "n_pairs_requested": measurement.n_pairs,
+            "distinct_reference": distinct[0],
+            "distinct_target": distinct[1],
+            "loader_batch": measurement.loader_batch if measurement.sample == "first" else None,
             "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
             "token_rms": table.attrs["token_rms"],
             "sample": measurement.sample,
@@ -471,6 +533,8 @@ COLLECTED = (
     "plasticity",
     "rank",
     "n_pairs",
+    "distinct_reference",
+    "distinct_target",
     "sample",
     "seed",
     "normalize",
@@ -487,19 +551,23 @@ def collect(
     normalize: str | None = "imagenet",
     reference: str | None = "default",
     severity: int | None = 5,
+    by_block: bool = False,
 ) -> pd.DataFrame:
-    """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component.
+    """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component
+    (``by_block``: per block as well, ``ranking.layer_means``, with ``block`` and ``depth`` for ``rank``:
+    the values the boxes of Fig. 2 middle pool over datasets).
 
     Columns (``COLLECTED``) ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean
     rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
-    ``sample``, ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
+    ``distinct_reference``, ``distinct_target`` (the distinct images of each side in the pairs), ``sample``,
+    ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
     embeddings; missing for results saved before it was recorded). Only results whose pairs were
     drawn by ``sample`` (the paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
     all): a model and dataset measured several ways would otherwise count twice. Results measured on
-    earlier test splits (``SPLITS_VERSION``) are left out with a warning that names them. ``root``:
+    earlier test splits or pair sets (``current``) are left out with a warning that names them. ``root``:
     the results folder to read (None: ``results_root(inputs)``).
     """
     if sample is not None:
@@ -513,20 +581,27 @@ def collect(
         metadata = {"sample": "first", "seed": None, "normalize": "imagenet", **paths.read_json(metadata_file)}
         if not _asked_for(metadata, sample, seed, normalize, reference, severity):
             continue
-        if metadata.get("splits", 1) != SPLITS_VERSION:
+        if not current(metadata):
             outdated.append(paths.display(metadata_file.parent))
             continue
-        for label, row in ranking(load(metadata_file.parent)).iterrows():
+        keys = {column: metadata.get(column) for column in COLLECTED}
+        result = load(metadata_file.parent)
+        if by_block:
+            rows += [{**keys, **row} for row in layer_means(result).to_dict("records")]
+            continue
+        for label, row in ranking(result).iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
-            measured = {"component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])}
-            rows.append({**{column: metadata.get(column) for column in COLLECTED}, **measured})
-    table = pd.DataFrame(rows, columns=list(COLLECTED))
+            rows.append({**keys, "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])})
+    columns = [c for c in COLLECTED if c != "rank"] + ["block", "depth"] if by_block else list(COLLECTED)
+    table = pd.DataFrame(rows, columns=columns)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     # None (the paper's draw has no seed) stays missing, not NaN in a float column
     table["seed"] = table["seed"].astype("Int64")
     table["token_rms"] = table["token_rms"].astype(float)
     if outdated:
-        warnings.warn(f"results of earlier test splits left out (measure them again): {', '.join(outdated)}")
+        warnings.warn(
+            f"results of earlier test splits or pair sets left out (measure them again): {', '.join(outdated)}"
+        )
     return table
 
 

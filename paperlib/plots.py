@@ -8,7 +8,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from . import paths
+from . import paths, ranking
 from .components import COMPONENTS, LABELS
 from .imagesets import ImageDataset
 
@@ -103,10 +103,11 @@ __all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_fig
 
 
 def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
-    """Distribution of the rates of change per component, over all pairs and blocks (Fig. 3 left)."""
+    """Every rate of change per component, over all pairs and blocks, as violins (beyond the paper's
+    summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the per-block P(f))."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
-    values = [table.loc[table["component"] == c, "rate"].to_numpy() for c in COMPONENTS]
+    values = [table.loc[table["component"] == c, "rate"].dropna().to_numpy() for c in COMPONENTS]
     parts = ax.violinplot(values, showmedians=True, showextrema=False)
     for body, component in zip(parts["bodies"], COMPONENTS):
         body.set_facecolor(COLORS[component])
@@ -118,14 +119,60 @@ def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
     return ax
 
 
-def plasticity_along_depth(by_block, ax: plt.Axes | None = None) -> plt.Axes:
-    """P(f) per block for each component, against percent of depth (Fig. 3 middle)."""
+def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) -> plt.Axes:
+    """One box per component of its per-block P(f), in plasticity order: the authors' summary of
+    Fig. 3 (left: one dataset, one value per block) and Fig. 2 (middle: the blocks of every dataset
+    pooled, for one model).
+
+    ``means``: ``ranking.layer_means`` or ``plasticity.collect(by_block=True)`` rows (column
+    ``plasticity``, one row per block and component), or a tidy rates table (column ``rate``),
+    whose per-block means are taken here. Rows of several models are refused: a box pools the
+    datasets of one model. Whiskers reach 1.5 interquartile ranges; points beyond them are hidden,
+    as in the authors' figures, unless ``fliers``.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
-    blocks = len(by_block)
-    depth = [100.0 * b / max(blocks - 1, 1) for b in by_block.index]
+    if "rate" in means:
+        means = ranking.layer_means(means)
+    if "model" in means and means["model"].nunique() > 1:
+        raise ValueError(
+            "layer_mean_boxes pools the blocks of one model (a panel per model), "
+            f"got {', '.join(sorted(map(str, means['model'].unique())))}"
+        )
+    components = [c for c in COMPONENTS if (means["component"] == c).any()]
+    values = [means.loc[means["component"] == c, "plasticity"].to_numpy() for c in components]
+    parts = ax.boxplot(values, patch_artist=True, widths=0.6, showfliers=fliers, medianprops={"color": "black"})
+    for box, component in zip(parts["boxes"], components):
+        box.set_facecolor(COLORS[component])
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(1, len(components) + 1), [LABELS[c] for c in components])
+    ax.set_ylabel("plasticity $\\mathcal{P}(f)$ per block")
+    return ax
+
+
+def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) -> plt.Axes:
+    """P(f) per block for each component, against percent of depth (Fig. 3 middle and right), with
+    the authors' band P(f) +/- 1.96 sd / sqrt(n) around each curve (sd of the block's per-pair rates,
+    n its number of pairs: ``ranking.depth_band``).
+
+    ``data``: a tidy rates table (column ``rate``) or ``ranking.depth_band``'s table, for the band
+    (left out if not ``band``); or ``plasticity.plasticity_by_block``'s blocks x components table,
+    which has no spread: the curves alone.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    if "rate" in data:
+        data = ranking.depth_band(data)
     for component in COMPONENTS:
-        ax.plot(depth, by_block[component], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
+        style = {"color": COLORS[component], "label": LABELS[component]}
+        if "half_width" in data:
+            part = data[data["component"] == component].sort_values("block")
+            ax.plot(part["depth"], part["plasticity"], marker="o", ms=3, **style)
+            if band:
+                ax.fill_between(part["depth"], part["low"], part["high"], color=COLORS[component], alpha=0.3, lw=0)
+        else:
+            depth = [100.0 * b / max(len(data) - 1, 1) for b in data.index]
+            ax.plot(depth, data[component], marker="o", ms=3, **style)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("depth (% of blocks)")
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
@@ -134,7 +181,8 @@ def plasticity_along_depth(by_block, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
-    """P(f) per component across datasets: one dot per dataset, a bar for the mean (Fig. 2, middle)."""
+    """P(f) per component across datasets: one dot per dataset, a bar for the mean (beyond the
+    paper's summary: the authors' Fig. 2 middle is ``layer_mean_boxes`` of the per-block P(f))."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for i, component in enumerate(COMPONENTS):
@@ -225,8 +273,9 @@ def training_curves(
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left
     on Sketch, Fig. 18 on each benchmark): ``runs`` of that dataset, as ``runs.load`` lists them.
-    Boxes are over finished runs; the runs that diverged are counted under each box (a robust
-    configuration is one that neither spreads nor diverges)."""
+    As the authors' figure, boxes are over every run with a test accuracy, diverged runs included with
+    their best-validation checkpoint's (counted under each box), and full finetuning is a dashed line at
+    its mean."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
@@ -234,12 +283,15 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
             "config_boxes shows one dataset (Fig. 18 has a panel per benchmark), "
             f"got {', '.join(sorted(runs['dataset'].unique()))}"
         )
-    components = [c for c in (*COMPONENTS, "full", "linear") if (runs["component"] == c).any()]
-    finished = runs[runs["status"] == "finished"]
-    values = [100 * finished.loc[finished["component"] == c, "test_accuracy"].dropna().to_numpy() for c in components]
-    parts = ax.boxplot(values, patch_artist=True, widths=0.6)
+    ended = runs[runs["status"].isin(["finished", "diverged"])]
+    accuracy = {c: 100 * ended.loc[ended["component"] == c, "test_accuracy"].dropna().to_numpy() for c in COLORS}
+    components = [c for c in (*COMPONENTS, "linear") if len(accuracy[c])]
+    parts = ax.boxplot([accuracy[c] for c in components], patch_artist=True, widths=0.6)
     for box, component in zip(parts["boxes"], components):
         box.set_facecolor(COLORS[component])
+    if len(accuracy["full"]):
+        ax.axhline(accuracy["full"].mean(), color=COLORS["full"], linestyle="--", label="full finetuning (mean)")
+        ax.legend(frameon=False, fontsize=7)
     diverged = [int(((runs["component"] == c) & (runs["status"] == "diverged")).sum()) for c in components]
     labels = [LABELS[c] + (f"\n{n} diverged" if n else "") for c, n in zip(components, diverged)]
     ax.set_xticks(range(1, len(components) + 1), labels)

@@ -8,6 +8,12 @@ paper's (MHA > FC1 > FC2 > LN2 > LN1, Fig. 2 middle) and how sure it is.
 - ``scale_ranking`` and ``paper_order_from`` (beyond the paper): the order of the components at each
   factor of ``plasticity.scale_curve``, and from which factor on it is the paper's (notebook 02's
   scale curve).
+- ``layer_means`` and ``depth_band``: the summaries of the paper's plasticity figures as the
+  authors draw them. Each box of Fig. 3 (left) and Fig. 2 (middle) holds one value per block, that
+  block's P(f) (``layer_means``; pooled over datasets for Fig. 2: ``plasticity.collect(by_block=True)``),
+  and the band around each curve of Fig. 3 (middle, right) is P(f) ±
+  1.96 sd / sqrt(n), sd the standard deviation of the block's per-pair rates and n its number of
+  pairs (``depth_band``).
 
 Tables are ``plasticity``'s tidy tables (``plasticity.rates``, ``run``, ``load``): one row per block,
 component and pair. Pairs without any rate (identical embeddings, in tables made by
@@ -107,3 +113,43 @@ def paper_order_from(curve: pd.DataFrame) -> float | None:
             break
         onset = float(factor)
     return onset
+
+
+Z_95 = 1.96
+"""The normal quantile of the authors' band around P(f) along depth (a 95% interval of a mean)."""
+
+
+def layer_means(table: pd.DataFrame) -> pd.DataFrame:
+    """P(f) of each block: what goes in the boxes of Fig. 3 (left) and Fig. 2 (middle).
+
+    One row per block and component (components in ``COMPONENTS`` order within each block):
+    ``block``, ``depth`` (percent of depth), ``component`` and ``plasticity``, the mean rate over the
+    block's pairs, so each component has one value per block (12 for ViT-Base). The authors' box
+    of a component holds these values, not the rates of single pairs (those are
+    ``plots.rate_distributions``' violins).
+    """
+    table = pairs_with_rates(table)
+    means = table.groupby(["block", "depth", "component"], observed=True)["rate"].mean().rename("plasticity")
+    out = means.reset_index()
+    out["component"] = pd.Categorical(out["component"], categories=COMPONENTS)
+    return out.sort_values(["block", "component"], ignore_index=True)
+
+
+def depth_band(table: pd.DataFrame, z: float = Z_95, ddof: int = 0) -> pd.DataFrame:
+    """P(f) of each block with the authors' band around it (Fig. 3, middle and right).
+
+    One row per block and component: ``block``, ``depth``, ``component``, ``plasticity`` (the mean
+    rate over the block's pairs), ``sd`` (the standard deviation of those rates, with ``ddof``: 0,
+    numpy's default, as the authors'), ``n`` (the number of pairs with a rate in the block),
+    ``half_width`` = ``z * sd / sqrt(n)`` (``z`` = 1.96: a 95% normal interval of the mean over
+    pairs), ``low`` and ``high`` = ``plasticity`` -/+ ``half_width``.
+    """
+    table = pairs_with_rates(table)
+    grouped = table.groupby(["block", "depth", "component"], observed=True)["rate"]
+    out = pd.DataFrame({"plasticity": grouped.mean(), "sd": grouped.std(ddof=ddof), "n": grouped.count()})
+    out["half_width"] = z * out["sd"] / np.sqrt(out["n"])
+    out["low"] = out["plasticity"] - out["half_width"]
+    out["high"] = out["plasticity"] + out["half_width"]
+    out = out.reset_index()
+    out["component"] = pd.Categorical(out["component"], categories=COMPONENTS)
+    return out.sort_values(["block", "component"], ignore_index=True)

@@ -92,6 +92,9 @@ class Config:
     # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
     # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     tag: str = ""
+    # stop a run at a loss above finetune.EXPLODED times chance level's (not the authors': their loop never stops a run;
+    # a loss that is not finite stops it either way, and either marks it diverged)
+    stop_exploded: bool = False
     # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the
     # finetuned model); not part of what a run is
     save_weights: bool = False
@@ -127,8 +130,9 @@ class Config:
                 "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
                 f"got {self.tag!r}"
             )
-        if not isinstance(self.save_weights, bool):
-            raise ValueError(f"save_weights must be True or False, got {self.save_weights!r}")
+        for name in ("save_weights", "stop_exploded"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         options = self.step_options().checked(torch.device(self.device))
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
         if self.optimizer != "sgd" and self.momentum != Config.momentum:  # SGD's alone
@@ -245,9 +249,11 @@ def config_fingerprints(config: Config) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
-PROTOCOL = 2
+PROTOCOL = 3
 """The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
-``is_finished`` (a run of another version is run again, never mixed with these): 2, the authors' splits
+``is_finished`` (a run of another version is run again, never mixed with these): 3, a run whose loss
+explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the
+authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits
 (``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
 (multiples of ``eval_every`` only), batches (the last incomplete one of an epoch dropped) and new head
 (PyTorch's ``nn.Linear`` initialisation); 1, before (recorded by no key). See ``docs/fidelity.md``."""

@@ -18,7 +18,7 @@
 Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
 stable finetuning performance" (§5.2).
 
-- ``grid_spread``: per dataset and component, the spread of test accuracy over every finished run
+- ``grid_spread``: per dataset and component, the spread of test accuracy over every run
   of the grid (learning rates x seeds: what Fig. 4 left and Fig. 18 draw as boxes).
 - ``plasticity_correlation``: per dataset, Kendall's tau (scipy) between the components' P(f)
   and a finetuning result (accuracy, spread...), with its exact p-value over the five components.
@@ -66,17 +66,19 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
     standard deviation, 1.22x larger for three seeds), ``seeds``.
 
     ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
-    and tag (a ValueError otherwise: their runs are not seeds of one another). Only ``finished`` runs count; diverged
-    runs of a learning rate make its mean NaN, so it is never chosen; a learning rate with fewer
-    seeds than another of its dataset and component (an unfinished sweep) is not chosen either, so
-    that every cell rests on the same seeds.
+    and tag (a ValueError otherwise: their runs are not seeds of one another). ``finished`` and ``diverged`` runs
+    count, each with the test accuracy of its best-validation checkpoint, as the authors' selection over every
+    run (a run without one, diverged before its first validation, makes its learning rate's mean NaN, never
+    chosen); a learning rate with fewer seeds than another of its dataset and component (an unfinished sweep)
+    is not chosen, so that every cell rests on the same seeds; of learning rates with equal scores the smallest
+    is kept, as the authors' strict ``>`` over their ascending grid.
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
     check_one_setting(runs, "table6")
     finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
-    finished["test"] = np.where(finished["status"] == "finished", finished["test_accuracy"] * 100, np.nan)
-    finished["val"] = np.where(finished["status"] == "finished", finished["best_val_accuracy"] * 100, np.nan)
+    finished["test"] = finished["test_accuracy"] * 100
+    finished["val"] = finished["best_val_accuracy"] * 100
     per_lr = (
         finished.groupby(["dataset", "component", "lr"])
         .agg(
@@ -91,7 +93,7 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
     best = (
         per_lr[complete]
         .dropna(subset=["score"])
-        .sort_values("score", ascending=False)
+        .sort_values(["score", "lr"], ascending=[False, True])
         .groupby(["dataset", "component"])
         .head(1)
     )
@@ -122,17 +124,22 @@ def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
 TABLE1_COLUMNS = ["component", "decrease", "p_value", "significant", "datasets", "p_holm", "significant_holm"]
 
 
-def table1(accuracies: pd.DataFrame, alternative: str = "greater", level: float = 0.05) -> pd.DataFrame:
+def table1(
+    accuracies: pd.DataFrame, alternative: str = "greater", level: float = 0.05, decimals: int | None = 2
+) -> pd.DataFrame:
     """Table 1: MHA against each other component across benchmarks.
 
     ``accuracies``: columns ``dataset``, ``component``, ``accuracy`` (one value per dataset and
-    component). Returns one row per other component present: ``component``, ``decrease`` (mean over
+    component), rounded to ``decimals`` first, as the authors' test read Table 6's printed means (2
+    decimals: a difference that rounds to zero drops out of the test, scipy's default ``zero_method``;
+    None: unrounded). Returns one row per other component present: ``component``, ``decrease`` (mean over
     datasets of MHA minus it, in accuracy points), ``p_value`` (Wilcoxon signed-rank over the
     datasets where both are present; ``alternative="greater"``, the authors' one-sided test that MHA
     is better, or ``"two-sided"``), ``significant`` (p < ``level``), ``datasets``, and the same
     adjusted for the four comparisons (``p_holm``, ``significant_holm``).
     """
     table = wide(accuracies)
+    table = table if decimals is None else table.round(decimals)
     if "mha" not in table:
         raise ValueError("table1 needs MHA accuracies (component 'mha')")
     rows = []
@@ -275,21 +282,29 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
     return out.sort_values("component", key=component_order).reset_index(drop=True)
 
 
-def grid_spread(runs: pd.DataFrame, components=COMPONENTS, common: bool = True) -> pd.DataFrame:
+DIVERGED = ("kept", "cell", "run")
+"""What ``grid_spread`` does with a run that diverged: ``kept``, its test accuracy counts as any other's (the
+authors' Fig. 18 boxes every run of the grid); ``cell``, its (learning rate, seed) cell is left out for every
+configuration; ``run``, it is left out for its own configuration only."""
+
+
+def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept") -> pd.DataFrame:
     """One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
     (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
-    (interquartile range), ``range``, ``median``, over ``finished`` runs; ``diverged`` (runs that
+    (interquartile range), ``range``, ``median``, over ``runs`` counted; ``diverged`` (runs that
     diverged) and ``cells`` (the grid's learning rate and seed pairs counted).
 
-    The configurations are compared on one grid: only the (learning rate, seed) cells where every
-    one of them has a run that finished or diverged count (an unfinished sweep's missing runs would
-    otherwise leave one configuration a grid of its own), and, with ``common``, a cell where any of
-    them diverged is left out for all, so that a configuration that diverges at the largest
-    learning rates is not made to look steadier by losing them: its divergences are in
-    ``diverged``. ``runs``: ``runs.load``'s table for one model, precision, optimizer, LoRA
+    The configurations are compared on one grid: only the (learning rate, seed) cells where every one of
+    them has a run that ended (finished or diverged) with a test accuracy count, so that an unfinished
+    sweep's missing runs do not leave one configuration a grid of its own. A run that diverged keeps the
+    test accuracy of its best-validation checkpoint and counts as the authors' boxes count it
+    (``diverged="kept"``); ``"cell"`` leaves its cell out for every configuration, ``"run"`` for its own
+    only (``DIVERGED``). ``runs``: ``runs.load``'s table for one model, precision, optimizer, LoRA
     setting, normalisation and tag (a ValueError otherwise)."""
+    if diverged not in DIVERGED:
+        raise ValueError(f"unknown diverged {diverged!r}; valid choices: {', '.join(DIVERGED)}")
     check_one_setting(runs, "grid_spread")
-    columns = ["dataset", "component", "std", "iqr", "range", "median", "finished", "diverged", "cells"]
+    columns = ["dataset", "component", "std", "iqr", "range", "median", "runs", "diverged", "cells"]
     rows = []
     for dataset, part in runs[runs["component"].isin(components)].groupby("dataset", sort=True):
         present = [c for c in components if c in set(part["component"])]
@@ -300,12 +315,12 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, common: bool = True) 
             )
         status = part.pivot(index=["lr", "seed"], columns="component", values="status")[present]
         accuracy = part.pivot(index=["lr", "seed"], columns="component", values="test_accuracy")[present] * 100
-        # a finished run without a test accuracy is not counted
-        ended = (status == "diverged") | ((status == "finished") & accuracy.notna())
-        complete = ended.all(axis=1)
-        kept = complete & (status == "finished").all(axis=1) if common else complete
+        split = status == "diverged"
+        complete = (status.isin(["finished", "diverged"]) & accuracy.notna()).all(axis=1)
+        kept = complete & ~split.any(axis=1) if diverged == "cell" else complete
         for component in present:
-            values = accuracy.loc[kept & (status[component] == "finished"), component]
+            counted = kept & ~split[component] if diverged == "run" else kept
+            values = accuracy.loc[counted, component]
             rows.append(
                 {
                     "dataset": dataset,
@@ -314,8 +329,8 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, common: bool = True) 
                     "iqr": values.quantile(0.75) - values.quantile(0.25),
                     "range": values.max() - values.min(),
                     "median": values.median(),
-                    "finished": len(values),
-                    "diverged": int((complete & (status[component] == "diverged")).sum()),
+                    "runs": len(values),
+                    "diverged": int((status[component] == "diverged").sum()),
                     "cells": int(complete.sum()),
                 }
             )

@@ -129,7 +129,7 @@ def test_plasticity_help_gives_every_option_a_meaning_a_type_and_a_default(capsy
         assert meaning, f"--{name} has no meaning for --help"
         assert f"{meaning} (" in text and f"default {shown(default)})" in text, name
     assert "--n-pairs INT" in text and "--progress BOOL" in text
-    assert "embedding (the paper's definition) or in_situ" in text and "first (the paper" in text  # the choices
+    assert "embedding (the paper's definition) or in_situ" in text and "first (the authors'" in text  # the choices
     assert "--root" not in text  # one name for the data folder, notebook 02's
 
 

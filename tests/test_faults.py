@@ -497,17 +497,56 @@ def test_our_processes_wait_without_spinning_unless_told_otherwise():
 # --- runs that explode, runs of other parameters in a spec's folder ---------------------------------
 
 
-def test_an_exploded_run_is_diverged_and_never_chosen(small):
-    # lr 1000 at demo scale: a loss far above chance level's (log 5) stops the run, recorded diverged with the step
-    exploded = finetune.run(small(lr=1000.0, steps=20, eval_every=5))
-    assert exploded["status"] == "diverged" and exploded["diverged_step"] is not None
-    history = runs.history(small(lr=1000.0, steps=20, eval_every=5))
-    assert history["step"].iloc[-1] == exploded["diverged_step"] <= 20
+def test_an_exploded_run_is_diverged_and_stops_there_only_when_asked(small):
+    # lr 1000 at demo scale: a loss far above chance level's (log 5), recorded diverged with its first step
+    asked = small(lr=1000.0, steps=20, eval_every=5, stop_exploded=True)
+    stopped = finetune.run(asked)
+    assert stopped["status"] == "diverged" and stopped["diverged_step"] is not None
+    history = runs.history(asked)
+    assert history["step"].iloc[-1] == stopped["diverged_step"] <= 20
     assert history["train_loss"].iloc[-1] > finetune.EXPLODED * np.log(5)
-    sane = finetune.run(small(lr=0.01, steps=20, eval_every=5))
-    assert sane["status"] == "finished" and sane["diverged_step"] is None
-    table = stats.table6(runs.load()[0])
-    assert table["lr"].tolist() == [0.01]  # the diverged learning rate is never the best
+    # the authors' loop (the default): the same run goes on past that step, to its end or to a loss that is not finite
+    default = small(lr=1000.0, steps=20, eval_every=5)
+    assert default.folder() == asked.folder() and not runs.is_finished(default)  # another run, trained again
+    going_on = finetune.run(default)
+    assert going_on["status"] == "diverged" and going_on["diverged_step"] == stopped["diverged_step"]
+    history = runs.history(default)
+    assert history["step"].iloc[-1] == 20 or not np.isfinite(history["train_loss"].iloc[-1])
+    assert len(history) > stopped["diverged_step"] or not np.isfinite(history["train_loss"].iloc[-1])
+
+
+class LossTurnsNaN:
+    """A run's step whose loss and trainable weights turn NaN after ``after`` calls, as a run that diverges."""
+
+    def __init__(self, step, after: int):
+        self.step, self.after, self.calls = step, after, 0
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+    def __call__(self, images, labels):
+        self.calls += 1
+        loss, norm = self.step(images, labels)
+        if self.calls <= self.after:
+            return loss, norm
+        with torch.no_grad():
+            for parameter in self.step.trainable:
+                parameter.fill_(float("nan"))
+        return loss * float("nan"), norm
+
+
+def test_a_run_that_diverges_after_its_best_validation_keeps_its_test_accuracy_and_can_be_chosen(small, monkeypatch):
+    made = finetune.speed.make_step
+    monkeypatch.setattr(finetune.speed, "make_step", lambda *a, **k: LossTurnsNaN(made(*a, **k), after=12))
+    diverged = finetune.run(small(lr=0.03, steps=20, eval_every=5))
+    monkeypatch.setattr(finetune.speed, "make_step", made)
+    assert diverged["status"] == "diverged" and diverged["diverged_step"] == 13
+    assert diverged["best_step"] in (5, 10) and 0 < diverged["test_accuracy"] <= 1  # the checkpoint before the NaN
+    still = finetune.run(small(lr=1e-6, steps=20, eval_every=5))  # learns next to nothing
+    assert still["status"] == "finished" and still["test_accuracy"] < diverged["test_accuracy"]
+    table = runs.load()[0]
+    assert table.set_index("lr").loc[0.03, "test_accuracy"] == diverged["test_accuracy"]
+    assert stats.table6(table)["lr"].tolist() == [0.03]  # the authors' choice over every run
 
 
 def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, capsys, move_results):

@@ -183,8 +183,8 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
     assert (
         len(merged) == len(direct) and (merged["rate_x"] - merged["rate_y"]).abs().max() < 1e-6 * merged["rate_y"].max()
     )
-    with pytest.raises(ValueError, match="only 10 pairs"):
-        plasticity.measure(demo, reference, target, n_pairs=11, progress=False)
+    with pytest.raises(ValueError, match=r"n_pairs must be in 1..10 with sample 'once'"):
+        plasticity.measure(demo, reference, target, n_pairs=11, progress=False, sample="once")
 
     folder = plasticity.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
     back = plasticity.load(folder)
@@ -253,7 +253,9 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
     assert plasticity.collect()["token_rms"].isna().all()
 
 
-def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_path, monkeypatch, move_results):
+def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and_once_uses_each_image_once(
+    tmp_path, monkeypatch, move_results
+):
     # the paper's 12,800 pairs against test splits of 2,000 (Cifar10-C) to 3,669 (Pets) images
     from paperlib import data
 
@@ -265,9 +267,69 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_uses_them_all(tmp_pat
     monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
     available = min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
     _, metadata = plasticity.run(Measurement(n_pairs=12800), progress=False)
-    assert asked == [available] and metadata["n_pairs"] == available and metadata["n_pairs_requested"] == 12800
-    _, metadata = plasticity.run(Measurement(n_pairs=5), progress=False)
+    assert asked == [12800] and metadata["n_pairs"] == metadata["n_pairs_requested"] == 12800  # the authors' pairs
+    _, metadata = plasticity.run(Measurement(n_pairs=12800, sample="once"), progress=False)
+    assert asked[-1] == available and metadata["n_pairs"] == available and metadata["n_pairs_requested"] == 12800
+    assert metadata["distinct_reference"] == metadata["distinct_target"] == available
+    _, metadata = plasticity.run(Measurement(n_pairs=5, sample="once"), progress=False)
     assert asked[-1] == 5 and metadata["n_pairs"] == metadata["n_pairs_requested"] == 5
+    assert Measurement(sample="once").folder().name == "digits+once"
+
+
+def authors_loader(n_images: int, batch: int):
+    """The authors' analysis loader, built from torch's own DataLoader: unshuffled, ``drop_last``, made endless."""
+    from itertools import chain, repeat
+
+    from torch.utils.data import DataLoader
+
+    return chain.from_iterable(repeat(DataLoader(torch.arange(n_images), batch_size=batch, drop_last=True)))
+
+
+@pytest.mark.parametrize("batch, steps", [(64, 200), (32, 400)])  # ViT-Base's and ViT-Huge's 12,800 pairs
+def test_the_pairs_are_those_of_two_cycled_loaders_with_drop_last(batch, steps):
+    reference, target = authors_loader(50_000, batch), authors_loader(2_000, batch)  # ImageNet val, Cifar10-C test
+    expected = [torch.cat([next(loader) for _ in range(steps)]).tolist() for loader in (reference, target)]
+    drawn = plasticity.pair_indices(50_000, 2_000, batch * steps, batch=batch)
+    assert list(drawn) == expected
+    assert drawn[0] == list(range(12_800)) and len(set(drawn[1])) == 1_984  # 31 whole batches of 64, 62 of 32
+
+
+def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move_results):
+    move_results(".")
+    asked = data.DEMO_PAIRS + 40
+    measurement = Measurement(n_pairs=asked)
+    table, folder = plasticity.run(measurement, batch_size=64, progress=False)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    whole = [len(data.get_dataset(name, "test")) // 64 * 64 for name in ("digits_source", "digits")]
+    assert metadata["n_pairs"] == table["pair"].nunique() == asked and metadata["n_pairs_requested"] == asked
+    assert [metadata["distinct_reference"], metadata["distinct_target"]] == whole == [128, 128]
+    # pair 128 is pair 0 again: the same two images, the same rates
+    rates = table.set_index(["pair", "block", "component"])["rate"]
+    assert (rates.loc[128] - rates.loc[0]).abs().max() < 1e-6
+    # the reference's first images, in order
+    reference = data.get_dataset("digits_source", "test", image_size=32, mean_std=models.normalization("demo"))
+    _, x, _ = plasticity.pair_images(measurement)
+    assert len(x) == asked and torch.equal(x[130], reference[2][0]) and torch.equal(x[5], reference[5][0])
+    collected = plasticity.collect().iloc[0]
+    assert (collected["n_pairs"], collected["distinct_reference"], collected["distinct_target"]) == (asked, 128, 128)
+
+
+def test_a_small_test_split_in_the_official_format_repeats(tmp_path, move_results):
+    from paperlib import fixtures
+
+    move_results(".")
+    root = tmp_path / "data"
+    fixtures.write_cifar10c(root, ("contrast",), per_severity=50)  # a 10-image test split
+    fixtures.write_imagenet(root)  # 12 validation images: both sets smaller than one batch, used whole
+    measurement = Measurement("demo", "cifar10c/contrast", n_pairs=30)
+    table, folder = plasticity.run(measurement, batch_size=8, data_root=root, progress=False)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert (metadata["n_pairs"], metadata["distinct_reference"], metadata["distinct_target"]) == (30, 12, 10)
+    rates = table.set_index(["pair", "block", "component"])["rate"]
+    assert (rates.loc[20] - rates.loc[0]).abs().max() > 0  # image 0 of the target with another reference image
+    once_each = dataclasses.replace(measurement, sample="once")
+    once, _ = plasticity.run(once_each, batch_size=8, data_root=root, progress=False)
+    assert once["pair"].nunique() == 10
 
 
 def test_pair_indices_first_and_random():
@@ -282,7 +344,7 @@ def test_pair_indices_first_and_random():
         plasticity.pair_indices(1000, 50, 40, "random", seed=0)[1]
         == plasticity.pair_indices(70, 50, 40, "random", seed=0)[1]
     )  # a set's draw is its own
-    with pytest.raises(ValueError, match="valid samples: first, random"):
+    with pytest.raises(ValueError, match="valid samples: first, once, random"):
         plasticity.pair_indices(10, 8, 5, "shuffled")
     with pytest.raises(ValueError, match=r"n_pairs must be in 1..8"):
         plasticity.pair_indices(10, 8, 9, "random")
@@ -377,6 +439,13 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
         assert plasticity.collect().empty
     assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
     assert measurement.is_saved() and len(plasticity.collect()) == 5
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert metadata["pairs"] == plasticity.PAIRS
+    del metadata["pairs"]  # a result of each image once, before the authors' pair set
+    (folder / "metadata.json").write_text(json.dumps(metadata))
+    assert not measurement.is_saved()
+    with pytest.warns(UserWarning, match="pair sets"):
+        assert plasticity.collect().empty
 
 
 def test_measure_missing_measures_a_missing_result_and_skips_a_present_one(monkeypatch, tmp_path, move_results):
@@ -432,7 +501,7 @@ def test_a_measurement_is_validated_when_it_is_made():
         ({"dataset": "digits_c/nowhere"}, "unknown dataset 'digits_c/nowhere'; valid datasets: digits_source"),
         ({"reference": "imagenet21k"}, "unknown dataset 'imagenet21k'"),
         ({"inputs": "forward"}, "valid inputs: embedding, in_situ"),
-        ({"sample": "all"}, "valid samples: first, random"),
+        ({"sample": "all"}, "valid samples: first, once, random"),
         ({"normalize": "own"}, "valid choices: imagenet, model"),
         ({"severity": 6}, r"severity must be one of \(1, 2, 3, 4, 5\), got 6"),
         ({"n_pairs": 0}, "n_pairs must be at least 1 \\(an integer\\), got 0"),

@@ -264,3 +264,14 @@ def test_robustness_boxes_show_one_dataset_and_count_divergence():
     with pytest.raises(ValueError, match="shows one dataset"):
         plots.config_boxes(pd.concat([runs, runs.assign(dataset="b")]), ax)
     plt.close(fig)
+    # as the authors' Fig. 18: a diverged run's accuracy is in its box, full finetuning a dashed line at its mean
+    runs.loc[2, "test_accuracy"] = 0.1
+    full = pd.DataFrame({"dataset": "a", "component": "full", "status": "finished", "test_accuracy": [0.5, 0.7]})
+    fig, ax = plt.subplots()
+    plots.config_boxes(pd.concat([runs, full]), ax)
+    assert len(ax.get_xticklabels()) == 2
+    whiskers = [line.get_ydata() for line in ax.lines if line.get_linestyle() != "--" and len(line.get_ydata())]
+    assert min(min(y) for y in whiskers) == pytest.approx(10.0)  # the diverged run's 10%
+    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([60.0, 60.0])
+    plt.close(fig)

@@ -335,26 +335,20 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     assert row["range"] == pytest.approx(max(values) - min(values)) and row["median"] == pytest.approx(
         statistics.median(values)
     )
-    assert (row["finished"], row["diverged"], row["cells"]) == (6, 0, 6)
+    assert (row["runs"], row["diverged"], row["cells"]) == (6, 0, 6)
     assert set(spread.index.get_level_values("component")) == {"mha", "fc1", "ln1"}
-    # FC2 of dataset a has one diverged run and one that did not finish: no cell of a has every configuration
+    # FC2 of digits has one run that diverged before any validation (no test accuracy) and one that did not
+    # finish: no cell of digits has every configuration with a test accuracy
     with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"]).set_index("component")
-    assert (
-        with_fc2["cells"].tolist() == [1, 1]
-        and with_fc2.loc["fc2", "diverged"] == 1
-        and with_fc2.loc["mha", "finished"] == 0
-    )
-    assert (
-        stats.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"], common=False)
-        .set_index("component")
-        .loc["mha", "finished"]
-        == 1
-    )
+    assert with_fc2["cells"].tolist() == [0, 0] and with_fc2.loc["fc2", "diverged"] == 1
+    assert with_fc2.loc["mha", "runs"] == 0
     with pytest.raises(ValueError, match="one model"):
         stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
+    with pytest.raises(ValueError, match="valid choices: kept, cell, run"):
+        stats.grid_spread(runs, diverged="dropped")
 
 
-def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_steadier():
+def test_a_diverged_run_counts_with_its_accuracy_as_the_authors_boxes_unless_asked_otherwise():
     rows = []
     for lr, seed in itertools.product([0.01, 0.1, 1.0], [0, 1]):
         rows.append(
@@ -365,7 +359,8 @@ def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_stead
                 "lr": lr,
                 "seed": seed,
                 "status": "diverged" if lr == 1.0 else "finished",
-                "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: float("nan")}[lr] + 0.001 * seed,
+                # a run that diverged keeps its best-validation checkpoint's accuracy
+                "test_accuracy": {0.01: 0.80, 0.1: 0.90, 1.0: 0.10}[lr] + 0.001 * seed,
             }
         )
         rows.append(
@@ -379,13 +374,28 @@ def test_a_configuration_that_diverges_at_large_learning_rates_is_not_made_stead
                 "test_accuracy": {0.01: 0.80, 0.1: 0.85, 1.0: 0.60}[lr] + 0.001 * seed,
             }
         )
-    spread = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
-    assert spread["cells"].tolist() == [6, 6] and spread.loc["mha", "diverged"] == 2
-    assert spread["finished"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
-    ln1 = [80.0, 80.1, 85.0, 85.1]
-    assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev(ln1))
-    everything = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"], common=False).set_index("component")
-    assert everything.loc["ln1", "finished"] == 6 and everything.loc["mha", "finished"] == 4
+    runs = pd.DataFrame(rows)
+    kept = stats.grid_spread(runs, components=["mha", "ln1"]).set_index("component")
+    assert kept["cells"].tolist() == [6, 6] and kept["runs"].tolist() == [6, 6] and kept.loc["mha", "diverged"] == 2
+    mha = [80.0, 80.1, 90.0, 90.1, 10.0, 10.1]
+    assert kept.loc["mha", "std"] == pytest.approx(statistics.stdev(mha))
+    cell = stats.grid_spread(runs, components=["mha", "ln1"], diverged="cell").set_index("component")
+    assert cell["runs"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
+    assert cell.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 80.1, 85.0, 85.1]))
+    run = stats.grid_spread(runs, components=["mha", "ln1"], diverged="run").set_index("component")
+    assert run.loc["ln1", "runs"] == 6 and run.loc["mha", "runs"] == 4
+
+
+def test_a_tie_between_learning_rates_keeps_the_smaller_as_the_authors_strict_comparison():
+    rows = [
+        {"model": "m", "dataset": "d", "component": "mha", "lr": lr, "seed": seed, "status": "finished"}
+        | {"test_accuracy": accuracy, "best_val_accuracy": accuracy}
+        for lr, accuracies in ((0.1, [0.8, 0.9]), (0.03, [0.9, 0.8]), (0.01, [0.7, 0.7]), (0.3, [0.85, 0.85]))
+        for seed, accuracy in enumerate(accuracies)
+    ]
+    for order in (rows, rows[::-1]):
+        assert stats.table6(pd.DataFrame(order))["lr"].tolist() == [0.03]
+        assert stats.table6(pd.DataFrame(order), select="val")["lr"].tolist() == [0.03]
 
 
 def _plasticity(order_by_dataset):
@@ -587,7 +597,7 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
         for seed in range(3)
     ]
     spread = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
-    assert spread["cells"].tolist() == [2, 2] and spread["finished"].tolist() == [2, 2]
+    assert spread["cells"].tolist() == [2, 2] and spread["runs"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
 
 
