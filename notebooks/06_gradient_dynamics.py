@@ -73,13 +73,13 @@ report.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of
 # for this dataset when missing) and their early gradient norm, on every dataset of the spec with
 # runs at this learning rate and seed, and a Wilcoxon signed-rank test of the taus across datasets
 # (notebook 07 does the same for accuracy and its spread). The paper predicts tau > 0. Runs that
-# diverged are left out (they stopped early, so their first 20% is another window); they are
+# diverged are left out (one whose loss turned NaN stopped early: its first 20% is another window); they are
 # likely the components of the largest gradients, which biases tau against the paper's reading:
 # their number is printed.
 
 # %%
 at = histories[(histories["lr"] == lr) & (histories["seed"] == seed)]
-norms = stats.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one stopped early
+norms = stats.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one may have stopped early
 if norms.empty:
     print(f"no finished run at lr {lr:g} and seed {seed}")
 else:

@@ -18,8 +18,7 @@
 Beyond the paper, its Takeaway 2 as a test: "a higher plasticity ... leads to better and more
 stable finetuning performance" (§5.2).
 
-- ``grid_spread``: per dataset and component, the spread of test accuracy over every run
-  of the grid (learning rates x seeds: what Fig. 4 left and Fig. 18 draw as boxes).
+- ``grid_spread``: per dataset and component, the spread of test accuracy over the grid (Figs. 4 left, 18).
 - ``plasticity_correlation``: per dataset, Kendall's tau (scipy) between the components' P(f)
   and a finetuning result (accuracy, spread...), with its exact p-value over the five components.
 - ``correlation_summary``: the taus across benchmarks, with a Wilcoxon signed-rank test of their
@@ -66,12 +65,10 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
     standard deviation, 1.22x larger for three seeds), ``seeds``.
 
     ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
-    and tag (a ValueError otherwise: their runs are not seeds of one another). ``finished`` and ``diverged`` runs
-    count, each with the test accuracy of its best-validation checkpoint, as the authors' selection over every
-    run (a run without one, diverged before its first validation, makes its learning rate's mean NaN, never
-    chosen); a learning rate with fewer seeds than another of its dataset and component (an unfinished sweep)
-    is not chosen, so that every cell rests on the same seeds; of learning rates with equal scores the smallest
-    is kept, as the authors' strict ``>`` over their ascending grid.
+    and tag (a ValueError otherwise: their runs are not seeds of one another). As the authors' selection, every
+    run counts with its best-validation checkpoint's test accuracy, diverged ones too (one without, diverged
+    before any validation, makes its learning rate's mean NaN, never chosen), and a tie keeps the smaller
+    learning rate; a learning rate with fewer seeds than another (an unfinished sweep) is not chosen.
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
@@ -124,18 +121,15 @@ def wide(accuracies: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
 TABLE1_COLUMNS = ["component", "decrease", "p_value", "significant", "datasets", "p_holm", "significant_holm"]
 
 
-def table1(
-    accuracies: pd.DataFrame, alternative: str = "greater", level: float = 0.05, decimals: int | None = 2
-) -> pd.DataFrame:
+def table1(accuracies: pd.DataFrame, alternative="greater", level=0.05, decimals: int | None = 2) -> pd.DataFrame:
     """Table 1: MHA against each other component across benchmarks.
 
-    ``accuracies``: columns ``dataset``, ``component``, ``accuracy`` (one value per dataset and
-    component), rounded to ``decimals`` first, as the authors' test read Table 6's printed means (2
-    decimals: a difference that rounds to zero drops out of the test, scipy's default ``zero_method``;
-    None: unrounded). Returns one row per other component present: ``component``, ``decrease`` (mean over
-    datasets of MHA minus it, in accuracy points), ``p_value`` (Wilcoxon signed-rank over the
-    datasets where both are present; ``alternative="greater"``, the authors' one-sided test that MHA
-    is better, or ``"two-sided"``), ``significant`` (p < ``level``), ``datasets``, and the same
+    ``accuracies``: columns ``dataset``, ``component``, ``accuracy`` (one value per dataset and component),
+    rounded to ``decimals`` first as the authors' test read Table 6's printed means (a difference that rounds
+    to 0 drops out, scipy's default ``zero_method``; None: unrounded). Returns one row per other component:
+    ``component``, ``decrease`` (mean over datasets of MHA minus it, in accuracy points), ``p_value``
+    (Wilcoxon signed-rank over the datasets where both are present; ``alternative="greater"``, the authors'
+    one-sided test that MHA is better, or ``"two-sided"``), ``significant`` (p < ``level``), ``datasets``, and the same
     adjusted for the four comparisons (``p_holm``, ``significant_holm``).
     """
     table = wide(accuracies)
@@ -282,25 +276,19 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
     return out.sort_values("component", key=component_order).reset_index(drop=True)
 
 
-DIVERGED = ("kept", "cell", "run")
-"""What ``grid_spread`` does with a run that diverged: ``kept``, its test accuracy counts as any other's (the
-authors' Fig. 18 boxes every run of the grid); ``cell``, its (learning rate, seed) cell is left out for every
-configuration; ``run``, it is left out for its own configuration only."""
+DIVERGED = ("kept", "cell", "run")  # what grid_spread does with a run that diverged (its docstring)
 
 
 def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept") -> pd.DataFrame:
     """One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
     (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
-    (interquartile range), ``range``, ``median``, over ``runs`` counted; ``diverged`` (runs that
-    diverged) and ``cells`` (the grid's learning rate and seed pairs counted).
+    (interquartile range), ``range``, ``median``, over ``runs`` counted; ``diverged`` and ``cells`` (counted).
 
-    The configurations are compared on one grid: only the (learning rate, seed) cells where every one of
-    them has a run that ended (finished or diverged) with a test accuracy count, so that an unfinished
-    sweep's missing runs do not leave one configuration a grid of its own. A run that diverged keeps the
-    test accuracy of its best-validation checkpoint and counts as the authors' boxes count it
-    (``diverged="kept"``); ``"cell"`` leaves its cell out for every configuration, ``"run"`` for its own
-    only (``DIVERGED``). ``runs``: ``runs.load``'s table for one model, precision, optimizer, LoRA
-    setting, normalisation and tag (a ValueError otherwise)."""
+    The configurations are compared on one grid: the (learning rate, seed) cells where every one of them
+    has a test accuracy (an unfinished sweep leaves no configuration a grid of its own). A diverged run
+    counts with its best-validation checkpoint's, as in the authors' boxes (``diverged="kept"``);
+    ``"cell"`` leaves its cell out for all, ``"run"`` for its own configuration only (``DIVERGED``).
+    ``runs``: ``runs.load``'s table for one setting (a ValueError otherwise)."""
     if diverged not in DIVERGED:
         raise ValueError(f"unknown diverged {diverged!r}; valid choices: {', '.join(DIVERGED)}")
     check_one_setting(runs, "grid_spread")
@@ -315,11 +303,11 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept
             )
         status = part.pivot(index=["lr", "seed"], columns="component", values="status")[present]
         accuracy = part.pivot(index=["lr", "seed"], columns="component", values="test_accuracy")[present] * 100
-        split = status == "diverged"
+        went_wrong = status == "diverged"
         complete = (status.isin(["finished", "diverged"]) & accuracy.notna()).all(axis=1)
-        kept = complete & ~split.any(axis=1) if diverged == "cell" else complete
+        kept = complete & ~went_wrong.any(axis=1) if diverged == "cell" else complete
         for component in present:
-            counted = kept & ~split[component] if diverged == "run" else kept
+            counted = kept & ~went_wrong[component] if diverged == "run" else kept
             values = accuracy.loc[counted, component]
             rows.append(
                 {
@@ -481,7 +469,7 @@ def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: f
     """Per finished run of ``runs`` (``runs.load``'s tables: the histories and the runs), the
     mean gradient norm (before clipping) over its first ``fraction`` of steps (steps <= fraction x
     its length; at least its first logged step): one row per run with its keys and ``grad_norm``.
-    A diverged run is left out: it stopped early, so its first fraction would be another window."""
+    A diverged run is left out (one whose loss turned NaN stopped early: its first fraction is another window)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
     finished = runs.loc[runs["status"] == "finished", KEYS]

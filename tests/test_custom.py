@@ -240,7 +240,9 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     table, folder = plasticity.run(measurement, progress=False)
     # not ImageNet, the default
     assert folder == home / "results" / "plasticity" / "custom" / "vit" / "custom" / "shots+ref-custom_pretraining"
-    assert table["pair"].nunique() == 4  # the pretraining folder's test split has 4 images
+    # the pretraining folder's test split has 4 images: the authors' pairs repeat them to the 5 asked for
+    metadata = json.loads((folder / "metadata.json").read_text())
+    assert table["pair"].nunique() == 5 and metadata["distinct_reference"] == 4
     assert plasticity.collect(reference="custom/pretraining")[
         ["model", "dataset"]
     ].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
