@@ -91,10 +91,15 @@ only with ``Config.stop_exploded``. Runs of the paper's grid stay far below (a l
 on Cifar100)."""
 
 
+def exploded_loss(num_classes: int) -> float:
+    """``EXPLODED`` times chance level's loss (the log of ``num_classes``): a loss above it has exploded."""
+    return EXPLODED * math.log(max(num_classes, 2))
+
+
 def diverged_step(rows: list, num_classes: int) -> int | None:
-    """The first step of a run's history whose loss is not finite or above ``EXPLODED`` times chance
-    level's (log of ``num_classes``); None if there is none."""
-    limit = EXPLODED * math.log(max(num_classes, 2))
+    """The first step of a run's history whose loss is not finite or above ``exploded_loss``; None if there
+    is none."""
+    limit = exploded_loss(num_classes)
     exploded = (row["step"] for row in rows if not math.isfinite(row["train_loss"]) or row["train_loss"] > limit)
     return next(exploded, None)
 
@@ -324,7 +329,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
     # the loop
     start, seen = time.perf_counter(), 0
-    limit = EXPLODED * math.log(max(num_classes, 2)) if config.stop_exploded else math.inf  # a loss above it: stop
+    limit = exploded_loss(num_classes) if config.stop_exploded else math.inf  # a loss above it: stop
     pending = []  # steps whose loss and gradient norm are still on the device
     name = f"{config.component} steps"
     steps = tqdm(range(start_step, config.steps), name, config.steps, initial=start_step, disable=not progress)
@@ -354,7 +359,6 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     steps.close()
     _read_back(pending, rows)  # the last steps, if the run did not end on a read-back
     wall = time.perf_counter() - start
-    status = "diverged" if diverged_step(rows, num_classes) is not None else "finished"
 
     # the result: the test accuracy of the best-validation checkpoint
     test_loss = test_accuracy = float("nan")
@@ -363,7 +367,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         step_fn.loaded()
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
-    metrics = _metrics(config, status, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
+    metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
     runs.record(config, rows, best, metrics)
     return model, metrics
 
@@ -402,13 +406,15 @@ def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
     runs.save_checkpoint(config, state)
 
 
-def _metrics(config: Config, status: str, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
-    """A run's ``metrics.json``: how it ended, the test (loss, accuracy) of its best-validation
-    checkpoint, and how it ran (``measured``: wall seconds, images seen, threads, cache side, mean/std)."""
+def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
+    """A run's ``metrics.json``: how it ended (``diverged`` from its history's ``diverged_step``, else
+    ``finished``), the test (loss, accuracy) of its best-validation checkpoint, and how it ran
+    (``measured``: wall seconds, images seen, threads, cache side, mean/std)."""
     device = torch.device(config.device)
+    diverged_at = diverged_step(rows, num_classes)
     return {
-        "status": status,
-        "diverged_step": diverged_step(rows, num_classes),
+        "status": "finished" if diverged_at is None else "diverged",
+        "diverged_step": diverged_at,
         "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
         "best_step": best["step"],
         "test_accuracy": test[1],

@@ -136,14 +136,6 @@ def pair_indices(
     return reference.tolist(), target.tolist()
 
 
-def pair_count(measurement: Measurement, n_reference: int, n_target: int) -> int:
-    """How many pairs ``measurement`` measures on sets of these sizes: ``n_pairs`` with the authors' pair
-    set (``first``), else at most the smaller set's size."""
-    if measurement.sample == "first":
-        return measurement.n_pairs
-    return min(measurement.n_pairs, n_reference, n_target)
-
-
 def rates(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", scale: float = 1.0
 ) -> pd.DataFrame:
@@ -353,6 +345,12 @@ class Measurement:
             leaf += f"+severity-{self.severity}"
         return results_root(self.inputs) / self.model / leaf
 
+    def pair_indices(self, n_reference: int, n_target: int) -> tuple[list[int], list[int]]:
+        """The images of the pairs it measures on sets of these sizes (``pair_indices``): ``n_pairs`` of
+        them with the authors' pair set (``first``), else at most the smaller set's size."""
+        pairs = self.n_pairs if self.sample == "first" else min(self.n_pairs, n_reference, n_target)
+        return pair_indices(n_reference, n_target, pairs, self.sample, self.seed, self.loader_batch)
+
     def is_saved(self) -> bool:
         """Whether ``folder()`` holds a complete result of today's test splits and pair set: its
         ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
@@ -409,13 +407,10 @@ def _pair_sets(measurement: Measurement, data_root):
 
 def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The model and the images of the pairs ``run`` measures for ``measurement``, in memory:
-    (network, x, y), x the reference images and y the target's, paired by position (``pair_count``
-    pairs, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
+    (network, x, y), x the reference images and y the target's, paired by position
+    (``Measurement.pair_indices``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
     network, _, reference_set, target_set = _pair_sets(measurement, data_root)
-    pairs = pair_count(measurement, len(reference_set), len(target_set))
-    chosen = pair_indices(
-        len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed, measurement.loader_batch
-    )
+    chosen = measurement.pair_indices(len(reference_set), len(target_set))
     x, y = ([images[i][0] for i in indices] for images, indices in zip((reference_set, target_set), chosen))
     return network, torch.stack(x), torch.stack(y)
 
@@ -448,11 +443,8 @@ def run(
     start = time.perf_counter()
     if num_workers is None:
         num_workers = decode_workers() if device.type == "cuda" else 0
-    pairs = pair_count(measurement, len(reference_set), len(target_set))
-    indices = pair_indices(
-        len(reference_set), len(target_set), pairs, measurement.sample, measurement.seed, measurement.loader_batch
-    )
-    distinct = [len(set(chosen)) for chosen in indices]
+    indices = measurement.pair_indices(len(reference_set), len(target_set))
+    pairs, distinct = len(indices[0]), [len(set(chosen)) for chosen in indices]
     if progress and (pairs < measurement.n_pairs or min(distinct) < pairs):
         print(
             f"{measurement.dataset}: {pairs} pairs of {distinct[0]} distinct {measurement.reference} images "
