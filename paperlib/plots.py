@@ -155,24 +155,18 @@ def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) 
     the authors' band P(f) +/- 1.96 sd / sqrt(n) around each curve (sd of the block's per-pair rates,
     n its number of pairs: ``ranking.depth_band``).
 
-    ``data``: a tidy rates table (column ``rate``) or ``ranking.depth_band``'s table, for the band
-    (left out if not ``band``); or ``plasticity.plasticity_by_block``'s blocks x components table,
-    which has no spread: the curves alone.
+    ``data``: a tidy rates table (column ``rate``) or ``ranking.depth_band``'s table; the band is left
+    out if not ``band``.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     if "rate" in data:
         data = ranking.depth_band(data)
     for component in COMPONENTS:
-        style = {"color": COLORS[component], "label": LABELS[component]}
-        if "half_width" in data:
-            part = data[data["component"] == component].sort_values("block")
-            ax.plot(part["depth"], part["plasticity"], marker="o", ms=3, **style)
-            if band:
-                ax.fill_between(part["depth"], part["low"], part["high"], color=COLORS[component], alpha=0.3, lw=0)
-        else:
-            depth = [100.0 * b / max(len(data) - 1, 1) for b in data.index]
-            ax.plot(depth, data[component], marker="o", ms=3, **style)
+        part = data[data["component"] == component].sort_values("block")
+        ax.plot(part["depth"], part["plasticity"], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
+        if band:
+            ax.fill_between(part["depth"], part["low"], part["high"], color=COLORS[component], alpha=0.3, lw=0)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("depth (% of blocks)")
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$")

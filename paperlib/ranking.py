@@ -128,11 +128,7 @@ def layer_means(table: pd.DataFrame) -> pd.DataFrame:
     of a component holds these values, not the rates of single pairs (those are
     ``plots.rate_distributions``' violins).
     """
-    table = pairs_with_rates(table)
-    means = table.groupby(["block", "depth", "component"], observed=True)["rate"].mean().rename("plasticity")
-    out = means.reset_index()
-    out["component"] = pd.Categorical(out["component"], categories=COMPONENTS)
-    return out.sort_values(["block", "component"], ignore_index=True)
+    return depth_band(table)[["block", "depth", "component", "plasticity"]]
 
 
 def depth_band(table: pd.DataFrame, z: float = Z_95, ddof: int = 0) -> pd.DataFrame:
