@@ -28,14 +28,14 @@ demo: venv  ## execute every notebook on the demo world; HTML reports under repo
 	$(BIN)/python -m paperlib.report demo
 
 test: venv  ## ruff (lint and format check), unit tests, then nbval over the committed notebooks
-	$(BIN)/ruff check paperlib tests
-	$(BIN)/ruff format --check paperlib tests
+	$(BIN)/ruff check paperlib tests benchmarks
+	$(BIN)/ruff format --check paperlib tests benchmarks
 	$(BIN)/python -m pytest tests
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks
 
 format: venv  ## format and lint-fix the package and the tests (ruff, line length 120)
-	$(BIN)/ruff format paperlib tests
-	$(BIN)/ruff check --fix paperlib tests
+	$(BIN)/ruff format paperlib tests benchmarks
+	$(BIN)/ruff check --fix paperlib tests benchmarks
 
 sync: venv  ## pair notebooks with their jupytext scripts (edit either, then sync)
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb

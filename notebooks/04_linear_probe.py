@@ -132,7 +132,7 @@ grid = {  # the runs of this configuration as a sweep spec: notebook 05's runs o
 }
 if run_linear_config:
     finetune.run_spec(grid)
-runs, _, _ = for_spec(grid)
+runs, _ = for_spec(grid)
 finished = runs[runs["status"] == "finished"] if len(runs) else runs
 print(f"{len(runs)} runs of the linear configuration, {len(finished)} finished")
 if len(finished):

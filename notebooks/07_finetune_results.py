@@ -41,7 +41,7 @@ report.check_parameters()  # papermill's -p of a name this notebook does not hav
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(grid_spec)
-runs, _, missing = for_spec(grid_spec)  # the spec's runs only
+runs, missing = for_spec(grid_spec)  # the spec's runs only
 model = stats.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
 runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
 normalize = runs["normalize"].iloc[0]
@@ -292,6 +292,10 @@ if precision_spec:
     if compute_missing:
         finetune.run_spec(precision_grid)
     precision_runs = for_spec(precision_grid)[0]
+    if precision_runs.empty:  # e.g. the paper-scale options with the demo's precision spec, not run there
+        print(f"no runs of {precision_spec} under {paths.display(paths.results_dir())}: the precision check is skipped")
+        precision_spec = ""
+if precision_spec:
     effect = precision.effect(precision_runs, reference="fp32", margin=margin, select=select)
     display(effect["overall"].set_index("precision").round(3))
     display(precision.formatted(effect["differences"]).rename(columns=plots.LABELS))

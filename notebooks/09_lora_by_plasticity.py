@@ -39,7 +39,7 @@ spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) i
 if compute_missing:
     for grid_spec in spec_list:
         finetune.run_spec(grid_spec)
-runs, histories, missing = for_spec(*spec_list)  # the specs' runs only
+runs, missing = for_spec(*spec_list)  # the specs' runs only
 runs = stats.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))

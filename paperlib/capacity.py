@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .components import COMPONENTS, LABELS
+from .names import COMPONENTS, LABELS
 from .stats import correlation_summary
 
 TOLERANCE = 0.1

@@ -20,25 +20,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
-"""The five components, in the paper's plasticity order."""
-
-RUN_COMPONENTS = COMPONENTS + ("full", "linear")
-"""What a finetuning run trains (``runs.Config.component``), the paper's finetuning configurations:
-one component, every parameter (``full``), or the head only (``linear``)."""
-
-LABELS = {
-    "mha": "MHA",
-    "fc1": "FC1",
-    "fc2": "FC2",
-    "ln2": "LN2",
-    "ln1": "LN1",
-    "full": "All",
-    "linear": "Linear head (SGD)",
-    "probe": "Linear probing",
-}
-"""Display names, as in the paper's tables and figures (``probe``: Table 6's linear-probing column,
-the paper's "Linear"; ``linear``: the configuration that trains a new head, which is not it)."""
+# the names, here too: components.COMPONENTS, components.LABELS... read as before
+from .names import COMPONENTS, LABELS, RUN_COMPONENTS, check_component, check_run_component  # noqa: F401
 
 MODULE_PATHS = {
     "mha": "attn",
@@ -51,22 +34,6 @@ MODULE_PATHS = {
 
 OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
 """Buffers per parameter kept by the optimiser: SGD momentum, Adam's two moments (appendix C.3)."""
-
-
-def check_component(component: str) -> str:
-    """Return ``component`` or raise a ValueError that names the valid components."""
-    if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}; valid components: {', '.join(COMPONENTS)}")
-    return component
-
-
-def check_run_component(component: str) -> str:
-    """Return ``component`` or raise a ValueError that names what a run can train (``RUN_COMPONENTS``)."""
-    if component not in RUN_COMPONENTS:
-        raise ValueError(
-            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(RUN_COMPONENTS)}"
-        )
-    return component
 
 
 def blocks(model: nn.Module) -> nn.Module:

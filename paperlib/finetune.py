@@ -7,7 +7,7 @@
 The protocol: the pretrained model with a new classification head; trainable = the chosen
 component in every block + the head + the final LayerNorm (``lora.set_run_trainable``; or, beyond the
 paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
-decay (built by ``speed.make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
+decay (built by ``make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
 global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
@@ -21,7 +21,7 @@ stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's s
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
 ``runs``; how a step is made fast (the optimizer's kernels, compilation, precision, fused ops,
 micro-batches) is ``speed``: the loop asks it for the run's step, its optimizer included
-(``speed.make_step``), and calls it once per batch. Batches are a function of (seed, step), so a
+(``make_step``), and calls it once per batch. Batches are a function of (seed, step), so a
 run interrupted and started again resumes from its last checkpoint and ends where an
 uninterrupted one would.
 """
@@ -40,9 +40,10 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import cli, components, data, lora, models, paths, runs, speed, threads
+from . import cli, components, data, lora, models, paths, runs, threads
 from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
+from .speed.step import make_step
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -68,9 +69,9 @@ def evaluate(
     model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None
 ) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
-    ``model`` is the module that runs (``speed.Step.network``), ``forward`` what calls it
-    (``speed.Step.forward``: compiled, or bf16 master weights) and ``context`` the context of its
-    forward passes (``speed.Step.context``)."""
+    ``model`` is the module that runs (``speed.step.Step.network``), ``forward`` what calls it
+    (``speed.step.Step.forward``: compiled, or bf16 master weights) and ``context`` the context of its
+    forward passes (``speed.step.Step.context``)."""
     model.eval()
     forward = model if forward is None else forward
     totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
@@ -310,7 +311,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     lora.set_run_trainable(model, config.component, config.lora_rank)
 
     # the optimizer and a step as fast as the run's options make it, and the schedule
-    step_fn = speed.make_step(
+    step_fn = make_step(
         model,
         config.checked_options,
         optimizer=config.optimizer,

@@ -15,7 +15,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from . import cli, paths, runs, specs
-from .components import RUN_COMPONENTS
+from .names import RUN_COMPONENTS
 from .speed.options import PRECISIONS
 from .stats import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table1, table6, write_csv
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ``effect`` of a finetuning sweep spec's runs in several precisions (e.g. ``precision_paper.yaml``)."""
     args = argument_parser().parse_args(argv)
     try:
-        found, _, missing = runs.for_spec(specs.load_spec(args.spec))
+        found, missing = runs.for_spec(specs.load_spec(args.spec))
         if found.empty:
             raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
         tables = effect(found, args.reference, args.margin, select=args.select)

@@ -13,7 +13,9 @@ whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``
 One process at a time trains a run (``finetune`` holds ``paths.locked(folder)``). ``is_finished(config)`` is the
 one answer to "is this run finished as asked" (the sweep's markers ask it too). ``load()`` reads
 every run folder into a table (``RUN_COLUMNS``; a run without ``metrics.json`` is ``partial``),
-``for_spec(spec)`` the runs a sweep spec asks for, with what is missing.
+``for_spec(spec)`` the runs a sweep spec asks for, with what is missing, and ``histories_of(runs)`` their
+histories. Reading results needs no ``Config`` and loads no torch (``Config.validate`` imports the training
+stack): an analysis of a whole grid reads what it uses in seconds.
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ import math
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-import torch
-from safetensors.torch import save_file
 
-from . import cli, components, data, lora, models, paths, specs
+from . import cli, paths, specs
 from .cli import coerce
-from .speed import STEP_OPTIONS, StepOptions, preset
-from .speed.options import offered
-from .speed.step import OPTIMIZERS
+from .names import check_run_component
+from .speed.options import OPTIMIZERS, STEP_OPTIONS, StepOptions, offered, preset
+
+if TYPE_CHECKING:
+    import torch
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
@@ -100,22 +103,17 @@ class Config:
     save_weights: bool = False
 
     def __post_init__(self):
-        if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a sweep spec's `tag: [2000]`
-            object.__setattr__(self, "tag", f"{self.tag:g}")
-        # LoRA's alpha written one way: 0 means the rank, so lora_alpha=0 and lora_alpha=rank are one
-        # run (one folder, one record, one row of the results tables)
-        if (
-            self.lora_alpha == 0
-            and isinstance(self.lora_rank, int)
-            and not isinstance(self.lora_rank, bool)
-            and self.lora_rank > 0
-        ):
-            object.__setattr__(self, "lora_alpha", float(self.lora_rank))
+        asked = {"tag": self.tag, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
+        for name, value in written_one_way(asked).items():
+            object.__setattr__(self, name, value)
         self.validate()
 
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
-        components.check_run_component(self.component)
+        # the training stack (torch, torchvision, timm), here only: reading results needs no Config (``for_spec``)
+        from . import data, lora, models
+
+        check_run_component(self.component)
         data.check_dataset(self.dataset)
         data.check_validation(self.validation)
         models.resolve_name(self.model)
@@ -133,7 +131,7 @@ class Config:
         for name in ("save_weights", "stop_exploded"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        options = self.step_options().checked(torch.device(self.device))
+        options = self.step_options().checked(self.device)
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
         if self.optimizer != "sgd" and self.momentum != Config.momentum:  # SGD's alone
             raise ValueError(
@@ -202,16 +200,35 @@ class Config:
         or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
         warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
         run in its folder unless it has a tag of its own."""
-        run = f"seed={self.seed}" + ("" if self.precision == "fp32" else f"-{self.precision}")
-        if self.optimizer != "sgd":  # another optimizer, another folder: the paper's runs are kept
-            run += f"-{self.optimizer}" + (f"-wd{self.weight_decay:g}" if self.weight_decay else "")
-        if self.lora_rank:
-            run += f"-lora-r{self.lora_rank}" + (f"-a{self.lora_alpha:g}" if self.lora_alpha != self.lora_rank else "")
-            run += f"-d{self.lora_dropout:g}" if self.lora_dropout else ""
-        run += "" if self.normalize == "imagenet" else f"-norm-{self.normalize}"
-        run += f"-val-{self.validation}" if self.validation != "official" else ""
-        run += f"+{self.tag}" if self.tag else ""
-        return finetune_root() / self.model / self.dataset / self.component / f"lr={self.lr:g}" / run
+        return run_folder(asdict(self))
+
+
+def written_one_way(values: dict) -> dict:
+    """``values`` (a run's ``tag``, ``lora_rank`` and ``lora_alpha``) as a ``Config`` holds them: a number as a
+    tag (a sweep spec's ``tag: [2000]``) as its text, and LoRA's alpha 0 as the rank, so that lora_alpha=0 and
+    lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
+    values = dict(values)
+    if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
+        values["tag"] = f"{values['tag']:g}"
+    rank = values["lora_rank"]
+    if values["lora_alpha"] == 0 and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+        values["lora_alpha"] = float(rank)
+    return values
+
+
+def run_folder(record: dict) -> Path:
+    """The folder of the run ``record`` describes (a ``Config``'s fields, ``Config.folder``)."""
+    r = record
+    run = f"seed={r['seed']}" + ("" if r["precision"] == "fp32" else f"-{r['precision']}")
+    if r["optimizer"] != "sgd":  # another optimizer, another folder: the paper's runs are kept
+        run += f"-{r['optimizer']}" + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else "")
+    if r["lora_rank"]:
+        run += f"-lora-r{r['lora_rank']}" + (f"-a{r['lora_alpha']:g}" if r["lora_alpha"] != r["lora_rank"] else "")
+        run += f"-d{r['lora_dropout']:g}" if r["lora_dropout"] else ""
+    run += "" if r["normalize"] == "imagenet" else f"-norm-{r['normalize']}"
+    run += f"-val-{r['validation']}" if r["validation"] != "official" else ""
+    run += f"+{r['tag']}" if r["tag"] else ""
+    return finetune_root() / r["model"] / r["dataset"] / r["component"] / f"lr={r['lr']:g}" / run
 
 
 def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
@@ -237,15 +254,21 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
     return optimizer
 
 
-def config_fingerprints(config: Config) -> dict:
+def config_fingerprints(config: Config | dict) -> dict:
     """What ``config``'s dataset and model hold now, if custom (``data.content_fingerprint``,
     ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
     "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
     those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
-    found = {
-        "dataset": data.content_fingerprint(config.dataset, config.data_root or None),
-        "model": models.content_fingerprint(config.model),
-    }
+    record = config if isinstance(config, dict) else asdict(config)
+    found = {}
+    if paths.custom_name(record["dataset"], "dataset"):  # the data stack only for a custom name
+        from . import data
+
+        found["dataset"] = data.content_fingerprint(record["dataset"], record["data_root"] or None)
+    if paths.custom_name(record["model"], "model"):
+        from . import models
+
+        found["model"] = models.content_fingerprint(record["model"])
     return {key: value for key, value in found.items() if value}
 
 
@@ -306,8 +329,8 @@ def recorded_difference(config: Config, ignore: tuple[str, ...] = OUTPUT_ONLY) -
     there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now),
     else the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an
     earlier ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for
-    ``is_finished`` (runs, sweeps: train it again?) and ``for_spec`` (notebooks, ``stats``: is it the
-    spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to rounding)."""
+    ``is_finished`` (runs, sweeps: train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it
+    the spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to rounding)."""
     params = paths.json_or_none(config.folder() / PARAMS)
     return None if params is None else differing(params, run_record(config), ignore)
 
@@ -345,6 +368,8 @@ def save_checkpoint(config: Config, state: dict) -> None:
     """Write the run's checkpoint (``checkpoint.pt``) atomically: a run killed while writing keeps the
     last one. It holds tensors and plain types only (random-number states as tensors), so that it loads
     with ``weights_only=True``."""
+    import torch  # here, not above: reading results needs no torch
+
     paths.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
 
@@ -353,6 +378,8 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
     resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning).
     It is read with ``weights_only=True``: tensors and plain types, never code. One that cannot be read
     (truncated, damaged, or holding anything else) is reported as a warning and not resumed from."""
+    import torch
+
     checkpoint = config.folder() / CHECKPOINT
     if not checkpoint.is_file():
         return None
@@ -377,11 +404,13 @@ def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
     written before, so that a damaged one is not taken as finished), and its checkpoint gone. Each
     file is written atomically."""
     folder = config.folder()
-    table = pd.DataFrame(rows, columns=["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"])
+    table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
     kept = config.save_weights and best["state"] is not None
     metrics["weights"] = WEIGHTS if kept else None
     if kept:
+        from safetensors.torch import save_file
+
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
         paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
     else:  # weights of an earlier training of this run would not be this training's
@@ -401,6 +430,9 @@ def history(config: Config) -> pd.DataFrame:
     return pd.read_csv(config.folder() / HISTORY)
 
 
+HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"]
+"""The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
+
 KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
 KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
@@ -417,45 +449,58 @@ def finetune_root(root: str | Path | None = None) -> Path:
     return (Path(root) if root is not None else paths.results_dir()) / "finetune"
 
 
-def load(root: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, histories): one row per run folder, and the history of every finished run, with its keys.
-    A run whose files are damaged counts as partial, one of another ``PROTOCOL`` as outdated (the tables
-    take finished and diverged runs only), and one whose ``params.json`` is damaged is left
-    out (``paths.json_or_none``: each with a warning that names the file)."""
-    runs, histories = [], []
+def load(root: str | Path | None = None) -> pd.DataFrame:
+    """One row per run folder under the results root (``RUN_COLUMNS``), from its ``params.json`` and
+    ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as partial, one of
+    another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
+    ``params.json`` is damaged is left out (``paths.json_or_none``: each with a warning that names the file)."""
+    rows = []
     for params_file in sorted(finetune_root(root).rglob(PARAMS)):
-        folder = params_file.parent
         params = paths.json_or_none(params_file)
-        if params is None:
-            continue
-        keys = {key: params.get(key) for key in KEYS}
-        row = keys | {"folder": str(folder)}
-        metrics = paths.json_or_none(folder / METRICS)
-        row |= metrics if metrics is not None else {"status": "partial"}
-        if params.get("protocol", 1) != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
-            row["status"] = "outdated"
-        runs.append(row)
-        if metrics is not None and (folder / HISTORY).is_file():
-            history = pd.read_csv(folder / HISTORY)
-            for key, value in keys.items():
-                history[key] = value
-            histories.append(history)
-    table = pd.DataFrame(runs).reindex(columns=RUN_COLUMNS)
-    history = pd.concat(histories, ignore_index=True) if histories else pd.DataFrame(columns=KEYS + ["step"])
-    return table, history
+        if params is not None:
+            rows.append(_run_row(params_file.parent, params))
+    return pd.DataFrame(rows).reindex(columns=RUN_COLUMNS)
+
+
+def _run_row(folder: Path, params: dict) -> dict:
+    """The runs table's row of the run in ``folder`` whose ``params.json`` holds ``params``."""
+    row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
+    metrics = paths.json_or_none(folder / METRICS)
+    row |= metrics if metrics is not None else {"status": "partial"}
+    if params.get("protocol", 1) != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
+        row["status"] = "outdated"
+    return row
+
+
+def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+    """The histories (``history.csv``) of the ``runs`` (a table of ``load`` or ``for_spec``) that ended
+    (finished or diverged), with their ``KEYS``; ``columns``: the history's columns to read (None: all;
+    ``step`` always). Only the figures of training read histories (notebooks 06 and 09): give them the runs
+    they draw."""
+    columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
+    parts = []
+    for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):
+        path = Path(row["folder"]) / HISTORY
+        if path.is_file():
+            parts.append(pd.read_csv(path, usecols=columns).assign(**{key: row[key] for key in KEYS}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=(columns or ["step"]) + KEYS)
 
 
 def configs(spec: dict) -> list[Config]:
     """Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
-    the ``Config`` that notebook 05 makes of them: values typed by Config's defaults (YAML reads
-    ``1e-2`` as a string), ``speed`` (a preset, a file or a mapping) as its step options."""
+    the ``Config`` that notebook 05 makes of them (``config_from``)."""
     return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
 
 
 def config_from(parameters: dict) -> Config:
-    """The ``Config`` of notebook 05's parameters (``speed`` read by ``speed.preset``, and refused in a
-    precision it is not offered for: ``speed.options.offered``; the rest are Config's fields, typed by
-    their defaults)."""
+    """The ``Config`` of notebook 05's parameters (``config_values``), validated."""
+    return Config(**config_values(parameters))
+
+
+def config_values(parameters: dict) -> dict:
+    """Notebook 05's parameters as ``Config``'s fields: ``speed`` read by ``speed.preset`` (and refused in a
+    precision it is not offered for: ``speed.options.offered``), the rest typed by their defaults (YAML reads
+    ``1e-2`` as a string); an unknown name is refused with the valid ones."""
     defaults = Config.defaults()
     values = dict(parameters)
     speed = values.pop("speed", "auto")
@@ -466,9 +511,7 @@ def config_from(parameters: dict) -> Config:
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
-    return Config(
-        **{key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}
-    )
+    return {key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}
 
 
 def expected(spec: dict) -> pd.DataFrame:
@@ -476,44 +519,39 @@ def expected(spec: dict) -> pd.DataFrame:
     return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in configs(spec)], columns=KEYS)
 
 
-def missing(runs: pd.DataFrame, spec: dict) -> pd.DataFrame:
-    """Runs expected by ``spec`` that have no folder under the results root."""
-    return _without_folder(runs, expected(spec))
+def spec_records(*spec_list: dict) -> dict[str, dict]:
+    """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds once it
+    ran (``run_record``), made without a ``Config``, so without the training stack and unchecked (the
+    sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
+    records = {}
+    for spec in spec_list:
+        for _, _, parameters in specs.cells(spec):
+            record = written_one_way(Config.defaults() | config_values(parameters)) | {"protocol": PROTOCOL}
+            fingerprints = config_fingerprints(record)
+            records[str(run_folder(record))] = record | ({"fingerprints": fingerprints} if fingerprints else {})
+    return records
 
 
-def _without_folder(runs: pd.DataFrame, wanted: pd.DataFrame) -> pd.DataFrame:
-    types = {
-        "lr": float,
-        "seed": int,
-        "weight_decay": float,
-        "lora_rank": int,
-        "lora_alpha": float,
-        "lora_dropout": float,
-    }
-    have = runs[KEYS].astype(types) if len(runs) else pd.DataFrame(columns=KEYS)
-    merged = wanted.merge(have, on=KEYS, how="left", indicator=True)
-    return merged.loc[merged["_merge"] == "left_only", KEYS].reset_index(drop=True)
-
-
-def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(runs, histories, missing) of one or several finetuning sweep specs: the runs under the
-    results root that the specs ask for (``load``: a row per run folder, whatever its status) with
-    every parameter the spec sets but how they ran (``recorded_difference``), their histories,
-    and the runs they ask for that are not there (``KEYS`` and ``reason``: "no run", or "different
-    parameters: <names>" for a folder that holds a run of other parameters). Notebooks 06, 07 and 09
-    read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
-    wanted = {str(config.folder()): config for spec in spec_list for config in configs(spec)}
-    runs, histories = load()
+def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, missing) of one or several finetuning sweep specs: the runs the specs ask for (``load``'s
+    columns, a row per run whatever its status) with every parameter the spec sets but how they ran
+    (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no run", or
+    "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
+    ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not
+    with the results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``.
+    Notebooks 04, 06, 07 and 09 and ``stats`` read their runs through it; ``finetune.run_spec`` first
+    runs what is missing (demo scale)."""
     ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
-    found = {folder: recorded_difference(wanted[folder], ignore) for folder in runs["folder"] if folder in wanted}
-    runs = runs[runs["folder"].map(lambda folder: found.get(folder) == [])].reset_index(drop=True)
+    rows, absent = [], []
+    for folder, record in spec_records(*spec_list).items():
+        params = paths.json_or_none(Path(folder) / PARAMS)
+        difference = None if params is None else differing(params, record, ignore)
+        if difference == []:
+            rows.append(_run_row(Path(folder), params))
+            continue
+        reason = f"different parameters: {', '.join(difference)}" if difference else "no run"
+        absent.append({key: record[key] for key in KEYS} | {"reason": reason})
+    runs = pd.DataFrame(sorted(rows, key=lambda row: row["folder"])).reindex(columns=RUN_COLUMNS)
     # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
-    runs = runs.astype({column: "int64" for column in COUNTS if runs[column].notna().all()})
-    histories = histories.merge(runs[KEYS], on=KEYS) if len(runs) else histories.iloc[:0]
-    absent = [
-        {key: getattr(config, key) for key in KEYS}
-        | {"reason": "no run" if not found.get(folder) else f"different parameters: {', '.join(found[folder])}"}
-        for folder, config in wanted.items()
-        if found.get(folder) != []
-    ]
-    return runs, histories, pd.DataFrame(absent, columns=KEYS + ["reason"])
+    runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
+    return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])

@@ -40,9 +40,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import cli, lora, paths, plasticity, runs, specs
-from .components import COMPONENTS, LABELS, RUN_COMPONENTS
+from . import cli, paths, runs, specs
+from .names import COMPONENTS, LABELS, RUN_COMPONENTS
 from .runs import KEYS, method
+from .significance import holm, kendall, wilcoxon_p
 
 SELECTIONS = ("test", "val")
 
@@ -163,28 +164,8 @@ def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple
     if pair.empty:  # no dataset in common: no test (NaN, which Holm does not count)
         return float("nan"), float("nan"), 0
     difference = pair.iloc[:, 0] - pair.iloc[:, 1]
-    p_value = (
-        stats.wilcoxon(pair.iloc[:, 0], pair.iloc[:, 1], alternative=alternative).pvalue
-        if (difference != 0).any()
-        else 1.0
-    )
+    p_value = wilcoxon_p(difference.to_numpy(), alternative) if (difference != 0).any() else 1.0
     return float(difference.mean()), float(p_value), len(pair)
-
-
-def holm(p_values) -> np.ndarray:
-    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate):
-    the i-th smallest of m is multiplied by m - i + 1, then made non-decreasing in that order and
-    capped at 1. NaNs stay NaN and do not count in m."""
-    p = np.asarray(p_values, dtype=float)
-    adjusted = np.full_like(p, np.nan)
-    present = np.flatnonzero(~np.isnan(p))
-    order = present[np.argsort(p[present], kind="stable")]
-    m = len(order)
-    running = 0.0
-    for i, index in enumerate(order):
-        running = max(running, min(1.0, (m - i) * p[index]))
-        adjusted[index] = running
-    return adjusted
 
 
 def pairwise(
@@ -398,7 +379,7 @@ def plasticity_correlation(
     for dataset, part in table.groupby("dataset", sort=True):
         if len(part) < 3:  # two points always agree or disagree: no test
             continue
-        tau, p_value = _kendall(part["plasticity"].to_numpy(float), part[value].to_numpy(float), alternative)
+        tau, p_value = kendall(part["plasticity"].to_numpy(float), part[value].to_numpy(float), alternative)
         rows.append(
             {
                 "dataset": dataset,
@@ -412,37 +393,6 @@ def plasticity_correlation(
     return pd.DataFrame(rows, columns=["dataset", "tau", "p_value", "components", "most_plastic", "highest"])
 
 
-def _kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, float]:
-    """Kendall's tau-b and its p-value: exact over every pairing of the values for up to 8 of them
-    (scipy's permutation test; with ties, scipy's own p-value uses a normal approximation that
-    understates p at five components), scipy's ``kendalltau`` beyond; NaN for constant values."""
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan"), float("nan")
-    tau = stats.kendalltau(x, y).statistic
-    if len(x) > 8:
-        return float(tau), float(stats.kendalltau(x, y, alternative=alternative).pvalue)
-    test = stats.permutation_test(
-        (x, y), _tau_b, permutation_type="pairings", n_resamples=np.inf, alternative=alternative, vectorized=True
-    )
-    return float(tau), float(test.pvalue)
-
-
-def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Kendall's tau-b along ``axis``, vectorised for the permutation test (scipy's ``kendalltau``
-    takes one pair of samples a call): (concordant - discordant pairs) / sqrt((pairs - ties in x)
-    (pairs - ties in y))."""
-    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
-    x, y = np.broadcast_arrays(x, y)
-    n = x.shape[-1]
-    dx = np.sign(x[..., :, None] - x[..., None, :])
-    dy = np.sign(y[..., :, None] - y[..., None, :])
-    pairs = n * (n - 1) / 2
-    score = (dx * dy).sum(axis=(-2, -1)) / 2
-    ties_x = ((dx == 0).sum(axis=(-2, -1)) - n) / 2
-    ties_y = ((dy == 0).sum(axis=(-2, -1)) - n) / 2
-    return score / np.sqrt((pairs - ties_x) * (pairs - ties_y))
-
-
 def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> dict:
     """The per-dataset taus of ``plasticity_correlation`` across benchmarks (``datasets``; those of
     constant values, without a tau, counted as ``undefined``): their ``mean`` and
@@ -451,7 +401,7 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
     fewer than two non-zero taus), ``significant`` (p < ``level``)."""
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
-    p_value = float(stats.wilcoxon(nonzero, alternative=alternative).pvalue) if len(nonzero) >= 2 else float("nan")
+    p_value = wilcoxon_p(nonzero, alternative) if len(nonzero) >= 2 else float("nan")
     return {
         "datasets": len(taus),
         "undefined": int(per_dataset["tau"].isna().sum()),
@@ -499,6 +449,8 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs.load``'s runs of the components LoRA adapts (``lora.ADAPTABLE``) with a ``method`` column (``method``)."""
+    from . import lora  # the LoRA tables alone need it (it loads torch)
+
     runs = runs[runs["component"].isin(lora.ADAPTABLE)]
     return runs.assign(
         method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])]
@@ -518,6 +470,8 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
     columns = ["dataset", "component", "method", "lr", "mean", "std", "seeds", "trainable_parameters"]
     if not tables:
         return pd.DataFrame(columns=columns)
+    from . import lora
+
     order = {component: i for i, component in enumerate(lora.ADAPTABLE)}
     table = pd.concat(tables, ignore_index=True)[columns]
     table["_order"] = table["component"].map(order)
@@ -545,6 +499,10 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
             )
     model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]
     datasets = sorted(runs["dataset"].unique())
+    if not (paths.results_dir() / "plasticity").is_dir():  # nothing measured (plasticity.results_root): no torch
+        return paper_order(datasets).assign(model=model), "paper"
+    from . import plasticity  # what reads saved P(f) is the measuring module's, which loads torch
+
     measured = plasticity.collect(normalize=normalize, reference=reference or "default")
     measured = measured[(measured["model"] == model) & measured["dataset"].isin(datasets)]
     if measured.empty:
@@ -647,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
-        found, _, missing = runs.for_spec(spec)
+        found, missing = runs.for_spec(spec)
         if found.empty:
             raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
         several = found["precision"].nunique() > 1

@@ -233,7 +233,7 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
         config.folder()
         == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.03" / "seed=0"
     )
-    runs, _ = run_files.load()
+    runs = run_files.load()
     assert runs[["model", "dataset", "component"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     measurement = plasticity.Measurement("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5)

@@ -284,11 +284,11 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     del params["protocol"]
     params_file.write_text(json.dumps(params))
     assert not runs.is_finished(config)
-    table, _ = runs.load()
+    table = runs.load()
     assert table.loc[table["folder"] == str(config.folder()), "status"].tolist() == ["outdated"]
     again = finetune.run(config)
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
-    assert runs.load()[0]["status"].tolist() == ["finished"]
+    assert runs.load()["status"].tolist() == ["finished"]
 
 
 def test_damaged_runs_are_partial_in_the_results_table(small):
@@ -296,7 +296,8 @@ def test_damaged_runs_are_partial_in_the_results_table(small):
     finetune.run(small(seed=1))
     cut(small(seed=1).folder() / runs.HISTORY)
     with pytest.warns(UserWarning, match="history.csv"):
-        table, histories = runs.load()
+        table = runs.load()
+    histories = runs.histories_of(table)
     assert dict(zip(table["seed"], table["status"])) == {0: "finished", 1: "partial"}
     assert set(histories["seed"]) == {0}
 
@@ -536,15 +537,15 @@ class LossTurnsNaN:
 
 
 def test_a_run_that_diverges_after_its_best_validation_keeps_its_test_accuracy_and_can_be_chosen(small, monkeypatch):
-    made = finetune.speed.make_step
-    monkeypatch.setattr(finetune.speed, "make_step", lambda *a, **k: LossTurnsNaN(made(*a, **k), after=12))
+    made = finetune.make_step
+    monkeypatch.setattr(finetune, "make_step", lambda *a, **k: LossTurnsNaN(made(*a, **k), after=12))
     diverged = finetune.run(small(lr=0.03, steps=20, eval_every=5))
-    monkeypatch.setattr(finetune.speed, "make_step", made)
+    monkeypatch.setattr(finetune, "make_step", made)
     assert diverged["status"] == "diverged" and diverged["diverged_step"] == 13
     assert diverged["best_step"] in (5, 10) and 0 < diverged["test_accuracy"] <= 1  # the checkpoint before the NaN
     still = finetune.run(small(lr=1e-6, steps=20, eval_every=5))  # learns next to nothing
     assert still["status"] == "finished" and still["test_accuracy"] < diverged["test_accuracy"]
-    table = runs.load()[0]
+    table = runs.load()
     assert table.set_index("lr").loc[0.03, "test_accuracy"] == diverged["test_accuracy"]
     assert stats.table6(table)["lr"].tolist() == [0.03]  # the authors' choice over every run
 
@@ -558,12 +559,12 @@ def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, 
         "grid": {"component": ["mha", "ln1"], "lr": [0.03]},
     }
     finetune.run_spec(spec)
-    found, _, missing = runs.for_spec(spec)
+    found, missing = runs.for_spec(spec)
     assert found["status"].tolist() == ["finished", "finished"] and missing.empty
     longer = Config(component="mha", lr=0.03, steps=30, warmup=2, eval_every=10, batch_size=16)  # the CLI's, say
     finetune.run(longer)
-    found, histories, missing = runs.for_spec(spec)
-    assert found["component"].tolist() == ["ln1"] and set(histories["component"]) == {"ln1"}
+    found, missing = runs.for_spec(spec)
+    assert found["component"].tolist() == ["ln1"] and set(runs.histories_of(found)["component"]) == {"ln1"}
     assert missing[["component", "reason"]].values.tolist() == [["mha", "different parameters: steps"]]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -587,8 +588,8 @@ def test_a_run_being_written_elsewhere_leaves_a_specs_counts_whole_numbers(move_
     other = Config(component="fc2", lr=0.03, steps=10, warmup=2, eval_every=5, batch_size=16)
     other.folder().mkdir(parents=True)
     (other.folder() / runs.PARAMS).write_text(json.dumps(runs.run_record(other)))  # begun, no metrics yet
-    assert runs.load()[0]["trainable_parameters"].isna().any()  # the whole root: a partial run among them
-    found, _, _ = runs.for_spec(spec)
+    assert runs.load()["trainable_parameters"].isna().any()  # the whole root: a partial run among them
+    found, _ = runs.for_spec(spec)
     assert found["status"].tolist() == ["finished"]
     assert found["trainable_parameters"].dtype == "int64" and found["best_step"].dtype == "int64"
 

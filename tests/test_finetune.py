@@ -253,7 +253,7 @@ def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(resul
     initial = components.set_trainable(models.create_model("demo", num_classes=5), "ln2")
     changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
     assert changed and changed <= {n for n, _ in components.trainable_parameters(initial)}
-    runs, _ = run_files.load()
+    runs = run_files.load()
     assert sorted(runs["optimizer"]) == ["adamw", "sgd"] and sorted(runs["weight_decay"]) == [0.0, 0.05]
 
 
@@ -285,7 +285,7 @@ def test_adamw_resumes_after_an_interruption_as_if_uninterrupted(results, tmp_pa
 def test_table6_refuses_runs_of_two_optimizers(results, small):
     finetune.run(small(component="ln2", steps=4, eval_every=2))
     finetune.run(small(component="ln2", steps=4, eval_every=2, optimizer="adamw", lr=1e-3))
-    runs, _ = run_files.load()
+    runs = run_files.load()
     with pytest.raises(ValueError, match="one optimizer, got adamw, sgd"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["optimizer"] == "sgd"])) == 1
@@ -365,7 +365,7 @@ def test_a_run_trained_again_for_its_weights_is_partial_until_it_ends(monkeypatc
     finetune.run(small())
     interrupted(small(save_weights=True), 6, monkeypatch)
     assert not (small().folder() / "metrics.json").exists()
-    assert run_files.load()[0]["status"].tolist() == ["partial"]
+    assert run_files.load()["status"].tolist() == ["partial"]
 
 
 def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
@@ -379,7 +379,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
     assert small(validation="fraction").folder().name == "seed=0-val-fraction"  # the paper's reading of Flowers' val
     finetune.run(longer)
     assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
-    runs, _ = run_files.load()
+    runs = run_files.load()
     assert sorted(runs["tag"]) == ["", "steps12"]
     with pytest.raises(ValueError, match="one tag"):
         stats.table6(runs)

@@ -85,7 +85,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_circle_in_the_package():
     # the reader reads imports
-    assert "paperlib.runs" in GRAPH["paperlib.finetune"] and "paperlib.speed" in GRAPH["paperlib.finetune"]
+    assert "paperlib.runs" in GRAPH["paperlib.finetune"] and "paperlib.speed.step" in GRAPH["paperlib.finetune"]
     assert _cycle(GRAPH) is None, " -> ".join(_cycle(GRAPH))
 
 
@@ -101,6 +101,39 @@ def test_no_import_circle_in_the_package():
 )
 def test_the_layers_import_downwards(lower, upper):
     assert upper not in _reach(lower), f"{lower} reaches {upper}"
+
+
+ANALYSIS = """
+import sys
+from paperlib import capacity, precision, runs, specs, stats
+spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
+found, missing = runs.for_spec(spec)
+assert len(found) == 0 and len(missing) == 924, (len(found), len(missing))
+heavy = sorted(name for name in ("torch", "torchvision", "timm", "sklearn") if name in sys.modules)
+print(",".join(heavy) or "none")
+"""
+
+
+def test_reading_a_grids_results_loads_no_training_stack(tmp_path):
+    # the analysis of finished runs (stats, precision, capacity, the runs of a spec) in a fresh process: no torch
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"VIT_PLASTICITY_RESULTS": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", ANALYSIS], cwd=PACKAGE.parent, env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "none"
+    # and the check can fail: importing what trains loads torch
+    trains = subprocess.run(
+        [sys.executable, "-c", "import sys, paperlib.finetune; print('torch' in sys.modules)"],
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert trains.stdout.strip() == "True"
 
 
 PROTOCOL = ("paperlib.finetune", "paperlib.runs", "paperlib.sweep")

@@ -150,7 +150,7 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
-    runs, _ = run_files.load()
+    runs = run_files.load()
     assert sorted(runs["lora_rank"]) == [0, 4]
     with pytest.raises(ValueError, match="one lora_rank, got 0, 4"):
         stats.table6(runs)
@@ -211,7 +211,7 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
         for lr in (0.01, 0.3):
             finetune.run(small(component="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
     finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
-    runs, _ = run_files.load()
+    runs = run_files.load()
     table = stats.comparison(runs)
     assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["component"]) == {"fc2"}
     for rank, row in zip((0, 2), table.itertuples()):
@@ -226,7 +226,7 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
 def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results, small):
     finetune.run(small(component="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
     finetune.run(small(component="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
-    runs, _ = run_files.load()
+    runs = run_files.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
     assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
     spec = {

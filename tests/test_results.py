@@ -4,15 +4,16 @@ import itertools
 import json
 import math
 import statistics
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import finetune, paths, precision, stats
+from paperlib import finetune, paths, precision, significance, stats
 from paperlib.components import COMPONENTS
-from paperlib.runs import KEYS, PROTOCOL, Config, expected, load, missing
+from paperlib.runs import KEYS, PROTOCOL, Config, expected, for_spec, histories_of, load
 
 DATASETS = [
     "digits",
@@ -72,7 +73,8 @@ def tree(tmp_path):
 
 
 def test_load_lists_every_run_including_partial_and_diverged(tree):
-    runs, histories = load(tree)
+    runs = load(tree)
+    histories = histories_of(runs)
     assert len(runs) == len(DATASETS) * len(GRID_COMPONENTS) * len(LRS) * len(SEEDS) + 2
     status = runs.set_index(["component", "lr"]).loc["fc2", "status"]
     assert sorted(status.tolist()) == ["diverged", "partial"]
@@ -80,19 +82,20 @@ def test_load_lists_every_run_including_partial_and_diverged(tree):
     assert len(histories) == 2 * (len(runs) - 1)  # the partial run has no history
 
 
-def test_missing_runs_are_listed(tree):
-    runs, _ = load(tree)
+def test_missing_runs_are_listed(tree, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"model": "demo"},
         "grid": {"dataset": ["digits"], "component": ["mha", "fc2", "ln2"], "lr": [0.01], "seed": [0]},
     }
-    absent = missing(runs, spec)
-    # fc2 exists (partial): listed by load, not here
+    found, absent = for_spec(spec)
+    # fc2 exists (partial): a run of the spec, not missing
     assert absent[["dataset", "component"]].values.tolist() == [["digits", "ln2"]]
+    assert found.set_index("component").loc["fc2", "status"] == "partial"
 
 
-def test_runs_in_another_precision_are_other_runs(tree):
+def test_runs_in_another_precision_are_other_runs(tree, monkeypatch):
     folder = tree / "finetune" / "demo" / "digits" / "ln2" / "lr=0.01" / "seed=0-bf16"
     folder.mkdir(parents=True)
     (folder / "params.json").write_text(
@@ -102,7 +105,7 @@ def test_runs_in_another_precision_are_other_runs(tree):
             | {"protocol": PROTOCOL}
         )
     )
-    runs, histories = load(tree)
+    runs = load(tree)
     assert runs.loc[runs["component"] == "ln2", "precision"].tolist() == ["bf16"]
     assert set(runs["precision"]) == {"fp32", "bf16"}
     spec = {
@@ -110,13 +113,14 @@ def test_runs_in_another_precision_are_other_runs(tree):
         "parameters": {"model": "demo"},
         "grid": {"dataset": ["digits"], "component": ["ln2"], "lr": [0.01], "seed": [0]},
     }
-    assert missing(runs, spec)[["component", "precision"]].values.tolist() == [["ln2", "fp32"]]
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tree))
+    assert for_spec(spec)[1][["component", "precision"]].values.tolist() == [["ln2", "fp32"]]
     spec["parameters"]["precision"] = "bf16"
-    assert missing(runs, spec).empty
+    assert for_spec(spec)[1].empty
 
 
 def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
-    runs, _ = load(tree)
+    runs = load(tree)
     table = stats.table6(runs).set_index(["dataset", "component"])
     for dataset, component in itertools.product(DATASETS, GRID_COMPONENTS):
         means = {lr: statistics.mean(100 * accuracy(dataset, component, lr, s) for s in SEEDS) for lr in LRS}
@@ -136,13 +140,13 @@ def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
 
 
 def test_diverged_learning_rate_is_never_chosen(tree):
-    runs, _ = load(tree)
+    runs = load(tree)
     table = stats.table6(runs).set_index(["dataset", "component"])
     assert ("digits", "fc2") not in table.index  # its only finished-or-diverged lr diverged
 
 
 def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled(tree):
-    runs, _ = load(tree)
+    runs = load(tree)
     # mha's best lr is 0.03 over three seeds; with one seed left it would still win on its mean
     partial = runs[~((runs["component"] == "mha") & (runs["lr"] == 0.03) & (runs["seed"] > 0))]
     row = stats.table6(partial).set_index(["dataset", "component"]).loc[("digits", "mha")]
@@ -223,7 +227,7 @@ def test_table1_on_the_papers_table6():
 
 
 def test_relative_gain_and_pooled_standard_error(tree):
-    runs, _ = load(tree)
+    runs = load(tree)
     table = stats.table6(runs)
     gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}), baseline="linear")
     a = table.set_index(["dataset", "component"])["mean"]
@@ -323,7 +327,7 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
 
 
 def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
-    runs, _ = load(tree)
+    runs = load(tree)
     spread = stats.grid_spread(runs, components=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
     values = [100 * accuracy("digits_c/contrast", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
     row = spread.loc[("digits_c/contrast", "fc1")]
@@ -523,9 +527,9 @@ def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_ru
 
 def test_holm_adjusts_step_down_and_keeps_the_order():
     # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> 0.06 (never below the one before)
-    assert stats.holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert stats.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped
-    adjusted = stats.holm([0.01, float("nan"), 0.02])
+    assert significance.holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert significance.holm([0.5, 0.9]).tolist() == [1.0, 1.0]  # capped
+    adjusted = significance.holm([0.01, float("nan"), 0.02])
     # m = 2
     assert adjusted[0] == pytest.approx(0.02) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.02)
 
@@ -533,7 +537,7 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
     table = stats.table1(paper, alternative="two-sided").set_index("component")
-    assert table["p_holm"].tolist() == pytest.approx(stats.holm(table["p_value"]).tolist())
+    assert table["p_holm"].tolist() == pytest.approx(significance.holm(table["p_value"]).tolist())
     # two-sided, the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four
     # tests are counted (one-sided, as the authors' code, it stays: 0.021 x 2)
     assert (
@@ -547,7 +551,7 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
         (wide["fc1"] > wide["fc2"]).sum()
     )
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
-    assert pairs["p_holm"].tolist() == pytest.approx(stats.holm(pairs["p_value"]).tolist())
+    assert pairs["p_holm"].tolist() == pytest.approx(significance.holm(pairs["p_value"]).tolist())
     assert stats.pairwise(paper, components=["mha", "full", "probe"])["first"].tolist() == ["mha", "mha", "full"]
     with pytest.raises(ValueError, match="unknown configuration.*valid configurations: mha"):
         stats.pairwise(paper, components=["mha", "attn"])
@@ -631,7 +635,7 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     from paperlib import plasticity
 
     move_results(".")  # the tree
-    runs, _ = load(tree)
+    runs = load(tree)
     # a saved P(f) of the runs' model on dataset a, in the reverse of the paper's order, and one of another model
     reverse = {"mha": 1.0, "fc1": 2.0, "fc2": 3.0, "ln2": 4.0, "ln1": 5.0}
     rates = pd.DataFrame(
@@ -734,3 +738,21 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     conclusions = pd.read_csv(tmp_path / "tables" / "conclusions.csv")
     assert conclusions["table1_same"].tolist() == [True] and conclusions["best_same"].tolist() == [True]
     assert precision.main([str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_wilcoxon_p_is_scipys_p_value_with_ties_and_zeros():
+    # the vectorised permutation test where scipy runs its own, scipy's test elsewhere: scipy's p-values, each
+    rng = np.random.default_rng(0)
+    routes = set()
+    for trial in range(120):
+        n = int(rng.integers(2, 16))
+        values = rng.choice([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0], n) if trial % 2 else rng.normal(size=n).round(1)
+        if not values.any():
+            continue
+        routes.add(n <= 13 and len(set(np.abs(values[values != 0]))) < n)  # ties or zeros: the permutation route
+        for alternative in ("two-sided", "less", "greater"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # scipy's note on ties at large n
+                want = scipy_stats.wilcoxon(values, alternative=alternative).pvalue
+            assert significance.wilcoxon_p(values, alternative) == pytest.approx(want, rel=1e-12), (values, alternative)
+    assert routes == {True, False}

@@ -15,6 +15,7 @@ from paperlib import runs as run_files
 from paperlib.loader import DeviceLoader
 from paperlib.runs import Config
 from paperlib.speed import bench, bench_step
+from paperlib.speed import step as step_module
 
 
 def test_finetune_benchmark_runs(capsys):
@@ -458,13 +459,13 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
 def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):
     model = components.set_trainable(tiny_model, "mha")
     options = speed.StepOptions().checked("cpu")
-    step = speed.make_step(model, options, optimizer="sgd", lr=0.1, momentum=0.9, batch_size=8, clip=1.0)
+    step = step_module.make_step(model, options, optimizer="sgd", lr=0.1, momentum=0.9, batch_size=8, clip=1.0)
     trainable = [p for _, p in components.trainable_parameters(model)]
     assert [id(p) for p in step.trainable] == [id(p) for p in trainable]
     group = step.optimizer.param_groups[0]
     assert isinstance(step.optimizer, torch.optim.SGD) and (group["momentum"], group["weight_decay"]) == (0.9, 0.0)
     assert not step.optimizer.defaults["fused"] and step.micro == 8 and not step.fixed  # fused on CUDA only
-    adamw = speed.make_step(
+    adamw = step_module.make_step(
         model, options, optimizer="adamw", lr=1e-3, momentum=0.9, weight_decay=0.1, batch_size=8, clip=1.0
     )
     assert isinstance(adamw.optimizer, torch.optim.AdamW) and len(adamw.optimizer.param_groups) == 2

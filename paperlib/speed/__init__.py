@@ -5,7 +5,7 @@ A layer the protocol calls and never the reverse: nothing here imports ``finetun
 
 - ``options``  the choices (compilation, attention kernel, precision, fused ops), checked once and
                resolved for a device (``StepOptions``), and named presets
-- ``step``     ``make_step``: the run's optimizer and ``Step``, what the protocol (``finetune``)
+- ``step``     ``step.make_step``: the run's optimizer and ``Step``, what the protocol (``finetune``)
                calls once per batch, and the machinery behind it (``compile_model``, ``MasterWeights``)
 - ``layers``   timm's layers rewritten for speed (patch embedding as a matrix product, fused ops)
 - ``kernels``  our fused ops (Triton on CUDA, their PyTorch reference elsewhere)
@@ -15,6 +15,5 @@ A layer the protocol calls and never the reverse: nothing here imports ``finetun
 """
 
 from .options import STEP_OPTIONS, StepOptions, preset
-from .step import Step, make_step
 
-__all__ = ["STEP_OPTIONS", "Step", "StepOptions", "make_step", "preset"]
+__all__ = ["STEP_OPTIONS", "StepOptions", "preset"]

@@ -7,19 +7,21 @@ and ``fused`` (our fused ops, ``kernels``).
 ``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
 ("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
 of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
-``parameters/speed/``.
+``parameters/speed/``. Torch is imported where a choice is checked for a device, not here: reading
+specs, presets and results (``specs``, ``runs.for_spec``, ``stats``) loads none of the training stack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from .. import paths
 from ..cli import read_yaml
-from .kernels import triton_available
+
+if TYPE_CHECKING:
+    import torch
 
 # the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
 ATTENTION_CHOICES = {
@@ -34,12 +36,25 @@ CPU_ATTENTION = ("auto", "flash", "math")  # the kernels PyTorch has on a CPU
 
 def check_attention(attention: str, device: torch.device) -> str:
     """``attention`` if it names a kernel this device has; otherwise a ValueError with the valid choices."""
+    device = _device(device)
     valid = tuple(ATTENTION_CHOICES) if device.type == "cuda" else CPU_ATTENTION
     if attention not in valid:
         raise ValueError(
             f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}"
         )
     return attention
+
+
+def _device(device) -> torch.device:
+    import torch
+
+    return torch.device(device)
+
+
+def _triton_available() -> bool:
+    from .kernels import triton_available
+
+    return triton_available()
 
 
 COMPILE_CHOICES = ("none", "model", "blocks")
@@ -69,6 +84,8 @@ OWN_COMPILE_MODES = {
 
 def compile_modes() -> tuple[str, ...]:
     """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and ``OWN_COMPILE_MODES``."""
+    import torch
+
     try:
         modes = tuple(torch._inductor.list_mode_options())
     except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
@@ -99,13 +116,17 @@ their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
 """
 CUDA_ONLY_PRECISIONS = ("tf32",)
 
+OPTIMIZERS = ("sgd", "adamw")
+"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
+tailored optimisation of each module)."""
+
 
 def check_precision(precision: str, device: torch.device | None = None) -> str:
     """``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line
     ValueError naming the valid choices (there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
-    kind = torch.device(device).type if device is not None else "cuda"
+    kind = _device(device).type if device is not None else "cuda"
     if precision in CUDA_ONLY_PRECISIONS and kind != "cuda":
         valid = [p for p in PRECISIONS if p not in CUDA_ONLY_PRECISIONS]
         raise ValueError(
@@ -150,7 +171,7 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
     always can: it is ``resolve_fused``."""
     if fused == "auto":
         return fused
-    if fused_parts(fused) and device is not None and torch.device(device).type == "cuda" and not triton_available():
+    if fused_parts(fused) and device is not None and _device(device).type == "cuda" and not _triton_available():
         raise ValueError(
             f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
             "install it (pip install triton) or use fused='none' (or 'auto')"
@@ -165,7 +186,7 @@ def resolve_fused(fused: str, device: torch.device) -> str:
     reference, which inductor's own code beats)."""
     if check_fused(fused, device) != "auto":
         return _fused_name(fused_parts(fused))
-    cuda = torch.device(device).type == "cuda" and triton_available()
+    cuda = _device(device).type == "cuda" and _triton_available()
     return _fused_name(AUTO_FUSED_CUDA if cuda else ())
 
 
@@ -186,7 +207,7 @@ class StepOptions:
         """These options with every choice checked for ``device`` before any work (a ValueError
         that names the valid choices otherwise), ``compile`` as its choice ("none", "model" or
         "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
-        device = torch.device(device)
+        device = _device(device)
         check_compile_mode(self.compile_mode)
         check_attention(self.attention, device)
         check_precision(self.precision, device)

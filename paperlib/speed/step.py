@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 from .options import (
     ATTENTION_CHOICES,
+    OPTIMIZERS,
     OWN_COMPILE_MODES,
     StepOptions,
     check_attention,
@@ -276,11 +277,6 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
     return [group for group in groups if group["params"]]
-
-
-OPTIMIZERS = ("sgd", "adamw")
-"""``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
-tailored optimisation of each module)."""
 
 
 def make_optimizer(
