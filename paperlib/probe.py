@@ -465,7 +465,8 @@ def linear_probe(
     num_workers: int | None = None,
     max_gib: float = 8.0,
     progress: bool = True,
-) -> pd.DataFrame:
+    compute: bool = True,
+) -> pd.DataFrame | None:
     """Linear-probe accuracy of the pretrained ``model`` on ``dataset`` at every block and point.
 
     Args:
@@ -489,6 +490,8 @@ def linear_probe(
         num_workers: DataLoader workers (default: up to 8 on CUDA for images that need decoding
             or resizing, none otherwise).
         max_gib: GiB of pooled features held at once; more points than fit take more passes.
+        compute: fit the probes not cached; False: None unless every one asked for is cached (reading
+            results only, as notebook 07 does with ``compute_missing`` False).
 
     Returns a table with columns ``block`` (0-based), ``point`` and ``accuracy`` (test accuracy,
     a fraction), one row per block and point, in forward order.
@@ -508,6 +511,8 @@ def linear_probe(
     table, metadata, missing = cached(folder, key, wanted)
     if not missing:
         return tidy(table, wanted)
+    if not compute:
+        return None
     # one process fits a model's probes on a dataset: another waits for it, then finds them
     with paths.locked(folder) if folder is not None else contextlib.nullcontext():
         table, metadata, missing = cached(folder, key, wanted)  # fitted meanwhile by the process waited for
@@ -609,13 +614,15 @@ def table6_column(
 ) -> pd.DataFrame:
     """Table 6's linear-probing column: per dataset, the probe's test accuracy (%) at one point of
     one block (the last block's ``mha`` by default, the paper's "attention hidden representation of
-    the last layer"). ``kwargs`` go to ``linear_probe``. Columns: ``dataset``, ``accuracy``."""
+    the last layer"). ``kwargs`` go to ``linear_probe`` (with ``compute=False``, a dataset whose probe is not
+    cached has no row). Columns: ``dataset``, ``accuracy``."""
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
     check_points(point)
     rows = []
     for dataset in datasets:
         table = linear_probe(model, dataset, points=(point,), blocks=block, **kwargs)
-        rows.append({"dataset": dataset, "accuracy": 100.0 * float(table["accuracy"].iloc[0])})
+        if table is not None:
+            rows.append({"dataset": dataset, "accuracy": 100.0 * float(table["accuracy"].iloc[0])})
     return pd.DataFrame(rows, columns=["dataset", "accuracy"])
 
 

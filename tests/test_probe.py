@@ -133,6 +133,10 @@ def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
     column = probe.table6_column("demo", ["digits"])
     assert list(column.columns) == ["dataset", "accuracy"]
     assert column["accuracy"].item() == pytest.approx(100 * part["accuracy"].item())
+    # reading only: a cached probe is read, one not cached is left out (nothing fitted)
+    assert probe.table6_column("demo", ["digits"], compute=False).equals(column)
+    assert probe.linear_probe("demo", "digits_c/snow", points="mha", blocks=-1, compute=False) is None
+    assert probe.table6_column("demo", ["digits_c/snow", "digits"], compute=False).equals(column)
 
 
 def test_missing_points_are_added_to_the_cache(monkeypatch):

@@ -756,3 +756,11 @@ def test_wilcoxon_p_is_scipys_p_value_with_ties_and_zeros():
                 want = scipy_stats.wilcoxon(values, alternative=alternative).pvalue
             assert significance.wilcoxon_p(values, alternative) == pytest.approx(want, rel=1e-12), (values, alternative)
     assert routes == {True, False}
+
+
+def test_stats_and_precision_on_a_fresh_results_root_say_so_in_one_line(capsys):
+    (paths.results_dir() / "finetune").mkdir(parents=True)  # an empty finetune/ folder, as nothing there at all
+    for main, spec in ((stats.main, "finetune_demo.yaml"), (precision.main, "precision_demo.yaml")):
+        assert main([str(paths.ROOT / "parameters" / "sweeps" / spec)]) == 2
+        said = capsys.readouterr()
+        assert said.out == "" and said.err.count("\n") == 1 and f"no run of {paths.ROOT}" in said.err, said
