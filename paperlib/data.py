@@ -399,7 +399,7 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
 
     - ``train/<class>/<image>`` and ``test/<class>/<image>`` (or ``val/`` when there is no
       ``test/``): the official split. The classes are the training folder's; a held-out class
-      that has no training images is an error.
+      that has no training images is an error, as is an empty training class folder (a class with no images).
     - ``train/`` alone, or ``<class>/<image>`` with no ``train/``: a deterministic 80/20 split
       by each file's path (``hash_split``).
 
@@ -426,13 +426,19 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
     held_out = (
         next((folder / s for s in CUSTOM_HELD_OUT if (folder / s).is_dir()), None) if train_dir.is_dir() else None
     )
+    training = train_dir if train_dir.is_dir() else folder
     try:
-        files, targets, classes = _class_files(train_dir if train_dir.is_dir() else folder)
+        files, targets, classes = _class_files(training)
+        # an empty class folder would still be a class: one more output of the head, a higher divergence threshold
+        labelled = {classes[t] for t in targets}
+        empty = [(training / c).relative_to(folder).as_posix() for c in classes if c not in labelled]
+        if empty:
+            raise ValueError(f"empty class folder(s) {_listed(empty)} (no image files): add images or remove them")
         if held_out is not None and official == "test":
             files, targets, classes = _class_files(held_out, classes)
     except FileNotFoundError as error:
         raise FileNotFoundError(f"{name}: {str(error).rstrip('.')}. Expected {layout}.") from error
-    except ValueError as error:  # too few classes (a misnamed Train/ folder reads as one class)
+    except ValueError as error:  # too few classes (a misnamed Train/ folder reads as one class), an empty one
         raise ValueError(f"{name}: {error}. Expected {layout}.") from error
     keys = [f.relative_to(folder).as_posix() for f in files]
     if held_out is None:

@@ -110,6 +110,28 @@ def test_bad_custom_layouts_say_what_is_wrong(home):
         data.get_dataset("custom/extra", "test")
 
 
+@pytest.mark.parametrize("layout", ["flat", "train_and_test"])
+def test_an_empty_class_folder_is_refused_by_name(home, layout):
+    """An empty class folder would be a class of its own: a 3-class head for 2 classes of images."""
+    base = home / "data" / "custom" / "shapes"
+    training = base if layout == "flat" else base / "train"
+    for c in ("circle", "square"):
+        (training / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(training / c / f"{i}.png")
+    if layout == "train_and_test":
+        (base / "test" / "circle").mkdir(parents=True)  # a held-out set may lack a class: not refused
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(base / "test" / "circle" / "0.png")
+        (base / "test" / "square").mkdir()
+    assert data.get_dataset("custom/shapes", "test").classes == ["circle", "square"]
+    (training / "triangle").mkdir()
+    (training / "triangle" / "notes.txt").write_text("not an image")
+    where = "triangle" if layout == "flat" else "train/triangle"
+    for split in ("train", "test"):
+        with pytest.raises(ValueError, match=rf"^custom/shapes: empty class folder\(s\) {where} \(no image files\)"):
+            data.get_dataset("custom/shapes", split)
+
+
 def test_edited_images_get_a_new_decoded_cache(home):
     base = home / "data" / "custom" / "edit"
     fixtures.write_image_folder(base / "train", ["a", "b"], per_class=2)

@@ -120,6 +120,15 @@ def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch, tiny_
     assert not counters["stats"]  # eager again: nothing traced
 
 
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, native", [(False, False, False), (True, False, True), (False, True, True), (True, True, True)]
+)
+def test_native_bf16_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert speed.options.native_bf16() is native
+
+
 def test_compile_and_attention_choices_fail_before_any_work(results, small):
     with pytest.raises(ValueError, match="valid choices: none, model, blocks"):
         finetune.run(small(compile="everything"))

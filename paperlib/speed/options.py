@@ -111,7 +111,8 @@ their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
 - "tf32" (CUDA only): fp32 weights, activations and optimizer state; matrix products and convolutions
   on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), for the run's steps only.
 - "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (about fp32's speed
-  there on the demo ViT: a way to check the precision's effect at demo scale, not a speed-up).
+  there on the demo ViT where the CPU has native bf16, ``native_bf16``: a way to check the precision's effect
+  at demo scale, not a speed-up; several times slower than fp32 where it has not).
 - "bf16": bf16 compute with fp32 master weights (``step.MasterWeights``).
 """
 CUDA_ONLY_PRECISIONS = ("tf32",)
@@ -119,6 +120,14 @@ CUDA_ONLY_PRECISIONS = ("tf32",)
 OPTIMIZERS = ("sgd", "adamw")
 """``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
 tailored optimisation of each module)."""
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (x86's AVX-512 BF16 or AMX, which
+    ``torch.backends.cpu.get_cpu_capability()`` does not tell from AVX-512). Where it does not (AVX2 alone,
+    or a CPU other than x86), PyTorch's bf16 matrix products are emulated, and a demo finetuning run in
+    "autocast" or "bf16" takes several times fp32's (7x to 10x on a 2-core AVX2 VM)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def check_precision(precision: str, device: torch.device | None = None) -> str:
