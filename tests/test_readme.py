@@ -1,0 +1,78 @@
+"""The README's commands: every notebook option, file and module it names exists, and the paper-scale
+commands that can run without the paper's data and GPUs do (notebook 07 and ``stats`` on a part of the
+paper's grid, written as a sweep writes it)."""
+
+import ast
+import importlib.util
+import re
+import shlex
+
+import nbformat
+import pytest
+import yaml
+
+from paperlib import paths, report, stats
+
+README = (paths.ROOT / "README.md").read_text()
+
+
+def paper_map() -> dict[str, list[str]]:
+    """Each notebook of the README's paper map: the commands (code spans) of its paper-scale options."""
+    rows = {}
+    for line in README.splitlines():
+        if found := re.match(r"\| `(\d\d_\w+)` \|", line):
+            rows[found[1]] = re.findall(r"`([^`]+)`", line.rsplit("|", 2)[-2])
+    return rows
+
+
+def declared(notebook: str) -> set[str]:
+    """The names the notebook's ``parameters`` cell assigns."""
+    cells = nbformat.read(paths.ROOT / "notebooks" / f"{notebook}.ipynb", as_version=4).cells
+    cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    return {t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign) for t in node.targets}
+
+
+def options(command: str) -> dict:
+    """``-p name value`` of a papermill command as papermill reads them (YAML-typed values)."""
+    words = shlex.split(command)
+    return {words[i + 1]: yaml.safe_load(words[i + 2]) for i, word in enumerate(words) if word == "-p"}
+
+
+def test_the_paper_map_lists_every_notebook_and_names_their_parameters_and_files():
+    rows = paper_map()
+    assert sorted(rows) == sorted(path.stem for path in paths.ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
+    checked = 0
+    for notebook, commands in rows.items():
+        for command in commands:
+            if command.startswith(("-p", "-f")):
+                assert set(options(command)) <= declared(notebook), (notebook, command)
+                checked += 1
+    assert checked >= 8
+    with pytest.raises(AssertionError):  # the check can fail
+        assert set(options("-p not_a_parameter 1")) <= declared("07_finetune_results")
+
+
+def test_every_file_and_module_the_readme_names_exists():
+    files = set(
+        re.findall(
+            r"(?<![\w/])((?:parameters|notebooks|paperlib|docs|benchmarks)/[\w./-]+\.(?:yaml|py|md|ipynb|csv))", README
+        )
+    )
+    assert len(files) > 10 and not [f for f in files if not (paths.ROOT / f).is_file()]
+    modules = set(re.findall(r"python -m ((?:paperlib|benchmarks)[\w.]*)", README))
+    assert "paperlib.stats" in modules and not [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def test_notebook_07_and_stats_run_with_the_readmes_paper_scale_options(tmp_path):
+    from benchmarks.grid import SPEC, build
+
+    assert build(paths.results_dir(), dataset=["flowers102", "pets"], lr=[0.01], seed=[0]) == 14
+    command = next(c for c in paper_map()["07_finetune_results"] if c.startswith("-p spec"))
+    given = options(command)
+    assert given == {"spec": SPEC, "compute_missing": False}
+    assert stats.main([str(paths.ROOT / SPEC)]) == 0  # the README's stats command on the same runs
+    out = report.execute(paths.ROOT / "notebooks" / "07_finetune_results.ipynb", tmp_path / "07.ipynb", given)
+    said = "".join(
+        output.get("text", "") for cell in nbformat.read(out, as_version=4).cells for output in cell.get("outputs", [])
+    )
+    assert "14 runs: 14 finished; 910 missing" in said and "precision check is skipped" in said
