@@ -5,7 +5,8 @@ One module per concern, named for what it holds, in the order they import one an
 - ``paths``       where things live (repository, reports, results, data caches, demo weights);
                   atomic writes and the lock of what one process at a time writes (``locked``)
 - ``threads``     CPU threads of processes of ours that share a machine
-- ``components``  the five transformer components, trainable configurations, Tables 3 and 4
+- ``names``       the components' and configurations' names and labels, without torch (what the analysis imports)
+- ``components``  the five transformer components in a model, trainable configurations, Tables 3 and 4
 - ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
 - ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``
 - ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
@@ -19,7 +20,7 @@ One module per concern, named for what it holds, in the order they import one an
                   and the benchmarks (``python -m paperlib.speed.bench``)
 - ``specs``       sweep specs: read, checked, expanded into runs
 - ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,
-                  whether it is finished, every run as a table
+                  whether it is finished, every run as a table; a spec's runs read without torch (``for_spec``)
 - ``finetune``    the paper's finetuning protocol (§5.2), top to bottom
 - ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
 - ``ranking``     statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
@@ -27,6 +28,7 @@ One module per concern, named for what it holds, in the order they import one an
                   saved in its folder, collected
 - ``probe``       linear probing of the pretrained model as the authors' code does it (Table 6's last column)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
+- ``significance`` the tests behind the p-values: Wilcoxon's signed-rank, Kendall's tau, Holm's adjustment
 - ``stats``       every table across runs: Tables 1 and 6, pairs, Takeaway 2, LoRA; ``python -m paperlib.stats``
 - ``precision``   whether a cheaper precision (tf32, bf16) keeps the results; ``python -m paperlib.precision``
 - ``plots``       figures with a fixed colour per component
