@@ -255,9 +255,14 @@ def test_a_sweep_passes_over_a_run_another_process_holds_and_comes_back_to_it(tm
     assert holder.stdout.readline().strip() == "1"
     sweeping = start("paperlib.sweep", str(spec))
     deadline = time.monotonic() + 240  # a bound for a failure, not a timing: the sweep waits at the end, not at run 1
-    while not all((tmp_path / "reports" / "logged" / f"{value}.done.json").exists() for value in (2, 3)):
-        assert sweeping.poll() is None and time.monotonic() < deadline, "the runs after the held one never ran"
-        time.sleep(0.05)
+    try:
+        while not all((tmp_path / "reports" / "logged" / f"{value}.done.json").exists() for value in (2, 3)):
+            assert sweeping.poll() is None and time.monotonic() < deadline, "the runs after the held one never ran"
+            time.sleep(0.05)
+    except AssertionError:
+        for process in (sweeping, holder):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
     assert executions(log).count("start 1") == 0
     holder.communicate("\n")  # the holder runs it, then lets go; the sweep, come back to it, finds it finished
     code, out, err = finished(sweeping)
