@@ -51,7 +51,8 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
     dataset and a ``total`` row, columns ``runs`` and ``STATUSES``. ``estimate`` (None unless the
     spec is a finetuning sweep): a row per distinct step of the runs to run, with its runs, steps,
     images, images/s, hours and where the images/s came from (``NaN`` hours where it has none).
-    ``precision``: the runs as if the spec's precision were this one. ``timing_steps``: steps timed
+    ``precision``: the runs as if the spec's precision were this one (refused for a spec whose runs have
+    several: each would be counted once per precision). ``timing_steps``: steps timed
     per distinct step that no finished run has recorded. Trains nothing, writes nothing."""
     if not isinstance(timing_steps, int) or isinstance(timing_steps, bool) or timing_steps < 1:
         raise ValueError(f"the timed steps (--plan-steps) must be a positive integer, got {timing_steps!r}")
@@ -59,10 +60,17 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
     if precision is not None and not finetuning:
         raise ValueError(f"--precision is for finetuning sweeps ({runs.NOTEBOOK}), not {found[0].notebook.stem}")
     if finetuning:
-        # another precision as the runs would be asked for it: Config checks it (an unknown name, one the runs'
-        # device lacks) and a speed preset not offered in it is refused (``speed.options.offered``)
-        other = {} if precision is None else {"precision": precision}
-        configs = [runs.config_from({**run.parameters, **other}) for run in found]
+        configs = [runs.config_from(run.parameters) for run in found]
+        asked = sorted({config.precision for config in configs})
+        if precision is not None and len(asked) > 1:  # each run would be counted once per precision of the axis
+            raise ValueError(
+                f"--precision replaces the spec's precision, and this spec has a precision axis ({', '.join(asked)}): "
+                "plan it without --precision"
+            )
+        if precision is not None:
+            # another precision as the runs would be asked for it: Config checks it (an unknown name, one the runs'
+            # device lacks) and a speed preset not offered in it is refused (``speed.options.offered``)
+            configs = [runs.config_from({**run.parameters, "precision": precision}) for run in found]
         rows = [{"dataset": c.dataset, "status": status(run, c), "config": c} for run, c in zip(found, configs)]
     else:  # Run.finished compares its marker with the custom inputs as they are now (fingerprinted)
         rows = [{"dataset": run.parameters.get("dataset", "-"), "status": status(run)} for run in found]

@@ -272,6 +272,8 @@ def default_reference(dataset: str) -> str:
     return "digits_source" if source is not None and source.group == "demo" else "imagenet"
 
 
+NOTEBOOK = "02_plasticity"  # the notebook of one measurement: its parameters are a Measurement's fields (and run's)
+
 RATES, METADATA = "rates.csv.gz", "metadata.json"
 """The files of a saved result: its tidy table, then its metadata (written last: ``save``)."""
 

@@ -274,23 +274,28 @@ def _card(notebook: Path, out_dir: Path) -> str:
 
 def write_index(out_dir: Path) -> Path:
     """``index.html``, the landing page: a card per notebook report in ``out_dir`` (``_card``), then a
-    list of every other HTML report under it (sweep runs)."""
+    list of every other report under it (sweep runs): its HTML page, or its executed notebook where it
+    has none (a sweep renders HTML only if asked)."""
     out_dir = Path(out_dir)
     output = out_dir / "index.html"
     notebooks = sorted(out_dir.glob("[0-9][0-9]_*.ipynb"))
     cards = [_card(notebook, out_dir) for notebook in notebooks if notebook.with_suffix(".html").is_file()]
-    shown = {n.with_suffix(suffix) for n in notebooks for suffix in (".html", ".nocode.html")}
+    shown = {n.with_suffix(suffix) for n in notebooks for suffix in (".html", ".nocode.html", ".ipynb")}
     others = sorted(
         p
-        for p in out_dir.rglob("*.html")
-        if p != output and p not in shown and not any(part.startswith(".") for part in p.relative_to(out_dir).parts)
+        for p in [*out_dir.rglob("*.html"), *out_dir.rglob("*.ipynb")]
+        if p != output
+        and p not in shown
+        and not (p.suffix == ".ipynb" and p.with_suffix(".html").is_file())
+        and not any(part.startswith(".") for part in p.relative_to(out_dir).parts)
     )
     rows = []
     for page in others:
         notebook = page.with_suffix(".ipynb")
         title = _title(notebook) if notebook.is_file() else page.stem
         link = page.relative_to(out_dir).as_posix()
-        rows.append(f'<li><a href="{html.escape(link)}">{html.escape(link[:-5])}</a> &mdash; {html.escape(title)}</li>')
+        label = link.removesuffix(page.suffix)
+        rows.append(f'<li><a href="{html.escape(link)}">{html.escape(label)}</a> &mdash; {html.escape(title)}</li>')
     text = (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>vit-plasticity reports</title>"
         f"<style>{STYLE}</style></head>\n<body><h1>vit-plasticity reports</h1>\n"

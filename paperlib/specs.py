@@ -34,6 +34,8 @@ def load_spec(path: str | Path) -> dict:
         )
     if "notebook" not in spec:
         raise ValueError(f"{path} names no notebook")
+    if not grids(spec) or not all(grids(spec)):  # no grid: one run of the defaults, which nobody asked for
+        raise ValueError(f"{path} has an empty grid: give it at least one parameter's list of values, e.g. seed: [0]")
     for grid in grids(spec):
         for key, values in grid.items():
             if not isinstance(values, list) or not values:

@@ -1,24 +1,36 @@
-"""Sweeps: one papermill run per cell of a parameter grid, resumable, failure-isolated.
+"""Sweeps: one papermill run per cell of a parameter grid, checked first, resumable, failure-isolated.
 
     python -m paperlib.sweep parameters/sweeps/plasticity_demo.yaml
     python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor gpus     # all GPUs here
     python -m paperlib.sweep parameters/sweeps/plasticity_paper.yaml --executor slurm    # via submitit
     python -m paperlib.sweep parameters/sweeps/finetune_paper.yaml --plan    # what it costs; runs nothing
 
-A spec (``specs``: a notebook, fixed parameters, a grid) expands into runs. Each run writes
-``reports/<notebook>/<run name>.ipynb`` and ``.html``, then ``.done.json`` last; finished runs
-(``Run.finished``: for a finetuning run, its run folder says so, ``runs.is_finished``) are skipped
-when the sweep is started again (a run whose parameters were edited since, or whose custom images
-or model changed since, runs again). A failing run leaves ``.error.txt`` with its error and does
-not stop the others. ``reports/index.html`` is rewritten at the end.
+A spec (``specs``: a notebook, fixed parameters, a grid) expands into runs. Every run is checked
+(``check``) before the first one starts: a bad value in one cell stops the sweep in one line, with
+nothing written. Each run writes ``reports/<notebook>/<run name>.ipynb`` (the executed notebook;
+with ``--html`` also its ``.html`` and ``.nocode.html`` reports, which a grid of hundreds of runs
+rarely needs), then ``.done.json`` last; finished runs (``Run.finished``: for a finetuning run, its
+run folder says so, ``runs.is_finished``) are skipped when the sweep is started again (a run whose
+parameters were edited since, or whose custom images or model changed since, runs again). A
+failing run leaves ``.error.txt`` with its error, and the summary its last line; it does not stop
+the others. ``reports/index.html`` is rewritten at the end.
+
+Several sweep processes of one spec on one results root share its runs: one process executes a run
+at a time (its lock, ``paths.locked``), and a run another process holds is passed over and come
+back to at the end; the summary says which runs another process finished. So N processes, one per
+device (``CUDA_VISIBLE_DEVICES``, or ``VIT_PLASTICITY_WORKERS=N`` each on one machine's CPU cores:
+``threads``), finish a sweep about N times faster.
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
-visible GPU, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm`` (submitit's
-cluster executor, one job per run) and ``submitit-local`` (submitit's local executor, for tests).
+visible GPU, or per ``--gpus`` id, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm``
+(submitit's cluster executor, one job per run) and ``submitit-local`` (submitit's local executor,
+for tests).
 
 ``--plan`` trains and writes nothing: it counts the runs (finished, diverged, failed, missing) and,
 for a finetuning sweep, estimates the device-hours of those to run on this machine (``plan``);
 ``--precision P`` as if the spec's precision were P, ``--plan-steps N`` steps timed per distinct step.
+``--plan`` and ``--dry-run`` check the runs as a sweep does, except whether their devices are here
+(a plan may be made on another machine than the sweep's).
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 import json
 import multiprocessing
 import os
@@ -38,10 +52,20 @@ from pathlib import Path
 import submitit
 import torch
 
-from . import cli, data, models, paths, plan, report, runs, specs, threads
+from . import cli, data, models, paths, plan, plasticity, report, runs, specs, threads
 from .speed.options import PRECISIONS
+from .transforms import check_normalize
 
 EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
+
+STATUSES = {
+    "done": "done",
+    "other": "finished by another process",
+    "skipped": "skipped (finished before)",
+    "failed": "failed",
+}
+"""A run's status after a sweep, and what the summary calls it (``busy``, while another process holds
+it, is come back to before the sweep ends)."""
 
 
 @dataclass
@@ -68,6 +92,13 @@ class Run:
     @property
     def error_file(self) -> Path:
         return self.stem.with_name(self.stem.name + ".error.txt")
+
+    @property
+    def reason(self) -> str:
+        """A failed run's error in one line: its last (for an error in a notebook, the exception it
+        raised: papermill's message starts with the traceback)."""
+        lines = [line.strip() for line in self.error.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
 
     @property
     def fingerprints(self) -> dict:
@@ -145,24 +176,98 @@ def expand(spec: dict, reports: Path | None = None) -> list[Run]:
     return [Run(name, notebook, parameters, folder) for name, notebook, parameters in found]
 
 
-def execute_run(run: Run) -> Run:
+def _model_name(name: str) -> str:
+    """A model's name as a sweep checks it: a ``custom/<name>`` by its form alone (notebook 08 makes its own)."""
+    return name if paths.custom_name(name, "model") else models.resolve_name(name)
+
+
+BY_NAME = {
+    "model": _model_name,
+    "models": _model_name,
+    "dataset": data.check_dataset,
+    "datasets": data.check_dataset,
+    "reference": data.check_dataset,
+    "normalize": check_normalize,
+}
+"""The checks of another notebook's parameters (not 05's or 02's) that go by these names; a list's values each."""
+
+
+def check(found: list[Run], executor: str | None = None) -> list[Run]:
+    """``found`` (a spec's runs), returned once each is checked, else a ValueError naming the first bad
+    run, its bad value and the valid choices: before anything runs. A finetuning run (notebook 05) is
+    checked by building its ``runs.Config`` (dataset, model, component, precision on its kind of
+    device...), a plasticity run (notebook 02) by building its ``plasticity.Measurement``, another
+    notebook's parameters by name (``BY_NAME``); each run's device as ``executor`` runs it
+    (``check_device``; None: a name, for ``--plan`` and ``--dry-run``, which may be asked elsewhere)."""
+    for run in found:
+        try:
+            _check_parameters(run)
+            if "device" in run.parameters:  # else the notebook's default, the CPU
+                check_device(run.parameters["device"], executor)
+        except (ValueError, FileNotFoundError) as error:
+            raise ValueError(f"run {run.name}: {error}") from None
+    return found
+
+
+def _check_parameters(run: Run) -> None:
+    if run.notebook.stem == runs.NOTEBOOK:
+        runs.config_from(run.parameters)
+    elif run.notebook.stem == plasticity.NOTEBOOK:
+        fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
+        plasticity.Measurement(**{name: value for name, value in run.parameters.items() if name in fields})
+    else:
+        for name, value in run.parameters.items():
+            for one in value if isinstance(value, (list, tuple)) else [value]:
+                if name in BY_NAME and one not in (None, ""):  # "": the notebook's default
+                    BY_NAME[name](one)
+
+
+def check_device(device, executor: str | None = None) -> None:
+    """A run's device as ``executor`` runs it: one this machine has (``local``, ``submitit-local``), the
+    one GPU each worker sees (``gpus``: ``cuda`` or ``cuda:0``, or the CPU), any device's name (``slurm``:
+    the cluster's; None); a ValueError naming the valid ones otherwise."""
+    parsed = cli.check_device(device, here=executor in ("local", "submitit-local"))
+    if executor == "gpus" and parsed.type == "cuda" and parsed.index not in (None, 0):
+        raise ValueError(f"device {device!r}: under --executor gpus a run sees one GPU, cuda (or cuda:0)")
+
+
+def check_gpus(gpus: list[int] | None) -> list[int]:
+    """The GPUs of executor ``gpus``: ``gpus``, each one this machine has, or every visible one; a
+    ValueError naming those here otherwise."""
+    here = _visible_gpus()
+    if not here:
+        raise ValueError("executor 'gpus' found no GPU here; use --executor local")
+    absent = [gpu for gpu in gpus or [] if gpu not in here]
+    if gpus == [] or absent:
+        raise ValueError(
+            f"no GPU {', '.join(map(str, absent or gpus))} on this machine; GPUs here: {', '.join(map(str, here))}"
+        )
+    return here if gpus is None else gpus
+
+
+def execute_run(run: Run, wait: bool = True, html: bool = False) -> Run:
     """Execute one run unless finished; record success (marker) or failure (error file). One process
-    executes a run (``paths.locked``): a second sweep of the same spec waits for it, then skips it."""
-    if run.finished:
-        run.status = "skipped"
+    executes a run (``paths.locked``): a run another process holds is left ``busy`` (``wait``: waited
+    for), and one another process finished since the sweep started is ``other``. ``html``: its reports
+    too."""
+    try:
+        with paths.locked(run.stem, wait=wait):
+            if run.finished:  # by another process, since this sweep read the markers
+                run.status = "other"
+                return run
+            return _execute(run, html)
+    except paths.Busy:
+        run.status = "busy"
+        print(f"{run.name}: held by another process; come back to at the end", flush=True)
         return run
-    with paths.locked(run.stem):
-        if run.finished:  # by the sweep waited for
-            run.status = "skipped"
-            return run
-        return _execute(run)
 
 
-def _execute(run: Run) -> Run:
+def _execute(run: Run, html: bool = False) -> Run:
     start = time.perf_counter()
     try:
         executed = report.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
-        report.render_html(executed)
+        if html:
+            report.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
         # the custom inputs as the run leaves them: a run that makes its own (notebook 08's example) records them
         run.extra["fingerprints"] = parameter_fingerprints(run.parameters)
@@ -195,24 +300,39 @@ def _visible_gpus() -> list[int]:
 
 
 def run_sweep(
-    spec: dict, executor: str = "local", gpus: list[int] | None = None, reports: Path | None = None
+    spec: dict,
+    executor: str = "local",
+    gpus: list[int] | None = None,
+    reports: Path | None = None,
+    html: bool = False,
 ) -> list[Run]:
-    """Execute every unfinished run of ``spec``; returns the runs with their status."""
+    """Execute every unfinished run of ``spec``, each checked first (``check``); returns the runs with their
+    status (``STATUSES``). A run another process holds is passed over, then come back to at the end.
+    ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
-    runs = fingerprinted(expand(spec, reports))
+    gpus = check_gpus(gpus) if executor == "gpus" else gpus
+    runs = fingerprinted(check(expand(spec, reports), executor))
     todo = []
     for run in runs:  # each marker read once
         if run.finished:
             run.status = "skipped"
         else:
             todo.append(run)
+    todo = _executed(todo, spec, executor, gpus, functools.partial(execute_run, wait=False, html=html))
+    busy = [run for run in todo if run.status == "busy"]  # held by another process: come back to, waiting now
+    again = _executed(busy, spec, executor, gpus, functools.partial(execute_run, wait=True, html=html))
+    done = {r.name: r for r in todo + again}
+    runs = [done.get(r.name, r) for r in runs]
+    report.write_index(reports or paths.reports_dir())
+    return runs
+
+
+def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None, task) -> list[Run]:
+    """``todo`` after ``task`` (``execute_run``) ran on each, as ``executor`` runs them."""
     if todo and executor == "local":
-        todo = [execute_run(r) for r in todo]
-    elif todo and executor == "gpus":
-        gpus = gpus if gpus is not None else _visible_gpus()
-        if not gpus:
-            raise RuntimeError("executor 'gpus' found no GPU; use --executor local")
+        return [task(r) for r in todo]
+    if todo and executor == "gpus":
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
         for gpu in gpus:
@@ -223,9 +343,9 @@ def run_sweep(
                 len(gpus), mp_context=context, initializer=_pin_gpu, initargs=(queue,)
             ) as pool,
         ):
-            todo = list(pool.map(execute_run, todo))
-    elif todo:
-        folder = (reports or paths.reports_dir()) / runs[0].notebook.stem / ".submitit"
+            return list(pool.map(task, todo))
+    if todo:
+        folder = todo[0].folder / ".submitit"  # reports/<notebook>/.submitit
         if executor == "slurm":
             pool = submitit.AutoExecutor(folder=folder)
             pool.update_parameters(**(spec.get("slurm") or {}))
@@ -234,12 +354,9 @@ def run_sweep(
             pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
         # submitit's local jobs run at once on this machine: a share of the cores each (a cluster's have their own)
         with threads.shared_by(len(todo)) if executor == "submitit-local" else contextlib.nullcontext():
-            jobs = pool.map_array(execute_run, todo)
-        todo = [job.result() for job in jobs]
-    done = {r.name: r for r in todo}
-    runs = [done.get(r.name, r) for r in runs]
-    report.write_index(reports or paths.reports_dir())
-    return runs
+            jobs = pool.map_array(task, todo)
+        return [job.result() for job in jobs]
+    return todo
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -257,6 +374,11 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
+    )
+    parser.add_argument(
+        "--html",
+        action="store_true",
+        help="render each run's reports (.html, .nocode.html) beside its executed notebook; default: the notebook only",
     )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
@@ -282,29 +404,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):
             raise ValueError("--precision and --plan-steps are options of --plan")
+        if args.gpus is not None and args.executor != "gpus":
+            raise ValueError(f"--gpus is an option of --executor gpus, not of --executor {args.executor}")
+        gpus = _gpu_ids(args.gpus)
         spec = specs.load_spec(args.spec)
         if args.plan:
             steps = 3 if args.plan_steps is None else args.plan_steps
-            result = plan.plan(fingerprinted(expand(spec)), args.precision, steps)
+            result = plan.plan(fingerprinted(check(expand(spec))), args.precision, steps)
             print(f"plan of {args.spec}" + (f", as if its precision were {args.precision}" if args.precision else ""))
             print(plan.formatted(result))
             return 0
         if args.dry_run:
-            for run in fingerprinted(expand(spec)):
+            for run in fingerprinted(check(expand(spec))):
                 print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")
             return 0
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-        runs = run_sweep(spec, args.executor, gpus)
+        runs = run_sweep(spec, args.executor, gpus, html=args.html)
     except (*cli.BAD_INPUT, RuntimeError) as error:
         return cli.fail(error)
     for run in runs:
-        print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {run.error.splitlines()[0] if run.error else ''}")
-    counts = {s: sum(r.status == s for r in runs) for s in ("done", "skipped", "failed")}
-    print(
-        f"\n{counts['done']} done, {counts['skipped']} skipped (finished before), {counts['failed']} failed; "
-        f"reports: {paths.reports_dir() / 'index.html'}"
-    )
-    return 1 if counts["failed"] else 0
+        detail = run.reason if run.status == "failed" else STATUSES[run.status] if run.status == "other" else ""
+        print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {detail}".rstrip())
+    counts = ", ".join(f"{sum(r.status == status for r in runs)} {words}" for status, words in STATUSES.items())
+    print(f"\n{counts}; reports: {paths.reports_dir() / 'index.html'}")
+    return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _gpu_ids(text: str | None) -> list[int] | None:
+    """``--gpus``' ids (``0,1``), or None (not given: every visible GPU)."""
+    if text is None:
+        return None
+    ids = text.split(",")
+    if not all(part.strip().isdigit() for part in ids):
+        raise ValueError(f"--gpus takes GPU ids joined by commas, e.g. 0,1; got {text!r}")
+    return [int(part) for part in ids]
 
 
 if __name__ == "__main__":

@@ -231,6 +231,45 @@ def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, m
     assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
     assert sorted(line for line in executions(log) if line.startswith("start")) == ["start 1", "start 2", "start 3"]
     assert all(run.finished for run in sweep.expand(specs.load_spec(spec)))
+    said = [summary(out) for _, out, _ in ended]  # each run done by one, finished by the other for the other
+    assert all(sorted([said[0][v], said[1][v]]) in (["done", "other"], ["done", "skipped"]) for v in "123"), said
+
+
+def summary(out: str) -> dict[str, str]:
+    """A sweep's summary lines as {run: status}."""
+    lines = [line.split() for line in out.splitlines()]
+    return {words[1]: words[0] for words in lines if len(words) > 1 and words[0] in sweep.STATUSES}
+
+
+FINISH = (
+    "import sys\nfrom paperlib import paths, specs, sweep\nrun = sweep.expand(specs.load_spec(sys.argv[1]))[0]\n"
+    "with paths.locked(run.stem):\n    print(1, flush=True)\n    input()\n    sweep.execute_run(run)\n"
+)
+"""A process that holds the lock of the first run of the spec ``argv[1]`` and, once it reads a line, runs it."""
+
+
+def test_a_sweep_passes_over_a_run_another_process_holds_and_comes_back_to_it(tmp_path, monkeypatch, write_notebook):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    spec, log = tiny_sweep(write_notebook, tmp_path)
+    holder = python("-c", FINISH, str(spec), stdin=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "1"
+    sweeping = start("paperlib.sweep", str(spec))
+    deadline = time.monotonic() + 240  # a bound for a failure, not a timing: the sweep waits at the end, not at run 1
+    try:
+        while not all((tmp_path / "reports" / "logged" / f"{value}.done.json").exists() for value in (2, 3)):
+            assert sweeping.poll() is None and time.monotonic() < deadline, "the runs after the held one never ran"
+            time.sleep(0.05)
+    except AssertionError:
+        for process in (sweeping, holder):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
+    assert executions(log).count("start 1") == 0
+    holder.communicate("\n")  # the holder runs it, then lets go; the sweep, come back to it, finds it finished
+    code, out, err = finished(sweeping)
+    assert code == 0, err
+    assert summary(out) == {"1": "other", "2": "done", "3": "done"}, out
+    assert "finished by another process" in next(line for line in out.splitlines() if line.startswith("other"))
+    assert executions(log).count("start 1") == 1
 
 
 def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_path, monkeypatch, write_notebook):

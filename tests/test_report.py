@@ -153,11 +153,14 @@ def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
     (out / "05_finetune.html").write_text("<html></html>")
     (out / "sweep").mkdir()
     (out / "sweep" / "run.html").write_text("<html></html>")
+    nbformat.write(nb, out / "sweep" / "run.ipynb")  # its page stands for it
+    nbformat.write(nb, out / "sweep" / "bare.ipynb")  # a sweep run without HTML: its executed notebook
     landing = report.write_index(out).read_text()
     assert "05 · Finetuning one component" in landing and "paper §5.2" in landing
     assert "parameters: dataset=pets · 2026-11-25 10:11" in landing and "no headline" in landing
     assert "<img" not in landing  # no figure, no thumbnail
     assert 'href="sweep/run.html"' in landing  # other reports listed below
+    assert 'href="sweep/bare.ipynb"' in landing and 'href="sweep/run.ipynb"' not in landing
 
 
 def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_path, monkeypatch):

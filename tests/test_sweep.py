@@ -64,8 +64,9 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
     assert "twice 8" in (folder / "False" / "4.ipynb").read_text()
     marker = json.loads((folder / "False" / "3.done.json").read_text())
     assert marker["parameters"] == {"fail": False, "value": 3}
+    assert not list(folder.rglob("*.html"))  # the executed notebooks only, unless asked (--html)
     index = (reports / "index.html").read_text()
-    assert 'href="tiny/False/3.html"' in index and "True/3.html" not in index
+    assert 'href="tiny/False/3.ipynb"' in index and 'href="tiny/True/3.ipynb"' not in index
 
     # restart: finished runs are skipped, failed ones are tried again
     stamp = (folder / "False" / "3.done.json").stat().st_mtime_ns
@@ -101,17 +102,17 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
     spec = {
         "notebook": str(tiny_notebook),
         "parameters": {"tag": "custom/vit"},
-        "grid": {"dataset": ["custom/shots", "a"]},
+        "grid": {"dataset": ["custom/shots", "digits"]},
     }
-    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "done"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "digits": "done"}
     marker = json.loads((reports / "tiny" / "custom" / "shots.done.json").read_text())
     assert set(marker["fingerprints"]) == {"dataset:custom/shots", "model:custom/vit"}
-    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "digits": "skipped"}
 
     fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["eel"], per_class=2)  # a class more
     assert [run.finished for run in sweep.expand(spec)] == [False, True]
-    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "a": "skipped"}
-    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "a": "skipped"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "done", "digits": "skipped"}
+    assert {r.name: r.status for r in sweep.run_sweep(spec)} == {"custom/shots": "skipped", "digits": "skipped"}
 
     # other weights, same name
     models.save_model(models.create_model("demo", num_classes=3), "custom/vit", overwrite=True)
@@ -159,13 +160,14 @@ def test_restricting_a_spec_keeps_the_runs_with_the_given_values(tiny_notebook):
 
 def test_gpu_executor_needs_gpus(tiny_notebook, reports, monkeypatch):
     monkeypatch.setattr(sweep, "_visible_gpus", lambda: [])
-    with pytest.raises(RuntimeError, match="no GPU"):
+    with pytest.raises(ValueError, match="no GPU"):
         sweep.run_sweep({"notebook": str(tiny_notebook), "grid": {"value": [1]}}, executor="gpus")
 
 
-def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports, write_notebook):
-    # ids need no real GPU: each worker process exports its id as CUDA_VISIBLE_DEVICES, and the
-    # papermill kernel it starts inherits it
+def test_gpu_executor_pins_one_worker_process_per_gpu(tmp_path, reports, write_notebook, monkeypatch):
+    monkeypatch.setattr(sweep, "_visible_gpus", lambda: [0, 3, 5])
+    # ids need no real GPU (this machine's are faked): each worker process exports its id as
+    # CUDA_VISIBLE_DEVICES, and the papermill kernel it starts inherits it
     notebook = write_notebook(
         tmp_path / "pinned.ipynb",
         "import os, time\ntime.sleep(1)\n"
@@ -191,9 +193,10 @@ def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
     spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
     spec["grid"]["dataset"] = ["digits_c/snow"]
     spec["parameters"]["n_pairs"] = 16
-    runs = sweep.run_sweep(spec, executor="submitit-local")
+    runs = sweep.run_sweep(spec, executor="submitit-local", html=True)
     assert [(r.name, r.status) for r in runs] == [("demo/digits_c/snow", "done")], runs[0].error
-    assert (reports / "02_plasticity" / "demo" / "digits_c" / "snow.html").is_file()
+    for report in ("snow.ipynb", "snow.html", "snow.nocode.html"):  # asked for its HTML reports too
+        assert (reports / "02_plasticity" / "demo" / "digits_c" / report).is_file()
     assert (tmp_path / "results" / "plasticity" / "demo" / "digits_c" / "snow" / "metadata.json").is_file()
 
 
@@ -300,3 +303,78 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
     # the project's specs name real parameters
     for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):
         assert sweep.expand(specs.load_spec(f"parameters/sweeps/{spec}.yaml"))
+
+
+def write_spec(path, notebook, grid, **parameters):
+    """A sweep spec file of ``notebook`` (under notebooks/ or a path) with ``grid`` and fixed ``parameters``."""
+    path.write_text(yaml.safe_dump({"notebook": str(notebook), "parameters": parameters, "grid": grid}))
+    return str(path)
+
+
+def one_line(err: str) -> str:
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_every_cell_is_checked_before_the_first_run_and_plan_and_dry_run_agree(tmp_path, reports, capsys):
+    plasticity = write_spec(tmp_path / "p.yaml", "notebooks/02_plasticity.ipynb", {"dataset": ["digits", "cifar11"]})
+    finetune = write_spec(
+        tmp_path / "f.yaml", "notebooks/05_finetune.ipynb", {"component": ["mha", "fc3"]}, steps=4, warmup=0
+    )
+    for spec, bad, valid in (
+        (plasticity, "run cifar11: unknown dataset 'cifar11'", "valid datasets: digits"),
+        (finetune, "run fc3: unknown finetuning configuration 'fc3'", "valid configurations: mha"),
+    ):
+        for options in ([], ["--dry-run"], ["--plan"]):
+            assert sweep.main([spec, *options]) == 2, options
+            line = one_line(capsys.readouterr().err)
+            assert bad in line and valid in line, (options, line)
+    assert not reports.exists() and not (tmp_path / "results").exists()  # digits was not run first
+    # a precision the run's device lacks, a device this machine lacks (the plan may be made elsewhere)
+    tf32 = write_spec(tmp_path / "t.yaml", "notebooks/05_finetune.ipynb", {"precision": ["fp32", "tf32"]}, device="cpu")
+    assert sweep.main([tf32, "--dry-run"]) == 2 and "valid precisions on cpu: fp32" in capsys.readouterr().err
+    if not sweep.torch.cuda.is_available():
+        cuda = write_spec(tmp_path / "c.yaml", "notebooks/02_plasticity.ipynb", {"dataset": ["digits"]}, device="cuda")
+        assert sweep.main([cuda]) == 2
+        assert "device 'cuda' is not on this machine; devices here: cpu" in one_line(capsys.readouterr().err)
+        assert sweep.main([cuda, "--dry-run"]) == 0 and not reports.exists()
+
+
+def test_gpus_and_an_empty_grid_are_refused_in_one_line(tmp_path, tiny_notebook, reports, monkeypatch, capsys):
+    spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"value": [1]})
+    assert sweep.main([spec, "--gpus", "0"]) == 2
+    assert "--gpus is an option of --executor gpus, not of --executor local" in one_line(capsys.readouterr().err)
+    monkeypatch.setattr(sweep, "_visible_gpus", lambda: [])
+    assert sweep.main([spec, "--executor", "gpus", "--gpus", "0"]) == 2
+    assert "executor 'gpus' found no GPU here" in one_line(capsys.readouterr().err)
+    monkeypatch.setattr(sweep, "_visible_gpus", lambda: [0, 1])
+    for gpus, message in (("2", "no GPU 2 on this machine; GPUs here: 0, 1"), ("0,x", "GPU ids joined by commas")):
+        assert sweep.main([spec, "--executor", "gpus", "--gpus", gpus]) == 2
+        assert message in one_line(capsys.readouterr().err)
+    on_two = write_spec(tmp_path / "g.yaml", "notebooks/02_plasticity.ipynb", {"device": ["cuda:1"]})
+    assert sweep.main([on_two, "--executor", "gpus"]) == 2  # each worker sees one GPU
+    assert "device 'cuda:1': under --executor gpus a run sees one GPU" in one_line(capsys.readouterr().err)
+    for grid in ({}, []):
+        (tmp_path / "empty.yaml").write_text(yaml.safe_dump({"notebook": str(tiny_notebook), "grid": grid}))
+        assert sweep.main([str(tmp_path / "empty.yaml")]) == 2
+        assert "has an empty grid" in one_line(capsys.readouterr().err)
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump({"notebook": str(tiny_notebook)}))
+    assert sweep.main([str(tmp_path / "none.yaml"), "--dry-run"]) == 2
+    assert not reports.exists()
+
+
+def test_the_summary_gives_a_failed_runs_last_error_line(tmp_path, tiny_notebook, reports, capsys):
+    spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"fail": [False, True]})
+    assert sweep.main([spec]) == 1
+    out = capsys.readouterr().out
+    failed = next(line for line in out.splitlines() if line.startswith("failed"))
+    assert failed.split()[1] == "True" and failed.endswith("ValueError: asked to fail"), out
+    assert "1 done, 0 finished by another process, 0 skipped (finished before), 1 failed" in out
+    assert (reports / "tiny" / "True.error.txt").read_text().startswith("PapermillExecutionError")
+
+
+def test_plan_refuses_another_precision_for_a_spec_with_a_precision_axis(reports, capsys):
+    spec = "parameters/sweeps/precision_demo.yaml"
+    assert sweep.main([spec, "--plan", "--precision", "bf16"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "this spec has a precision axis (autocast, fp32)" in line and "without --precision" in line
