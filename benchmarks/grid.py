@@ -94,7 +94,11 @@ def timed(command: list[str], root: Path) -> dict:
     wall = re.search(r"Elapsed \(wall clock\) time .*: (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     seconds = int(wall[1] or 0) * 3600 + int(wall[2]) * 60 + float(wall[3])
-    said = done.stderr.split("\tCommand being timed")[0].strip().splitlines()
+    said = [
+        line
+        for line in done.stderr.split("\tCommand being timed")[0].strip().splitlines()
+        if "Command exited" not in line
+    ]
     last = said[-1] if done.returncode and said else ""  # the command's last line: its error
     return {"exit": done.returncode, "wall_s": round(seconds, 2), "peak_gb": round(int(peak[1]) / 1e6, 2)} | {
         "error": last[:150]
@@ -107,7 +111,6 @@ def time_all(root: Path) -> pd.DataFrame:
     with tempfile.TemporaryDirectory() as out:
         commands = {
             "python -m paperlib.stats SPEC": [python, "-m", "paperlib.stats", SPEC],
-            "python -m paperlib.precision SPEC": [python, "-m", "paperlib.precision", SPEC],
             "python -c 'import paperlib.stats'": [python, "-c", "import paperlib.stats"],
             "python -m paperlib.sweep SPEC --plan": [python, "-m", "paperlib.sweep", SPEC, "--plan"],
             "papermill 06 (README's options)": [
