@@ -27,7 +27,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from paperlib import finetune, paths, plasticity, plots, report, specs, stats
-from paperlib.runs import for_spec, histories_of
+from paperlib.runs import at_least_one, for_spec, histories_of
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -35,6 +35,7 @@ grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(specs.restrict(grid_spec, dataset=[dataset], seed=[seed]))
 runs, _ = for_spec(grid_spec)  # the spec's runs only
+at_least_one(runs, spec)
 # the histories this notebook draws, and only those: at this seed, on this dataset or at this learning rate
 drawn = runs[(runs["seed"] == seed) & ((runs["dataset"] == dataset) | (runs["lr"] == lr))]
 histories = histories_of(drawn, ["grad_norm", "val_loss"])

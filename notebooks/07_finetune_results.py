@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from paperlib import capacity, components, finetune, models, paths, plasticity, plots, precision, probe, report, specs, stats
-from paperlib.runs import KEYS, for_spec
+from paperlib.runs import KEYS, at_least_one, for_spec
 from paperlib.speed.options import native_bf16
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
@@ -44,6 +44,7 @@ grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(grid_spec)
 runs, missing = for_spec(grid_spec)  # the spec's runs only
+at_least_one(runs, spec)
 model = stats.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
 runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
 normalize = runs["normalize"].iloc[0]

@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from paperlib import components, finetune, lora, paths, plasticity, plots, report, specs, stats
-from paperlib.runs import for_spec
+from paperlib.runs import at_least_one, for_spec
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -40,6 +40,7 @@ if compute_missing:
     for grid_spec in spec_list:
         finetune.run_spec(grid_spec)
 runs, missing = for_spec(*spec_list)  # the specs' runs only
+at_least_one(runs, " and ".join(name for name in (spec, plain_spec) if name))
 runs = stats.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))

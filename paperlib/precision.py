@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from . import cli, paths, runs, specs
+from . import cli, runs, specs
 from .names import RUN_COMPONENTS
 from .speed.options import PRECISIONS
 from .stats import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table1, table6, write_csv
@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     try:
         found, missing = runs.for_spec(specs.load_spec(args.spec))
-        if found.empty:
-            raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
+        runs.at_least_one(found, args.spec)
         tables = effect(found, args.reference, args.margin, select=args.select)
     except cli.BAD_INPUT as error:
         return cli.fail(error)

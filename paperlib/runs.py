@@ -555,3 +555,11 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
     runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
     return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])
+
+
+def at_least_one(found: pd.DataFrame, what: str) -> pd.DataFrame:
+    """``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
+    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs)."""
+    if found.empty:
+        raise ValueError(f"no run of {what} under {paths.display(finetune_root())}")
+    return found

@@ -606,8 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = specs.load_spec(args.spec)
         found, missing = runs.for_spec(spec)
-        if found.empty:
-            raise ValueError(f"no run of {args.spec} under {paths.display(runs.finetune_root())}")
+        runs.at_least_one(found, args.spec)
         several = found["precision"].nunique() > 1
         if several:  # a precision check (precision.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
