@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from paperlib import components, finetune, lora, runs
-from paperlib.speed import kernels, layers, options
+from paperlib.speed import kernels, layers
 from paperlib.speed.options import StepOptions, fused_parts, resolve_fused
 from paperlib.speed.step import fuse
 
@@ -270,7 +270,7 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
 
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
-    monkeypatch.setattr(options, "triton_available", lambda: False)  # what the checks call
+    monkeypatch.setattr(kernels, "triton_available", lambda: False)  # what the checks call
 
     def checked(fused, device):
         return StepOptions(fused=fused).checked(torch.device(device)).fused
@@ -285,7 +285,7 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
 
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
     assert runs.Config().fused == "auto"
-    monkeypatch.setattr(options, "triton_available", lambda: True)  # what the checks call
+    monkeypatch.setattr(kernels, "triton_available", lambda: True)  # what the checks call
     assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones
     assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
     assert resolve_fused("auto", torch.device("cpu")) == "none"

@@ -234,4 +234,5 @@ def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results
         "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
         "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]},
     }
-    assert run_files.missing(runs, spec).empty
+    found, missing = run_files.for_spec(spec)  # alpha 0 in the spec is the runs' alpha 2: both found
+    assert missing.empty and found["lr"].tolist() == [0.01, 0.3]
