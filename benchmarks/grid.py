@@ -43,7 +43,8 @@ def build(root: Path, **only) -> int:
     paper = pd.read_csv(ROOT / "parameters/paper/table6.csv", comment="#").set_index(["dataset", "component"])
     rng = np.random.default_rng(0)  # seeded: the same tree on every machine
     written = 0
-    spec = specs.restrict(specs.load_spec(ROOT / SPEC), **only) if only else specs.load_spec(ROOT / SPEC)
+    spec = specs.load_spec(ROOT / SPEC)
+    spec = specs.restrict(spec, **only) if only else spec
     for config in runs.configs(spec):
         draws = rng.random(4)  # drawn for every run, written or not: the same tree whatever was there
         if runs.is_finished(config):

@@ -299,6 +299,7 @@ pairs.round(4)
 
 # %%
 print(f"native bf16 on this CPU: {native_bf16()} ({torch.backends.cpu.get_cpu_capability()})")
+precision_runs = pd.DataFrame()
 if precision_spec:
     precision_grid = specs.load_spec(paths.ROOT / precision_spec)
     if compute_missing:
@@ -306,8 +307,7 @@ if precision_spec:
     precision_runs = for_spec(precision_grid)[0]
     if precision_runs.empty:  # e.g. the paper-scale options with the demo's precision spec, not run there
         print(f"no runs of {precision_spec} under {paths.display(paths.results_dir())}: the precision check is skipped")
-        precision_spec = ""
-if precision_spec:
+if not precision_runs.empty:
     effect = precision.effect(precision_runs, reference="fp32", margin=margin, select=select)
     display(effect["overall"].set_index("precision").round(3))
     display(precision.formatted(effect["differences"]).rename(columns=plots.LABELS))

@@ -61,13 +61,13 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
         raise ValueError(f"--precision is for finetuning sweeps ({runs.NOTEBOOK}), not {found[0].notebook.stem}")
     if finetuning:
         configs = [runs.config_from(run.parameters) for run in found]
-        asked = sorted({config.precision for config in configs})
-        if precision is not None and len(asked) > 1:  # each run would be counted once per precision of the axis
-            raise ValueError(
-                f"--precision replaces the spec's precision, and this spec has a precision axis ({', '.join(asked)}): "
-                "plan it without --precision"
-            )
         if precision is not None:
+            asked = sorted({config.precision for config in configs})
+            if len(asked) > 1:  # each run would be counted once per precision of the axis
+                raise ValueError(
+                    f"--precision replaces the spec's precision, and this spec has a precision axis "
+                    f"({', '.join(asked)}): plan it without --precision"
+                )
             # another precision as the runs would be asked for it: Config checks it (an unknown name, one the runs'
             # device lacks) and a speed preset not offered in it is refused (``speed.options.offered``)
             configs = [runs.config_from({**run.parameters, "precision": precision}) for run in found]

@@ -254,12 +254,11 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
     return optimizer
 
 
-def config_fingerprints(config: Config | dict) -> dict:
-    """What ``config``'s dataset and model hold now, if custom (``data.content_fingerprint``,
+def config_fingerprints(record: dict) -> dict:
+    """What the dataset and model of a run's fields (``record``) hold now, if custom (``data.content_fingerprint``,
     ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
     "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
     those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
-    record = config if isinstance(config, dict) else asdict(config)
     found = {}
     if paths.custom_name(record["dataset"], "dataset"):  # the data stack only for a custom name
         from . import data
@@ -282,11 +281,13 @@ authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped th
 (PyTorch's ``nn.Linear`` initialisation); 1, before (recorded by no key). See ``docs/fidelity.md``."""
 
 
-def run_record(config: Config) -> dict:
+def run_record(config: Config | dict) -> dict:
     """What ``params.json`` (and a checkpoint) record of a run: its parameters, the ``PROTOCOL`` and,
-    for custom datasets and models, their fingerprints."""
-    fingerprints = config_fingerprints(config)
-    return asdict(config) | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
+    for custom datasets and models, their fingerprints. ``config``: a ``Config``, or its fields as a dict
+    (``spec_records``' runs, made without one)."""
+    fields = config if isinstance(config, dict) else asdict(config)
+    fingerprints = config_fingerprints(fields)
+    return fields | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
 OUTPUT_ONLY = ("save_weights",)
@@ -526,9 +527,8 @@ def spec_records(*spec_list: dict) -> dict[str, dict]:
     records = {}
     for spec in spec_list:
         for _, _, parameters in specs.cells(spec):
-            record = written_one_way(Config.defaults() | config_values(parameters)) | {"protocol": PROTOCOL}
-            fingerprints = config_fingerprints(record)
-            records[str(run_folder(record))] = record | ({"fingerprints": fingerprints} if fingerprints else {})
+            record = run_record(written_one_way(Config.defaults() | config_values(parameters)))
+            records[str(run_folder(record))] = record
     return records
 
 

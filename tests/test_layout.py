@@ -3,6 +3,9 @@ readable size. Read from the source with ``ast``, every import counted (at the t
 inside a function)."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,10 +119,6 @@ print(",".join(heavy) or "none")
 
 def test_reading_a_grids_results_loads_no_training_stack(tmp_path):
     # the analysis of finished runs (stats, precision, capacity, the runs of a spec) in a fresh process: no torch
-    import os
-    import subprocess
-    import sys
-
     env = os.environ | {"VIT_PLASTICITY_RESULTS": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", ANALYSIS], cwd=PACKAGE.parent, env=env, capture_output=True, text=True, check=True
