@@ -368,6 +368,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         step_fn.loaded()
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
+    measured["test_images"] = len(loaders["test"].images)
     metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
     runs.record(config, rows, best, metrics)
     return model, metrics
@@ -410,7 +411,7 @@ def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
     """A run's ``metrics.json``: how it ended (``diverged`` from its history's ``diverged_step``, else
     ``finished``), the test (loss, accuracy) of its best-validation checkpoint, and how it ran
-    (``measured``: wall seconds, images seen, threads, cache side, mean/std)."""
+    (``measured``: wall seconds, images seen, threads, cache side, mean/std, test images)."""
     device = torch.device(config.device)
     diverged_at = diverged_step(rows, num_classes)
     return {
@@ -420,6 +421,7 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "best_step": best["step"],
         "test_accuracy": test[1],
         "test_loss": test[0],
+        "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
         "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
         "micro_batch": step_fn.micro,
         "num_classes": num_classes,

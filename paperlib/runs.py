@@ -438,10 +438,10 @@ KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer",
 KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
-RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "trainable_parameters"]
+RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "test_images", "trainable_parameters"]
 RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
-COUNTS = ["best_step", "trainable_parameters"]
+COUNTS = ["best_step", "test_images", "trainable_parameters"]
 """The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
 
 

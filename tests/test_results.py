@@ -732,11 +732,14 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     assert "Test accuracy difference from fp32" in out and "conclusions" in out
     overall = pd.read_csv(tmp_path / "tables" / "overall.csv")
     assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
-    assert overall["mean"].iloc[0] == pytest.approx(-1.0) and not overall["equivalent"].iloc[0]  # margin 0.5
+    assert overall["mean"].iloc[0] == pytest.approx(-1.0) and overall["verdict"].iloc[0] == "not shown"  # margin 0.5
+    assert overall["datasets"].tolist() == [len(DATASETS)]
     assert precision.main([str(spec), "--margin", "2", "--csv", str(tmp_path / "wide")]) == 0
-    assert pd.read_csv(tmp_path / "wide" / "overall.csv")["equivalent"].tolist() == [True]
-    conclusions = pd.read_csv(tmp_path / "tables" / "conclusions.csv")
-    assert conclusions["table1_same"].tolist() == [True] and conclusions["best_same"].tolist() == [True]
+    assert pd.read_csv(tmp_path / "wide" / "overall.csv")["verdict"].tolist() == ["equivalent"]
+    conclusions = pd.read_csv(tmp_path / "tables" / "conclusions.csv")  # a uniform loss keeps every conclusion
+    assert (conclusions["verdict"] == "same").all()
+    assert pd.read_csv(tmp_path / "tables" / "verdicts.csv")["verdict"].tolist() == ["same"]
+    assert "pairs a cell" in out  # the power statement
     assert precision.main([str(tmp_path / "absent.yaml")]) == 2
 
 
