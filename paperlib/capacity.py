@@ -3,44 +3,75 @@
 Takeaway 2 (§5.2): "a higher plasticity ... leads to better and more stable finetuning performance".
 On ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also nearly the order
 of the components' parameters (MHA, FC1 and FC2 hold about 4d² per block each, LN2 and LN1 2d), so
-its evidence cannot tell plasticity from capacity. Two analyses separate them:
+its evidence cannot tell plasticity from capacity. Two analyses separate them, both with tests whose
+null is a permutation of the accuracies among the components of one dataset (and seed):
 
-- ``within_capacity``: Kendall's tau between P(f) and accuracy inside each group of components of
-  nearly the same number of parameters (``capacity_groups``), per dataset, pooled across datasets
-  with the package's test for pooled taus (``stats.correlation_summary``: Wilcoxon of the taus
-  against 0). Capacity cannot explain an order inside a group.
-- ``discordant_pairs``: the pairs of components that plasticity and capacity order differently,
-  and how often finetuning followed each, with a two-sided sign test (scipy's ``binomtest``) over
-  datasets (and seeds, for a table of runs).
+- ``within_capacity``: inside each group of components of the same capacity (``capacity_groups``),
+  whether the more plastic finetuned better. Kendall's S (concordant minus discordant pairs of P(f)
+  and accuracy) summed over the dataset x group strata, with its exact null distribution (every
+  permutation of each stratum, the strata independent, convolved); per adjacent pair of the
+  plasticity order (``adjacent_pairs``), a sign test over datasets with Holm's adjustment over the
+  pairs; and the same by dataset family (``family``: Cifar10 and its corruptions count once).
+  On the paper's Table 6 with its order, S over both groups gives p = 0.047, but the support is one
+  pair: FC1 beats FC2 on 9 of 11 benchmarks (p = 0.065, 0.20 after Holm), MHA beats FC1 on 5 and LN2
+  beats LN1 on 6; by family (Cifar10 with its corruptions one of 6), the MHA / FC1 / FC2 tau is
+  positive in 5 of 6 (p = 0.22). No pair is significant alone, the test counts Cifar10's corruptions
+  as six independent benchmarks, and 9 of 11 for FC1 over FC2 is 4 of 6 families: the paper's
+  numbers neither show nor rule out plasticity beyond capacity.
+- ``discordant_pairs``: the pairs of components that P(f) and capacity order differently, how often
+  finetuning followed each, and an exact permutation test pooled over the pairs (a run enters several
+  pairs: a sign test over pairs would count it several times), per pair with Holm's adjustment. On a
+  ViT every such pair sets a LayerNorm against a module of linear layers (``layernorm_confound``):
+  "followed capacity" there cannot be told from "LayerNorms adapt worse as a kind of module".
 
-The capacity of a model's components is ``components.parameter_share``; ``predictor_table`` puts it
-(or any per-component score) in the layout of P(f), for ``stats.plasticity_correlation``'s
-Takeaway-2 test with another predictor.
+Capacity orders components only by ``capacity_levels``: parameter counts within ``TOLERANCE`` of
+each other tie (FC2, 3d per block fewer than FC1, is not smaller). The capacity of a model's
+components is ``components.parameter_share``; ``predictor_table`` puts it (or any per-component
+score) in the layout of P(f), for ``stats.plasticity_correlation``'s Takeaway-2 test with another
+predictor. ``verdict`` (one model, one dataset, one run per component) counts and does not test.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
 from .names import COMPONENTS, LABELS
-from .stats import correlation_summary
+from .significance import holm
 
 TOLERANCE = 0.1
 """Components whose parameter counts differ by less than this fraction of the larger have the same
 capacity: MHA, FC1 and FC2 (4d² + 4d, 4d² + 4d and 4d² + d per block), LN2 and LN1 (2d each)."""
 
+CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
+"""The datasets whose ``<name>/<corruption>`` are corruptions of another (``family``)."""
 
-def predictor_table(scores: pd.Series | dict, datasets, name: str = "capacity") -> pd.DataFrame:
-    """A per-component score (``components.parameter_share(model)``, or one of yours) as a table of
-    ``dataset``, ``component`` and ``name``, the same for every dataset: the layout of P(f)."""
-    scores = pd.Series(scores, dtype=float)
-    rows = [{"dataset": d, "component": c, name: float(v)} for d in datasets for c, v in scores.items()]
-    return pd.DataFrame(rows, columns=["dataset", "component", name])
+LAYERNORMS = ("ln2", "ln1")
+
+CONFOUND = (
+    "Every pair that plasticity and capacity order differently sets a LayerNorm against a component that is "
+    "not one (MHA, FC1 or FC2): capacity and being a LayerNorm are one variable here, so finetuning that "
+    "followed capacity (or plasticity) cannot be told from LayerNorms, a per-channel scale and shift, adapting "
+    "worse (or better) as a kind of module."
+)
+"""What a discordant-pairs verdict cannot tell apart when every pair is a LayerNorm against another
+component (``layernorm_confound``)."""
+
+MAX_EXACT = 8
+"""The most components of one dataset (and seed) whose permutations the exact tests enumerate (8!)."""
+
+
+def family(dataset: str) -> str:
+    """The unit a dataset counts as when datasets are not independent: a corruption of another
+    dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
+    ``digits``); every other dataset is its own (``domainnet/sketch``)."""
+    head, _, tail = dataset.partition("/")
+    return CORRUPTED.get(head, dataset) if tail else dataset
 
 
 def capacity_groups(capacity: pd.Series | dict, tolerance: float = TOLERANCE) -> list[tuple[str, ...]]:
@@ -58,6 +89,30 @@ def capacity_groups(capacity: pd.Series | dict, tolerance: float = TOLERANCE) ->
     return [tuple(sorted(g, key=lambda c: order.get(c, len(order)))) for g in groups if len(g) > 1]
 
 
+def capacity_levels(capacity: pd.Series | dict, tolerance: float = TOLERANCE) -> pd.Series:
+    """Each component's capacity with the components of one group (``capacity_groups``) tied at the
+    group's largest: the order capacity predicts, FC2 level with FC1 and MHA on a ViT."""
+    capacity = pd.Series(capacity, dtype=float)
+    levels = capacity.copy()
+    for group in capacity_groups(capacity, tolerance):
+        levels[list(group)] = capacity[list(group)].max()
+    return levels
+
+
+def predictor_table(
+    scores: pd.Series | dict, datasets, name: str = "capacity", tolerance: float | None = TOLERANCE
+) -> pd.DataFrame:
+    """A per-component score (``components.parameter_share(model)``, or one of yours) as a table of
+    ``dataset``, ``component`` and ``name``, the same for every dataset: the layout of P(f). Scores
+    within ``tolerance`` of each other tie (``capacity_levels``); ``tolerance=None`` keeps them raw
+    (for a score that is not a capacity)."""
+    scores = pd.Series(scores, dtype=float)
+    if tolerance is not None:
+        scores = capacity_levels(scores, tolerance)
+    rows = [{"dataset": d, "component": c, name: float(v)} for d in datasets for c, v in scores.items()]
+    return pd.DataFrame(rows, columns=["dataset", "component", name])
+
+
 def _merged(plasticity: pd.DataFrame, results: pd.DataFrame, value: str, keys: list[str]) -> pd.DataFrame:
     if value not in results:
         raise ValueError(f"no column {value!r} in the results; columns: {', '.join(results.columns)}")
@@ -69,34 +124,215 @@ def _merged(plasticity: pd.DataFrame, results: pd.DataFrame, value: str, keys: l
     return table.dropna(subset=["plasticity", value])
 
 
+def _group_name(group) -> str:
+    return " / ".join(LABELS.get(c, c) for c in group)
+
+
+def _permuted(y: np.ndarray) -> np.ndarray:
+    """Every ordering of ``y`` (k! rows, the identity first), each equally likely under the null."""
+    if len(y) > MAX_EXACT:
+        raise ValueError(f"{len(y)} components in one dataset: the exact test enumerates at most {MAX_EXACT}")
+    return y[np.array(list(itertools.permutations(range(len(y)))), dtype=int)]
+
+
+def _distribution(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """Integer statistics, one per equally likely permutation, as (lowest value, probabilities of the
+    values from the lowest up)."""
+    values = np.rint(values).astype(int)
+    low = int(values.min())
+    counts = np.bincount(values - low)
+    return low, counts / counts.sum()
+
+
+def _convolved(distributions) -> tuple[int, np.ndarray]:
+    """The distribution of the sum of independent integer statistics (``_distribution``'s form)."""
+    low, probabilities = 0, np.ones(1)
+    for start, part in distributions:
+        low, probabilities = low + start, np.convolve(probabilities, part)
+    return low, probabilities
+
+
+def _two_sided(null: tuple[int, np.ndarray], observed: float) -> float:
+    """P(|statistic| >= |observed|) under ``null`` (a statistic of mean 0 under the permutations)."""
+    low, probabilities = null
+    support = np.arange(low, low + len(probabilities))
+    return float(min(1.0, probabilities[np.abs(support) >= abs(observed) - 1e-9].sum()))
+
+
+def _kendall_s(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Kendall's S of ``x`` with each row of ``y``: concordant minus discordant pairs (ties count 0)."""
+    i, j = np.triu_indices(len(x), 1)
+    return (np.sign(x[i] - x[j]) * np.sign(y[..., i] - y[..., j])).sum(axis=-1)
+
+
+def _sign_test(positive: int, negative: int) -> float:
+    return float(scipy_stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else math.nan
+
+
+class WithinCapacity(NamedTuple):
+    """``within_capacity``'s tables (a tuple: ``[1]`` is the summary)."""
+
+    per_dataset: pd.DataFrame
+    summary: pd.DataFrame
+    per_family: pd.DataFrame
+    pairs: pd.DataFrame
+    family_pairs: pd.DataFrame
+
+
 def within_capacity(
     plasticity: pd.DataFrame,
     results: pd.DataFrame,
     capacity: pd.Series | dict,
     value: str = "accuracy",
     tolerance: float = TOLERANCE,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per dataset, pooled): inside each group of equal capacity (``capacity_groups``), Kendall's tau
-    between P(f) (``plasticity``: ``dataset``, ``component``, ``plasticity``) and ``value`` (``results``:
-    ``dataset``, ``component``, ``value``, one row each). ``tau`` +1: the more plastic finetuned better
-    throughout the group (with two components, +1 or -1); NaN where either side is constant. Pooled:
-    per group and for all groups together, ``stats.correlation_summary`` of the taus over datasets."""
+    level: float = 0.05,
+) -> WithinCapacity:
+    """Whether the more plastic finetuned better inside each group of equal capacity (``capacity_groups``):
+    P(f) from ``plasticity`` (``dataset``, ``component``, ``plasticity``), ``value`` from ``results``
+    (``dataset``, ``component``, ``value``, one row each).
+
+    - ``per_dataset``: per group and dataset (a stratum), ``family``, ``components``, Kendall's ``tau``
+      (descriptive; NaN where either side is constant; with two components +1 or -1) and ``S``.
+    - ``summary``, per group and for ``all groups``: ``strata``, ``pairs`` (S lies in ±pairs),
+      ``mean_tau`` (per group only: taus of two and three components are not averaged together),
+      strata of ``positive``, ``negative`` and ``zero`` S, the summed ``S`` and its exact two-sided
+      permutation ``p_value`` (in each stratum the accuracies permuted among the components, strata
+      independent; each permutation equally likely), ``significant`` (p < ``level``); then by family,
+      each family's S (the mean of its datasets' S), ``families``, ``family_positive``,
+      ``family_negative`` and a two-sided sign test, ``family_p_value``.
+    - ``per_family``: per family and group (and ``all groups``), ``datasets``, ``mean_tau`` and ``mean_S``.
+    - ``pairs`` and ``family_pairs``: ``adjacent_pairs`` by dataset and by family."""
     table = _merged(plasticity, results, value, ["dataset"])
-    rows = []
+    rows, nulls = [], {}
     for group in capacity_groups(capacity, tolerance):
-        name = " / ".join(LABELS.get(c, c) for c in group)
         for dataset, part in table[table["component"].isin(group)].groupby("dataset", sort=True):
             if len(part) < 2:
                 continue
             x, y = part["plasticity"].to_numpy(float), part[value].to_numpy(float)
-            tau = float(scipy_stats.kendalltau(x, y).statistic) if np.ptp(x) and np.ptp(y) else float("nan")
-            rows.append({"group": name, "dataset": dataset, "tau": tau, "components": len(part)})
-    per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "tau", "components"])
-    pooled = {group: correlation_summary(part) for group, part in per_dataset.groupby("group", sort=False)}
-    if len(pooled) > 1:
-        pooled["all groups"] = correlation_summary(per_dataset)
-    summary = pd.DataFrame.from_dict(pooled, orient="index").rename_axis("Kendall's tau of P(f) with accuracy in")
-    return per_dataset, summary
+            tau = float(scipy_stats.kendalltau(x, y).statistic) if np.ptp(x) and np.ptp(y) else math.nan
+            nulls[_group_name(group), dataset] = _distribution(_kendall_s(x, _permuted(y)))
+            row = {"group": _group_name(group), "dataset": dataset, "family": family(dataset)}
+            rows.append(row | {"components": len(part), "tau": tau, "S": int(_kendall_s(x, y))})
+    per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "family", "components", "tau", "S"])
+    parts = dict(list(per_dataset.groupby("group", sort=False)))
+    if len(parts) > 1:
+        parts["all groups"] = per_dataset
+    summary = {name: _within_row(part, nulls, name != "all groups", level) for name, part in parts.items()}
+    summary = pd.DataFrame.from_dict(summary, orient="index").rename_axis("within capacity group")
+    pairs = [adjacent_pairs(plasticity, results, capacity, value, tolerance, level, by) for by in ("dataset", "family")]
+    return WithinCapacity(per_dataset, summary, _per_family(parts), *pairs)
+
+
+def _family_s(part: pd.DataFrame) -> pd.Series:
+    """Per family, the mean over its datasets of a dataset's S (summed over the groups in ``part``)."""
+    return part.groupby(["family", "dataset"])["S"].sum().groupby("family").mean()
+
+
+def _within_row(part: pd.DataFrame, nulls: dict, one_group: bool, level: float) -> dict:
+    s = int(part["S"].sum())
+    p_value = _two_sided(_convolved(nulls[key] for key in zip(part["group"], part["dataset"])), s)
+    by_family = _family_s(part)
+    positive, negative = int((by_family > 0).sum()), int((by_family < 0).sum())
+    return {
+        "strata": len(part),
+        "pairs": int((part["components"] * (part["components"] - 1) // 2).sum()),
+        "mean_tau": float(part["tau"].mean()) if one_group else math.nan,
+        "positive": int((part["S"] > 0).sum()),
+        "negative": int((part["S"] < 0).sum()),
+        "zero": int((part["S"] == 0).sum()),
+        "S": s,
+        "p_value": p_value,
+        "significant": bool(p_value < level),
+        "families": len(by_family),
+        "family_positive": positive,
+        "family_negative": negative,
+        "family_p_value": _sign_test(positive, negative),
+    }
+
+
+def _per_family(parts: dict) -> pd.DataFrame:
+    rows = []
+    for name, part in parts.items():
+        taus = part.groupby("family")["tau"].mean() if name != "all groups" else None
+        for fam, s in _family_s(part).items():
+            datasets = part.loc[part["family"] == fam, "dataset"].nunique()
+            mean_tau = float(taus[fam]) if taus is not None else math.nan
+            rows.append({"family": fam, "group": name, "datasets": datasets, "mean_tau": mean_tau, "mean_S": s})
+    return pd.DataFrame(rows, columns=["family", "group", "datasets", "mean_tau", "mean_S"])
+
+
+def adjacent_pairs(
+    plasticity: pd.DataFrame,
+    results: pd.DataFrame,
+    capacity: pd.Series | dict,
+    value: str = "accuracy",
+    tolerance: float = TOLERANCE,
+    level: float = 0.05,
+    by: str = "dataset",
+) -> pd.DataFrame:
+    """Per pair of components adjacent in a dataset's plasticity order inside a group of equal capacity
+    (the paper's order: MHA-FC1, FC1-FC2, LN2-LN1; components of equal P(f) are not a pair): ``group``,
+    ``more_plastic``, ``less_plastic``, ``datasets`` (``families`` with ``by="family"``: a family's
+    difference is the mean over its datasets), how often the more plastic ``won``, ``lost`` or ``tied``,
+    the ``mean_difference`` of ``value`` (more plastic minus less), a two-sided exact sign test
+    (``p_value``, scipy's ``binomtest``, ties left out), ``p_holm`` (Holm over the pairs) and
+    ``significant`` (``p_holm`` < ``level``)."""
+    if by not in ("dataset", "family"):
+        raise ValueError(f"by is 'dataset' or 'family', got {by!r}")
+    table = _merged(plasticity, results, value, ["dataset"])
+    rows = []
+    for group in capacity_groups(capacity, tolerance):
+        for dataset, part in table[table["component"].isin(group)].groupby("dataset", sort=True):
+            part = part.sort_values("plasticity", ascending=False, kind="stable")
+            ranked = list(zip(part["component"], part["plasticity"], part[value]))
+            for (upper, p_upper, v_upper), (lower, p_lower, v_lower) in itertools.pairwise(ranked):
+                if p_upper > p_lower:
+                    rows.append((_group_name(group), upper, lower, family(dataset), v_upper - v_lower))
+    differences = pd.DataFrame(rows, columns=["group", "more_plastic", "less_plastic", "family", "difference"])
+    pair = ["group", "more_plastic", "less_plastic"]
+    if by == "family":
+        differences = differences.groupby(pair + ["family"], sort=False, as_index=False)["difference"].mean()
+    units = "datasets" if by == "dataset" else "families"
+    out = []
+    for (group, upper, lower), part in differences.groupby(pair, sort=False):
+        won, lost = int((part["difference"] > 0).sum()), int((part["difference"] < 0).sum())
+        out.append(
+            {
+                "group": group,
+                "more_plastic": LABELS.get(upper, upper),
+                "less_plastic": LABELS.get(lower, lower),
+                units: len(part),
+                "won": won,
+                "lost": lost,
+                "tied": len(part) - won - lost,
+                "mean_difference": float(part["difference"].mean()),
+                "p_value": _sign_test(won, lost),
+            }
+        )
+    columns = pair + [units, "won", "lost", "tied", "mean_difference", "p_value"]
+    out = pd.DataFrame(out, columns=columns)
+    out["p_holm"] = holm(out["p_value"].to_numpy(float))
+    out["significant"] = out["p_holm"] < level
+    return out
+
+
+def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: list[str]) -> list:
+    """Per dataset (and seed) with a discordant pair: the accuracies of its components and, per
+    discordant pair (more plastic, larger), their positions in them."""
+    units = []
+    for _, part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
+        names = part["component"].tolist()
+        x, y, size = part["plasticity"].to_numpy(float), part[value].to_numpy(float), levels[names].to_numpy()
+        pairs = {}
+        for i, j in itertools.combinations(range(len(names)), 2):
+            if size[i] == size[j] or x[i] == x[j]:
+                continue  # the same capacity, or the same plasticity: no disagreement to test
+            plastic, other = (i, j) if x[i] > x[j] else (j, i)
+            if size[plastic] < size[other]:  # else both predictors agree
+                pairs[names[plastic], names[other]] = (plastic, other)
+        if pairs:
+            units.append((y, pairs))
+    return units
 
 
 def discordant_pairs(
@@ -108,55 +344,68 @@ def discordant_pairs(
     level: float = 0.05,
 ) -> pd.DataFrame:
     """The pairs of components that P(f) and capacity order differently (one more plastic, the other
-    larger by more than ``tolerance``), each over every dataset (and seed, if ``results`` has a ``seed``
+    larger by ``capacity_levels``), each over every dataset (and seed, if ``results`` has a ``seed``
     column: one row per run) where both have a result and the pair is discordant: ``cases``, how often
-    finetuning ``followed_plasticity`` (the more plastic did better), ``followed_capacity`` or ``ties``,
-    a two-sided sign test of the two counts (``p_value``, scipy's ``binomtest``; ties left out) and its
-    ``verdict`` at ``level``; the last row pools every pair (a run enters several pairs: read its p-value
-    as descriptive). Empty where the two orders agree (the
-    paper's ViT-Base: then its evidence cannot tell them apart)."""
-    capacity = pd.Series(capacity, dtype=float)
+    finetuning ``followed_plasticity`` (the more plastic did better), ``followed_capacity`` or ``ties``;
+    the statistic followed_capacity - followed_plasticity and its exact two-sided permutation
+    ``p_value`` (in each dataset, and seed, the accuracies permuted among the components, each of the
+    k! orderings equally likely, datasets and seeds independent: a run that enters several pairs is
+    permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at ``level`` from ``p_holm``:
+    "capacity", "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics
+    (one test: its ``p_value`` is unadjusted and gives its verdict). Empty where the two orders agree
+    (the paper's ViT-Base: then its evidence cannot tell them apart). ``layernorm_confound`` says what a
+    verdict cannot tell apart."""
     keys = ["dataset"] + (["seed"] if "seed" in results else [])
-    counts: dict[tuple[str, str], list[int]] = {}
-    for _, part in _merged(plasticity, results, value, keys).groupby(keys, sort=True):
-        row = part.set_index("component")
-        for a, b in itertools.combinations([c for c in row.index if c in capacity], 2):
-            small, large = sorted((a, b), key=lambda c: capacity[c])
-            if (
-                capacity[small] >= capacity[large] * (1 - tolerance)
-                or row.at[a, "plasticity"] == row.at[b, "plasticity"]
-            ):
-                continue  # the same capacity, or the same plasticity: no disagreement to test
-            plastic = a if row.at[a, "plasticity"] > row.at[b, "plasticity"] else b
-            if plastic == large:
-                continue  # both predictors agree
-            tally = counts.setdefault((small, large), [0, 0, 0])
-            better = row.at[small, value] - row.at[large, value]
-            tally[0 if better > 0 else 1 if better < 0 else 2] += 1
-    rows = [_pair_row(LABELS.get(s, s), LABELS.get(b, b), *tally, level) for (s, b), tally in counts.items()]
-    if rows:
-        totals = np.sum([tally for tally in counts.values()], axis=0)
-        rows.append(_pair_row("every pair", "", *totals.tolist(), level))
-    columns = ["more_plastic", "larger", "cases", "followed_plasticity", "followed_capacity", "ties", "p_value"]
-    return pd.DataFrame(rows, columns=columns + ["verdict"])
-
-
-def _pair_row(plastic: str, large: str, plasticity: int, capacity: int, ties: int, level: float) -> dict:
-    decided = plasticity + capacity
-    p_value = scipy_stats.binomtest(plasticity, decided, 0.5).pvalue if decided else math.nan
-    verdict = (
-        ("plasticity" if plasticity > capacity else "capacity") if p_value < level else f"neither (p >= {level:g})"
+    units = _discordant_units(
+        _merged(plasticity, results, value, keys), capacity_levels(capacity, tolerance), value, keys
     )
+    counts: dict[tuple[str, str], list[int]] = {}
+    nulls: dict[tuple[str, str], list] = {}
+    pooled = []
+    for y, pairs in units:
+        permuted = _permuted(y)
+        followed = {pair: np.sign(permuted[:, b] - permuted[:, a]) for pair, (a, b) in pairs.items()}  # +1: capacity
+        for pair, signs in followed.items():
+            tally = counts.setdefault(pair, [0, 0, 0])
+            tally[{-1: 0, 1: 1, 0: 2}[int(signs[0])]] += 1  # the identity, first: the observed
+            nulls.setdefault(pair, []).append(_distribution(signs))
+        pooled.append(_distribution(sum(followed.values())))
+    rows = [
+        _pair_row(pair, *tally, _two_sided(_convolved(nulls[pair]), tally[1] - tally[0]))
+        for pair, tally in counts.items()
+    ]
+    columns = ["more_plastic", "larger", "cases", "followed_plasticity", "followed_capacity", "ties", "p_value"]
+    table = pd.DataFrame(rows, columns=columns)
+    table["p_holm"] = holm(table["p_value"].to_numpy(float))
+    if len(table):
+        totals = np.sum(list(counts.values()), axis=0).tolist()
+        every = _pair_row(("every pair", ""), *totals, _two_sided(_convolved(pooled), totals[1] - totals[0]))
+        table = pd.concat([table, pd.DataFrame([every | {"p_holm": math.nan}])], ignore_index=True)
+    decisive = table["p_holm"].fillna(table["p_value"]) < level
+    direction = np.where(table["followed_capacity"] > table["followed_plasticity"], "capacity", "plasticity")
+    table["verdict"] = np.where(decisive, direction, "neither")
+    return table
+
+
+def _pair_row(pair: tuple[str, str], plasticity: int, capacity: int, ties: int, p_value: float) -> dict:
     return {
-        "more_plastic": plastic,
-        "larger": large,
-        "cases": decided + ties,
+        "more_plastic": LABELS.get(pair[0], pair[0]),
+        "larger": LABELS.get(pair[1], pair[1]),
+        "cases": plasticity + capacity + ties,
         "followed_plasticity": plasticity,
         "followed_capacity": capacity,
         "ties": ties,
-        "p_value": float(p_value),
-        "verdict": verdict if decided else "no case",
+        "p_value": p_value,
     }
+
+
+def layernorm_confound(pairs: pd.DataFrame) -> str:
+    """``CONFOUND`` where every pair of a ``discordant_pairs`` table sets a LayerNorm against a component
+    that is not one (then capacity and "is a LayerNorm" are the same variable), else ""."""
+    rows = pairs[pairs["more_plastic"] != "every pair"]
+    norms = {LABELS.get(c, c) for c in LAYERNORMS}
+    one_norm = rows["more_plastic"].isin(norms) != rows["larger"].isin(norms)
+    return CONFOUND if len(rows) and one_norm.all() else ""
 
 
 def verdict(
@@ -164,29 +413,31 @@ def verdict(
 ) -> tuple[pd.DataFrame, str]:
     """One model on one dataset (notebook 08): per component its P(f), parameter share and finetuning
     accuracy side by side (Series indexed by component), and one sentence: whether the two predictors
-    order the components alike and, where they do not (``discordant_pairs``), which one the runs followed,
-    with Kendall's tau of each predictor with the accuracy."""
+    order the components alike (capacity by ``capacity_levels``: components within ``tolerance`` tie)
+    and, where they do not (``discordant_pairs``), how often the runs followed each: a count, not a test
+    (one run per component), with Kendall's tau of each predictor with the accuracy and, where it
+    applies, ``CONFOUND``."""
     names = [c for c in COMPONENTS if c in accuracy.index and c in plasticity.index and c in capacity.index]
     table = pd.DataFrame(
         {"P(f)": plasticity[names], "parameter share": capacity[names], "accuracy": accuracy[names]}
     ).astype(float)
-    taus = {
-        column: scipy_stats.kendalltau(table[column], table["accuracy"]).statistic
-        for column in ("P(f)", "parameter share")
-    }
-    measured = predictor_table(table["P(f)"], ["here"], "plasticity")
+    levels = capacity_levels(table["parameter share"], tolerance)
+    taus = [scipy_stats.kendalltau(x, table["accuracy"]).statistic for x in (table["P(f)"], levels)]
+    measured = predictor_table(table["P(f)"], ["here"], "plasticity", tolerance=None)
     results = pd.DataFrame({"dataset": "here", "component": names, "accuracy": table["accuracy"].to_numpy()})
     pairs = discordant_pairs(measured, results, table["parameter share"], tolerance=tolerance)
+    equal = f"parameter counts within {tolerance:.0%} of each other counted as equal"
     if pairs.empty:
-        text = "plasticity and capacity order these components alike: these runs cannot tell them apart"
+        text = f"plasticity and capacity order these components alike ({equal}): these runs cannot tell them apart"
     else:
         total = pairs.iloc[-1]
-        by = {"capacity": total["followed_capacity"], "plasticity": total["followed_plasticity"]}
-        followed = max(by, key=by.get) if by["capacity"] != by["plasticity"] else "neither more often"
         text = (
-            f"plasticity and capacity disagree on {len(pairs) - 1} pair(s) of components: finetuning followed "
-            f"capacity in {total['followed_capacity']}, plasticity in {total['followed_plasticity']} "
-            f"({total['ties']} tie(s)): here it followed {followed}"
+            f"plasticity and capacity disagree on {len(pairs) - 1} pair(s) of components ({equal}): the larger "
+            f"finetuned better in {total['followed_capacity']}, the more plastic in {total['followed_plasticity']} "
+            f"({total['ties']} tie(s)); with one run per component this is a count, not a test of which one "
+            "finetuning follows (that needs seeds or datasets: discordant_pairs)"
         )
-    text += f" (Kendall's tau with accuracy: P(f) {taus['P(f)']:+.2f}, parameter share {taus['parameter share']:+.2f})"
-    return table.rename(index=LABELS), text
+    said = ["undefined (constant)" if math.isnan(tau) else f"{tau:+.2f}" for tau in taus]
+    text += f" (Kendall's tau with accuracy: P(f) {said[0]}, capacity {said[1]})"
+    confound = layernorm_confound(pairs)
+    return table.rename(index=LABELS), text + (f". {confound}" if confound else "")
