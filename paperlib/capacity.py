@@ -41,15 +41,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from .names import COMPONENTS, LABELS
-from .significance import holm
+from .names import COMPONENTS, LABELS, family
+from .significance import holm, sign_test
 
 TOLERANCE = 0.1
 """Components whose parameter counts differ by less than this fraction of the larger have the same
 capacity: MHA, FC1 and FC2 (4d² + 4d, 4d² + 4d and 4d² + d per block), LN2 and LN1 (2d each)."""
-
-CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
-"""The datasets whose ``<name>/<corruption>`` are corruptions of another (``family``)."""
 
 LAYERNORMS = ("ln2", "ln1")
 
@@ -64,14 +61,6 @@ component (``layernorm_confound``)."""
 
 MAX_EXACT = 8
 """The most components of one dataset (and seed) whose permutations the exact tests enumerate (8!)."""
-
-
-def family(dataset: str) -> str:
-    """The unit a dataset counts as when datasets are not independent: a corruption of another
-    dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
-    ``digits``); every other dataset is its own (``domainnet/sketch``)."""
-    head, _, tail = dataset.partition("/")
-    return CORRUPTED.get(head, dataset) if tail else dataset
 
 
 def capacity_groups(capacity: pd.Series | dict, tolerance: float = TOLERANCE) -> list[tuple[str, ...]]:
@@ -165,10 +154,6 @@ def _kendall_s(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (np.sign(x[i] - x[j]) * np.sign(y[..., i] - y[..., j])).sum(axis=-1)
 
 
-def _sign_test(positive: int, negative: int) -> float:
-    return float(scipy_stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else math.nan
-
-
 class WithinCapacity(NamedTuple):
     """``within_capacity``'s tables (a tuple: ``[1]`` is the summary)."""
 
@@ -246,7 +231,7 @@ def _within_row(part: pd.DataFrame, nulls: dict, one_group: bool, level: float) 
         "families": len(by_family),
         "family_positive": positive,
         "family_negative": negative,
-        "family_p_value": _sign_test(positive, negative),
+        "family_p_value": sign_test(positive, negative),
     }
 
 
@@ -306,7 +291,7 @@ def adjacent_pairs(
                 "lost": lost,
                 "tied": len(part) - won - lost,
                 "mean_difference": float(part["difference"].mean()),
-                "p_value": _sign_test(won, lost),
+                "p_value": sign_test(won, lost),
             }
         )
     columns = pair + [units, "won", "lost", "tied", "mean_difference", "p_value"]

@@ -1,5 +1,6 @@
 """The names the package's tables and figures share: the five components of a ViT block in the
-paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5).
+paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5); and
+the family of a dataset (a corruption counts with the dataset it corrupts).
 
 No torch here, nor anything of the training stack: the analysis of saved results (``stats``,
 ``precision``, ``capacity``, ``runs``' reading of a spec's runs) imports these alone, so that it reads
@@ -44,3 +45,15 @@ def check_run_component(component: str) -> str:
             f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(RUN_COMPONENTS)}"
         )
     return component
+
+
+CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
+"""The datasets whose ``<name>/<corruption>`` are corruptions of another (``family``)."""
+
+
+def family(dataset: str) -> str:
+    """The unit a dataset counts as when datasets are not independent: a corruption of another
+    dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
+    ``digits``); every other dataset is its own (``domainnet/sketch``)."""
+    head, _, tail = dataset.partition("/")
+    return CORRUPTED.get(head, dataset) if tail else dataset

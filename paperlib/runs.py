@@ -438,7 +438,14 @@ KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer",
 KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
-RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "test_images", "trainable_parameters"]
+RUN_COLUMNS = KEYS + [
+    "status",
+    "best_val_accuracy",
+    "best_step",
+    "test_accuracy",
+    "test_images",
+    "trainable_parameters",
+]
 RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
 COUNTS = ["best_step", "test_images", "trainable_parameters"]

@@ -1,10 +1,12 @@
 """The tests behind the tables' p-values: Wilcoxon's signed-rank test (Table 1, every pair of components,
 Takeaway 2 across datasets), Kendall's tau (Takeaway 2 per dataset) and Holm's adjustment of a family of
-p-values. Each is scipy's test; where scipy's exact permutation test computes its statistic one
+p-values, the sign test. Each is scipy's test; where scipy's exact permutation test computes its statistic one
 permutation at a time, the same test with the statistic vectorised (the same p-value, much faster).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from scipy import stats
@@ -83,3 +85,9 @@ def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     ties_x = ((dx == 0).sum(axis=(-2, -1)) - n) / 2
     ties_y = ((dy == 0).sum(axis=(-2, -1)) - n) / 2
     return score / np.sqrt((pairs - ties_x) * (pairs - ties_y))
+
+
+def sign_test(positive: int, negative: int) -> float:
+    """The exact two-sided sign test (scipy's ``binomtest`` at 1/2) of ``positive`` against ``negative``
+    outcomes, ties left out before; NaN where there is none."""
+    return float(stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else math.nan

@@ -22,7 +22,8 @@ stable finetuning performance" (§5.2).
 - ``plasticity_correlation``: per dataset, Kendall's tau (scipy) between the components' P(f)
   and a finetuning result (accuracy, spread...), with its exact p-value over the five components.
 - ``correlation_summary``: the taus across benchmarks, with a Wilcoxon signed-rank test of their
-  median against 0 (the test of Table 1, over the same benchmarks).
+  median against 0 (the test of Table 1, over the same benchmarks), and a sign test over dataset families
+  (a corruption counts with the dataset it corrupts).
 - ``early_gradient_norm``: per run, the mean gradient norm over the first part of training (Fig. 4
   middle: "the higher plasticity, the larger gradient norms"), to correlate with P(f) in turn.
 - ``paper_order``: the paper's ranking as scores, for a Table 6 without measured plasticity
@@ -41,9 +42,9 @@ import pandas as pd
 from scipy import stats
 
 from . import cli, paths, runs, specs
-from .names import COMPONENTS, LABELS, RUN_COMPONENTS
+from .names import COMPONENTS, LABELS, RUN_COMPONENTS, family
 from .runs import KEYS, method
-from .significance import holm, kendall, wilcoxon_p
+from .significance import holm, kendall, sign_test, wilcoxon_p
 
 SELECTIONS = ("test", "val")
 
@@ -398,11 +399,14 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
     constant values, without a tau, counted as ``undefined``): their ``mean`` and
     ``median``, how many are ``positive``, ``negative`` and zero, and a Wilcoxon signed-rank test
     (scipy; zeros left out, as in ``table1``) of their median against 0: ``p_value`` (NaN with
-    fewer than two non-zero taus), ``significant`` (p < ``level``)."""
+    fewer than two non-zero taus), ``significant`` (p < ``level``). That test counts each benchmark as
+    independent; the corruptions of one test set are not (five of the paper's eleven corrupt Cifar10's):
+    with a ``dataset`` column, the same taus by family (``names.family``: a family's mean tau) give
+    ``families``, ``family_positive``, ``family_negative`` and a two-sided sign test, ``family_p_value``."""
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
     p_value = wilcoxon_p(nonzero, alternative) if len(nonzero) >= 2 else float("nan")
-    return {
+    summary = {
         "datasets": len(taus),
         "undefined": int(per_dataset["tau"].isna().sum()),
         "mean": float(taus.mean()) if len(taus) else float("nan"),
@@ -412,6 +416,19 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
         "zero": int((taus == 0).sum()),
         "p_value": p_value,
         "significant": bool(p_value < level),
+    }
+    if "dataset" not in per_dataset and per_dataset.index.name == "dataset":
+        per_dataset = per_dataset.reset_index()
+    if "dataset" not in per_dataset:
+        return summary
+    known = per_dataset.dropna(subset=["tau"])
+    by_family = known.groupby(known["dataset"].map(family))["tau"].mean()
+    positive, negative = int((by_family > 0).sum()), int((by_family < 0).sum())
+    return summary | {
+        "families": len(by_family),
+        "family_positive": positive,
+        "family_negative": negative,
+        "family_p_value": sign_test(positive, negative),
     }
 
 

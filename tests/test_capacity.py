@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import capacity, components, models, stats
+from paperlib import capacity, components, models, names, stats
 
 SHARE = {"mha": 0.33, "fc1": 0.33, "fc2": 0.329, "ln2": 0.0002, "ln1": 0.0002}  # ViT-Base's, rounded
 DATASETS = [f"d{i}" for i in range(8)]
@@ -269,9 +269,9 @@ def test_adjacent_pairs_on_the_papers_table6(by):
 
 
 def test_a_datasets_family():
-    assert capacity.family("cifar10c/snow") == "cifar10" and capacity.family("cifar10") == "cifar10"
-    assert capacity.family("digits_c/snow") == "digits" and capacity.family("domainnet/sketch") == "domainnet/sketch"
-    assert capacity.family("pets") == "pets"
+    assert names.family("cifar10c/snow") == "cifar10" and names.family("cifar10") == "cifar10"
+    assert names.family("digits_c/snow") == "digits" and names.family("domainnet/sketch") == "domainnet/sketch"
+    assert names.family("pets") == "pets"
 
 
 def test_the_takeaway_2_test_takes_any_predictor():

@@ -493,6 +493,13 @@ def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
     summary = stats.correlation_summary(table)
     assert (summary["positive"], summary["negative"], summary["zero"]) == (8, 1, 2)
     assert summary["significant"] and 0.3 < summary["mean"] < 0.45
+    # Cifar10 and its five corruptions as one unit: six families, by their mean tau, and a sign test
+    family = table.reset_index()["dataset"].str.replace(r"^cifar10c/.*", "cifar10", regex=True)
+    by_family = table.reset_index().groupby(family)["tau"].mean()
+    assert summary["families"] == 6 == len(by_family)
+    assert (summary["family_positive"], summary["family_negative"]) == ((by_family > 0).sum(), (by_family < 0).sum())
+    decided = summary["family_positive"] + summary["family_negative"]
+    assert summary["family_p_value"] == pytest.approx(scipy_stats.binomtest(summary["family_positive"], decided).pvalue)
 
 
 def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_run():
