@@ -140,9 +140,11 @@ plt.show()
 # The components that hold many parameters (MHA, FC1, FC2) are also, on the paper's ViT-Base, the
 # most plastic, so P(f) alone may credit plasticity for what capacity does (notebook 07,
 # `paperlib.capacity`). Here both predictors stand beside the runs above: each component's P(f), its
-# share of the model's parameters, and its test accuracy, with which of the two the runs followed
-# where they order a pair of components differently. Before choosing components for your model by
-# P(f), check that the runs agree.
+# share of the model's parameters, and its test accuracy, with how often the runs followed each where
+# they order a pair of components differently: a count, not a test (one run per component; notebook 07
+# tests it over datasets and seeds). Where every such pair sets a LayerNorm against a linear layer, a
+# result that follows capacity cannot be told from LayerNorms adapting worse as a kind of module.
+# Before choosing components for your model by P(f), check that the runs agree.
 
 # %%
 by_label = {components.LABELS[c]: c for c in components.RUN_COMPONENTS}
