@@ -11,7 +11,7 @@ null is a permutation of the accuracies among the components of one dataset (and
   and accuracy) summed over the dataset x group strata, with its exact null distribution (every
   permutation of each stratum, the strata independent, convolved); per adjacent pair of the
   plasticity order (``adjacent_pairs``), a sign test over datasets with Holm's adjustment over the
-  pairs; and the same by dataset family (``family``: Cifar10 and its corruptions count once).
+  pairs; and the same by dataset family (``names.family``: Cifar10 and its corruptions count once).
   On the paper's Table 6 with its order, S over both groups gives p = 0.047, but the support is one
   pair: FC1 beats FC2 on 9 of 11 benchmarks (p = 0.065, 0.20 after Holm), MHA beats FC1 on 5 and LN2
   beats LN1 on 6; by family (Cifar10 with its corruptions one of 6), the MHA / FC1 / FC2 tau is
@@ -302,10 +302,10 @@ def adjacent_pairs(
 
 
 def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: list[str]) -> list:
-    """Per dataset (and seed) with a discordant pair: the accuracies of its components and, per
-    discordant pair (more plastic, larger), their positions in them."""
+    """Per dataset (and seed) with a discordant pair: its family (``names.family``), its components, their
+    accuracies and, per discordant pair (more plastic, larger), their positions in them."""
     units = []
-    for _, part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
+    for key, part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
         names = part["component"].tolist()
         x, y, size = part["plasticity"].to_numpy(float), part[value].to_numpy(float), levels[names].to_numpy()
         pairs = {}
@@ -316,7 +316,8 @@ def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: 
             if size[plastic] < size[other]:  # else both predictors agree
                 pairs[names[plastic], names[other]] = (plastic, other)
         if pairs:
-            units.append((y, pairs))
+            dataset = key[0] if isinstance(key, tuple) else key
+            units.append((family(dataset), tuple(names), y, pairs))
     return units
 
 
@@ -333,9 +334,11 @@ def discordant_pairs(
     column: one row per run) where both have a result and the pair is discordant: ``cases``, how often
     finetuning ``followed_plasticity`` (the more plastic did better), ``followed_capacity`` or ``ties``;
     the statistic followed_capacity - followed_plasticity and its exact two-sided permutation
-    ``p_value`` (in each dataset, and seed, the accuracies permuted among the components, each of the
-    k! orderings equally likely, datasets and seeds independent: a run that enters several pairs is
-    permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at ``level`` from ``p_holm``:
+    ``p_value`` (the accuracies permuted among the components, each of the k! orderings equally likely,
+    one permutation for every dataset and seed of a family, ``names.family``: the runs of one test set, or
+    of its corruptions, are not independent, so the family is the unit; families independent; a run that
+    enters several pairs is permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at
+    ``level`` from ``p_holm``:
     "capacity", "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics
     (one test: its ``p_value`` is unadjusted and gives its verdict). Empty where the two orders agree
     (the paper's ViT-Base: then its evidence cannot tell them apart). ``layernorm_confound`` says what a
@@ -347,12 +350,19 @@ def discordant_pairs(
     counts: dict[tuple[str, str], list[int]] = {}
     nulls: dict[tuple[str, str], list] = {}
     pooled = []
-    for y, pairs in units:
-        permuted = _permuted(y)
-        followed = {pair: np.sign(permuted[:, b] - permuted[:, a]) for pair, (a, b) in pairs.items()}  # +1: capacity
+    families: dict[tuple, list] = {}  # the units of one family (and set of components): one relabelling
+    for name, names, y, pairs in units:
+        families.setdefault((name, names), []).append((y, pairs))
+    for members in families.values():
+        followed: dict[tuple[str, str], np.ndarray] = {}
+        for y, pairs in members:
+            permuted = _permuted(y)  # every member's orderings in the same order: one permutation of the labels
+            for pair, (a, b) in pairs.items():
+                signs = np.sign(permuted[:, b] - permuted[:, a])  # +1: capacity
+                tally = counts.setdefault(pair, [0, 0, 0])
+                tally[{-1: 0, 1: 1, 0: 2}[int(signs[0])]] += 1  # the identity, first: the observed
+                followed[pair] = followed.get(pair, 0) + signs
         for pair, signs in followed.items():
-            tally = counts.setdefault(pair, [0, 0, 0])
-            tally[{-1: 0, 1: 1, 0: 2}[int(signs[0])]] += 1  # the identity, first: the observed
             nulls.setdefault(pair, []).append(_distribution(signs))
         pooled.append(_distribution(sum(followed.values())))
     rows = [

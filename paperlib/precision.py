@@ -2,8 +2,11 @@
 
 The paper trains in fp32 (Table 4's text); on an H100, TF32 runs the same step about 2.9x faster and bf16
 autocast about 6x (docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
-precision's run of the same grid point and answers with the paired differences, an equivalence test and
-the paper's conclusions (Table 1's pattern, Table 6's best configuration) in both precisions.
+precision's run of the same grid point and answers with the paired differences, an equivalence test, and
+whether the paper's conclusions hold: "same", "differs" or "inconclusive", each conclusion (a decrease from
+MHA, Table 6's best configuration on a dataset, divergence) decided with its uncertainty, never by exact
+equality of patterns, which seed noise alone changes. ``power`` says what a number of seeds can show.
+``benchmarks/precision_calibration.py`` measures how often the verdict is wrong in simulated worlds.
 
     python -m paperlib.precision parameters/sweeps/precision_paper.yaml [--margin 0.5] [--select val] [--csv DIR]
 """
@@ -512,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{title}\n{table.to_string()}\n")
     print(power_statement(tables["verdicts"], args.margin, found["dataset"].nunique()))
     if args.csv:
-        write_csv(tables, args.csv, indexed=("best",))
+        write_csv(tables, args.csv, indexed=("best", "margins"))
     return 0
 
 

@@ -64,13 +64,16 @@ def test_discordant_pairs_follow_what_the_accuracy_was_built_from(accuracy_from)
     assert set(pairs["larger"][:-1]) == {"MHA", "FC1", "FC2"} and (pairs["cases"][:-1] == 24).all()
     followed = pairs[f"followed_{accuracy_from}"]
     assert (followed == pairs["cases"]).all() and (pairs["verdict"] == accuracy_from).all()
-    # by hand: one pair in one run is +1 or -1 with probability 1/2 under a permutation of the five
-    # accuracies, independently over the 24 runs; all 24 one way, either way: 2 / 2^24, Holm over 6 pairs
-    assert pairs["p_value"][:-1].tolist() == pytest.approx([2 * 0.5**24] * 6)
-    assert pairs["p_holm"][:-1].tolist() == pytest.approx([6 * 2 * 0.5**24] * 6)
-    # every pair: a run's six pairs all one way when its two LayerNorms hold its two lowest (or highest)
-    # accuracies, 1 of C(5, 2) = 10 orderings; 24 runs, two sides
-    assert pairs["p_value"].iloc[-1] == pytest.approx(2 * 0.1**24, rel=1e-9)
+    if accuracy_from == "plasticity":  # accuracies 4 points apart, in one order over the seeds
+        # by hand: the three seeds of a dataset share its test set, so one permutation of the five components
+        # relabels all three (a dataset is its own family here); the accuracies keep one order over the
+        # seeds, so a pair is +3 or -3 with probability 1/2, independently over the 8 datasets: all 8 one
+        # way, either way: 2 / 2^8, Holm over 6 pairs
+        assert pairs["p_value"][:-1].tolist() == pytest.approx([2 * 0.5**8] * 6)
+        assert pairs["p_holm"][:-1].tolist() == pytest.approx([6 * 2 * 0.5**8] * 6)
+        # every pair: a dataset's six pairs all one way when its two LayerNorms hold its two lowest (or
+        # highest) accuracies, 1 of C(5, 2) = 10 orderings; 8 datasets, two sides
+        assert pairs["p_value"].iloc[-1] == pytest.approx(2 * 0.1**8, rel=1e-9)
     naive = scipy_stats.binomtest(0, 144).pvalue  # the 144 cases as if independent
     assert pairs["p_value"].iloc[-1] > 1e15 * naive
     # per dataset (Table 6's means) the same, over datasets only
@@ -102,6 +105,42 @@ def _brute_force_discordant(units, sizes):
         hits["every pair"] += abs(sum(got.values())) >= abs(sum(observed.values()))
         total += 1
     return {pair: count / total for pair, count in hits.items()}, observed
+
+
+def test_the_datasets_of_one_family_are_permuted_together():
+    sizes = {"mha": 0.33, "ln2": 0.0002, "ln1": 0.0002}
+    plastic = {"mha": 1.0, "ln2": 2.0, "ln1": 3.0}  # both LayerNorms more plastic than MHA, and smaller
+    accuracy = {  # two corruptions of one test set and a dataset of its own
+        "cifar10c/snow": {"mha": 80.0, "ln2": 70.0, "ln1": 75.0},
+        "cifar10c/fog": {"mha": 60.0, "ln2": 65.0, "ln1": 50.0},
+        "pets": {"mha": 90.0, "ln2": 85.0, "ln1": 84.0},
+    }
+    plasticity = pd.DataFrame(
+        [{"dataset": d, "component": c, "plasticity": plastic[c]} for d in accuracy for c in plastic]
+    )
+    results = pd.DataFrame(
+        [{"dataset": d, "component": c, "accuracy": a} for d, acc in accuracy.items() for c, a in acc.items()]
+    )
+    pairs = capacity.discordant_pairs(plasticity, results, sizes).set_index(["more_plastic", "larger"])
+
+    def statistic(values):  # per pair, followed capacity minus followed plasticity, over the datasets
+        return {ln: sum(int(np.sign(v["mha"] - v[ln])) for v in values) for ln in ("ln2", "ln1")}
+
+    observed = statistic(accuracy.values())
+    hits, total = {"ln2": 0, "ln1": 0, "every pair": 0}, 0
+    names = list(plastic)
+    for cifar, own in itertools.product(itertools.permutations(names), itertools.permutations(names)):
+        relabelled = [
+            {c: acc[m] for c, m in zip(names, order)} for acc, order in zip(accuracy.values(), (cifar, cifar, own))
+        ]
+        got = statistic(relabelled)  # one relabelling for both corruptions, another for Pets
+        for ln in ("ln2", "ln1"):
+            hits[ln] += abs(got[ln]) >= abs(observed[ln])
+        hits["every pair"] += abs(sum(got.values())) >= abs(sum(observed.values()))
+        total += 1
+    for ln in ("ln2", "ln1"):
+        assert pairs.loc[(components.LABELS[ln], "MHA"), "p_value"] == pytest.approx(hits[ln] / total)
+    assert pairs.loc[("every pair", ""), "p_value"] == pytest.approx(hits["every pair"] / total)
 
 
 def test_the_discordant_permutation_test_equals_a_brute_force_enumeration():
