@@ -308,7 +308,7 @@ pairs.round(4)
 # the two are in reverse order in both precisions); divergence. Each row is "same", "differs" (Holm over the
 # rows) or "inconclusive"; the verdict is "differs" if any row differs, "same" only if all are the same.
 # In simulated worlds at Table 6's seed spreads, it says "differs" in none of 100 worlds without a precision
-# effect and in 95-100% of those where one component loses 2 points everywhere (docs/benchmarks.md).
+# effect and in 95-100% of those where MHA, FC1 or LN1 loses 2 points everywhere (docs/benchmarks.md).
 #
 # At demo scale: the demo ViT under bf16 autocast on a CPU, one dataset (`digits_c/snow`), MHA and LN1, one
 # seed: one pair per cell, too few for a verdict, and one test image is worth 0.559 points (179 images),
