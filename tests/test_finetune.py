@@ -132,6 +132,12 @@ def test_best_validation_checkpoint_is_reported(small):
     assert metrics["best_step"] == best["step"] and metrics["best_val_accuracy"] == best["val_accuracy"]
     assert list(history["step"]) == [4, 8, 12]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
+    from paperlib import data
+
+    test_images = len(data.get_dataset(small().dataset, "test"))  # one image is worth 100 / this points
+    correct = metrics["test_accuracy"] * test_images
+    assert metrics["test_images"] == test_images and correct == pytest.approx(round(correct), abs=1e-9)
+    assert run_files.load()["test_images"].tolist() == [test_images]
 
 
 def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_path, monkeypatch, small, move_results):
