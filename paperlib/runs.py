@@ -278,7 +278,7 @@ explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to i
 authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits
 (``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
 (multiples of ``eval_every`` only), batches (the last incomplete one of an epoch dropped) and new head
-(PyTorch's ``nn.Linear`` initialisation); 1, before (recorded by no key). See ``docs/fidelity.md``."""
+(PyTorch's ``nn.Linear`` initialisation). A run that records no version is outdated. See ``docs/fidelity.md``."""
 
 
 def run_record(config: Config | dict) -> dict:
@@ -298,10 +298,6 @@ HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "
 """``Config`` fields that say how a run ran, not what it trains: ``load_model`` rebuilds a run's
 model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
 
-RETIRED = ("graph",)
-"""Fields ``Config`` no longer has that said only how a run ran (``graph``: its steps replayed from
-a CUDA graph, removed unmeasured), which runs recorded before may hold: never compared."""
-
 WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
 
@@ -316,12 +312,12 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
 
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``),
-    a key one lacks counting as the field's default (none for fingerprints, 1 for ``protocol``); ``ignore``d
-    keys and ``RETIRED`` fields aside."""
-    defaults = Config.defaults() | {"fingerprints": {}, "protocol": 1}
+    a key one lacks counting as the field's default (none for fingerprints and ``protocol``); ``ignore``d
+    keys aside. A field ``Config`` no longer has differs: that run is outdated."""
+    defaults = Config.defaults() | {"fingerprints": {}, "protocol": None}
     saved, record = {**defaults, **saved}, {**defaults, **record}
     return sorted(
-        key for key in saved.keys() | record.keys() if key not in ignore + RETIRED and saved.get(key) != record.get(key)
+        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
     )
 
 
@@ -475,7 +471,7 @@ def _run_row(folder: Path, params: dict) -> dict:
     row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
     metrics = paths.json_or_none(folder / METRICS)
     row |= metrics if metrics is not None else {"status": "partial"}
-    if params.get("protocol", 1) != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
+    if params.get("protocol") != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
         row["status"] = "outdated"
     return row
 

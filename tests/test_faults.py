@@ -328,6 +328,9 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     again = finetune.run(config)
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
     assert runs.load()["status"].tolist() == ["finished"]
+    params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config no longer has
+    params_file.write_text(json.dumps(params))
+    assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
 
 
 def test_damaged_runs_are_partial_in_the_results_table(small):

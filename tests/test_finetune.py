@@ -242,7 +242,6 @@ def test_runs_recorded_before_a_new_option_are_not_repeated(monkeypatch, small):
     params_file = small().folder() / "params.json"
     params = json.loads(params_file.read_text())
     del params["fused"], params["precision"]  # as a run written before Config had these fields
-    params["graph"] = False  # and with a field Config no longer has (runs.RETIRED)
     params_file.write_text(json.dumps(params))
     monkeypatch.setattr(finetune, "train", lambda *a, **k: pytest.fail("a finished run was trained again"))
     assert finetune.run(small()) == metrics  # the missing fields count as their defaults
