@@ -39,12 +39,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from . import cli, paths, runs, specs
 from .names import COMPONENTS, LABELS, RUN_COMPONENTS, family
 from .runs import KEYS, method
-from .significance import holm, kendall, sign_test, wilcoxon_p
+from .significance import holm, kendall, kendall_tau, sign_test, wilcoxon_p
 
 SELECTIONS = ("test", "val")
 
@@ -562,7 +561,7 @@ def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for model, part in summary.groupby("model", sort=True):
         mean = part.groupby("component", observed=True)["plasticity"].mean().reindex(list(COMPONENTS))
-        tau = float(stats.kendalltau(mean.rank(ascending=False), range(1, len(COMPONENTS) + 1)).statistic)
+        tau = kendall_tau(mean.rank(ascending=False), range(1, len(COMPONENTS) + 1))
         order = " > ".join(LABELS[c] for c in mean.sort_values(ascending=False).index)
         rows.append({"model": model, "order": order, "tau": tau})
     return pd.DataFrame(rows, columns=["model", "order", "tau"])
