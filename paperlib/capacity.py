@@ -39,10 +39,9 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from scipy import stats as scipy_stats
 
 from .names import COMPONENTS, LABELS, family
-from .significance import holm, sign_test
+from .significance import holm, kendall_tau, sign_test
 
 TOLERANCE = 0.1
 """Components whose parameter counts differ by less than this fraction of the larger have the same
@@ -194,10 +193,9 @@ def within_capacity(
             if len(part) < 2:
                 continue
             x, y = part["plasticity"].to_numpy(float), part[value].to_numpy(float)
-            tau = float(scipy_stats.kendalltau(x, y).statistic) if np.ptp(x) and np.ptp(y) else math.nan
             nulls[_group_name(group), dataset] = _distribution(_kendall_s(x, _permuted(y)))
             row = {"group": _group_name(group), "dataset": dataset, "family": family(dataset)}
-            rows.append(row | {"components": len(part), "tau": tau, "S": int(_kendall_s(x, y))})
+            rows.append(row | {"components": len(part), "tau": kendall_tau(x, y), "S": int(_kendall_s(x, y))})
     per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "family", "components", "tau", "S"])
     parts = dict(list(per_dataset.groupby("group", sort=False)))
     if len(parts) > 1:
@@ -417,7 +415,7 @@ def verdict(
         {"P(f)": plasticity[names], "parameter share": capacity[names], "accuracy": accuracy[names]}
     ).astype(float)
     levels = capacity_levels(table["parameter share"], tolerance)
-    taus = [scipy_stats.kendalltau(x, table["accuracy"]).statistic for x in (table["P(f)"], levels)]
+    taus = [kendall_tau(x, table["accuracy"]) for x in (table["P(f)"], levels)]
     measured = predictor_table(table["P(f)"], ["here"], "plasticity", tolerance=None)
     results = pd.DataFrame({"dataset": "here", "component": names, "accuracy": table["accuracy"].to_numpy()})
     pairs = discordant_pairs(measured, results, table["parameter share"], tolerance=tolerance)

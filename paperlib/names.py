@@ -13,6 +13,10 @@ from __future__ import annotations
 COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
 """The five components, in the paper's plasticity order."""
 
+PAPER_SCORES = {component: float(len(COMPONENTS) - i) for i, component in enumerate(COMPONENTS)}
+"""The paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2 middle) as scores,
+5 for MHA ... 1 for LN1: what a Kendall tau with it takes (it uses only the order)."""
+
 RUN_COMPONENTS = COMPONENTS + ("full", "linear")
 """What a finetuning run trains (``runs.Config.component``), the paper's finetuning configurations:
 one component, every parameter (``full``), or the head only (``linear``)."""

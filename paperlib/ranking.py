@@ -28,6 +28,8 @@ from scipy import stats
 
 from .component_rates import pairs_with_rates
 from .components import COMPONENTS, LABELS
+from .names import PAPER_SCORES
+from .significance import kendall_tau
 
 
 def paper_agreement(table: pd.DataFrame) -> float:
@@ -38,8 +40,7 @@ def paper_agreement(table: pd.DataFrame) -> float:
     """
     table = pairs_with_rates(table)
     means = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
-    paper = np.arange(len(COMPONENTS), 0, -1)  # the paper's order as scores: 5 for MHA ... 1 for LN1
-    return float(stats.kendalltau(means.to_numpy(), paper).statistic)
+    return kendall_tau(means, [PAPER_SCORES[c] for c in means.index])
 
 
 def ranking_uncertainty(
@@ -70,7 +71,8 @@ def ranking_uncertainty(
     means = per_pair.to_numpy().mean(axis=0)
     ranks = stats.rankdata(-means, method="min")
     resampled = stats.rankdata(-result.bootstrap_distribution.T, method="min", axis=1)  # (resamples, components)
-    taus = np.array([stats.kendalltau(row, np.arange(1, len(COMPONENTS) + 1)).statistic for row in resampled])
+    paper = [PAPER_SCORES[c] for c in COMPONENTS]
+    taus = np.array([kendall_tau(row, paper) for row in result.bootstrap_distribution.T])  # each resample's P(f)
     out = (
         pd.DataFrame(
             {

@@ -2,6 +2,9 @@
 Takeaway 2 across datasets), Kendall's tau (Takeaway 2 per dataset) and Holm's adjustment of a family of
 p-values, the sign test. Each is scipy's test; where scipy's exact permutation test computes its statistic one
 permutation at a time, the same test with the statistic vectorised (the same p-value, much faster).
+
+Kendall's tau itself is computed here alone (``kendall_tau``): every tau of the package's tables (a ranking's
+agreement with the paper's, Takeaway 2, the capacity tests) calls it.
 """
 
 from __future__ import annotations
@@ -56,19 +59,28 @@ def holm(p_values) -> np.ndarray:
     return adjusted
 
 
+def kendall_tau(x, y) -> float:
+    """Kendall's tau-b of ``x`` and ``y`` (scipy's ``kendalltau``): the package's one place that computes it.
+    NaN where either side is constant (or holds a NaN); 1 where they order alike, -1 where reversed."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(stats.kendalltau(x, y).statistic)
+
+
 def kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, float]:
-    """Kendall's tau-b and its p-value: exact over every pairing of the values for up to 8 of them
+    """Kendall's tau-b (``kendall_tau``) and its p-value: exact over every pairing of the values for up to 8 of them
     (scipy's permutation test; with ties, scipy's own p-value uses a normal approximation that
     understates p at five components), scipy's ``kendalltau`` beyond; NaN for constant values."""
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan"), float("nan")
-    tau = stats.kendalltau(x, y).statistic
+    tau_b = kendall_tau(x, y)
     if len(x) > 8:
-        return float(tau), float(stats.kendalltau(x, y, alternative=alternative).pvalue)
+        return tau_b, float(stats.kendalltau(x, y, alternative=alternative).pvalue)
     test = stats.permutation_test(
         (x, y), _tau_b, permutation_type="pairings", n_resamples=np.inf, alternative=alternative, vectorized=True
     )
-    return float(tau), float(test.pvalue)
+    return tau_b, float(test.pvalue)
 
 
 def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:

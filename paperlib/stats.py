@@ -39,12 +39,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from . import cli, paths, runs, specs
-from .names import COMPONENTS, LABELS, RUN_COMPONENTS, family
+from .names import COMPONENTS, LABELS, PAPER_SCORES, RUN_COMPONENTS, family
 from .runs import KEYS, method
-from .significance import holm, kendall, sign_test, wilcoxon_p
+from .significance import holm, kendall, kendall_tau, sign_test, wilcoxon_p
 
 SELECTIONS = ("test", "val")
 
@@ -325,15 +324,11 @@ def check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
 
 
 def paper_order(datasets) -> pd.DataFrame:
-    """The paper's plasticity ranking (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2
-    middle) as a ``plasticity`` column of scores 5..1 per dataset: for ``plasticity_correlation``,
-    which uses only the order, when P(f) was not measured (the paper prints no P(f) table)."""
+    """The paper's plasticity ranking (``names.PAPER_SCORES``) as a ``plasticity`` column of scores 5..1
+    per dataset: for ``plasticity_correlation``, which uses only the order, when P(f) was not measured (the
+    paper prints no P(f) table)."""
     return pd.DataFrame(
-        [
-            {"dataset": d, "component": c, "plasticity": float(len(COMPONENTS) - i)}
-            for d in datasets
-            for i, c in enumerate(COMPONENTS)
-        ]
+        [{"dataset": d, "component": c, "plasticity": score} for d in datasets for c, score in PAPER_SCORES.items()]
     )
 
 
@@ -562,7 +557,7 @@ def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for model, part in summary.groupby("model", sort=True):
         mean = part.groupby("component", observed=True)["plasticity"].mean().reindex(list(COMPONENTS))
-        tau = float(stats.kendalltau(mean.rank(ascending=False), range(1, len(COMPONENTS) + 1)).statistic)
+        tau = kendall_tau(mean, [PAPER_SCORES[c] for c in mean.index])
         order = " > ".join(LABELS[c] for c in mean.sort_values(ascending=False).index)
         rows.append({"model": model, "order": order, "tau": tau})
     return pd.DataFrame(rows, columns=["model", "order", "tau"])

@@ -179,3 +179,27 @@ def test_modules_stay_readable():
     lines = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert lines["paperlib.finetune"] < 500, lines["paperlib.finetune"]
     assert max(lines.values()) <= 700, max(lines.items(), key=lambda item: item[1])
+
+
+def _names_kendalltau(source: str) -> bool:
+    """Whether ``source``'s code names scipy's ``kendalltau`` (an attribute, a name or an import, under
+    whatever name scipy's stats is imported); a mention in a docstring or a comment does not count."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr == "kendalltau":
+            return True
+        if isinstance(node, ast.Name) and node.id == "kendalltau":
+            return True
+        if isinstance(node, ast.alias) and node.name.rpartition(".")[2] == "kendalltau":
+            return True
+    return False
+
+
+def test_kendalls_tau_is_computed_in_significance_alone():
+    # one home: significance.kendall_tau (and kendall, with its p-value); every other module calls them
+    callers = sorted(name for name, path in MODULES.items() if _names_kendalltau(path.read_text()))
+    assert callers == ["paperlib.significance"], callers
+    # and the check can fail: a call through any name, an import; a docstring's mention is none
+    assert _names_kendalltau("from scipy import stats as s\ntau = s.kendalltau(x, y).statistic")
+    assert _names_kendalltau("from scipy.stats import kendalltau")
+    assert _names_kendalltau("import scipy.stats\nscipy.stats.kendalltau([1, 2], [2, 1])")
+    assert not _names_kendalltau('"""Kendall\'s tau (scipy\'s ``kendalltau``)."""  # kendalltau')
