@@ -29,9 +29,13 @@ point of the authors' script is the representation after a component. ``table6_c
 point by default; ``attn_residual`` (the residual stream after attention) and ``block`` (after the
 whole block) are the two other readings, and the point is a parameter everywhere.
 
-Results are cached per model and dataset under ``results/probe/<model>/<dataset>/`` (``probe.csv``
-with one row per block and point, and ``metadata.json``), filled in as points are fitted, so a
-second call is instant and an interrupted one resumes.
+A probe is a value, ``Probe``: the model, the dataset, the blocks and points, and how the features
+are made and fitted (pool, training split and features, normalisation, split seed), validated when
+it is made; ``linear_probe(probe, device=...)`` fits it. Results are cached per model and dataset
+under ``Probe.folder()``, ``results/probe/<model>/<dataset>/`` (``probe.csv`` with one row per block
+and point, and ``metadata.json`` with the ``Probe.key()`` it was computed from), filled in as points
+are fitted, so a second call is instant and an interrupted one resumes. The notebooks' entries,
+``probe_datasets`` and ``table6_column``, take a model, datasets and keyword options.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import contextlib
 import copy
 import json
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -95,7 +100,7 @@ AUGMENTED_BATCH = 512  # the authors' training loader's batch, whose last incomp
 """Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
 AUGMENTED_CROPS = "full_image"
 """Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution, as the
-authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``probe_key``
+authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``Probe.key()``
 (``crops``): tables made before, whose crops came from the decoded cache (shorter side 256), lack
 it and are computed again."""
 
@@ -370,29 +375,109 @@ def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, m
 # The probe table, cached
 
 
-def result_folder(
-    model: str,
-    dataset: str,
-    split_seed: int = 0,
-    normalize: str = "imagenet",
-    pool: str = "mean",
-    train_split: str = "train",
-    train_features: str = "augmented",
-) -> Path:
-    """``results/probe/<model>/<dataset>/``, where ``linear_probe`` caches a model's probe table on a
-    dataset (``+seed-<s>`` for another split seed than 0, ``+trainval`` when fitted on the whole
-    training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for another
-    pooling than the authors' mean, ``+norm-model`` for images normalised with the model's own
-    statistics)."""
-    leaf = dataset
-    if train_split == "trainval":
-        leaf += "+trainval"
-    if split_seed != 0 and (train_split == "train" or train_features == "augmented"):
-        leaf += f"+seed-{split_seed}"
-    leaf += "" if train_features == "augmented" else "+clean"
-    leaf += "" if pool == "mean" else f"+pool-{pool}"
-    leaf += "" if normalize == "imagenet" else f"+norm-{normalize}"
-    return paths.results_dir() / "probe" / model / leaf
+@dataclass(frozen=True)
+class Probe:
+    """What one probe table is, validated when it is made: the linear probes of a pretrained model on
+    a dataset at some blocks and points, and how their features are made and fitted. ``linear_probe``
+    fits it (how: device, batch size, workers...) and caches its table in ``folder()`` under ``key()``.
+
+    ``model`` is a name (as ``models.create_model`` takes; its pretrained weights) or a module; a module
+    is cached only under a ``name``, which then stands for its weights (another module under the same
+    name reads the same table). A model given by name is cached under that name (``name`` is set to it).
+    ``points`` and ``blocks`` are stored as the ones they select: the points in forward order, the blocks
+    as sorted non-negative indices (``blocks`` None: every block; -1: the last). A bad choice is a
+    ValueError naming the valid ones, before any work.
+    """
+
+    model: str | nn.Module  # a name (models.create_model's; its pretrained weights) or a module
+    dataset: str  # a name of data.dataset_names()
+    points: str | Iterable[str] = POINTS  # probe points (POINTS), one or several
+    blocks: int | Iterable[int] | None = None  # block indices (negative ones count from the end); None: all
+    pool: str = "mean"  # POOLS: how tokens become one vector (the authors': mean over every position)
+    train_split: str = "train"  # TRAIN_SPLITS: the authors' 80% training split, or trainval (the whole set)
+    # TRAIN_FEATURES: augmented (the authors': one random crop of each training image at its full resolution and
+    # a random flip, shuffled, batches of 512 without the last incomplete one; drawn from split_seed) or clean
+    # (every training image, resized and centre-cropped)
+    train_features: str = "augmented"
+    normalize: str = "imagenet"  # imagenet (the paper's statistics) or model (the model's own)
+    split_seed: int = 0  # seed of the 80/20 split of the training set (the protocol's seeds: 0, 42, 3407)
+    root: str | None = None  # data root (None: $VIT_PLASTICITY_DATA or data/)
+    name: str | None = None  # what a module is cached under (None: not cached); a model name's own name
+
+    def __post_init__(self):
+        data.check_dataset(self.dataset)
+        for value, valid, what in (self.pool, POOLS, "pool"), (self.train_split, TRAIN_SPLITS, "train_split"):
+            check_choice(value, valid, what)
+        check_choice(self.train_features, TRAIN_FEATURES, "train_features")
+        check_normalize(self.normalize)
+        if isinstance(self.model, str):
+            if self.name not in (None, self.model):
+                raise ValueError(f"name {self.name!r} is for a module: model {self.model!r} is cached under its name")
+            object.__setattr__(self, "name", self.model)
+        if self.name is not None:
+            paths.custom_name(self.name, "model")  # a valid folder name
+        object.__setattr__(self, "points", check_points(self.points))
+        self.mean_std()  # normalize="model" of a module that records no statistics: an error now
+        # the depth from the architecture alone (meta device: no weights): a cached table needs no model
+        network = models.architecture(self.model) if isinstance(self.model, str) else self.model
+        object.__setattr__(self, "blocks", check_blocks(self.blocks, len(components.blocks(network))))
+        if self.root is not None:
+            object.__setattr__(self, "root", str(self.root))
+
+    def wanted(self) -> list[tuple[int, str]]:
+        """Its (block, point) pairs: block by block, each block's points in forward order."""
+        return [(b, p) for b in self.blocks for p in self.points]
+
+    def mean_std(self) -> tuple:
+        """The mean and std its images are normalised with (``model_mean_std``)."""
+        return model_mean_std(self.model, self.normalize)
+
+    @property
+    def augment_seed(self) -> int | None:
+        """The seed of the augmented training features' crops, flips and order (``split_seed``); None
+        for clean ones."""
+        return self.split_seed if self.train_features == "augmented" else None
+
+    def key(self) -> dict:
+        """What its cached table was computed from (``metadata.json``'s ``key``): another key is another
+        table, computed again. Augmented training features record where their crops come from
+        (``crops``: ``AUGMENTED_CROPS``), so that tables whose crops were cut otherwise are not taken
+        for them. ``points`` and ``blocks`` are not in it: a table holds the rows of every one fitted."""
+        crops = {"crops": AUGMENTED_CROPS} if self.train_features == "augmented" else {}
+        mean, std = self.mean_std()
+        return {
+            "model": self.name,
+            "dataset": self.dataset,
+            "split_seed": self.split_seed,
+            "train_split": self.train_split,
+            "train_features": self.train_features,
+            **crops,
+            "splits": SPLITS_VERSION,
+            "pool": self.pool,
+            "normalize": self.normalize,
+            "mean": list(mean),
+            "std": list(std),
+            "model_fingerprint": models.content_fingerprint(self.name) if isinstance(self.model, str) else None,
+            "data_fingerprint": data.content_fingerprint(self.dataset, self.root),
+        }
+
+    def folder(self) -> Path | None:
+        """``results/probe/<name>/<dataset>/``, where ``linear_probe`` caches its table (``+seed-<s>`` for
+        another split seed than 0 where the seed draws the training images, ``+trainval`` when fitted on
+        the whole training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for
+        another pooling than the authors' mean, ``+norm-model`` for images normalised with the model's
+        own statistics); None for a module without a ``name`` (not cached)."""
+        if self.name is None:
+            return None
+        leaf = self.dataset
+        if self.train_split == "trainval":
+            leaf += "+trainval"
+        if self.split_seed != 0 and (self.train_split == "train" or self.train_features == "augmented"):
+            leaf += f"+seed-{self.split_seed}"
+        leaf += "" if self.train_features == "augmented" else "+clean"
+        leaf += "" if self.pool == "mean" else f"+pool-{self.pool}"
+        leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
+        return paths.results_dir() / "probe" / self.name / leaf
 
 
 def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
@@ -447,67 +532,36 @@ def model_mean_std(model: nn.Module | str, normalize: str) -> tuple:
 
 
 def linear_probe(
-    model: str | nn.Module,
-    dataset: str,
+    probe: Probe,
     *,
-    split_seed: int = 0,
     device: str = "cpu",
     batch_size: int = 256,
-    root: str | Path | None = None,
-    normalize: str = "imagenet",
-    points: str | Iterable[str] = POINTS,
-    blocks: int | Iterable[int] | None = None,
-    pool: str = "mean",
-    train_split: str = "train",
-    train_features: str = "augmented",
-    cache: bool = True,
-    name: str | None = None,
     num_workers: int | None = None,
     max_gib: float = 8.0,
     progress: bool = True,
     compute: bool = True,
+    cache: bool = True,
 ) -> pd.DataFrame | None:
-    """Linear-probe accuracy of the pretrained ``model`` on ``dataset`` at every block and point.
+    """Linear-probe accuracy of ``probe``'s pretrained model on its dataset at each of its blocks and
+    points (``Probe``); the rest says how it runs.
 
     Args:
-        model: a name (as ``models.create_model`` takes; its pretrained weights) or a module.
-        dataset: a name of ``data.dataset_names()``.
-        split_seed: seed of the 80/20 split of the training set (the protocol's seeds: 0, 42, 3407).
+        probe: what is probed (``Probe``).
         device: where the forward pass runs; the classifiers are fitted by scikit-learn on the CPU.
         batch_size: images per forward pass.
-        root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
-        normalize: ``imagenet`` (the paper's statistics) or ``model`` (the model's own).
-        points: probe points (``POINTS``); blocks: block indices (None: all; -1: the last).
-        pool: ``POOLS`` (the authors' ``mean`` by default).
-        train_split: ``train`` (the authors' 80% training split) or ``trainval``.
-        train_features: ``augmented`` (the authors': one random crop of each training image at its
-            full resolution and a random flip, shuffled, batches of 512 without the last incomplete
-            one; drawn from ``split_seed``) or ``clean`` (every training image, resized and
-            centre-cropped).
-        cache: read and write ``result_folder`` (a module is cached only under a ``name``, which
-            then stands for its weights: another module under the same name reads the same table).
-        progress: a progress bar over the probes still to fit.
         num_workers: DataLoader workers (default: up to 8 on CUDA for images that need decoding
             or resizing, none otherwise).
         max_gib: GiB of pooled features held at once; more points than fit take more passes.
+        progress: a progress bar over the probes still to fit.
         compute: fit the probes not cached; False: None unless every one asked for is cached (reading
             results only, as notebook 07 does with ``compute_missing`` False).
+        cache: read and write ``probe.folder()`` (a module without a ``name`` is never cached).
 
     Returns a table with columns ``block`` (0-based), ``point`` and ``accuracy`` (test accuracy,
     a fraction), one row per block and point, in forward order.
     """
-    label = model if isinstance(model, str) else name
-    wanted_points = check_options(label, dataset, points, pool, train_split, train_features, normalize)
-    mean_std = model_mean_std(model, normalize)
-    # the depth from the architecture alone (meta device: no weights): a cached table needs no model
-    depth = len(components.blocks(models.architecture(model) if isinstance(model, str) else model))
-    wanted = [(b, p) for b in check_blocks(blocks, depth) for p in wanted_points]
-    key = probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std)
-    folder = (
-        result_folder(label, dataset, split_seed, normalize, pool, train_split, train_features)
-        if cache and label
-        else None
-    )
+    wanted, key = probe.wanted(), probe.key()
+    folder = probe.folder() if cache else None
     table, metadata, missing = cached(folder, key, wanted)
     if not missing:
         return tidy(table, wanted)
@@ -519,69 +573,34 @@ def linear_probe(
         if not missing:
             return tidy(table, wanted)
         threads.apply()  # this process's share of the cores, if it shares them with others of ours
-        network = models.create_model(model) if isinstance(model, str) else model
+        network = models.create_model(probe.model) if isinstance(probe.model, str) else probe.model
         size = network.patch_embed.img_size[0]
-        loading = {"root": root, "seed": split_seed, "image_size": size, "mean_std": mean_std}
-        train, test = (data.get_dataset(dataset, split, **loading) for split in (train_split, "test"))
-        record = {"key": key, "depth": depth, "image_size": size, "n_classes": len(test.classes)}
-        record |= {"device": str(device), "torch": torch.__version__, "sklearn": sklearn.__version__}
-        augment_seed = split_seed if train_features == "augmented" else None
-        loaders = (pool, batch_size, device, num_workers)
-        fitting = fit_missing(network, train, test, missing, loaders, augment_seed, split_seed, max_gib)
-        bar = tqdm(fitting, total=len(missing), desc=f"probing {dataset}", unit="probe", disable=not progress)
+        loading = {"root": probe.root, "seed": probe.split_seed, "image_size": size, "mean_std": probe.mean_std()}
+        train, test = (data.get_dataset(probe.dataset, split, **loading) for split in (probe.train_split, "test"))
+        record = {"key": key, "depth": len(components.blocks(network)), "image_size": size}
+        record |= {"n_classes": len(test.classes), "device": str(device)}
+        record |= {"torch": torch.__version__, "sklearn": sklearn.__version__}
+        running = {"batch_size": batch_size, "device": device, "num_workers": num_workers}
+        fitting = fit_missing(probe, network, (train, test), missing, running, max_gib)
+        bar = tqdm(fitting, total=len(missing), desc=f"probing {probe.dataset}", unit="probe", disable=not progress)
         add_fits(bar, table, folder, record | {"seconds": metadata.get("seconds", 0.0)})
         return tidy(table, wanted)
 
 
-def check_options(label, dataset, points, pool, train_split, train_features, normalize) -> tuple[str, ...]:
-    """``linear_probe``'s options checked before any work (a ValueError naming the valid choices);
-    returns the probe points asked for, in forward order."""
-    data.check_dataset(dataset)
-    for value, valid, what in (pool, POOLS, "pool"), (train_split, TRAIN_SPLITS, "train_split"):
-        check_choice(value, valid, what)
-    check_choice(train_features, TRAIN_FEATURES, "train_features")
-    check_normalize(normalize)
-    if label is not None:
-        paths.custom_name(label, "model")  # a valid folder name
-    return check_points(points)
-
-
-def probe_key(label, model, dataset, root, split_seed, train_split, train_features, pool, normalize, mean_std) -> dict:
-    """What a cached probe table was computed from (its ``metadata.json``'s ``key``): another key is
-    another table, computed again. Augmented training features record where their crops come from
-    (``crops``: ``AUGMENTED_CROPS``), so that tables whose crops were cut otherwise are not taken
-    for them."""
-    crops = {"crops": AUGMENTED_CROPS} if train_features == "augmented" else {}
-    return {
-        "model": label,
-        "dataset": dataset,
-        "split_seed": split_seed,
-        "train_split": train_split,
-        "train_features": train_features,
-        **crops,
-        "splits": SPLITS_VERSION,
-        "pool": pool,
-        "normalize": normalize,
-        "mean": list(mean_std[0]),
-        "std": list(mean_std[1]),
-        "model_fingerprint": models.content_fingerprint(label) if isinstance(model, str) else None,
-        "data_fingerprint": data.content_fingerprint(dataset, root),
-    }
-
-
-def fit_missing(network, train, test, missing, loaders, augment_seed, split_seed, max_gib: float = 8.0):
-    """Fit the probes of ``missing`` (block, point), a group of them per pass over ``train`` and
-    ``test`` (``groups``: as many as ``max_gib`` of pooled features hold); yields ((block, point),
-    test accuracy, training images, test images) as each fit ends. ``loaders``: (pool, batch_size,
-    device, num_workers) of ``pooled_features``."""
+def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, running: dict, max_gib: float = 8.0):
+    """Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, a group of them per pass over
+    the (train, test) ``sets`` (``groups``: as many as ``max_gib`` of pooled features hold); yields
+    ((block, point), test accuracy, training images, test images) as each fit ends. ``running``:
+    ``pooled_features``'s batch_size, device and num_workers."""
+    (train, test), pool = sets, probe.pool
     for group in groups(network, missing, len(train) + len(test), max_gib):
-        train_x, train_y = pooled_features(network, train, group, *loaders, augment_seed)
-        test_x, test_y = pooled_features(network, test, group, *loaders)
+        train_x, train_y = pooled_features(network, train, group, pool, **running, augment_seed=probe.augment_seed)
+        test_x, test_y = pooled_features(network, test, group, pool, **running)
         # small fits (every demo-scale one) run one per core of this process's share; larger ones
         # one at a time, on BLAS's threads
         jobs = (threads.budget() or threads.cores()) if all(train_x[i].size <= SMALL_FIT for i in group) else 1
         fits = Parallel(n_jobs=min(jobs, len(group)), return_as="generator")(
-            delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=split_seed) for item in group
+            delayed(fit_probe)(train_x[item], train_y, test_x[item], test_y, seed=probe.split_seed) for item in group
         )
         for item, accuracy in zip(group, fits):
             yield item, accuracy, len(train_y), len(test_y)
@@ -610,28 +629,38 @@ def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, 
 
 
 def table6_column(
-    model: str | nn.Module, datasets: str | Iterable[str], point: str = "mha", block: int = -1, **kwargs
+    model: str | nn.Module, datasets: str | Iterable[str], point: str = "mha", block: int = -1, **options
 ) -> pd.DataFrame:
     """Table 6's linear-probing column: per dataset, the probe's test accuracy (%) at one point of
     one block (the last block's ``mha`` by default, the paper's "attention hidden representation of
-    the last layer"). ``kwargs`` go to ``linear_probe`` (with ``compute=False``, a dataset whose probe is not
-    cached has no row). Columns: ``dataset``, ``accuracy``."""
+    the last layer"). ``options``: the other fields of ``Probe`` and the keywords of ``linear_probe``
+    (with ``compute=False``, a dataset whose probe is not cached has no row). Columns: ``dataset``,
+    ``accuracy``."""
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
     check_points(point)
     rows = []
     for dataset in datasets:
-        table = linear_probe(model, dataset, points=(point,), blocks=block, **kwargs)
+        table = probed(model, dataset, {"points": (point,), "blocks": block, **options})
         if table is not None:
             rows.append({"dataset": dataset, "accuracy": 100.0 * float(table["accuracy"].iloc[0])})
     return pd.DataFrame(rows, columns=["dataset", "accuracy"])
 
 
-def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **kwargs) -> pd.DataFrame:
-    """``linear_probe`` on each dataset, one table with a ``dataset`` column first."""
+def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **options) -> pd.DataFrame:
+    """``linear_probe`` on each dataset, one table with a ``dataset`` column first. ``options``: the other
+    fields of ``Probe`` and the keywords of ``linear_probe``."""
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
-    tables = [linear_probe(model, dataset, **kwargs).assign(dataset=dataset) for dataset in datasets]
+    tables = [probed(model, dataset, options).assign(dataset=dataset) for dataset in datasets]
     table = pd.concat(tables, ignore_index=True)
     return table[["dataset", "block", "point", "accuracy"]]
+
+
+def probed(model: str | nn.Module, dataset: str, options: dict) -> pd.DataFrame | None:
+    """``linear_probe`` of the ``Probe`` of ``model`` on ``dataset`` with the options that are its
+    fields, run with the others (``linear_probe``'s keywords: another name is a TypeError)."""
+    own = {field.name for field in fields(Probe)}
+    value = Probe(model, dataset, **{name: v for name, v in options.items() if name in own})
+    return linear_probe(value, **{name: v for name, v in options.items() if name not in own})
 
 
 def along_depth(table: pd.DataFrame) -> pd.DataFrame:

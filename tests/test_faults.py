@@ -442,16 +442,16 @@ def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
 
 
 def test_a_damaged_probe_cache_is_fitted_again():
-    asked = {"points": ("mha",), "blocks": -1}
-    table = probe.linear_probe("demo", "digits", **asked)
-    folder = probe.result_folder("demo", "digits")
+    asked = probe.Probe("demo", "digits", points=("mha",), blocks=-1)
+    table = probe.linear_probe(asked)
+    folder = asked.folder()
     cut(folder / "probe.csv")
     with pytest.warns(UserWarning, match=r"probe\.csv"):
-        again = probe.linear_probe("demo", "digits", **asked)
+        again = probe.linear_probe(asked)
     pd.testing.assert_frame_equal(again, table)
     cut(folder / "metadata.json")
     with pytest.warns(UserWarning, match=r"metadata\.json is not whole JSON"):
-        pd.testing.assert_frame_equal(probe.linear_probe("demo", "digits", **asked), table)
+        pd.testing.assert_frame_equal(probe.linear_probe(asked), table)
 
 
 def test_a_cut_sweep_marker_is_not_finished(tmp_path, monkeypatch, write_notebook):

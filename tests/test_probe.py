@@ -3,6 +3,8 @@ block's MHA point against the recipe written out here by hand, every block and p
 clear errors, and hooks that do not outlive the call; on image files in DomainNet's layout, the
 augmented training crops against torchvision's cut from each full-resolution image."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import timm
@@ -16,6 +18,7 @@ from torchvision.transforms.v2 import functional as F
 
 from paperlib import data, fixtures, models, paths, probe
 from paperlib.imagesets import stack
+from paperlib.splits import SPLITS_VERSION
 
 DEMO_DEPTH = models.DEMO_ARGS["depth"]
 
@@ -27,7 +30,7 @@ def full(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VIT_PLASTICITY_RESULTS", str(root))
         torch.manual_seed(0)
-        return probe.linear_probe("demo", "digits"), root
+        return probe.linear_probe(probe.Probe("demo", "digits")), root
 
 
 def _hooks(model: torch.nn.Module) -> int:
@@ -35,7 +38,7 @@ def _hooks(model: torch.nn.Module) -> int:
 
 
 def test_last_block_mha_is_the_authors_recipe_computed_independently(results):
-    clean = probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
+    clean = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="clean"))
     got = clean["accuracy"].item()
 
     # the recipe by hand: the pretrained model, the hidden representation after the last block's
@@ -88,7 +91,7 @@ def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
     features, small_labels = probe.pooled_features(model, small, wanted, augment_seed=0)
     assert features[wanted[0]].shape == (100, 64) and sorted(small_labels) == sorted(small.targets.tolist())
     with pytest.raises(ValueError, match="train_features"):
-        probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="centre")
+        probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="centre")
 
 
 def test_every_block_and_point_with_accuracies_above_chance_at_the_end(full):
@@ -108,7 +111,7 @@ def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
     table, root = full
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(root))
     folder = root / "probe" / "demo" / "digits"
-    assert folder == probe.result_folder("demo", "digits")
+    assert folder == probe.Probe("demo", "digits").folder()
     assert (folder / "probe.csv").is_file() and (folder / "metadata.json").is_file()
 
     def fail(*args, **kwargs):
@@ -122,11 +125,11 @@ def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
     monkeypatch.setattr(timm.models.vision_transformer.VisionTransformer, "forward", fail)
     monkeypatch.setattr(models, "create_model", architecture_only)
     stamp = (folder / "probe.csv").stat().st_mtime_ns
-    again = probe.linear_probe("demo", "digits")
+    again = probe.linear_probe(probe.Probe("demo", "digits"))
     assert again.equals(table)
     assert (folder / "probe.csv").stat().st_mtime_ns == stamp
     # a part of the cached table is cached too
-    part = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    part = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     assert (
         len(part) == 1 and part["accuracy"].item() == again.iloc[(DEMO_DEPTH - 1) * len(probe.POINTS) + 1]["accuracy"]
     )
@@ -135,20 +138,20 @@ def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
     assert column["accuracy"].item() == pytest.approx(100 * part["accuracy"].item())
     # reading only: a cached probe is read, one not cached is left out (nothing fitted)
     assert probe.table6_column("demo", ["digits"], compute=False).equals(column)
-    assert probe.linear_probe("demo", "digits_c/snow", points="mha", blocks=-1, compute=False) is None
+    assert probe.linear_probe(probe.Probe("demo", "digits_c/snow", points="mha", blocks=-1), compute=False) is None
     assert probe.table6_column("demo", ["digits_c/snow", "digits"], compute=False).equals(column)
 
 
 def test_missing_points_are_added_to_the_cache(monkeypatch):
-    first = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    first = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     calls = []
     fit = probe.fit_probe
     monkeypatch.setattr(probe, "fit_probe", lambda *a, **k: calls.append(a) or fit(*a, **k))
-    both = probe.linear_probe("demo", "digits", points=("mha", "block"), blocks=-1)
+    both = probe.linear_probe(probe.Probe("demo", "digits", points=("mha", "block"), blocks=-1))
     assert len(calls) == 1  # only the missing point was fitted
     assert both["point"].tolist() == ["mha", "block"]
     assert both["accuracy"].iloc[0] == first["accuracy"].item()
-    cached, metadata = probe.load(probe.result_folder("demo", "digits"))
+    cached, metadata = probe.load(probe.Probe("demo", "digits").folder())
     # the authors' training features: one batch of 512 of the 573 training images (drop_last)
     assert len(cached) == 2 and metadata["n_train"] == 512 and metadata["n_test"] == 179
 
@@ -156,14 +159,14 @@ def test_missing_points_are_added_to_the_cache(monkeypatch):
 def test_a_module_is_cached_only_under_a_name_and_its_hooks_are_removed(results):
     model = models.create_model("demo")
     model.train()
-    table = probe.linear_probe(model, "digits", points=("ln1", "fc1", "gelu"), blocks=[0, -1])
+    table = probe.linear_probe(probe.Probe(model, "digits", points=("ln1", "fc1", "gelu"), blocks=[0, -1]))
     assert table[["block", "point"]].astype(str).values.tolist() == [
         ["0", "ln1"], ["0", "fc1"], ["0", "gelu"], ["5", "ln1"], ["5", "fc1"], ["5", "gelu"]
     ]  # fmt: skip
     assert _hooks(model) == 0
     assert model.training  # its mode restored
     assert not (results / "probe").exists()
-    probe.linear_probe(model, "digits", points="mha", blocks=-1, name="my_vit")
+    probe.linear_probe(probe.Probe(model, "digits", points="mha", blocks=-1, name="my_vit"))
     assert (results / "probe" / "my_vit" / "digits" / "probe.csv").is_file()
 
 
@@ -175,7 +178,7 @@ def test_hooks_are_removed_when_the_forward_pass_fails(monkeypatch):
 
     monkeypatch.setattr(model.head, "forward", fail)
     with pytest.raises(RuntimeError, match="boom"):
-        probe.linear_probe(model, "digits", points="mha", blocks=-1)
+        probe.linear_probe(probe.Probe(model, "digits", points="mha", blocks=-1))
     assert _hooks(model) == 0
 
 
@@ -225,23 +228,79 @@ def test_the_fc1_point_of_a_swiglu_block_is_its_gate_and_value_layers():
 def test_bad_arguments_name_the_valid_choices(kwargs, message, monkeypatch):
     monkeypatch.setattr(probe, "pooled_features", lambda *a, **k: pytest.fail("work started before the check"))
     with pytest.raises(ValueError, match=message):
-        probe.linear_probe("demo", "digits", **kwargs)
+        probe.Probe("demo", "digits", **kwargs)
+    with pytest.raises(ValueError, match=message):  # the notebooks' entry, options by keyword
+        probe.probe_datasets("demo", ["digits"], **kwargs)
 
 
 def test_a_bad_dataset_names_the_valid_datasets():
     with pytest.raises(ValueError, match="valid datasets: digits_source, digits"):
-        probe.linear_probe("demo", "digitz")
+        probe.Probe("demo", "digitz")
     with pytest.raises(ValueError, match="valid points"):
         probe.table6_column("demo", ["digits"], point="attn")
+    with pytest.raises(TypeError, match="batch"):  # neither a field of Probe nor a keyword of linear_probe
+        probe.probe_datasets("demo", ["digits"], batch=8)
+
+
+def test_a_probe_is_a_value_holding_the_blocks_and_points_it_selects():
+    last = probe.Probe("demo", "digits", points=("block", "mha"), blocks=-1)
+    assert last == probe.Probe("demo", "digits", points=["mha", "block"], blocks=[DEMO_DEPTH - 1])
+    assert last.points == ("mha", "block") and last.blocks == (DEMO_DEPTH - 1,) and last.name == "demo"
+    assert last.wanted() == [(DEMO_DEPTH - 1, "mha"), (DEMO_DEPTH - 1, "block")]
+    assert probe.Probe("demo", "digits").blocks == tuple(range(DEMO_DEPTH))
+    assert len({last, probe.Probe("demo", "digits", points="mha", blocks=-1), last}) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        last.pool = "cls"
+    assert last.augment_seed == 0 and probe.Probe("demo", "digits", train_features="clean").augment_seed is None
+    module = models.create_model("demo", pretrained=False)
+    assert probe.Probe(module, "digits").folder() is None  # a module without a name is not cached
+    with pytest.raises(ValueError, match="is for a module"):
+        probe.Probe("demo", "digits", name="my_vit")
+    with pytest.raises(ValueError, match="invalid custom model name"):
+        probe.Probe(module, "digits", name="custom/my vit")
+
+
+def test_the_cache_key_is_what_a_table_is_computed_from(tmp_path):
+    # written out from the key's documented fields: tables cached before keep being found
+    mean, std = models.normalization("demo", "model")
+    other = probe.Probe(
+        "demo", "digits_c/snow", points="mha", blocks=-1, pool="cls", train_split="trainval", split_seed=42,
+        normalize="model",
+    )  # fmt: skip
+    assert other.key() == {
+        "model": "demo", "dataset": "digits_c/snow", "split_seed": 42, "train_split": "trainval",
+        "train_features": "augmented", "crops": "full_image", "splits": SPLITS_VERSION, "pool": "cls",
+        "normalize": "model", "mean": list(mean), "std": list(std), "model_fingerprint": None,
+        "data_fingerprint": None,
+    }  # fmt: skip
+    # centre-cropped training features: no crops; a named module: its name, no saved model's fingerprint
+    module = models.create_model("demo", pretrained=False)
+    assert probe.Probe(module, "digits", train_features="clean", name="my_vit").key() == {
+        "model": "my_vit", "dataset": "digits", "split_seed": 0, "train_split": "train", "train_features": "clean",
+        "splits": SPLITS_VERSION, "pool": "mean", "normalize": "imagenet", "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225], "model_fingerprint": None, "data_fingerprint": None,
+    }  # fmt: skip
+    # a custom dataset: the digest of its files under the probe's data root
+    fixtures.write_image_folder(tmp_path / "custom" / "mine", ["a", "b"], per_class=2, size=(8, 8))
+    custom = probe.Probe("demo", "custom/mine", root=tmp_path)
+    assert custom.root == str(tmp_path)
+    assert custom.key()["data_fingerprint"] == data.content_fingerprint("custom/mine", tmp_path) is not None
 
 
 def test_result_folders_keep_other_choices_apart():
     base = paths.results_dir() / "probe" / "demo"
-    assert probe.result_folder("demo", "digits_c/snow") == base / "digits_c" / "snow"
-    assert probe.result_folder("demo", "digits", split_seed=42) == base / "digits+seed-42"
-    assert probe.result_folder("demo", "digits", train_split="trainval") == base / "digits+trainval"
-    assert probe.result_folder("demo", "digits", pool="cls", normalize="model") == base / "digits+pool-cls+norm-model"
-    assert probe.result_folder("demo", "digits", train_features="clean") == base / "digits+clean"
+    assert probe.Probe("demo", "digits_c/snow").folder() == base / "digits_c" / "snow"
+    assert probe.Probe("demo", "digits", split_seed=42).folder() == base / "digits+seed-42"
+    assert probe.Probe("demo", "digits", train_split="trainval").folder() == base / "digits+trainval"
+    assert probe.Probe("demo", "digits", pool="cls", normalize="model").folder() == base / "digits+pool-cls+norm-model"
+    assert probe.Probe("demo", "digits", train_features="clean").folder() == base / "digits+clean"
+    # the seed in the folder where it draws the training images: the 80% split, or the augmented crops
+    trainval = {"train_split": "trainval", "split_seed": 42}
+    assert probe.Probe("demo", "digits", **trainval).folder() == base / "digits+trainval+seed-42"
+    assert probe.Probe("demo", "digits", train_features="clean", **trainval).folder() == base / "digits+trainval+clean"
+    clean = probe.Probe("demo", "digits", split_seed=42, train_features="clean")
+    assert clean.folder() == base / "digits+seed-42+clean"
+    assert probe.Probe("demo", "digits", name=None).folder() == base / "digits"
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,8 +368,8 @@ def test_augmented_features_of_image_files_depend_on_the_seed_alone(clipart, tin
 
 
 def test_a_table_cached_before_full_resolution_crops_is_computed_again(monkeypatch):
-    first = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
-    folder = probe.result_folder("demo", "digits")
+    first = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
+    folder = probe.Probe("demo", "digits").folder()
     table, metadata = probe.load(folder)
     assert metadata["key"]["crops"] == probe.AUGMENTED_CROPS == "full_image"
     # a table of the crops cut from the decoded cache: its key had no "crops"
@@ -319,10 +378,10 @@ def test_a_table_cached_before_full_resolution_crops_is_computed_again(monkeypat
     calls = []
     fit = probe.fit_probe
     monkeypatch.setattr(probe, "fit_probe", lambda *a, **k: calls.append(a) or fit(*a, **k))
-    again = probe.linear_probe("demo", "digits", points="mha", blocks=-1)
+    again = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     assert len(calls) == 1 and again["accuracy"].item() == first["accuracy"].item() > 0
     assert probe.load(folder)[1]["key"]["crops"] == "full_image"
     # centre-cropped training features have no random crops: their key, and their tables, are as before
-    clean = probe.linear_probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
-    assert "crops" not in probe.load(probe.result_folder("demo", "digits", train_features="clean"))[1]["key"]
-    assert len(clean) == 1
+    clean = probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
+    assert len(probe.linear_probe(clean)) == 1
+    assert "crops" not in probe.load(clean.folder())[1]["key"]
