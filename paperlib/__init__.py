@@ -8,7 +8,8 @@ One module per concern, named for what it holds, in the order they import one an
 - ``names``       the components' and configurations' names and labels, without torch (what the analysis imports)
 - ``components``  the five transformer components in a model, trainable configurations, Tables 3 and 4
 - ``models``      the catalogue: the paper's ViTs by short name, any timm ViT, the demo ViT, your own
-- ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``
+- ``imagesets``   ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files), ``stack``,
+                  ``random_images`` (to time a step on)
 - ``data``        ``get_dataset``: the demo world, the paper's 11 benchmarks, the reference images
 - ``splits``      how datasets are split: the authors' train/test and validation draws
 - ``transforms``  the paper's transforms, per image (torchvision) and per batch on the device
@@ -16,8 +17,8 @@ One module per concern, named for what it holds, in the order they import one an
 - ``corruptions`` CIFAR-10-C corruptions at a given severity (Hendrycks & Dietterich, 2019)
 - ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
 - ``lora``        LoRA surgery on one component (beyond the paper)
-- ``speed``       how a finetuning step is made fast (compilation, precision, fused ops)
-                  and the benchmarks (``python -m paperlib.speed.bench``)
+- ``speed``       how a finetuning step is made fast (compilation, precision, fused ops); its
+                  benchmarks are outside the package (``benchmarks/``, ``python -m benchmarks``)
 - ``specs``       sweep specs: read, checked, expanded into runs
 - ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,
                   whether it is finished, every run as a table; a spec's runs read without torch (``for_spec``)

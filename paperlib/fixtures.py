@@ -2,7 +2,7 @@
 
 Each writer produces the layout that ``paperlib.data`` reads for the real dataset (and that the
 dataset's own release uses), filled with random images, so that the real reading code runs
-offline. Used by the test-suite and by ``python -m paperlib.speed.bench data``.
+offline. Used by the test-suite and by ``python -m benchmarks data``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 (uint8 images held in memory: the demo world, Cifar, Cifar10-C) and ``FileDataset`` (image files
 decoded on access: Pets, Flowers102, DomainNet, ImageNet, your own folders); ``stack`` gathers the
 first items of either into tensors. ``UnevenImages`` holds uint8 images of different sizes (decoded
-image files keep their aspect ratio, ``loader.uint8_images``)."""
+image files keep their aspect ratio, ``loader.uint8_images``); ``random_images``, random ones to time a
+step on."""
 
 from __future__ import annotations
 
@@ -147,6 +148,19 @@ class ImageDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
+
+
+def random_images(n: int, side: int, classes: int = 10) -> ImageDataset:
+    """``n`` random uint8 images of ``side`` x ``side`` pixels with random labels of ``classes`` classes, the
+    same on every call (seeded): what a step is timed on (``plan.time_step``, the benchmarks)."""
+    generator = torch.Generator().manual_seed(0)
+    return ImageDataset(
+        torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=generator),
+        torch.randint(0, classes, (n,), generator=generator),
+        [str(i) for i in range(classes)],
+        "synthetic",
+        "train",
+    )
 
 
 class FileDataset(Dataset):

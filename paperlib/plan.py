@@ -18,7 +18,7 @@ validation and checkpoints included), or else the step timed here (``time_step``
 ``finetune.train`` builds it, random weights, synthetic images, a few steps after warm-up), once
 per step. Not included: for a timed step, evaluation (validation every ``eval_every`` steps, the
 test at the end); for every run, loading its data and model, and the steps a checkpoint would save
-a run that resumes. AdamW runs are timed with SGD's update (``speed.bench_step.library_steps``).
+a run that resumes.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import pandas as pd
 import torch
 
 from . import lora, models, paths, runs
+from .imagesets import random_images
 from .loader import DeviceLoader
-from .speed.bench_step import library_steps, synthetic_train_set
 from .speed.clock import device_name, median_seconds
 from .speed.options import STEP_OPTIONS
-from .speed.step import warmup_steps
+from .speed.step import make_step, warmup_steps
 
 STATUSES = ("finished", "diverged", "failed", "missing")
 TO_RUN = ("failed", "missing")
@@ -163,18 +163,34 @@ def _device_here(device: str) -> str | None:
 
 def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     """Training images/s of ``config``'s step on its device: the step as ``finetune.train`` builds it
-    (``lora.set_run_trainable``, then ``bench_step.library_steps``, at the whole batch), on random weights
-    with a 10-class head and a batch of synthetic uint8 images at the model's resolution (or ``image_size``),
-    timed over ``timing_steps`` steps after its warm-up (``step.warmup_steps``: compilation)."""
+    (``lora.set_run_trainable``, then ``speed.step.make_step`` with the run's optimizer, clipping and
+    micro-batches), on random weights with a 10-class head and a batch of random uint8 images at the
+    model's resolution (or ``image_size``; ``imagesets.random_images``), timed over ``timing_steps`` steps
+    after its warm-up (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
     model = models.create_model(config.model, pretrained=False, num_classes=10).to(device)
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
     size = config.image_size or model.patch_embed.img_size[0]
-    loader = DeviceLoader(synthetic_train_set(config.batch_size, size), config.batch_size, True, size, device)
+    loader = DeviceLoader(random_images(config.batch_size, size), config.batch_size, True, size, device)
     options = config.checked_options
     lora.set_run_trainable(model, config.component, config.lora_rank)
-    steps = library_steps(model, loader, options)
+    step = make_step(
+        model,
+        options,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        clip=config.clip,
+        micro_batch=config.micro_batch,
+    )
+
+    def steps(first: int, count: int) -> None:
+        for index in range(first, first + count):
+            step(*loader.batch(index))
+
     warmup = warmup_steps(options)
     seconds = median_seconds({"step": (lambda: steps(warmup, timing_steps), lambda: steps(0, warmup))}, device)
     return config.batch_size * timing_steps / seconds["step"]

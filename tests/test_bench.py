@@ -9,8 +9,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
+from benchmarks import __main__ as bench
+from benchmarks import step as step_bench
 from paperlib.components import RUN_COMPONENTS
-from paperlib.speed import bench, bench_step, step
+from paperlib.speed import step
 from paperlib.speed.options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 
 
@@ -136,13 +138,13 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
     ],
 )
 def test_profile_groups_kernels_and_ops(name, group):
-    assert bench_step.profile_group(name) == group
+    assert step_bench.profile_group(name) == group
 
 
 def test_profile_of_a_training_step_on_the_cpu():
-    result = bench_step.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
+    result = step_bench.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
     shares = result["shares"]
-    assert set(shares) == set(bench_step.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
+    assert set(shares) == set(step_bench.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
     # the demo ViT's step multiplies matrices and runs attention (backward too: LN1 is trainable)
     assert shares["matrix products"] > 0.05 and shares["attention"] > 0.0
     assert result["wall_ms_per_step"] > 0 and result["time_ms_per_step"] > 0
@@ -219,7 +221,7 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     }
     out.write_text(json.dumps([done]))
     measured = []
-    original = bench_step.library_steps
+    original = step_bench.library_steps
 
     def library_steps(model, loader, options):
         measured.append(options.attention)
@@ -227,9 +229,9 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
             raise RuntimeError("no kernel for this shape\nsecond line")
         return original(model, loader, options)
 
-    monkeypatch.setattr(bench_step, "library_steps", library_steps)
+    monkeypatch.setattr(step_bench, "library_steps", library_steps)
     choices = {"compile": ("none",), "attention": ("auto", "flash", "math"), "precision": ("autocast",)}
-    rows = bench_step.bench_variants("demo", "linear", (4,), choices, steps=1, repeats=1, device="cpu", out=out)
+    rows = step_bench.bench_variants("demo", "linear", (4,), choices, steps=1, repeats=1, device="cpu", out=out)
     # the finished row (written before rows had a precision: they ran under autocast) is kept, not measured again
     assert measured == ["flash", "math"]
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
@@ -266,7 +268,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
     twins = []
     monkeypatch.setattr(
-        bench_step, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1])
+        step_bench, "copy", SimpleNamespace(deepcopy=lambda thing: twins.append(copy.deepcopy(thing)) or twins[-1])
     )
     before = {}
     original_create = models.create_model
@@ -277,7 +279,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
         return model
 
     monkeypatch.setattr(models, "create_model", create)
-    result = bench_step.bench_finetune(
+    result = step_bench.bench_finetune(
         "demo", ("ln1",), 4, steps=1, device="cpu", options=StepOptions(compile="blocks"), workers=0, repeats=1
     )
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
@@ -292,10 +294,10 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
     choices = {"compile": ("none",), "precision": ("autocast", "bf16")}
-    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert [r["precision"] for r in rows] == ["autocast", "bf16"] and all("error" not in r for r in rows)
     assert rows[1]["agrees"] is True  # bf16 rounding, the same first step
-    assert "bf16 with fp32 masters" in bench_step.variant_words(rows[1])
+    assert "bf16 with fp32 masters" in step_bench.variant_words(rows[1])
 
 
 def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
@@ -330,12 +332,12 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
 
 def test_fused_auto_rows_record_what_ran(tmp_path):
     choices = {"compile": ("none",), "fused": ("auto", "none")}
-    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
 
 
 def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
-    result = bench_step.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
+    result = step_bench.bench_kernels("demo", batch_size=2, device="cpu", min_run_time=0.01)
     # the demo ViT: 64 patches + class token
     assert result["rows"] == 2 * 65 and result["hidden"] == 256 and result["heads"] == 4
     assert result["ops"] == "PyTorch reference"
@@ -350,7 +352,7 @@ def test_kernel_benchmark_times_each_op_against_a_copy(capsys, tmp_path):
         bench.main(["kernels", "--model", "demo", "--batch-size", "0", "--device", "cpu"])
     assert "batch_size must be a positive integer" in capsys.readouterr().err
     with pytest.raises(ValueError, match="has not the layers they compute"):  # a SwiGLU ViT with RMSNorm (AIMv2)
-        bench_step.bench_kernels("aimv2_large_patch14_224", batch_size=1, device="cpu", min_run_time=0.01)
+        step_bench.bench_kernels("aimv2_large_patch14_224", batch_size=1, device="cpu", min_run_time=0.01)
 
 
 def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
@@ -362,7 +364,7 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
         step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device)
     )
     choices = {"compile": ("none",), "fused": ("none", "all")}
-    rows = bench_step.bench_variants("demo", "full", (4,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (4,), choices, steps=1, repeats=1, device="cpu")
     # the "all" row's model only, once per op
     assert [row["fused"] for row in rows] == ["none", "gelu+qkv"] and len(fused_into) == 2
 
@@ -379,32 +381,32 @@ def test_step_flops_counted_on_one_image_are_the_whole_batchs(tiny_vit):
     with counter:
         torch.nn.functional.cross_entropy(model(images), labels).backward()
     model.zero_grad(set_to_none=True)
-    assert bench_step.step_flops(model, images, labels) == counter.get_total_flops() > 0
+    assert step_bench.step_flops(model, images, labels) == counter.get_total_flops() > 0
 
 
 def test_a_row_says_how_its_step_ran():
     row = {"compile": "blocks", "compile_mode": "coordinate-descent", "precision": "bf16", "fused": "gelu+qkv"}
     assert (
-        bench_step.variant_words(row) == "compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused gelu+qkv"
+        step_bench.variant_words(row) == "compiled (blocks, coordinate-descent), bf16 with fp32 masters, fused gelu+qkv"
     )
-    assert bench_step.variant_words({"compile": "none", "precision": "fp32", "fused": "none"}) == "eager, fp32"
+    assert step_bench.variant_words({"compile": "none", "precision": "fp32", "fused": "none"}) == "eager, fp32"
     # rows written before rows recorded their precision ran under autocast
-    assert bench_step.variant_words({"compile": "model"}) == "compiled (model), bf16 autocast"
+    assert step_bench.variant_words({"compile": "model"}) == "compiled (model), bf16 autocast"
 
 
 def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agrees(tmp_path, monkeypatch):
     # the first step's loss and norm come before any update: a broken update (or a graph replaying
     # stale learning rates) shows only in the later step that every row also records
     made = []
-    original = bench_step.make_step
+    original = step_bench.make_step
 
     def make_step(model, options, lr, **settings):
         made.append(lr)
         return original(model, options, lr=lr * (1 if len(made) == 1 else 300), **settings)
 
-    monkeypatch.setattr(bench_step, "make_step", make_step)
+    monkeypatch.setattr(step_bench, "make_step", make_step)
     choices = {"compile": ("none",), "attention": ("auto", "math")}
-    rows = bench_step.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
     assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False
@@ -416,7 +418,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     seen = []
     original = lora.set_trainable
     monkeypatch.setattr(lora, "set_trainable", lambda model: seen.append(model) or original(model))
-    result = bench_step.bench_finetune(
+    result = step_bench.bench_finetune(
         "demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2
     )
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
@@ -426,13 +428,13 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
         layers = lora.adapted_layers(model)
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
     with pytest.raises(ValueError, match="use one of mha, fc1, fc2, full"):
-        bench_step.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+        step_bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
 
 
 def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_beside(tmp_path):
     faster = tmp_path / "faster.yaml"
     faster.write_text("gain: {fp32: 1.5}\nfused: none\n")
-    rows = bench_step.bench_presets(
+    rows = step_bench.bench_presets(
         "demo", ("ln2",), 8, 2, "cpu", presets=(str(faster),), precisions=("fp32", "autocast"), repeats=1
     )
     assert [(r["precision"], r["preset"]) for r in rows] == [
@@ -447,7 +449,7 @@ def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_b
         assert row["gain"] == pytest.approx(row["images_per_s"] / none["images_per_s"], rel=1e-2)
     assert ["plain_images_per_s" in r for r in rows] == [True, False, True, False]
     with pytest.raises(ValueError, match="valid precisions on cpu: fp32, autocast, bf16"):
-        bench_step.bench_presets("demo", ("ln2",), 8, 1, "cpu", precisions=("tf32",), repeats=1)
+        step_bench.bench_presets("demo", ("ln2",), 8, 1, "cpu", precisions=("tf32",), repeats=1)
 
 
 def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import __main__ as bench
 from paperlib import cli, data, demo, finetune, paths, plasticity, precision, report, runs, specs, stats, sweep
 from paperlib.runs import Config
-from paperlib.speed import bench
 
 
 def test_values_take_the_type_of_the_default():

@@ -411,30 +411,30 @@ def test_compiled_finetuning_on_the_device_follows_the_eager_run(results, monkey
 
 
 def test_benchmarks_run_on_the_device(capsys):
-    from paperlib import bench_data
-    from paperlib.speed import bench_step
+    from benchmarks import data as data_bench
+    from benchmarks import step as step_bench
 
-    result = bench_data.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
+    result = data_bench.bench_data("digits", batch_size=64, image_size=224, batches=2, workers=2, device=str(DEVICE))
     assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
-    result = bench_data.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
+    result = data_bench.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
     assert result["measure_pairs_per_s"] > 0
-    result = bench_step.bench_finetune(
+    result = step_bench.bench_finetune(
         "demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1
     )
     assert result["linear_library_images_per_s"] > 0
     assert result["fused"] == ("gelu+qkv" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
-    if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in bench_step.PEAK_TFLOPS):
+    if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in step_bench.PEAK_TFLOPS):
         assert 0 < result["full_library_mfu"] < 1
-    result = bench_step.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
+    result = step_bench.bench_kernels("demo", batch_size=32, device=str(DEVICE), min_run_time=0.05)
     assert (
         result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference")
         and result["bias_gelu forward: ms"] > 0
     )
-    result = bench_step.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
+    result = step_bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
     choices = {"compile": ("none", "blocks"), "precision": ("autocast",), "fused": ("none", "all")}
-    rows = bench_step.bench_variants("demo", "full", (32,), choices, steps=2, repeats=1, device=str(DEVICE))
+    rows = step_bench.bench_variants("demo", "full", (32,), choices, steps=2, repeats=1, device=str(DEVICE))
     assert [row.get("error") for row in rows] == [None] * 4 and all(row["agrees"] for row in rows[1:])
     assert all(
         (row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows

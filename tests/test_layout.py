@@ -142,13 +142,69 @@ def test_the_speed_layer_never_reaches_the_protocol(tmp_path):
     # paperlib.speed is a layer the protocol calls and never the reverse: no module under it imports
     # finetune, runs or sweep, directly or through another module of the package
     speed = [name for name in GRAPH if name == "paperlib.speed" or name.startswith("paperlib.speed.")]
-    assert "paperlib.speed.bench" in speed and "paperlib.speed.step" in speed
+    assert "paperlib.speed.clock" in speed and "paperlib.speed.step" in speed
     for name in speed:
         assert not _reach(name) & set(PROTOCOL), f"{name} reaches {sorted(_reach(name) & set(PROTOCOL))}"
     # an import inside a function counts: the way a module would hide one
     hidden = tmp_path / "hidden.py"
     hidden.write_text("def run():\n    from .. import finetune\n")
     assert "paperlib.finetune" in _imports("paperlib.speed.hidden", hidden)
+
+
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def _absolute_imports(name: str, path: Path) -> set[str]:
+    """Every module that ``name`` (at ``path``) imports, by its absolute name, the package's or not."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join(parts + ([node.module] if node.module else []))
+            found.update([base] if base else [])
+            found.update(f"{base}.{alias.name}".lstrip(".") for alias in node.names)  # `from benchmarks import step`
+    return found
+
+
+def _benchmark_imports(modules: dict[str, Path]) -> list[str]:
+    """``module -> benchmarks...`` for each import of the benchmarks (``benchmarks/``) by one of ``modules``."""
+    return [
+        f"{name} -> {target}"
+        for name, path in modules.items()
+        for target in sorted(_absolute_imports(name, path))
+        if target.split(".")[0] == BENCHMARKS.name
+    ]
+
+
+def _bench_modules(modules) -> list[str]:
+    """The modules among ``modules`` (names) that hold benchmarks: named ``bench...``."""
+    return [name for name in modules if name.rpartition(".")[2].startswith("bench")]
+
+
+def test_the_package_never_imports_the_benchmarks_and_holds_none(tmp_path):
+    # the benchmarks (benchmarks/, `python -m benchmarks`) use the package; the package, and what a run
+    # imports (paperlib.speed: options, step, layers, kernels, clock), never uses them
+    assert (BENCHMARKS / "step.py").is_file() and "paperlib.speed.step" in MODULES
+    assert not _benchmark_imports(MODULES), _benchmark_imports(MODULES)
+    assert not _bench_modules(MODULES), _bench_modules(MODULES)
+    # and the checks can fail: an import of the benchmarks, at the top or hidden in a function, relative or not
+    hidden = tmp_path / "hidden.py"
+    hidden.write_text(
+        "import benchmarks.data\ndef run():\n    from benchmarks import step\n    from ... import benchmarks\n"
+    )
+    found = _benchmark_imports({"paperlib.speed.hidden": hidden})
+    assert found == [
+        "paperlib.speed.hidden -> benchmarks",
+        "paperlib.speed.hidden -> benchmarks.data",
+        "paperlib.speed.hidden -> benchmarks.step",
+    ], found
+    assert _bench_modules(["paperlib.speed.step", "paperlib.speed.bench", "paperlib.bench_data"]) == [
+        "paperlib.speed.bench",
+        "paperlib.bench_data",
+    ]
 
 
 def test_no_private_name_of_the_package_is_used_outside_its_module():
@@ -176,9 +232,11 @@ def test_no_private_name_of_the_package_is_used_outside_its_module():
 
 
 def test_modules_stay_readable():
-    lines = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    # the package's modules and the benchmarks' (benchmarks/*.py) alike
+    modules = {**MODULES, **{f"benchmarks.{path.stem}": path for path in sorted(BENCHMARKS.glob("*.py"))}}
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules.items()}
     assert lines["paperlib.finetune"] < 500, lines["paperlib.finetune"]
-    assert max(lines.values()) <= 700, max(lines.items(), key=lambda item: item[1])
+    assert "benchmarks.step" in lines and max(lines.values()) <= 700, max(lines.items(), key=lambda item: item[1])
 
 
 def _names_kendalltau(source: str) -> bool:

@@ -134,7 +134,7 @@ def test_padding_of_uneven_batches_is_never_read():
 
 
 def test_data_benchmark_runs_and_reports_both_paths(capsys):
-    from paperlib.speed import bench
+    from benchmarks import __main__ as bench
 
     bench.main(
         [

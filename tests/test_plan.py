@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from paperlib import finetune, paths, plan, runs, specs, sweep
+from paperlib import finetune, paths, plan, runs, specs, speed, sweep
 
 DEMO_SPEC = str(paths.PARAMETERS / "sweeps" / "finetune_demo.yaml")
 PLASTICITY_SPEC = str(paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
@@ -67,6 +67,21 @@ def test_every_distinct_step_is_timed_once_and_gives_a_positive_finite_rate(repo
     assert estimate["component"].tolist() == ["mha", "fc1"] and estimate["runs"].tolist() == [2, 2]
     assert all(math.isfinite(rate) and rate > 0 for rate in estimate["images_per_second"])
     assert estimate["source"].str.startswith("timed here").all()
+
+
+def test_a_step_is_timed_as_the_run_makes_it_its_optimizer_included(monkeypatch):
+    # the step of paperlib.speed that finetune trains with (make_step), with the run's optimizer and settings
+    made = []
+    original = speed.step.make_optimizer
+
+    def spy(model, optimizer, lr, momentum, weight_decay=0.0):
+        made.append((optimizer, lr, weight_decay))
+        return original(model, optimizer, lr, momentum, weight_decay)
+
+    monkeypatch.setattr(speed.step, "make_optimizer", spy)
+    config = runs.Config(component="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05, batch_size=8, device="cpu")
+    rate = plan.time_step(config, timing_steps=1)
+    assert made == [("adamw", 1e-3, 0.05)] and math.isfinite(rate) and rate > 0
 
 
 def test_the_estimate_grows_in_proportion_to_the_steps(reports, monkeypatch):

@@ -202,7 +202,7 @@ def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path, mov
 
 
 def test_plasticity_benchmark_runs(capsys):
-    from paperlib.speed import bench
+    from benchmarks import __main__ as bench
 
     bench.main(["plasticity", "--pairs", "8", "--batch-size", "4", "--device", "cpu"])
     out = capsys.readouterr().out

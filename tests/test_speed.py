@@ -10,11 +10,13 @@ import torch
 import yaml
 from test_finetune import interrupted, resumed, same_metrics
 
+from benchmarks import __main__ as bench
+from benchmarks import step as step_bench
 from paperlib import components, finetune, lora, models, paths, speed
 from paperlib import runs as run_files
+from paperlib.imagesets import random_images
 from paperlib.loader import DeviceLoader
 from paperlib.runs import Config
-from paperlib.speed import bench, bench_step
 from paperlib.speed import step as step_module
 
 
@@ -348,9 +350,9 @@ def test_every_step_and_benchmark_defaults_to_the_protocols_fp32(monkeypatch):
     cuda = torch.device("cuda")
     assert speed.step.autocast_for(cuda)() == ("cuda", {"enabled": False})
     assert inspect.signature(speed.step.step_context).parameters["precision"].default == "fp32"
-    for function in (bench_step.bench_finetune, bench_step.bench_profile):
+    for function in (step_bench.bench_finetune, step_bench.bench_profile):
         assert inspect.signature(function).parameters["options"].default.precision == "fp32"
-    assert bench_step.variant_options((8,), {}, torch.device("cpu"))[0][1].precision == "fp32"
+    assert step_bench.variant_options((8,), {}, torch.device("cpu"))[0][1].precision == "fp32"
     parser = bench.make_parser()
     for command in ("finetune", "profile", "variants"):
         assert parser.parse_args([command]).precision == "fp32", command
@@ -460,8 +462,8 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
     monkeypatch.setattr(speed.step, "make_optimizer", spy)
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
     model = components.set_trainable(tiny_vit(num_classes=10), "ln2")
-    loader = DeviceLoader(bench_step.synthetic_train_set(8, 32), 8, augment=True, image_size=32)
-    loss, norm = bench_step.library_steps(model, loader, speed.StepOptions())(0, 1)
+    loader = DeviceLoader(random_images(8, 32), 8, augment=True, image_size=32)
+    loss, norm = step_bench.library_steps(model, loader, speed.StepOptions())(0, 1)
     assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))
 
 

@@ -9,9 +9,10 @@ A layer the protocol calls and never the reverse: nothing here imports ``finetun
                calls once per batch, and the machinery behind it (``compile_model``, ``MasterWeights``)
 - ``layers``   timm's layers rewritten for speed (patch embedding as a matrix product, fused ops)
 - ``kernels``  our fused ops (Triton on CUDA, their PyTorch reference elsewhere)
-- ``clock``    the device and the clock every benchmark measures with
-- ``bench``    benchmarks that print their figures: ``python -m paperlib.speed.bench``
-               (``bench_step``: the training step; the data and plasticity ones: ``paperlib.bench_data``)
+- ``clock``    the device and the clock a step is timed with (``plan``, the benchmarks)
+
+The benchmarks that print their figures live outside the package, in ``benchmarks/``
+(``python -m benchmarks``); nothing here imports them.
 """
 
 from .options import STEP_OPTIONS, StepOptions, preset

@@ -205,7 +205,7 @@ def resolve_fused(fused: str, device: torch.device) -> str:
 class StepOptions:
     """How a training step runs, not what it trains: ``Config``'s fields of the same names
     (``Config.step_options``). Passed whole to what builds a step (``step.make_step``,
-    ``step.make_forward``) and to the step benchmarks (``bench_step``); ``step_context`` takes the
+    ``step.make_forward``) and to the step benchmarks (``benchmarks.step``); ``step_context`` takes the
     two that shape a forward pass (attention, precision)."""
 
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
@@ -282,7 +282,7 @@ def offered(chosen: dict, precision: str, name: str | dict = "the speed preset")
     why = (
         f"measured no faster than 'none' there ({gains[precision]:.2f}x)"
         if precision in gains
-        else "not measured there (python -m paperlib.speed.bench presets measures it)"
+        else "not measured there (python -m benchmarks presets measures it)"
     )
     faster = [f"{p} ({gain:.2f}x)" for p, gain in gains.items() if gain > 1]
     raise ValueError(

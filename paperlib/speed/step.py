@@ -8,8 +8,9 @@ made fast is decided here and nowhere else: the optimizer's kernels (``make_opti
 fused SGD and AdamW on CUDA), the precision (``autocast_for``; or bf16 compute with fp32 master
 weights, ``MasterWeights``), ``torch.compile`` of the model or its blocks (``compile_model``), the
 attention kernel (``step_context``), our fused ops in the model (``fuse``), and micro-batches when a
-batch does not fit in GPU memory. Every choice computes the same step, to rounding. The step
-benchmarks (``bench_step``) build their steps with ``make_step`` too.
+batch does not fit in GPU memory. Every choice computes the same step, to rounding. The sweep's
+cost estimate (``paperlib.plan``) and the step benchmarks (``benchmarks.step``) build their steps with
+``make_step`` too.
 """
 
 from __future__ import annotations

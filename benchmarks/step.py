@@ -1,14 +1,14 @@
 """The benchmarks of the training step: how fast ``finetune``'s step runs, and why.
 
 - ``bench_finetune``: training images/s per component, the library's step against a plain fp32
-  DataLoader loop (``python -m paperlib.speed.bench finetune``).
-- ``bench_presets``: each speed preset against "none", per precision (``... bench presets``).
+  DataLoader loop (``python -m benchmarks finetune``).
+- ``bench_presets``: each speed preset against "none", per precision (``python -m benchmarks presets``).
 - ``bench_variants``: one component's step under every combination of the step's options, each
-  row checked against the first (``... bench variants``).
-- ``bench_profile``: where a step's time goes (``... bench profile``).
-- ``bench_kernels``: our fused ops alone, against a copy of the same bytes (``... bench kernels``).
+  row checked against the first (``python -m benchmarks variants``).
+- ``bench_profile``: where a step's time goes (``python -m benchmarks profile``).
+- ``bench_kernels``: our fused ops alone, against a copy of the same bytes (``python -m benchmarks kernels``).
 
-Every step benchmark builds its step as ``finetune.train`` does, through ``step.make_step``
+Every step benchmark builds its step as ``finetune.train`` does, through ``paperlib.speed.step.make_step``
 (``library_steps``), and counts its FLOPs with PyTorch (``step_flops``).
 """
 
@@ -28,16 +28,16 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from .. import lora, models, paths
-from ..components import check_run_component, set_trainable, trainable_parameters
-from ..imagesets import ImageDataset
-from ..loader import DeviceLoader
-from ..transforms import paper_transform
-from .clock import Timed, device_name, endless, median_seconds, resolve_device, sync
-from .kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
-from .layers import is_fusable_attention, is_fusable_mlp
-from .options import PRESET_RECORD, STEP_OPTIONS, StepOptions, check_precision, compile_choice, preset
-from .step import autocast_for, compile_model, make_step, tf32_flags, warmup_steps
+from paperlib import lora, models, paths
+from paperlib.components import check_run_component, set_trainable, trainable_parameters
+from paperlib.imagesets import ImageDataset, random_images
+from paperlib.loader import DeviceLoader
+from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
+from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
+from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
+from paperlib.speed.options import PRESET_RECORD, STEP_OPTIONS, StepOptions, check_precision, compile_choice, preset
+from paperlib.speed.step import autocast_for, compile_model, make_step, tf32_flags, warmup_steps
+from paperlib.transforms import paper_transform
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 
@@ -67,18 +67,6 @@ def step_flops(model, images, labels) -> int:
         torch.nn.functional.cross_entropy(model(images[:1]), labels[:1]).backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() * len(images)
-
-
-def synthetic_train_set(n: int, source_size: int):
-    """``n`` random uint8 images of ``source_size`` pixels (Cifar-like) with labels of 10 classes."""
-    generator = torch.Generator().manual_seed(0)
-    return ImageDataset(
-        torch.randint(0, 256, (n, 3, source_size, source_size), dtype=torch.uint8, generator=generator),
-        torch.randint(0, 10, (n,), generator=generator),
-        [str(i) for i in range(10)],
-        "synthetic",
-        "train",
-    )
 
 
 def library_steps(model, loader: DeviceLoader, options: StepOptions):
@@ -184,7 +172,7 @@ def bench_finetune(
     # LoRA goes on before the fused ops: on an untouched copy per component and loop
     pristine = copy.deepcopy(model) if lora_rank else None
     size = image_size or model.patch_embed.img_size[0]
-    dataset = synthetic_train_set(batch_size * 4, source_size)
+    dataset = random_images(batch_size * 4, source_size)
     fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     plain_loader = _plain_loader(dataset, batch_size, size, workers, device) if plain else None
     peak = _peak_tflops(device)
@@ -282,9 +270,7 @@ def bench_plain(
     clipping at norm 1; TF32 flags and autocast as the library's step sets them (``tf32_flags``, ``autocast_for``)."""
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(
-        synthetic_train_set(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device
-    )
+    loader = DeviceLoader(random_images(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device)
     batches = [loader.batch(index) for index in range(4)]
     autocast = autocast_for(device, precision)
     rates = {}
@@ -370,7 +356,7 @@ def _measure_variant(model_name: str, component: str, batch_size: int, options: 
     torch.manual_seed(0)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
-    dataset = synthetic_train_set(batch_size * 2, timing["source_size"])
+    dataset = random_images(batch_size * 2, timing["source_size"])
     loader = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
     set_trainable(model, component)
     flops = step_flops(model, *loader.batch(0))
@@ -522,7 +508,7 @@ def bench_profile(
     source_size: int = 32,
 ) -> dict:
     """Where a training step's time goes: the library's step for ``component`` with ``options``
-    (``library_steps``, the step ``bench finetune`` times) on synthetic images through the
+    (``library_steps``, the step ``python -m benchmarks finetune`` times) on synthetic images through the
     ``DeviceLoader``, profiled with ``torch.profiler``.
 
     On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
@@ -538,7 +524,7 @@ def bench_profile(
     model = set_trainable(models.create_model(model_name, pretrained=False, num_classes=10).to(device), component)
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(
-        synthetic_train_set(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
+        random_images(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
     )
     steps_of = library_steps(model, loader, options)
 
@@ -601,8 +587,8 @@ def bench_kernels(
     block = model.blocks[0]
     if not (is_fusable_mlp(block.mlp) and is_fusable_attention(block.attn)):
         raise ValueError(
-            f"bench kernels times our fused ops at a model's shapes, and {model_name!r} has not the layers they "
-            "compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)"
+            f"the kernels benchmark times our fused ops at a model's shapes, and {model_name!r} has not the layers "
+            "they compute (timm's Mlp with a biased fc1 and exact GELU, Attention with a biased fused q/k/v)"
         )
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     width, hidden, heads = model.embed_dim, block.mlp.fc1.out_features, block.attn.num_heads

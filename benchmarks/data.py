@@ -1,12 +1,11 @@
-"""The benchmarks of the data path and of plasticity: they train nothing, so they sit beside what
-they measure, not in ``speed`` (whose benchmarks time a training step).
+"""The benchmarks of the data path and of plasticity (they train nothing; the training step's are ``step``).
 
 - ``bench_data``: images/s delivered as ready batches on the device by the two data paths on the
-  same dataset (``python -m paperlib.speed.bench data``).
+  same dataset (``python -m benchmarks data``).
 - ``bench_plasticity``: pairs/s of plasticity's plain definition and of ``plasticity.measure``
-  (``python -m paperlib.speed.bench plasticity``).
+  (``python -m benchmarks plasticity``).
 
-Both measure with ``speed.clock`` (the device, and a clock that waits for it), as the step benchmarks do.
+Both measure with ``paperlib.speed.clock`` (the device, and a clock that waits for it), as the step benchmarks do.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from . import component_rates, data, fixtures, models, plasticity
-from .loader import DeviceLoader, cache_side, uint8_images
-from .speed.clock import device_name, endless, median_seconds, resolve_device, sync
+from paperlib import component_rates, data, fixtures, models, plasticity
+from paperlib.loader import DeviceLoader, cache_side, uint8_images
+from paperlib.speed.clock import device_name, endless, median_seconds, resolve_device, sync
 
 
 def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> float:

@@ -1,24 +1,24 @@
 """Benchmarks that print their figures (never timed tests).
 
-    python -m paperlib.speed.bench plasticity                 # demo ViT, plain definition vs measure
-    python -m paperlib.speed.bench plasticity --model vit_base_in21k --pairs 64 --batch-size 16
-    python -m paperlib.speed.bench finetune                   # demo ViT, the protocol's fp32, five components
-    python -m paperlib.speed.bench finetune --model vit_base_in21k --batch-size 256 --device cuda --precision autocast
+    python -m benchmarks plasticity                 # demo ViT, plain definition vs measure
+    python -m benchmarks plasticity --model vit_base_in21k --pairs 64 --batch-size 16
+    python -m benchmarks finetune                   # demo ViT, the protocol's fp32, five components
+    python -m benchmarks finetune --model vit_base_in21k --batch-size 256 --device cuda --precision autocast
 
-    python -m paperlib.speed.bench data                       # fixture Cifar10 at 224, batch 512
-    python -m paperlib.speed.bench data --dataset digits --image-size 224
-    python -m paperlib.speed.bench data --dataset cifar10 --root /data --device cuda
+    python -m benchmarks data                       # fixture Cifar10 at 224, batch 512
+    python -m benchmarks data --dataset digits --image-size 224
+    python -m benchmarks data --dataset cifar10 --root /data --device cuda
 
-    python -m paperlib.speed.bench targets --out bench-out     # every benchmark at its target's settings, checked
-    python -m paperlib.speed.bench profile --model vit_base_in21k --batch-size 256 \
-        --device cuda                                             # where a step's time goes
-    python -m paperlib.speed.bench variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
-        --device cuda --json variants.json                # one step under each compilation / attention kernel
-    python -m paperlib.speed.bench kernels --device cuda        # our fused ops alone, against a copy of their bytes
-    python -m paperlib.speed.bench presets --model vit_base_in21k --device cuda --batch-size 128 \
+    python -m benchmarks targets --out bench-out    # every benchmark at its target's settings, checked
+    python -m benchmarks profile --model vit_base_in21k --batch-size 256 \
+        --device cuda                               # where a step's time goes
+    python -m benchmarks variants --model vit_base_in21k --batch-sizes 256,512 --attention auto,flash,cudnn \
+        --device cuda --json variants.json          # one step under each compilation / attention kernel
+    python -m benchmarks kernels --device cuda      # our fused ops alone, against a copy of their bytes
+    python -m benchmarks presets --model vit_base_in21k --device cuda --batch-size 128 \
         --presets h100 --precisions fp32,tf32,autocast,bf16  # each preset against none, per precision, plain beside
 
-``python -m paperlib.speed.bench COMMAND --help`` lists each command's options with their meaning, type,
+``python -m benchmarks COMMAND --help`` lists each command's options with their meaning, type,
 default and valid choices. Every step runs in the protocol's fp32 unless ``--precision`` says otherwise.
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
@@ -27,10 +27,12 @@ device path (``paperlib.loader``: uint8 images on the device, batched crop/resiz
 Without ``--root``, a paper dataset is benchmarked on a fixture written in its official format
 (random images, ``--fixture-size`` of them), so the figures measure the pipeline, not a disk.
 
-The benchmarks themselves: ``bench_step`` (the training step: finetune, presets, variants, profile,
-kernels) and ``paperlib.bench_data`` (the data paths and plasticity, beside what they measure). Here:
-the command line (``main``: one parser and one runner per command) and ``bench_targets``, every
-benchmark at the settings of its target, checked. Measured figures: docs/benchmarks.md.
+The benchmarks themselves: ``benchmarks.step`` (the training step: finetune, presets, variants, profile,
+kernels) and ``benchmarks.data`` (the data paths and plasticity). Here: the command line (``main``: one
+parser and one runner per command) and ``bench_targets``, every benchmark at the settings of its target,
+checked. Measured figures: docs/benchmarks.md. The package's other benchmarks have their own commands:
+``python -m benchmarks.grid`` (the paper's grid at its real size) and ``python -m benchmarks.precision_calibration``.
+They import ``paperlib``, which never imports them (``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -42,19 +44,12 @@ from pathlib import Path
 
 import torch
 
-from .. import cli, data, paths
-from ..bench_data import bench_data, bench_plasticity
-from ..components import RUN_COMPONENTS
-from .bench_step import (
-    bench_finetune,
-    bench_kernels,
-    bench_presets,
-    bench_profile,
-    bench_variants,
-    variant_words,
-)
-from .clock import resolve_device
-from .options import (
+from benchmarks.data import bench_data, bench_plasticity
+from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
+from paperlib import cli, data, paths
+from paperlib.components import RUN_COMPONENTS
+from paperlib.speed.clock import resolve_device
+from paperlib.speed.options import (
     ATTENTION_CHOICES,
     COMPILE_CHOICES,
     PRECISIONS,
@@ -567,9 +562,9 @@ COMMANDS = (
 def make_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per benchmark (``COMMANDS``), each with its runner and printer."""
     parser = argparse.ArgumentParser(
-        prog="python -m paperlib.speed.bench",
+        prog="python -m benchmarks",
         description=__doc__.split("\n")[0],
-        epilog="python -m paperlib.speed.bench COMMAND --help: the command's options",
+        epilog="python -m benchmarks COMMAND --help: the command's options",
         formatter_class=_Help,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
