@@ -261,3 +261,34 @@ def test_kendalls_tau_is_computed_in_significance_alone():
     assert _names_kendalltau("from scipy.stats import kendalltau")
     assert _names_kendalltau("import scipy.stats\nscipy.stats.kendalltau([1, 2], [2, 1])")
     assert not _names_kendalltau('"""Kendall\'s tau (scipy\'s ``kendalltau``)."""  # kendalltau')
+
+
+def _module_map(text: str) -> list[str]:
+    """The modules a module map lists (``- ``name`` what it holds`` lines), in its order."""
+    return [line.split("``")[1] for line in text.splitlines() if line.startswith("- ``")]
+
+
+def _map_out_of_order(listed: list[str], graph: dict[str, set[str]], package: str) -> list[str]:
+    """``listed``'s modules (under ``package``) that import one listed below them, or themselves unlisted."""
+    top = {name: name.removeprefix(package + ".").split(".")[0] for name in graph if name.startswith(package + ".")}
+    wrong = []
+    for name, short in top.items():
+        below = [top[other] for other in graph[name] if other in top and top[other] != short]
+        if short not in listed or any(b not in listed or listed.index(b) > listed.index(short) for b in below):
+            wrong.append(f"{name} -> {below}")
+    return sorted(set(wrong))
+
+
+def test_the_module_maps_list_every_module_in_the_order_they_import_one_another():
+    for package, folder in (("paperlib", PACKAGE), ("paperlib.speed", PACKAGE / "speed")):
+        listed = _module_map(ast.get_docstring(ast.parse((folder / "__init__.py").read_text())))
+        modules = sorted(
+            {name.removeprefix(package + ".").split(".")[0] for name in MODULES if name.startswith(package + ".")}
+        )
+        assert sorted(listed) == modules, (package, set(listed) ^ set(modules))
+        assert _map_out_of_order(listed, GRAPH, package) == [], package
+    # and the check can fail: a module listed above one it imports, or not listed
+    graph = {"p.a": {"p.b"}, "p.b": set()}
+    assert _map_out_of_order(["a", "b"], graph, "p") == ["p.a -> ['b']"]
+    assert _map_out_of_order(["b"], graph, "p") == ["p.a -> ['b']"]
+    assert _map_out_of_order(["b", "a"], graph, "p") == []
