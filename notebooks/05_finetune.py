@@ -27,7 +27,13 @@ eval_every = 10  # validation every this many steps (the authors' per dataset: p
 validation = "official"  # official: a dataset's official validation split where it has one (Flowers102), as the authors' code; fraction: 20% of the training set everywhere (the paper's words)
 device = "cpu"  # cpu or cuda
 image_size = 0  # 0: the model's resolution; else the images' and the model's (its position embedding resampled)
-speed = "auto"  # how steps are made fast, the same step to rounding (beyond the paper): auto, none, a file of parameters/speed/ (e.g. h100), or a mapping of step options
+precision = "fp32"  # fp32 (the paper's), or beyond it tf32 (CUDA only), autocast (bf16 autocast) or bf16 (fp32 master weights): faster on a GPU, their runs get their own folders
+# how steps run, the same step to rounding (beyond the paper): a preset, or the step options one by one
+speed = "auto"  # a preset: auto, none or a file of parameters/speed/ (e.g. h100); it sets the options below left at their defaults
+compile = False  # torch.compile: False, True (the whole model) or "blocks" (one graph shared by the blocks)
+compile_mode = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
+attention = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
+fused = "auto"  # our fused kernels: auto (gelu+qkv on CUDA, none elsewhere), none, all, gelu, qkv or gelu+qkv
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
@@ -48,7 +54,8 @@ report.check_parameters()  # papermill's -p of a name this notebook does not hav
 
 config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root, speed=speed,
+    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root,
+    precision=precision, speed=speed, compile=compile, compile_mode=compile_mode, attention=attention, fused=fused,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
     normalize=normalize, validation=validation, tag=tag, stop_exploded=stop_exploded, save_weights=save_weights,
 ))

@@ -32,7 +32,7 @@ import pandas as pd
 from . import cli, paths, specs
 from .cli import coerce
 from .names import check_run_component
-from .speed.options import OPTIMIZERS, STEP_OPTIONS, StepOptions, offered, preset
+from .speed.options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
 
 if TYPE_CHECKING:
     import torch
@@ -502,16 +502,13 @@ def config_from(parameters: dict) -> Config:
 
 
 def config_values(parameters: dict) -> dict:
-    """Notebook 05's parameters as ``Config``'s fields: ``speed`` read by ``speed.preset`` (and refused in a
-    precision it is not offered for: ``speed.options.offered``), the rest typed by their defaults (YAML reads
-    ``1e-2`` as a string); an unknown name is refused with the valid ones."""
+    """Notebook 05's parameters as ``Config``'s fields: its speed preset (``speed``, a name) put in by
+    ``speed.options.with_preset`` (its step options where the run leaves them at their defaults; refused
+    in a precision it is not offered for), the rest typed by their defaults (YAML reads ``1e-2`` as a
+    string); an unknown name is refused with the valid ones."""
     defaults = Config.defaults()
     values = dict(parameters)
-    speed = values.pop("speed", "auto")
-    chosen = preset(speed)
-    # a preset is refused in a precision it was not measured faster in (``speed.options.offered``)
-    precision = values.get("precision", chosen.get("precision", Config.precision))
-    values = {**offered(chosen, precision, speed), **values}
+    values = with_preset(values.pop("speed", "auto"), values)
     unknown = sorted(set(values) - set(defaults))
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")

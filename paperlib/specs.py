@@ -16,7 +16,6 @@ from pathlib import Path
 
 from . import paths
 from .cli import coerce, read_yaml
-from .speed.options import STEP_OPTIONS, preset
 
 SPEC_KEYS = {"notebook", "parameters", "grid", "name", "slurm"}
 
@@ -121,9 +120,7 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
     keys and values are written.
 
     Every parameter must be one of the notebook's (papermill would pass a misspelt one on and the
-    notebook would run on its default); numbers written as strings are read as numbers. For a
-    notebook with a ``speed`` parameter (notebook 05), the spec may also give the step options one
-    by one (``compile: blocks``): they go into its ``speed`` mapping (``speed.options.preset``).
+    notebook would run on its default); numbers written as strings are read as numbers.
     """
     notebook = Path(spec["notebook"])
     if not notebook.is_absolute():
@@ -132,8 +129,7 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
         raise FileNotFoundError(f"notebook not found: {notebook}")
     defaults = notebook_parameters(notebook)
     given = set(spec.get("parameters") or {}) | {key for grid in grids(spec) for key in grid}
-    folds = "speed" in defaults
-    unknown = sorted(given - set(defaults) - (set(STEP_OPTIONS) if folds else set()))
+    unknown = sorted(given - set(defaults))
     if unknown:
         raise ValueError(
             f"{notebook.name} has no parameter {', '.join(unknown)}; its parameters: {', '.join(defaults)}"
@@ -151,19 +147,10 @@ def cells(spec: dict) -> list[tuple[str, Path, dict]]:
                     f"the spec's name template {template!r} cannot be filled ({type(error).__name__}: {error}); "
                     f"its keys can be: {', '.join(sorted({**fixed, **cell}))}"
                 ) from None
-            parameters = {**fixed, **cell}
-            found.append((_safe(name), notebook, _with_speed(parameters) if folds else parameters))
+            found.append((_safe(name), notebook, {**fixed, **cell}))
     names = [name for name, _, _ in found]
     if len(set(names)) != len(names):
         raise ValueError(
             "two runs of the sweep have the same name: give the spec a name template that uses every grid key"
         )
     return found
-
-
-def _with_speed(parameters: dict) -> dict:
-    """``parameters`` with the step options given one by one folded into ``speed`` (a mapping)."""
-    detailed = {key: parameters.pop(key) for key in STEP_OPTIONS if key in parameters}
-    if detailed:
-        parameters["speed"] = {**preset(parameters.get("speed", "auto")), **detailed}
-    return parameters

@@ -16,6 +16,7 @@ import torch
 from benchmarks import __main__ as bench
 from paperlib import cli, data, demo, finetune, paths, plasticity, precision, report, runs, specs, stats, sweep
 from paperlib.runs import Config
+from paperlib.speed.options import STEP_OPTIONS
 
 
 def test_values_take_the_type_of_the_default():
@@ -138,6 +139,78 @@ def test_the_command_with_no_options_is_notebook_05_with_no_parameters():
     notebook = specs.notebook_parameters(paths.NOTEBOOKS / "05_finetune.ipynb")
     assert runs.config_from(notebook) == runs.config_from({"speed": "auto"}) == Config()
     assert Config().folder() == runs.config_from(notebook).folder()
+
+
+NOTEBOOK_05 = paths.NOTEBOOKS / "05_finetune.ipynb"
+
+
+def test_notebook_05_takes_precision_and_every_step_option_flat_with_configs_defaults():
+    notebook = specs.notebook_parameters(NOTEBOOK_05)
+    defaults = Config.defaults()
+    assert set(notebook) - {"speed"} <= set(defaults) and notebook["speed"] == "auto"  # speed: a preset's name
+    assert {name: notebook[name] for name in STEP_OPTIONS} == {name: defaults[name] for name in STEP_OPTIONS}
+
+
+def test_papermills_precision_is_a_parameter_of_notebook_05_and_tf32_is_refused_on_a_cpu(monkeypatch):
+    import IPython
+
+    cell = next(
+        "".join(c["source"])
+        for c in json.loads(NOTEBOOK_05.read_text())["cells"]
+        if "parameters" in c["metadata"].get("tags", [])
+    )
+    history = ["", cell, '# Parameters\nprecision = "tf32"\n', "import paperlib\n"]
+    shell = type("Shell", (), {"user_ns": {"In": history}})()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    report.check_parameters()  # -p precision tf32: accepted
+    # and reaches Config as it is, which refuses it on a CPU in one line
+    assert runs.config_values({"precision": "tf32", "device": "cpu"}) == {"precision": "tf32", "device": "cpu"}
+    with pytest.raises(ValueError) as error:
+        runs.config_from({"precision": "tf32", "device": "cpu"})
+    message = str(error.value)
+    assert "\n" not in message and "TF32 tensor cores" in message
+    assert "valid precisions on cpu: fp32, autocast, bf16" in message
+
+
+def test_papermill_runs_notebook_05_with_precision_tf32_to_the_precision_error(tmp_path):
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError, match="valid precisions on cpu: fp32, autocast, bf16"):
+        report.execute(NOTEBOOK_05, tmp_path / "out.ipynb", parameters={"precision": "tf32"})
+
+
+def test_a_speed_preset_sets_the_step_options_left_at_their_defaults():
+    h100 = {"compile": "blocks", "compile_mode": "coordinate-descent", "fused": "gelu+qkv"}
+    asked = {"speed": "h100", "precision": "autocast"}
+    assert runs.config_values(asked) == {"precision": "autocast"} | h100
+    # what the notebook passes (every option, at its default where not given) is the same
+    notebook = {name: Config.defaults()[name] for name in STEP_OPTIONS}
+    assert runs.config_values(notebook | asked) == notebook | {"precision": "autocast"} | h100
+    # an option given otherwise overrides the preset's
+    assert runs.config_values(asked | {"fused": "none", "compile": True})["fused"] == "none"
+    assert runs.config_values(asked | {"compile": True})["compile"] is True
+    assert runs.config_values({"speed": "none", "precision": "bf16"}) == {
+        "precision": "bf16",
+        "compile": False,
+        "attention": "auto",
+        "fused": "none",
+    }
+    # the preset's rule, whatever the options: refused in a precision it was not measured faster in
+    with pytest.raises(ValueError, match="speed preset 'h100' is not offered for precision 'fp32'"):
+        runs.config_values({"speed": "h100", "fused": "none"})
+    with pytest.raises(ValueError, match="unknown precision 'fp16'; valid choices: fp32, tf32, autocast, bf16"):
+        runs.config_values({"speed": "h100", "precision": "fp16"})
+    # one name each: no mapping of options under speed, no precision in a preset
+    with pytest.raises(ValueError, match="speed must name a preset.*as parameters of their own"):
+        runs.config_values({"speed": {"compile": "blocks"}})
+
+
+def test_a_preset_file_sets_step_options_but_not_precision(tmp_path):
+    (tmp_path / "mine.yaml").write_text("compile: blocks\nprecision: bf16\n")
+    with pytest.raises(ValueError, match="unknown step option.s. precision; a preset sets compile, compile_mode"):
+        runs.config_values({"speed": str(tmp_path / "mine.yaml")})
+    (tmp_path / "mine.yaml").write_text("compile: blocks\n")
+    assert runs.config_values({"speed": str(tmp_path / "mine.yaml")}) == {"compile": "blocks"}
 
 
 def one_error_line(err: str) -> str:

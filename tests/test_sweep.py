@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from paperlib import specs, sweep
+from paperlib.runs import config_values
 
 
 @pytest.fixture
@@ -303,6 +304,26 @@ def test_spec_parameters_must_be_the_notebooks_and_numbers_are_read_as_numbers(t
     # the project's specs name real parameters
     for spec in ("finetune_demo", "finetune_paper", "plasticity_demo", "plasticity_paper"):
         assert sweep.expand(specs.load_spec(f"parameters/sweeps/{spec}.yaml"))
+
+
+def test_a_finetuning_specs_precision_and_step_options_reach_the_run_as_they_are():
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"compile": "blocks", "speed": "none"},
+        "grid": {"precision": ["fp32", "autocast"]},
+    }
+    cells = specs.cells(spec)
+    assert [parameters for _, _, parameters in cells] == [
+        {"compile": "blocks", "speed": "none", "precision": "fp32"},
+        {"compile": "blocks", "speed": "none", "precision": "autocast"},
+    ]
+    made = [config_values(parameters) for _, _, parameters in cells]
+    assert [(c["precision"], c["compile"], c["fused"]) for c in made] == [
+        ("fp32", "blocks", "none"),
+        ("autocast", "blocks", "none"),
+    ]
+    with pytest.raises(ValueError, match="05_finetune.ipynb has no parameter precison"):
+        specs.cells({**spec, "grid": {"precison": ["fp32"]}})
 
 
 def write_spec(path, notebook, grid, **parameters):

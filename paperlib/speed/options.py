@@ -5,10 +5,13 @@
 (``PRECISIONS``: "fp32", the paper's and every default's; beyond it "tf32", "autocast" and "bf16")
 and ``fused`` (our fused ops, ``kernels``).
 ``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
-("auto" written out), which is what ``step`` builds a step from. ``preset(name)`` reads a named set
-of them: "auto" (the defaults), "none" (nothing fused or compiled), or a YAML file of
-``parameters/speed/``. Torch is imported where a choice is checked for a device, not here: reading
-specs, presets and results (``specs``, ``runs.for_spec``, ``stats``) loads none of the training stack.
+("auto" written out), which is what ``step`` builds a step from. A run gives each of them under its
+own name (``Config``'s fields, notebook 05's parameters, a sweep spec's keys); a speed preset is a name
+for a set of them besides ``precision`` (``preset``: "auto", the defaults; "none", nothing fused or
+compiled; or a YAML file of ``parameters/speed/``), which ``with_preset`` puts into a run's parameters,
+the options given explicitly overriding the preset's. Torch is imported where a choice is checked for
+a device, not here: reading specs, presets and results (``specs``, ``runs.for_spec``, ``stats``) loads
+none of the training stack.
 """
 
 from __future__ import annotations
@@ -232,51 +235,60 @@ PRESETS = {"auto": {}, "none": {"compile": False, "attention": "auto", "fused": 
 """Named step options: "auto", ``StepOptions``' defaults (our fused ops where they are measured
 faster: on CUDA); "none", PyTorch as it is. More in ``parameters/speed/<name>.yaml``."""
 
+PRESET_OPTIONS = tuple(name for name in STEP_OPTIONS if name != "precision")
+"""The step options a preset may set: all but ``precision``, which is a run's own parameter (a preset is
+measured per precision and offered in some: ``offered``)."""
+
 PRESET_RECORD = ("measured_on", "gain")
 """What a preset file records of itself beside its step options: the machine and step it was measured on,
 and ``gain``, its images/s over ``none`` per precision (``offered``)."""
 
 
-def preset(name: str | dict) -> dict:
-    """The ``StepOptions`` fields of a named preset (``PRESETS``), of ``parameters/speed/<name>.yaml``,
-    of a YAML file given by its path, or of a mapping of them, with what the file records of itself
-    (``PRESET_RECORD``); a ValueError naming the choices otherwise. ``offered`` gives the options
-    for a run's precision."""
-    if isinstance(name, dict):
-        values, where = name, "the speed mapping"
-    elif name in PRESETS:
+def preset(name: str) -> dict:
+    """The step options (``PRESET_OPTIONS``) of a named preset (``PRESETS``), of
+    ``parameters/speed/<name>.yaml`` or of a YAML file given by its path, with what the file records of
+    itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a name for a
+    set of step options: a run gives any of them on its own (``compile: blocks``) and ``with_preset``
+    puts the two together."""
+    folder = paths.PARAMETERS / "speed"
+    if not isinstance(name, str):
+        raise ValueError(
+            f"speed must name a preset, got {name!r}: give step options as parameters of their own "
+            f"({', '.join(STEP_OPTIONS)})"
+        )
+    if name in PRESETS:
         return dict(PRESETS[name])
-    else:
-        folder = paths.PARAMETERS / "speed"
-        path = Path(name) if str(name).endswith((".yaml", ".yml")) else folder / f"{name}.yaml"
-        if not path.is_file():
-            files = sorted(p.stem for p in folder.glob("*.yaml"))
-            raise ValueError(
-                f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
-                "a YAML file of step options, or a mapping of them"
-            )
-        values, where = read_yaml(path, "speed preset") or {}, str(path)
+    path = Path(name) if name.endswith((".yaml", ".yml")) else folder / f"{name}.yaml"
+    if not path.is_file():
+        files = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise ValueError(
+            f"unknown speed preset {name!r}; valid choices: {', '.join([*PRESETS, *files])}, "
+            "or a YAML file of step options"
+        )
+    values = read_yaml(path, "speed preset") or {}
     unknown = (
-        sorted(set(values) - set(STEP_OPTIONS) - set(PRESET_RECORD))
+        sorted(set(values) - set(PRESET_OPTIONS) - set(PRESET_RECORD))
         if isinstance(values, dict)
         else ["(not a mapping)"]
     )
     if unknown:
-        raise ValueError(f"{where}: unknown step option(s) {', '.join(unknown)}; valid: {', '.join(STEP_OPTIONS)}")
+        raise ValueError(
+            f"{path}: unknown step option(s) {', '.join(unknown)}; a preset sets {', '.join(PRESET_OPTIONS)} "
+            "(precision is a run's own parameter)"
+        )
     return dict(values)
 
 
-def offered(chosen: dict, precision: str, name: str | dict = "the speed preset") -> dict:
-    """The step options of a preset (``chosen``: ``preset``'s mapping) for a run in ``precision``. A
-    preset that records its gains (``gain``: images/s over ``none`` per precision, as measured) is
-    offered only in a precision where it was measured faster: elsewhere it could only cost time (a
-    compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it is
+def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dict:
+    """The step options of a preset (``chosen``: ``preset``'s mapping, ``name`` its name) for a run in
+    ``precision``. A preset that records its gains (``gain``: images/s over ``none`` per precision, as
+    measured) is offered only in a precision where it was measured faster: elsewhere it could only cost
+    time (a compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it is
     refused, with the reason and the precisions it is offered for."""
     options = {key: value for key, value in chosen.items() if key not in PRESET_RECORD}
     gains = chosen.get("gain")
-    if gains is None:  # "auto", "none", a mapping of options: no claim to check
+    if gains is None:  # "auto", "none", a file without gains: no claim to check
         return options
-    label = name if isinstance(name, str) else "the speed mapping"
     if gains.get(precision, 0) > 1:
         return options
     why = (
@@ -286,6 +298,21 @@ def offered(chosen: dict, precision: str, name: str | dict = "the speed preset")
     )
     faster = [f"{p} ({gain:.2f}x)" for p, gain in gains.items() if gain > 1]
     raise ValueError(
-        f"speed preset {label!r} is not offered for precision {precision!r}: {why}; "
+        f"speed preset {name!r} is not offered for precision {precision!r}: {why}; "
         f"it is offered for {', '.join(faster) or 'no precision'}; use speed 'auto' in {precision}"
     )
+
+
+def with_preset(name: str, parameters: dict) -> dict:
+    """A run's ``parameters`` (flat: ``precision`` and each step option under its own name, among others,
+    passed on as they are) with the speed preset ``name`` (``preset``) put in: the preset sets each of
+    its step options that ``parameters`` leaves at its default (``StepOptions``'; absent counts as the
+    default), one given otherwise stays. The preset is refused in the run's precision if it was not
+    measured faster there (``offered``). The one place a preset becomes step options: notebook 05, the
+    finetuning command and sweep specs all come here (``runs.config_values``)."""
+    precision = check_precision(parameters.get("precision", StepOptions.precision))  # its name; the device: Config
+    defaults = {field.name: field.default for field in fields(StepOptions)}
+    chosen = offered(preset(name), precision, name)
+    return parameters | {
+        key: value for key, value in chosen.items() if parameters.get(key, defaults[key]) == defaults[key]
+    }
