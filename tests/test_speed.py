@@ -430,7 +430,7 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
         run_files.config_from({"speed": "h100", "device": "cuda"})  # the protocol's fp32
     assert "\n" not in str(error.value) and "measured no faster than 'none' there (1.00x)" in str(error.value)
     assert "offered for autocast (1.33x)" in str(error.value)
-    # a sweep spec's step options, folded into the preset's mapping with its gains, are checked alike
+    # a sweep spec's precision and step options, flat beside its preset, are checked alike
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"speed": "h100", "device": "cuda"},
