@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from paperlib import component_rates, data, fixtures, models, plasticity
-from paperlib.loader import DeviceLoader, cache_side, uint8_images
+from paperlib.loader import DeviceLoader, Transform, cache_side, uint8_images
 from paperlib.speed.clock import device_name, endless, median_seconds, resolve_device, sync
 
 
@@ -91,9 +91,7 @@ def bench_data(
             cache_dir=Path(tmp) / "cache",
             workers=workers,
         )
-        device_loader = DeviceLoader(
-            cached, batch_size, augment=True, image_size=image_size, device=device, drop_last=True
-        )
+        device_loader = DeviceLoader(cached, batch_size, Transform(True, image_size), device=device, drop_last=True)
         setup = time.perf_counter() - start
         device_rate = _rate(endless(device_loader), device, batches)
     return {
@@ -156,7 +154,9 @@ def bench_plasticity(
                 component_rates.plain_rates(model, x, y).cpu()
 
     def fast(count: int) -> None:
-        plasticity.measure(model, reference, target, count, batch_size, device, progress=False)
+        plasticity.measure(
+            model, reference, target, count, running=plasticity.Running(batch_size, device, progress=False)
+        )
 
     first = min(batch_size, pairs)
     seconds = median_seconds(

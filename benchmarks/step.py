@@ -31,12 +31,19 @@ from torch.utils.flop_counter import FlopCounterMode
 from paperlib import lora, models, paths
 from paperlib.components import check_run_component, set_trainable, trainable_parameters
 from paperlib.imagesets import ImageDataset, random_images
-from paperlib.loader import DeviceLoader
+from paperlib.loader import DeviceLoader, Transform
 from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
 from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
 from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
 from paperlib.speed.options import PRESET_RECORD, STEP_OPTIONS, StepOptions, check_precision, compile_choice, preset
-from paperlib.speed.step import autocast_for, compile_model, make_step, tf32_flags, warmup_steps
+from paperlib.speed.step import (
+    OptimizerSettings,
+    autocast_for,
+    compile_model,
+    make_step,
+    tf32_flags,
+    warmup_steps,
+)
 from paperlib.transforms import paper_transform
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
@@ -76,9 +83,8 @@ def library_steps(model, loader: DeviceLoader, options: StepOptions):
     given): returns ``steps(first, count)``, which trains on the loader's batches ``first`` to
     ``first + count - 1`` and returns the last (loss, norm)."""
     batch = loader.batch_size
-    one_step = make_step(
-        model, options, optimizer="sgd", lr=1e-3, momentum=0.9, batch_size=batch, clip=1.0, micro_batch=batch
-    )
+    paper_sgd = OptimizerSettings("sgd", lr=1e-3, momentum=0.9)
+    one_step = make_step(model, options, optimizer=paper_sgd, batch_size=batch, clip=1.0, micro_batch=batch)
 
     def steps(first: int, count: int):
         for index in range(first, first + count):
@@ -173,7 +179,7 @@ def bench_finetune(
     pristine = copy.deepcopy(model) if lora_rank else None
     size = image_size or model.patch_embed.img_size[0]
     dataset = random_images(batch_size * 4, source_size)
-    fast = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
+    fast = DeviceLoader(dataset, batch_size, Transform(True, size), device=device)
     plain_loader = _plain_loader(dataset, batch_size, size, workers, device) if plain else None
     peak = _peak_tflops(device)
     result = {
@@ -270,7 +276,7 @@ def bench_plain(
     clipping at norm 1; TF32 flags and autocast as the library's step sets them (``tf32_flags``, ``autocast_for``)."""
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(random_images(batch_size * 4, 32), batch_size, augment=True, image_size=size, device=device)
+    loader = DeviceLoader(random_images(batch_size * 4, 32), batch_size, Transform(True, size), device=device)
     batches = [loader.batch(index) for index in range(4)]
     autocast = autocast_for(device, precision)
     rates = {}
@@ -357,7 +363,7 @@ def _measure_variant(model_name: str, component: str, batch_size: int, options: 
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
     dataset = random_images(batch_size * 2, timing["source_size"])
-    loader = DeviceLoader(dataset, batch_size, augment=True, image_size=size, device=device)
+    loader = DeviceLoader(dataset, batch_size, Transform(True, size), device=device)
     set_trainable(model, component)
     flops = step_flops(model, *loader.batch(0))
     steps_of = library_steps(model, loader, options)
@@ -523,9 +529,7 @@ def bench_profile(
     options = options.checked(device)  # recorded as what ran
     model = set_trainable(models.create_model(model_name, pretrained=False, num_classes=10).to(device), component)
     size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(
-        random_images(batch_size * 2, source_size), batch_size, augment=True, image_size=size, device=device
-    )
+    loader = DeviceLoader(random_images(batch_size * 2, source_size), batch_size, Transform(True, size), device=device)
     steps_of = library_steps(model, loader, options)
 
     def run(first: int, count: int) -> None:

@@ -29,7 +29,7 @@ from . import cli, paths
 from .data import get_dataset
 from .finetune import evaluate
 from .imagesets import ImageDataset
-from .loader import DeviceLoader
+from .loader import DeviceLoader, Transform
 from .models import create_model
 
 
@@ -59,7 +59,7 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
 
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
-    loader = DeviceLoader(dataset, batch_size, augment=False, image_size=dataset.images.shape[-1])
+    loader = DeviceLoader(dataset, batch_size, Transform(False, dataset.images.shape[-1]))
     return evaluate(model, loader, contextlib.nullcontext)[1]
 
 

@@ -41,9 +41,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import cli, components, data, lora, models, paths, runs, threads
-from .loader import DeviceLoader, cache_side, decode_workers, uint8_images
+from .loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
-from .speed.step import make_step
+from .speed.step import OptimizerSettings, make_step
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -278,13 +278,11 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
         split: DeviceLoader(
             images,
             config.batch_size if split == "train" else EVAL_BATCH,
-            augment=split == "train",
-            image_size=size,
+            Transform(augment=split == "train", image_size=size, mean_std=mean_std),
             device=device,
             seed=config.seed if split == "train" else 0,
             drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
             images_on="auto",
-            mean_std=mean_std,
         )
         for split, images in splits.items()
     }
@@ -314,10 +312,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     step_fn = make_step(
         model,
         config.checked_options,
-        optimizer=config.optimizer,
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
+        optimizer=OptimizerSettings(config.optimizer, config.lr, config.momentum, config.weight_decay),
         batch_size=config.batch_size,
         clip=config.clip,
         micro_batch=config.micro_batch,

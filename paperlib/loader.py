@@ -17,6 +17,7 @@ import hashlib
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -216,21 +217,33 @@ def placement(nbytes: int, device: torch.device, total_memory: int | None = None
     return "device" if nbytes <= AUTO_DEVICE_FRACTION * total_memory else "host"
 
 
+@dataclass(frozen=True)
+class Transform:
+    """How a ``DeviceLoader`` transforms its images, validated when it is made: ``augment``, the
+    paper's training transform (random resized crop + flip) instead of the evaluation one (resize +
+    centre crop); ``image_size``, the output resolution; ``mean_std``, the (mean, std) per RGB channel
+    to normalise with (None: the dataset's, which ``get_dataset(mean_std=...)`` sets, ImageNet's unless
+    given; ``models.normalization`` gives a model's own)."""
+
+    augment: bool
+    image_size: int
+    mean_std: tuple | None = None
+
+    def __post_init__(self):
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be a positive integer, got {self.image_size!r}")
+
+
 class DeviceLoader:
     """Batches of (transformed float images, labels) produced on ``device`` from uint8 images.
 
     Args:
         dataset: an ``ImageDataset`` (see ``uint8_images``); its images move to ``device`` once.
         batch_size: images per batch.
-        augment: the paper's training transform (random resized crop + flip) instead of the
-            evaluation one (resize + centre crop).
-        image_size: output resolution.
-        shuffle: a new order every epoch (default: ``augment``).
+        transform: a ``Transform``: augment or not, the output resolution, the normalisation.
+        shuffle: a new order every epoch (default: ``transform.augment``).
         drop_last: drop the last incomplete batch.
         seed: seeds the order and the augmentations; same seed, same batches.
-        mean_std: (mean, std) per RGB channel to normalise with (default: the dataset's, which
-            ``get_dataset(mean_std=...)`` sets, ImageNet's unless given; ``models.normalization``
-            gives a model's own).
         images_on: ``"device"`` moves every uint8 image to ``device`` once (fastest);
             ``"host"`` keeps them in (pinned) host memory and copies each batch, for datasets
             larger than the device's memory (DomainNet sketch at 256x256 is about 14 GB);
@@ -242,14 +255,12 @@ class DeviceLoader:
         self,
         dataset: ImageDataset,
         batch_size: int,
-        augment: bool,
-        image_size: int,
+        transform: Transform,
         device: str | torch.device = "cpu",
         shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int = 0,
         images_on: str = "device",
-        mean_std: tuple | None = None,
     ):
         if images_on not in ("device", "host", "auto"):
             raise ValueError(f"images_on must be 'device', 'host' or 'auto', got {images_on!r}")
@@ -264,6 +275,7 @@ class DeviceLoader:
         if images_on == "auto":
             images_on = placement(dataset.images.nbytes, self.device)
         self.images_on = images_on
+        mean_std = transform.mean_std
         self.mean_std = as_mean_std(*(mean_std if mean_std is not None else dataset.mean_std))
         if images_on == "device":
             self.images = dataset.images.to(self.device)
@@ -271,9 +283,9 @@ class DeviceLoader:
             self.images = dataset.images.pin_memory() if self.device.type == "cuda" else dataset.images
         self.targets = dataset.targets.to(self.device)
         self.batch_size = batch_size
-        self.augment = augment
-        self.image_size = image_size
-        self.shuffle = augment if shuffle is None else shuffle
+        self.augment = transform.augment
+        self.image_size = transform.image_size
+        self.shuffle = transform.augment if shuffle is None else shuffle
         self.drop_last = drop_last
         self.seed = seed
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

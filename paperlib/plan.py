@@ -32,10 +32,10 @@ import torch
 
 from . import lora, models, paths, runs
 from .imagesets import random_images
-from .loader import DeviceLoader
+from .loader import DeviceLoader, Transform
 from .speed.clock import device_name, median_seconds
 from .speed.options import STEP_OPTIONS
-from .speed.step import make_step, warmup_steps
+from .speed.step import OptimizerSettings, make_step, warmup_steps
 
 STATUSES = ("finished", "diverged", "failed", "missing")
 TO_RUN = ("failed", "missing")
@@ -172,16 +172,13 @@ def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
     size = config.image_size or model.patch_embed.img_size[0]
-    loader = DeviceLoader(random_images(config.batch_size, size), config.batch_size, True, size, device)
+    loader = DeviceLoader(random_images(config.batch_size, size), config.batch_size, Transform(True, size), device)
     options = config.checked_options
     lora.set_run_trainable(model, config.component, config.lora_rank)
     step = make_step(
         model,
         options,
-        optimizer=config.optimizer,
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
+        optimizer=OptimizerSettings(config.optimizer, config.lr, config.momentum, config.weight_decay),
         batch_size=config.batch_size,
         clip=config.clip,
         micro_batch=config.micro_batch,

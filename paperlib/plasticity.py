@@ -212,45 +212,74 @@ def scale_curve(
     return curve
 
 
+@dataclass(frozen=True)
+class PairDraw:
+    """How ``measure`` draws its pairs from the two sets (``pair_indices``), validated when it is made:
+    ``sample`` ``first`` (the authors': both sets in order, cycled in whole batches of ``loader_batch``),
+    ``once`` (each image at most once) or ``random`` (a random subset of each set, drawn with ``seed``)."""
+
+    sample: str = "first"
+    seed: int = 0
+    loader_batch: int = LOADER_BATCH
+
+    def __post_init__(self):
+        check_sample(self.sample)
+        if self.loader_batch < 1:
+            raise ValueError(f"loader_batch must be at least 1, got {self.loader_batch}")
+
+
+@dataclass(frozen=True)
+class Running:
+    """How ``measure`` runs, which changes none of its numbers beyond rounding: ``batch_size`` pairs at a
+    time on ``device``, images read by ``num_workers`` DataLoader workers (0: in the main process), a
+    progress bar unless ``progress`` is False. A bad ``batch_size`` is a ValueError when it is made."""
+
+    batch_size: int = 64
+    device: str | torch.device = "cpu"
+    num_workers: int = 0
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+
+
 def measure(
     model: nn.Module,
     reference,
     target,
     n_pairs: int,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
     inputs: str = "embedding",
-    num_workers: int = 0,
-    progress: bool = True,
-    sample: str = "first",
-    seed: int = 0,
-    loader_batch: int = LOADER_BATCH,
+    *,
+    draw: PairDraw = PairDraw(),
+    running: Running = Running(),
 ) -> pd.DataFrame:
     """Rates of change over ``n_pairs`` image pairs streamed from two datasets (§5.1).
 
-    The pairs are ``pair_indices``' (``sample="first"``, the authors': both sets in order, cycled in
-    whole batches of ``loader_batch``; ``once``: each image at most once; ``random``: a seeded random
-    subset of each set): reference = images of the pretraining distribution, target = the downstream
-    test split, both yielding (normalised image, label).
+    The pairs are ``pair_indices``' as ``draw`` (a ``PairDraw``) says (the authors' by default: both
+    sets in order, cycled in whole batches); reference = images of the pretraining distribution,
+    target = the downstream test split, both yielding (normalised image, label). ``running`` (a
+    ``Running``): the batch size, device, DataLoader workers and progress bar.
     Returns the tidy table of ``rates`` for all pairs but those with identical embeddings
     (excluded, with an ``IdenticalPairsWarning`` naming how many); ``table.attrs["token_rms"]``
     is the token RMS norm of the measured pairs' embeddings, ``table.attrs["identical_pairs_excluded"]``
     the count.
     """
     check_inputs(inputs)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    indices = pair_indices(len(reference), len(target), n_pairs, sample, seed, loader_batch)
-    device = torch.device(device)
+    indices = pair_indices(len(reference), len(target), n_pairs, draw.sample, draw.seed, draw.loader_batch)
+    device = torch.device(running.device)
     model = model.to(device)
     loaders = [
         DataLoader(
-            Subset(dataset, chosen), batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"
+            Subset(dataset, chosen),
+            batch_size=running.batch_size,
+            num_workers=running.num_workers,
+            pin_memory=device.type == "cuda",
         )
         for dataset, chosen in zip((reference, target), indices)
     ]
     parts = []
-    with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not progress) as bar:
+    with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not running.progress) as bar:
         terms = linear_terms(model) if inputs == "embedding" else None
         for (x, _), (y, _) in zip(*loaders):
             parts.append(
@@ -460,14 +489,9 @@ def run(
             reference_set,
             target_set,
             pairs,
-            batch_size,
-            device,
             measurement.inputs,
-            num_workers=num_workers,
-            progress=progress,
-            sample=measurement.sample,
-            seed=measurement.seed,
-            loader_batch=measurement.loader_batch,
+            draw=PairDraw(measurement.sample, measurement.seed, measurement.loader_batch),
+            running=Running(batch_size, device, num_workers, progress),
         )
         metadata = {
             "model": measurement.model,

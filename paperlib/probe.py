@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from . import components, data, models, paths, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset, ImageDataset
-from .loader import DeviceLoader, decode_workers
+from .loader import DeviceLoader, Transform, decode_workers
 from .splits import SPLITS_VERSION
 from .transforms import IMAGENET, as_mean_std, check_normalize, paper_transform
 
@@ -274,7 +274,9 @@ def augmented_batches(dataset, image_size: int, device: torch.device, seed: int,
     the same distribution from its own draws of ``seed``)."""
     batch = min(AUGMENTED_BATCH, len(dataset))
     if crops_on_device(dataset, image_size):
-        loader = DeviceLoader(dataset, batch, True, image_size, device, shuffle=True, drop_last=True, seed=seed)
+        loader = DeviceLoader(
+            dataset, batch, Transform(True, image_size), device, shuffle=True, drop_last=True, seed=seed
+        )
         for images, labels in loader:
             yield images, labels.cpu()
         return

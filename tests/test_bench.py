@@ -4,7 +4,7 @@ on disk, every row of a variant checked against the first, ``--help`` that says 
 import json
 import math
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -400,9 +400,10 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
     made = []
     original = step_bench.make_step
 
-    def make_step(model, options, lr, **settings):
-        made.append(lr)
-        return original(model, options, lr=lr * (1 if len(made) == 1 else 300), **settings)
+    def make_step(model, options, optimizer, **settings):
+        made.append(optimizer.lr)
+        faster = replace(optimizer, lr=optimizer.lr * (1 if len(made) == 1 else 300))
+        return original(model, options, optimizer=faster, **settings)
 
     monkeypatch.setattr(step_bench, "make_step", make_step)
     choices = {"compile": ("none",), "attention": ("auto", "math")}

@@ -16,7 +16,7 @@ from scipy import stats
 
 from paperlib import component_rates, components, data, finetune, imagesets, models, plasticity, runs
 from paperlib import transforms as T
-from paperlib.loader import DeviceLoader
+from paperlib.loader import DeviceLoader, Transform
 from paperlib.speed import layers
 from paperlib.speed.options import CPU_ATTENTION, StepOptions
 from paperlib.speed.step import compile_model, make_forward, make_optimizer, step_context, training_step
@@ -81,16 +81,16 @@ def test_augmentation_statistics_with_a_device_generator():
 
 def test_device_loader_on_the_device():
     digits = data.get_dataset("digits", "trainval")
-    loader = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3)
+    loader = DeviceLoader(digits, 64, Transform(True, 224), device=DEVICE, seed=3)
     images, labels = loader.batch(5)
     assert images.device.type == DEVICE.type and images.shape == (64, 3, 224, 224) and images.dtype == torch.float32
-    again, again_labels = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3).batch(5)
+    again, again_labels = DeviceLoader(digits, 64, Transform(True, 224), device=DEVICE, seed=3).batch(5)
     assert torch.equal(images, again) and torch.equal(labels, again_labels)
     # the batch order is drawn on the host: the same images as the CPU loader's batch
-    assert torch.equal(labels.cpu(), DeviceLoader(digits, 64, augment=True, image_size=224, seed=3).batch(5)[1])
-    on_host = DeviceLoader(digits, 64, augment=True, image_size=224, device=DEVICE, seed=3, images_on="host").batch(5)
+    assert torch.equal(labels.cpu(), DeviceLoader(digits, 64, Transform(True, 224), seed=3).batch(5)[1])
+    on_host = DeviceLoader(digits, 64, Transform(True, 224), device=DEVICE, seed=3, images_on="host").batch(5)
     assert torch.equal(images, on_host[0])
-    plain = DeviceLoader(digits, 64, augment=False, image_size=32, device=DEVICE)
+    plain = DeviceLoader(digits, 64, Transform(False, 32), device=DEVICE)
     assert (next(iter(plain))[0].cpu() - torch.stack([digits[i][0] for i in range(64)])).abs().max() < 1e-5
 
 
@@ -98,16 +98,16 @@ def test_host_images_go_through_reused_staging_buffers_unchanged():
     # batches of the host path are gathered into two pinned buffers reused in turn: batches made
     # one after another without waiting (and kept) equal those of images kept on the device
     digits = data.get_dataset("digits", "trainval")
-    on_device = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1)
-    on_host = DeviceLoader(digits, 48, augment=True, image_size=64, device=DEVICE, seed=1, images_on="host")
+    on_device = DeviceLoader(digits, 48, Transform(True, 64), device=DEVICE, seed=1)
+    on_host = DeviceLoader(digits, 48, Transform(True, 64), device=DEVICE, seed=1, images_on="host")
     # staged only where the images stay on the host for a GPU (DEVICE is "cuda", the images "cuda:0")
     assert not on_device._staged and on_host._staged == (DEVICE.type == "cuda")
     batches = [on_host.batch(step) for step in range(6)]
     for step, (images, labels) in enumerate(batches):
         expected, expected_labels = on_device.batch(step)
         assert torch.equal(images, expected) and torch.equal(labels, expected_labels), step
-    evaluation = DeviceLoader(digits, 100, augment=False, image_size=32, device=DEVICE, images_on="host")
-    reference = DeviceLoader(digits, 100, augment=False, image_size=32, device=DEVICE)
+    evaluation = DeviceLoader(digits, 100, Transform(False, 32), device=DEVICE, images_on="host")
+    reference = DeviceLoader(digits, 100, Transform(False, 32), device=DEVICE)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(evaluation, reference))
 
 
@@ -122,7 +122,7 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, tin
     forward = make_forward(model, options)
     trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
     optimizer = make_optimizer(model, "sgd", 0.01, 0.9)
-    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, augment=True, image_size=32, device=DEVICE)
+    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, Transform(True, 32), device=DEVICE)
     context = step_context(DEVICE, precision=precision)
     for step in range(2):  # first steps: lazy initialisation, allocations
         training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
@@ -143,12 +143,12 @@ def test_images_of_different_sizes_on_the_device_equal_the_cpu():
     pixels = [torch.randint(0, 256, (3, h, w), generator=generator, dtype=torch.uint8) for h, w in sizes]
     images = imagesets.UnevenImages(torch.cat([p.reshape(-1) for p in pixels]), sizes)
     dataset = imagesets.ImageDataset(images, torch.arange(24) % 3, ["a", "b", "c"], "uneven", "train")
-    cpu = [batch for batch, _ in DeviceLoader(dataset, 8, augment=False, image_size=32)]
-    device = [batch for batch, _ in DeviceLoader(dataset, 8, augment=False, image_size=32, device=DEVICE)]
+    cpu = [batch for batch, _ in DeviceLoader(dataset, 8, Transform(False, 32))]
+    device = [batch for batch, _ in DeviceLoader(dataset, 8, Transform(False, 32), device=DEVICE)]
     assert all(d.device.type == DEVICE.type and (d.cpu() - c).abs().max() < 1e-4 for c, d in zip(cpu, device))
     batches = []
     for images_on in ("device", "host"):
-        loader = DeviceLoader(dataset, 8, augment=True, image_size=32, device=DEVICE, seed=2, images_on=images_on)
+        loader = DeviceLoader(dataset, 8, Transform(True, 32), device=DEVICE, seed=2, images_on=images_on)
         batch, labels = loader.batch(4)
         assert batch.shape == (8, 3, 32, 32) and torch.isfinite(batch).all() and labels.device.type == DEVICE.type
         batches.append(batch)
@@ -371,9 +371,7 @@ def test_plasticity_on_the_device_equals_the_plain_definition_on_the_cpu(tiny_vi
         torch.utils.data.TensorDataset(x, torch.zeros(12)),
         torch.utils.data.TensorDataset(y, torch.zeros(12)),
         12,
-        5,
-        DEVICE,
-        progress=False,
+        running=plasticity.Running(5, DEVICE, progress=False),
     )
     assert np.allclose(table["rate"].to_numpy(), component_rates.to_table(reference)["rate"].to_numpy(), rtol=tolerance)
     assert (
@@ -445,10 +443,8 @@ def test_the_device_loader_normalises_with_other_statistics_on_the_device():
     half = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     digits = data.get_dataset("digits", "trainval")
     for augment in (False, True):
-        cpu, _ = DeviceLoader(digits, 32, augment=augment, image_size=48, seed=1, mean_std=half).batch(3)
-        on_device, _ = DeviceLoader(
-            digits, 32, augment=augment, image_size=48, device=DEVICE, seed=1, mean_std=half
-        ).batch(3)
+        cpu, _ = DeviceLoader(digits, 32, Transform(augment, 48, half), seed=1).batch(3)
+        on_device, _ = DeviceLoader(digits, 32, Transform(augment, 48, half), device=DEVICE, seed=1).batch(3)
         # the same crops only without augmentation: a device generator draws other numbers than the CPU's
         if not augment:
             assert (on_device.cpu() - cpu).abs().max() < 1e-4

@@ -6,7 +6,7 @@ from torchvision.transforms import v2
 from paperlib import data, fixtures
 from paperlib import transforms as T
 from paperlib.imagesets import FileDataset, ImageDataset, UnevenImages
-from paperlib.loader import DeviceLoader, resized_size, uint8_images
+from paperlib.loader import DeviceLoader, Transform, resized_size, uint8_images
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def digits():
 
 
 def test_one_epoch_visits_every_image_once(digits):
-    loader = DeviceLoader(digits, batch_size=100, augment=True, image_size=48, seed=3)
+    loader = DeviceLoader(digits, batch_size=100, transform=Transform(True, 48), seed=3)
     assert len(loader) == 8
     labels, shapes = [], set()
     for images, targets in loader:
@@ -28,14 +28,14 @@ def test_one_epoch_visits_every_image_once(digits):
 
 
 def test_same_seed_same_batches_other_seed_other_batches(digits):
-    first = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=0)))[0]
-    again = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=0)))[0]
-    other = next(iter(DeviceLoader(digits, 32, augment=True, image_size=32, seed=1)))[0]
+    first = next(iter(DeviceLoader(digits, 32, Transform(True, 32), seed=0)))[0]
+    again = next(iter(DeviceLoader(digits, 32, Transform(True, 32), seed=0)))[0]
+    other = next(iter(DeviceLoader(digits, 32, Transform(True, 32), seed=1)))[0]
     assert torch.equal(first, again) and not torch.equal(first, other)
 
 
 def test_eval_loader_is_the_plain_dataset(digits):
-    images, targets = next(iter(DeviceLoader(digits, 16, augment=False, image_size=32, drop_last=True)))
+    images, targets = next(iter(DeviceLoader(digits, 16, Transform(False, 32), drop_last=True)))
     reference = torch.stack([digits[i][0] for i in range(16)])
     assert torch.allclose(images, reference, atol=1e-5) and torch.equal(targets, digits.targets[:16])
 
@@ -43,9 +43,9 @@ def test_eval_loader_is_the_plain_dataset(digits):
 def test_rejects_file_datasets_and_bad_batch_size(tmp_path, digits):
     fixtures.write_pets(tmp_path)
     with pytest.raises(TypeError, match="uint8_images"):
-        DeviceLoader(data.get_dataset("pets", "train", root=tmp_path), 4, augment=False, image_size=32)
+        DeviceLoader(data.get_dataset("pets", "train", root=tmp_path), 4, Transform(False, 32))
     with pytest.raises(ValueError, match="batch_size"):
-        DeviceLoader(digits, 0, augment=False, image_size=32)
+        DeviceLoader(digits, 0, Transform(False, 32))
 
 
 def test_file_dataset_decoded_once_and_cached(tmp_path):
@@ -67,7 +67,7 @@ def test_file_dataset_decoded_once_and_cached(tmp_path):
     part = uint8_images(dataset.subset([3, 0], "val"), cache_size=24, cache_dir=tmp_path / "cache")
     assert torch.equal(part.images[0], cached.images[3]) and torch.equal(part.images[1], cached.images[0])
     # and the cached images feed the device path
-    images, _ = next(iter(DeviceLoader(again, 4, augment=True, image_size=16)))
+    images, _ = next(iter(DeviceLoader(again, 4, Transform(True, 16))))
     assert images.shape == (4, 3, 16, 16)
 
 
@@ -110,7 +110,7 @@ def test_training_crops_reach_the_borders_of_wide_images(tmp_path):
     dataset = FileDataset([tmp_path / "wide.png"], [0], ["a"], "wide", "test")
     cached = uint8_images(dataset, cache_size=20, cache_dir=tmp_path / "cache")
     assert cached.images.sizes.tolist() == [[20, 60]]
-    loader = DeviceLoader(cached, 1, augment=True, image_size=8, seed=0, mean_std=((0, 0, 0), (1, 1, 1)))
+    loader = DeviceLoader(cached, 1, Transform(True, 8, ((0, 0, 0), (1, 1, 1))), seed=0)
     ours = np.mean([bool((loader.batch(step)[0] > 0.5).any()) for step in range(400)])
     torch.manual_seed(0)
     crop = v2.RandomResizedCrop(8, scale=T.SCALE, ratio=T.RATIO)
@@ -161,11 +161,11 @@ def test_data_benchmark_runs_and_reports_both_paths(capsys):
 
 
 def test_images_kept_on_host_give_the_same_batches(digits):
-    on_device = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2))
-    on_host = list(DeviceLoader(digits, 64, augment=True, image_size=24, seed=2, images_on="host"))
+    on_device = list(DeviceLoader(digits, 64, Transform(True, 24), seed=2))
+    on_host = list(DeviceLoader(digits, 64, Transform(True, 24), seed=2, images_on="host"))
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(on_device, on_host))
     with pytest.raises(ValueError, match="'device', 'host' or 'auto'"):
-        DeviceLoader(digits, 64, augment=True, image_size=24, images_on="disk")
+        DeviceLoader(digits, 64, Transform(True, 24), images_on="disk")
 
 
 def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
@@ -176,16 +176,16 @@ def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
     assert placement(14 * gib, torch.device("cuda"), total_memory=80 * gib) == "device"
     assert placement(14 * gib, torch.device("cuda"), total_memory=24 * gib) == "host"
     assert placement(14 * gib, torch.device("cpu")) == "device"  # on a CPU the images are in memory anyway
-    assert DeviceLoader(digits, 64, augment=False, image_size=24, images_on="auto").images_on == "device"
+    assert DeviceLoader(digits, 64, Transform(False, 24), images_on="auto").images_on == "device"
 
 
 def test_batch_at_step_is_stateless_and_walks_epochs(digits):
-    loader = DeviceLoader(digits, 100, augment=True, image_size=32, seed=5)
+    loader = DeviceLoader(digits, 100, Transform(True, 32), seed=5)
     first = loader.batch(3)
     loader.batch(0)  # other calls in between change nothing
-    again = DeviceLoader(digits, 100, augment=True, image_size=32, seed=5).batch(3)
+    again = DeviceLoader(digits, 100, Transform(True, 32), seed=5).batch(3)
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
-    plain = DeviceLoader(digits, 100, augment=False, image_size=32, seed=5)
+    plain = DeviceLoader(digits, 100, Transform(False, 32), seed=5)
     seen = torch.cat([plain.batch(s)[0] for s in range(len(digits) // 100)])  # the first epoch: no repeats
     assert len({bytes(image.numpy()) for image in seen}) == 700
     assert loader.batch(7)[0].shape == (100, 3, 32, 32)  # crosses into the second epoch
@@ -197,9 +197,7 @@ def test_with_drop_last_an_epoch_is_its_whole_batches():
     images = torch.zeros(n, 3, 8, 8, dtype=torch.uint8)
     images[:, 0, 0, 0], images[:, 1, 0, 0] = torch.arange(n) % 256, torch.arange(n) // 256  # each image's index
     marked = ImageDataset(images, torch.zeros(n, dtype=torch.int64), ["0"], "marked", "train", list(range(n)))
-    loader = DeviceLoader(
-        marked, size, augment=False, image_size=8, seed=3, drop_last=True, mean_std=((0,) * 3, (1,) * 3)
-    )
+    loader = DeviceLoader(marked, size, Transform(False, 8, ((0,) * 3, (1,) * 3)), seed=3, drop_last=True)
     per_epoch = n // size
 
     def positions(step):
@@ -211,7 +209,7 @@ def test_with_drop_last_an_epoch_is_its_whole_batches():
         assert len(seen) == len(set(seen)) == per_epoch * size and set(seen) <= set(range(n))
     assert set(epochs[0]) != set(epochs[1])  # another epoch, another draw (and other images left out)
     # fewer images than a batch: the batches go on across epochs, nothing to drop
-    whole = DeviceLoader(marked, n + 10, augment=False, image_size=8, seed=3, drop_last=True)
+    whole = DeviceLoader(marked, n + 10, Transform(False, 8), seed=3, drop_last=True)
     assert whole.batch(0)[0].shape[0] == n + 10
 
 

@@ -153,15 +153,15 @@ def test_decoded_file_datasets_keep_the_statistics_they_were_read_with(home):
     assert decoded.mean_std == HALF
     image, _ = decoded[0]
     assert torch.allclose(image, decoded.images[0].float() / 255 * 2 - 1)
-    batch, _ = loader.DeviceLoader(decoded, 2, augment=False, image_size=16).batch(0)  # the dataset's, unless given
+    batch, _ = loader.DeviceLoader(decoded, 2, loader.Transform(False, 16)).batch(0)  # the dataset's, unless given
     assert batch.min() >= -1 - 1e-6 and batch.max() <= 1 + 1e-6
-    given, _ = loader.DeviceLoader(decoded, 2, augment=False, image_size=16, mean_std=T.IMAGENET).batch(0)
+    given, _ = loader.DeviceLoader(decoded, 2, loader.Transform(False, 16, T.IMAGENET)).batch(0)
     assert torch.allclose(given, affine(batch, HALF, T.IMAGENET), atol=1e-5)
 
 
 def DeviceBatch(dataset, augment, pair):
     """Batch 2 of a seeded DeviceLoader normalising with ``pair`` (the same crops for any pair)."""
-    return loader.DeviceLoader(dataset, 16, augment=augment, image_size=24, seed=3, mean_std=pair).batch(2)
+    return loader.DeviceLoader(dataset, 16, loader.Transform(augment, 24, pair), seed=3).batch(2)
 
 
 # --------------------------------------------------------------------------------------------

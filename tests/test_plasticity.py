@@ -9,7 +9,7 @@ import torch
 
 from paperlib import component_rates, components, data, models, paths, plasticity, specs, splits
 from paperlib.components import COMPONENTS
-from paperlib.plasticity import Measurement
+from paperlib.plasticity import Measurement, PairDraw, Running
 
 
 def _perturb(model, seed=0):
@@ -176,7 +176,7 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
 
     x, y = _pairs(10)
     reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
-    table = plasticity.measure(demo, reference, target, n_pairs=7, batch_size=3, progress=False)
+    table = plasticity.measure(demo, reference, target, n_pairs=7, running=Running(batch_size=3, progress=False))
     direct = plasticity.rates(demo, x[:7], y[:7])
     assert sorted(table["pair"].unique()) == list(range(7))
     merged = table.merge(direct, on=["block", "component", "pair"])
@@ -184,7 +184,12 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
         len(merged) == len(direct) and (merged["rate_x"] - merged["rate_y"]).abs().max() < 1e-6 * merged["rate_y"].max()
     )
     with pytest.raises(ValueError, match=r"n_pairs must be in 1..10 with sample 'once'"):
-        plasticity.measure(demo, reference, target, n_pairs=11, progress=False, sample="once")
+        plasticity.measure(demo, reference, target, n_pairs=11, draw=PairDraw("once"), running=Running(progress=False))
+    # how pairs are drawn and how it runs are values checked when they are made, before any work
+    with pytest.raises(ValueError, match="valid samples: first, once, random"):
+        PairDraw("twice")
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
+        Running(batch_size=0)
 
     folder = plasticity.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
     back = plasticity.load(folder)
@@ -214,9 +219,9 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     workers = []
     original = plasticity.measure
 
-    def spy(*args, num_workers=0, **kwargs):
-        workers.append(num_workers)
-        return original(*args, num_workers=num_workers, **kwargs)
+    def spy(*args, running, **kwargs):
+        workers.append(running.num_workers)
+        return original(*args, running=running, **kwargs)
 
     monkeypatch.setattr(plasticity, "measure", spy)
     table, folder = plasticity.run(Measurement(n_pairs=8), batch_size=4, progress=False)
@@ -226,7 +231,7 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     )
     plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
-    monkeypatch.setattr(plasticity, "measure", lambda *a, num_workers=0, **k: workers.append(num_workers) or table)
+    monkeypatch.setattr(plasticity, "measure", lambda *a, running, **k: workers.append(running.num_workers) or table)
     monkeypatch.setattr(plasticity.cli, "check_device", lambda device: torch.device(device))  # as if with a GPU
     plasticity.run(Measurement(n_pairs=4), batch_size=4, device="cuda", progress=False)
     assert workers[-1] >= 1
@@ -356,12 +361,13 @@ def test_random_pairs_are_the_drawn_images_paired(demo):
     x, y = _pairs(12)
     model, reference, target = demo, TensorDataset(x, torch.zeros(12)), TensorDataset(y[:10], torch.zeros(10))
     drawn_reference, drawn_target = plasticity.pair_indices(len(reference), len(target), 6, "random", seed=7)
-    drawn = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False, sample="random", seed=7)
+    quietly = Running(batch_size=4, progress=False)
+    drawn = plasticity.measure(model, reference, target, 6, draw=PairDraw("random", seed=7), running=quietly)
     by_hand = plasticity.measure(
-        model, Subset(reference, drawn_reference), Subset(target, drawn_target), 6, batch_size=4, progress=False
+        model, Subset(reference, drawn_reference), Subset(target, drawn_target), 6, running=quietly
     )
     assert drawn["rate"].tolist() == by_hand["rate"].tolist()
-    first = plasticity.measure(model, reference, target, 6, batch_size=4, progress=False)
+    first = plasticity.measure(model, reference, target, 6, running=quietly)
     assert drawn["rate"].tolist() != first["rate"].tolist()
 
 
@@ -575,7 +581,7 @@ def test_measure_excludes_identical_pairs_across_batches(demo):
     x, y = _with_identical_pairs(10, identical=(0, 4, 9))
     reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
     with pytest.warns(component_rates.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
-        table = plasticity.measure(demo, reference, target, n_pairs=10, batch_size=4, progress=False)
+        table = plasticity.measure(demo, reference, target, n_pairs=10, running=Running(batch_size=4, progress=False))
     assert table.attrs["identical_pairs_excluded"] == 3 and sorted(table["pair"].unique()) == [1, 2, 3, 5, 6, 7, 8]
     with pytest.warns(component_rates.IdenticalPairsWarning):
         direct = plasticity.rates(demo, x, y)

@@ -15,7 +15,7 @@ from benchmarks import step as step_bench
 from paperlib import components, finetune, lora, models, paths, speed
 from paperlib import runs as run_files
 from paperlib.imagesets import random_images
-from paperlib.loader import DeviceLoader
+from paperlib.loader import DeviceLoader, Transform
 from paperlib.runs import Config
 from paperlib.speed import step as step_module
 
@@ -462,7 +462,7 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
     monkeypatch.setattr(speed.step, "make_optimizer", spy)
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
     model = components.set_trainable(tiny_vit(num_classes=10), "ln2")
-    loader = DeviceLoader(random_images(8, 32), 8, augment=True, image_size=32)
+    loader = DeviceLoader(random_images(8, 32), 8, Transform(True, 32))
     loss, norm = step_bench.library_steps(model, loader, speed.StepOptions())(0, 1)
     assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))
 
@@ -470,18 +470,20 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
 def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):
     model = components.set_trainable(tiny_model, "mha")
     options = speed.StepOptions().checked("cpu")
-    step = step_module.make_step(model, options, optimizer="sgd", lr=0.1, momentum=0.9, batch_size=8, clip=1.0)
+    sgd = step_module.OptimizerSettings("sgd", lr=0.1, momentum=0.9)
+    step = step_module.make_step(model, options, optimizer=sgd, batch_size=8, clip=1.0)
     trainable = [p for _, p in components.trainable_parameters(model)]
     assert [id(p) for p in step.trainable] == [id(p) for p in trainable]
     group = step.optimizer.param_groups[0]
     assert isinstance(step.optimizer, torch.optim.SGD) and (group["momentum"], group["weight_decay"]) == (0.9, 0.0)
     assert not step.optimizer.defaults["fused"] and step.micro == 8 and not step.fixed  # fused on CUDA only
-    adamw = step_module.make_step(
-        model, options, optimizer="adamw", lr=1e-3, momentum=0.9, weight_decay=0.1, batch_size=8, clip=1.0
-    )
+    adamw_settings = step_module.OptimizerSettings("adamw", lr=1e-3, momentum=0.9, weight_decay=0.1)
+    adamw = step_module.make_step(model, options, optimizer=adamw_settings, batch_size=8, clip=1.0)
     assert isinstance(adamw.optimizer, torch.optim.AdamW) and len(adamw.optimizer.param_groups) == 2
     with pytest.raises(ValueError, match="valid optimizers: sgd, adamw"):
         speed.step.make_optimizer(model, "adam", 0.1, 0.9)
+    with pytest.raises(ValueError, match="valid optimizers: sgd, adamw"):  # the settings say so when they are made
+        step_module.OptimizerSettings("adam", lr=0.1, momentum=0.9)
 
 
 def test_adamw_decays_weight_matrices_only_and_steps_as_torch_does():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from dataclasses import dataclass
 
 import torch
 from timm.optim import param_groups_weight_decay
@@ -280,6 +281,22 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """A run's optimizer, as ``make_optimizer`` builds it: ``optimizer`` "sgd" (SGD with ``momentum``
+    and no weight decay, the paper's) or "adamw" (AdamW with ``weight_decay`` on weight matrices only),
+    at learning rate ``lr`` (the peak of the schedule). A bad ``optimizer`` is a ValueError when it is made."""
+
+    optimizer: str
+    lr: float
+    momentum: float
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(
     model: nn.Module, optimizer: str, lr: float, momentum: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
@@ -364,22 +381,20 @@ def make_step(
     model: nn.Module,
     options: StepOptions,
     *,
-    optimizer: str,
-    lr: float,
-    momentum: float,
-    weight_decay: float = 0.0,
+    optimizer: OptimizerSettings,
     batch_size: int,
     clip: float,
     micro_batch: int = 0,
     progress: bool = False,
 ) -> Step:
     """The step of a run that trains ``model``'s trainable parameters (``requires_grad``, as the
-    caller set them: the protocol decides what trains): its optimizer (``make_optimizer``: "sgd" or
-    "adamw", ``lr``, ``momentum``, ``weight_decay``) and a ``Step`` of ``options`` (checked:
+    caller set them: the protocol decides what trains): its optimizer (``make_optimizer`` of the
+    ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``, ``momentum``, ``weight_decay``) and a
+    ``Step`` of ``options`` (checked:
     ``StepOptions.checked``) at ``batch_size``, clipping at global norm ``clip``, ``micro_batch``
     (0: the whole batch, split while the GPU runs out of memory). ``step.optimizer`` is the
     optimizer, for the schedule and the checkpoints. What ``finetune`` trains with, and what the
     step benchmarks time."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    chosen = make_optimizer(model, optimizer, lr, momentum, weight_decay)
+    chosen = make_optimizer(model, optimizer.optimizer, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
     return Step(model, trainable, chosen, options, batch_size, clip, micro_batch, progress)
