@@ -91,7 +91,7 @@ report.headline(f"{model}: the bounds rank " + " > ".join(plasticity.LABELS[c] f
 
 # %%
 reference_set = data.get_dataset(reference, "test", root=data_root, image_size=size, mean_std=mean_std)
-rates = plasticity.measure(network, reference_set, target, min(n_images, len(reference_set)), device=device, progress=False)
+rates = plasticity.measure(network, reference_set, target, min(n_images, len(reference_set)), running=plasticity.Running(device=device, progress=False))
 tight = bounds.tightness(at_rms, rates)
 tight.pivot_table(index="component", values=["bound", "plasticity", "bound / plasticity"], aggfunc="median", observed=True).round(3)
 
