@@ -48,6 +48,7 @@ from benchmarks.data import bench_data, bench_plasticity
 from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
 from paperlib import cli, data, paths
 from paperlib.components import RUN_COMPONENTS
+from paperlib.runs import Config
 from paperlib.speed.clock import resolve_device
 from paperlib.speed.options import (
     ATTENTION_CHOICES,
@@ -290,14 +291,8 @@ def _list(choices) -> str:
 
 
 COMPONENTS_HELP = f"of: {_list(RUN_COMPONENTS)}"
-PRECISION_HELP = (
-    "fp32 (the paper's protocol), tf32 (TF32 matrix products; CUDA only), autocast (bf16 autocast) "
-    "or bf16 (bf16 compute, fp32 master weights)"
-)
-FUSED_HELP = (
-    "our fused ops (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, "
-    "all (every op: gelu+qkv), gelu (fc1's bias and GELU), qkv (the q/k/v split), or several joined by '+'"
-)
+_OPTION_HELP = cli.field_comments(Config)  # each step option's help, as Config (and so --help of a run) says it
+PRECISION_HELP, FUSED_HELP = _OPTION_HELP["precision"], _OPTION_HELP["fused"]
 
 
 def _command(commands, name: str, summary: str) -> argparse.ArgumentParser:
