@@ -30,7 +30,7 @@ demo: venv  ## execute every notebook on the demo world; HTML reports under repo
 test: venv  ## ruff (lint and format check), unit tests, then nbval over the committed notebooks
 	$(BIN)/ruff check paperlib tests benchmarks
 	$(BIN)/ruff format --check paperlib tests benchmarks
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 tests
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks
 
 format: venv  ## format and lint-fix the package and the tests (ruff, line length 120)

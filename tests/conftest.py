@@ -3,12 +3,25 @@ finetuning runs of the demo world, the demo ViT, and small notebooks."""
 
 import os
 
-import nbformat
-import pytest
-import torch
+# Under pytest-xdist (``make test`` runs ``pytest -n``) several workers share the cores: each computes
+# with its share of them (at least one thread), and so do the processes it starts (notebook kernels,
+# command lines), which inherit OMP_NUM_THREADS. One count for a worker and its subprocesses keeps the
+# tests that compare a run in this process with one in a subprocess exact (the thread count changes a
+# run's last digits on a CPU, paperlib.threads). Set before torch is imported; a value set by the user
+# stands. Without xdist nothing changes: PyTorch's own choice, as the recorded demo results used.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
-from paperlib import models, report
-from paperlib.runs import Config
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from paperlib import models, report  # noqa: E402
+from paperlib.runs import Config  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 

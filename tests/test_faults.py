@@ -94,15 +94,21 @@ def cut(file: Path) -> None:
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
 
 
-@pytest.fixture
-def reference(move_results):
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory):
     """``RUN`` trained undisturbed in this process, under a results root of its own: (metrics, history).
-    The results root then moves to ``disturbed`` for the test's own runs."""
-    move_results("undisturbed")
-    metrics = finetune.run(Config(**RUN))
-    history = runs.history(Config(**RUN))
+    Trained once for the tests that compare with it (a run seeds itself: the same numbers every time)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path_factory.mktemp("undisturbed")))
+        return finetune.run(Config(**RUN)), runs.history(Config(**RUN))
+
+
+@pytest.fixture
+def reference(undisturbed, move_results):
+    """``undisturbed``'s (metrics, history), copies; the results root moves to ``disturbed`` for the
+    test's own runs."""
     move_results("disturbed")
-    return metrics, history
+    return dict(undisturbed[0]), undisturbed[1].copy()
 
 
 # --- kill -9 ---------------------------------------------------------------------------------------
