@@ -1,5 +1,6 @@
 """Fixtures shared by every test: a seeded random state, a results root of the test's own, small
-finetuning runs of the demo world, the demo ViT, and small notebooks."""
+finetuning runs of the demo world, the demo ViT, and small notebooks; and the helpers several test files
+share (``from conftest import ...``): a run interrupted and resumed, metrics without their timings."""
 
 import os
 
@@ -17,7 +18,7 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from paperlib import models, report  # noqa: E402
+from paperlib import finetune, models, report  # noqa: E402
 from paperlib.runs import Config  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
@@ -98,3 +99,44 @@ def write_notebook():
         return path
 
     return write
+
+
+def interrupted(config: Config, step: int, monkeypatch) -> None:
+    """Run ``config`` until it stops with a simulated interruption when it asks for training batch ``step``."""
+    from paperlib import loader
+
+    original = loader.DeviceLoader.batch
+
+    def crash(self, index):
+        if index == step and self.augment:
+            raise KeyboardInterrupt("simulated interruption")
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loader.DeviceLoader, "batch", crash)
+        with pytest.raises(KeyboardInterrupt):
+            finetune.run(config)
+
+
+def resumed(config: Config, monkeypatch) -> dict:
+    """``finetune.run(config)`` of a run interrupted after a checkpoint, checked to resume from it (its
+    first training batch is not the first): a checkpoint that failed to load would start it again."""
+    from paperlib import loader
+
+    asked, original = [], loader.DeviceLoader.batch
+
+    def spy(self, index):
+        if self.augment:
+            asked.append(index)
+        return original(self, index)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loader.DeviceLoader, "batch", spy)
+        metrics = finetune.run(config)
+    assert asked and asked[0] > 0, "the run started again from the beginning instead of resuming"
+    return metrics
+
+
+def same_metrics(metrics: dict) -> dict:
+    """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
+    return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}

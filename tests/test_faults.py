@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_finetune import interrupted, resumed, same_metrics
+from conftest import interrupted, resumed, same_metrics
 
 from paperlib import data, finetune, fixtures, paths, plasticity, probe, runs, specs, stats, sweep, threads
 from paperlib.loader import uint8_images

@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import pytest
 import torch
+from conftest import interrupted, resumed, same_metrics
 
 from paperlib import components, finetune, models, paths, stats
 from paperlib import runs as run_files
-from paperlib.runs import Config
 
 
 @pytest.mark.parametrize("component", ["fc2", "ln1", "linear"])
@@ -53,47 +53,6 @@ def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(
     second = finetune.run(small())
     pd.testing.assert_frame_equal(history, run_files.history(small()))
     assert second["test_accuracy"] == first["test_accuracy"]
-
-
-def interrupted(config: Config, step: int, monkeypatch) -> None:
-    """Run ``config`` until it stops with a simulated interruption when it asks for training batch ``step``."""
-    from paperlib import loader
-
-    original = loader.DeviceLoader.batch
-
-    def crash(self, index):
-        if index == step and self.augment:
-            raise KeyboardInterrupt("simulated interruption")
-        return original(self, index)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(loader.DeviceLoader, "batch", crash)
-        with pytest.raises(KeyboardInterrupt):
-            finetune.run(config)
-
-
-def resumed(config: Config, monkeypatch) -> dict:
-    """``finetune.run(config)`` of a run interrupted after a checkpoint, checked to resume from it (its
-    first training batch is not the first): a checkpoint that failed to load would start it again."""
-    from paperlib import loader
-
-    asked, original = [], loader.DeviceLoader.batch
-
-    def spy(self, index):
-        if self.augment:
-            asked.append(index)
-        return original(self, index)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(loader.DeviceLoader, "batch", spy)
-        metrics = finetune.run(config)
-    assert asked and asked[0] > 0, "the run started again from the beginning instead of resuming"
-    return metrics
-
-
-def same_metrics(metrics: dict) -> dict:
-    """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
-    return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}
 
 
 def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(

@@ -349,3 +349,25 @@ def test_no_function_takes_more_than_eight_parameters():
     assert _too_many_parameters("m", "class C:\n    def m(self, a, b, c, d, e, f, g, h):\n        pass\n") == {}
     nested = "def outer():\n    def inner(a, *, b, c, d, e, f, g, h, i=0):\n        pass\n"
     assert _too_many_parameters("m", nested) == {"m.outer.inner": 9}
+
+
+def _test_file_imports(source: str) -> list[str]:
+    """The test modules (``test_*``) a test file's source imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_"):
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith("test_")]
+    return found
+
+
+def test_test_files_share_helpers_through_conftest_not_each_other():
+    tests = PACKAGE.parent / "tests"
+    importing = {path.name: _test_file_imports(path.read_text()) for path in sorted(tests.glob("test_*.py"))}
+    assert {name: found for name, found in importing.items() if found} == {}
+    assert _test_file_imports("from test_finetune import same_metrics\nimport test_lora") == [
+        "test_finetune",
+        "test_lora",
+    ]
+    assert _test_file_imports("from conftest import same_metrics") == []

@@ -6,7 +6,7 @@ import copy
 import pandas as pd
 import pytest
 import torch
-from test_finetune import interrupted, resumed, same_metrics
+from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
 from paperlib import components, finetune, lora, models, specs, stats

@@ -8,7 +8,7 @@ from dataclasses import fields
 import pytest
 import torch
 import yaml
-from test_finetune import interrupted, resumed, same_metrics
+from conftest import interrupted, resumed, same_metrics
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
