@@ -134,8 +134,13 @@ def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, 
     for precision, part in other.groupby("precision"):
         both = part.merge(base, on=PAIR, how="outer", indicator=True)
         counts = both["_merge"].value_counts()
-        unpaired.append({"precision": precision, "without reference": counts["left_only"], "reference without": 0})
-        unpaired[-1]["reference without"] = counts["right_only"]
+        unpaired.append(
+            {
+                "precision": precision,
+                "without reference": counts["left_only"],
+                "reference without": counts["right_only"],
+            }
+        )
     pairs = other.merge(base, on=PAIR, suffixes=("", "_reference"))
     finished = (pairs["status"] == "finished") & (pairs["status_reference"] == "finished")
     difference = (pairs["test_accuracy"] - pairs["test_accuracy_reference"]) * 100
@@ -382,10 +387,10 @@ def spread_of(pairs: pd.DataFrame) -> float:
     """The standard deviation of the paired differences (points) within cells (dataset, component), pooled
     over the cells of two pairs or more: the seed noise the equivalence test works against."""
     groups = pairs.dropna(subset=["difference"]).groupby(["dataset", "component"])["difference"]
-    dof = groups.size() - 1
-    if dof.clip(lower=0).sum() == 0:
+    dof = groups.size() - 1  # a cell of one pair has none (its variance is NaN, weighted by 0)
+    if dof.sum() == 0:
         return float("nan")
-    return float(np.sqrt((groups.var(ddof=1).fillna(0) * dof.clip(lower=0)).sum() / dof.clip(lower=0).sum()))
+    return float(np.sqrt((groups.var(ddof=1).fillna(0) * dof).sum() / dof.sum()))
 
 
 def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -> float:
