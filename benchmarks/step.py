@@ -197,13 +197,13 @@ def bench_finetune(
         if lora_rank:
             model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank)
             plain_model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank) if plain else None
-        lora.set_run_trainable(model, component, lora_rank)
+        set_trainable(model, component, lora.updates(model) if lora_rank else None)
         flops = step_flops(model, *fast.batch(0))
         train_steps = library_steps(model, fast, options)
         warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
         runs = {"library": (lambda: train_steps(1, steps), warmup)}
         if plain:
-            trained = lora.set_run_trainable(plain_model, component, lora_rank)
+            trained = set_trainable(plain_model, component, lora.updates(plain_model) if lora_rank else None)
             runs["plain"] = _plain_run(trained, plain_loader, steps, device)
         rates = {name: batch_size * steps / value for name, value in median_seconds(runs, device, repeats).items()}
         if plain:

@@ -39,6 +39,8 @@ weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
 lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
 lora_dropout = 0.0  # dropout on the LoRA updates' input
+equal_capacity = False  # mha, fc1 or fc2: train as many parameters per block as a LayerNorm has (2d), a random subset (beyond the paper)
+subset_seed = 0  # the seed of that subset: the same for every learning rate and seed of a configuration
 tag = ""  # a name of your own for runs that change steps, batch size, warm-up, momentum or clip (not in the folder name): their own folder, kept beside the others
 stop_exploded = False  # stop a run whose loss goes above 10x chance level's (the authors' loop never stops; a loss that is not finite stops it either way)
 save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
@@ -48,7 +50,7 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, finetune, lora, models, paths, plots, report, runs, stats
+from paperlib import components, equal_capacity as equal, finetune, lora, models, paths, plots, report, runs, stats
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -57,7 +59,7 @@ config = runs.config_from(dict(
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root,
     precision=precision, speed=speed, compile=compile, compile_mode=compile_mode, attention=attention, fused=fused,
     optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-    normalize=normalize, validation=validation, tag=tag, stop_exploded=stop_exploded, save_weights=save_weights,
+    equal_capacity=equal_capacity, subset_seed=subset_seed, normalize=normalize, validation=validation, tag=tag, stop_exploded=stop_exploded, save_weights=save_weights,
 ))
 metrics = finetune.run(config)
 history = runs.history(config)
@@ -69,7 +71,9 @@ print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; result
 # Trainable parameters of this configuration (the component over all blocks, as in Table 3, and
 # with the head and final norm, as trained here) and the memory of their gradients and SGD
 # momentum in fp32 (Table 4). With `lora_rank`, the LoRA updates that train in the component's
-# place (`paperlib.lora`): their share of the weights they adapt, and the memory they need.
+# place (`paperlib.lora`): their share of the weights they adapt, and the memory they need. With
+# `equal_capacity`, the subset that trains: as many parameters per block as a LayerNorm has
+# (`paperlib.equal_capacity`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -77,6 +81,8 @@ architecture = models.architecture(model, num_classes=metrics.get("num_classes",
 if lora_rank:
     table = lora.parameter_table(architecture, lora_rank)
     table = table.loc[[f"{components.LABELS[component]} (LoRA r={lora_rank})"]]
+elif equal_capacity:
+    table = equal.parameter_table(architecture).loc[[f"{components.LABELS[component]} (equal capacity)"]]
 else:
     table = components.parameter_table(architecture).loc[[components.LABELS[component]]]
 table

@@ -18,6 +18,7 @@ One module per concern, named for what it holds; each imports only modules above
 - ``loader``      the fast data path: uint8 caches and ``DeviceLoader``
 - ``fixtures``    tiny datasets in the official on-disk formats (tests, benchmarks)
 - ``lora``        LoRA surgery on one component (beyond the paper)
+- ``equal_capacity`` every component trained on as many parameters per block as a LayerNorm has (beyond the paper)
 - ``speed``       how a finetuning step is made fast (compilation, precision, fused ops); its
                   benchmarks are outside the package (``benchmarks/``, ``python -m benchmarks``)
 - ``specs``       sweep specs: read, checked, expanded into runs

@@ -434,3 +434,107 @@ def verdict(
     text += f" (Kendall's tau with accuracy: P(f) {said[0]}, capacity {said[1]})"
     confound = layernorm_confound(pairs)
     return table.rename(index=LABELS), text + (f". {confound}" if confound else "")
+
+
+def equal_capacity_results(ordinary: pd.DataFrame, equal: pd.DataFrame) -> pd.DataFrame:
+    """The five components at equal capacity (``paperlib.equal_capacity``), one row per dataset and
+    component: ``equal``'s MHA, FC1 and FC2 (each trained on a subset as large as a LayerNorm) with
+    ``ordinary``'s LN2 and LN1 (which train whole in either design), for the datasets ``equal`` has.
+    Both tables in ``table6``'s layout (``dataset``, ``component`` and the result)."""
+    subset = equal[~equal["component"].isin(LAYERNORMS) & equal["component"].isin(COMPONENTS)]
+    norms = ordinary[ordinary["component"].isin(LAYERNORMS) & ordinary["dataset"].isin(set(subset["dataset"]))]
+    return pd.concat([subset, norms], ignore_index=True)
+
+
+class AtEqualCapacity(NamedTuple):
+    """``at_equal_capacity``'s tables."""
+
+    per_dataset: pd.DataFrame
+    summary: pd.DataFrame
+    reordered: pd.DataFrame
+
+
+DESIGNS = ("ordinary", "equal capacity")
+"""The two finetuning designs ``at_equal_capacity`` compares: each component whole (the paper's), and
+every component on as many parameters per block as a LayerNorm has."""
+
+
+def at_equal_capacity(
+    plasticity: pd.DataFrame, ordinary: pd.DataFrame, equal: pd.DataFrame, value: str = "accuracy", level: float = 0.05
+) -> AtEqualCapacity:
+    """Takeaway 2 with size taken out: Kendall's tau of P(f) with ``value`` over the five components,
+    per dataset, in both ``DESIGNS``, on the datasets that have equal-capacity runs.
+
+    ``ordinary`` and ``equal`` are ``table6``'s of the ordinary and the equal-capacity runs (one value per
+    dataset and component, e.g. ``mean`` renamed ``accuracy``); the equal design's LayerNorms are the
+    ordinary runs (``equal_capacity_results``).
+    - ``per_dataset``: ``dataset``, ``family`` and each design's ``tau``.
+    - ``summary``, per design: ``within_capacity``'s test with the five components as one group: the
+      taus' ``mean_tau``, the summed ``S`` with its exact permutation ``p_value`` (the accuracies permuted
+      among the components of each dataset), and the same by family (a dataset family counts once:
+      ``family_positive``, ``family_negative``, ``family_p_value``).
+    - ``reordered``: the pairs of components the two designs order differently on a dataset, each
+      design's difference (first minus second, in the paper's order of components), the ``more plastic``
+      of the two by P(f) on that dataset, and whether the equal design ``follows plasticity`` (puts it ahead)."""
+    one_group = {component: 1.0 for component in COMPONENTS}
+    datasets = set(equal["dataset"])
+    designs = {
+        "ordinary": ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)],
+        "equal capacity": equal_capacity_results(ordinary, equal),
+    }
+    tests = {name: within_capacity(plasticity, table, one_group, value, level=level) for name, table in designs.items()}
+    per_dataset = pd.concat(
+        [test.per_dataset.set_index(["dataset", "family"])["tau"].rename(name) for name, test in tests.items()], axis=1
+    ).reset_index()
+    columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant"]
+    columns += ["families", "family_positive", "family_negative", "family_p_value"]
+    summary = pd.DataFrame({name: test.summary.iloc[0][columns] for name, test in tests.items()}).T
+    reordered = _reordered(designs, value, plasticity)
+    return AtEqualCapacity(per_dataset, summary.rename_axis("design"), reordered)
+
+
+def _reordered(designs: dict[str, pd.DataFrame], value: str, plasticity: pd.DataFrame) -> pd.DataFrame:
+    """The pairs of components the two designs order differently on a dataset (``at_equal_capacity``)."""
+    wide = {
+        name: table.pivot_table(index="dataset", columns="component", values=value) for name, table in designs.items()
+    }
+    scores = plasticity.pivot_table(index="dataset", columns="component", values="plasticity")
+    rows = []
+    for dataset in wide["equal capacity"].index:
+        for first, second in itertools.combinations(COMPONENTS, 2):
+            differences = [
+                w.loc[dataset, first] - w.loc[dataset, second]
+                if dataset in w.index and {first, second} <= set(w.columns)
+                else math.nan
+                for w in (*wide.values(), scores)
+            ]
+            if np.sign(differences[0]) * np.sign(differences[1]) < 0:
+                row = {"dataset": dataset, "pair": f"{LABELS[first]} / {LABELS[second]}"}
+                row |= dict(zip(DESIGNS, differences))
+                more = first if differences[2] > 0 else second if differences[2] < 0 else "tie"
+                follows = bool(np.sign(differences[1]) == np.sign(differences[2])) if more != "tie" else math.nan
+                rows.append(row | {"more plastic": LABELS.get(more, more), "follows plasticity": follows})
+    return pd.DataFrame(rows, columns=["dataset", "pair", *DESIGNS, "more plastic", "follows plasticity"])
+
+
+def at_equal_capacity_of_runs(
+    ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = "val", reference: str | None = None
+) -> tuple[AtEqualCapacity, pd.DataFrame, str]:
+    """``at_equal_capacity`` of two sweeps' runs (``runs.for_spec``'s; one model): ``table6`` of each, every
+    component at the learning rate ``select`` chooses (``val``: its own best on validation), against P(f)
+    (``stats.plasticity_for``). Returns the result, the accuracies (%) of both designs side by side (dataset x
+    component), and where P(f) comes from ("measured" or the paper's order)."""
+    from . import stats  # the tables of runs; stats does not import capacity
+
+    datasets = set(equal["dataset"])
+    ordinary = ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)]
+    tables = [stats.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
+    measured, source = stats.plasticity_for(ordinary, reference)
+    result = at_equal_capacity(measured, *tables)
+    designs = {"ordinary": tables[0], "equal capacity": equal_capacity_results(*tables)}
+    side = pd.concat(
+        {name: table.pivot(index="dataset", columns="component", values="accuracy") for name, table in designs.items()},
+        axis=1,
+    )
+    side = side.reindex(columns=[(d, c) for d in DESIGNS for c in COMPONENTS]).rename(columns=LABELS, level=1)
+    return result, side, source

@@ -156,10 +156,18 @@ def trained_modules(model: nn.Module, component: str) -> list[nn.Module]:
     return modules
 
 
-def set_trainable(model: nn.Module, component: str) -> nn.Module:
-    """Freeze every parameter except those a run of ``component`` finetunes (``trained_modules``).
-    Returns the model."""
+def set_trainable(model: nn.Module, component: str, adapters: list[nn.Module] | None = None) -> nn.Module:
+    """Freeze every parameter except those a run of ``component`` finetunes; returns the model.
+
+    What trains is ``trained_modules``: the component in every block, the head and the final norm. With
+    ``adapters`` (what ``lora.add_lora`` or ``equal_capacity.add_subsets`` added beside the component),
+    the adapters train in the component's place, with the same head and final norm.
+    """
     modules = trained_modules(model, component)
+    if adapters is not None:
+        if not adapters:
+            raise ValueError(f"no adapter of {component!r} to train: add LoRA or a subset first")
+        modules = head_modules(model) + final_norm_modules(model) + list(adapters)
     model.requires_grad_(False)
     for module in modules:
         module.requires_grad_(True)

@@ -5,9 +5,10 @@
     metrics = finetune.run(Config(component="mha", lr=0.03))
 
 The protocol: the pretrained model with a new classification head; trainable = the chosen
-component in every block + the head + the final LayerNorm (``lora.set_run_trainable``; or, beyond the
-paper, a LoRA update of the component, ``paperlib.lora``); SGD with momentum 0.9 and no weight
-decay (built by ``make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0
+component in every block + the head + the final LayerNorm (``adapt``; or, beyond the paper, a LoRA
+update of the component, ``paperlib.lora``, or a subset of its entries as large as a LayerNorm,
+``paperlib.equal_capacity``); SGD with momentum 0.9 and no weight decay (built by ``make_step``; or,
+beyond the paper, AdamW); linear warm-up then cosine decay to 0
 (``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
 global norm 1 (the logged norm is the one clipping saw);
 evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
@@ -40,7 +41,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import cli, components, data, lora, models, paths, runs, threads
+from . import cli, components, data, equal_capacity, lora, models, paths, runs, threads
 from .loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
 from .speed.step import OptimizerSettings, make_step
@@ -54,6 +55,19 @@ def network(config: Config, num_classes: int) -> nn.Module:
     (timm resamples the position embedding to that grid, e.g. DINOv2 at 224 rather than 518), else at its own."""
     size = {"img_size": config.image_size} if config.image_size else {}
     return models.create_model(config.model, num_classes=num_classes, **size)
+
+
+def adapt(model: nn.Module, config: Config) -> nn.Module:
+    """``model`` as a run of ``config`` trains it, in place: what trains beside its component added (a LoRA
+    update, ``lora.add_lora``, or an equal-capacity subset, ``equal_capacity.add_subsets``), then every
+    parameter frozen but what the run trains (``components.set_trainable``). Returns the model."""
+    adapters = None
+    if config.lora_rank:
+        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
+        adapters = lora.updates(model)
+    elif config.equal_capacity:
+        adapters = equal_capacity.add_subsets(model, config.component, config.subset_seed)
+    return components.set_trainable(model, config.component, adapters)
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -193,8 +207,9 @@ def _timed_run(config: Config, progress: bool = False) -> tuple[str, float]:
 def load_model(config: Config, merge: bool = True) -> nn.Module:
     """The model a finished run with ``save_weights=True`` finetuned, at its best-validation
     checkpoint, in eval mode: the pretrained model with the run's new head, and the parameters the
-    run trained (component, head, final norm; or its LoRA updates) as it kept them. A LoRA run's
-    updates are merged into a plain timm ViT (``lora.merge``) unless ``merge=False``. Its
+    run trained (component, head, final norm; or its LoRA updates or subset) as it kept them. A LoRA or
+    equal-capacity run's updates are merged into a plain timm ViT (``lora.merge``, ``equal_capacity.merge``)
+    unless ``merge=False``. Its
     ``pretrained_cfg`` records the normalisation the run used. Save it as your own model with
     ``models.save_model(model, "custom/<name>")``."""
     folder = config.folder()
@@ -213,9 +228,7 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
         )
     metrics = paths.read_json(folder / METRICS)
-    model = network(config, metrics["num_classes"])
-    if config.lora_rank:
-        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
+    model = adapt(network(config, metrics["num_classes"]), config)
     state = load_file(str(weights))
     unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
     if unexpected:
@@ -225,6 +238,8 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
     model.load_state_dict(state, strict=False)
     if config.lora_rank and merge:
         model = lora.merge(model)
+    if config.equal_capacity and merge:
+        model = equal_capacity.merge(model)
     if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
         model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
     return model.eval()
@@ -301,12 +316,9 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's)
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
-    model = network(config, num_classes).to(device)
-    if config.lora_rank:
-        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
+    model = adapt(network(config, num_classes).to(device), config)
     # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
     runs.start(config, params)
-    lora.set_run_trainable(model, config.component, config.lora_rank)
 
     # the optimizer and a step as fast as the run's options make it, and the schedule
     step_fn = make_step(
@@ -364,6 +376,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
     measured["test_images"] = len(loaders["test"].images)
+    measured["subset"] = equal_capacity.digest(model) if config.equal_capacity else None
     metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
     runs.record(config, rows, best, metrics)
     return model, metrics
@@ -406,7 +419,7 @@ def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
     """A run's ``metrics.json``: how it ended (``diverged`` from its history's ``diverged_step``, else
     ``finished``), the test (loss, accuracy) of its best-validation checkpoint, and how it ran
-    (``measured``: wall seconds, images seen, threads, cache side, mean/std, test images)."""
+    (``measured``: wall seconds, images seen, threads, cache side, mean/std, test images, subset)."""
     device = torch.device(config.device)
     diverged_at = diverged_step(rows, num_classes)
     return {
@@ -426,6 +439,7 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "precision": config.precision,
         "optimizer": config.optimizer,
         "lora_rank": config.lora_rank,
+        "subset": measured["subset"],  # an equal-capacity run's subset (equal_capacity.digest)
         "normalize": config.normalize,
         "cache_side": measured["side"],
         "weights": None,  # the weights file, if kept: runs.record

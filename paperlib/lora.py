@@ -192,26 +192,10 @@ def adapted_layers(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, LoraLayer)]
 
 
-def set_trainable(model: nn.Module) -> nn.Module:
-    """Freeze every parameter except the LoRA updates (``add_lora``), the head and the final
-    LayerNorm, the component-wise protocol with LoRA in place of the component's weights."""
-    layers = adapted_layers(model)
-    if not layers:
-        raise ValueError("the model has no LoRA layers: add_lora(model, component, rank) first")
-    model.requires_grad_(False)
-    for module in components.head_modules(model) + components.final_norm_modules(model):
-        module.requires_grad_(True)
-    for layer in layers:
-        layer.lora_A.requires_grad_(True)
-        layer.lora_B.requires_grad_(True)
-    return model
-
-
-def set_run_trainable(model: nn.Module, component: str, rank: int = 0) -> nn.Module:
-    """Freeze all but what a finetuning run of ``component`` trains: the component
-    (``components.set_trainable``) or, with ``rank``, the LoRA updates that the model carries beside it
-    (``set_trainable``). Returns the model."""
-    return set_trainable(model) if rank else components.set_trainable(model, component)
+def updates(model: nn.Module) -> list[nn.Module]:
+    """The LoRA updates ``model`` carries (each adapted layer's ``lora_A`` and ``lora_B``): what a LoRA run
+    trains in its component's place (``components.set_trainable``'s ``adapters``)."""
+    return [part for layer in adapted_layers(model) for part in (layer.lora_A, layer.lora_B)]
 
 
 def merge(model: nn.Module) -> nn.Module:

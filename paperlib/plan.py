@@ -30,7 +30,7 @@ from dataclasses import asdict
 import pandas as pd
 import torch
 
-from . import lora, models, paths, runs
+from . import finetune, models, paths, runs
 from .imagesets import random_images
 from .loader import DeviceLoader, Transform
 from .speed.clock import device_name, median_seconds
@@ -163,18 +163,16 @@ def _device_here(device: str) -> str | None:
 
 def time_step(config: runs.Config, timing_steps: int = 3) -> float:
     """Training images/s of ``config``'s step on its device: the step as ``finetune.train`` builds it
-    (``lora.set_run_trainable``, then ``speed.step.make_step`` with the run's optimizer, clipping and
+    (``finetune.adapt``, then ``speed.step.make_step`` with the run's optimizer, clipping and
     micro-batches), on random weights with a 10-class head and a batch of random uint8 images at the
     model's resolution (or ``image_size``; ``imagesets.random_images``), timed over ``timing_steps`` steps
     after its warm-up (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
     model = models.create_model(config.model, pretrained=False, num_classes=10).to(device)
-    if config.lora_rank:
-        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
+    finetune.adapt(model, config)
     size = config.image_size or model.patch_embed.img_size[0]
     loader = DeviceLoader(random_images(config.batch_size, size), config.batch_size, Transform(True, size), device)
     options = config.checked_options
-    lora.set_run_trainable(model, config.component, config.lora_rank)
     step = make_step(
         model,
         options,

@@ -92,6 +92,10 @@ class Config:
     # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
     lora_alpha: float = 0.0
     lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+    # train as many parameters per block in mha, fc1 or fc2 as a LayerNorm has (2d): a seeded random subset of the
+    # component's weights and biases, the rest frozen (``equal_capacity``: plasticity, not size)
+    equal_capacity: bool = False
+    subset_seed: int = 0  # the seed of an equal-capacity run's subset: the same for every lr and seed
     # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
     # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     tag: str = ""
@@ -111,7 +115,7 @@ class Config:
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices."""
         # the training stack (torch, torchvision, timm), here only: reading results needs no Config (``for_spec``)
-        from . import data, lora, models
+        from . import data, equal_capacity, lora, models
 
         check_run_component(self.component)
         data.check_dataset(self.dataset)
@@ -121,6 +125,9 @@ class Config:
         cli.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
+        equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)
+        if self.lora_rank and self.equal_capacity:
+            raise ValueError("equal_capacity trains a subset of the component's own weights: set lora_rank 0")
         # a model without recorded statistics fails here, before any work
         models.normalization(self.model, self.normalize)
         if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
@@ -193,7 +200,8 @@ class Config:
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, with ``-<precision>``
         unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
-        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-norm-model`` for
+        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-equal[-s<subset seed>]`` for
+        equal capacity, ``-norm-model`` for
         the model's own normalisation, ``-val-fraction`` for the paper's reading of the validation
         split, and ``+<tag>`` last (``+``, which no tag has, so that no tag
         can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
@@ -225,6 +233,8 @@ def run_folder(record: dict) -> Path:
     if r["lora_rank"]:
         run += f"-lora-r{r['lora_rank']}" + (f"-a{r['lora_alpha']:g}" if r["lora_alpha"] != r["lora_rank"] else "")
         run += f"-d{r['lora_dropout']:g}" if r["lora_dropout"] else ""
+    if r["equal_capacity"]:
+        run += "-equal" + (f"-s{r['subset_seed']}" if r["subset_seed"] else "")
     run += "" if r["normalize"] == "imagenet" else f"-norm-{r['normalize']}"
     run += f"-val-{r['validation']}" if r["validation"] != "official" else ""
     run += f"+{r['tag']}" if r["tag"] else ""
@@ -431,7 +441,7 @@ HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_acc
 """The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
 
 KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
-KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "normalize", "validation", "tag"]
+KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "equal_capacity", "subset_seed", "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
 RUN_COLUMNS = KEYS + [

@@ -417,8 +417,8 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     from paperlib import lora
 
     seen = []
-    original = lora.set_trainable
-    monkeypatch.setattr(lora, "set_trainable", lambda model: seen.append(model) or original(model))
+    original = lora.updates
+    monkeypatch.setattr(lora, "updates", lambda model: seen.append(model) or original(model))
     result = step_bench.bench_finetune(
         "demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2
     )

@@ -39,7 +39,7 @@ def test_lora_starts_as_the_pretrained_function_and_trains_only_its_updates_head
     lora.add_lora(model, "mha", rank=4)
     with torch.no_grad():
         assert torch.equal(model(x), reference(x))  # B starts at zero
-    lora.set_trainable(model)
+    components.set_trainable(model, "mha", lora.updates(model))
     trainable = {name for name, _ in components.trainable_parameters(model)}
     expected = {
         f"blocks.{i}.attn.{m}.lora_{ab}.default.weight"
@@ -101,7 +101,7 @@ def test_an_update_of_scale_1_is_not_multiplied_by_it_and_gives_peft_s_numbers(t
     theirs.load_state_dict(ours.state_dict())
     x, labels = images(4), torch.tensor([0, 1, 2, 0])
     for model in (ours, theirs):
-        lora.set_trainable(model)
+        components.set_trainable(model, "full", lora.updates(model))
         torch.nn.functional.cross_entropy(model(x), labels).backward()
     with torch.no_grad():
         assert torch.equal(ours(x), theirs(x))

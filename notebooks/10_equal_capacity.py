@@ -1,0 +1,102 @@
+# %% [markdown]
+# # 10 · Plasticity, not size: Takeaway 2 at equal capacity (beyond the paper)
+#
+# Takeaway 2 (§5.2): the more plastic a component, the better and steadier its finetuning. On
+# ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also nearly the order of
+# the components' sizes (MHA, FC1 and FC2 about 33% of the model each, LN2 and LN1 0.02%), so Table 6
+# cannot tell "more plastic" from "larger", nor from "is a LayerNorm" (notebook 07, `paperlib.capacity`).
+# An experiment can: here MHA, FC1 and FC2 each train a fixed random subset of their weights and
+# biases as large as a LayerNorm (2d parameters per block; `paperlib.equal_capacity`), the rest frozen,
+# with the paper's protocol otherwise, so that the five components train the same number of
+# parameters. LN2 and LN1 train whole in either design: their runs are the ordinary ones.
+#
+# Per dataset, Kendall's tau between P(f) and accuracy over the five components, in the ordinary
+# design and at equal capacity; across datasets, the exact permutation test of the summed Kendall's S
+# (the accuracies permuted among the components of each dataset) and a sign test by dataset family,
+# which counts the corruptions of one test set once. At demo scale (the default): the demo ViT on the two
+# demo sets whose components are least alike (`parameters/sweeps/equal_capacity_demo.yaml`, 6 runs, one
+# seed, one learning rate), computed here when missing; both sets are digits, one family, so the family
+# test has nothing to say. At paper scale, `parameters/sweeps/equal_capacity_paper.yaml` (144 runs on four
+# benchmarks of four families, 3 seeds) answers whether the plasticity order survives equal sizes.
+
+# %% tags=["parameters"]
+spec = "parameters/sweeps/finetune_demo.yaml"  # the ordinary runs: the equal design's LN2 and LN1, and the comparison
+equal_spec = "parameters/sweeps/equal_capacity_demo.yaml"  # the equal-capacity runs of MHA, FC1 and FC2
+compute_missing = True  # run the specs' missing runs, and measure missing plasticity, first (demo scale only)
+select = "val"  # each component at its own best learning rate, chosen on validation (or test, as the paper's Table 6)
+reference = None  # reference images of the plasticity (None: each dataset's default)
+n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800)
+device = "cpu"  # device for missing plasticity measurements
+
+# %%
+from paperlib import capacity, equal_capacity, finetune, models, paths, plasticity, report, specs
+from paperlib.runs import at_least_one, for_spec
+
+report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+
+grids = {name: specs.load_spec(paths.ROOT / path) for name, path in (("ordinary", spec), ("equal", equal_spec))}
+if compute_missing:
+    finetune.run_spec(grids["equal"], grids["ordinary"])
+equal_runs = at_least_one(for_spec(grids["equal"])[0], equal_spec)
+ordinary_runs = at_least_one(for_spec(grids["ordinary"])[0], spec)
+model = equal_runs["model"].iloc[0]
+ordinary_runs = ordinary_runs[ordinary_runs["model"] == model]
+datasets = sorted(equal_runs["dataset"].unique())
+if compute_missing:
+    wanted = [plasticity.Measurement(model, d, reference, n_pairs) for d in datasets]
+    plasticity.measure_missing(wanted, device=device)
+print(f"{len(equal_runs)} equal-capacity runs of {model} on {', '.join(datasets)}: "
+      + ", ".join(f"{n} {s}" for s, n in equal_runs["status"].value_counts().items()))
+
+# %% [markdown]
+# ## What trains (Table 3's layout)
+#
+# Per component, the parameters an equal-capacity run trains per block and over all blocks, their share
+# of the component, and with the head and the final LayerNorm, which train in every run: the five match.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+architecture = models.architecture(model, num_classes=5)
+equal_capacity.parameter_table(architecture)
+
+# %% [markdown]
+# ## Accuracy in both designs
+#
+# Test accuracy (%) at the learning rate `select` chooses, per dataset and component; the equal
+# design's LN2 and LN1 are the ordinary runs.
+
+# %%
+result, accuracies, source = capacity.at_equal_capacity_of_runs(ordinary_runs, equal_runs, select, reference)
+print(f"P(f): {source}")
+accuracies.round(2)
+
+# %% [markdown]
+# ## Kendall's tau of P(f) with accuracy, ordinary and at equal capacity
+#
+# Per dataset, then across datasets: the mean tau, the summed S and its exact permutation p-value,
+# and the family sign test.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+display(result.per_dataset.round(3))
+result.summary
+
+# %%
+row = {design: result.summary.loc[design] for design in capacity.DESIGNS}
+report.headline(
+    f"at equal capacity, P(f) and accuracy: mean tau {row['equal capacity']['mean_tau']:+.2f} (S {row['equal capacity']['S']}, "
+    f"exact p {row['equal capacity']['p_value']:.2f}) against {row['ordinary']['mean_tau']:+.2f} (p {row['ordinary']['p_value']:.2f}) "
+    f"with every component whole, over {row['equal capacity']['strata']} dataset(s) in {row['equal capacity']['families']} famil"
+    f"{'y' if row['equal capacity']['families'] == 1 else 'ies'}",
+    why="the paper-scale spec (parameters/sweeps/equal_capacity_paper.yaml) asks the same of ViT-Base on four benchmarks, 3 seeds",
+)
+
+# %% [markdown]
+# ## The pairs the two designs order differently
+#
+# Per dataset, each pair of components whose order by accuracy flips between the designs, with each
+# design's difference (first minus second), the more plastic of the two by P(f), and whether the equal
+# design puts it ahead.
+
+# %%
+result.reordered.round(2)

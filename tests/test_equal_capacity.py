@@ -1,0 +1,157 @@
+"""Equal-capacity finetuning (``paperlib.equal_capacity``) and its analysis (``capacity.at_equal_capacity``)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from paperlib import capacity, components, equal_capacity, finetune, models, runs
+from paperlib.names import COMPONENTS
+
+
+def demo_model():
+    return models.create_model("demo", num_classes=5)
+
+
+def test_every_component_trains_k_parameters_per_block():
+    model = demo_model()
+    k = equal_capacity.per_block(model)
+    assert k == 2 * model.embed_dim  # a LayerNorm's gain and bias
+    head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
+    for component in COMPONENTS:
+        config = runs.Config(component=component, equal_capacity=component in equal_capacity.SUBSET_COMPONENTS)
+        adapted = finetune.adapt(demo_model(), config)
+        trainable = {name: p.numel() for name, p in adapted.named_parameters() if p.requires_grad}
+        for block in range(len(adapted.blocks)):
+            in_block = sum(n for name, n in trainable.items() if name.startswith(f"blocks.{block}."))
+            assert in_block == k, (component, block, in_block)
+        assert sum(trainable.values()) == k * len(adapted.blocks) + head_and_norm
+    table = equal_capacity.parameter_table(model)
+    assert table["trainable"].nunique() == 1 and (table["per block"] == k).all()
+
+
+def test_the_subset_is_the_same_for_every_lr_and_seed_and_changes_with_its_own_seed():
+    def digest(**fields):
+        model = finetune.adapt(demo_model(), runs.Config(component="fc2", equal_capacity=True, **fields))
+        return equal_capacity.digest(model)
+
+    first = digest(lr=0.03, seed=0)
+    assert digest(lr=0.3, seed=42) == first
+    assert digest(subset_seed=1) != first
+    drawn = equal_capacity.draw(demo_model(), "mha", seed=3)
+    assert all(len(torch.unique(d)) == len(d) == equal_capacity.per_block(demo_model()) for d in drawn)
+    assert not all(torch.equal(drawn[0], other) for other in drawn[1:])  # a draw per block
+
+
+def test_frozen_entries_do_not_move_under_momentum_weight_decay_and_clipping():
+    torch.manual_seed(0)
+    model = demo_model()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    updates = equal_capacity.add_subsets(model, "mha", seed=0)
+    components.set_trainable(model, "mha", updates)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=0.1, weight_decay=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(torch.randn(4, 3, 32, 32)).square().mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+    equal_capacity.merge(model)
+    after = dict(model.named_parameters())
+    assert set(after) == set(before)  # a plain timm ViT again
+    k = equal_capacity.per_block(model)
+    for block in range(len(model.blocks)):
+        names = [name for name in before if name.startswith(f"blocks.{block}.attn.")]
+        moved = sum(int((before[name] != after[name]).sum()) for name in names)
+        assert 0 < moved <= k
+        others = [name for name in before if name.startswith(f"blocks.{block}.") and name not in names]
+        assert all(torch.equal(before[name], after[name]) for name in others)
+
+
+def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
+    config = runs.Config(component="fc1", equal_capacity=True, steps=12, warmup=2, eval_every=6, save_weights=True)
+    assert config.folder().name == "seed=0-equal"
+    metrics = finetune.run(config)
+    model = demo_model()
+    k = equal_capacity.per_block(model)
+    assert metrics["trainable_parameters"] == k * len(model.blocks) + 5 * model.embed_dim + 5 + 2 * model.embed_dim
+    assert metrics["subset"] == equal_capacity.digest(finetune.adapt(demo_model(), config))
+    trained = finetune.load_model(config)  # SGD with momentum 0.9, the paper's, merged back into the weights
+    for block, (start, end) in enumerate(zip(model.blocks, trained.blocks)):
+        changed = int(
+            (start.mlp.fc1.weight != end.mlp.fc1.weight).sum() + (start.mlp.fc1.bias != end.mlp.fc1.bias).sum()
+        )
+        assert 0 < changed <= k, (block, changed)
+        assert torch.equal(start.attn.qkv.weight, end.attn.qkv.weight)
+        assert torch.equal(start.norm2.weight, end.norm2.weight)
+
+
+def test_a_run_without_the_option_is_unchanged():
+    config = runs.Config(component="fc1")
+    assert "equal" not in config.folder().name
+    plain = finetune.adapt(demo_model(), config)
+    assert not any("parametrizations" in name for name, _ in plain.named_parameters())
+    expected = components.set_trainable(demo_model(), "fc1")
+    assert [n for n, p in plain.named_parameters() if p.requires_grad] == [
+        n for n, p in expected.named_parameters() if p.requires_grad
+    ]
+    record = runs.run_record(config)
+    older = {key: value for key, value in record.items() if key not in ("equal_capacity", "subset_seed")}
+    assert runs.differing(older, record) == []  # a record from before the option is the same run
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"component": "ln1", "equal_capacity": True}, "its ordinary runs are its equal-capacity runs"),
+        ({"component": "full", "equal_capacity": True}, "equal_capacity is for mha, fc1, fc2"),
+        ({"component": "mha", "subset_seed": 3}, "set equal_capacity True too"),
+        ({"component": "mha", "equal_capacity": True, "lora_rank": 2}, "set lora_rank 0"),
+        ({"component": "mha", "equal_capacity": "yes"}, "True or False"),
+    ],
+)
+def test_bad_options_are_refused_with_the_valid_choices(fields, message):
+    with pytest.raises(ValueError, match=message):
+        runs.Config(**fields)
+
+
+def test_equal_capacity_runs_are_another_setting_in_the_tables():
+    from paperlib import stats
+
+    assert "equal_capacity" in stats.SETTING and "subset_seed" in stats.SETTING
+    rows = [
+        {"model": "demo", "dataset": "digits", "component": "fc1", "lr": 0.03, "seed": 0, "equal_capacity": equal}
+        for equal in (False, True)
+    ]
+    mixed = pd.DataFrame(rows).reindex(columns=runs.RUN_COLUMNS)
+    with pytest.raises(ValueError):
+        stats.check_one_setting(mixed, "table6")
+
+
+def table(values: dict[str, dict[str, float]]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"dataset": d, "component": c, "accuracy": v} for d, row in values.items() for c, v in row.items()]
+    )
+
+
+def test_at_equal_capacity_compares_the_two_designs():
+    scores = dict(zip(COMPONENTS, [5.0, 4.0, 3.0, 2.0, 1.0]))
+    datasets = ["a", "b", "c"]
+    plasticity = table({d: scores for d in datasets}).rename(columns={"accuracy": "plasticity"})
+    # ordinary: against plasticity on a; equal capacity: with plasticity everywhere
+    ordinary = table({"a": dict(zip(COMPONENTS, [1, 2, 3, 5, 4])), "b": scores, "c": scores, "z": scores})
+    equal = table({d: {"mha": 10.0, "fc1": 9.0, "fc2": 8.0} for d in datasets})
+    result = capacity.at_equal_capacity(plasticity, ordinary, equal)
+    row = result.per_dataset.set_index("dataset").loc["a"]
+    assert row["family"] == "a" and row[list(capacity.DESIGNS)].tolist() == pytest.approx([-0.8, 1.0])
+    assert "z" not in set(result.per_dataset["dataset"])
+    assert result.summary.loc["equal capacity", "S"] == 30 and result.summary.loc["ordinary", "S"] == 12
+    # the exact p of S = 30 over 3 independent datasets of 5 components: (1/120)^3 for each sign
+    assert result.summary.loc["equal capacity", "p_value"] == pytest.approx(2 / 120**3)
+    reordered = result.reordered
+    assert set(reordered["dataset"]) == {"a"} and reordered["follows plasticity"].all()
+    # on a, equal capacity reverses the pairs that involve a subset component; LN2 / LN1 is the same run
+    assert "LN2 / LN1" not in set(reordered["pair"]) and len(reordered) == 9
+    assert np.sign(reordered["ordinary"]).eq(-1).all()
