@@ -34,11 +34,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from paperlib import capacity, components, finetune, models, names, paths, plasticity, plots, precision, probe, report, specs, stats
+from paperlib import capacity, components, finetune, models, names, notebook, paths, plasticity, plots, precision, probe, specs, stats
 from paperlib.runs import KEYS, at_least_one, for_spec
 from paperlib.speed.options import native_bf16
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
@@ -156,11 +156,11 @@ decrease = ours["table1"].set_index("component")
 paper_gain = stats.relative_gain(paper["table6"], value="mean")["mha"].mean()
 why = (f"{grid_spec['parameters']['steps']}-step runs against a fully fitted probe (the paper's: 4,000-20,000 steps), "
        "and MHA is the demo ViT's least plastic component (notebook 02)") if model == "demo" else None  # the section above
-report.headline("MHA minus " + ", ".join(f"{plots.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
-                + f" points over {ours['table6']['dataset'].nunique()} datasets"
-                + (f"; MHA {gain['mha'].mean():+.1f}% over linear probing" if probed else ""),
-                paper=f"FC1 0.07, FC2 0.44, LN1 0.8, LN2 0.9 points (Table 1; all but FC1 p < 0.05); MHA {paper_gain:+.1f}% over linear probing (Fig. 2, right)",
-                why=why)
+notebook.headline("MHA minus " + ", ".join(f"{plots.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
+                  + f" points over {ours['table6']['dataset'].nunique()} datasets"
+                  + (f"; MHA {gain['mha'].mean():+.1f}% over linear probing" if probed else ""),
+                  paper=f"FC1 0.07, FC2 0.44, LN1 0.8, LN2 0.9 points (Table 1; all but FC1 p < 0.05); MHA {paper_gain:+.1f}% over linear probing (Fig. 2, right)",
+                  why=why)
 
 # %% [markdown]
 # ## Robustness over learning rates and seeds (Fig. 4 left on Sketch, Fig. 18 on every benchmark)
