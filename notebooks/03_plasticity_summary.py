@@ -27,9 +27,9 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plasticity, plots, report, stats
+from paperlib import notebook, paths, plasticity, plots, stats
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 if compute_missing:
     wanted = [plasticity.Measurement(m, d, reference, n_pairs, inputs, sample, seed, normalize) for m in models for d in datasets]
@@ -68,9 +68,9 @@ plt.show()
 # %%
 pooled = stats.pooled_order(summary)  # per model: the components by P(f) averaged over datasets, and tau with the paper's order
 token_rms = summary.groupby("model")["token_rms"].mean()
-whys = {row.model: report.token_scale_why(row.tau, token_rms[row.model]) for row in pooled.itertuples()}
-report.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",
-                paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)", why="; ".join(f"{m}: {why}" for m, why in whys.items() if why) or None)
+whys = {row.model: notebook.token_scale_why(row.tau, token_rms[row.model]) for row in pooled.itertuples()}
+notebook.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",
+                  paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)", why="; ".join(f"{m}: {why}" for m, why in whys.items() if why) or None)
 
 # %% [markdown]
 # ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)

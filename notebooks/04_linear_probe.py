@@ -54,10 +54,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from paperlib import finetune, plots, probe, report, stats
+from paperlib import finetune, notebook, plots, probe, stats
 from paperlib.runs import for_spec
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 options = dict(split_seed=split_seed, train_features=train_features, device=device, batch_size=probe_batch_size,
                root=data_root or None, normalize=normalize)
@@ -80,8 +80,8 @@ column = column.merge(paper[["dataset", "mean"]].rename(columns={"mean": "paper 
 column.rename(columns={"accuracy": f"probe at block {block}, {point} (%)"}).set_index("dataset").round(2)
 
 # %%
-report.headline(f"{model}, probe at block {block}, {point}: {column['accuracy'].mean():.1f}% mean test accuracy over {len(column)} datasets",
-                paper=f"{paper['mean'].mean():.1f}% mean over its {len(paper)} benchmarks (ViT-B/16, Table 6's last column)")
+notebook.headline(f"{model}, probe at block {block}, {point}: {column['accuracy'].mean():.1f}% mean test accuracy over {len(column)} datasets",
+                  paper=f"{paper['mean'].mean():.1f}% mean over its {len(paper)} benchmarks (ViT-B/16, Table 6's last column)")
 
 # %% [markdown]
 # ## Beyond the paper: probe accuracy along depth, for every probe point

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from paperlib import finetune, paths, plasticity, plots, report, specs, stats
+from paperlib import finetune, notebook, paths, plasticity, plots, specs, stats
 from paperlib.runs import at_least_one, for_spec, histories_of
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
@@ -66,8 +66,8 @@ early = stats.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_n
 early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
 
 # %%
-report.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of steps " + " > ".join(plots.LABELS[c] for c in early.index),
-                paper="gradient norms in the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (Fig. 4, middle)")
+notebook.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of steps " + " > ".join(plots.LABELS[c] for c in early.index),
+                  paper="gradient norms in the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (Fig. 4, middle)")
 
 # %% [markdown]
 # ## Beyond the paper: gradient norm against the measured plasticity

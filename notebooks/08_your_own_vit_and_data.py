@@ -40,9 +40,9 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import capacity, components, data, finetune, models, paths, plasticity, plots, ranking, report, runs
+from paperlib import capacity, components, data, finetune, models, notebook, paths, plasticity, plots, ranking, runs
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 if make_example:
     if model.startswith("custom/") and not (models.custom_folder(model) / "config.json").is_file():
@@ -95,8 +95,8 @@ plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, refere
 plt.show()
 
 # %%
-report.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {ranking.paper_agreement(table):.2f} with the paper's ranking)",
-                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=report.token_scale_why(ranking.paper_agreement(table), table.attrs["token_rms"]))
+notebook.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {ranking.paper_agreement(table):.2f} with the paper's ranking)",
+                  paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=notebook.token_scale_why(ranking.paper_agreement(table), table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## Finetuning one component at a time (§5.2)

@@ -36,6 +36,7 @@ One module per concern, named for what it holds; each imports only modules above
 - ``precision``   whether a cheaper precision (tf32, bf16) keeps the results; ``python -m paperlib.precision``
 - ``capacity``    plasticity or capacity: Takeaway 2 inside groups of equal size, and where the two disagree
 - ``plots``       figures with a fixed colour per component
+- ``notebook``    what the notebooks call from their cells: ``check_parameters``, ``headline``
 - ``report``      executing notebooks with papermill and rendering HTML reports
 - ``plan``        what a sweep costs before it runs: its runs counted, the device-hours of those to run
 - ``sweep``       papermill runs over a parameter grid, resumable, on GPUs or SLURM; ``--plan``

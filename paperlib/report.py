@@ -8,17 +8,20 @@
 ``parameters/``) into ``reports/<notebook>.ipynb``, renders ``reports/<notebook>.html`` with
 nbconvert (and ``<notebook>.nocode.html``, the same without code cells, for readers) and writes
 ``reports/index.html``, the landing page: per notebook its paper section, a thumbnail of its first
-figure, its headline result (``headline``) beside the paper's, with why they differ where they do,
+figure, its headline result (``notebook.headline``) beside the paper's, with why they differ where they do,
 the parameters it ran with and when.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
-and nbval can check them. The notebook libraries (nbformat, papermill, nbconvert) are imported
-where they are used: every notebook's kernel imports this module for ``headline``, and importing
-nbformat alone takes a second (jsonschema's format checkers).
+and nbval can check them. What the notebooks call from their cells is ``notebook``'s. The notebook
+libraries (nbformat, papermill, nbconvert, nbclient) are imported where they are used: notebooks 00,
+01, 02, 05 and 09 still import this module for ``headline`` and ``check_parameters`` (kept here under
+their old names), and importing nbformat alone takes a second (jsonschema's format checkers). So are
+``finetune`` and ``threads`` (``run_demo``): both load torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import html
 import os
@@ -30,7 +33,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterable
 
-from . import cli, paths
+from traitlets.config import Config
+
+from . import cli, paths, specs
+
+# check_parameters, headline and token_scale_why: the names notebooks 00, 01, 02, 05 and 09 still call as
+# report.* (the others call notebook.*); to go once those notebooks import notebook
+from .notebook import HEADLINE_MIME, check_parameters, headline, token_scale_why  # noqa: F401
 
 KERNEL = "python3"
 KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -71,71 +80,11 @@ def _inline_figures():
             os.environ["MPLBACKEND"] = previous
 
 
-HEADLINE_MIME = "application/vnd.vit-plasticity.headline+json"
-"""The MIME type of a notebook's headline output (``headline``), which the landing page reads."""
-
-
-def headline(here: str, paper: str | None = None, why: str | None = None) -> None:
-    """Show a notebook's result in one line, and mark it for the reports' landing page
-    (``write_index``): ``here`` what this run found, ``paper`` the paper's number for it, if any, and
-    ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
-    from IPython.display import display
-
-    text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
-    marked = {"here": here, "paper": paper} | ({"why": why} if why else {})
-    display({HEADLINE_MIME: marked, "text/plain": text}, raw=True)
-
-
-def token_scale_why(tau: float, token_rms: float) -> str | None:
-    """``headline``'s ``why`` for a plasticity ranking that is not the paper's (``tau``: Kendall's tau
-    with it, below 1) of a model whose tokens are smaller than ViT-B/16's (``token_rms``, their RMS
-    norm, below the paper's r): notebook 02's scale curve; None otherwise."""
-    from .bounds import PAPER_R
-
-    if tau == 1 or token_rms >= PAPER_R:
-        return None
-    return (
-        f"small tokens (RMS norm {token_rms:.1f}; ViT-B/16's: {PAPER_R}): a LayerNorm's rate falls as tokens grow "
-        "and attention's rises, so small tokens favour the LayerNorms (notebook 02)"
-    )
-
-
-def check_parameters() -> None:
-    """Stop a notebook that papermill gave a parameter it does not have (``-p lrr 0.1``): the names of
-    papermill's injected cell (the executed cell that starts with "# Parameters") against those of the
-    notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and
-    the valid ones. Called by the first cell after the parameters of every notebook; a notebook run
-    without parameters (JupyterLab, nbval, papermill with none) has no injected cell: nothing to check."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    history = shell.user_ns.get("In", []) if shell is not None else []
-    injected = [i for i, source in enumerate(history) if i and source.lstrip().startswith("# Parameters")]
-    if not injected:
-        return
-    given, declared = (_assigned(history[i]) for i in (injected[-1], injected[-1] - 1))
-    unknown = sorted(given - declared)
-    if unknown:
-        raise ValueError(
-            f"unknown parameter(s) {', '.join(unknown)}; this notebook's parameters: {', '.join(sorted(declared))}"
-        )
-
-
-def _assigned(source: str) -> set[str]:
-    """The names a cell assigns at its top level (``name = value``)."""
-    import ast
-
-    tree = ast.parse(source)
-    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
-
-
 @contextlib.contextmanager
 def ipc_kernels():
     """The configuration of kernels that talk to us over IPC sockets in a private temporary folder
     (removed after), not TCP: nothing listens on the network, and ipykernel has no reason to warn
     that TCP traffic is unencrypted. The folder is absolute: the kernel runs in the notebook's folder."""
-    from traitlets.config import Config
-
     with tempfile.TemporaryDirectory(prefix="kernel-") as folder:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "ipc")}})
 
@@ -203,8 +152,6 @@ def summary(notebook: Path) -> dict:
     with ``"why"`` where given, or None), ``thumbnail`` (the first PNG figure, bytes, or None),
     ``parameters`` (those papermill gave it; {}: the notebook's defaults, the demo world) and ``date``
     (when it finished, or None)."""
-    import base64
-
     import nbformat
 
     node = nbformat.read(notebook, as_version=4)
@@ -324,7 +271,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
     The notebooks then run one per core at a time: much of a notebook's time is its kernel starting
     and importing, on one core. Their kernels keep PyTorch's own threads, so their results are
     those of one notebook run alone; what two notebooks share on disk is locked (``paths.locked``)."""
-    from . import finetune, specs, threads
+    from . import finetune, threads  # here, not at the top: both load torch
 
     out_dir = out_dir or paths.reports_dir()
     if not names:

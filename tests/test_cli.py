@@ -14,7 +14,21 @@ import pytest
 import torch
 
 from benchmarks import __main__ as bench
-from paperlib import cli, data, demo, finetune, paths, plasticity, precision, report, runs, specs, stats, sweep
+from paperlib import (
+    cli,
+    data,
+    demo,
+    finetune,
+    notebook,
+    paths,
+    plasticity,
+    precision,
+    report,
+    runs,
+    specs,
+    stats,
+    sweep,
+)
 from paperlib.runs import Config
 from paperlib.speed.options import STEP_OPTIONS
 
@@ -162,7 +176,7 @@ def test_papermills_precision_is_a_parameter_of_notebook_05_and_tf32_is_refused_
     history = ["", cell, '# Parameters\nprecision = "tf32"\n', "import paperlib\n"]
     shell = type("Shell", (), {"user_ns": {"In": history}})()
     monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
-    report.check_parameters()  # -p precision tf32: accepted
+    notebook.check_parameters()  # -p precision tf32: accepted
     # and reaches Config as it is, which refuses it on a CPU in one line
     assert runs.config_values({"precision": "tf32", "device": "cpu"}) == {"precision": "tf32", "device": "cpu"}
     with pytest.raises(ValueError) as error:

@@ -74,20 +74,6 @@ def test_no_paths_of_this_machine_in_committed_outputs(path):
     assert str(paths.ROOT) not in text and "site-packages" not in text
 
 
-def test_check_parameters_compares_papermills_cell_with_the_parameters_cell(monkeypatch):
-    import IPython
-
-    history = ["", "lr = 0.03  # peak\nseed = 0  # seed\n", "# Parameters\nlr = 0.1\n", "import paperlib\n"]
-    shell = type("Shell", (), {"user_ns": {"In": history}})()
-    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
-    report.check_parameters()  # a parameter the notebook has
-    history[2] = "# Parameters\nlrr = 0.1\nseed = 1\n"
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) lrr; this notebook's parameters: lr, seed"):
-        report.check_parameters()
-    del history[2]  # no papermill cell (JupyterLab, nbval): nothing to check
-    report.check_parameters()
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_papermill_with_a_parameter_the_notebook_lacks_stops_naming_it(path, tmp_path):
     import papermill

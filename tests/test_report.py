@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from paperlib import paths, report, threads
+from paperlib.notebook import HEADLINE_MIME, headline
 
 
 def _figures(notebook) -> int:
@@ -168,10 +169,10 @@ def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append(data))
-    report.headline("demo: LN1 > MHA", paper="MHA > LN1", why="small tokens")
-    report.headline("vit_base: MHA 33%", paper="MHA 33%")
+    headline("demo: LN1 > MHA", paper="MHA > LN1", why="small tokens")
+    headline("vit_base: MHA 33%", paper="MHA 33%")
     assert "why: small tokens" in shown[0]["text/plain"]
-    assert shown[1][report.HEADLINE_MIME] == {"here": "vit_base: MHA 33%", "paper": "MHA 33%"}  # no why: as before
+    assert shown[1][HEADLINE_MIME] == {"here": "vit_base: MHA 33%", "paper": "MHA 33%"}  # no why: as before
     out = tmp_path / "out"
     out.mkdir()
     for name, data in (("02_plasticity", shown[0]), ("00_components", shown[1])):
@@ -183,13 +184,6 @@ def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_
     landing = report.write_index(out).read_text()
     assert 'paper: MHA &gt; LN1</p><p class="why">why they differ: small tokens</p>' in landing
     assert landing.count("why they differ") == 1
-
-
-def test_a_ranking_not_the_papers_is_put_down_to_small_tokens_only_where_they_are():
-    assert report.token_scale_why(1.0, 3.2) is None  # the paper's ranking: nothing to explain
-    assert report.token_scale_why(-0.8, 25.0) is None  # tokens larger than ViT-B/16's (19.4): not the reason
-    why = report.token_scale_why(-0.8, 3.24)
-    assert "RMS norm 3.2" in why and "19.4" in why and "LayerNorm" in why
 
 
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
