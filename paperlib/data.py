@@ -27,9 +27,9 @@ digits and ``custom/<name>`` folders one by each image's key (``hash_split``). N
 changes global random state.
 
 Data live under one root: the ``root`` argument, else ``$VIT_PLASTICITY_DATA``, else ``data/``.
-Files are read from the official layouts; ``download=True`` fetches what can be fetched (through
-torchvision where it knows the dataset), and a missing dataset raises a FileNotFoundError that says
-what to download, from where, and where to put it.
+Files are read from the official layouts; ``VIT_PLASTICITY_DOWNLOAD=1`` in the environment fetches what
+can be fetched (through torchvision where it knows the dataset), and a missing dataset raises a
+FileNotFoundError that says what to download, from where, and where to put it.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def _data_root(root: str | Path | None) -> Path:
 
 
 def _missing(name: str, expected: Path, how: str, downloadable: bool = True) -> FileNotFoundError:
-    if downloadable:  # notebooks, runs and sweeps pass no download=: say how they can
-        how += " (Notebooks, runs and sweeps download it with VIT_PLASTICITY_DOWNLOAD=1 in the environment.)"
+    if downloadable:
+        how += " Or get it downloaded with VIT_PLASTICITY_DOWNLOAD=1 in the environment."
     return FileNotFoundError(f"{name} not found: expected {expected}. {how}")
 
 
@@ -201,7 +201,7 @@ def _cifar(name: str):
             raise _missing(
                 name,
                 base / missing[0],
-                f"Pass download=True, or download {url} and extract it into {root} "
+                f"Download {url} and extract it into {root} "
                 f"(giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).",
             )
         data, targets = [], []
@@ -234,7 +234,7 @@ def _cifar10c(corruption: str):
                     file,
                     f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, "
                     f"giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, "
-                    f"10,000 images each) and {base}/labels.npy; or pass download=True.",
+                    f"10,000 images each) and {base}/labels.npy.",
                 )
         images = np.load(files[0], mmap_mode="r")
         labels = np.load(files[1], mmap_mode="r")
@@ -287,8 +287,7 @@ def _domainnet(domain: str):
                 name,
                 folder,
                 f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into "
-                f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); "
-                "or pass download=True.",
+                f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders).",
             )
         files, targets, classes = _image_folder(folder)
         keys = [f.relative_to(folder).as_posix() for f in files]
@@ -311,7 +310,7 @@ def _flowers102(root: Path, official: str, download: bool, severity: int) -> Fil
             raise _missing(
                 "flowers102",
                 path,
-                "Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from "
+                "Download 102flowers.tgz, imagelabels.mat and setid.mat from "
                 f"https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} "
                 f"(giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
             )
@@ -335,7 +334,7 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
         raise _missing(
             "pets",
             listing,
-            "Pass download=True, or download images.tar.gz and annotations.tar.gz from "
+            "Download images.tar.gz and annotations.tar.gz from "
             f"https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} "
             f"(giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).",
         )
@@ -516,7 +515,7 @@ def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileD
             "ImageNet cannot be downloaded automatically (its licence requires an account): "
             "download ILSVRC2012_img_val.tar from https://image-net.org/download-images "
             f"and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). "
-            "For an offline-friendly stand-in use 'imagenette' with download=True.",
+            "For a downloadable stand-in use 'imagenette'.",
             downloadable=False,
         )
     files, targets, classes = _image_folder(folder)
@@ -531,7 +530,7 @@ def _imagenette(root: Path, official: str, download: bool, severity: int) -> Fil
         raise _missing(
             "imagenette",
             folder,
-            "Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
+            "Download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
             f"and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
         )
     files, targets, classes = _image_folder(folder)
@@ -618,33 +617,30 @@ def get_dataset(
     name: str,
     split: str = "train",
     root: str | Path | None = None,
-    download: bool | None = None,
-    augment: bool = False,
     image_size: int | None = None,
     severity: int = SEVERITY,
     seed: int = 0,
-    transform: Callable | None = None,
     mean_std: tuple = IMAGENET,
     validation: str = "official",
 ) -> ImageDataset | FileDataset:
     """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
 
+    Images go through the paper's evaluation transform (resize + centre crop). For its training one
+    (random resized crop + flip), or any other, set the returned dataset's ``transform``:
+    ``dataset.transform = transforms.paper_transform(True, size, dataset.mean_std)``; a transform
+    receives a PIL image for file datasets and a uint8 CHW tensor for array datasets. Missing files
+    are fetched where possible when ``$VIT_PLASTICITY_DOWNLOAD`` is 1 (``paths.download_allowed``).
+
     Args:
         name: see ``dataset_names()``.
         split: ``train``, ``val``, ``test`` or ``trainval`` (module docstring).
         root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
-        download: fetch missing files where possible (None: if ``$VIT_PLASTICITY_DOWNLOAD`` is 1,
-            which is how notebooks, runs and sweeps, which pass none, are let download).
-        augment: the paper's training transform (random resized crop + flip) instead of the
-            evaluation one (resize + centre crop).
         image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
         severity: Cifar10-C severity, 1-5 (the paper: 5).
         seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
         validation: ``official`` (a dataset's official validation split where it has one,
             Flowers102, as the authors' code; elsewhere 20% of the training set) or ``fraction``
             (20% of the training set everywhere, the paper's words).
-        transform: replaces the paper's transform (it receives a PIL image for file datasets
-            and a uint8 CHW tensor for array datasets).
         mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
             the paper, by default (``models.normalization`` gives a model's own).
     """
@@ -657,7 +653,7 @@ def get_dataset(
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     mean_std = as_mean_std(*mean_std)
     root = _data_root(root)
-    download = paths.download_allowed() if download is None else download
+    download = paths.download_allowed()
     if source.official_val and validation == "official":
         dataset = source.load(root, split, download, severity)
     else:
@@ -669,8 +665,6 @@ def get_dataset(
     dataset.root = root  # where caches of this dataset go (loader.uint8_images)
     dataset.mean_std = mean_std
     size = image_size or source.image_size
-    if transform is not None:
-        dataset.transform = transform
-    elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
-        dataset.transform = paper_transform(augment, size, mean_std)
+    if isinstance(dataset, FileDataset) or tuple(dataset.images.shape[-2:]) != (size, size):
+        dataset.transform = paper_transform(False, size, mean_std)
     return dataset

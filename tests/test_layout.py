@@ -297,9 +297,6 @@ def test_the_module_maps_list_every_module_in_the_order_they_import_one_another(
 MOST_PARAMETERS = 8
 TRITON_KERNELS = {f"paperlib.speed.kernels._triton_kernels.{name}" for name in ("backward_kernel", "stack_kernel")}
 """The only functions allowed more parameters: Triton kernels, whose arguments are the kernel's launch contract."""
-NOT_YET = {"paperlib.data.get_dataset"}
-"""Known exceptions still to be brought to ``MOST_PARAMETERS`` (issue 44): get_dataset's 11 keep notebook 01's call
-(``root=``, ``image_size=``, ``mean_std=``) and ``download=True``, which its error messages offer, working."""
 
 
 def _parameter_count(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> int:
@@ -338,7 +335,7 @@ def test_no_function_takes_more_than_eight_parameters():
     found = {}
     for name, path in MODULES.items():
         found |= _too_many_parameters(name, path.read_text())
-    allowed = TRITON_KERNELS | NOT_YET
+    allowed = TRITON_KERNELS
     assert set(found) - allowed == set(), {k: v for k, v in found.items() if k not in allowed}
     assert set(found) == allowed  # each exemption names a function that needs it: one that names nothing is dropped
     # and the counter can fail: nine parameters anywhere; self and cls not counted, *args and **kwargs one each
