@@ -159,9 +159,10 @@ _CIFAR = {  # folder, train files, test files, meta file, label key, class-name 
 
 
 class CifarUnpickler(pickle.Unpickler):
-    """Reads CIFAR's official pickled batches, admitting only what they hold: dicts, lists, strings,
-    numbers and numpy arrays (rebuilt by ``_reconstruct``, by numpy 1's name or numpy 2's). Anything
-    else, which a pickle could make run code, is refused."""
+    """Reads CIFAR's official pickled batches, admitting only what they hold.
+
+    They hold dicts, lists, strings, numbers and numpy arrays (rebuilt by ``_reconstruct``, by numpy 1's
+    name or numpy 2's). Anything else, which a pickle could make run code, is refused."""
 
     ADMITTED = {
         ("numpy.core.multiarray", "_reconstruct"),
@@ -390,8 +391,10 @@ def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[li
 
 
 def custom_dataset(name: str, root: str | Path | None = None, official: str = "train") -> FileDataset:
-    """Your own images as a dataset of the paper's kind: ``custom/<name>`` (the official split
-    ``train`` or ``test``; ``get_dataset`` adds ``val`` and ``trainval`` as for every dataset).
+    """Your own images as a dataset of the paper's kind: ``custom/<name>``.
+
+    The official split ``train`` or ``test``; ``get_dataset`` adds ``val`` and ``trainval`` as for every
+    dataset.
 
     Layouts under ``<root>/custom/<name>/`` (class folders as torchvision's ``ImageFolder`` reads
     them; any image format PIL opens, converted to RGB):
@@ -449,10 +452,11 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
 
 
 def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path, overwrite: bool = False) -> Path:
-    """Write a dataset split as ``folder/<class>/<image>``, the layout ``custom/<name>`` reads (one
-    ``train/`` or ``test/`` folder of it, or the whole of a flat one). Array images become PNG files
-    (lossless), files are copied as they are; each is named by its key. Written whole or not at all
-    (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
+    """Write a dataset split as ``folder/<class>/<image>``, the layout ``custom/<name>`` reads.
+
+    The folder is one ``train/`` or ``test/`` folder of that layout, or the whole of a flat one. Array
+    images become PNG files (lossless), files are copied as they are; each is named by its key. Written
+    whole or not at all (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
     ``ImageFolder`` indexes them."""
     from PIL import Image
 
@@ -475,9 +479,11 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
 
 
 def content_fingerprint(name: str, root: str | Path | None = None) -> str | None:
-    """A digest of what dataset ``name`` holds now, for ``custom/<name>``: every file's path, size
-    and modification time under its folder (None for the built-in datasets, which do not change,
-    and for a folder not there). A finetuning run records it, so that editing the images is a new run."""
+    """A digest of what dataset ``name`` holds now, for ``custom/<name>``.
+
+    Every file's path, size and modification time under its folder (None for the built-in datasets, which do
+    not change, and for a folder not there). A finetuning run records it, so that editing the images is a
+    new run."""
     if not paths.custom_name(name, "dataset"):
         return None
     folder = _data_root(root) / name
@@ -581,8 +587,9 @@ DATASET_GROUPS = ("demo", "paper", "reference", "custom")
 
 
 def dataset_names(group: str | None = None, root: str | Path | None = None) -> list[str]:
-    """Valid names for ``get_dataset``: all, or one group of ``DATASET_GROUPS`` (``custom``: the
-    ``custom/<name>`` folders found under the data root, ``root`` or the default)."""
+    """Valid names for ``get_dataset``: all, or one group of ``DATASET_GROUPS``.
+
+    ``custom``: the ``custom/<name>`` folders found under the data root, ``root`` or the default."""
     if group is not None and group not in DATASET_GROUPS:
         raise ValueError(f"unknown dataset group {group!r}; valid groups: {', '.join(DATASET_GROUPS)}")
     names = [name for name, source in DATASETS.items() if group is None or source.group == group]
@@ -590,9 +597,10 @@ def dataset_names(group: str | None = None, root: str | Path | None = None) -> l
 
 
 def check_dataset(name: str) -> str:
-    """Return ``name`` or raise a ValueError that names the valid datasets. ``custom/<name>`` is
-    valid for any folder name (letters, digits, ``_.-``); whether the folder exists is checked when
-    the dataset is read, where the error says where to put it."""
+    """Return ``name`` or raise a ValueError that names the valid datasets.
+
+    ``custom/<name>`` is valid for any folder name (letters, digits, ``_.-``); whether the folder exists is
+    checked when the dataset is read, where the error says where to put it."""
     if name in DATASETS or paths.custom_name(name, "dataset"):
         return name
     raise ValueError(

@@ -368,3 +368,37 @@ def test_test_files_share_helpers_through_conftest_not_each_other():
         "test_lora",
     ]
     assert _test_file_imports("from conftest import same_metrics") == []
+
+
+SUMMARISED = {
+    f"paperlib.{name}"
+    for name in (
+        "bounds component_rates corruptions imagesets loader models transforms probe plasticity significance "
+        "ranking splits threads fixtures demo cli data"
+    ).split()
+} | {name for name in MODULES if name.startswith("paperlib.speed.")}
+"""The modules whose docstrings are held to ``_unsummarised`` (issue 44, item 10); the others follow."""
+
+
+def _unsummarised(name: str, source: str) -> list[str]:
+    """``module.name`` of each public function and class at the top of ``source`` whose docstring does not
+    open with a one-line summary: a first line ending with a period, then a blank line if more follows."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+            lines = (ast.get_docstring(node) or "").split("\n")
+            if not lines[0].strip().endswith(".") or (len(lines) > 1 and lines[1].strip()):
+                found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_public_functions_and_classes_open_their_docstrings_with_a_one_line_summary():
+    assert "paperlib.speed.step" in SUMMARISED and SUMMARISED <= set(MODULES)
+    found = [where for name in sorted(SUMMARISED) for where in _unsummarised(name, MODULES[name].read_text())]
+    assert found == [], found
+    # and the check can fail: no docstring, a sentence over two lines, no blank line after the summary
+    source = (
+        'def a():\n    pass\n\ndef b():\n    """One\n    sentence."""\n\n'
+        'def c():\n    """Summary.\n    More."""\n\nclass D:\n    """Summary.\n\n    More."""\n\ndef _e():\n    pass\n'
+    )
+    assert _unsummarised("m", source) == ["m.a", "m.b", "m.c"]
