@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from paperlib import component_rates, data, fixtures, models, plasticity
 from paperlib.loader import DeviceLoader, Transform, cache_side, uint8_images
 from paperlib.speed.clock import device_name, endless, median_seconds, resolve_device, sync
+from paperlib.transforms import paper_transform
 
 
 def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> float:
@@ -71,7 +72,8 @@ def bench_data(
                 )
             fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
             root, source = tmp, f"fixture of {fixture_size} random images in the official format"
-        plain = data.get_dataset(dataset, "trainval", root=root, augment=True, image_size=image_size)
+        plain = data.get_dataset(dataset, "trainval", root=root, image_size=image_size)
+        plain.transform = paper_transform(True, image_size, plain.mean_std)
         loader = DataLoader(
             plain,
             batch_size=batch_size,

@@ -146,8 +146,10 @@ def _attention_outside(attn: nn.Module, model: nn.Module) -> str | None:
 
 
 def outside_propositions(model: nn.Module) -> dict[str, str]:
-    """The components of ``model`` that the propositions do not bound, with the reason: ``mha`` when
-    its attention is not the paper's, ``ln1``/``ln2`` when the norm is not a LayerNorm (Prop. 1)."""
+    """The components of ``model`` that the propositions do not bound, with the reason.
+
+    ``mha`` when its attention is not the paper's, ``ln1``/``ln2`` when the norm is not a LayerNorm
+    (Prop. 1)."""
     reasons = {}
     for block in model.blocks:
         if "mha" not in reasons and (why := _attention_outside(block.attn, model)):
@@ -287,9 +289,10 @@ def max_energy(images: torch.Tensor) -> float:
 
 
 def data_constants(model: nn.Module, images: torch.Tensor, positions: str = "varying") -> dict:
-    """What the bounds need from the data: r (RMS and max token norm), sigma (``mean`` and ``min``
-    kinds, over ``positions``: ``token_sigma``) and the number of positions it is taken over,
-    alpha, E, n."""
+    """What the bounds need from the data.
+
+    r (RMS and max token norm), sigma (``mean`` and ``min`` kinds, over ``positions``: ``token_sigma``) and
+    the number of positions it is taken over, alpha, E, n."""
     n = sequence_length(model)
     counted = int(varying_positions(model, images).sum()) if check_positions(positions) == "varying" else n
     return {
@@ -360,8 +363,9 @@ def tightness(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposi
 
 
 def violations(bounds_table: pd.DataFrame, rates_table: pd.DataFrame, mha_proposition: str = "3") -> pd.Series:
-    """Share of measured rates of change above their block's bound, per component (NaN where
-    there is no bound: ``outside_propositions``)."""
+    """Share of measured rates of change above their block's bound, per component.
+
+    NaN where there is no bound (``outside_propositions``)."""
     merged = rates_table.merge(_one_bound_per_component(bounds_table, mha_proposition), on=["block", "component"])
     above = (merged["rate"] > merged["bound"]).where(merged["bound"].notna())
     return above.groupby(merged["component"], observed=True).mean().reindex(list(COMPONENTS))

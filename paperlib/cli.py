@@ -46,8 +46,10 @@ def devices_here() -> list[str]:
 
 
 def check_device(device, here: bool = True):
-    """``device`` as a ``torch.device``, or a ValueError naming the valid ones: a device's name
-    (``cpu``, ``cuda``, ``cuda:<i>``), and with ``here``, one this machine has (``devices_here``)."""
+    """``device`` as a ``torch.device``, or a ValueError naming the valid ones.
+
+    A device's name (``cpu``, ``cuda``, ``cuda:<i>``), and with ``here``, one this machine has
+    (``devices_here``)."""
     import torch
 
     try:
@@ -64,8 +66,10 @@ def check_device(device, here: bool = True):
 
 
 def read_yaml(path: str | Path, what: str = "parameter file") -> Any:
-    """A YAML file's content; a FileNotFoundError or ValueError naming it (and ``what`` it is) if it is
-    missing, a folder, or not YAML."""
+    """A YAML file's content.
+
+    A FileNotFoundError or ValueError naming it (and ``what`` it is) if it is missing, a folder, or not
+    YAML."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
@@ -109,8 +113,10 @@ def coerce(name: str, value: Any, default: Any) -> Any:
 
 
 def field_comments(cls) -> dict[str, str]:
-    """Each field of a dataclass with its comment in the source: the comment lines just above it and the
-    one after it on its line (``runs.Config`` documents its fields so; ``--help`` shows them)."""
+    """Each field of a dataclass with its comment in the source.
+
+    The comment lines just above it and the one after it on its line (``runs.Config`` documents its fields
+    so; ``--help`` shows them)."""
     import dataclasses
     import inspect
     import re
@@ -139,7 +145,9 @@ def field_defaults(cls) -> dict[str, Any]:
 
 
 class Help(argparse.HelpFormatter):
-    """``--help`` of the commands that declare their options with ``add_argument`` (``formatter_class=cli.Help``):
+    """``--help`` that shows each argument's meaning, then its type, choices and default.
+
+    ``--help`` of the commands that declare their options with ``add_argument`` (``formatter_class=cli.Help``):
     each argument's ``help`` (its meaning), then, in parentheses, what its ``add_argument`` says: its type
     (``flag`` for an option without a value), its valid ``choices`` and its ``default``. An option whose
     default is None (or a path of this machine) ends its help with it in words, ``; default: <words>``
@@ -166,7 +174,9 @@ class Help(argparse.HelpFormatter):
 
 
 def tables_parser(prog: str, description: str, spec: str, selections: tuple[str, ...]) -> argparse.ArgumentParser:
-    """The command line that ``stats`` and ``precision`` share (each adds its own options): they print the
+    """The command line that ``stats`` and ``precision`` share.
+
+    The command line that ``stats`` and ``precision`` share (each adds its own options): they print the
     tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6 picking
     each learning rate by one of ``selections``, and write them as CSV files if asked."""
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
@@ -241,4 +251,5 @@ def parameters(
 
 
 def print_json(payload: dict) -> None:
+    """Print ``payload`` as indented JSON (any value JSON lacks as its ``str``)."""
     print(json.dumps(payload, indent=2, default=str))

@@ -250,7 +250,9 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 
 
 def check_measurable(model: nn.Module) -> nn.Module:
-    """``model``, once every block is found to have the five components in a form the rates are
+    """``model``, once every block has the five components in a form the rates are defined for.
+
+    ``model``, once every block is found to have the five components in a form the rates are
     defined for (LayerNorm or RMSNorm, FC2 at least as wide as the tokens, no unmerged LoRA
     update); otherwise a TypeError that says what is wrong."""
     for block in blocks(model):
@@ -260,7 +262,9 @@ def check_measurable(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def evaluating(model: nn.Module, inputs: str):
-    """Checks the inputs mode and the blocks once (``check_inputs``, ``check_measurable``), and
+    """Hold the model in eval mode, without gradients, for the ``with`` block, its inputs checked.
+
+    Checks the inputs mode and the blocks once (``check_inputs``, ``check_measurable``), and
     holds the model in eval mode, without gradients, for the ``with`` block; its mode is restored after."""
     check_inputs(inputs)
     check_measurable(model)
@@ -324,9 +328,10 @@ def batch_pair_rates(
 def pair_rates(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", terms=None, scale: float = 1.0
 ) -> PairRates:
-    """Rates of change of a batch of pairs with the identical pairs and the tokens' sum of squares
-    (``PairRates``). ``scale``: both embeddings multiplied by it before every component (only with
-    ``inputs="embedding"``; 1, the paper's, leaves them as they are)."""
+    """Rates of change of a batch of pairs (``PairRates``).
+
+    With the identical pairs and the tokens' sum of squares. ``scale``: both embeddings multiplied by it
+    before every component (only with ``inputs="embedding"``; 1, the paper's, leaves them as they are)."""
     with evaluating(model, inputs):
         return batch_pair_rates(model, x, y, inputs, terms, scale)
 
@@ -372,7 +377,9 @@ class IdenticalPairsWarning(UserWarning):
 
 
 def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
-    """The tidy table (``to_table``) of measured batches, in order, without the identical pairs
+    """The tidy table of measured batches, in order, without the identical pairs.
+
+    The tidy table (``to_table``) of measured batches, in order, without the identical pairs
     (excluded with an ``IdenticalPairsWarning`` naming how many; the other pairs keep their
     numbers), with ``attrs``: ``token_rms``, the token RMS norm of the embeddings of the pairs kept
     (the square root of the mean of ``||token||_2^2`` over every token of both images), and
@@ -402,7 +409,9 @@ def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
 
 
 def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with an
+    """``table`` without the pairs that have no rate at all, with a warning naming how many.
+
+    ``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with an
     ``IdenticalPairsWarning`` naming how many: for the summaries of tables made otherwise than by
     ``tabulate`` (``to_table`` keeps the NaN rates). The warning names the caller of the summary."""
     if "pair" not in table:

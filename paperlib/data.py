@@ -27,9 +27,9 @@ digits and ``custom/<name>`` folders one by each image's key (``hash_split``). N
 changes global random state.
 
 Data live under one root: the ``root`` argument, else ``$VIT_PLASTICITY_DATA``, else ``data/``.
-Files are read from the official layouts; ``download=True`` fetches what can be fetched (through
-torchvision where it knows the dataset), and a missing dataset raises a FileNotFoundError that says
-what to download, from where, and where to put it.
+Files are read from the official layouts; ``VIT_PLASTICITY_DOWNLOAD=1`` in the environment fetches what
+can be fetched (through torchvision where it knows the dataset), and a missing dataset raises a
+FileNotFoundError that says what to download, from where, and where to put it.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def _data_root(root: str | Path | None) -> Path:
 
 
 def _missing(name: str, expected: Path, how: str, downloadable: bool = True) -> FileNotFoundError:
-    if downloadable:  # notebooks, runs and sweeps pass no download=: say how they can
-        how += " (Notebooks, runs and sweeps download it with VIT_PLASTICITY_DOWNLOAD=1 in the environment.)"
+    if downloadable:
+        how += " Or get it downloaded with VIT_PLASTICITY_DOWNLOAD=1 in the environment."
     return FileNotFoundError(f"{name} not found: expected {expected}. {how}")
 
 
@@ -159,9 +159,10 @@ _CIFAR = {  # folder, train files, test files, meta file, label key, class-name 
 
 
 class CifarUnpickler(pickle.Unpickler):
-    """Reads CIFAR's official pickled batches, admitting only what they hold: dicts, lists, strings,
-    numbers and numpy arrays (rebuilt by ``_reconstruct``, by numpy 1's name or numpy 2's). Anything
-    else, which a pickle could make run code, is refused."""
+    """Reads CIFAR's official pickled batches, admitting only what they hold.
+
+    They hold dicts, lists, strings, numbers and numpy arrays (rebuilt by ``_reconstruct``, by numpy 1's
+    name or numpy 2's). Anything else, which a pickle could make run code, is refused."""
 
     ADMITTED = {
         ("numpy.core.multiarray", "_reconstruct"),
@@ -201,7 +202,7 @@ def _cifar(name: str):
             raise _missing(
                 name,
                 base / missing[0],
-                f"Pass download=True, or download {url} and extract it into {root} "
+                f"Download {url} and extract it into {root} "
                 f"(giving {base}/ with {', '.join(train_files + test_files + [meta_file])}).",
             )
         data, targets = [], []
@@ -234,7 +235,7 @@ def _cifar10c(corruption: str):
                     file,
                     f"Download {CIFAR10C_URL} (Hendrycks & Dietterich, 2019) and extract it into {root}, "
                     f"giving {base}/<corruption>.npy (50,000 x 32 x 32 x 3 uint8: severities 1-5 stacked, "
-                    f"10,000 images each) and {base}/labels.npy; or pass download=True.",
+                    f"10,000 images each) and {base}/labels.npy.",
                 )
         images = np.load(files[0], mmap_mode="r")
         labels = np.load(files[1], mmap_mode="r")
@@ -287,8 +288,7 @@ def _domainnet(domain: str):
                 name,
                 folder,
                 f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into "
-                f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders); "
-                "or pass download=True.",
+                f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders).",
             )
         files, targets, classes = _image_folder(folder)
         keys = [f.relative_to(folder).as_posix() for f in files]
@@ -311,7 +311,7 @@ def _flowers102(root: Path, official: str, download: bool, severity: int) -> Fil
             raise _missing(
                 "flowers102",
                 path,
-                "Pass download=True, or download 102flowers.tgz, imagelabels.mat and setid.mat from "
+                "Download 102flowers.tgz, imagelabels.mat and setid.mat from "
                 f"https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} "
                 f"(giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
             )
@@ -335,7 +335,7 @@ def _pets(root: Path, official: str, download: bool, severity: int) -> FileDatas
         raise _missing(
             "pets",
             listing,
-            "Pass download=True, or download images.tar.gz and annotations.tar.gz from "
+            "Download images.tar.gz and annotations.tar.gz from "
             f"https://www.robots.ox.ac.uk/~vgg/data/pets/ and extract both into {base} "
             f"(giving {base}/images/*.jpg and {base}/annotations/trainval.txt, test.txt).",
         )
@@ -391,8 +391,10 @@ def _class_files(folder: Path, classes: Sequence[str] | None = None) -> tuple[li
 
 
 def custom_dataset(name: str, root: str | Path | None = None, official: str = "train") -> FileDataset:
-    """Your own images as a dataset of the paper's kind: ``custom/<name>`` (the official split
-    ``train`` or ``test``; ``get_dataset`` adds ``val`` and ``trainval`` as for every dataset).
+    """Your own images as a dataset of the paper's kind: ``custom/<name>``.
+
+    The official split ``train`` or ``test``; ``get_dataset`` adds ``val`` and ``trainval`` as for every
+    dataset.
 
     Layouts under ``<root>/custom/<name>/`` (class folders as torchvision's ``ImageFolder`` reads
     them; any image format PIL opens, converted to RGB):
@@ -450,10 +452,11 @@ def custom_dataset(name: str, root: str | Path | None = None, official: str = "t
 
 
 def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path, overwrite: bool = False) -> Path:
-    """Write a dataset split as ``folder/<class>/<image>``, the layout ``custom/<name>`` reads (one
-    ``train/`` or ``test/`` folder of it, or the whole of a flat one). Array images become PNG files
-    (lossless), files are copied as they are; each is named by its key. Written whole or not at all
-    (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
+    """Write a dataset split as ``folder/<class>/<image>``, the layout ``custom/<name>`` reads.
+
+    The folder is one ``train/`` or ``test/`` folder of that layout, or the whole of a flat one. Array
+    images become PNG files (lossless), files are copied as they are; each is named by its key. Written
+    whole or not at all (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
     ``ImageFolder`` indexes them."""
     from PIL import Image
 
@@ -476,9 +479,11 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
 
 
 def content_fingerprint(name: str, root: str | Path | None = None) -> str | None:
-    """A digest of what dataset ``name`` holds now, for ``custom/<name>``: every file's path, size
-    and modification time under its folder (None for the built-in datasets, which do not change,
-    and for a folder not there). A finetuning run records it, so that editing the images is a new run."""
+    """A digest of what dataset ``name`` holds now, for ``custom/<name>``.
+
+    Every file's path, size and modification time under its folder (None for the built-in datasets, which do
+    not change, and for a folder not there). A finetuning run records it, so that editing the images is a
+    new run."""
     if not paths.custom_name(name, "dataset"):
         return None
     folder = _data_root(root) / name
@@ -516,7 +521,7 @@ def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileD
             "ImageNet cannot be downloaded automatically (its licence requires an account): "
             "download ILSVRC2012_img_val.tar from https://image-net.org/download-images "
             f"and arrange it in class folders as {folder}/<wnid>/<image>.JPEG (1,000 folders). "
-            "For an offline-friendly stand-in use 'imagenette' with download=True.",
+            "For a downloadable stand-in use 'imagenette'.",
             downloadable=False,
         )
     files, targets, classes = _image_folder(folder)
@@ -531,7 +536,7 @@ def _imagenette(root: Path, official: str, download: bool, severity: int) -> Fil
         raise _missing(
             "imagenette",
             folder,
-            "Pass download=True, or download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
+            "Download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
             f"and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
         )
     files, targets, classes = _image_folder(folder)
@@ -582,8 +587,9 @@ DATASET_GROUPS = ("demo", "paper", "reference", "custom")
 
 
 def dataset_names(group: str | None = None, root: str | Path | None = None) -> list[str]:
-    """Valid names for ``get_dataset``: all, or one group of ``DATASET_GROUPS`` (``custom``: the
-    ``custom/<name>`` folders found under the data root, ``root`` or the default)."""
+    """Valid names for ``get_dataset``: all, or one group of ``DATASET_GROUPS``.
+
+    ``custom``: the ``custom/<name>`` folders found under the data root, ``root`` or the default."""
     if group is not None and group not in DATASET_GROUPS:
         raise ValueError(f"unknown dataset group {group!r}; valid groups: {', '.join(DATASET_GROUPS)}")
     names = [name for name, source in DATASETS.items() if group is None or source.group == group]
@@ -591,9 +597,10 @@ def dataset_names(group: str | None = None, root: str | Path | None = None) -> l
 
 
 def check_dataset(name: str) -> str:
-    """Return ``name`` or raise a ValueError that names the valid datasets. ``custom/<name>`` is
-    valid for any folder name (letters, digits, ``_.-``); whether the folder exists is checked when
-    the dataset is read, where the error says where to put it."""
+    """Return ``name`` or raise a ValueError that names the valid datasets.
+
+    ``custom/<name>`` is valid for any folder name (letters, digits, ``_.-``); whether the folder exists is
+    checked when the dataset is read, where the error says where to put it."""
     if name in DATASETS or paths.custom_name(name, "dataset"):
         return name
     raise ValueError(
@@ -618,33 +625,30 @@ def get_dataset(
     name: str,
     split: str = "train",
     root: str | Path | None = None,
-    download: bool | None = None,
-    augment: bool = False,
     image_size: int | None = None,
     severity: int = SEVERITY,
     seed: int = 0,
-    transform: Callable | None = None,
     mean_std: tuple = IMAGENET,
     validation: str = "official",
 ) -> ImageDataset | FileDataset:
     """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
 
+    Images go through the paper's evaluation transform (resize + centre crop). For its training one
+    (random resized crop + flip), or any other, set the returned dataset's ``transform``:
+    ``dataset.transform = transforms.paper_transform(True, size, dataset.mean_std)``; a transform
+    receives a PIL image for file datasets and a uint8 CHW tensor for array datasets. Missing files
+    are fetched where possible when ``$VIT_PLASTICITY_DOWNLOAD`` is 1 (``paths.download_allowed``).
+
     Args:
         name: see ``dataset_names()``.
         split: ``train``, ``val``, ``test`` or ``trainval`` (module docstring).
         root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
-        download: fetch missing files where possible (None: if ``$VIT_PLASTICITY_DOWNLOAD`` is 1,
-            which is how notebooks, runs and sweeps, which pass none, are let download).
-        augment: the paper's training transform (random resized crop + flip) instead of the
-            evaluation one (resize + centre crop).
         image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
         severity: Cifar10-C severity, 1-5 (the paper: 5).
         seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
         validation: ``official`` (a dataset's official validation split where it has one,
             Flowers102, as the authors' code; elsewhere 20% of the training set) or ``fraction``
             (20% of the training set everywhere, the paper's words).
-        transform: replaces the paper's transform (it receives a PIL image for file datasets
-            and a uint8 CHW tensor for array datasets).
         mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
             the paper, by default (``models.normalization`` gives a model's own).
     """
@@ -657,7 +661,7 @@ def get_dataset(
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     mean_std = as_mean_std(*mean_std)
     root = _data_root(root)
-    download = paths.download_allowed() if download is None else download
+    download = paths.download_allowed()
     if source.official_val and validation == "official":
         dataset = source.load(root, split, download, severity)
     else:
@@ -669,8 +673,6 @@ def get_dataset(
     dataset.root = root  # where caches of this dataset go (loader.uint8_images)
     dataset.mean_std = mean_std
     size = image_size or source.image_size
-    if transform is not None:
-        dataset.transform = transform
-    elif isinstance(dataset, FileDataset) or augment or tuple(dataset.images.shape[-2:]) != (size, size):
-        dataset.transform = paper_transform(augment, size, mean_std)
+    if isinstance(dataset, FileDataset) or tuple(dataset.images.shape[-2:]) != (size, size):
+        dataset.transform = paper_transform(False, size, mean_std)
     return dataset

@@ -140,6 +140,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The demo's command line: ``python -m paperlib.demo <command>`` (``argument_parser``)."""
     parser = argument_parser()
     args = parser.parse_args(argv)
 

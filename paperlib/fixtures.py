@@ -43,8 +43,10 @@ def _jpeg(path: Path, rng: np.random.Generator, size: tuple[int, int] = (48, 40)
 
 
 class Python2Pickler(pickle._Pickler):
-    """Pickles as CIFAR's official files were pickled (Python 2's cPickle, protocol 2): bytes as Python
-    2's strings (``BINSTRING``), not as Python 3 writes them at protocol 2 (through ``_codecs.encode``)."""
+    """Pickles as CIFAR's official files were pickled (Python 2's cPickle, protocol 2).
+
+    Bytes as Python 2's strings (``BINSTRING``), not as Python 3 writes them at protocol 2 (through
+    ``_codecs.encode``)."""
 
     dispatch = dict(pickle._Pickler.dispatch)
 
@@ -58,7 +60,9 @@ class Python2Pickler(pickle._Pickler):
 
 
 def python2_pickle(entry) -> bytes:
-    """``entry`` pickled as in CIFAR's official files (``Python2Pickler``), numpy's arrays rebuilt by
+    """``entry`` pickled as in CIFAR's official files.
+
+    ``entry`` pickled as in CIFAR's official files (``Python2Pickler``), numpy's arrays rebuilt by
     numpy 1's name, ``numpy.core.multiarray._reconstruct``, as the files name it."""
     buffer = io.BytesIO()
     Python2Pickler(buffer, protocol=2).dump(entry)
@@ -108,7 +112,9 @@ def write_cifar10c(root: Path, corruptions=("contrast",), per_severity: int = 50
 def write_image_folder(
     folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg", size: tuple[int, int] = (48, 40)
 ) -> Path:
-    """``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size``
+    """Write ``folder/<class>/<image>`` JPEGs of ``size``.
+
+    ``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size``
     (width, height)."""
     rng = _rng(seed)
     for c in classes:

@@ -151,7 +151,9 @@ class ImageDataset(Dataset):
 
 
 def random_images(n: int, side: int, classes: int = 10) -> ImageDataset:
-    """``n`` random uint8 images of ``side`` x ``side`` pixels with random labels of ``classes`` classes, the
+    """``n`` seeded random uint8 images with random labels: what a step is timed on.
+
+    ``n`` random uint8 images of ``side`` x ``side`` pixels with random labels of ``classes`` classes, the
     same on every call (seeded): what a step is timed on (``plan.time_step``, the benchmarks)."""
     generator = torch.Generator().manual_seed(0)
     return ImageDataset(

@@ -34,9 +34,10 @@ CACHE_SIZE = 256  # shorter side of the uint8 images cached for file datasets (c
 
 
 def cache_side(image_size: int) -> int:
-    """The shorter side of the cached images for a model of ``image_size``: ``CACHE_SIZE`` up to
-    224, and above it as much larger as 256 is than 224 (439 for a 384 model), so that a larger
-    model's crops are cut from images that have its resolution, not upsampled from 256."""
+    """The shorter side of the cached images for a model of ``image_size``.
+
+    ``CACHE_SIZE`` up to 224, and above it as much larger as 256 is than 224 (439 for a 384 model), so that
+    a larger model's crops are cut from images that have its resolution, not upsampled from 256."""
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     return max(CACHE_SIZE, math.ceil(image_size * CACHE_SIZE / 224))
@@ -53,7 +54,9 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
 
 
 def resized_size(height: int, width: int, shorter: int) -> tuple[int, int]:
-    """(height, width) of an image in the cache: as ``v2.Resize(shorter)`` makes it (the shorter
+    """(height, width) of an image in the cache, never upsampled.
+
+    (height, width) of an image in the cache: as ``v2.Resize(shorter)`` makes it (the shorter
     side to ``shorter``, the aspect ratio kept, the longer side rounded down as torchvision rounds
     it) when its shorter side is longer than ``shorter``; else as it is (never upsampled: crops of a
     small image are resampled from its own pixels, as the paper's transform resamples them)."""
@@ -76,8 +79,9 @@ class _Shrink:
 
 
 def decode_workers() -> int:
-    """DataLoader workers for decoding image files: one per core of this process's share
-    (``threads``), at most 8 (more rarely pays)."""
+    """DataLoader workers for decoding image files.
+
+    One per core of this process's share (``threads``), at most 8 (more rarely pays)."""
     return min(8, max(1, threads.cores() // threads.workers()))
 
 
@@ -219,11 +223,12 @@ def placement(nbytes: int, device: torch.device, total_memory: int | None = None
 
 @dataclass(frozen=True)
 class Transform:
-    """How a ``DeviceLoader`` transforms its images, validated when it is made: ``augment``, the
-    paper's training transform (random resized crop + flip) instead of the evaluation one (resize +
-    centre crop); ``image_size``, the output resolution; ``mean_std``, the (mean, std) per RGB channel
-    to normalise with (None: the dataset's, which ``get_dataset(mean_std=...)`` sets, ImageNet's unless
-    given; ``models.normalization`` gives a model's own)."""
+    """How a ``DeviceLoader`` transforms its images, validated when it is made.
+
+    ``augment``, the paper's training transform (random resized crop + flip) instead of the evaluation one
+    (resize + centre crop); ``image_size``, the output resolution; ``mean_std``, the (mean, std) per RGB
+    channel to normalise with (None: the dataset's, which ``get_dataset(mean_std=...)`` sets, ImageNet's
+    unless given; ``models.normalization`` gives a model's own)."""
 
     augment: bool
     image_size: int

@@ -88,7 +88,9 @@ VIT_CLASSES = (VisionTransformer, Eva)
 
 
 def vit_names() -> list[str]:
-    """timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT (valid ``create_model``
+    """timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT.
+
+    timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT (valid ``create_model``
     names; the few whose blocks have no separate components are refused when built)."""
     return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
@@ -132,8 +134,10 @@ def custom_config(name: str) -> tuple[dict, Path]:
 
 
 def content_fingerprint(name: str) -> str | None:
-    """A digest of model ``custom/<name>`` as saved now (its ``config.json`` and its weight file's
-    size and modification time); None for other names, whose weights do not change under them."""
+    """A digest of model ``custom/<name>`` as saved now.
+
+    Of its ``config.json`` and its weight file's size and modification time; None for other names, whose
+    weights do not change under them."""
     if not paths.custom_name(name, "model"):
         return None
     config, weights = custom_config(name)
@@ -157,8 +161,9 @@ def custom_model_names() -> list[str]:
 def save_model(
     model: torch.nn.Module, name: str, model_args: dict | None = None, overwrite: bool = False, mean=None, std=None
 ) -> Path:
-    """Save ``model`` as ``custom/<name>`` (returns its folder) with timm's own writer,
-    ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
+    """Save ``model`` as ``custom/<name>`` and return its folder.
+
+    With timm's own writer, ``timm.models.save_for_hf``: ``config.json`` and ``model.safetensors``.
 
     ``model_args``: the keyword arguments that rebuild the architecture (``img_size``, ``depth``,
     ...), for timm versions that do not record them; recent timm records them itself. The folder
@@ -191,7 +196,9 @@ def save_model(
 
 
 def resolve_name(name: str) -> str:
-    """The timm name (with pretrained tag, if any) for a short name or a timm ViT name;
+    """The timm name (with pretrained tag) of a short or timm ViT name; ``custom/<name>`` as it is.
+
+    The timm name (with pretrained tag, if any) for a short name or a timm ViT name;
     ``custom/<name>`` as it is, once its folder is found (``custom_config``)."""
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]

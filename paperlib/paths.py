@@ -77,8 +77,9 @@ def custom_name(name: object, kind: str) -> str | None:
 
 
 def download_allowed() -> bool:
-    """Whether missing datasets are downloaded where no ``download=`` is passed, as from notebooks,
-    runs and sweeps: ``VIT_PLASTICITY_DOWNLOAD=1`` (default: not, nothing leaves the machine)."""
+    """Whether ``data.get_dataset`` downloads missing datasets: ``VIT_PLASTICITY_DOWNLOAD=1``.
+
+    Default: not, nothing leaves the machine."""
     return os.environ.get("VIT_PLASTICITY_DOWNLOAD", "0").strip().lower() in ("1", "true", "yes")
 
 

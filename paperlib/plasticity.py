@@ -102,7 +102,9 @@ def check_sample(sample: str) -> str:
 
 
 def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
-    """The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order in whole batches of
+    """The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order, cycled.
+
+    The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order in whole batches of
     ``batch`` (the last partial batch dropped), cycled: what an unshuffled loader with ``drop_last``, made
     endless, yields (a set smaller than one batch is used whole)."""
     used = n_images - n_images % batch if n_images >= batch else n_images
@@ -214,9 +216,11 @@ def scale_curve(
 
 @dataclass(frozen=True)
 class PairDraw:
-    """How ``measure`` draws its pairs from the two sets (``pair_indices``), validated when it is made:
-    ``sample`` ``first`` (the authors': both sets in order, cycled in whole batches of ``loader_batch``),
-    ``once`` (each image at most once) or ``random`` (a random subset of each set, drawn with ``seed``)."""
+    """How ``measure`` draws its pairs from the two sets, validated when it is made.
+
+    ``pair_indices`` draws them; ``sample`` ``first`` (the authors': both sets in order, cycled in whole
+    batches of ``loader_batch``), ``once`` (each image at most once) or ``random`` (a random subset of each
+    set, drawn with ``seed``)."""
 
     sample: str = "first"
     seed: int = 0
@@ -230,9 +234,11 @@ class PairDraw:
 
 @dataclass(frozen=True)
 class Running:
-    """How ``measure`` runs, which changes none of its numbers beyond rounding: ``batch_size`` pairs at a
-    time on ``device``, images read by ``num_workers`` DataLoader workers (0: in the main process), a
-    progress bar unless ``progress`` is False. A bad ``batch_size`` is a ValueError when it is made."""
+    """How ``measure`` runs, which changes none of its numbers beyond rounding.
+
+    ``batch_size`` pairs at a time on ``device``, images read by ``num_workers`` DataLoader workers (0: in
+    the main process), a progress bar unless ``progress`` is False. A bad ``batch_size`` is a ValueError
+    when it is made."""
 
     batch_size: int = 64
     device: str | torch.device = "cpu"
@@ -295,8 +301,9 @@ def results_root(inputs: str = "embedding"):
 
 
 def default_reference(dataset: str) -> str:
-    """The reference images a dataset is measured against unless asked otherwise: the demo
-    world's ``digits_source`` for its datasets, ImageNet (the paper's) for every other."""
+    """The reference images a dataset is measured against unless asked otherwise.
+
+    The demo world's ``digits_source`` for its datasets, ImageNet (the paper's) for every other."""
     source = data.DATASETS.get(dataset)  # a custom dataset need not be there any more for its results to be read
     return "digits_source" if source is not None and source.group == "demo" else "imagenet"
 
@@ -309,10 +316,11 @@ RATES, METADATA = "rates.csv.gz", "metadata.json"
 
 @dataclass(frozen=True)
 class Measurement:
-    """One plasticity measurement, validated when it is made: a model on a dataset's test images
-    against reference images. Defaults: notebook 02's, the demo world (the demo ViT on digits 5-9
-    against digits 0-4); the paper's: a ViT-Base or -Huge in21k on each benchmark against ImageNet,
-    12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
+    """One plasticity measurement, validated when it is made.
+
+    A model on a dataset's test images against reference images. Defaults: notebook 02's, the demo world
+    (the demo ViT on digits 5-9 against digits 0-4); the paper's: a ViT-Base or -Huge in21k on each
+    benchmark against ImageNet, 12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
 
     ``reference`` "" (or None) is the dataset's ``default_reference``, stored by its name. ``run``
     saves the measurement in ``folder()`` (``RATES``, then ``METADATA``); ``is_saved()`` says whether
@@ -392,7 +400,9 @@ class Measurement:
 
 
 def current(metadata: dict) -> bool:
-    """Whether a saved result was measured on today's test splits (``SPLITS_VERSION``) with today's pair
+    """Whether a saved result was measured on today's test splits with today's pair set.
+
+    Whether a saved result was measured on today's test splits (``SPLITS_VERSION``) with today's pair
     set (``PAIRS``): other splits or another pair set, other pairs."""
     return metadata.get("splits", 1) == SPLITS_VERSION and metadata.get("pairs", 1) == PAIRS
 
@@ -413,7 +423,9 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
 
 
 def load(folder) -> pd.DataFrame:
-    """Read a table written by ``save`` (with ``component`` as the ordered categorical, and
+    """Read a table written by ``save``; an error naming the file if it is missing or damaged.
+
+    Read a table written by ``save`` (with ``component`` as the ordered categorical, and
     ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded); an
     error naming the file if the result is missing or damaged (``paths.read_json``)."""
     folder = Path(folder)
@@ -437,7 +449,8 @@ def _pair_sets(measurement: Measurement, data_root):
 
 
 def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The model and the images of the pairs ``run`` measures for ``measurement``, in memory:
+    """The model and the images of the pairs ``run`` measures for ``measurement``, in memory.
+
     (network, x, y), x the reference images and y the target's, paired by position
     (``Measurement.pair_indices``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
     network, _, reference_set, target_set = _pair_sets(measurement, data_root)
@@ -528,7 +541,9 @@ def measure_missing(
     data_root=None,
     progress: bool = False,
 ) -> list[Measurement]:
-    """Make every measurement of ``measurements`` (an iterable of ``Measurement``) that is not saved
+    """Make every measurement of ``measurements`` not saved yet; returns those it made.
+
+    Make every measurement of ``measurements`` (an iterable of ``Measurement``) that is not saved
     yet, in order, with ``run``'s options as given, as the notebooks do before ``collect``; returns
     those it made. A measurement that another process is making is waited for, then found saved."""
     made = []
@@ -571,7 +586,9 @@ def collect(
     severity: int | None = 5,
     by_block: bool = False,
 ) -> pd.DataFrame:
-    """P(f) of every saved result: one row per model, dataset (and draw of pairs) and component
+    """P(f) of every saved result, one row per model, dataset (and draw of pairs) and component.
+
+    P(f) of every saved result: one row per model, dataset (and draw of pairs) and component
     (``by_block``: per block as well, ``ranking.layer_means``, with ``block`` and ``depth`` for ``rank``:
     the values the boxes of Fig. 2 middle pool over datasets).
 
@@ -651,7 +668,9 @@ HELP = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
+    """One plasticity measurement from the command line, as notebook 02 makes it.
+
+    ``python -m paperlib.plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
     options = {name: p.default for name, p in inspect.signature(run).parameters.items() if p.kind == p.KEYWORD_ONLY}
     # num_workers: run's None (automatic) unless given, so typed as the number a command line gives

@@ -142,7 +142,9 @@ def check_blocks(selected: int | Iterable[int] | None, depth: int) -> tuple[int,
 
 
 def point_modules(block: nn.Module, point: str) -> tuple[str, list[nn.Module]]:
-    """How ``point`` is read in ``block``: ``("output", modules)`` (the outputs of the modules,
+    """How ``point`` is read in ``block``: the outputs of some modules or the input of one.
+
+    How ``point`` is read in ``block``: ``("output", modules)`` (the outputs of the modules,
     side by side: FC1 of a SwiGLU block is its gate and value layers) or ``("input", [module])``
     (the input of the module: the residual stream after attention is the input of ``norm2``)."""
     check_points(point)
@@ -171,7 +173,9 @@ def pool_tokens(tokens: torch.Tensor, pool: str = "mean", prefix: int = 1) -> to
 
 @contextlib.contextmanager
 def hooked(model: nn.Module, wanted: Sequence[tuple[int, str]], pool: str = "mean"):
-    """Forward hooks that pool every (block, point) of ``wanted`` into a dict of lists of CPU
+    """Forward hooks that pool every (block, point) of ``wanted``; removed on exit.
+
+    Forward hooks that pool every (block, point) of ``wanted`` into a dict of lists of CPU
     tensors, ``store[(block, point, part)]``, one tensor per batch; removed on exit."""
     store: dict[tuple[int, str, int], list[torch.Tensor]] = {}
     prefix = int(getattr(model, "num_prefix_tokens", 1))
@@ -212,29 +216,28 @@ def batches(dataset, batch_size: int, device: torch.device, num_workers: int | N
 
 
 def image_seed(seed: int, index: int) -> int:
-    """The seed of image ``index``'s crop and flip under the probe's ``seed``: a function of the pair
-    alone (``numpy.random.SeedSequence``), so that neither the order nor the worker that
-    transforms an image changes its crop."""
+    """The seed of image ``index``'s crop and flip under the probe's ``seed``.
+
+    A function of the pair alone (``numpy.random.SeedSequence``), so that neither the order nor the worker
+    that transforms an image changes its crop."""
     return int(np.random.SeedSequence((seed % 2**64, index)).generate_state(1, np.uint64)[0])
 
 
 def augmented_order(n: int, seed: int) -> list[int]:
-    """The images of one shuffled epoch of the authors' training loader over ``n`` images: a
-    permutation drawn from ``seed``, cut to whole batches of ``AUGMENTED_BATCH`` (the last incomplete
-    one dropped; all ``n`` when they are fewer than a batch)."""
+    """The images of one shuffled epoch of the authors' training loader over ``n`` images.
+
+    A permutation drawn from ``seed``, cut to whole batches of ``AUGMENTED_BATCH`` (the last incomplete one
+    dropped; all ``n`` when they are fewer than a batch)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     return order if n < AUGMENTED_BATCH else order[: n // AUGMENTED_BATCH * AUGMENTED_BATCH]
 
 
 class SeededCrops(Dataset):
-    """Items (normalised crop, label) of ``dataset``: image ``index`` at its full resolution (the PIL
-    image of a file, or the uint8 array) through ``transforms.paper_transform(augment=True)``, i.e.
-    torchvision's ``RandomResizedCrop`` (default scale and ratio, bilinear, antialiased) and
-    ``RandomHorizontalFlip``, as the authors' ``build_transform(mode="train")``.
+    """Items (normalised crop, label) of ``dataset``, each crop seeded by its image.
 
-    torchvision draws from the global generator: each item is transformed inside
-    ``torch.random.fork_rng`` with that generator seeded by ``image_seed(seed, index)``, so the crop
-    and flip are a function of (seed, index) and the caller's random state is left as it was.
+    Image ``index`` at its full resolution goes through ``transforms.paper_transform(augment=True)`` (the
+    authors' ``build_transform(mode="train")``) inside ``torch.random.fork_rng``, seeded by
+    ``image_seed(seed, index)``: the caller's random state is left as it was.
     """
 
     def __init__(self, dataset: ImageDataset | FileDataset, image_size: int, seed: int):
@@ -252,26 +255,26 @@ class SeededCrops(Dataset):
 
 
 def crops_on_device(dataset, image_size: int) -> bool:
-    """Whether ``augmented_batches`` draws the crops of ``dataset`` on the device (``DeviceLoader``):
-    images held whole in one array (the demo's digits, Cifar, Cifar10-C) no larger than the model's
-    input. Every crop is then an upsampling of the very pixels torchvision would read, where its
-    antialiasing does nothing: the same crops within 1/255 (``transforms.resized_crops``)."""
+    """Whether ``augmented_batches`` draws the crops of ``dataset`` on the device (``DeviceLoader``).
+
+    So for images held whole in one array (the demo's digits, Cifar, Cifar10-C) no larger than the model's
+    input: every crop is then an upsampling of the very pixels torchvision would read, where its
+    antialiasing does nothing (the same crops within 1/255, ``transforms.resized_crops``)."""
     if not isinstance(dataset, ImageDataset) or not isinstance(dataset.images, torch.Tensor):
         return False  # image files, or decoded images of different sizes
     return max(dataset.images.shape[-2:]) <= image_size
 
 
 def augmented_batches(dataset, image_size: int, device: torch.device, seed: int, num_workers: int | None = None):
-    """(images, labels) batches of ``dataset`` as the authors' training loader gives them: each image
-    once, as one random resized crop of its full-resolution image and a random flip, shuffled, in
+    """(images, labels) batches of ``dataset`` as the authors' training loader gives them.
+
+    Each image once, as one random resized crop of its full-resolution image and a random flip, shuffled, in
     batches of ``AUGMENTED_BATCH`` with the last incomplete one dropped (all in one batch if there are
     fewer); crops, flips and order drawn from ``seed``. Labels on the CPU.
 
-    Image files (DomainNet, Flowers102, Pets, your own) and arrays larger than the model's input go
-    image by image through torchvision (``SeededCrops``; order from ``augmented_order``), in a
-    DataLoader (``num_workers``: default up to 8 on CUDA, none otherwise). Arrays no larger than the
-    input (``crops_on_device``) are cropped in whole batches on the device (``loader.DeviceLoader``,
-    the same distribution from its own draws of ``seed``)."""
+    Image files and arrays larger than the model's input go through torchvision image by image
+    (``SeededCrops``, ``augmented_order``) in a DataLoader of ``num_workers``; the others are cropped on
+    the device (``crops_on_device``). docs/fidelity.md, "Training crops", compares them with the authors'."""
     batch = min(AUGMENTED_BATCH, len(dataset))
     if crops_on_device(dataset, image_size):
         loader = DeviceLoader(
@@ -306,10 +309,10 @@ def pooled_features(
     num_workers: int | None = None,
     augment_seed: int | None = None,
 ) -> tuple[dict[tuple[int, str], np.ndarray], np.ndarray]:
-    """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``
-    (float32, one row per image, in the dataset's order; with ``augment_seed``, as
-    ``augmented_batches`` gives them) and the labels, from one forward pass per batch, the model in
-    eval mode and without gradients (its mode restored after)."""
+    """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``, and the labels.
+
+    Float32, one row per image, in the dataset's order (with ``augment_seed``, as ``augmented_batches``
+    gives them), from one forward pass per batch in eval mode, without gradients (the mode restored after)."""
     check_choice(pool, POOLS, "pool")
     device = torch.device(device)
     model = model.to(device)
@@ -336,12 +339,10 @@ def pooled_features(
 
 
 def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, seed: int = 0) -> float:
-    """Test accuracy (fraction) of ``StandardScaler`` + ``LogisticRegression(max_iter=5000)``
-    fitted on the training features: the authors' classifier (multinomial, lbfgs).
+    """Test accuracy (fraction) of the authors' classifier fitted on the training features.
 
-    A small problem (up to ``SMALL_FIT`` training values, every demo-scale fit) runs on one BLAS
-    thread: its products are too small to share, and threads that wait for one another on a busy
-    machine made such fits up to a hundred times slower. Larger ones use the library's threads."""
+    The classifier: ``StandardScaler`` + ``LogisticRegression(max_iter=5000)`` (multinomial, lbfgs). A small
+    problem (up to ``SMALL_FIT`` training values) runs on one BLAS thread, a larger one on the library's."""
     classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=MAX_ITER, random_state=seed))
     limits = threadpool_limits(1, user_api="blas") if train_x.size <= SMALL_FIT else contextlib.nullcontext()
     with limits:
@@ -350,8 +351,9 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test
 
 
 def point_width(block: nn.Module, point: str) -> int:
-    """Features per image of ``point`` (for the memory budget): the hidden width for FC1 and the
-    activation, the embedding width otherwise."""
+    """Features per image of ``point`` (for the memory budget).
+
+    The hidden width for FC1 and the activation, the embedding width otherwise."""
     if point == "fc1":
         return int(block_component(block, "fc1").out_features)
     if point == "gelu":
@@ -360,7 +362,9 @@ def point_width(block: nn.Module, point: str) -> int:
 
 
 def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, max_gib: float) -> list[list]:
-    """``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB of float32
+    """``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB.
+
+    ``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB of float32
     (one forward pass per group; one group unless all points of a large model on a large set)."""
     out, size = [[]], 0
     for index, point in wanted:
@@ -379,9 +383,11 @@ def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, m
 
 @dataclass(frozen=True)
 class Probe:
-    """What one probe table is, validated when it is made: the linear probes of a pretrained model on
-    a dataset at some blocks and points, and how their features are made and fitted. ``linear_probe``
-    fits it (how: device, batch size, workers...) and caches its table in ``folder()`` under ``key()``.
+    """What one probe table is, validated when it is made.
+
+    The linear probes of a pretrained model on a dataset at some blocks and points, and how their features
+    are made and fitted. ``linear_probe`` fits it (how: device, batch size, workers...) and caches its table
+    in ``folder()`` under ``key()``.
 
     ``model`` is a name (as ``models.create_model`` takes; its pretrained weights) or a module; a module
     is cached only under a ``name``, which then stands for its weights (another module under the same
@@ -483,7 +489,9 @@ class Probe:
 
 
 def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none, or if
+    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder.
+
+    The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none, or if
     damaged: ``paths.json_or_none`` warns, and the probes are fitted again)."""
     folder = Path(folder)
     metadata = paths.json_or_none(folder / "metadata.json")
@@ -500,7 +508,9 @@ def empty() -> pd.DataFrame:
 
 
 def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
-    """Write ``probe.csv`` then ``metadata.json`` (with the table's size, ``files``) into ``folder``,
+    """Write ``probe.csv`` then ``metadata.json`` into ``folder``, each atomically.
+
+    Write ``probe.csv`` then ``metadata.json`` (with the table's size, ``files``) into ``folder``,
     each atomically: the metadata, written last, says the table is whole."""
     folder = Path(folder)
     paths.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
@@ -519,7 +529,9 @@ def tidy(table: pd.DataFrame, wanted: Sequence[tuple[int, str]]) -> pd.DataFrame
 
 
 def model_mean_std(model: nn.Module | str, normalize: str) -> tuple:
-    """The normalisation of a model by name (``models.normalization``) or of a module (ImageNet's,
+    """The normalisation of a model by name or of a module.
+
+    The normalisation of a model by name (``models.normalization``) or of a module (ImageNet's,
     or the mean and std of its ``pretrained_cfg`` for ``normalize="model"``)."""
     if isinstance(model, str):
         return models.normalization(model, normalize)
@@ -544,8 +556,9 @@ def linear_probe(
     compute: bool = True,
     cache: bool = True,
 ) -> pd.DataFrame | None:
-    """Linear-probe accuracy of ``probe``'s pretrained model on its dataset at each of its blocks and
-    points (``Probe``); the rest says how it runs.
+    """Linear-probe accuracy of ``probe``'s pretrained model on its dataset at its blocks and points.
+
+    ``Probe`` says what is probed; the rest says how it runs.
 
     Args:
         probe: what is probed (``Probe``).
@@ -590,7 +603,9 @@ def linear_probe(
 
 
 def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, running: dict, max_gib: float = 8.0):
-    """Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, a group of them per pass over
+    """Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, yielding each fit as it ends.
+
+    Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, a group of them per pass over
     the (train, test) ``sets`` (``groups``: as many as ``max_gib`` of pooled features hold); yields
     ((block, point), test accuracy, training images, test images) as each fit ends. ``running``:
     ``pooled_features``'s batch_size, device and num_workers."""
@@ -609,7 +624,9 @@ def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, ru
 
 
 def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> None:
-    """Add each fit of ``fits`` (``fit_missing``'s) to ``table`` and, with a ``folder``, save the table
+    """Add each fit of ``fits`` to ``table``, saving it after each one with a ``folder``.
+
+    Add each fit of ``fits`` (``fit_missing``'s) to ``table`` and, with a ``folder``, save the table
     after each one, so that an interrupted call resumes: its metadata is ``record`` with the images
     fitted on and the seconds spent (``record["seconds"]``: those of earlier calls)."""
     start = time.perf_counter()
@@ -621,7 +638,9 @@ def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> No
 
 
 def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:
-    """The probe table and metadata cached in ``folder`` if they are of this ``key`` (empty otherwise),
+    """The probe table and metadata cached in ``folder``, and the (block, point) not in it.
+
+    The probe table and metadata cached in ``folder`` if they are of this ``key`` (empty otherwise),
     and the (block, point) of ``wanted`` not in the table."""
     table, metadata = load(folder) if folder is not None else (empty(), {})
     if metadata.get("key") != key:  # another model or dataset under the name (custom ones change): not this
@@ -633,9 +652,10 @@ def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, 
 def table6_column(
     model: str | nn.Module, datasets: str | Iterable[str], point: str = "mha", block: int = -1, **options
 ) -> pd.DataFrame:
-    """Table 6's linear-probing column: per dataset, the probe's test accuracy (%) at one point of
-    one block (the last block's ``mha`` by default, the paper's "attention hidden representation of
-    the last layer"). ``options``: the other fields of ``Probe`` and the keywords of ``linear_probe``
+    """Table 6's linear-probing column: per dataset, the probe's test accuracy (%).
+
+    At one point of one block: the last block's ``mha`` by default, the paper's "attention hidden
+    representation of the last layer". ``options``: the other fields of ``Probe`` and the keywords of ``linear_probe``
     (with ``compute=False``, a dataset whose probe is not cached has no row). Columns: ``dataset``,
     ``accuracy``."""
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
@@ -649,8 +669,9 @@ def table6_column(
 
 
 def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **options) -> pd.DataFrame:
-    """``linear_probe`` on each dataset, one table with a ``dataset`` column first. ``options``: the other
-    fields of ``Probe`` and the keywords of ``linear_probe``."""
+    """``linear_probe`` on each dataset, one table with a ``dataset`` column first.
+
+    ``options``: the other fields of ``Probe`` and the keywords of ``linear_probe``."""
     datasets = [datasets] if isinstance(datasets, str) else list(datasets)
     tables = [probed(model, dataset, options).assign(dataset=dataset) for dataset in datasets]
     table = pd.concat(tables, ignore_index=True)
@@ -658,7 +679,9 @@ def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **opti
 
 
 def probed(model: str | nn.Module, dataset: str, options: dict) -> pd.DataFrame | None:
-    """``linear_probe`` of the ``Probe`` of ``model`` on ``dataset`` with the options that are its
+    """``linear_probe`` of the ``Probe`` of ``model`` on ``dataset``, options split by where they belong.
+
+    ``linear_probe`` of the ``Probe`` of ``model`` on ``dataset`` with the options that are its
     fields, run with the others (``linear_probe``'s keywords: another name is a TypeError)."""
     own = {field.name for field in fields(Probe)}
     value = Probe(model, dataset, **{name: v for name, v in options.items() if name in own})
@@ -666,7 +689,9 @@ def probed(model: str | nn.Module, dataset: str, options: dict) -> pd.DataFrame 
 
 
 def along_depth(table: pd.DataFrame) -> pd.DataFrame:
-    """Probe accuracy (%) per block (rows) and point (columns, forward order), averaged over the
+    """Probe accuracy (%) per block and point, averaged over the datasets.
+
+    Probe accuracy (%) per block (rows) and point (columns, forward order), averaged over the
     datasets of a ``probe_datasets`` table (or the one table of ``linear_probe``)."""
     wide = table.pivot_table(index="block", columns="point", values="accuracy", aggfunc="mean", observed=True)
     return 100.0 * wide[[p for p in POINTS if p in wide.columns]]

@@ -33,7 +33,9 @@ from .significance import kendall_tau
 
 
 def paper_agreement(table: pd.DataFrame) -> float:
-    """Kendall's tau between this model's ranking of P(f) (mean rate over pairs and blocks, as
+    """Kendall's tau between this model's ranking of P(f) and the paper's.
+
+    Kendall's tau between this model's ranking of P(f) (mean rate over pairs and blocks, as
     ``plasticity.ranking``'s) and the paper's (MHA > FC1 > FC2 > LN2 > LN1).
 
     1 means the same order, -1 the reverse.
@@ -94,7 +96,9 @@ def ranking_uncertainty(
 
 
 def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
-    """Per factor of ``plasticity.scale_curve``'s table (ascending): ``order``, the components by
+    """Per factor of ``plasticity.scale_curve``'s table: the ranking and whether it is the paper's.
+
+    Per factor of ``plasticity.scale_curve``'s table (ascending): ``order``, the components by
     decreasing P(f) ("FC1 > MHA > ..."), and ``follows paper``, whether that is strictly the
     paper's ranking MHA > FC1 > FC2 > LN2 > LN1."""
     wide = curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
@@ -105,7 +109,9 @@ def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
 
 
 def paper_order_from(curve: pd.DataFrame) -> float | None:
-    """The smallest factor of ``plasticity.scale_curve``'s table from which on (at it and at every
+    """The smallest factor from which on P(f) follows the paper's ranking.
+
+    The smallest factor of ``plasticity.scale_curve``'s table from which on (at it and at every
     larger factor of the table) P(f) follows the paper's ranking (``scale_ranking``); None if it
     does not at the largest factor."""
     follows = scale_ranking(curve)["follows paper"]

@@ -16,10 +16,12 @@ from scipy import stats
 
 
 def wilcoxon_p(difference: np.ndarray, alternative: str = "two-sided") -> float:
-    """scipy's Wilcoxon signed-rank p-value of paired ``difference``s (``stats.wilcoxon``'s defaults). Where
-    scipy runs its exact permutation test (ties or zeros, at most 13 differences: every one of the 2^n sign
-    changes), the same test with the statistic vectorised: scipy's computes it one sign change at a time
-    (0.65 s a test, most of ``python -m paperlib.stats``'s time on a whole grid)."""
+    """scipy's Wilcoxon signed-rank p-value of paired ``difference``s.
+
+    With ``stats.wilcoxon``'s defaults. Where scipy runs its exact permutation test (ties or zeros, at most 13
+    differences: every one of the 2^n sign changes), the same test with the statistic vectorised: scipy's
+    computes it one sign change at a time (0.65 s a test, most of ``python -m paperlib.stats``'s time on a
+    whole grid)."""
     d = np.asarray(difference, dtype=float)
     nonzero = np.abs(d[d != 0])
     if len(d) > 13 or (len(np.unique(nonzero)) == len(nonzero) == len(d)):  # scipy's exact or normal p-value
@@ -44,9 +46,10 @@ def _rank_sum_of_positives(d: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def holm(p_values) -> np.ndarray:
-    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate):
-    the i-th smallest of m is multiplied by m - i + 1, then made non-decreasing in that order and
-    capped at 1. NaNs stay NaN and do not count in m."""
+    """Holm's step-down adjustment of a family of p-values.
+
+    It controls the family-wise error rate: the i-th smallest of m is multiplied by m - i + 1, then made
+    non-decreasing in that order and capped at 1. NaNs stay NaN and do not count in m."""
     p = np.asarray(p_values, dtype=float)
     adjusted = np.full_like(p, np.nan)
     present = np.flatnonzero(~np.isnan(p))
@@ -60,8 +63,10 @@ def holm(p_values) -> np.ndarray:
 
 
 def kendall_tau(x, y) -> float:
-    """Kendall's tau-b of ``x`` and ``y`` (scipy's ``kendalltau``): the package's one place that computes it.
-    NaN where either side is constant (or holds a NaN); 1 where they order alike, -1 where reversed."""
+    """Kendall's tau-b of ``x`` and ``y`` (scipy's ``kendalltau``).
+
+    The package's one place that computes it. NaN where either side is constant (or holds a NaN); 1 where
+    they order alike, -1 where reversed."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan
@@ -69,9 +74,11 @@ def kendall_tau(x, y) -> float:
 
 
 def kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, float]:
-    """Kendall's tau-b (``kendall_tau``) and its p-value: exact over every pairing of the values for up to 8 of them
-    (scipy's permutation test; with ties, scipy's own p-value uses a normal approximation that
-    understates p at five components), scipy's ``kendalltau`` beyond; NaN for constant values."""
+    """Kendall's tau-b (``kendall_tau``) and its p-value.
+
+    The p-value is exact over every pairing of the values for up to 8 of them (scipy's permutation test;
+    with ties, scipy's own p-value uses a normal approximation that understates p at five components),
+    scipy's ``kendalltau`` beyond; NaN for constant values."""
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan"), float("nan")
     tau_b = kendall_tau(x, y)
@@ -100,6 +107,8 @@ def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def sign_test(positive: int, negative: int) -> float:
-    """The exact two-sided sign test (scipy's ``binomtest`` at 1/2) of ``positive`` against ``negative``
+    """The exact two-sided sign test of ``positive`` against ``negative`` outcomes.
+
+    The exact two-sided sign test (scipy's ``binomtest`` at 1/2) of ``positive`` against ``negative``
     outcomes, ties left out before; NaN where there is none."""
     return float(stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else math.nan

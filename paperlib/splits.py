@@ -35,7 +35,9 @@ def _check_fraction(fraction: float) -> None:
 def deterministic_split(
     n: int, train_fraction: float = TRAIN_FRACTION, seed: int = SPLIT_SEED
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(train, test) positions of ``n`` images without an official test set (Cifar10-C, DomainNet;
+    """(train, test) positions of ``n`` images without an official test set.
+
+    (train, test) positions of ``n`` images without an official test set (Cifar10-C, DomainNet;
     appendix C.2), as the authors' code draws them: one numpy permutation of ``0..n-1`` from
     ``seed`` (42, whatever the run's seed), its first ``int(train_fraction * n)`` positions for
     training and the rest for test, both sorted (images keep their order in the files). A
@@ -47,7 +49,9 @@ def deterministic_split(
 
 
 def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val) positions of a training set of ``n`` images for the run of ``seed``, as the
+    """(train, val) positions of a training set of ``n`` images for the run of ``seed``.
+
+    (train, val) positions of a training set of ``n`` images for the run of ``seed``, as the
     authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
     of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
     ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
@@ -58,10 +62,12 @@ def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) 
 
 
 def hash_split(keys: Sequence, test_fraction: float = 0.2, salt: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """(train, test) positions of ``keys`` by hashing each key: the keys are ordered by the SHA-256
-    of ``f"{salt}:{key}"`` and the first ``round(test_fraction * n)`` go to test; both sorted. The
-    demo world's digits (the split the committed demo ViT was trained on) and ``custom/<name>``
-    folders without a test folder (an image stays on its side when others are added) use it."""
+    """(train, test) positions of ``keys`` by hashing each key.
+
+    The keys are ordered by the SHA-256 of ``f"{salt}:{key}"`` and the first ``round(test_fraction * n)`` go
+    to test; both sorted. The demo world's digits (the split the committed demo ViT was trained on) and
+    ``custom/<name>`` folders without a test folder (an image stays on its side when others are added) use
+    it."""
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     digests = [hashlib.sha256(f"{salt}:{key}".encode()).hexdigest() for key in keys]

@@ -41,8 +41,9 @@ def workers() -> int:
 
 
 def budget() -> int | None:
-    """Threads for one of ``workers()`` processes: its share of the cores, at least 1; None for a
-    process alone (PyTorch's own choice stands)."""
+    """Threads for one of ``workers()`` processes.
+
+    Its share of the cores, at least 1; None for a process alone (PyTorch's own choice stands)."""
     count = workers()
     return None if count == 1 else max(1, cores() // count)
 
@@ -57,7 +58,9 @@ def apply() -> int:
 
 @contextlib.contextmanager
 def shared_by(count: int):
-    """While the block runs, processes started from this one are told that ``count`` of them share the
+    """Tell processes started in the block that ``count`` of them share the cores.
+
+    While the block runs, processes started from this one are told that ``count`` of them share the
     cores (``VIT_PLASTICITY_WORKERS``); the variable is restored after."""
     previous = os.environ.get(WORKERS)
     os.environ[WORKERS] = str(max(1, count))

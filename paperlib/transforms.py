@@ -43,8 +43,9 @@ def check_normalize(normalize: str) -> str:
 
 
 def as_mean_std(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """``(mean, std)`` as two tuples of three finite floats, the standard deviations positive
-    (hashable: the device tensors made from them are cached)."""
+    """``(mean, std)`` as two tuples of three finite floats.
+
+    The standard deviations positive (hashable: the device tensors made from them are cached)."""
     try:
         pair = tuple(float(m) for m in mean), tuple(float(s) for s in std)
     except (TypeError, ValueError) as error:
@@ -64,7 +65,9 @@ RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAGENET) -> v2.Compose:
-    """PIL image or uint8 tensor -> normalised float tensor (appendix C.2; ``mean_std``: the
+    """The paper's transform: PIL image or uint8 tensor -> normalised float tensor.
+
+    PIL image or uint8 tensor -> normalised float tensor (appendix C.2; ``mean_std``: the
     normalisation, ImageNet's by default)."""
     if augment:
         geometry = [
@@ -77,7 +80,9 @@ def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAG
 
 
 def per_image(size: int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """(n,) sizes on ``device``: one size for every image, filled there (copying a host number to a GPU
+    """(n,) image sizes on ``device``, from one size or a tensor of each image's own.
+
+    (n,) sizes on ``device``: one size for every image, filled there (copying a host number to a GPU
     would make the host wait), or a tensor of each image's own."""
     if isinstance(size, torch.Tensor):
         return size.to(device=device, dtype=dtype).expand(n)
@@ -136,8 +141,9 @@ def center_boxes(
     image_size: int,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Boxes equivalent to ``Resize(image_size)`` then ``CenterCrop(image_size)``: the central
-    square of side ``min(height, width)`` (for the crop of a square output); ``height`` and
+    """Boxes equivalent to ``Resize(image_size)`` then ``CenterCrop(image_size)``.
+
+    The central square of side ``min(height, width)`` (for the crop of a square output); ``height`` and
     ``width`` as in ``sample_crops``."""
     height = per_image(height, n, torch.float32, device)
     width = per_image(width, n, torch.float32, device)
@@ -169,7 +175,9 @@ def interpolation_matrices(start: torch.Tensor, length: torch.Tensor, in_size: i
 def resized_crops(
     images: torch.Tensor, boxes: torch.Tensor, image_size: int, flips: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Crop ``boxes`` (top, left, h, w) out of uint8 or float (B, C, H, W) ``images`` and resize
+    """Crop ``boxes`` out of ``images`` and resize each to ``image_size``, flipped where asked.
+
+    Crop ``boxes`` (top, left, h, w) out of uint8 or float (B, C, H, W) ``images`` and resize
     each to ``image_size`` (bilinear), mirrored where ``flips``; returns float in [0, 1].
 
     Bilinear resampling is separable, so each crop is two small matrix products,
@@ -197,7 +205,9 @@ def _mean_std(device: torch.device, dtype: torch.dtype, pair: tuple = IMAGENET) 
 
 
 def normalize(images: torch.Tensor, mean_std: tuple = IMAGENET) -> torch.Tensor:
-    """Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> normalised with ``mean_std``
+    """Float images in [0, 1] normalised with ``mean_std``.
+
+    Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> normalised with ``mean_std``
     (ImageNet's by default)."""
     mean, std = _mean_std(images.device, images.dtype, as_mean_std(*mean_std))
     return (images - mean) / std
@@ -216,7 +226,9 @@ def device_transform(
     mean_std: tuple = IMAGENET,
     sizes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
+    """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives.
+
+    The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
     the normalisation, ImageNet's by default; ``sizes``: (B, 2) heights and widths of images of
     different sizes, padded to (H, W) at the bottom and right, as ``UnevenImages.batch`` gives them).
 

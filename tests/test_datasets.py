@@ -8,6 +8,7 @@ import torch
 
 from paperlib import data, fixtures
 from paperlib.corruptions import CORRUPTIONS
+from paperlib.transforms import paper_transform
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +148,9 @@ def test_cifar_reads_the_pickled_batches_exactly(root):
 
 
 def test_augmented_items_vary_and_resolution_is_a_parameter(root):
-    dataset = data.get_dataset("cifar10", "train", root=root, augment=True, image_size=64)
+    # the training transform is set on the dataset get_dataset returns
+    dataset = data.get_dataset("cifar10", "train", root=root, image_size=64)
+    dataset.transform = paper_transform(True, 64, dataset.mean_std)
     torch.manual_seed(0)
     first = dataset[0][0]
     assert first.shape == (3, 64, 64)
@@ -176,9 +179,9 @@ def test_missing_dataset_says_what_to_download_and_where(tmp_path, name):
     assert url in message and str(tmp_path) in message and where in message
 
 
-def test_notebooks_and_sweeps_download_when_the_environment_says_so(tmp_path, monkeypatch):
-    # they pass no download=: VIT_PLASTICITY_DOWNLOAD=1 lets get_dataset fetch (here a stand-in
-    # downloader that writes the official files, as there is no internet), and the error says how
+def test_datasets_download_when_the_environment_says_so(tmp_path, monkeypatch):
+    # VIT_PLASTICITY_DOWNLOAD=1 lets get_dataset fetch (here a stand-in downloader that writes the
+    # official files, as there is no internet), and the error says how
     fetched = []
 
     def fake_download(cls_name, root, **kwargs):
@@ -192,8 +195,6 @@ def test_notebooks_and_sweeps_download_when_the_environment_says_so(tmp_path, mo
     assert fetched == []
     monkeypatch.setenv("VIT_PLASTICITY_DOWNLOAD", "1")
     assert len(data.get_dataset("cifar10", "test", root=tmp_path)) == 10 and fetched == ["CIFAR10"]
-    with pytest.raises(FileNotFoundError, match="flowers"):  # an explicit download=False wins over the environment
-        data.get_dataset("flowers102", "test", root=tmp_path, download=False)
     with pytest.raises(FileNotFoundError) as info:  # ImageNet cannot be downloaded: nothing said about the variable
         data.get_dataset("imagenet", "test", root=tmp_path)
     assert "VIT_PLASTICITY_DOWNLOAD" not in str(info.value)

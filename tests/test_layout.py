@@ -297,9 +297,6 @@ def test_the_module_maps_list_every_module_in_the_order_they_import_one_another(
 MOST_PARAMETERS = 8
 TRITON_KERNELS = {f"paperlib.speed.kernels._triton_kernels.{name}" for name in ("backward_kernel", "stack_kernel")}
 """The only functions allowed more parameters: Triton kernels, whose arguments are the kernel's launch contract."""
-NOT_YET = {"paperlib.data.get_dataset"}
-"""Known exceptions still to be brought to ``MOST_PARAMETERS`` (issue 44): get_dataset's 11 keep notebook 01's call
-(``root=``, ``image_size=``, ``mean_std=``) and ``download=True``, which its error messages offer, working."""
 
 
 def _parameter_count(function: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> int:
@@ -338,7 +335,7 @@ def test_no_function_takes_more_than_eight_parameters():
     found = {}
     for name, path in MODULES.items():
         found |= _too_many_parameters(name, path.read_text())
-    allowed = TRITON_KERNELS | NOT_YET
+    allowed = TRITON_KERNELS
     assert set(found) - allowed == set(), {k: v for k, v in found.items() if k not in allowed}
     assert set(found) == allowed  # each exemption names a function that needs it: one that names nothing is dropped
     # and the counter can fail: nine parameters anywhere; self and cls not counted, *args and **kwargs one each
@@ -371,3 +368,37 @@ def test_test_files_share_helpers_through_conftest_not_each_other():
         "test_lora",
     ]
     assert _test_file_imports("from conftest import same_metrics") == []
+
+
+SUMMARISED = {
+    f"paperlib.{name}"
+    for name in (
+        "bounds component_rates corruptions imagesets loader models transforms probe plasticity significance "
+        "ranking splits threads fixtures demo cli data"
+    ).split()
+} | {name for name in MODULES if name.startswith("paperlib.speed.")}
+"""The modules whose docstrings are held to ``_unsummarised`` (issue 44, item 10); the others follow."""
+
+
+def _unsummarised(name: str, source: str) -> list[str]:
+    """``module.name`` of each public function and class at the top of ``source`` whose docstring does not
+    open with a one-line summary: a first line ending with a period, then a blank line if more follows."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and not node.name.startswith("_"):
+            lines = (ast.get_docstring(node) or "").split("\n")
+            if not lines[0].strip().endswith(".") or (len(lines) > 1 and lines[1].strip()):
+                found.append(f"{name}.{node.name}")
+    return found
+
+
+def test_public_functions_and_classes_open_their_docstrings_with_a_one_line_summary():
+    assert "paperlib.speed.step" in SUMMARISED and SUMMARISED <= set(MODULES)
+    found = [where for name in sorted(SUMMARISED) for where in _unsummarised(name, MODULES[name].read_text())]
+    assert found == [], found
+    # and the check can fail: no docstring, a sentence over two lines, no blank line after the summary
+    source = (
+        'def a():\n    pass\n\ndef b():\n    """One\n    sentence."""\n\n'
+        'def c():\n    """Summary.\n    More."""\n\nclass D:\n    """Summary.\n\n    More."""\n\ndef _e():\n    pass\n'
+    )
+    assert _unsummarised("m", source) == ["m.a", "m.b", "m.c"]

@@ -51,7 +51,9 @@ def median_seconds(runs: dict, device: torch.device, repeats: int = 1) -> dict[s
 
 
 class Timed:
-    """A callable that runs ``run`` and keeps its wall seconds (device synchronised) in ``seconds``
+    """A callable that runs ``run`` and keeps its wall seconds and its return value.
+
+    A callable that runs ``run`` and keeps its wall seconds (device synchronised) in ``seconds``
     and its return value in ``value``."""
 
     def __init__(self, run, device: torch.device):

@@ -183,9 +183,10 @@ def bias_gelu_triton(mm: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 def bias_gelu_backward_triton(
     grad: torch.Tensor, mm: torch.Tensor, bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``bias_gelu``'s backward by the Triton backward kernel: one pass writes the gradient of
-    ``mm`` and an fp32 partial column sum per ``ROWS`` rows; the partials are then summed (in a
-    fixed order: the result does not depend on scheduling)."""
+    """``bias_gelu``'s backward by the Triton backward kernel.
+
+    One pass writes the gradient of ``mm`` and an fp32 partial column sum per ``ROWS`` rows; the partials
+    are then summed (in a fixed order: the result does not depend on scheduling)."""
     ops = _triton_kernels()
     matrix, grad_matrix = _matrix(mm), _matrix(grad)
     rows, cols = matrix.shape
@@ -292,7 +293,9 @@ bias_gelu.register_autograd(_backward, setup_context=_setup_context)
 def qkv_heads_backward_reference(
     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head gradients (each [B, H, N, D]) stacked into the projection's [B, N, 3 H D] layout,
+    """The head gradients stacked into the projection's layout, and the bias gradient.
+
+    The head gradients (each [B, H, N, D]) stacked into the projection's [B, N, 3 H D] layout,
     and its column sums in fp32 (or float64): the bias gradient."""
     batch, heads, tokens, dim = dq.shape
     stacked = torch.stack([dq, dk, dv]).permute(1, 3, 0, 2, 4).reshape(batch, tokens, 3 * heads * dim)
@@ -302,7 +305,9 @@ def qkv_heads_backward_reference(
 def qkv_heads_backward_triton(
     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides): one
+    """``qkv_heads_backward`` by the Triton stack kernel.
+
+    ``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides): one
     pass writes the stacked gradient and fp32 partial column sums per ``ROWS`` rows."""
     ops = _triton_kernels()
     batch, heads, tokens, dim = dq.shape
@@ -374,7 +379,9 @@ def _qkv_heads_backward_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tenso
 
 
 class QkvHeads(torch.autograd.Function):
-    """q, k, v heads ([B, H, N, D] views, no copy) of the attention's projection ``linear(x, weight, bias)``
+    """q, k, v heads of the attention's projection, split as timm's ``Attention`` splits it.
+
+    q, k, v heads ([B, H, N, D] views, no copy) of the attention's projection ``linear(x, weight, bias)``
     split as timm's ``Attention`` splits it; the backward stacks the head gradients and sums the bias
     gradient in one pass (``qkv_heads_backward``), then runs the two matrix products.
 

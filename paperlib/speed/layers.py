@@ -61,9 +61,10 @@ class PatchLinear(torch.nn.Module):
 
 
 def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
-    """Replace ``model.patch_embed.proj`` (a convolution) by the same function as a matrix product
-    (``PatchLinear``), in place; returns the model. Does nothing if it is done already or the model
-    has no such convolution."""
+    """Replace ``model.patch_embed.proj`` by the same function as a matrix product, in place.
+
+    The convolution becomes a ``PatchLinear``; returns the model. Does nothing if it is done already or the
+    model has no such convolution."""
     embed = getattr(model, "patch_embed", None)
     proj = getattr(embed, "proj", None)
     if _is_patching(proj):
@@ -72,7 +73,9 @@ def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def is_fusable_mlp(mlp: torch.nn.Module) -> bool:
-    """Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
+    """Whether ``mlp`` is the bias and GELU pair that ``kernels.bias_gelu`` computes.
+
+    Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
     the exact (erf) GELU, the pair ``kernels.bias_gelu`` computes."""
     fc1, act = getattr(mlp, "fc1", None), getattr(mlp, "act", None)
     return (
@@ -85,7 +88,9 @@ def is_fusable_mlp(mlp: torch.nn.Module) -> bool:
 
 
 def is_fusable_attention(attention: torch.nn.Module) -> bool:
-    """Whether ``attention`` is a timm ``Attention`` with a biased q/k/v projection and no gate, the
+    """Whether ``attention`` has the form ``kernels.QkvHeads`` computes.
+
+    Whether ``attention`` is a timm ``Attention`` with a biased q/k/v projection and no gate, the
     form ``kernels.QkvHeads`` computes."""
     qkv = getattr(attention, "qkv", None)
     return (
@@ -117,7 +122,9 @@ class _FusedLayer(torch.nn.Module):
 
 
 class BiasGeluMlp(_FusedLayer):
-    """A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
+    """A ViT feedforward layer whose first layer's bias and GELU are one fused op.
+
+    A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
     ``kernels.bias_gelu``: the matrix product runs without its bias, and the op's backward gives
     the bias gradient from the same pass that gives the product's gradient. The same function."""
 
@@ -132,7 +139,9 @@ class BiasGeluMlp(_FusedLayer):
 
 
 class QkvFusedAttention(_FusedLayer):
-    """A ViT attention layer (timm's ``Attention``) whose q/k/v projection and split into heads run
+    """A ViT attention layer whose q/k/v projection and split into heads run through ``kernels.QkvHeads``.
+
+    A ViT attention layer (timm's ``Attention``) whose q/k/v projection and split into heads run
     through ``kernels.QkvHeads``: the backward stacks the head gradients and sums the projection's
     bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in timm's fused
     path. The same function."""
@@ -165,12 +174,14 @@ def _fuse_blocks(model: torch.nn.Module, attribute: str, fused: type[_FusedLayer
 
 
 def fuse_bias_gelu(model: torch.nn.Module) -> torch.nn.Module:
-    """Every block's feedforward layer as ``BiasGeluMlp`` (``kernels.bias_gelu``), in place; feedforward
-    layers of another form (another activation, no bias) are left as they are."""
+    """Every block's feedforward layer as ``BiasGeluMlp`` (``kernels.bias_gelu``), in place.
+
+    Feedforward layers of another form (another activation, no bias) are left as they are."""
     return _fuse_blocks(model, "mlp", BiasGeluMlp)
 
 
 def fuse_qkv(model: torch.nn.Module) -> torch.nn.Module:
-    """Every block's attention as ``QkvFusedAttention`` (``kernels.QkvHeads``), in place; attention
-    of another form is left as it is."""
+    """Every block's attention as ``QkvFusedAttention`` (``kernels.QkvHeads``), in place.
+
+    Attention of another form is left as it is."""
     return _fuse_blocks(model, "attn", QkvFusedAttention)

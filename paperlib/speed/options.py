@@ -97,6 +97,7 @@ def compile_modes() -> tuple[str, ...]:
 
 
 def check_compile_mode(mode: str) -> str:
+    """``mode`` if it is a ``torch.compile`` mode, else a ValueError naming the valid ones."""
     if mode not in compile_modes():
         raise ValueError(f"unknown torch.compile mode {mode!r}; valid modes: {', '.join(compile_modes())}")
     return mode
@@ -126,7 +127,9 @@ tailored optimisation of each module)."""
 
 
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (x86's AVX-512 BF16 or AMX, which
+    """Whether this CPU multiplies bf16 matrices in hardware.
+
+    Whether this CPU multiplies bf16 matrices in hardware (x86's AVX-512 BF16 or AMX, which
     ``torch.backends.cpu.get_cpu_capability()`` does not tell from AVX-512). Where it does not (AVX2 alone,
     or a CPU other than x86), PyTorch's bf16 matrix products are emulated, and a demo finetuning run in
     "autocast" or "bf16" takes several times fp32's (7x to 10x on a 2-core AVX2 VM)."""
@@ -136,7 +139,9 @@ def native_bf16() -> bool:
 
 
 def check_precision(precision: str, device: torch.device | None = None) -> str:
-    """``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line
+    """``precision`` if ``device`` has it; otherwise a ValueError naming the valid choices.
+
+    ``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line
     ValueError naming the valid choices (there)."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
@@ -160,7 +165,9 @@ AUTO_FUSED_CUDA = ("gelu", "qkv")
 
 
 def fused_parts(fused: str) -> tuple[str, ...]:
-    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names ("none": none, "all": all,
+    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names.
+
+    The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names ("none": none, "all": all,
     else its "+"-joined parts), in ``FUSED_PARTS``' order; a ValueError naming the valid choices otherwise."""
     if fused == "none":
         return ()
@@ -180,7 +187,9 @@ def _fused_name(parts: tuple[str, ...]) -> str:
 
 
 def check_fused(fused: str, device: torch.device | None = None) -> str:
-    """``fused`` if it is a valid choice (``FUSED_CHOICES``, or parts joined by "+") that can run on
+    """``fused`` if it is a valid choice that can run on ``device``; otherwise a ValueError.
+
+    ``fused`` if it is a valid choice (``FUSED_CHOICES``, or parts joined by "+") that can run on
     ``device`` (on CUDA the ops are Triton kernels); otherwise a ValueError that says why. "auto"
     always can: it is ``resolve_fused``."""
     if fused == "auto":
@@ -194,7 +203,9 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
 
 
 def resolve_fused(fused: str, device: torch.device) -> str:
-    """What ``fused`` means on ``device``, written one way ("none", or its parts joined by "+" in
+    """What ``fused`` means on ``device``, written one way.
+
+    What ``fused`` means on ``device``, written one way ("none", or its parts joined by "+" in
     ``FUSED_PARTS``' order: "all" is "gelu+qkv"): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
     faster on a GPU: docs/benchmarks.md) and "none" elsewhere (on a CPU the ops run their PyTorch
     reference, which inductor's own code beats)."""
@@ -206,10 +217,11 @@ def resolve_fused(fused: str, device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a training step runs, not what it trains: ``Config``'s fields of the same names
-    (``Config.step_options``). Passed whole to what builds a step (``step.make_step``,
-    ``step.make_forward``) and to the step benchmarks (``benchmarks.step``); ``step_context`` takes the
-    two that shape a forward pass (attention, precision)."""
+    """How a training step runs, not what it trains.
+
+    ``Config``'s fields of the same names (``Config.step_options``). Passed whole to what builds a step
+    (``step.make_step``, ``step.make_forward``) and to the step benchmarks (``benchmarks.step``);
+    ``step_context`` takes the two that shape a forward pass (attention, precision)."""
 
     compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
     compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
@@ -245,7 +257,9 @@ and ``gain``, its images/s over ``none`` per precision (``offered``)."""
 
 
 def preset(name: str) -> dict:
-    """The step options (``PRESET_OPTIONS``) of a named preset (``PRESETS``), of
+    """The step options of a named preset or a preset file.
+
+    The step options (``PRESET_OPTIONS``) of a named preset (``PRESETS``), of
     ``parameters/speed/<name>.yaml`` or of a YAML file given by its path, with what the file records of
     itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a name for a
     set of step options: a run gives any of them on its own (``compile: blocks``) and ``with_preset``
@@ -280,7 +294,9 @@ def preset(name: str) -> dict:
 
 
 def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dict:
-    """The step options of a preset (``chosen``: ``preset``'s mapping, ``name`` its name) for a run in
+    """The step options of a preset for a run in ``precision``.
+
+    The step options of a preset (``chosen``: ``preset``'s mapping, ``name`` its name) for a run in
     ``precision``. A preset that records its gains (``gain``: images/s over ``none`` per precision, as
     measured) is offered only in a precision where it was measured faster: elsewhere it could only cost
     time (a compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it is
@@ -304,7 +320,9 @@ def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dic
 
 
 def with_preset(name: str, parameters: dict) -> dict:
-    """A run's ``parameters`` (flat: ``precision`` and each step option under its own name, among others,
+    """A run's ``parameters`` with the speed preset ``name`` put in.
+
+    A run's ``parameters`` (flat: ``precision`` and each step option under its own name, among others,
     passed on as they are) with the speed preset ``name`` (``preset``) put in: the preset sets each of
     its step options that ``parameters`` leaves at its default (``StepOptions``'; absent counts as the
     default), one given otherwise stays. The preset is refused in the run's precision if it was not

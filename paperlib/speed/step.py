@@ -43,7 +43,9 @@ MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 
 
 def autocast_for(device: torch.device, precision: str = "fp32"):
-    """A context factory for forward passes in ``precision`` (``options.PRECISIONS``; by default the
+    """A context factory for forward passes in ``precision``.
+
+    A context factory for forward passes in ``precision`` (``options.PRECISIONS``; by default the
     protocol's fp32): "autocast" and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run
     under bf16 autocast, on CUDA and on a CPU; "fp32" and "tf32" run as they are (their TF32 flags:
     ``tf32_flags``)."""
@@ -54,7 +56,9 @@ def autocast_for(device: torch.device, precision: str = "fp32"):
 
 @contextlib.contextmanager
 def tf32_flags(precision: str):
-    """PyTorch's TF32 flags as ``precision`` asks, while the context lasts, then the caller's again
+    """PyTorch's TF32 flags as ``precision`` asks, while the context lasts.
+
+    PyTorch's TF32 flags as ``precision`` asks, while the context lasts, then the caller's again
     (no global flag left behind): "tf32" allows TF32 tensor cores for matrix products
     (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions (``torch.backends.cudnn.allow_tf32``);
     every other precision has PyTorch's defaults, as the authors' code ran: matrix products in full
@@ -70,7 +74,9 @@ def tf32_flags(precision: str):
 
 
 def step_context(device: torch.device, attention: str = "auto", precision: str = "fp32"):
-    """A context factory for forward passes: ``precision`` (``autocast_for`` and its TF32 flags,
+    """A context factory for forward passes: the precision and the attention kernel.
+
+    A context factory for forward passes: ``precision`` (``autocast_for`` and its TF32 flags,
     ``tf32_flags``; by default the protocol's fp32) and, unless ``attention`` is "auto", the one
     scaled-dot-product attention kernel allowed to run (the same function in every kernel, to
     rounding; their speed differs by device). "auto" leaves the choice to PyTorch, except in bf16 on
@@ -91,7 +97,9 @@ def step_context(device: torch.device, attention: str = "auto", precision: str =
 
 
 def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
-    """``model`` with the model's fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias
+    """``model`` with the fused ops of ``fused`` in its blocks, in place.
+
+    ``model`` with the model's fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias
     and GELU as ``kernels.bias_gelu`` (``layers.fuse_bias_gelu``); "qkv", the q/k/v projection and
     its split into heads as ``kernels.QkvHeads`` (``layers.fuse_qkv``); "all" (or "gelu+qkv"),
     both; "auto", what ``resolve_fused`` gives for the model's device. The same parameters and
@@ -103,8 +111,9 @@ def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
 
 
 class MasterWeights:
-    """``precision="bf16"``: forward and backward through a bf16 copy of ``model``; the optimizer
-    updates ``model`` itself, whose fp32 parameters are the master weights.
+    """``precision="bf16"``: forward and backward through a bf16 copy of ``model``.
+
+    The optimizer updates ``model`` itself, whose fp32 parameters are the master weights.
 
     Mixed precision as in Apex's O2 level or FSDP's ``param_dtype``: after each backward the copy's
     bf16 gradients go to the master parameters as fp32 (``to_master``), clipping and the update run
@@ -162,7 +171,9 @@ class MasterWeights:
 
 
 def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
-    """What a training step calls: ``model`` through ``compile_model`` (``options``' compile, mode
+    """What a training step calls: ``model`` compiled as ``options`` ask, or its bf16 copy.
+
+    What a training step calls: ``model`` through ``compile_model`` (``options``' compile, mode
     and fused ops), or with ``precision="bf16"`` its bf16 copy, compiled likewise (``MasterWeights``)."""
     if options.precision == "bf16":
         return MasterWeights(model).compile(options.compile, options.compile_mode, options.fused)
@@ -170,8 +181,9 @@ def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
 
 
 def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused: str = "auto"):
-    """The model's forward through ``torch.compile``, from an empty compilation cache; returns the
-    callable to train with.
+    """The model's forward through ``torch.compile``, from an empty compilation cache.
+
+    Returns the callable to train with.
 
     ``how``: "model" compiles the whole forward (returns the compiled twin); "blocks" compiles each
     transformer block in place (``nn.Module.compile``): the blocks share their code, so one graph
@@ -222,7 +234,9 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 
 
 def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, context):
-    """One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
+    """One optimisation step: forward and backward, clipping, the optimizer's update.
+
+    One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
     accumulated), clipping at global norm ``clip``, the optimizer's update.
 
     Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
@@ -247,9 +261,10 @@ def training_step(forward, trainable: list[torch.Tensor], optimizer, images, lab
 def clip_and_update(
     optimizer, trainable: list[torch.Tensor], clip: float, master: MasterWeights | None = None
 ) -> torch.Tensor:
-    """After a backward: clip the gradients at global norm ``clip`` and update; returns the norm
-    before clipping (a device tensor). With ``master``, the copy's gradients go to the fp32 masters
-    (``trainable``) and the updated masters back to the copy."""
+    """After a backward: clip the gradients at global norm ``clip`` and update.
+
+    Returns the norm before clipping (a device tensor). With ``master``, the copy's gradients go to the fp32
+    masters (``trainable``) and the updated masters back to the copy."""
     if master is not None:
         master.to_master()
     norm = torch.nn.utils.clip_grad_norm_(trainable, clip)
@@ -260,8 +275,9 @@ def clip_and_update(
 
 
 def warmup_steps(options: StepOptions) -> int:
-    """Steps before a step of ``options`` runs at its speed: compilation takes the first few
-    (block 0 and the rest, forward and backward)."""
+    """Steps before a step of ``options`` runs at its speed.
+
+    Compilation takes the first few (block 0 and the rest, forward and backward)."""
     return 1 if compile_choice(options.compile) == "none" else 3
 
 
@@ -273,7 +289,9 @@ def smaller_micro_batch(batch_size: int, micro: int) -> int:
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """The trainable parameters of ``model`` in two AdamW groups, by timm's rule
+    """The trainable parameters of ``model`` in two AdamW groups, by timm's rule.
+
+    The trainable parameters of ``model`` in two AdamW groups, by timm's rule
     (``timm.optim.param_groups_weight_decay``): weight matrices decay; biases, norms (1-d) and the
     model's ``no_weight_decay()`` (a ViT's position embedding and class token) do not."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
@@ -283,9 +301,11 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """A run's optimizer, as ``make_optimizer`` builds it: ``optimizer`` "sgd" (SGD with ``momentum``
-    and no weight decay, the paper's) or "adamw" (AdamW with ``weight_decay`` on weight matrices only),
-    at learning rate ``lr`` (the peak of the schedule). A bad ``optimizer`` is a ValueError when it is made."""
+    """A run's optimizer, as ``make_optimizer`` builds it.
+
+    ``optimizer`` "sgd" (SGD with ``momentum`` and no weight decay, the paper's) or "adamw" (AdamW with
+    ``weight_decay`` on weight matrices only), at learning rate ``lr`` (the peak of the schedule). A bad
+    ``optimizer`` is a ValueError when it is made."""
 
     optimizer: str
     lr: float
@@ -300,7 +320,9 @@ class OptimizerSettings:
 def make_optimizer(
     model: nn.Module, optimizer: str, lr: float, momentum: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
-    """The optimizer of ``model``'s trainable parameters, with PyTorch's fused kernel on CUDA (one
+    """The optimizer of ``model``'s trainable parameters.
+
+    The optimizer of ``model``'s trainable parameters, with PyTorch's fused kernel on CUDA (one
     update kernel for all parameters): "sgd", SGD with ``momentum`` and no weight decay (the
     paper's, appendix C.3); "adamw", AdamW with ``weight_decay`` on weight matrices only
     (``decay_groups``)."""
@@ -314,7 +336,9 @@ def make_optimizer(
 
 
 class Step:
-    """One optimisation step of a run as fast as its ``options`` (checked: ``StepOptions.checked``)
+    """One optimisation step of a run as fast as its ``options`` make it.
+
+    One optimisation step of a run as fast as its ``options`` (checked: ``StepOptions.checked``)
     make it: ``step(images, labels)`` -> (loss, gradient norm before clipping), device tensors.
 
     ``trainable`` are the parameters clipping sees and ``optimizer`` updates; ``forward`` is what
@@ -387,7 +411,9 @@ def make_step(
     micro_batch: int = 0,
     progress: bool = False,
 ) -> Step:
-    """The step of a run that trains ``model``'s trainable parameters (``requires_grad``, as the
+    """The step of a run that trains ``model``'s trainable parameters.
+
+    The step of a run that trains ``model``'s trainable parameters (``requires_grad``, as the
     caller set them: the protocol decides what trains): its optimizer (``make_optimizer`` of the
     ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``, ``momentum``, ``weight_decay``) and a
     ``Step`` of ``options`` (checked:
