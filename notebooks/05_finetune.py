@@ -50,9 +50,9 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, equal_capacity as equal, finetune, lora, models, paths, plots, report, runs, stats
+from paperlib import components, equal_capacity as equal, finetune, lora, models, notebook, paths, plots, runs, stats
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 config = runs.config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
@@ -119,5 +119,5 @@ plt.show()
 
 # %%
 paper_value = stats.paper_accuracy(dataset, component)  # None off the paper's benchmarks
-report.headline(f"{component} on {dataset}: test accuracy {100 * (metrics.get('test_accuracy') or float('nan')):.1f}% ({metrics['status']}, best validation at step {metrics.get('best_step')})",
+notebook.headline(f"{component} on {dataset}: test accuracy {100 * (metrics.get('test_accuracy') or float('nan')):.1f}% ({metrics['status']}, best validation at step {metrics.get('best_step')})",
                 paper=None if paper_value is None else f"{paper_value:.2f}% at the best of its learning rates, mean of 3 seeds (Table 6)")

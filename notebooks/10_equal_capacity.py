@@ -29,10 +29,10 @@ n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800)
 device = "cpu"  # device for missing plasticity measurements
 
 # %%
-from paperlib import capacity, equal_capacity, finetune, models, paths, plasticity, report, specs
+from paperlib import capacity, equal_capacity, finetune, models, notebook, paths, plasticity, specs
 from paperlib.runs import at_least_one, for_spec
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 grids = {name: specs.load_spec(paths.ROOT / path) for name, path in (("ordinary", spec), ("equal", equal_spec))}
 if compute_missing:
@@ -83,7 +83,7 @@ result.summary
 
 # %%
 row = {design: result.summary.loc[design] for design in capacity.DESIGNS}
-report.headline(
+notebook.headline(
     f"at equal capacity, P(f) and accuracy: mean tau {row['equal capacity']['mean_tau']:+.2f} (S {row['equal capacity']['S']}, "
     f"exact p {row['equal capacity']['p_value']:.2f}) against {row['ordinary']['mean_tau']:+.2f} (p {row['ordinary']['p_value']:.2f}) "
     f"with every component whole, over {row['equal capacity']['strata']} dataset(s) in {row['equal capacity']['families']} famil"
