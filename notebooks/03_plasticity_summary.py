@@ -27,7 +27,7 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import paths, plasticity, plots, report, stats
+from paperlib import plasticity, plots, report, stats
 
 report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -53,16 +53,7 @@ print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {su
 # %%
 layers = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against, by_block=True)
 layers = layers.merge(summary[["model", "dataset"]].drop_duplicates())  # the results the summary shows
-n_models = summary["model"].nunique()
-fig, axes = plt.subplots(n_models, 2, figsize=(9, 3.2 * n_models), squeeze=False)
-for row, (model, part) in zip(axes, summary.groupby("model")):
-    blocks = layers[layers["model"] == model]
-    plots.layer_mean_boxes(blocks, row[0])
-    row[0].set_title(f"{model}: P(f) per block, {blocks['dataset'].nunique()} datasets pooled")
-    plots.pooled_plasticity(part, row[1])
-    row[1].set_title(f"{model}: P(f) per dataset")
-fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / "03_plasticity_pooled.png")
+plots.pooled_figure(summary, layers)
 plt.show()
 
 # %%
