@@ -21,9 +21,9 @@ images_per_dataset = 8  # sample images shown per demo dataset
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, data, models, paths, plots, report
+from paperlib import components, data, models, names, notebook, plots
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 pd.options.display.float_format = "{:,.4g}".format
 
@@ -35,9 +35,7 @@ pd.options.display.float_format = "{:,.4g}".format
 # listed in the paper's plasticity order MHA > FC1 > FC2 > LN2 > LN1 (§5.1).
 
 # %%
-fig, ax = plt.subplots(figsize=(3.2, 6.0))
-plots.block_diagram(ax)
-plots.save_figure(fig, paths.figures_dir() / "00_block_diagram.png")
+plots.block_figure()
 plt.show()
 
 # %%
@@ -51,7 +49,7 @@ print(model.blocks[0])
 # NBVAL_CHECK_OUTPUT
 pd.DataFrame(
     {
-        "component": [components.LABELS[c] for c in components.COMPONENTS],
+        "component": [names.LABELS[c] for c in components.COMPONENTS],
         "timm module (in model.blocks[i])": [components.MODULE_PATHS[c] for c in components.COMPONENTS],
         "modules": [len(components.component_modules(model, c)) for c in components.COMPONENTS],  # one per block (two for a SwiGLU's FC1)
     }
@@ -80,22 +78,14 @@ print(f"{model_name}: {models.resolve_name(model_name)}, {model_table.loc['All',
 print(model_table.to_string())
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(8, 3))
 first = tables[paper_models[0]]
-values = {c: first.loc[components.LABELS[c], "parameters"] for c in components.COMPONENTS}
-plots.component_bars(values, "trainable parameters", ax=axes[0], log=True)
-axes[0].set_title(f"Table 3 ({paper_models[0]})")
-values = {c: first.loc[components.LABELS[c], "memory load (MiB)"] for c in components.COMPONENTS}
-plots.component_bars(values, "gradients + momentum (MiB)", ax=axes[1], log=True)
-axes[1].set_title(f"Table 4 ({paper_models[0]}, fp32)")
-fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / "00_tables_3_4.png")
+plots.parameter_figure(first, paper_models[0])
 plt.show()
 
 # %%
 share = first["% of total"]
-report.headline(
-    f"{paper_models[0]}: " + ", ".join(f"{components.LABELS[c]} {share[components.LABELS[c]]:.2g}%" for c in components.COMPONENTS) + " of the parameters",
+notebook.headline(
+    f"{paper_models[0]}: " + ", ".join(f"{names.LABELS[c]} {share[names.LABELS[c]]:.2g}%" for c in components.COMPONENTS) + " of the parameters",
     paper="MHA, FC1, FC2 33% each, LN2 and LN1 0.02% of ViT-Base's parameters (Table 3)",
 )
 
@@ -118,8 +108,7 @@ pd.DataFrame(
 ).set_index("dataset")
 
 # %%
-fig = plots.sample_grid([data.get_dataset(name, "test") for name in data.dataset_names("demo")], images_per_dataset)
-plots.save_figure(fig, paths.figures_dir() / "00_demo_datasets.png")
+plots.sample_grid([data.get_dataset(name, "test") for name in data.dataset_names("demo")], images_per_dataset)
 plt.show()
 
 # %% [markdown]

@@ -26,9 +26,9 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import bounds, data, imagesets, models, paths, plasticity, plots, report
+from paperlib import bounds, data, imagesets, models, names, notebook, plasticity, plots
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
@@ -53,17 +53,7 @@ pd.Series(constants, name=f"{model} on {dataset}").to_frame().T.round(4)
 at_rms = bounds.upper_bounds(network, r=constants["r_rms"], sigma=constants["sigma"], energy=constants["energy"])
 at_max = bounds.upper_bounds(network, r=constants["r_max"], sigma=constants["sigma"])
 at_paper = bounds.upper_bounds(network, r=paper_r, sigma=constants["sigma"])
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-plots.bounds_along_depth(at_rms, axes[0])
-plots.bounds_along_depth(at_rms, axes[0], " (Prop. 4)", linestyle=":", propositions=("4",))
-axes[0].set_title(f"{model}: r = RMS token norm = {constants['r_rms']:.2f}")
-axes[0].legend(fontsize=7, ncol=2)
-plots.bounds_along_depth(at_max, axes[1], " (r max)")
-plots.bounds_along_depth(at_paper[at_paper.component == "mha"], axes[1], f" (r = {paper_r})", linestyle="--")
-axes[1].set_title(f"rigorous r = {constants['r_max']:.2f} and the paper's r = {paper_r}")
-axes[1].legend(fontsize=7, ncol=2)
-fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / f"01_bounds_{model}{'' if normalize == 'imagenet' else '_norm-' + normalize}.png")
+plots.bounds_figure(at_rms, at_max, at_paper, constants, paper_r, model, normalize)
 plt.show()
 
 # %% [markdown]
@@ -74,14 +64,14 @@ plt.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 implied = at_rms[at_rms.proposition != "4"].groupby("component", observed=True)["bound"].mean().sort_values(ascending=False)
-print("bounds rank:", " > ".join(plasticity.LABELS[c] for c in implied.index))
+print("bounds rank:", " > ".join(names.LABELS[c] for c in implied.index))
 print("paper's Takeaway 1: MHA > FC1, FC2 > LN2, LN1")
 
 # %%
 fc, ln = implied[["fc1", "fc2"]], implied[["ln2", "ln1"]]
 why = (f"its FC weights' spectral norms (Prop. 2) are only {fc.min():.2f}-{fc.max():.2f}, and its tokens spread little (sigma {constants['sigma']:.2f}), "
        f"which lifts the LayerNorm bounds ||gamma||_inf / sigma (Prop. 1) to {ln.min():.1f}-{ln.max():.1f}") if ln.max() > fc.min() else None
-report.headline(f"{model}: the bounds rank " + " > ".join(plasticity.LABELS[c] for c in implied.index), paper="MHA > FC1, FC2 > LN2, LN1 (Takeaway 1)", why=why)
+notebook.headline(f"{model}: the bounds rank " + " > ".join(names.LABELS[c] for c in implied.index), paper="MHA > FC1, FC2 > LN2, LN1 (Takeaway 1)", why=why)
 
 # %% [markdown]
 # ## Beyond the paper: bounds against measured plasticity
@@ -108,7 +98,7 @@ pd.DataFrame(
         "r = max norm": bounds.violations(at_max, rates),
         f"r = {paper_r}": bounds.violations(at_paper, rates),
     }
-).rename(index=plasticity.LABELS).round(4)
+).rename(index=names.LABELS).round(4)
 
 # %% [markdown]
 # ## sigma over the positions that vary, or over all of them (Prop. 1)
@@ -126,4 +116,4 @@ pd.DataFrame(
 
 # %%
 readings = pd.concat({kind: bounds.sigma_readings(network, images.to(device), rates, kind) for kind in ("mean", "min")})
-readings.droplevel(1).rename_axis("kind").set_index(["positions", "component"], append=True).rename(index=plasticity.LABELS).round(4)
+readings.droplevel(1).rename_axis("kind").set_index(["positions", "component"], append=True).rename(index=names.LABELS).round(4)

@@ -31,9 +31,9 @@ from dataclasses import replace
 
 import matplotlib.pyplot as plt
 
-from paperlib import bounds, paths, plasticity, plots, ranking, report
+from paperlib import bounds, notebook, paths, plasticity, plots, ranking
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 measurement = plasticity.Measurement(model, dataset, reference, n_pairs, inputs, sample, seed, normalize, loader_batch=loader_batch)
 table, folder = plasticity.run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=False)
@@ -53,13 +53,7 @@ print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f
 # line at 1 separates contracting (smooth) from amplifying (non-smooth) behaviour.
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-plots.layer_mean_boxes(table, axes[0])
-axes[0].set_title(f"{model} on {dataset}: P(f) per block")
-plots.plasticity_along_depth(table, axes[1])
-axes[1].set_title("plasticity along depth (± 1.96 sd/√n)")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("02_plasticity", model, dataset, reference, inputs, sample, f"seed{seed}", normalize))
+plots.plasticity_figure(table, measurement)
 plt.show()
 
 # %% [markdown]
@@ -71,11 +65,7 @@ plt.show()
 # single pairs spread, and whether a component amplifies some pairs while contracting most.
 
 # %%
-fig, ax = plt.subplots(figsize=(4.8, 3.4))
-plots.rate_distributions(table, ax)
-ax.set_title(f"{model} on {dataset}: every rate of change")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("02_rates", model, dataset, reference, inputs, sample, f"seed{seed}", normalize))
+plots.rates_figure(table, measurement)
 plt.show()
 
 # %% [markdown]
@@ -97,8 +87,8 @@ print(f"{model} on {dataset}: {order}")
 print(f"This model {verdict} the paper's ranking MHA > FC1 > FC2 > LN2 > LN1 (Kendall's tau = {tau:.2f}).")
 
 # %%
-report.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with the paper's ranking)", paper="MHA > FC1 > FC2 > LN2 > LN1 on every benchmark (Fig. 2)",
-                why=report.token_scale_why(tau, table.attrs["token_rms"]))
+notebook.headline(f"{model} on {dataset}: {order} (Kendall's tau {tau:.2f} with the paper's ranking)", paper="MHA > FC1 > FC2 > LN2 > LN1 on every benchmark (Fig. 2)",
+                why=notebook.token_scale_why(tau, table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## How sure is the ranking? (an extension)
@@ -136,19 +126,7 @@ uncertainty.round(3)
 network, x, y = plasticity.pair_images(replace(measurement, n_pairs=min(n_pairs, 512)), data_root)
 factors = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
 curve = plasticity.scale_curve(network, x, y, factors, batch_size, device)
-at_paper_r = bounds.PAPER_R / table.attrs["token_rms"]
-fig, ax = plt.subplots(figsize=(5.5, 3.6))
-for component, part in curve.groupby("component", observed=True):
-    ax.plot(part["factor"], part["plasticity"], marker="o", ms=3, color=plots.COLORS[component], label=plots.LABELS[component])
-ax.axvline(at_paper_r, color="grey", ls=":", lw=1, label=f"token RMS {bounds.PAPER_R} (paper's r)")
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("factor a on the embedding")
-ax.set_ylabel("P(f)")
-ax.set_title(f"{model} on {dataset}: P(f) against the scale of the embedding")
-ax.legend(fontsize=7, ncol=2)
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("02_scale_curve", model, dataset, reference, sample, f"seed{seed}", normalize))
+plots.scale_curve_figure(curve, table.attrs["token_rms"], bounds.PAPER_R, measurement)
 plt.show()
 
 # %%

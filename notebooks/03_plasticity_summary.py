@@ -27,7 +27,7 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import notebook, paths, plasticity, plots, stats
+from paperlib import notebook, plasticity, plots, stats
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -53,16 +53,7 @@ print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {su
 # %%
 layers = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against, by_block=True)
 layers = layers.merge(summary[["model", "dataset"]].drop_duplicates())  # the results the summary shows
-n_models = summary["model"].nunique()
-fig, axes = plt.subplots(n_models, 2, figsize=(9, 3.2 * n_models), squeeze=False)
-for row, (model, part) in zip(axes, summary.groupby("model")):
-    blocks = layers[layers["model"] == model]
-    plots.layer_mean_boxes(blocks, row[0])
-    row[0].set_title(f"{model}: P(f) per block, {blocks['dataset'].nunique()} datasets pooled")
-    plots.pooled_plasticity(part, row[1])
-    row[1].set_title(f"{model}: P(f) per dataset")
-fig.tight_layout()
-plots.save_figure(fig, paths.figures_dir() / "03_plasticity_pooled.png")
+plots.pooled_figure(summary, layers)
 plt.show()
 
 # %%
@@ -70,7 +61,7 @@ pooled = stats.pooled_order(summary)  # per model: the components by P(f) averag
 token_rms = summary.groupby("model")["token_rms"].mean()
 whys = {row.model: notebook.token_scale_why(row.tau, token_rms[row.model]) for row in pooled.itertuples()}
 notebook.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",
-                  paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)", why="; ".join(f"{m}: {why}" for m, why in whys.items() if why) or None)
+                paper="MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2, middle)", why="; ".join(f"{m}: {why}" for m, why in whys.items() if why) or None)
 
 # %% [markdown]
 # ## Models side by side (Fig. 3, right: ViT-Base vs ViT-Huge at paper scale)

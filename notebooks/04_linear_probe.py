@@ -93,22 +93,7 @@ notebook.headline(f"{model}, probe at block {block}, {point}: {column['accuracy'
 
 # %%
 profile = probe.along_depth(table)
-styles = {"attn_residual": ("#7f7f7f", "--"), "block": ("#000000", "--"), "gelu": ("#e377c2", "-")}
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
-for name in profile.columns:
-    color, line = styles.get(name, (plots.COLORS.get(name), "-"))
-    axes[0].plot(profile.index, profile[name], marker="o", ms=3, color=color, ls=line, label=probe.POINT_LABELS[name])
-axes[0].set_xlabel("block")
-axes[0].set_ylabel("probe test accuracy (%)")
-axes[0].set_title(f"{model}: mean over {len(datasets)} datasets")
-axes[0].legend(fontsize=7, ncol=2)
-last = table[table["block"] == table["block"].max()]
-spread = 100 * last.pivot_table(index="point", columns="dataset", values="accuracy", observed=True).loc[list(profile.columns)]
-axes[1].boxplot(spread.T.values, tick_labels=[probe.POINT_LABELS[p] for p in spread.index])
-axes[1].tick_params(axis="x", labelrotation=45, labelsize=7)
-axes[1].set_title("last block, over datasets")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("04_probe_along_depth", model, normalize, f"seed{split_seed}"))
+plots.probe_figure(table, profile, model, normalize, split_seed)
 plt.show()
 profile.round(1)
 

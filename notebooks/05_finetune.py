@@ -50,7 +50,7 @@ data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, equal_capacity as equal, finetune, lora, models, notebook, paths, plots, runs, stats
+from paperlib import components, equal_capacity as equal, finetune, lora, models, names, notebook, paths, plots, runs, stats
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -63,7 +63,7 @@ config = runs.config_from(dict(
 ))
 metrics = finetune.run(config)
 history = runs.history(config)
-print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")
+print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")
 
 # %% [markdown]
 # ## What trains (Tables 3 and 4)
@@ -80,11 +80,11 @@ print(f"{components.LABELS[component]} on {dataset}: {metrics['status']}; result
 architecture = models.architecture(model, num_classes=metrics.get("num_classes", 5))
 if lora_rank:
     table = lora.parameter_table(architecture, lora_rank)
-    table = table.loc[[f"{components.LABELS[component]} (LoRA r={lora_rank})"]]
+    table = table.loc[[f"{names.LABELS[component]} (LoRA r={lora_rank})"]]
 elif equal_capacity:
-    table = equal.parameter_table(architecture).loc[[f"{components.LABELS[component]} (equal capacity)"]]
+    table = equal.parameter_table(architecture).loc[[f"{names.LABELS[component]} (equal capacity)"]]
 else:
-    table = components.parameter_table(architecture).loc[[components.LABELS[component]]]
+    table = components.parameter_table(architecture).loc[[names.LABELS[component]]]
 table
 
 # %% [markdown]
@@ -95,20 +95,7 @@ table
 # the best-validation checkpoint whose test accuracy is the result.
 
 # %%
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-color = plots.COLORS[component]
-axes[0].plot(history["step"], history["train_loss"], color=color)
-axes[0].set(xlabel="step", ylabel="training loss")
-axes[1].plot(history["step"], history["grad_norm"], color=color)
-axes[1].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
-evals = history.dropna(subset=["val_accuracy"])
-axes[2].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=color)
-if metrics["best_step"]:
-    axes[2].scatter([metrics["best_step"]], [metrics["best_val_accuracy"]], s=80, facecolor="none", edgecolor="black", zorder=3)
-axes[2].set(xlabel="step", ylabel="validation accuracy")
-fig.suptitle(f"{model} on {dataset}: {components.LABELS[component]}{f' (LoRA r={lora_rank})' if lora_rank else ''}, lr {lr:g}, seed {seed}")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("05_finetune", *config.folder().relative_to(runs.finetune_root()).parts))
+plots.run_figure(history, metrics, config)
 plt.show()
 
 # %% [markdown]

@@ -22,11 +22,9 @@ n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800; 
 device = "cpu"  # device for a missing plasticity measurement
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
-from paperlib import finetune, notebook, paths, plasticity, plots, specs, stats
+from paperlib import finetune, names, notebook, paths, plasticity, plots, specs, stats
 from paperlib.runs import at_least_one, for_spec, histories_of
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
@@ -47,14 +45,7 @@ print(f"{shown.groupby(['component', 'lr']).ngroups} runs on {dataset} (seed {se
 
 # %%
 one = shown[shown["lr"] == lr]
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-plots.training_curves(one, "grad_norm", axes[0], log=True)
-axes[0].set_ylabel("gradient norm (before clipping)")
-plots.training_curves(one, "val_loss", axes[1])
-axes[1].legend(fontsize=7)
-fig.suptitle(f"{dataset}, lr {lr:g}, seed {seed}")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("06_dynamics", Path(spec).stem, dataset, f"lr{lr:g}", f"seed{seed}"))
+plots.dynamics_figure(one, spec, dataset, lr, seed)
 plt.show()
 
 # %% [markdown]
@@ -63,11 +54,11 @@ plt.show()
 
 # %%
 early = stats.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_norm"].sort_values(ascending=False)
-early.rename(index=plots.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
+early.rename(index=names.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
 
 # %%
-notebook.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of steps " + " > ".join(plots.LABELS[c] for c in early.index),
-                  paper="gradient norms in the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (Fig. 4, middle)")
+notebook.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% of steps " + " > ".join(names.LABELS[c] for c in early.index),
+                paper="gradient norms in the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (Fig. 4, middle)")
 
 # %% [markdown]
 # ## Beyond the paper: gradient norm against the measured plasticity
@@ -101,14 +92,5 @@ else:
 # ## Over the learning-rate grid (Figs. 19-51)
 
 # %%
-lrs = sorted(shown["lr"].unique())
-fig, axes = plt.subplots(2, len(lrs), figsize=(4.5 * len(lrs), 6), squeeze=False)
-for column, value in enumerate(lrs):
-    part = shown[shown["lr"] == value]
-    plots.training_curves(part, "grad_norm", axes[0, column], log=True)
-    plots.training_curves(part, "val_loss", axes[1, column])
-    axes[0, column].set_title(f"lr {value:g}")
-axes[1, -1].legend(fontsize=7)
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("06_dynamics_grid", Path(spec).stem, dataset, f"seed{seed}"))
+plots.dynamics_grid_figure(shown, spec, dataset, seed)
 plt.show()

@@ -78,7 +78,7 @@ probing = probe.table6_column(model, sorted(runs["dataset"].unique()), point=pro
                               compute=compute_missing)  # without compute_missing, the probes cached under results/probe/ only
 ours = stats.summary(runs, select=select, reference=reference, probing=probing)  # every table below, of these runs
 paper = stats.paper_summary()  # the same tables of the paper's own Table 6
-stats.formatted(ours["table6"]).rename(columns=plots.LABELS)
+stats.formatted(ours["table6"]).rename(columns=names.LABELS)
 
 # %%
 ours_wide, paper_wide = stats.wide(ours["table6"], "mean"), stats.wide(paper["table6"], "mean")
@@ -87,7 +87,7 @@ if common:
     display(pd.concat([ours_wide.loc[common], paper_wide.loc[common].add_suffix(" (paper)")], axis=1).round(2))
 else:
     print("No dataset in common with the paper's Table 6 (demo scale): the paper's table follows.")
-paper_wide.rename(columns=plots.LABELS)
+paper_wide.rename(columns=names.LABELS)
 
 # %% [markdown]
 # ## Table 1: MHA against the other components
@@ -117,8 +117,8 @@ pd.concat({"paper's Table 6": paper["table1"].set_index("component"), "ours": ou
 # pairs stay below 5%: MHA over LN1 and FC1 over FC2.
 
 # %%
-display(stats.formatted_pairs(paper["pairwise"]).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("paper's Table 6"))
-stats.formatted_pairs(ours["pairwise"]).rename(index=plots.LABELS, columns=plots.LABELS).rename_axis("ours")
+display(stats.formatted_pairs(paper["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("paper's Table 6"))
+stats.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("ours")
 
 # %% [markdown]
 # ## Relative gain over linear probing (Fig. 2 right) and the average over benchmarks (Fig. 17)
@@ -151,7 +151,7 @@ else:
 axes[0].set_title("Fig. 2 (right):\nmean over datasets")
 finetuned = [c for c in average["component"] if c not in ("linear", stats.PROBE)]
 part = average.set_index("component").loc[finetuned]
-axes[1].bar([plots.LABELS[c] for c in finetuned], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in finetuned], capsize=3)
+axes[1].bar([names.LABELS[c] for c in finetuned], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in finetuned], capsize=3)
 axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
 axes[1].set_ylabel("mean test accuracy (%)")
 axes[1].set_title("Fig. 17: mean over datasets\n± pooled standard error" + ("" if part["pooled_se"].notna().all() else " (one seed: none)"))
@@ -164,7 +164,7 @@ decrease = ours["table1"].set_index("component")
 paper_gain = stats.relative_gain(paper["table6"], value="mean")["mha"].mean()
 why = (f"{grid_spec['parameters']['steps']}-step runs against a fully fitted probe (the paper's: 4,000-20,000 steps), "
        "and MHA is the demo ViT's least plastic component (notebook 02)") if model == "demo" else None  # the section above
-notebook.headline("MHA minus " + ", ".join(f"{plots.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
+notebook.headline("MHA minus " + ", ".join(f"{names.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
                   + f" points over {ours['table6']['dataset'].nunique()} datasets"
                   + (f"; MHA {gain['mha'].mean():+.1f}% over linear probing" if probed else ""),
                   paper=f"FC1 0.07, FC2 0.44, LN1 0.8, LN2 0.9 points (Table 1; all but FC1 p < 0.05); MHA {paper_gain:+.1f}% over linear probing (Fig. 2, right)",
@@ -275,7 +275,7 @@ ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on
 # %%
 share = components.parameter_share(models.architecture(model))
 paper_share = components.parameter_share(models.architecture("vit_base_in21k"))
-print("parameter share (%):", ", ".join(f"{plots.LABELS[c]} {100 * v:.2f}" for c, v in share.items()), f"({model})")
+print("parameter share (%):", ", ".join(f"{names.LABELS[c]} {100 * v:.2f}" for c, v in share.items()), f"({model})")
 accuracy = {"ours": ours["table6"].rename(columns={"mean": "accuracy"}),
             "paper's Table 6": paper["table6"].rename(columns={"mean": "accuracy"})}
 order = stats.paper_order(sorted(paper["table6"]["dataset"].unique()))
@@ -341,7 +341,7 @@ if not precision_runs.empty:
     effect = precision.effect(precision_runs, reference="fp32", margin=margin, select=select)
     display(effect["verdicts"].set_index("precision").round(3))
     display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
-    display(precision.formatted(effect["differences"]).rename(columns=plots.LABELS))
+    display(precision.formatted(effect["differences"]).rename(columns=names.LABELS))
     display(effect["margins"].round(3))
     print(precision.power_statement(effect["verdicts"], margin, precision_runs["dataset"].nunique()))
 

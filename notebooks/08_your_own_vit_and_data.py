@@ -40,7 +40,7 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import capacity, components, data, finetune, models, notebook, paths, plasticity, plots, ranking, runs
+from paperlib import capacity, components, data, finetune, models, names, notebook, paths, plasticity, plots, ranking, runs
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -85,18 +85,12 @@ print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's ta
 ranked.round(3)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-plots.rate_distributions(table, axes[0])
-axes[0].set_title(f"{model} on {dataset}: rates of change")
-plots.plasticity_along_depth(table, axes[1], band=False)
-axes[1].set_title("plasticity along depth")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_plasticity", model, dataset, reference, sample, f"seed{seed}", normalize))
+plots.rates_along_depth_figure(table, measurement)
 plt.show()
 
 # %%
 notebook.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Kendall's tau {ranking.paper_agreement(table):.2f} with the paper's ranking)",
-                  paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=notebook.token_scale_why(ranking.paper_agreement(table), table.attrs["token_rms"]))
+                paper="MHA > FC1 > FC2 > LN2 > LN1 on ViT-Base and ViT-Huge (Fig. 2)", why=notebook.token_scale_why(ranking.paper_agreement(table), table.attrs["token_rms"]))
 
 # %% [markdown]
 # ## Finetuning one component at a time (§5.2)
@@ -113,25 +107,14 @@ for component in components_to_finetune:
     config = runs.Config(model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps,
                          batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=keep_weights)
     metrics = finetune.run(config)
-    rows.append({"configuration": components.LABELS[component], "plasticity": ranked["plasticity"].get(components.LABELS[component]),
+    rows.append({"configuration": names.LABELS[component], "plasticity": ranked["plasticity"].get(names.LABELS[component]),
                  "status": metrics["status"], "best val accuracy": metrics.get("best_val_accuracy"), "test accuracy": metrics.get("test_accuracy"),
                  "trainable parameters": metrics.get("trainable_parameters"), "history": runs.history(config)})
 summary = pd.DataFrame(rows).set_index("configuration")
 summary.drop(columns="history").round(3)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-for component, (label, row) in zip(components_to_finetune, summary.iterrows()):
-    history = row["history"]
-    axes[0].plot(history["step"], history["grad_norm"], color=plots.COLORS[component], label=label)
-    evals = history.dropna(subset=["val_accuracy"])
-    axes[1].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=plots.COLORS[component], label=label)
-axes[0].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
-axes[1].set(xlabel="step", ylabel="validation accuracy")
-axes[1].legend(frameon=False)
-fig.suptitle(f"{model} on {dataset}: lr {lr:g}, seed {seed}")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("08_finetune", model, dataset, "+".join(components_to_finetune), f"lr{lr:g}", f"seed{seed}", normalize))
+plots.finetune_figure(dict(zip(components_to_finetune, summary["history"])), config)
 plt.show()
 
 # %% [markdown]
@@ -147,7 +130,7 @@ plt.show()
 # Before choosing components for your model by P(f), check that the runs agree.
 
 # %%
-by_label = {components.LABELS[c]: c for c in components.RUN_COMPONENTS}
+by_label = {names.LABELS[c]: c for c in components.RUN_COMPONENTS}
 both, said = capacity.verdict(ranked["plasticity"].rename(index=by_label), components.parameter_share(models.architecture(model)),
                               summary["test accuracy"].rename(index=by_label))
 print(f"{model} on {dataset}: {said}")
@@ -174,7 +157,7 @@ if keep_weights and (summary["status"] == "finished").any():
     after, _ = plasticity.run(replace(measurement, model=finetuned_name), device=device, progress=False)
     change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity.ranking(after)["plasticity"]})
     change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]
-    print(f"{finetuned_name}: {components.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity.ranking(after).index)}")
+    print(f"{finetuned_name}: {names.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity.ranking(after).index)}")
     display(change.round(3))
 else:
     print("keep_weights is off, or no run finished: nothing to measure")

@@ -30,10 +30,10 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, finetune, lora, paths, plasticity, plots, report, specs, stats
+from paperlib import finetune, lora, names, notebook, paths, plasticity, plots, specs, stats
 from paperlib.runs import at_least_one, for_spec
 
-report.check_parameters()  # papermill's -p of a name this notebook does not have stops here
+notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
 if compute_missing:
@@ -63,7 +63,7 @@ print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(ind
 
 # %%
 table = stats.comparison(runs, select=select)
-shown = table.assign(configuration=table["component"].map(components.LABELS))
+shown = table.assign(configuration=table["component"].map(names.LABELS))
 shown.set_index(["dataset", "configuration", "method"]).drop(columns="component").round(2)
 
 # %% [markdown]
@@ -76,28 +76,10 @@ shown.set_index(["dataset", "configuration", "method"]).drop(columns="component"
 methods = list(dict.fromkeys(table["method"]))
 average = table.groupby(["component", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
 by_method = average.pivot(index="component", columns="method", values="mean")
-report.headline("test accuracy (%), " + " / ".join(methods) + ": " + ", ".join(
-    f"{components.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.ADAPTABLE if c in by_method.index))
+notebook.headline("test accuracy (%), " + " / ".join(methods) + ": " + ", ".join(
+    f"{names.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.ADAPTABLE if c in by_method.index))
 adapted = [c for c in lora.ADAPTABLE if c in set(average["component"])]
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-width = 0.8 / max(len(methods), 1)
-for i, name in enumerate(methods):
-    part = average[average["method"] == name].set_index("component").reindex(adapted)
-    positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(adapted))]
-    axes[0].bar(positions, part["mean"], width, label=name, color=[plots.COLORS[c] for c in adapted],
-                alpha=1.0 if name == "weights" else 0.55, hatch=None if name == "weights" else "//", edgecolor="black")
-    axes[1].plot(part["trainable_parameters"], part["mean"], marker="o" if name == "weights" else "s", linestyle="none", label=name, color="gray")
-    for c, row in part.iterrows():
-        axes[1].annotate(components.LABELS[c], (row["trainable_parameters"], row["mean"]), fontsize=8,
-                         xytext=(4, 2), textcoords="offset points", color=plots.COLORS[c])
-axes[0].set_xticks(range(len(adapted)), [components.LABELS[c] for c in adapted])
-low = average["mean"].min()
-axes[0].set(ylabel="test accuracy (%)", ylim=(max(0, low - 10), None))
-axes[0].legend(fontsize=8)
-axes[1].set(xscale="log", xlabel="trainable parameters", ylabel="test accuracy (%)")
-axes[1].legend(fontsize=8)
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("09_lora_by_plasticity", *runs["model"].unique()))
+plots.lora_figure(average, runs["model"].unique())
 plt.show()
 
 # %% [markdown]
@@ -110,18 +92,7 @@ plt.show()
 # %%
 finished = runs[runs["status"] == "finished"]
 grid = finished.groupby(["component", "method", "lr"], as_index=False)["test_accuracy"].mean()
-fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
-for ax, name in zip(axes[0], methods):
-    for c in adapted:
-        part = grid[(grid["method"] == name) & (grid["component"] == c)]
-        ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=plots.COLORS[c], label=components.LABELS[c])
-    ax.set(xscale="log", xlabel="learning rate", title=name)
-    ax.set_xticks(sorted(grid["lr"].unique()), [f"{lr:g}" for lr in sorted(grid["lr"].unique())])
-    ax.minorticks_off()
-axes[0][0].set(ylabel="test accuracy (%)")
-axes[0][0].legend(fontsize=8)
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("09_lora_by_plasticity_lr", *runs["model"].unique()))
+plots.lora_lr_figure(grid, runs["model"].unique())
 plt.show()
 
 # %% [markdown]
@@ -143,5 +114,5 @@ measured = plasticity.collect(reference=reference, normalize=None).merge(measure
 side = (measured[measured["component"].isin(adapted)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())
 side = side.join(average.pivot(index="component", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))
-side.index = side.index.map(components.LABELS)
+side.index = side.index.map(names.LABELS)
 side.round(3)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from . import components
+from .names import LABELS
 
 TARGETS = {
     "mha": ("attn.qkv", "attn.proj"),
@@ -233,7 +234,7 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
         adapted = sum(model.get_submodule(name).weight.numel() for name in target_names(model, component))
         rows.append(
             {
-                "configuration": f"{components.LABELS[component]} (LoRA r={rank})",
+                "configuration": f"{LABELS[component]} (LoRA r={rank})",
                 "parameters": count,
                 "% of adapted weights": 100.0 * count / adapted,
                 "% of total": 100.0 * count / total,

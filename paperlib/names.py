@@ -34,6 +34,19 @@ LABELS = {
 """Display names, as in the paper's tables and figures (``probe``: Table 6's linear-probing column,
 the paper's "Linear"; ``linear``: the configuration that trains a new head, which is not it)."""
 
+POINT_LABELS = {
+    "ln1": "LN1",
+    "mha": "MHA",
+    "attn_residual": "x + MHA",
+    "ln2": "LN2",
+    "fc1": "FC1",
+    "gelu": "GELU",
+    "fc2": "FC2",
+    "block": "block output",
+}
+"""Display names of the probe points (``probe``: each component's output, the activation's and the
+residual stream's)."""
+
 
 def check_component(component: str) -> str:
     """Return ``component`` or raise a ValueError that names the valid components."""

@@ -63,9 +63,9 @@ from .component_rates import (
     pairs_with_rates,
     tabulate,
 )
-from .components import COMPONENTS, LABELS
 from .corruptions import check_severity
 from .loader import decode_workers
+from .names import COMPONENTS, LABELS
 from .ranking import layer_means, paper_agreement
 from .splits import SPLITS_VERSION
 from .transforms import check_normalize

@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from . import paths, ranking
-from .components import COMPONENTS, LABELS
 from .imagesets import ImageDataset
+from .names import COMPONENTS, LABELS, POINT_LABELS
 
 COLORS = {
     "mha": "#d62728",
@@ -31,6 +31,13 @@ def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
     return paths.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
+
+
+def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
+    """Lay ``fig`` out and save it at ``figure_path(stem, *keys)``; returns it (a notebook shows it)."""
+    fig.tight_layout()
+    save_figure(fig, figure_path(stem, *keys))
+    return fig
 
 
 def figure_path(stem: str, *keys) -> Path:
@@ -72,7 +79,8 @@ def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def sample_grid(datasets: Sequence[ImageDataset], per_dataset: int = 8) -> plt.Figure:
-    """The first ``per_dataset`` images of each dataset, one row per dataset, labelled by class."""
+    """The first ``per_dataset`` images of each dataset, one row per dataset, labelled by class; saved
+    as ``00_datasets_<dataset>...``."""
     fig, axes = plt.subplots(
         len(datasets), per_dataset, figsize=(per_dataset * 0.9, len(datasets) * 1.0 + 0.2), squeeze=False
     )
@@ -83,8 +91,7 @@ def sample_grid(datasets: Sequence[ImageDataset], per_dataset: int = 8) -> plt.F
             ax.set_yticks([])
             ax.set_title(dataset.classes[int(dataset.targets[index])], fontsize=7, pad=2)
         row[0].set_ylabel(dataset.name.replace("digits_c/", "c/"), rotation=0, ha="right", va="center", fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _saved(fig, "00_datasets", *(dataset.name for dataset in datasets))
 
 
 def component_bars(values: dict[str, float], ylabel: str, ax: plt.Axes | None = None, log: bool = False) -> plt.Axes:
@@ -291,3 +298,265 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     ax.set_xticks(range(1, len(components) + 1), labels)
     ax.set_ylabel("test accuracy (%)")
     return ax
+
+
+# Whole figures, as the notebooks show them: each is laid out, saved with ``figure_path`` at a name made of
+# its notebook's number, what it shows and every parameter of the result it shows, and returned.
+
+
+def block_figure() -> plt.Figure:
+    """Notebook 00's block diagram (paper Fig. 2, left), saved as ``00_block_diagram``."""
+    fig, ax = plt.subplots(figsize=(3.2, 6.0))
+    block_diagram(ax)
+    return _saved(fig, "00_block_diagram")
+
+
+def parameter_figure(table, model: str) -> plt.Figure:
+    """Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component
+    (``table``: ``components.parameter_table``'s)."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, column, ylabel, title in (
+        (axes[0], "parameters", "trainable parameters", f"Table 3 ({model})"),
+        (axes[1], "memory load (MiB)", "gradients + momentum (MiB)", f"Table 4 ({model}, fp32)"),
+    ):
+        component_bars({c: table.loc[LABELS[c], column] for c in COMPONENTS}, ylabel, ax=ax, log=True)
+        ax.set_title(title)
+    return _saved(fig, "00_tables_3_4", model)
+
+
+def bounds_figure(at_rms, at_max, at_paper, constants: dict, paper_r: float, model: str, normalize: str) -> plt.Figure:
+    """Notebook 01's Fig. 6: the bounds at the RMS token norm (with Prop. 4), and at the largest token norm
+    beside MHA's at the paper's r (``bounds.upper_bounds`` tables, ``constants`` ``bounds.data_constants``')."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    bounds_along_depth(at_rms, axes[0])
+    bounds_along_depth(at_rms, axes[0], " (Prop. 4)", linestyle=":", propositions=("4",))
+    axes[0].set_title(f"{model}: r = RMS token norm = {constants['r_rms']:.2f}")
+    bounds_along_depth(at_max, axes[1], " (r max)")
+    bounds_along_depth(at_paper[at_paper.component == "mha"], axes[1], f" (r = {paper_r})", linestyle="--")
+    axes[1].set_title(f"rigorous r = {constants['r_max']:.2f} and the paper's r = {paper_r}")
+    for ax in axes:
+        ax.legend(fontsize=7, ncol=2)
+    return _saved(fig, "01_bounds", model, normalize)
+
+
+def measurement_keys(measurement) -> list:
+    """The keys of a plasticity measurement's figures: its parameters, with the severity where
+    ``Measurement.folder`` names it (a Cifar10-C corruption at another severity than the paper's)."""
+    m = measurement
+    keys = [m.model, m.dataset, m.reference, m.inputs, m.sample, f"seed{m.seed}", m.normalize]
+    return keys + ([f"severity{m.severity}"] if "+severity-" in m.folder().name else [])
+
+
+def plasticity_figure(table, measurement) -> plt.Figure:
+    """Notebook 02's Fig. 3: the boxes of P(f) per block beside P(f) along depth with its band."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    layer_mean_boxes(table, axes[0])
+    axes[0].set_title(f"{measurement.model} on {measurement.dataset}: P(f) per block")
+    plasticity_along_depth(table, axes[1])
+    axes[1].set_title("plasticity along depth (± 1.96 sd/√n)")
+    return _saved(fig, "02_plasticity", *measurement_keys(measurement))
+
+
+def rates_figure(table, measurement) -> plt.Figure:
+    """Notebook 02's violins of every rate of change per component."""
+    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    rate_distributions(table, ax)
+    ax.set_title(f"{measurement.model} on {measurement.dataset}: every rate of change")
+    return _saved(fig, "02_rates", *measurement_keys(measurement))
+
+
+def scale_curve_figure(curve, token_rms: float, paper_r: float, measurement) -> plt.Figure:
+    """P(f) per component against the factor on the embeddings (``ranking.scale_curve``'s ``curve``),
+    a dotted line at the factor that gives tokens of RMS norm ``token_rms`` the paper's r."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for component, part in curve.groupby("component", observed=True):
+        ax.plot(part["factor"], part["plasticity"], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
+    ax.axvline(paper_r / token_rms, color="grey", ls=":", lw=1, label=f"token RMS {paper_r} (paper's r)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("factor a on the embedding")
+    ax.set_ylabel("P(f)")
+    ax.set_title(f"{measurement.model} on {measurement.dataset}: P(f) against the scale of the embedding")
+    ax.legend(fontsize=7, ncol=2)
+    return _saved(fig, "02_scale_curve", *measurement_keys(measurement))
+
+
+def pooled_figure(summary, layers) -> plt.Figure:
+    """Notebook 03's Fig. 2 middle, a row per model: the boxes of every block's P(f) over the datasets
+    pooled (``layers``) beside each dataset's P(f) (``summary``)."""
+    models = sorted(summary["model"].unique())
+    fig, axes = plt.subplots(len(models), 2, figsize=(9, 3.2 * len(models)), squeeze=False)
+    for row, model in zip(axes, models):
+        blocks = layers[layers["model"] == model]
+        layer_mean_boxes(blocks, row[0])
+        row[0].set_title(f"{model}: P(f) per block, {blocks['dataset'].nunique()} datasets pooled")
+        pooled_plasticity(summary[summary["model"] == model], row[1])
+        row[1].set_title(f"{model}: P(f) per dataset")
+    return _saved(fig, "03_plasticity_pooled", *models)
+
+
+PROBE_STYLES = {"attn_residual": ("#7f7f7f", "--"), "block": ("#000000", "--"), "gelu": ("#e377c2", "-")}
+"""Colour and line of the probe points that are not components (the residual stream dashed)."""
+
+
+def probe_figure(table, profile, model: str, normalize: str, split_seed: int) -> plt.Figure:
+    """Notebook 04's probe accuracy along depth per probe point (``profile``: ``probe.along_depth``'s),
+    beside its spread over the datasets at the last block (``table``: ``probe.probe_datasets``')."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
+    for name in profile.columns:
+        color, line = PROBE_STYLES.get(name, (COLORS.get(name), "-"))
+        axes[0].plot(profile.index, profile[name], marker="o", ms=3, color=color, ls=line, label=POINT_LABELS[name])
+    axes[0].set_xlabel("block")
+    axes[0].set_ylabel("probe test accuracy (%)")
+    axes[0].set_title(f"{model}: mean over {table['dataset'].nunique()} datasets")
+    axes[0].legend(fontsize=7, ncol=2)
+    last = table[table["block"] == table["block"].max()]
+    spread = last.pivot_table(index="point", columns="dataset", values="accuracy", observed=True)
+    spread = 100 * spread.loc[list(profile.columns)]
+    axes[1].boxplot(spread.T.values, tick_labels=[POINT_LABELS[p] for p in spread.index])
+    axes[1].tick_params(axis="x", labelrotation=45, labelsize=7)
+    axes[1].set_title("last block, over datasets")
+    return _saved(fig, "04_probe_along_depth", model, normalize, f"seed{split_seed}")
+
+
+def dynamics_figure(histories, spec: str, dataset: str, lr: float, seed: int) -> plt.Figure:
+    """Notebook 06's Fig. 4 middle and right: gradient norm and validation loss per configuration, the
+    ``histories`` of ``spec``'s runs on one dataset at one learning rate and seed."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    training_curves(histories, "grad_norm", axes[0], log=True)
+    axes[0].set_ylabel("gradient norm (before clipping)")
+    training_curves(histories, "val_loss", axes[1])
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"{dataset}, lr {lr:g}, seed {seed}")
+    return _saved(fig, "06_dynamics", Path(spec).stem, dataset, f"lr{lr:g}", f"seed{seed}")
+
+
+def dynamics_grid_figure(histories, spec: str, dataset: str, seed: int) -> plt.Figure:
+    """Notebook 06's Figs. 19-51: ``dynamics_figure``'s two panels as rows, a column per learning rate."""
+    lrs = sorted(histories["lr"].unique())
+    fig, axes = plt.subplots(2, len(lrs), figsize=(4.5 * len(lrs), 6), squeeze=False)
+    for column, value in enumerate(lrs):
+        part = histories[histories["lr"] == value]
+        training_curves(part, "grad_norm", axes[0, column], log=True)
+        training_curves(part, "val_loss", axes[1, column])
+        axes[0, column].set_title(f"lr {value:g}")
+    axes[1, -1].legend(fontsize=7)
+    return _saved(fig, "06_dynamics_grid", Path(spec).stem, dataset, f"seed{seed}")
+
+
+def rates_along_depth_figure(table, measurement) -> plt.Figure:
+    """Notebook 08's plasticity: every rate of change beside P(f) along depth (no band)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    rate_distributions(table, axes[0])
+    axes[0].set_title(f"{measurement.model} on {measurement.dataset}: rates of change")
+    plasticity_along_depth(table, axes[1], band=False)
+    axes[1].set_title("plasticity along depth")
+    return _saved(fig, "08_plasticity", *measurement_keys(measurement))
+
+
+def finetune_figure(histories: dict, config) -> plt.Figure:
+    """Notebook 08's runs: gradient norm and validation accuracy against step, one line per component
+    (``histories``: component -> ``runs.history``), the runs of ``config`` but for their component."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for component, history in histories.items():
+        axes[0].plot(history["step"], history["grad_norm"], color=COLORS[component], label=LABELS[component])
+        evals = history.dropna(subset=["val_accuracy"])
+        kwargs = {"marker": "o", "ms": 3, "color": COLORS[component], "label": LABELS[component]}
+        axes[1].plot(evals["step"], evals["val_accuracy"], **kwargs)
+    axes[0].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
+    axes[1].set(xlabel="step", ylabel="validation accuracy")
+    axes[1].legend(frameon=False)
+    c = config
+    fig.suptitle(f"{c.model} on {c.dataset}: lr {c.lr:g}, seed {c.seed}")
+    keys = (c.model, c.dataset, "+".join(histories), f"lr{c.lr:g}", f"seed{c.seed}", c.normalize)
+    return _saved(fig, "08_finetune", *keys)
+
+
+def run_figure(history, metrics: dict, config) -> plt.Figure:
+    """Notebook 05's run: training loss, gradient norm before clipping, and validation accuracy with the
+    best-validation checkpoint marked, against step (``history``: ``runs.history``; ``config``: a ``runs.Config``)."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    color = COLORS[config.component]
+    axes[0].plot(history["step"], history["train_loss"], color=color)
+    axes[0].set(xlabel="step", ylabel="training loss")
+    axes[1].plot(history["step"], history["grad_norm"], color=color)
+    axes[1].set(xlabel="step", ylabel="gradient norm (before clipping)", yscale="log")
+    evals = history.dropna(subset=["val_accuracy"])
+    axes[2].plot(evals["step"], evals["val_accuracy"], marker="o", ms=3, color=color)
+    if metrics["best_step"]:
+        best = ([metrics["best_step"]], [metrics["best_val_accuracy"]])
+        axes[2].scatter(*best, s=80, facecolor="none", edgecolor="black", zorder=3)
+    axes[2].set(xlabel="step", ylabel="validation accuracy")
+    how = f" (LoRA r={config.lora_rank})" if config.lora_rank else " (equal capacity)" if config.equal_capacity else ""
+    c = config
+    fig.suptitle(f"{c.model} on {c.dataset}: {LABELS[c.component]}{how}, lr {c.lr:g}, seed {c.seed}")
+    # named as the run's folder (its last part: the seed and the suffixes of Config.folder)
+    return _saved(fig, "05_finetune", c.model, c.dataset, c.component, f"lr{c.lr:g}", c.folder().name)
+
+
+def _methods(table) -> list[str]:
+    """The methods of ``table`` (column ``method``): the weights' first, then the others in the order they come."""
+    return sorted(dict.fromkeys(table["method"]), key=lambda method: method != "weights")
+
+
+def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
+    """One group per configuration (plasticity order, then full), one bar per method in it (``table``: columns
+    ``component``, ``method``, ``mean``): the weights' solid, the others hatched."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.4))
+    methods = _methods(table)
+    shown = [c for c in (*COMPONENTS, "full") if c in set(table["component"])]
+    width = 0.8 / max(len(methods), 1)
+    for i, name in enumerate(methods):
+        part = table[table["method"] == name].set_index("component").reindex(shown)
+        positions = [c + (i - (len(methods) - 1) / 2) * width for c in range(len(shown))]
+        weights = name == "weights"
+        style = {"alpha": 1.0 if weights else 0.55, "hatch": None if weights else "//", "edgecolor": "black"}
+        ax.bar(positions, part["mean"], width, label=name, color=[COLORS[c] for c in shown], **style)
+    ax.set_xticks(range(len(shown)), [LABELS[c] for c in shown])
+    ax.set(ylabel="test accuracy (%)", ylim=(max(0, table["mean"].min() - 10), None))
+    ax.legend(fontsize=8)
+    return ax
+
+
+def lora_figure(average, models: Sequence[str]) -> plt.Figure:
+    """Notebook 09: test accuracy per configuration and method as grouped bars, beside the same against
+    the parameters that train (``average``: columns ``component``, ``method``, ``mean``,
+    ``trainable_parameters``, over the runs of ``models``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    grouped_bars(average, axes[0])
+    for name in _methods(average):
+        part = average[average["method"] == name]
+        marker = "o" if name == "weights" else "s"
+        axes[1].plot(part["trainable_parameters"], part["mean"], marker=marker, ls="none", label=name, color="gray")
+        for _, row in part.iterrows():
+            axes[1].annotate(
+                LABELS[row["component"]],
+                (row["trainable_parameters"], row["mean"]),
+                fontsize=8,
+                xytext=(4, 2),
+                textcoords="offset points",
+                color=COLORS[row["component"]],
+            )
+    axes[1].set(xscale="log", xlabel="trainable parameters", ylabel="test accuracy (%)")
+    axes[1].legend(fontsize=8)
+    return _saved(fig, "09_lora_by_plasticity", *models)
+
+
+def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
+    """Notebook 09's learning-rate grid: test accuracy against the learning rate per configuration, a
+    panel per method (``grid``: columns ``component``, ``method``, ``lr``, ``test_accuracy``, over the runs
+    of ``models``)."""
+    methods = _methods(grid)
+    lrs = sorted(grid["lr"].unique())
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], methods):
+        for c in [c for c in (*COMPONENTS, "full") if c in set(grid["component"])]:
+            part = grid[(grid["method"] == name) & (grid["component"] == c)]
+            ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=COLORS[c], label=LABELS[c])
+        ax.set(xscale="log", xlabel="learning rate", title=name)
+        ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+        ax.minorticks_off()
+    axes[0][0].set(ylabel="test accuracy (%)")
+    axes[0][0].legend(fontsize=8)
+    return _saved(fig, "09_lora_by_plasticity_lr", *models)

@@ -77,18 +77,6 @@ attention module's output, before the residual addition and before LayerScale wh
 activation); ``fc1`` of a SwiGLU block with separate gate and value layers is the two side by side.
 """
 
-POINT_LABELS = {
-    "ln1": "LN1",
-    "mha": "MHA",
-    "attn_residual": "x + MHA",
-    "ln2": "LN2",
-    "fc1": "FC1",
-    "gelu": "GELU",
-    "fc2": "FC2",
-    "block": "block output",
-}
-"""Display names of the probe points."""
-
 POOLS = ("mean", "patches", "cls")
 """How tokens become one vector: ``mean`` over every position (the authors' ``.mean(axis=1)``, the
 class token's position included), ``patches`` (the mean over the patch tokens alone) or ``cls``

@@ -27,8 +27,7 @@ import pandas as pd
 from scipy import stats
 
 from .component_rates import pairs_with_rates
-from .components import COMPONENTS, LABELS
-from .names import PAPER_SCORES
+from .names import COMPONENTS, LABELS, PAPER_SCORES
 from .significance import kendall_tau
 
 

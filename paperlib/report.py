@@ -36,10 +36,7 @@ from typing import Iterable
 from traitlets.config import Config
 
 from . import cli, paths, specs
-
-# check_parameters, headline and token_scale_why: the names notebooks 00, 01, 02, 05 and 09 still call as
-# report.* (the others call notebook.*); to go once those notebooks import notebook
-from .notebook import HEADLINE_MIME, check_parameters, headline, token_scale_why  # noqa: F401
+from .notebook import HEADLINE_MIME
 
 KERNEL = "python3"
 KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}

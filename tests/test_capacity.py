@@ -139,7 +139,7 @@ def test_the_datasets_of_one_family_are_permuted_together():
         hits["every pair"] += abs(sum(got.values())) >= abs(sum(observed.values()))
         total += 1
     for ln in ("ln2", "ln1"):
-        assert pairs.loc[(components.LABELS[ln], "MHA"), "p_value"] == pytest.approx(hits[ln] / total)
+        assert pairs.loc[(names.LABELS[ln], "MHA"), "p_value"] == pytest.approx(hits[ln] / total)
     assert pairs.loc[("every pair", ""), "p_value"] == pytest.approx(hits["every pair"] / total)
 
 
@@ -170,7 +170,7 @@ def test_the_discordant_permutation_test_equals_a_brute_force_enumeration():
     pairs = capacity.discordant_pairs(plasticity, runs, sizes).set_index(["more_plastic", "larger"])
     expected, observed = _brute_force_discordant(units, sizes)
     for (a, b), statistic in observed.items():
-        row = pairs.loc[(components.LABELS[a], components.LABELS[b])]
+        row = pairs.loc[(names.LABELS[a], names.LABELS[b])]
         assert row["followed_capacity"] - row["followed_plasticity"] == statistic
         assert row["p_value"] == pytest.approx(expected[(a, b)])
     assert pairs.loc[("every pair", ""), "p_value"] == pytest.approx(expected["every pair"])

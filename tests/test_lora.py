@@ -9,7 +9,7 @@ import torch
 from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
-from paperlib import components, finetune, lora, models, specs, stats
+from paperlib import components, finetune, lora, models, names, specs, stats
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -132,7 +132,7 @@ def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(compone
     assert changed == {"head.weight", "head.bias", "norm.weight", "norm.bias"}
     assert (
         metrics["trainable_parameters"]
-        == lora.parameter_table(initial, 4).loc[f"{components.LABELS[component]} (LoRA r=4)", "trainable"]
+        == lora.parameter_table(initial, 4).loc[f"{names.LABELS[component]} (LoRA r=4)", "trainable"]
     )
     assert metrics["lora_rank"] == 4
 

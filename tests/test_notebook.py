@@ -25,14 +25,3 @@ def test_a_ranking_not_the_papers_is_put_down_to_small_tokens_only_where_they_ar
     assert notebook.token_scale_why(-0.8, 25.0) is None  # tokens larger than ViT-B/16's (19.4): not the reason
     why = notebook.token_scale_why(-0.8, 3.24)
     assert "RMS norm 3.2" in why and "19.4" in why and "LayerNorm" in why
-
-
-def test_the_notebooks_not_yet_moved_to_notebook_still_find_its_helpers_in_report():
-    from paperlib import report
-
-    # notebooks 00, 01, 02, 05 and 09 call report.check_parameters, report.headline, report.token_scale_why
-    assert (report.check_parameters, report.headline, report.token_scale_why) == (
-        notebook.check_parameters,
-        notebook.headline,
-        notebook.token_scale_why,
-    )

@@ -1,14 +1,19 @@
 """The figures' summaries: the authors' boxes of per-block P(f) (Fig. 2 middle, Fig. 3 left) and band
-around P(f) along depth (Fig. 3 middle), beside the package's richer views."""
+around P(f) along depth (Fig. 3 middle), beside the package's richer views; the notebooks' whole figures,
+each saved at a name made of what it shows."""
+
+from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from matplotlib.collections import PolyCollection
+from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from paperlib import plasticity, plots, ranking
-from paperlib.components import COMPONENTS
+from paperlib.names import COMPONENTS, LABELS, POINT_LABELS
 
 BLOCKS, PAIRS = 3, 4
 
@@ -31,6 +36,25 @@ def _known_table():
 def _close_figures():
     yield
     plt.close("all")
+
+
+@pytest.fixture(autouse=True)
+def figures(tmp_path, monkeypatch):
+    """Every test's figures folder: its own (``VIT_PLASTICITY_REPORTS``), so that the saved names can be read."""
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    return tmp_path / "reports" / "figures"
+
+
+def _saved(figures) -> list[str]:
+    return sorted(path.name for path in figures.iterdir())
+
+
+def _bars(ax) -> list[Rectangle]:
+    return [patch for patch in ax.patches if isinstance(patch, Rectangle)]
+
+
+def _ticks(ax) -> list[str]:
+    return [label.get_text() for label in ax.get_xticklabels()]
 
 
 def test_layer_means_are_one_mean_per_block_and_component():
@@ -155,3 +179,226 @@ def test_collect_by_block_reads_the_blocks_of_the_results_collect_reads():
 
     ax = plots.layer_mean_boxes(layers)
     assert len(ax.patches) == len(COMPONENTS)
+
+
+def test_the_block_figure_draws_the_five_components(figures):
+    fig = plots.block_figure()
+    boxes = [p for p in fig.axes[0].patches if isinstance(p, FancyBboxPatch)]
+    assert [p.get_facecolor()[:3] for p in boxes] == [
+        pytest.approx(plt.matplotlib.colors.to_rgb(plots.COLORS[c])) for c in ("ln1", "mha", "ln2", "fc1", "fc2")
+    ]
+    assert _saved(figures) == ["00_block_diagram.png"]
+
+
+def test_the_parameter_figure_has_a_bar_per_component_for_tables_3_and_4(figures):
+    table = pd.DataFrame(
+        {"parameters": [10.0, 20, 30, 40, 50], "memory load (MiB)": [1.0, 2, 3, 4, 5]},
+        index=[LABELS[c] for c in COMPONENTS],
+    )
+    fig = plots.parameter_figure(table, "vit_base_in21k")
+    left, right = fig.axes
+    assert [bar.get_height() for bar in _bars(left)] == [10, 20, 30, 40, 50]
+    assert [bar.get_height() for bar in _bars(right)] == [1, 2, 3, 4, 5]
+    assert _ticks(left) == [LABELS[c] for c in COMPONENTS]
+    assert (left.get_title(), right.get_title()) == ("Table 3 (vit_base_in21k)", "Table 4 (vit_base_in21k, fp32)")
+    assert _saved(figures) == ["00_tables_3_4_vit_base_in21k.png"]
+
+
+def test_the_sample_grid_has_a_row_per_dataset_saved_under_their_names(figures):
+    def dataset(name):
+        return SimpleNamespace(
+            name=name, images=torch.zeros(3, 3, 4, 4, dtype=torch.uint8), targets=[0, 1, 0], classes=["a", "b"]
+        )
+
+    fig = plots.sample_grid([dataset("digits"), dataset("digits_c/snow")], per_dataset=3)
+    assert len(fig.axes) == 6 and [ax.get_title() for ax in fig.axes[:3]] == ["a", "b", "a"]
+    assert _saved(figures) == ["00_datasets_digits_digits_c_snow.png"]
+
+
+def _bounds(propositions, scale=1.0):
+    rows = [
+        {"component": c, "proposition": p, "depth": d, "bound": scale * (i + 1) * (d + 1)}
+        for i, c in enumerate(COMPONENTS)
+        for p in propositions
+        for d in (0.0, 100.0)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_bounds_figure_draws_each_reading_of_r(figures):
+    at_rms = pd.concat([_bounds(["1"]), _bounds(["4"]).query("component == 'mha'")])
+    constants = {"r_rms": 3.2, "r_max": 9.5}
+    fig = plots.bounds_figure(at_rms, _bounds(["1"], 2.0), _bounds(["1"], 3.0), constants, 19.4, "demo", "imagenet")
+    left, right = fig.axes
+    # left: one line per component, and MHA's Prop. 4 dotted; right: the five at r max, MHA's at the paper's r
+    assert [line.get_label() for line in left.get_lines()] == [LABELS[c] for c in COMPONENTS] + ["MHA (Prop. 4)"]
+    assert [line.get_label() for line in right.get_lines()][-2:] == ["LN1 (r max)", "MHA (r = 19.4)"]
+    assert len(right.get_lines()) == 6 and right.get_lines()[-1].get_linestyle() == "--"
+    assert left.get_title() == "demo: r = RMS token norm = 3.20"
+    assert _saved(figures) == ["01_bounds_demo_imagenet.png"]
+
+
+def test_the_measurement_keys_name_the_severity_where_its_folder_does():
+    keys = ["demo", "cifar10c/snow", "digits_source", "embedding", "first", "seed0", "imagenet"]
+    paper = plasticity.Measurement(dataset="cifar10c/snow", reference="digits_source")
+    assert plots.measurement_keys(paper) == keys
+    milder = plasticity.Measurement(dataset="cifar10c/snow", reference="digits_source", severity=3)
+    assert plots.measurement_keys(milder) == [*keys, "severity3"]
+    assert "+severity-3" in milder.folder().name
+
+
+def test_the_plasticity_figures_are_saved_under_the_measurements_keys(figures):
+    table = _known_table()
+    measurement = plasticity.Measurement(dataset="cifar10c/snow", reference="digits_source", severity=2)
+    keys = "demo_cifar10c_snow_digits_source_embedding_first_seed0_imagenet_severity2.png"
+    fig = plots.plasticity_figure(table, measurement)
+    assert len(fig.axes[0].patches) == len(COMPONENTS)  # the boxes
+    assert len([c for c in fig.axes[1].collections if isinstance(c, PolyCollection)]) == len(COMPONENTS)  # bands
+    assert fig.axes[0].get_title() == "demo on cifar10c/snow: P(f) per block"
+    fig = plots.rates_figure(table, measurement)
+    assert len(fig.axes) == 1 and len(fig.axes[0].collections) >= len(COMPONENTS)
+    fig = plots.rates_along_depth_figure(table, measurement)
+    assert not [c for c in fig.axes[1].collections if isinstance(c, PolyCollection)]  # no band
+    assert _saved(figures) == [f"02_plasticity_{keys}", f"02_rates_{keys}", f"08_plasticity_{keys}"]
+
+
+def test_the_scale_curve_has_a_line_per_component_and_the_papers_r(figures):
+    factors = [0.5, 1.0, 2.0]
+    curve = pd.DataFrame(
+        [{"factor": a, "component": c, "plasticity": a * (i + 1)} for i, c in enumerate(COMPONENTS) for a in factors]
+    )
+    curve["component"] = pd.Categorical(curve["component"], categories=COMPONENTS)  # as plasticity.scale_curve's
+    fig = plots.scale_curve_figure(curve, token_rms=4.0, paper_r=19.4, measurement=plasticity.Measurement())
+    lines = fig.axes[0].get_lines()
+    labels = [LABELS[c] for c in COMPONENTS] + ["token RMS 19.4 (paper's r)"]
+    assert [line.get_label() for line in lines] == labels
+    assert list(lines[1].get_ydata()) == [1.0, 2.0, 4.0]  # FC1's: twice the factor
+    assert lines[-1].get_xdata()[0] == pytest.approx(19.4 / 4.0)
+    assert _saved(figures) == ["02_scale_curve_demo_digits_digits_source_embedding_first_seed0_imagenet.png"]
+
+
+def test_the_pooled_figure_has_a_row_per_model(figures):
+    means = ranking.layer_means(_known_table())
+    layers = pd.concat([means.assign(model=m, dataset=d) for m in ("b", "a") for d in ("x", "y")])
+    summary = pd.DataFrame(
+        [
+            {"model": m, "dataset": d, "component": c, "plasticity": 1.0}
+            for m in ("b", "a")
+            for d in "xy"
+            for c in COMPONENTS
+        ]
+    )
+    fig = plots.pooled_figure(summary, layers)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "a: P(f) per block, 2 datasets pooled",
+        "a: P(f) per dataset",
+        "b: P(f) per block, 2 datasets pooled",
+        "b: P(f) per dataset",
+    ]
+    assert _saved(figures) == ["03_plasticity_pooled_a_b.png"]
+
+
+def test_the_probe_figure_has_a_line_and_a_box_per_probe_point(figures):
+    points = ["ln1", "mha", "attn_residual", "block"]
+    table = pd.DataFrame(
+        [{"block": b, "point": p, "dataset": d, "accuracy": 0.5} for b in range(3) for p in points for d in "xyz"]
+    )
+    profile = pd.DataFrame({p: [50.0, 60.0, 70.0] for p in points})
+    fig = plots.probe_figure(table, profile, "demo", "imagenet", 0)
+    left, right = fig.axes
+    assert [line.get_label() for line in left.get_lines()] == [POINT_LABELS[p] for p in points]
+    assert [line.get_linestyle() for line in left.get_lines()] == ["-", "-", "--", "--"]
+    assert _ticks(right) == [POINT_LABELS[p] for p in points] and left.get_title() == "demo: mean over 3 datasets"
+    assert _saved(figures) == ["04_probe_along_depth_demo_imagenet_seed0.png"]
+
+
+def _histories(components, lrs=(0.03,)):
+    return pd.DataFrame(
+        [
+            {
+                "component": c,
+                "lr": lr,
+                "step": s,
+                "grad_norm": 1.0 + s,
+                "val_loss": 2.0 - s / 10,
+                "val_accuracy": 0.1 * s,
+            }
+            for c in components
+            for lr in lrs
+            for s in range(4)
+        ]
+    )
+
+
+def test_the_dynamics_figures_have_a_curve_per_configuration(figures):
+    histories = _histories(["mha", "ln1", "full"], lrs=(0.01, 0.03))
+    fig = plots.dynamics_figure(histories[histories["lr"] == 0.03], "parameters/sweeps/demo.yaml", "digits", 0.03, 0)
+    assert [len(ax.get_lines()) for ax in fig.axes] == [3, 3]
+    assert fig.axes[0].get_yscale() == "log" and fig._suptitle.get_text() == "digits, lr 0.03, seed 0"
+    fig = plots.dynamics_grid_figure(histories, "parameters/sweeps/demo.yaml", "digits", 0)
+    assert len(fig.axes) == 4 and [ax.get_title() for ax in fig.axes[:2]] == ["lr 0.01", "lr 0.03"]
+    assert _saved(figures) == ["06_dynamics_demo_digits_lr0.03_seed0.png", "06_dynamics_grid_demo_digits_seed0.png"]
+
+
+def test_the_finetune_figure_has_a_line_per_run(figures):
+    histories = {c: _histories([c]) for c in ("mha", "fc1")}
+    config = SimpleNamespace(model="demo", dataset="digits", lr=0.03, seed=0, normalize="imagenet")
+    fig = plots.finetune_figure(histories, config)
+    assert [[line.get_label() for line in ax.get_lines()] for ax in fig.axes] == [["MHA", "FC1"]] * 2
+    assert _saved(figures) == ["08_finetune_demo_digits_mha+fc1_lr0.03_seed0_imagenet.png"]
+
+
+def _by_method():
+    return pd.DataFrame(
+        [
+            {"component": c, "method": m, "mean": 60.0 + i + 5 * j, "trainable_parameters": 10 ** (i + 2)}
+            for j, m in enumerate(("lora r=4", "weights"))
+            for i, c in enumerate(("full", "mha", "fc1"))
+        ]
+    )
+
+
+def test_grouped_bars_put_each_method_beside_the_others_in_plasticity_order():
+    ax = plots.grouped_bars(_by_method())
+    bars = _bars(ax)
+    assert len(bars) == 6 and _ticks(ax) == ["MHA", "FC1", "All"]
+    # the weights' bars first (whatever the table's order), then LoRA's, each over the components in
+    # plasticity order, the two side by side
+    assert [bar.get_height() for bar in bars] == [66.0, 67.0, 65.0, 61.0, 62.0, 60.0]
+    centres = [bar.get_x() + bar.get_width() / 2 for bar in bars]
+    assert centres == pytest.approx([-0.2, 0.8, 1.8, 0.2, 1.2, 2.2])
+    assert [bar.get_hatch() for bar in bars] == [None] * 3 + ["//"] * 3
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["weights", "lora r=4"]
+    assert ax.get_ylim()[0] == pytest.approx(50.0)
+
+
+def test_the_lora_figures_name_their_models(figures):
+    average = _by_method()
+    fig = plots.lora_figure(average, ["demo"])
+    assert len(_bars(fig.axes[0])) == 6 and len(fig.axes[1].texts) == 6
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["weights", "lora r=4"]
+    grid = pd.DataFrame(
+        [
+            {"component": c, "method": m, "lr": lr, "test_accuracy": 0.5}
+            for m in ("lora r=4", "weights")
+            for c in ("mha", "fc2")
+            for lr in (0.01, 0.1)
+        ]
+    )
+    fig = plots.lora_lr_figure(grid, ["demo"])
+    assert [ax.get_title() for ax in fig.axes] == ["weights", "lora r=4"]
+    assert [[line.get_label() for line in ax.get_lines()] for ax in fig.axes] == [["MHA", "FC2"]] * 2
+    assert _saved(figures) == ["09_lora_by_plasticity_demo.png", "09_lora_by_plasticity_lr_demo.png"]
+
+
+def test_the_run_figure_marks_the_best_checkpoint_and_is_named_by_the_run(figures):
+    from paperlib.runs import Config
+
+    history = _histories(["fc1"]).assign(train_loss=lambda t: 2.0 - t["step"] / 10)
+    config = Config(dataset="digits_c/snow", component="fc1", equal_capacity=True)
+    metrics = {"best_step": 2, "best_val_accuracy": 0.5}
+    fig = plots.run_figure(history, metrics, config)
+    assert [len(ax.get_lines()) for ax in fig.axes] == [1, 1, 1]
+    assert [tuple(point) for point in fig.axes[2].collections[0].get_offsets()] == [(2.0, 0.5)]
+    assert "FC1 (equal capacity)" in fig._suptitle.get_text()
+    assert _saved(figures) == ["05_finetune_demo_digits_c_snow_fc1_lr0.03_seed=0-equal.png"]
