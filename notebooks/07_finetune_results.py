@@ -28,8 +28,6 @@ precision_spec = "parameters/sweeps/precision_demo.yaml"  # runs in fp32 and a c
 margin = 0.5  # equivalence margin of that check, in accuracy points (the largest seed-to-seed std of the paper's Table 6)
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
@@ -143,20 +141,7 @@ if model == "demo" and {("digits", "mha"), ("digits", stats.PROBE)} <= set(table
 probed = stats.PROBE in set(ours["table6"]["component"])  # without a cached probe (compute_missing False): no Fig. 2 right
 gain = stats.relative_gain(ours["table6"], value="mean") if probed else None
 average = stats.average(ours["table6"])
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-if probed:
-    plots.component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
-else:
-    axes[0].text(0.5, 0.5, "no linear probing cached\n(notebook 04)", ha="center", va="center", transform=axes[0].transAxes)
-axes[0].set_title("Fig. 2 (right):\nmean over datasets")
-finetuned = [c for c in average["component"] if c not in ("linear", stats.PROBE)]
-part = average.set_index("component").loc[finetuned]
-axes[1].bar([names.LABELS[c] for c in finetuned], part["mean"], yerr=part["pooled_se"], color=[plots.COLORS[c] for c in finetuned], capsize=3)
-axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
-axes[1].set_ylabel("mean test accuracy (%)")
-axes[1].set_title("Fig. 17: mean over datasets\n± pooled standard error" + ("" if part["pooled_se"].notna().all() else " (one seed: none)"))
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("07_finetune_results", Path(spec).stem, select))
+plots.gain_figure(gain, average, spec, select)
 plt.show()
 
 # %%
@@ -178,16 +163,7 @@ notebook.headline("MHA minus " + ", ".join(f"{names.LABELS[c]} {row.decrease:+.2
 # finetuning as a dashed line at its mean.
 
 # %%
-datasets = sorted(runs["dataset"].unique())
-columns = min(3, len(datasets))
-fig, axes = plt.subplots(-(-len(datasets) // columns), columns, figsize=(5 * columns, 3.4 * -(-len(datasets) // columns)), squeeze=False)
-for ax, name in zip(axes.flat, datasets):
-    plots.config_boxes(runs[runs["dataset"] == name], ax)
-    ax.set_title(name)
-for ax in axes.flat[len(datasets):]:
-    ax.axis("off")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("07_robustness", Path(spec).stem))
+plots.robustness_figure(runs, spec)
 plt.show()
 
 # %% [markdown]
@@ -229,21 +205,9 @@ takeaway2.index = [f"{source}: {value}" for source, value in takeaway2.index]
 takeaway2.rename_axis("Kendall's tau of P(f) with").round(3)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-plots.plasticity_vs_result(measured.merge(ours["table6"][["dataset", "component", "mean"]], on=["dataset", "component"]),
-                           "mean", axes[0], "test accuracy (%) - dataset mean")
-axes[0].set_title(f"{model}: accuracy against plasticity")
+shown = measured.merge(ours["table6"][["dataset", "component", "mean"]], on=["dataset", "component"])
 taus = pd.concat([ours["accuracy_tau"].assign(source="ours"), paper["accuracy_tau"].assign(source="paper's Table 6")])
-for offset, (source, part) in zip((-0.15, 0.15), taus.groupby("source", sort=False)):
-    rows = {name: i for i, name in enumerate(sorted(taus["dataset"].unique()))}
-    axes[1].scatter(part["tau"], [rows[d] + offset for d in part["dataset"]], label=source, s=18)
-axes[1].set_yticks(range(taus["dataset"].nunique()), sorted(taus["dataset"].unique()), fontsize=7)
-axes[1].axvline(0.0, color="grey", lw=0.8, ls="--")
-axes[1].set(xlabel="Kendall's tau: P(f) and accuracy", xlim=(-1.1, 1.1))
-axes[1].legend(frameon=False, fontsize=7)
-axes[1].set_title("per dataset")
-fig.tight_layout()
-plots.save_figure(fig, plots.figure_path("07_plasticity_vs_accuracy", Path(spec).stem, select))
+plots.accuracy_tau_figure(shown, taus, model, spec, select)
 plt.show()
 
 # %%

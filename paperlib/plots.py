@@ -560,3 +560,57 @@ def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
     axes[0][0].set(ylabel="test accuracy (%)")
     axes[0][0].legend(fontsize=8)
     return _saved(fig, "09_lora_by_plasticity_lr", *models)
+
+
+def gain_figure(gain, average, spec: str, select: str) -> plt.Figure:
+    """Notebook 07's Fig. 2 (right) and Fig. 17: each component's mean relative gain over linear probing
+    (``gain``: ``stats.relative_gain``; None without a probe) and its mean accuracy over datasets with
+    the pooled standard error (``average``: ``stats.average``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    if gain is not None:
+        component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
+    else:
+        kwargs = {"ha": "center", "va": "center", "transform": axes[0].transAxes}
+        axes[0].text(0.5, 0.5, "no linear probing cached\n(notebook 04)", **kwargs)
+    axes[0].set_title("Fig. 2 (right):\nmean over datasets")
+    finetuned = [c for c in average["component"] if c not in ("linear", "probe")]
+    part = average.set_index("component").loc[finetuned]
+    colors = [COLORS[c] for c in finetuned]
+    axes[1].bar([LABELS[c] for c in finetuned], part["mean"], yerr=part["pooled_se"], color=colors, capsize=3)
+    axes[1].set_ylim(part["mean"].min() - 5, part["mean"].max() + 3)
+    axes[1].set_ylabel("mean test accuracy (%)")
+    none = "" if part["pooled_se"].notna().all() else " (one seed: none)"
+    axes[1].set_title("Fig. 17: mean over datasets\n± pooled standard error" + none)
+    return _saved(fig, "07_finetune_results", Path(spec).stem, select)
+
+
+def robustness_figure(runs, spec: str) -> plt.Figure:
+    """Notebook 07's Fig. 4 (left) and Fig. 18: ``config_boxes`` of every run of the grid, a panel per dataset."""
+    datasets = sorted(runs["dataset"].unique())
+    columns = min(3, len(datasets))
+    rows = -(-len(datasets) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, datasets):
+        config_boxes(runs[runs["dataset"] == name], ax)
+        ax.set_title(name)
+    for ax in axes.flat[len(datasets) :]:
+        ax.axis("off")
+    return _saved(fig, "07_robustness", Path(spec).stem)
+
+
+def accuracy_tau_figure(table, taus, model: str, spec: str, select: str) -> plt.Figure:
+    """Notebook 07's Takeaway 2: accuracy against P(f) (``table``: ``dataset``, ``component``, ``plasticity``,
+    ``mean``), and each dataset's Kendall tau of the two, one marker per source (``taus``: ``dataset``, ``tau``,
+    ``source``)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    plasticity_vs_result(table, "mean", axes[0], "test accuracy (%) - dataset mean")
+    axes[0].set_title(f"{model}: accuracy against plasticity")
+    rows = {name: i for i, name in enumerate(sorted(taus["dataset"].unique()))}
+    for offset, (source, part) in zip((-0.15, 0.15), taus.groupby("source", sort=False)):
+        axes[1].scatter(part["tau"], [rows[d] + offset for d in part["dataset"]], label=source, s=18)
+    axes[1].set_yticks(range(len(rows)), list(rows), fontsize=7)
+    axes[1].axvline(0.0, color="grey", lw=0.8, ls="--")
+    axes[1].set(xlabel="Kendall's tau: P(f) and accuracy", xlim=(-1.1, 1.1))
+    axes[1].legend(frameon=False, fontsize=7)
+    axes[1].set_title("per dataset")
+    return _saved(fig, "07_plasticity_vs_accuracy", Path(spec).stem, select)

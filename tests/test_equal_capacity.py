@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import interrupted, resumed, same_metrics
 
 from paperlib import capacity, components, equal_capacity, finetune, models, runs
 from paperlib.names import COMPONENTS
@@ -88,6 +89,15 @@ def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
         assert torch.equal(start.norm2.weight, end.norm2.weight)
 
 
+def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, monkeypatch, small, move_results):
+    config = small(component="mha", equal_capacity=True, subset_seed=2)
+    reference = finetune.run(config)
+    move_results("interrupted")
+    interrupted(config, 9, monkeypatch)
+    assert (config.folder() / "checkpoint.pt").is_file()
+    assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
+
+
 def test_a_run_without_the_option_is_unchanged():
     config = runs.Config(component="fc1")
     assert "equal" not in config.folder().name
@@ -155,3 +165,16 @@ def test_at_equal_capacity_compares_the_two_designs():
     # on a, equal capacity reverses the pairs that involve a subset component; LN2 / LN1 is the same run
     assert "LN2 / LN1" not in set(reordered["pair"]) and len(reordered) == 9
     assert np.sign(reordered["ordinary"]).eq(-1).all()
+
+
+def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(results, tmp_path):
+    from paperlib import paths, report
+
+    parameters = {"component": "fc1", "equal_capacity": True, "steps": 4, "warmup": 1, "eval_every": 2}
+    report.execute(paths.NOTEBOOKS / "05_finetune.ipynb", tmp_path / "out.ipynb", parameters=parameters)
+    config = runs.Config(component="fc1", equal_capacity=True, steps=4, warmup=1, eval_every=2)
+    metrics = paths.read_json(config.folder() / runs.METRICS)
+    model = demo_model()
+    head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
+    assert metrics["trainable_parameters"] - head_and_norm == 2 * model.embed_dim * len(model.blocks)
+    assert metrics["subset"] and config.folder().name == "seed=0-equal"

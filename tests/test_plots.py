@@ -402,3 +402,41 @@ def test_the_run_figure_marks_the_best_checkpoint_and_is_named_by_the_run(figure
     assert [tuple(point) for point in fig.axes[2].collections[0].get_offsets()] == [(2.0, 0.5)]
     assert "FC1 (equal capacity)" in fig._suptitle.get_text()
     assert _saved(figures) == ["05_finetune_demo_digits_c_snow_fc1_lr0.03_seed=0-equal.png"]
+
+
+def test_the_gain_figure_has_a_bar_per_finetuned_configuration_and_names_the_spec(figures):
+    average = pd.DataFrame(
+        {"component": ["mha", "fc1", "linear", "probe"], "mean": [80.0, 70.0, 60.0, 50.0], "pooled_se": [1.0] * 4}
+    )
+    gain = pd.DataFrame({"mha": [10.0, 20.0], "fc1": [5.0, 5.0]})
+    fig = plots.gain_figure(gain, average, "parameters/sweeps/finetune_demo.yaml", "test")
+    assert [bar.get_height() for bar in _bars(fig.axes[0])] == [15.0, 5.0]
+    assert _ticks(fig.axes[1]) == ["MHA", "FC1"] and [bar.get_height() for bar in _bars(fig.axes[1])] == [80.0, 70.0]
+    assert _saved(figures) == ["07_finetune_results_finetune_demo_test.png"]
+    without = plots.gain_figure(None, average, "x.yaml", "val")  # without a probe: a note where the gain would be
+    assert not _bars(without.axes[0]) and "no linear probing" in without.axes[0].texts[0].get_text()
+
+
+def test_the_robustness_figure_has_a_panel_per_dataset_and_hides_the_rest(figures):
+    runs = pd.DataFrame(
+        [
+            {"dataset": d, "component": c, "test_accuracy": 0.5 + 0.1 * i, "status": "finished", "lr": 0.03, "seed": 0}
+            for d in ("a", "b", "c", "d")
+            for i, c in enumerate(("mha", "fc1", "full"))
+        ]
+    )
+    fig = plots.robustness_figure(runs, "spec.yaml")
+    visible = [ax for ax in fig.axes if ax.axison]
+    assert [ax.get_title() for ax in visible] == ["a", "b", "c", "d"] and len(fig.axes) == 6
+    assert _saved(figures) == ["07_robustness_spec.png"]
+
+
+def test_the_accuracy_tau_figure_has_a_row_per_dataset_and_a_marker_set_per_source(figures):
+    table = pd.DataFrame(
+        {"dataset": "a", "component": ["mha", "fc1", "ln1"], "plasticity": [3.0, 2.0, 1.0], "mean": [70.0, 60.0, 50.0]}
+    )
+    taus = pd.DataFrame({"dataset": ["a", "b", "a"], "tau": [1.0, -0.5, 0.2], "source": ["ours", "ours", "paper"]})
+    fig = plots.accuracy_tau_figure(table, taus, "demo", "spec.yaml", "val")
+    assert [label.get_text() for label in fig.axes[1].get_yticklabels()] == ["a", "b"]
+    assert [len(c.get_offsets()) for c in fig.axes[1].collections] == [2, 1]
+    assert _saved(figures) == ["07_plasticity_vs_accuracy_spec_val.png"]
