@@ -63,8 +63,9 @@ MAX_EXACT = 8
 
 
 def capacity_groups(capacity: pd.Series | dict, tolerance: float = TOLERANCE) -> list[tuple[str, ...]]:
-    """The groups of two or more components of the same capacity (``TOLERANCE``), largest first, each
-    in plasticity-table order (``COMPONENTS``)."""
+    """The groups of two or more components of the same capacity (``TOLERANCE``), largest first.
+
+    Each group is in plasticity-table order (``COMPONENTS``)."""
     capacity = pd.Series(capacity, dtype=float).sort_values(ascending=False)
     groups, current = [], []
     for component, value in capacity.items():
@@ -78,8 +79,9 @@ def capacity_groups(capacity: pd.Series | dict, tolerance: float = TOLERANCE) ->
 
 
 def capacity_levels(capacity: pd.Series | dict, tolerance: float = TOLERANCE) -> pd.Series:
-    """Each component's capacity with the components of one group (``capacity_groups``) tied at the
-    group's largest: the order capacity predicts, FC2 level with FC1 and MHA on a ViT."""
+    """Each component's capacity, the components of one group (``capacity_groups``) tied at its largest.
+
+    The order capacity predicts, FC2 level with FC1 and MHA on a ViT."""
     capacity = pd.Series(capacity, dtype=float)
     levels = capacity.copy()
     for group in capacity_groups(capacity, tolerance):
@@ -90,10 +92,11 @@ def capacity_levels(capacity: pd.Series | dict, tolerance: float = TOLERANCE) ->
 def predictor_table(
     scores: pd.Series | dict, datasets, name: str = "capacity", tolerance: float | None = TOLERANCE
 ) -> pd.DataFrame:
-    """A per-component score (``components.parameter_share(model)``, or one of yours) as a table of
-    ``dataset``, ``component`` and ``name``, the same for every dataset: the layout of P(f). Scores
-    within ``tolerance`` of each other tie (``capacity_levels``); ``tolerance=None`` keeps them raw
-    (for a score that is not a capacity)."""
+    """A per-component score as a table of ``dataset``, ``component`` and ``name``: the layout of P(f).
+
+    A per-component score (``components.parameter_share(model)``, or one of yours) as a table of ``dataset``,
+    ``component`` and ``name``, the same for every dataset: the layout of P(f). Scores within ``tolerance`` of each
+    other tie (``capacity_levels``); ``tolerance=None`` keeps them raw (for a score that is not a capacity)."""
     scores = pd.Series(scores, dtype=float)
     if tolerance is not None:
         scores = capacity_levels(scores, tolerance)
@@ -171,9 +174,10 @@ def within_capacity(
     tolerance: float = TOLERANCE,
     level: float = 0.05,
 ) -> WithinCapacity:
-    """Whether the more plastic finetuned better inside each group of equal capacity (``capacity_groups``):
-    P(f) from ``plasticity`` (``dataset``, ``component``, ``plasticity``), ``value`` from ``results``
-    (``dataset``, ``component``, ``value``, one row each).
+    """Whether the more plastic finetuned better inside each group of equal capacity (``capacity_groups``).
+
+    P(f) from ``plasticity`` (``dataset``, ``component``, ``plasticity``), ``value`` from ``results`` (``dataset``,
+    ``component``, ``value``, one row each).
 
     - ``per_dataset``: per group and dataset (a stratum), ``family``, ``components``, Kendall's ``tau``
       (descriptive; NaN where either side is constant; with two components +1 or -1) and ``S``.
@@ -253,12 +257,13 @@ def adjacent_pairs(
     level: float = 0.05,
     by: str = "dataset",
 ) -> pd.DataFrame:
-    """Per pair of components adjacent in a dataset's plasticity order inside a group of equal capacity
-    (the paper's order: MHA-FC1, FC1-FC2, LN2-LN1; components of equal P(f) are not a pair): ``group``,
-    ``more_plastic``, ``less_plastic``, ``datasets`` (``families`` with ``by="family"``: a family's
-    difference is the mean over its datasets), how often the more plastic ``won``, ``lost`` or ``tied``,
-    the ``mean_difference`` of ``value`` (more plastic minus less), a two-sided exact sign test
-    (``p_value``, scipy's ``binomtest``, ties left out), ``p_holm`` (Holm over the pairs) and
+    """Sign tests of the components adjacent in plasticity order inside each group of equal capacity.
+
+    Per pair of components adjacent in a dataset's plasticity order inside a group of equal capacity (the paper's order:
+    MHA-FC1, FC1-FC2, LN2-LN1; components of equal P(f) are not a pair): ``group``, ``more_plastic``, ``less_plastic``,
+    ``datasets`` (``families`` with ``by="family"``: a family's difference is the mean over its datasets), how often the
+    more plastic ``won``, ``lost`` or ``tied``, the ``mean_difference`` of ``value`` (more plastic minus less), a
+    two-sided exact sign test (``p_value``, scipy's ``binomtest``, ties left out), ``p_holm`` (Holm over the pairs) and
     ``significant`` (``p_holm`` < ``level``)."""
     if by not in ("dataset", "family"):
         raise ValueError(f"by is 'dataset' or 'family', got {by!r}")
@@ -327,20 +332,19 @@ def discordant_pairs(
     tolerance: float = TOLERANCE,
     level: float = 0.05,
 ) -> pd.DataFrame:
-    """The pairs of components that P(f) and capacity order differently (one more plastic, the other
-    larger by ``capacity_levels``), each over every dataset (and seed, if ``results`` has a ``seed``
-    column: one row per run) where both have a result and the pair is discordant: ``cases``, how often
-    finetuning ``followed_plasticity`` (the more plastic did better), ``followed_capacity`` or ``ties``;
-    the statistic followed_capacity - followed_plasticity and its exact two-sided permutation
-    ``p_value`` (the accuracies permuted among the components, each of the k! orderings equally likely,
-    one permutation for every dataset and seed of a family, ``names.family``: the runs of one test set, or
-    of its corruptions, are not independent, so the family is the unit; families independent; a run that
-    enters several pairs is permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at
-    ``level`` from ``p_holm``:
-    "capacity", "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics
-    (one test: its ``p_value`` is unadjusted and gives its verdict). Empty where the two orders agree
-    (the paper's ViT-Base: then its evidence cannot tell them apart). ``layernorm_confound`` says what a
-    verdict cannot tell apart."""
+    """The pairs of components that P(f) and capacity order differently, and which order finetuning followed.
+
+    The pairs of components that P(f) and capacity order differently (one more plastic, the other larger by
+    ``capacity_levels``), each over every dataset (and seed, if ``results`` has a ``seed`` column: one row per run)
+    where both have a result and the pair is discordant: ``cases``, how often finetuning ``followed_plasticity`` (the
+    more plastic did better), ``followed_capacity`` or ``ties``; the statistic followed_capacity - followed_plasticity
+    and its exact two-sided permutation ``p_value`` (the accuracies permuted among the components, each of the k!
+    orderings equally likely, one permutation for every dataset and seed of a family, ``names.family``: the runs of one
+    test set, or of its corruptions, are not independent, so the family is the unit; families independent; a run that
+    enters several pairs is permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at ``level`` from
+    ``p_holm``: "capacity", "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics (one
+    test: its ``p_value`` is unadjusted and gives its verdict). Empty where the two orders agree (the paper's ViT-Base:
+    then its evidence cannot tell them apart). ``layernorm_confound`` says what a verdict cannot tell apart."""
     keys = ["dataset"] + (["seed"] if "seed" in results else [])
     units = _discordant_units(
         _merged(plasticity, results, value, keys), capacity_levels(capacity, tolerance), value, keys
@@ -393,7 +397,9 @@ def _pair_row(pair: tuple[str, str], plasticity: int, capacity: int, ties: int, 
 
 
 def layernorm_confound(pairs: pd.DataFrame) -> str:
-    """``CONFOUND`` where every pair of a ``discordant_pairs`` table sets a LayerNorm against a component
+    """``CONFOUND`` where every discordant pair sets a LayerNorm against another component, else "".
+
+    Where every pair of a ``discordant_pairs`` table sets a LayerNorm against a component
     that is not one (then capacity and "is a LayerNorm" are the same variable), else ""."""
     rows = pairs[pairs["more_plastic"] != "every pair"]
     norms = {LABELS.get(c, c) for c in LAYERNORMS}
@@ -404,12 +410,13 @@ def layernorm_confound(pairs: pd.DataFrame) -> str:
 def verdict(
     plasticity: pd.Series, capacity: pd.Series, accuracy: pd.Series, tolerance: float = TOLERANCE
 ) -> tuple[pd.DataFrame, str]:
-    """One model on one dataset (notebook 08): per component its P(f), parameter share and finetuning
-    accuracy side by side (Series indexed by component), and one sentence: whether the two predictors
-    order the components alike (capacity by ``capacity_levels``: components within ``tolerance`` tie)
-    and, where they do not (``discordant_pairs``), how often the runs followed each: a count, not a test
-    (one run per component), with Kendall's tau of each predictor with the accuracy and, where it
-    applies, ``CONFOUND``."""
+    """P(f), parameter share and accuracy of one model on one dataset, and which of the two predicts.
+
+    One model on one dataset (notebook 08): per component its P(f), parameter share and finetuning accuracy side by side
+    (Series indexed by component), and one sentence: whether the two predictors order the components alike (capacity by
+    ``capacity_levels``: components within ``tolerance`` tie) and, where they do not (``discordant_pairs``), how often
+    the runs followed each: a count, not a test (one run per component), with Kendall's tau of each predictor with the
+    accuracy and, where it applies, ``CONFOUND``."""
     names = [c for c in COMPONENTS if c in accuracy.index and c in plasticity.index and c in capacity.index]
     table = pd.DataFrame(
         {"P(f)": plasticity[names], "parameter share": capacity[names], "accuracy": accuracy[names]}
@@ -437,10 +444,11 @@ def verdict(
 
 
 def equal_capacity_results(ordinary: pd.DataFrame, equal: pd.DataFrame) -> pd.DataFrame:
-    """The five components at equal capacity (``paperlib.equal_capacity``), one row per dataset and
-    component: ``equal``'s MHA, FC1 and FC2 (each trained on a subset as large as a LayerNorm) with
-    ``ordinary``'s LN2 and LN1 (which train whole in either design), for the datasets ``equal`` has.
-    Both tables in ``table6``'s layout (``dataset``, ``component`` and the result)."""
+    """The five components at equal capacity (``paperlib.equal_capacity``), one row per dataset and component.
+
+    ``equal``'s MHA, FC1 and FC2 (each trained on a subset as large as a LayerNorm) with ``ordinary``'s LN2 and LN1
+    (which train whole in either design), for the datasets ``equal`` has. Both tables in ``table6``'s layout
+    (``dataset``, ``component`` and the result)."""
     subset = equal[~equal["component"].isin(LAYERNORMS) & equal["component"].isin(COMPONENTS)]
     norms = ordinary[ordinary["component"].isin(LAYERNORMS) & ordinary["dataset"].isin(set(subset["dataset"]))]
     return pd.concat([subset, norms], ignore_index=True)
@@ -462,8 +470,9 @@ every component on as many parameters per block as a LayerNorm has."""
 def at_equal_capacity(
     plasticity: pd.DataFrame, ordinary: pd.DataFrame, equal: pd.DataFrame, value: str = "accuracy", level: float = 0.05
 ) -> AtEqualCapacity:
-    """Takeaway 2 with size taken out: Kendall's tau of P(f) with ``value`` over the five components,
-    per dataset, in both ``DESIGNS``, on the datasets that have equal-capacity runs.
+    """Takeaway 2 with size taken out: Kendall's tau of P(f) with ``value`` over the five components.
+
+    Per dataset, in both ``DESIGNS``, on the datasets that have equal-capacity runs.
 
     ``ordinary`` and ``equal`` are ``table6``'s of the ordinary and the equal-capacity runs (one value per
     dataset and component, e.g. ``mean`` renamed ``accuracy``); the equal design's LayerNorms are the
@@ -520,10 +529,11 @@ def _reordered(designs: dict[str, pd.DataFrame], value: str, plasticity: pd.Data
 def at_equal_capacity_of_runs(
     ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = "val", reference: str | None = None
 ) -> tuple[AtEqualCapacity, pd.DataFrame, str]:
-    """``at_equal_capacity`` of two sweeps' runs (``runs.for_spec``'s; one model): ``table6`` of each, every
-    component at the learning rate ``select`` chooses (``val``: its own best on validation), against P(f)
-    (``stats.plasticity_for``). Returns the result, the accuracies (%) of both designs side by side (dataset x
-    component), and where P(f) comes from ("measured" or the paper's order)."""
+    """``at_equal_capacity`` of two sweeps' runs (``runs.for_spec``'s; one model).
+
+    ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
+    against P(f) (``stats.plasticity_for``). Returns the result, the accuracies (%) of both designs side by side
+    (dataset x component), and where P(f) comes from ("measured" or the paper's order)."""
     from . import stats  # the tables of runs; stats does not import capacity
 
     datasets = set(equal["dataset"])

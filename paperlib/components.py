@@ -81,7 +81,9 @@ def _missing(block: nn.Module, path: str) -> TypeError:
 
 
 def block_component(block: nn.Module, component: str) -> nn.Module:
-    """The module of ``component`` inside one transformer block (FC1 of a SwiGLU block: its gate
+    """The module of ``component`` inside one transformer block.
+
+    The module of ``component`` inside one transformer block (FC1 of a SwiGLU block: its gate
     and value layers as one ``JointLinear``)."""
     check_component(component)
     path = MODULE_PATHS[component]
@@ -102,10 +104,11 @@ def component_parts(module: nn.Module) -> list[nn.Module]:
 
 
 def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
-    """The modules of ``component`` in every block, from the first block to the last (FC1 of a
-    SwiGLU block: its gate and value layers, one after the other). MHA also owns a rotary position
-    embedding with parameters (the learnable per-block frequencies of timm's mixed RoPE ViTs),
-    which acts inside the attention only."""
+    """The modules of ``component`` in every block, from the first block to the last.
+
+    The modules of ``component`` in every block, from the first block to the last (FC1 of a SwiGLU block: its gate and
+    value layers, one after the other). MHA also owns a rotary position embedding with parameters (the learnable
+    per-block frequencies of timm's mixed RoPE ViTs), which acts inside the attention only."""
     modules = [part for block in blocks(model) for part in component_parts(block_component(block, component))]
     rope = getattr(model, "rope", None)
     if component == "mha" and isinstance(rope, nn.Module) and any(True for _ in rope.parameters()):
@@ -114,9 +117,10 @@ def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
 
 
 def check_model(model: nn.Module, name: str | None = None) -> nn.Module:
-    """``model``, once every block is found to have the five components; otherwise a TypeError
-    that says which is missing (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no
-    separate attention and feedforward layers)."""
+    """``model``, once every block is found to have the five components; otherwise a TypeError.
+
+    ``model``, once every block is found to have the five components; otherwise a TypeError that says which is missing
+    (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no separate attention and feedforward layers)."""
     for block in blocks(model):
         for component in COMPONENTS:
             try:
@@ -191,7 +195,9 @@ def component_parameters(model: nn.Module, component: str) -> int:
 
 
 def parameter_share(model: nn.Module) -> pd.Series:
-    """Each component's parameters over all blocks (what ``set_trainable`` trains of it) as a share of
+    """Each component's parameters over all blocks as a share of the model's.
+
+    Each component's parameters over all blocks (what ``set_trainable`` trains of it) as a share of
     the model's: the capacity a component brings to finetuning, beside its plasticity (``capacity``)."""
     total = count_parameters([model])
     return pd.Series({c: component_parameters(model, c) / total for c in COMPONENTS}, name="parameter share")

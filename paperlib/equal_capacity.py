@@ -78,8 +78,9 @@ def per_block(model: nn.Module) -> int:
 
 
 def draw(model: nn.Module, component: str, seed: int = 0) -> list[torch.Tensor]:
-    """Per block, the ``k`` (``per_block``) entries of ``component`` that train: sorted positions in
-    the block's parameters laid end to end (``_entries``' order), uniform without replacement from
+    """Per block, the ``k`` (``per_block``) entries of ``component`` that train.
+
+    Sorted positions in the block's parameters laid end to end (``_entries``' order), uniform without replacement from
     ``seed`` (a generator of its own: torch's global one is not drawn from)."""
     k = per_block(model)
     generator = torch.Generator().manual_seed(seed)
@@ -104,7 +105,9 @@ class SubsetUpdate(nn.Module):
 
 
 def add_subsets(model: nn.Module, component: str, seed: int = 0) -> list[nn.Module]:
-    """``model`` with a ``SubsetUpdate`` on each parameter of ``component`` that holds some of the
+    """``model`` with a ``SubsetUpdate`` on each parameter of ``component`` that holds drawn entries.
+
+    ``model`` with a ``SubsetUpdate`` on each parameter of ``component`` that holds some of the
     drawn entries (``draw``), in place; returns the updates, what a run trains of its component
     (``components.set_trainable``'s ``adapters``)."""
     check(component, True, seed)
@@ -142,8 +145,9 @@ def merge(model: nn.Module) -> nn.Module:
 
 
 def parameter_table(model: nn.Module) -> pd.DataFrame:
-    """Table 3's layout for equal-capacity runs (``model`` without updates): per component, the
-    parameters it trains per block and over all blocks, as a share of the component's, and
+    """Table 3's layout for equal-capacity runs (``model`` without updates).
+
+    Per component, the parameters it trains per block and over all blocks, as a share of the component's, and
     ``trainable`` with the head and the final norm, which train in every run."""
     k, depth = per_block(model), len(components.blocks(model))
     shared = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))

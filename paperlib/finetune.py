@@ -4,27 +4,22 @@
     from paperlib.runs import Config
     metrics = finetune.run(Config(component="mha", lr=0.03))
 
-The protocol: the pretrained model with a new classification head; trainable = the chosen
-component in every block + the head + the final LayerNorm (``adapt``; or, beyond the paper, a LoRA
-update of the component, ``paperlib.lora``, or a subset of its entries as large as a LayerNorm,
-``paperlib.equal_capacity``); SGD with momentum 0.9 and no weight decay (built by ``make_step``; or,
-beyond the paper, AdamW); linear warm-up then cosine decay to 0
-(``lr_factor``); batches shuffled each epoch, the last incomplete one dropped; gradients clipped at
-global norm 1 (the logged norm is the one clipping saw);
-evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's
-official validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the
-end only if ``eval_every`` exceeds the steps); the result is the test accuracy of the
-best-validation checkpoint, whatever came after it. A loss that is not finite stops the run (nothing
-changes after it); a loss that is not finite or above ``EXPLODED`` times chance level's marks the run
-``diverged``, with the first such step, and it keeps its test accuracy, as the authors' loop, which never
-stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
+The protocol: the pretrained model with a new classification head; trainable = the chosen component in every block + the
+head + the final LayerNorm (``adapt``; or, beyond the paper, a LoRA update of the component, ``paperlib.lora``, or a
+subset of its entries as large as a LayerNorm, ``paperlib.equal_capacity``); SGD with momentum 0.9 and no weight decay
+(built by ``make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0 (``lr_factor``); batches
+shuffled each epoch, the last incomplete one dropped; gradients clipped at global norm 1 (the logged norm is the one
+clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
+validation split; ``data.get_dataset``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
+exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it. A loss
+that is not finite stops the run (nothing changes after it); a loss that is not finite or above ``EXPLODED`` times
+chance level's marks the run ``diverged``, with the first such step, and it keeps its test accuracy, as the authors'
+loop, which never stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
 
-What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is
-``runs``; how a step is made fast (the optimizer's kernels, compilation, precision, fused ops,
-micro-batches) is ``speed``: the loop asks it for the run's step, its optimizer included
-(``make_step``), and calls it once per batch. Batches are a function of (seed, step), so a
-run interrupted and started again resumes from its last checkpoint and ends where an
-uninterrupted one would.
+What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
+made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``: the loop asks it for the
+run's step, its optimizer included (``make_step``), and calls it once per batch. Batches are a function of (seed, step),
+so a run interrupted and started again resumes from its last checkpoint and ends where an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -51,16 +46,19 @@ EVAL_BATCH = 256  # images per forward pass when evaluating
 
 
 def network(config: Config, num_classes: int) -> nn.Module:
-    """The run's pretrained model with a new head of ``num_classes``, at ``config.image_size`` if it is set
-    (timm resamples the position embedding to that grid, e.g. DINOv2 at 224 rather than 518), else at its own."""
+    """The run's pretrained model with a new head of ``num_classes``.
+
+    At ``config.image_size`` if set (timm resamples the position embedding: DINOv2 at 224, not 518), else at its own."""
     size = {"img_size": config.image_size} if config.image_size else {}
     return models.create_model(config.model, num_classes=num_classes, **size)
 
 
 def adapt(model: nn.Module, config: Config) -> nn.Module:
-    """``model`` as a run of ``config`` trains it, in place: what trains beside its component added (a LoRA
+    """``model`` as a run of ``config`` trains it, in place; returns the model.
+
+    What trains beside its component is added (a LoRA
     update, ``lora.add_lora``, or an equal-capacity subset, ``equal_capacity.add_subsets``), then every
-    parameter frozen but what the run trains (``components.set_trainable``). Returns the model."""
+    parameter frozen but what the run trains (``components.set_trainable``)."""
     adapters = None
     if config.lora_rank:
         lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
@@ -71,8 +69,9 @@ def adapt(model: nn.Module, config: Config) -> nn.Module:
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
-    """Learning-rate multiplier at ``step`` (0-based): linear warm-up from 0 (``step / warmup``: the first
-    step's rate is 0, as in the authors' code), then cosine decay to 0."""
+    """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine decay to 0.
+
+    The warm-up starts from 0 (``step / warmup``: the first step's rate is 0, as in the authors' code)."""
     if step < warmup:
         return step / warmup
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
@@ -83,9 +82,9 @@ def evaluate(
     model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None
 ) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
-    ``model`` is the module that runs (``speed.step.Step.network``), ``forward`` what calls it
-    (``speed.step.Step.forward``: compiled, or bf16 master weights) and ``context`` the context of its
-    forward passes (``speed.step.Step.context``)."""
+
+    ``model``: the module that runs (``speed.step.Step.network``); ``forward``: what calls it (``Step.forward``:
+    compiled, or bf16 master weights); ``context``: the context of its forward passes (``Step.context``)."""
     model.eval()
     forward = model if forward is None else forward
     totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
@@ -112,8 +111,7 @@ def exploded_loss(num_classes: int) -> float:
 
 
 def diverged_step(rows: list, num_classes: int) -> int | None:
-    """The first step of a run's history whose loss is not finite or above ``exploded_loss``; None if there
-    is none."""
+    """The first step of a run's history whose loss is not finite or above ``exploded_loss``; None if none."""
     limit = exploded_loss(num_classes)
     exploded = (row["step"] for row in rows if not math.isfinite(row["train_loss"]) or row["train_loss"] > limit)
     return next(exploded, None)
@@ -159,8 +157,9 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
 
 
 def check_runnable(config: Config) -> None:
-    """What a run needs of this machine and its data, checked before any file is touched: its device here
-    (``cli.check_device``) and a batch no larger than its training set; a ValueError that says which."""
+    """Check what a run needs of this machine and its data before any file is touched.
+
+    Its device here (``cli.check_device``) and a batch no larger than its training set; a ValueError that says which."""
     cli.check_device(config.device)
     root = config.data_root or None
     n_train = len(data.get_dataset(config.dataset, "train", root=root, seed=config.seed, validation=config.validation))
@@ -172,9 +171,10 @@ def check_runnable(config: Config) -> None:
 
 
 def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
-    """Run every run of finetuning sweep specs (``runs.configs``) not finished as they ask (a run two
-    specs share, once), with one line per run and the time it took. For demo-scale specs;
-    paper-scale sweeps go through ``python -m paperlib.sweep``.
+    """Run every run of finetuning sweep specs (``runs.configs``) not finished as they ask.
+
+    A run two specs share runs once; one line per run with the time it took. For demo-scale specs; paper-scale sweeps
+    go through ``python -m paperlib.sweep``.
 
     ``workers``: processes that share the runs. By default one per CPU core when every run is on the
     CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
@@ -205,13 +205,12 @@ def _timed_run(config: Config, progress: bool = False) -> tuple[str, float]:
 
 
 def load_model(config: Config, merge: bool = True) -> nn.Module:
-    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation
-    checkpoint, in eval mode: the pretrained model with the run's new head, and the parameters the
-    run trained (component, head, final norm; or its LoRA updates or subset) as it kept them. A LoRA or
-    equal-capacity run's updates are merged into a plain timm ViT (``lora.merge``, ``equal_capacity.merge``)
-    unless ``merge=False``. Its
-    ``pretrained_cfg`` records the normalisation the run used. Save it as your own model with
-    ``models.save_model(model, "custom/<name>")``."""
+    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation checkpoint.
+
+    In eval mode: the pretrained model with the run's new head, and the parameters the run trained (component, head,
+    final norm; or its LoRA updates or subset) as it kept them. A LoRA or equal-capacity run's updates are merged into a
+    plain timm ViT (``lora.merge``, ``equal_capacity.merge``) unless ``merge=False``. Its ``pretrained_cfg`` records the
+    normalisation the run used. Save it as your own model with ``models.save_model(model, "custom/<name>")``."""
     folder = config.folder()
     weights = folder / WEIGHTS
     if not (folder / METRICS).is_file() or not weights.is_file():
@@ -258,12 +257,13 @@ def _deterministic(enabled: bool):
 
 def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn.Module, dict]:
     """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
-    A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT.
-    It holds its folder's lock (``paths.locked``) while it trains: another process training the same
-    run is waited for (``wait=False``: ``paths.Busy``), never trained beside.
 
-    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the
-    caller set PyTorch (its deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
+    A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT. It holds its folder's
+    lock (``paths.locked``) while it trains: another process training the same run is waited for (``wait=False``:
+    ``paths.Busy``), never trained beside.
+
+    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
+    deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
     cpu = torch.device(config.device).type != "cuda"
     with paths.locked(config.folder(), wait=wait), _deterministic(cpu or torch.are_deterministic_algorithms_enabled()):
@@ -383,8 +383,10 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
 
 
 def evaluates(step: int, config: Config) -> bool:
-    """Whether a run validates after ``step`` steps: every ``eval_every`` steps, as the authors' loop
-    (none after the last step unless it is one of them), and at the end of a run too short for one."""
+    """Whether a run validates after ``step`` steps.
+
+    Every ``eval_every`` steps, as the authors' loop (none after the last step unless it is one of them), and at the end
+    of a run too short for one."""
     return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
 
 
@@ -460,12 +462,13 @@ HELP = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib.finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]``:
-    one run, as notebook 05 runs it with the same parameters, without the notebook; prints its
-    metrics as JSON. The step options may be given one by one (``--compile blocks``, ``--precision tf32``) or
-    as a preset (``--speed none``, a file of ``parameters/speed/``), which sets those left at their defaults
-    (``speed.options.with_preset``). A run that another process is training is
-    waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
+    """``python -m paperlib.finetune``: one run, as notebook 05 runs it, without the notebook.
+
+    ``python -m paperlib.finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]`` takes the
+    notebook's parameters and prints the run's metrics as JSON. The step options may be given one by one
+    (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of ``parameters/speed/``),
+    which sets those left at their defaults (``speed.options.with_preset``). A run that another process is training
+    is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
     defaults = Config.defaults() | {"speed": "auto", "wait": True}
     try:
         values = cli.parameters(

@@ -68,7 +68,9 @@ def _has(block: nn.Module, path: str) -> bool:
 
 
 def check(component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
-    """Fail before any work, with the valid choices: ``rank`` 0 (no LoRA: the component's own weights
+    """Fail before any work, with the valid choices, on a bad ``rank``, ``alpha`` or ``dropout``.
+
+    Fail before any work, with the valid choices: ``rank`` 0 (no LoRA: the component's own weights
     train) or a positive integer for a configuration that has weight matrices; ``alpha`` 0 (the
     rank: a scale of 1) or positive; ``dropout`` in [0, 1)."""
     components.check_run_component(component)
@@ -136,7 +138,9 @@ def target_names(model: nn.Module, component: str) -> list[str]:
 
 
 def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> nn.Module:
-    """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``
+    """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``.
+
+    ``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``
     (``TARGETS``), in place; ``alpha`` 0 means the rank. ``A`` is drawn from torch's generator
     (peft's Kaiming-uniform), ``B`` is zero: the function is unchanged until training."""
     check(component, rank, alpha, dropout)
@@ -194,15 +198,17 @@ def adapted_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def updates(model: nn.Module) -> list[nn.Module]:
-    """The LoRA updates ``model`` carries (each adapted layer's ``lora_A`` and ``lora_B``): what a LoRA run
-    trains in its component's place (``components.set_trainable``'s ``adapters``)."""
+    """The LoRA updates ``model`` carries (each adapted layer's ``lora_A`` and ``lora_B``).
+
+    What a LoRA run trains in its component's place (``components.set_trainable``'s ``adapters``)."""
     return [part for layer in adapted_layers(model) for part in (layer.lora_A, layer.lora_B)]
 
 
 def merge(model: nn.Module) -> nn.Module:
-    """Fold every LoRA update into its weight matrix (peft's ``merge``) and put the plain linear
-    layer back, in place: a timm ViT with its usual parameter names and the same function (to
-    rounding). Returns the model."""
+    """Fold every LoRA update into its weight matrix and put the plain linear layer back, in place.
+
+    Fold every LoRA update into its weight matrix (peft's ``merge``) and put the plain linear layer back, in place: a
+    timm ViT with its usual parameter names and the same function (to rounding). Returns the model."""
     from peft.tuners.lora import LoraLayer
 
     for name, layer in [(name, module) for name, module in model.named_modules() if isinstance(module, LoraLayer)]:
@@ -213,8 +219,9 @@ def merge(model: nn.Module) -> nn.Module:
 
 
 def lora_parameters(model: nn.Module, component: str, rank: int) -> int:
-    """Parameters of the LoRA updates of rank ``rank`` for ``component`` over all blocks: ``rank *
-    (inputs + outputs)`` per adapted matrix (``model`` without LoRA)."""
+    """Parameters of the LoRA updates of rank ``rank`` for ``component`` over all blocks.
+
+    ``rank * (inputs + outputs)`` per adapted matrix (``model`` without LoRA)."""
     return sum(
         rank * (layer.in_features + layer.out_features)
         for layer in (model.get_submodule(name) for name in target_names(model, component))
@@ -222,10 +229,11 @@ def lora_parameters(model: nn.Module, component: str, rank: int) -> int:
 
 
 def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> pd.DataFrame:
-    """Table 3 and 4's columns for LoRA of rank ``rank`` (``model`` without LoRA): per configuration,
-    the updates' parameters over all blocks, as a share of the weights they adapt and of the whole
-    model, their memory load (gradients and optimizer states), and ``trainable`` (with the head and
-    the final norm, as trained here)."""
+    """Table 3 and 4's columns for LoRA of rank ``rank`` (``model`` without LoRA).
+
+    Per configuration, the updates' parameters over all blocks, as a share of the weights they adapt and of the whole
+    model, their memory load (gradients and optimizer states), and ``trainable`` (with the head and the final norm, as
+    trained here)."""
     total = components.count_parameters([model])
     shared = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     rows = []

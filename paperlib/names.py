@@ -69,8 +69,9 @@ CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
 
 
 def family(dataset: str) -> str:
-    """The unit a dataset counts as when datasets are not independent: a corruption of another
-    dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
+    """The unit a dataset counts as when datasets are not independent.
+
+    A corruption of another dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
     ``digits``); every other dataset is its own (``domainnet/sketch``)."""
     head, _, tail = dataset.partition("/")
     return CORRUPTED.get(head, dataset) if tail else dataset

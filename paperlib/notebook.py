@@ -16,7 +16,9 @@ HEADLINE_MIME = "application/vnd.vit-plasticity.headline+json"
 
 
 def headline(here: str, paper: str | None = None, why: str | None = None) -> None:
-    """Show a notebook's result in one line, and mark it for the reports' landing page
+    """Show a notebook's result in one line, and mark it for the reports' landing page.
+
+    Show a notebook's result in one line, and mark it for the reports' landing page
     (``report.write_index``): ``here`` what this run found, ``paper`` the paper's number for it, if any, and
     ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
     text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
@@ -25,7 +27,9 @@ def headline(here: str, paper: str | None = None, why: str | None = None) -> Non
 
 
 def token_scale_why(tau: float, token_rms: float) -> str | None:
-    """``headline``'s ``why`` for a plasticity ranking that is not the paper's (``tau``: Kendall's tau
+    """``headline``'s ``why`` for a plasticity ranking that small tokens explain; None otherwise.
+
+    ``headline``'s ``why`` for a plasticity ranking that is not the paper's (``tau``: Kendall's tau
     with it, below 1) of a model whose tokens are smaller than ViT-B/16's (``token_rms``, their RMS
     norm, below the paper's r): notebook 02's scale curve; None otherwise."""
     from .bounds import PAPER_R  # here, not at the top: bounds loads torch, and report imports this module
@@ -39,11 +43,12 @@ def token_scale_why(tau: float, token_rms: float) -> str | None:
 
 
 def check_parameters() -> None:
-    """Stop a notebook that papermill gave a parameter it does not have (``-p lrr 0.1``): the names of
-    papermill's injected cell (the executed cell that starts with "# Parameters") against those of the
-    notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and
-    the valid ones. Called by the first cell after the parameters of every notebook; a notebook run
-    without parameters (JupyterLab, nbval, papermill with none) has no injected cell: nothing to check."""
+    """Stop a notebook that papermill gave a parameter it does not have (``-p lrr 0.1``).
+
+    The names of papermill's injected cell (the executed cell that starts with "# Parameters") against those of the
+    notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and the valid ones.
+    Called by the first cell after the parameters of every notebook; a notebook run without parameters (JupyterLab,
+    nbval, papermill with none) has no injected cell: nothing to check."""
     shell = IPython.get_ipython()
     history = shell.user_ns.get("In", []) if shell is not None else []
     injected = [i for i, source in enumerate(history) if i and source.lstrip().startswith("# Parameters")]

@@ -63,7 +63,9 @@ CUSTOM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def custom_name(name: object, kind: str) -> str | None:
-    """``<name>`` of a ``custom/<name>`` model or dataset (``kind`` for the error), None for other
+    """``<name>`` of a ``custom/<name>`` model or dataset, None for other names.
+
+    ``<name>`` of a ``custom/<name>`` model or dataset (``kind`` for the error), None for other
     names; a ValueError if ``<name>`` is not one folder name (it becomes part of result paths)."""
     if not (isinstance(name, str) and name.startswith(CUSTOM)):
         return None
@@ -95,8 +97,9 @@ def figures_dir() -> Path:
 
 
 class CannotWrite(OSError):
-    """The disk refused a file: a read-only folder, no permission, or no space left. The message says
-    which folder or file and why; command lines report it in one line (``cli.BAD_INPUT``)."""
+    """The disk refused a file: a read-only folder, no permission, or no space left.
+
+    The message says which folder or file and why; command lines report it in one line (``cli.BAD_INPUT``)."""
 
 
 FULL_DISK = (
@@ -105,7 +108,9 @@ FULL_DISK = (
 
 
 def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
-    """``error``, raised while writing ``path``, as a ``CannotWrite`` that says why when the disk refused it
+    """``error``, raised while writing ``path``, as a ``CannotWrite`` when the disk refused it.
+
+    ``error``, raised while writing ``path``, as a ``CannotWrite`` that says why when the disk refused it
     (read-only, no permission, no space left, or a write that failed on a disk with less than ``FULL_DISK``
     free); any other error as it is. ``folder``: the folder to name (default: ``path``'s)."""
     path = Path(path)
@@ -134,8 +139,9 @@ def make_folder(folder: str | Path) -> Path:
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
-    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file. A
-    read-only folder or a full disk is a ``CannotWrite`` that names it (``unwritable``)."""
+    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file.
+
+    A read-only folder or a full disk is a ``CannotWrite`` that names it (``unwritable``)."""
     path = Path(path)
     make_folder(path.parent)
     try:
@@ -190,13 +196,17 @@ def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: b
 
 
 def file_sizes(folder: str | Path, names: Iterable[str]) -> dict[str, int]:
-    """``{name: bytes}`` of files just written whole in ``folder``, for the JSON file written after them
-    to record as ``files`` (``read_json`` then refuses it if one was cut short or replaced since)."""
+    """``{name: bytes}`` of files just written whole in ``folder``.
+
+    For the JSON file written after them to record as ``files`` (``read_json`` then refuses it if one was cut short or
+    replaced since)."""
     return {name: (Path(folder) / name).stat().st_size for name in names}
 
 
 def read_json(path: str | Path) -> dict:
-    """A JSON object that a run or result writes (a run's ``params.json`` and ``metrics.json``, a
+    """A JSON object that a run or result writes, checked whole.
+
+    A JSON object that a run or result writes (a run's ``params.json`` and ``metrics.json``, a
     plasticity result's ``metadata.json``, a sweep's marker). A FileNotFoundError if it is missing; a
     ValueError naming the file if it is not a whole JSON object, or if a file whose size it records
     (``files``: ``file_sizes``) is missing or of another size since."""
@@ -217,8 +227,9 @@ def read_json(path: str | Path) -> dict:
 
 
 def json_or_none(path: str | Path) -> dict | None:
-    """``read_json(path)``, or None if the file is missing or damaged: what is damaged is reported in a
-    warning that names the file, and never taken for a result (it is made again)."""
+    """``read_json(path)``, or None if the file is missing or damaged.
+
+    What is damaged is reported in a warning that names the file, and never taken for a result (it is made again)."""
     try:
         return read_json(path)
     except FileNotFoundError:
@@ -229,7 +240,9 @@ def json_or_none(path: str | Path) -> dict | None:
 
 
 def notice(message: str) -> None:
-    """Say ``message``, a note on what this process does or waits for (not a result), on the terminal
+    """Say ``message`` on the terminal this process was started from (its stderr).
+
+    Say ``message``, a note on what this process does or waits for (not a result), on the terminal
     it was started from: its stderr. In a Jupyter kernel, stderr is the running cell's output, and
     ipykernel sends the kernel's file descriptor 2 there too; the note goes instead to the copy of the
     kernel's own stderr that ipykernel keeps (``sys.stderr.fileno()``): the terminal of ``make demo``
@@ -254,7 +267,9 @@ _HELD: set[Path] = set()  # what this process holds locked: locking it again ins
 
 @contextlib.contextmanager
 def locked(path: str | Path, wait: bool = True):
-    """Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
+    """Hold the exclusive lock of ``path`` while the block runs.
+
+    Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
     at a time may write) while the block runs. The lock is an OS file lock (``fcntl.flock``) on
     ``.<name>.lock`` beside ``path``, which the OS releases when its process ends, however it ends
     (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on the

@@ -46,14 +46,15 @@ STEP_KEY = ("model", "component", "batch_size", "image_size", "lora_rank", *STEP
 
 
 def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> dict[str, pd.DataFrame | None]:
-    """``{"counts": ..., "estimate": ...}`` of a sweep's runs (``found``: ``sweep.expand(spec)``'s
-    ``sweep.Run``s) (module docstring). ``counts``: a row per
-    dataset and a ``total`` row, columns ``runs`` and ``STATUSES``. ``estimate`` (None unless the
-    spec is a finetuning sweep): a row per distinct step of the runs to run, with its runs, steps,
-    images, images/s, hours and where the images/s came from (``NaN`` hours where it has none).
-    ``precision``: the runs as if the spec's precision were this one (refused for a spec whose runs have
-    several: each would be counted once per precision). ``timing_steps``: steps timed
-    per distinct step that no finished run has recorded. Trains nothing, writes nothing."""
+    """``{"counts": ..., "estimate": ...}`` of a sweep's runs.
+
+    ``{"counts": ..., "estimate": ...}`` of a sweep's runs (``found``: ``sweep.expand(spec)``'s ``sweep.Run``s) (module
+    docstring). ``counts``: a row per dataset and a ``total`` row, columns ``runs`` and ``STATUSES``. ``estimate`` (None
+    unless the spec is a finetuning sweep): a row per distinct step of the runs to run, with its runs, steps, images,
+    images/s, hours and where the images/s came from (``NaN`` hours where it has none). ``precision``: the runs as if
+    the spec's precision were this one (refused for a spec whose runs have several: each would be counted once per
+    precision). ``timing_steps``: steps timed per distinct step that no finished run has recorded. Trains nothing,
+    writes nothing."""
     if not isinstance(timing_steps, int) or isinstance(timing_steps, bool) or timing_steps < 1:
         raise ValueError(f"the timed steps (--plan-steps) must be a positive integer, got {timing_steps!r}")
     finetuning = found[0].notebook.stem == runs.NOTEBOOK
@@ -94,7 +95,9 @@ def status(run, config: runs.Config | None = None) -> str:
 
 
 def estimate(todo: list[runs.Config], timing_steps: int = 3) -> pd.DataFrame:
-    """A row per distinct step (``step_key``) of the runs ``todo``: its key's fields, ``runs``,
+    """A row per distinct step (``step_key``) of the runs ``todo``, with its hours.
+
+    A row per distinct step (``step_key``) of the runs ``todo``: its key's fields, ``runs``,
     ``steps``, ``images`` (steps x batch size), ``images_per_second``, ``hours`` and ``source``."""
     recorded = recorded_rates()
     groups: dict[tuple, list[runs.Config]] = {}
@@ -115,14 +118,17 @@ def estimate(todo: list[runs.Config], timing_steps: int = 3) -> pd.DataFrame:
 
 
 def step_key(record: dict) -> tuple:
-    """What a step's speed depends on (``STEP_KEY``, and the kind of device), from a run's parameters:
+    """What a step's speed depends on (``STEP_KEY``, and the kind of device), from a run's parameters.
+
     ``asdict(config)``, or the ``params.json`` it recorded (a field it lacks: ``Config``'s default)."""
     values = runs.Config.defaults() | record
     return tuple(values[name] for name in STEP_KEY) + (torch.device(values["device"]).type,)
 
 
 def recorded_rates() -> dict[tuple, list[tuple[float, str]]]:
-    """The (images/s, device name) that each finished run under the results root recorded in its
+    """The (images/s, device name) that finished runs recorded, by ``step_key``.
+
+    The (images/s, device name) that each finished run under the results root recorded in its
     ``metrics.json``, by ``step_key``."""
     found: dict[tuple, list[tuple[float, str]]] = {}
     for params_file in runs.finetune_root().rglob(runs.PARAMS):
@@ -135,9 +141,10 @@ def recorded_rates() -> dict[tuple, list[tuple[float, str]]]:
 
 
 def images_per_second(config: runs.Config, recorded: dict, timing_steps: int = 3) -> tuple[float, str]:
-    """(images/s, where it came from) of ``config``'s step: the median that finished runs of the
-    same step recorded on this machine's device (on any device of its kind, named, if this machine
-    has none), else the step timed here (``time_step``); ``NaN`` if neither can be had."""
+    """(images/s, where it came from) of ``config``'s step.
+
+    The median that finished runs of the same step recorded on this machine's device (on any device of its kind, named,
+    if this machine has none), else the step timed here (``time_step``); ``NaN`` if neither can be had."""
     here = _device_here(config.device)
     rates = [(rate, name) for rate, name in recorded.get(step_key(asdict(config)), []) if here in (None, name)]
     if rates:
@@ -162,11 +169,12 @@ def _device_here(device: str) -> str | None:
 
 
 def time_step(config: runs.Config, timing_steps: int = 3) -> float:
-    """Training images/s of ``config``'s step on its device: the step as ``finetune.train`` builds it
-    (``finetune.adapt``, then ``speed.step.make_step`` with the run's optimizer, clipping and
-    micro-batches), on random weights with a 10-class head and a batch of random uint8 images at the
-    model's resolution (or ``image_size``; ``imagesets.random_images``), timed over ``timing_steps`` steps
-    after its warm-up (``step.warmup_steps``: compilation)."""
+    """Training images/s of ``config``'s step on its device.
+
+    The step as ``finetune.train`` builds it (``finetune.adapt``, then ``speed.step.make_step`` with the run's
+    optimizer, clipping and micro-batches), on random weights with a 10-class head and a batch of random uint8 images at
+    the model's resolution (or ``image_size``; ``imagesets.random_images``), timed over ``timing_steps`` steps after its
+    warm-up (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
     model = models.create_model(config.model, pretrained=False, num_classes=10).to(device)
     finetune.adapt(model, config)

@@ -26,7 +26,9 @@ COLORS = {
 
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
-    """Save ``fig`` (PNG, or the suffix's format), creating folders, atomically (runs of a sweep on
+    """Save ``fig`` atomically (PNG, or the suffix's format), creating folders; returns the path.
+
+    Save ``fig`` (PNG, or the suffix's format), creating folders, atomically (runs of a sweep on
     several GPUs never leave half a file); returns the path."""
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
@@ -41,7 +43,9 @@ def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
 
 
 def figure_path(stem: str, *keys) -> Path:
-    """``<figures>/<stem>_<key>_<key>....png``: a figure's file named by every parameter that makes
+    """``<figures>/<stem>_<key>_<key>....png``: a figure's file named by its parameters.
+
+    ``<figures>/<stem>_<key>_<key>....png``: a figure's file named by every parameter that makes
     it differ (model, dataset, lr, seed...), so the runs of a sweep do not overwrite each other's.
     Floats are written as ``{:g}``; a dataset's ``/`` becomes ``_``."""
     words = [format(key, "g") if isinstance(key, float) else str(key).replace("/", "_") for key in keys]
@@ -79,8 +83,9 @@ def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def sample_grid(datasets: Sequence[ImageDataset], per_dataset: int = 8) -> plt.Figure:
-    """The first ``per_dataset`` images of each dataset, one row per dataset, labelled by class; saved
-    as ``00_datasets_<dataset>...``."""
+    """The first ``per_dataset`` images of each dataset, one row per dataset, labelled by class.
+
+    Saved as ``00_datasets_<dataset>...``."""
     fig, axes = plt.subplots(
         len(datasets), per_dataset, figsize=(per_dataset * 0.9, len(datasets) * 1.0 + 0.2), squeeze=False
     )
@@ -110,7 +115,9 @@ __all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_fig
 
 
 def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
-    """Every rate of change per component, over all pairs and blocks, as violins (beyond the paper's
+    """Every rate of change per component, over all pairs and blocks, as violins.
+
+    Every rate of change per component, over all pairs and blocks, as violins (beyond the paper's
     summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the per-block P(f))."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
@@ -127,9 +134,10 @@ def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) -> plt.Axes:
-    """One box per component of its per-block P(f), in plasticity order: the authors' summary of
-    Fig. 3 (left: one dataset, one value per block) and Fig. 2 (middle: the blocks of every dataset
-    pooled, for one model).
+    """One box per component of its per-block P(f), in plasticity order.
+
+    The authors' summary of Fig. 3 (left: one dataset, one value per block) and Fig. 2 (middle: the blocks of every
+    dataset pooled, for one model).
 
     ``means``: ``ranking.layer_means`` or ``plasticity.collect(by_block=True)`` rows (column
     ``plasticity``, one row per block and component), or a tidy rates table (column ``rate``),
@@ -158,9 +166,10 @@ def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) ->
 
 
 def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) -> plt.Axes:
-    """P(f) per block for each component, against percent of depth (Fig. 3 middle and right), with
-    the authors' band P(f) +/- 1.96 sd / sqrt(n) around each curve (sd of the block's per-pair rates,
-    n its number of pairs: ``ranking.depth_band``).
+    """P(f) per block for each component, against percent of depth (Fig. 3 middle and right).
+
+    With the authors' band P(f) +/- 1.96 sd / sqrt(n) around each curve (sd of the block's per-pair rates, n its number
+    of pairs: ``ranking.depth_band``).
 
     ``data``: a tidy rates table (column ``rate``) or ``ranking.depth_band``'s table; the band is left
     out if not ``band``.
@@ -182,7 +191,9 @@ def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) 
 
 
 def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
-    """P(f) per component across datasets: one dot per dataset, a bar for the mean (beyond the
+    """P(f) per component across datasets: one dot per dataset, a bar for the mean.
+
+    P(f) per component across datasets: one dot per dataset, a bar for the mean (beyond the
     paper's summary: the authors' Fig. 2 middle is ``layer_mean_boxes`` of the per-block P(f))."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
@@ -197,10 +208,11 @@ def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: str | None = None) -> plt.Axes:
-    """A finetuning result against P(f): one point per dataset and component, coloured by component,
-    the value taken relative to its dataset's mean over the components (so that datasets of
-    different accuracy share an axis) and each dataset's points joined in plasticity order.
-    ``table``: columns ``dataset``, ``component``, ``plasticity`` and ``value``."""
+    """A finetuning result against P(f): one point per dataset and component.
+
+    Coloured by component, the value taken relative to its dataset's mean over the components (so that datasets of
+    different accuracy share an axis) and each dataset's points joined in plasticity order. ``table``: columns
+    ``dataset``, ``component``, ``plasticity`` and ``value``."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for _, part in table.groupby("dataset"):
@@ -272,11 +284,12 @@ def training_curves(
 
 
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
-    """Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left
-    on Sketch, Fig. 18 on each benchmark): ``runs`` of that dataset, as ``runs.load`` lists them.
-    As the authors' figure, boxes are over every run with a test accuracy, diverged runs included with
-    their best-validation checkpoint's (counted under each box), and full finetuning is a dashed line at
-    its mean."""
+    """Test accuracy over learning rates and seeds per configuration, for one dataset.
+
+    Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left on Sketch, Fig. 18 on
+    each benchmark): ``runs`` of that dataset, as ``runs.load`` lists them. As the authors' figure, boxes are over every
+    run with a test accuracy, diverged runs included with their best-validation checkpoint's (counted under each box),
+    and full finetuning is a dashed line at its mean."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
@@ -312,7 +325,9 @@ def block_figure() -> plt.Figure:
 
 
 def parameter_figure(table, model: str) -> plt.Figure:
-    """Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component
+    """Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component.
+
+    Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component
     (``table``: ``components.parameter_table``'s)."""
     fig, axes = plt.subplots(1, 2, figsize=(8, 3))
     for ax, column, ylabel, title in (
@@ -325,7 +340,9 @@ def parameter_figure(table, model: str) -> plt.Figure:
 
 
 def bounds_figure(at_rms, at_max, at_paper, constants: dict, paper_r: float, model: str, normalize: str) -> plt.Figure:
-    """Notebook 01's Fig. 6: the bounds at the RMS token norm (with Prop. 4), and at the largest token norm
+    """Notebook 01's Fig. 6: the bounds at the RMS and at the largest token norm.
+
+    Notebook 01's Fig. 6: the bounds at the RMS token norm (with Prop. 4), and at the largest token norm
     beside MHA's at the paper's r (``bounds.upper_bounds`` tables, ``constants`` ``bounds.data_constants``')."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     bounds_along_depth(at_rms, axes[0])
@@ -340,8 +357,10 @@ def bounds_figure(at_rms, at_max, at_paper, constants: dict, paper_r: float, mod
 
 
 def measurement_keys(measurement) -> list:
-    """The keys of a plasticity measurement's figures: its parameters, with the severity where
-    ``Measurement.folder`` names it (a Cifar10-C corruption at another severity than the paper's)."""
+    """The keys of a plasticity measurement's figures.
+
+    Its parameters, with the severity where ``Measurement.folder`` names it (a Cifar10-C corruption at another severity
+    than the paper's)."""
     m = measurement
     keys = [m.model, m.dataset, m.reference, m.inputs, m.sample, f"seed{m.seed}", m.normalize]
     return keys + ([f"severity{m.severity}"] if "+severity-" in m.folder().name else [])
@@ -366,8 +385,9 @@ def rates_figure(table, measurement) -> plt.Figure:
 
 
 def scale_curve_figure(curve, token_rms: float, paper_r: float, measurement) -> plt.Figure:
-    """P(f) per component against the factor on the embeddings (``ranking.scale_curve``'s ``curve``),
-    a dotted line at the factor that gives tokens of RMS norm ``token_rms`` the paper's r."""
+    """P(f) per component against the factor on the embeddings (``ranking.scale_curve``'s ``curve``).
+
+    A dotted line at the factor that gives tokens of RMS norm ``token_rms`` the paper's r."""
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for component, part in curve.groupby("component", observed=True):
         ax.plot(part["factor"], part["plasticity"], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
@@ -382,8 +402,9 @@ def scale_curve_figure(curve, token_rms: float, paper_r: float, measurement) -> 
 
 
 def pooled_figure(summary, layers) -> plt.Figure:
-    """Notebook 03's Fig. 2 middle, a row per model: the boxes of every block's P(f) over the datasets
-    pooled (``layers``) beside each dataset's P(f) (``summary``)."""
+    """Notebook 03's Fig. 2 middle, a row per model.
+
+    The boxes of every block's P(f) over the datasets pooled (``layers``) beside each dataset's P(f) (``summary``)."""
     models = sorted(summary["model"].unique())
     fig, axes = plt.subplots(len(models), 2, figsize=(9, 3.2 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
@@ -400,7 +421,9 @@ PROBE_STYLES = {"attn_residual": ("#7f7f7f", "--"), "block": ("#000000", "--"), 
 
 
 def probe_figure(table, profile, model: str, normalize: str, split_seed: int) -> plt.Figure:
-    """Notebook 04's probe accuracy along depth per probe point (``profile``: ``probe.along_depth``'s),
+    """Notebook 04's probe accuracy along depth per probe point, beside its spread over the datasets.
+
+    Notebook 04's probe accuracy along depth per probe point (``profile``: ``probe.along_depth``'s),
     beside its spread over the datasets at the last block (``table``: ``probe.probe_datasets``')."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     for name in profile.columns:
@@ -420,8 +443,9 @@ def probe_figure(table, profile, model: str, normalize: str, split_seed: int) ->
 
 
 def dynamics_figure(histories, spec: str, dataset: str, lr: float, seed: int) -> plt.Figure:
-    """Notebook 06's Fig. 4 middle and right: gradient norm and validation loss per configuration, the
-    ``histories`` of ``spec``'s runs on one dataset at one learning rate and seed."""
+    """Notebook 06's Fig. 4 middle and right: gradient norm and validation loss per configuration.
+
+    The ``histories`` of ``spec``'s runs on one dataset at one learning rate and seed."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     training_curves(histories, "grad_norm", axes[0], log=True)
     axes[0].set_ylabel("gradient norm (before clipping)")
@@ -455,7 +479,9 @@ def rates_along_depth_figure(table, measurement) -> plt.Figure:
 
 
 def finetune_figure(histories: dict, config) -> plt.Figure:
-    """Notebook 08's runs: gradient norm and validation accuracy against step, one line per component
+    """Notebook 08's runs: gradient norm and validation accuracy against step, a line per component.
+
+    Notebook 08's runs: gradient norm and validation accuracy against step, one line per component
     (``histories``: component -> ``runs.history``), the runs of ``config`` but for their component."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for component, history in histories.items():
@@ -473,7 +499,9 @@ def finetune_figure(histories: dict, config) -> plt.Figure:
 
 
 def run_figure(history, metrics: dict, config) -> plt.Figure:
-    """Notebook 05's run: training loss, gradient norm before clipping, and validation accuracy with the
+    """Notebook 05's run: training loss, gradient norm and validation accuracy against step.
+
+    Notebook 05's run: training loss, gradient norm before clipping, and validation accuracy with the
     best-validation checkpoint marked, against step (``history``: ``runs.history``; ``config``: a ``runs.Config``)."""
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
     color = COLORS[config.component]
@@ -500,7 +528,9 @@ def _methods(table) -> list[str]:
 
 
 def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
-    """One group per configuration (plasticity order, then full), one bar per method in it (``table``: columns
+    """One group of bars per configuration, one bar per method in it.
+
+    One group per configuration (plasticity order, then full), one bar per method in it (``table``: columns
     ``component``, ``method``, ``mean``): the weights' solid, the others hatched."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.4))
@@ -520,7 +550,9 @@ def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
 
 
 def lora_figure(average, models: Sequence[str]) -> plt.Figure:
-    """Notebook 09: test accuracy per configuration and method as grouped bars, beside the same against
+    """Notebook 09: test accuracy per configuration and method, and against the parameters that train.
+
+    Notebook 09: test accuracy per configuration and method as grouped bars, beside the same against
     the parameters that train (``average``: columns ``component``, ``method``, ``mean``,
     ``trainable_parameters``, over the runs of ``models``)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
@@ -544,9 +576,10 @@ def lora_figure(average, models: Sequence[str]) -> plt.Figure:
 
 
 def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
-    """Notebook 09's learning-rate grid: test accuracy against the learning rate per configuration, a
-    panel per method (``grid``: columns ``component``, ``method``, ``lr``, ``test_accuracy``, over the runs
-    of ``models``)."""
+    """Notebook 09's learning-rate grid: test accuracy against the learning rate per configuration.
+
+    A panel per method (``grid``: columns ``component``, ``method``, ``lr``, ``test_accuracy``, over the runs of
+    ``models``)."""
     methods = _methods(grid)
     lrs = sorted(grid["lr"].unique())
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)

@@ -384,7 +384,9 @@ def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level
 
 
 def spread_of(pairs: pd.DataFrame) -> float:
-    """The standard deviation of the paired differences (points) within cells (dataset, component), pooled
+    """The pooled standard deviation of the paired differences (points) within cells.
+
+    The standard deviation of the paired differences (points) within cells (dataset, component), pooled
     over the cells of two pairs or more: the seed noise the equivalence test works against."""
     groups = pairs.dropna(subset=["difference"]).groupby(["dataset", "component"])["difference"]
     dof = groups.size() - 1  # a cell of one pair has none (its variance is NaN, weighted by 0)
@@ -394,7 +396,9 @@ def spread_of(pairs: pd.DataFrame) -> float:
 
 
 def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -> float:
-    """The chance that TOST at ``level`` shows a cell equivalent within ±``margin`` when the precision changes
+    """The chance that TOST shows a cell equivalent when the precision changes nothing.
+
+    The chance that TOST at ``level`` shows a cell equivalent within ±``margin`` when the precision changes
     nothing: ``pairs`` paired differences, normal with mean 0 and standard deviation ``spread`` (points).
     Given the sample standard deviation s, TOST passes when |mean| < margin - t s / sqrt(n); the chance of
     that is integrated over s's scaled chi distribution (4,000 quantiles)."""
@@ -411,7 +415,9 @@ def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -
 
 
 def pairs_needed(spread: float, margin: float = 0.5, level: float = 0.05, chance: float = 0.8) -> int | None:
-    """The fewest pairs (seeds at one learning rate) a cell needs to be shown equivalent with ``chance``
+    """The fewest pairs a cell needs to be shown equivalent with ``chance``.
+
+    The fewest pairs (seeds at one learning rate) a cell needs to be shown equivalent with ``chance``
     (``power``); None if more than 100 or the spread is unknown."""
     if not np.isfinite(spread):
         return None
@@ -419,9 +425,10 @@ def pairs_needed(spread: float, margin: float = 0.5, level: float = 0.05, chance
 
 
 def power_statement(verdicts: pd.DataFrame, margin: float, datasets: int, level: float = 0.05) -> str:
-    """What the check can show (``effect``'s ``verdicts``), in sentences: per precision, the chance that a
-    cell is shown equivalent with its pairs at the spread measured, the pairs needed for 80%, and whether
-    Table 1's own test can be significant with ``datasets`` datasets."""
+    """What the check can show (``effect``'s ``verdicts``), in sentences.
+
+    Per precision, the chance that a cell is shown equivalent with its pairs at the spread measured, the pairs needed
+    for 80%, and whether Table 1's own test can be significant with ``datasets`` datasets."""
     lines = []
     for row in verdicts.to_dict("records"):
         if not np.isfinite(row["spread"]):
@@ -459,9 +466,10 @@ def _best(table: pd.DataFrame) -> pd.Series:
 
 
 def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``effect``'s ``differences`` as (precision, dataset) x components: "mean [low, high]" (the interval
-    the equivalence test decides on), ``=`` where equivalent, the runs that diverged in each precision where
-    any did, and the pairs where too few for a verdict; empty cells where no pair."""
+    """``effect``'s ``differences`` as (precision, dataset) x components.
+
+    "mean [low, high]" (the interval the equivalence test decides on), ``=`` where equivalent, the runs that diverged in
+    each precision where any did, and the pairs where too few for a verdict; empty cells where no pair."""
 
     def cell(row) -> str:
         text = f"{row['mean']:+.{digits}f}" if pd.notna(row["mean"]) else "no pair finished"
@@ -494,7 +502,9 @@ def argument_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib.precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``:
+    """``python -m paperlib.precision``: ``effect`` of a sweep's runs in several precisions.
+
+    ``python -m paperlib.precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``:
     ``effect`` of a finetuning sweep spec's runs in several precisions (e.g. ``precision_paper.yaml``)."""
     args = argument_parser().parse_args(argv)
     try:

@@ -79,7 +79,9 @@ def _inline_figures():
 
 @contextlib.contextmanager
 def ipc_kernels():
-    """The configuration of kernels that talk to us over IPC sockets in a private temporary folder
+    """The configuration of kernels that talk to us over IPC sockets, not TCP.
+
+    The configuration of kernels that talk to us over IPC sockets in a private temporary folder
     (removed after), not TCP: nothing listens on the network, and ipykernel has no reason to warn
     that TCP traffic is unencrypted. The folder is absolute: the kernel runs in the notebook's folder."""
     with tempfile.TemporaryDirectory(prefix="kernel-") as folder:
@@ -87,8 +89,9 @@ def ipc_kernels():
 
 
 def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel_name: str = KERNEL) -> Path:
-    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically);
-    its figures are in its outputs (the inline backend)."""
+    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically).
+
+    Its figures are in its outputs (the inline backend)."""
     import papermill
 
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +116,9 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
 
 
 def render_html(notebook: Path, output: Path | None = None) -> Path:
-    """Render an executed notebook to a standalone HTML page (nbconvert, lab template), and beside it
+    """Render an executed notebook to a standalone HTML page, and one without code beside it.
+
+    Render an executed notebook to a standalone HTML page (nbconvert, lab template), and beside it
     ``<name>.nocode.html``, the same without code cells (nbconvert's ``exclude_input``), for readers.
     A progress bar's updates (text overwritten after carriage returns) show as its last state, as
     JupyterLab shows them (nbconvert's ``CoalesceStreamsPreprocessor``)."""
@@ -144,11 +149,12 @@ def _title(notebook: Path, node=None) -> str:
 
 
 def summary(notebook: Path) -> dict:
-    """What the landing page shows of an executed notebook: ``title`` and ``section`` (its heading,
-    e.g. "Finetuning results" and "paper Tables 1 and 6; ..."), ``headline`` (``{"here", "paper"}``,
-    with ``"why"`` where given, or None), ``thumbnail`` (the first PNG figure, bytes, or None),
-    ``parameters`` (those papermill gave it; {}: the notebook's defaults, the demo world) and ``date``
-    (when it finished, or None)."""
+    """What the landing page shows of an executed notebook.
+
+    ``title`` and ``section`` (its heading, e.g. "Finetuning results" and "paper Tables 1 and 6; ..."), ``headline``
+    (``{"here", "paper"}``, with ``"why"`` where given, or None), ``thumbnail`` (the first PNG figure, bytes, or None),
+    ``parameters`` (those papermill gave it; {}: the notebook's defaults, the demo world) and ``date`` (when it
+    finished, or None)."""
     import nbformat
 
     node = nbformat.read(notebook, as_version=4)
@@ -217,7 +223,9 @@ def _card(notebook: Path, out_dir: Path) -> str:
 
 
 def write_index(out_dir: Path) -> Path:
-    """``index.html``, the landing page: a card per notebook report in ``out_dir`` (``_card``), then a
+    """``index.html``, the landing page of the reports in ``out_dir``.
+
+    ``index.html``, the landing page: a card per notebook report in ``out_dir`` (``_card``), then a
     list of every other report under it (sweep runs): its HTML page, or its executed notebook where it
     has none (a sweep renders HTML only if asked)."""
     out_dir = Path(out_dir)
@@ -261,13 +269,14 @@ DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "e
 
 
 def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
-    """Execute notebooks at demo scale and render their reports, one line per notebook with the
-    time it took; returns the index page. Every notebook at once (no ``names``) first runs the
-    demo sweeps' missing runs in one pool of processes, one per core (``finetune.run_spec``), so
-    that the notebooks find them finished instead of running each its part one after another.
-    The notebooks then run one per core at a time: much of a notebook's time is its kernel starting
-    and importing, on one core. Their kernels keep PyTorch's own threads, so their results are
-    those of one notebook run alone; what two notebooks share on disk is locked (``paths.locked``)."""
+    """Execute notebooks at demo scale and render their reports; returns the index page.
+
+    Execute notebooks at demo scale and render their reports, one line per notebook with the time it took; returns the
+    index page. Every notebook at once (no ``names``) first runs the demo sweeps' missing runs in one pool of processes,
+    one per core (``finetune.run_spec``), so that the notebooks find them finished instead of running each its part one
+    after another. The notebooks then run one per core at a time: much of a notebook's time is its kernel starting and
+    importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook run
+    alone; what two notebooks share on disk is locked (``paths.locked``)."""
     from . import finetune, threads  # here, not at the top: both load torch
 
     out_dir = out_dir or paths.reports_dir()
@@ -300,7 +309,9 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
 
 
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
-    """Re-execute committed notebooks in place with nbclient (no papermill metadata added; figures
+    """Re-execute committed notebooks in place with nbclient.
+
+    Re-execute committed notebooks in place with nbclient (no papermill metadata added; figures
     in the outputs, as ``execute``)."""
     import nbformat
     from nbclient import NotebookClient
@@ -344,6 +355,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m paperlib.report``: the demo's reports (``demo``), or notebooks re-executed in place."""
     import nbformat
 
     parser = argument_parser()

@@ -43,8 +43,10 @@ NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config
 
 @dataclass(frozen=True)
 class Config:
-    """One finetuning run, validated when it is made. Defaults: notebook 05's, the demo protocol (the
-    demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset: ``parameters/finetune/``."""
+    """One finetuning run, validated when it is made.
+
+    Defaults: notebook 05's, the demo protocol (the demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset:
+    ``parameters/finetune/``."""
 
     model: str = "demo"  # short name or timm ViT name
     dataset: str = "digits"  # downstream dataset (see data.dataset_names())
@@ -212,9 +214,10 @@ class Config:
 
 
 def written_one_way(values: dict) -> dict:
-    """``values`` (a run's ``tag``, ``lora_rank`` and ``lora_alpha``) as a ``Config`` holds them: a number as a
-    tag (a sweep spec's ``tag: [2000]``) as its text, and LoRA's alpha 0 as the rank, so that lora_alpha=0 and
-    lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
+    """``values`` (a run's ``tag``, ``lora_rank`` and ``lora_alpha``) as a ``Config`` holds them.
+
+    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and LoRA's alpha 0 as the rank, so that lora_alpha=0
+    and lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
     values = dict(values)
     if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
         values["tag"] = f"{values['tag']:g}"
@@ -242,9 +245,10 @@ def run_folder(record: dict) -> Path:
 
 
 def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
-    """How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``):
-    "weights" (the paper: the component's own weights) or "LoRA r=<rank>" (with alpha and dropout where they are
-    not the defaults)."""
+    """How a run trains its component, for tables and legends.
+
+    How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``): "weights" (the
+    paper: the component's own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
     if not lora_rank:
         return "weights"
     extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
@@ -265,7 +269,9 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
 
 
 def config_fingerprints(record: dict) -> dict:
-    """What the dataset and model of a run's fields (``record``) hold now, if custom (``data.content_fingerprint``,
+    """What the custom dataset and model of a run's fields hold now, as its record keeps them.
+
+    What the dataset and model of a run's fields (``record``) hold now, if custom (``data.content_fingerprint``,
     ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
     "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
     those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
@@ -292,9 +298,10 @@ authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped th
 
 
 def run_record(config: Config | dict) -> dict:
-    """What ``params.json`` (and a checkpoint) record of a run: its parameters, the ``PROTOCOL`` and,
-    for custom datasets and models, their fingerprints. ``config``: a ``Config``, or its fields as a dict
-    (``spec_records``' runs, made without one)."""
+    """What ``params.json`` (and a checkpoint) record of a run.
+
+    Its parameters, the ``PROTOCOL`` and, for custom datasets and models, their fingerprints. ``config``: a ``Config``,
+    or its fields as a dict (``spec_records``' runs, made without one)."""
     fields = config if isinstance(config, dict) else asdict(config)
     fingerprints = config_fingerprints(fields)
     return fields | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
@@ -313,7 +320,9 @@ WEIGHTS = "weights.safetensors"
 
 
 def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
-    """Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
+    """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
+
+    Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
     the same custom data and model as now (``record``: ``run_record(config)``, if already made:
     it reads every file's status). A key the record lacks (written before ``Config`` had that
     field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
@@ -321,9 +330,10 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
 
 
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """The keys whose values differ between two run records (``params.json``, ``run_record``),
-    a key one lacks counting as the field's default (none for fingerprints and ``protocol``); ``ignore``d
-    keys aside. A field ``Config`` no longer has differs: that run is outdated."""
+    """The keys whose values differ between two run records (``params.json``, ``run_record``).
+
+    A key one lacks counting as the field's default (none for fingerprints and ``protocol``); ``ignore``d keys aside. A
+    field ``Config`` no longer has differs: that run is outdated."""
     defaults = Config.defaults() | {"fingerprints": {}, "protocol": None}
     saved, record = {**defaults, **saved}, {**defaults, **record}
     return sorted(
@@ -332,21 +342,23 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
 
 
 def recorded_difference(config: Config, ignore: tuple[str, ...] = OUTPUT_ONLY) -> list[str] | None:
-    """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``: None if
-    there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now),
-    else the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an
-    earlier ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for
-    ``is_finished`` (runs, sweeps: train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it
-    the spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to rounding)."""
+    """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
+
+    None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
+    the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an earlier
+    ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
+    train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
+    ``HOW_IT_RAN``, does not count: the same run to rounding)."""
     params = paths.json_or_none(config.folder() / PARAMS)
     return None if params is None else differing(params, run_record(config), ignore)
 
 
 def is_finished(config: Config) -> bool:
-    """Whether ``config``'s run is finished as asked: its ``metrics.json`` is there and whole, with the
-    files it records whole (``paths.json_or_none``: a damaged run is trained again), its recorded
-    parameters are ``config``'s on the same custom data and model as now (``same_params``), and, with
-    ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    """Whether ``config``'s run is finished as asked.
+
+    Its ``metrics.json`` is there and whole, with the files it records whole (``paths.json_or_none``: a damaged run is
+    trained again), its recorded parameters are ``config``'s on the same custom data and model as now (``same_params``),
+    and, with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
     metrics = paths.json_or_none(folder / METRICS)
     if metrics is None or recorded_difference(config) != []:
@@ -355,7 +367,9 @@ def is_finished(config: Config) -> bool:
 
 
 def start(config: Config, params: dict) -> None:
-    """Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``); it is
+    """Record that ``config``'s run starts (``params.json``).
+
+    Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``); it is
     partial (no ``metrics.json``) until it ends. If its folder held a run of other parameters (steps,
     batch size, warm-up... are not in the folder's name), or one whose parameters cannot be read,
     that run's files go first, so that they are never read back as this run's."""
@@ -372,16 +386,19 @@ CHECKPOINT_KEYS = ("params", "step", "history", "best", "cache_side", "model", "
 
 
 def save_checkpoint(config: Config, state: dict) -> None:
-    """Write the run's checkpoint (``checkpoint.pt``) atomically: a run killed while writing keeps the
-    last one. It holds tensors and plain types only (random-number states as tensors), so that it loads
-    with ``weights_only=True``."""
+    """Write the run's checkpoint (``checkpoint.pt``) atomically.
+
+    A run killed while writing keeps the last one. It holds tensors and plain types only (random-number states as
+    tensors), so that it loads with ``weights_only=True``."""
     import torch  # here, not above: reading results needs no torch
 
     paths.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(config: Config, params: dict, side: int, device: torch.device) -> dict | None:
-    """The run's checkpoint, if there is one of these parameters (``params``) taken on the images it
+    """The run's checkpoint, if there is one it can resume from; None otherwise.
+
+    The run's checkpoint, if there is one of these parameters (``params``) taken on the images it
     resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning).
     It is read with ``weights_only=True``: tensors and plain types, never code. One that cannot be read
     (truncated, damaged, or holding anything else) is reported as a warning and not resumed from."""
@@ -405,11 +422,12 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
 
 
 def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
-    """Record a run that ended: its history (``rows``), with ``save_weights`` the trainable
-    parameters of its best checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or
-    None), its metrics last (the run is finished; ``metrics["files"]``: the sizes of the files
-    written before, so that a damaged one is not taken as finished), and its checkpoint gone. Each
-    file is written atomically."""
+    """Record a run that ended: its history, its weights if kept, and its metrics last.
+
+    Record a run that ended: its history (``rows``), with ``save_weights`` the trainable parameters of its best
+    checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or None), its metrics last (the run is
+    finished; ``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as
+    finished), and its checkpoint gone. Each file is written atomically."""
     folder = config.folder()
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
@@ -464,9 +482,10 @@ def finetune_root(root: str | Path | None = None) -> Path:
 
 
 def load(root: str | Path | None = None) -> pd.DataFrame:
-    """One row per run folder under the results root (``RUN_COLUMNS``), from its ``params.json`` and
-    ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as partial, one of
-    another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
+    """One row per run folder under the results root (``RUN_COLUMNS``).
+
+    From its ``params.json`` and ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as
+    partial, one of another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
     ``params.json`` is damaged is left out (``paths.json_or_none``: each with a warning that names the file)."""
     rows = []
     for params_file in sorted(finetune_root(root).rglob(PARAMS)):
@@ -487,10 +506,11 @@ def _run_row(folder: Path, params: dict) -> dict:
 
 
 def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
-    """The histories (``history.csv``) of the ``runs`` (a table of ``load`` or ``for_spec``) that ended
-    (finished or diverged), with their ``KEYS``; ``columns``: the history's columns to read (None: all;
-    ``step`` always). Only the figures of training read histories (notebooks 06 and 09): give them the runs
-    they draw."""
+    """The histories (``history.csv``) of the ``runs`` that ended, with their ``KEYS``.
+
+    The histories (``history.csv``) of the ``runs`` (a table of ``load`` or ``for_spec``) that ended (finished or
+    diverged), with their ``KEYS``; ``columns``: the history's columns to read (None: all; ``step`` always). Only the
+    figures of training read histories (notebooks 06 and 09): give them the runs they draw."""
     columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
     parts = []
     for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):
@@ -501,7 +521,9 @@ def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.Dat
 
 
 def configs(spec: dict) -> list[Config]:
-    """Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
+    """Each run of a finetuning sweep spec as the ``Config`` that notebook 05 makes of it.
+
+    Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
     the ``Config`` that notebook 05 makes of them (``config_from``)."""
     return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
 
@@ -512,10 +534,11 @@ def config_from(parameters: dict) -> Config:
 
 
 def config_values(parameters: dict) -> dict:
-    """Notebook 05's parameters as ``Config``'s fields: its speed preset (``speed``, a name) put in by
-    ``speed.options.with_preset`` (its step options where the run leaves them at their defaults; refused
-    in a precision it is not offered for), the rest typed by their defaults (YAML reads ``1e-2`` as a
-    string); an unknown name is refused with the valid ones."""
+    """Notebook 05's parameters as ``Config``'s fields.
+
+    Its speed preset (``speed``, a name) put in by ``speed.options.with_preset`` (its step options where the run leaves
+    them at their defaults; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
+    ``1e-2`` as a string); an unknown name is refused with the valid ones."""
     defaults = Config.defaults()
     values = dict(parameters)
     values = with_preset(values.pop("speed", "auto"), values)
@@ -531,7 +554,9 @@ def expected(spec: dict) -> pd.DataFrame:
 
 
 def spec_records(*spec_list: dict) -> dict[str, dict]:
-    """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds once it
+    """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds.
+
+    Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds once it
     ran (``run_record``), made without a ``Config``, so without the training stack and unchecked (the
     sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
     records = {}
@@ -543,14 +568,14 @@ def spec_records(*spec_list: dict) -> dict[str, dict]:
 
 
 def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, missing) of one or several finetuning sweep specs: the runs the specs ask for (``load``'s
-    columns, a row per run whatever its status) with every parameter the spec sets but how they ran
-    (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no run", or
-    "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
-    ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not
-    with the results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``.
-    Notebooks 04, 06, 07 and 09 and ``stats`` read their runs through it; ``finetune.run_spec`` first
-    runs what is missing (demo scale)."""
+    """(runs, missing) of one or several finetuning sweep specs.
+
+    The runs the specs ask for (``load``'s columns, a row per run whatever its status) with every parameter the spec
+    sets but how they ran (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no
+    run", or "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
+    ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not with the
+    results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. Notebooks 04, 06, 07 and
+    09 and ``stats`` read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
     ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
     rows, absent = [], []
     for folder, record in spec_records(*spec_list).items():
@@ -568,7 +593,9 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def at_least_one(found: pd.DataFrame, what: str) -> pd.DataFrame:
-    """``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
+    """``found`` if it holds a run; otherwise a one-line ValueError.
+
+    ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
     ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs)."""
     if found.empty:
         raise ValueError(f"no run of {what} under {paths.display(finetune_root())}")

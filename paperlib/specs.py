@@ -52,9 +52,9 @@ def grids(spec: dict) -> list[dict]:
 
 
 def restrict(spec: dict, **values) -> dict:
-    """The spec with only the runs whose parameters take the given values (``key=[value, ...]``),
-    for a spec with one grid or a list of them; a ValueError naming the spec's values when no run
-    takes them."""
+    """The spec with only the runs whose parameters take the given values (``key=[value, ...]``).
+
+    For a spec with one grid or a list of them; a ValueError naming the spec's values when no run takes them."""
     fixed = spec.get("parameters") or {}
     kept_grids = []
     for grid in grids(spec):
@@ -87,9 +87,10 @@ def _safe(name: str) -> str:
 
 
 def notebook_parameters(notebook: Path) -> dict:
-    """The names and default values of a notebook's ``parameters`` cell (``None`` for a default that
-    is not a literal). Read with ``ast``: papermill's ``inspect_notebook`` cannot parse every line
-    of ours (a comment holding quotes)."""
+    """The names and default values of a notebook's ``parameters`` cell.
+
+    The names and default values of a notebook's ``parameters`` cell (``None`` for a default that is not a literal).
+    Read with ``ast``: papermill's ``inspect_notebook`` cannot parse every line of ours (a comment holding quotes)."""
     try:  # the notebook's JSON as it is (nbformat: a second to import, for one cell)
         cells = [
             c for c in json.loads(Path(notebook).read_text())["cells"] if "parameters" in c["metadata"].get("tags", [])
@@ -116,8 +117,9 @@ def _typed(name: str, value, default):
 
 
 def cells(spec: dict) -> list[tuple[str, Path, dict]]:
-    """The runs of a spec as (name, notebook, parameters): the grid's product, in the order its
-    keys and values are written.
+    """The runs of a spec as (name, notebook, parameters).
+
+    The grid's product, in the order its keys and values are written.
 
     Every parameter must be one of the notebook's (papermill would pass a misspelt one on and the
     notebook would run on its default); numbers written as strings are read as numbers.

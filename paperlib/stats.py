@@ -61,7 +61,9 @@ that differ in them are not seeds or learning rates of one another."""
 
 
 def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFrame:
-    """One row per dataset and component: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
+    """Table 6: one row per dataset and component with the ``lr`` chosen and its accuracy over seeds.
+
+    One row per dataset and component: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
     ``ddof=0`` numpy's ``np.std``, as the authors' code computed Table 6's ±; ``ddof=1`` the sample
     standard deviation, 1.22x larger for three seeds), ``seeds``.
 
@@ -99,8 +101,9 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``table6`` output as the paper prints it, datasets x components: "mean ± std (seeds)", or
-    "mean (1)" for a single seed."""
+    """``table6`` output as the paper prints it, datasets x components.
+
+    Each cell "mean ± std (seeds)", or "mean (1)" for a single seed."""
 
     def cell(row) -> str:
         spread = f" ± {row['std']:.{digits}f}" if row["seeds"] > 1 and pd.notna(row["std"]) else ""
@@ -110,6 +113,7 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def component_order(column: pd.Series) -> pd.Series:
+    """A ``sort_values`` key: a ``component`` column as positions in ``COLUMNS``, another column as it is."""
     return column.map({c: i for i, c in enumerate(COLUMNS)}) if column.name == "component" else column
 
 
@@ -171,12 +175,12 @@ def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple
 def pairwise(
     accuracies: pd.DataFrame, components=COMPONENTS, alternative: str = "two-sided", level: float = 0.05
 ) -> pd.DataFrame:
-    """Table 1 for every pair of ``components`` (beyond the paper, which compares MHA with each): one
-    row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of
-    first minus second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``,
-    ``p_value`` (Wilcoxon signed-rank over the datasets both have), ``p_holm`` (Holm-adjusted over
-    all the pairs) and ``significant_holm`` (``p_holm`` < ``level``).
-    ``accuracies``: columns ``dataset``, ``component``, ``accuracy``."""
+    """Table 1 for every pair of ``components`` (beyond the paper, which compares MHA with each).
+
+    One row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of first minus
+    second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``, ``p_value`` (Wilcoxon signed-rank
+    over the datasets both have), ``p_holm`` (Holm-adjusted over all the pairs) and ``significant_holm`` (``p_holm`` <
+    ``level``). ``accuracies``: columns ``dataset``, ``component``, ``accuracy``."""
     unknown = [c for c in components if c not in COLUMNS]
     if unknown:
         raise ValueError(
@@ -206,8 +210,9 @@ def pairwise(
 
 
 def with_probing(table: pd.DataFrame, probing: pd.DataFrame) -> pd.DataFrame:
-    """``table`` (``table6``'s) with Table 6's linear-probing column: ``probing`` (``dataset``,
-    ``accuracy`` in %, as ``probe.table6_column`` gives it) as the rows of ``PROBE``, for the
+    """``table`` (``table6``'s) with Table 6's linear-probing column.
+
+    ``probing`` (``dataset``, ``accuracy`` in %, as ``probe.table6_column`` gives it) as the rows of ``PROBE``, for the
     datasets ``table`` has. One value per dataset (the probe is of the pretrained model): no spread."""
     rows = probing[probing["dataset"].isin(table["dataset"])].rename(columns={"accuracy": "mean"})
     rows = rows.assign(component=PROBE, std=np.nan, seeds=1)[["dataset", "component", "mean", "std", "seeds"]]
@@ -216,8 +221,9 @@ def with_probing(table: pd.DataFrame, probing: pd.DataFrame) -> pd.DataFrame:
 
 
 def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = "accuracy") -> pd.DataFrame:
-    """Percentage improvement of each component over ``baseline`` per dataset (Fig. 2 right): datasets x components
-    (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``; ``baseline``:
+    """Percentage improvement of each component over ``baseline`` per dataset (Fig. 2 right).
+
+    Datasets x components (``value``: the column of ``accuracies`` to compare, e.g. ``table6``'s ``mean``; ``baseline``:
     linear probing, ``PROBE``, as in the paper, or another column, e.g. ``linear``)."""
     table = wide(accuracies, value)
     if baseline not in table:
@@ -231,8 +237,9 @@ STANDARD_ERRORS = ("pooled", "of_average")
 
 
 def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame:
-    """Mean over datasets per component, with a standard error (Fig. 17: "the pooled standard error
-    computed over 3 finetuning runs").
+    """Mean over datasets per component, with a standard error.
+
+    As Fig. 17 ( "the pooled standard error computed over 3 finetuning runs").
 
     ``table``: ``table6`` output (``mean``, ``std``, ``seeds`` per dataset and component). With k datasets,
     each over s seeds with deviation sd_i, ``pooled_se`` is ``sqrt(mean_i sd_i^2 / s)``: the
@@ -261,7 +268,9 @@ DIVERGED = ("kept", "cell", "run")  # what grid_spread does with a run that dive
 
 
 def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept") -> pd.DataFrame:
-    """One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
+    """The spread of test accuracy (%) over the grid, per dataset and component.
+
+    One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
     (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
     (interquartile range), ``range``, ``median``, over ``runs`` counted; ``diverged`` and ``cells`` (counted).
 
@@ -315,6 +324,7 @@ def one_model(runs: pd.DataFrame, model: str = "") -> str:
 
 
 def check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
+    """A ValueError if ``runs`` hold several values of a key of ``keys`` (``what``: who needs one)."""
     for key in keys:
         if key in runs and runs[key].nunique() > 1:
             raise ValueError(
@@ -324,8 +334,9 @@ def check_one_setting(runs: pd.DataFrame, what: str, keys=SETTING) -> None:
 
 
 def paper_order(datasets) -> pd.DataFrame:
-    """The paper's plasticity ranking (``names.PAPER_SCORES``) as a ``plasticity`` column of scores 5..1
-    per dataset: for ``plasticity_correlation``, which uses only the order, when P(f) was not measured (the
+    """The paper's plasticity ranking (``names.PAPER_SCORES``) as a ``plasticity`` column.
+
+    Scores 5..1 per dataset: for ``plasticity_correlation``, which uses only the order, when P(f) was not measured (the
     paper prints no P(f) table)."""
     return pd.DataFrame(
         [{"dataset": d, "component": c, "plasticity": score} for d in datasets for c, score in PAPER_SCORES.items()]
@@ -339,8 +350,10 @@ def plasticity_correlation(
     alternative: str = "two-sided",
     predictor: str = "plasticity",
 ) -> pd.DataFrame:
-    """Per dataset, how the components' finetuning ``value`` follows their plasticity, or any other
-    per-component ``predictor`` column of the first table (``capacity.predictor_table``: the parameter share).
+    """Per dataset, how the components' finetuning ``value`` follows their plasticity.
+
+    Or any other per-component ``predictor`` column of the first table (``capacity.predictor_table``: the parameter
+    share).
 
     ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
     one model, or ``paper_order``); ``results``: columns ``dataset``, ``component`` and ``value`` (e.g.
@@ -390,14 +403,15 @@ def plasticity_correlation(
 
 
 def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> dict:
-    """The per-dataset taus of ``plasticity_correlation`` across benchmarks (``datasets``; those of
-    constant values, without a tau, counted as ``undefined``): their ``mean`` and
-    ``median``, how many are ``positive``, ``negative`` and zero, and a Wilcoxon signed-rank test
-    (scipy; zeros left out, as in ``table1``) of their median against 0: ``p_value`` (NaN with
-    fewer than two non-zero taus), ``significant`` (p < ``level``). That test counts each benchmark as
-    independent; the corruptions of one test set are not (five of the paper's eleven corrupt Cifar10's):
-    with a ``dataset`` column, the same taus by family (``names.family``: a family's mean tau) give
-    ``families``, ``family_positive``, ``family_negative`` and a two-sided sign test, ``family_p_value``."""
+    """The per-dataset taus of ``plasticity_correlation`` across benchmarks, summarised and tested.
+
+    The per-dataset taus of ``plasticity_correlation`` across benchmarks (``datasets``; those of constant values,
+    without a tau, counted as ``undefined``): their ``mean`` and ``median``, how many are ``positive``, ``negative`` and
+    zero, and a Wilcoxon signed-rank test (scipy; zeros left out, as in ``table1``) of their median against 0:
+    ``p_value`` (NaN with fewer than two non-zero taus), ``significant`` (p < ``level``). That test counts each
+    benchmark as independent; the corruptions of one test set are not (five of the paper's eleven corrupt Cifar10's):
+    with a ``dataset`` column, the same taus by family (``names.family``: a family's mean tau) give ``families``,
+    ``family_positive``, ``family_negative`` and a two-sided sign test, ``family_p_value``."""
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
     p_value = wilcoxon_p(nonzero, alternative) if len(nonzero) >= 2 else float("nan")
@@ -428,9 +442,10 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
 
 
 def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
-    """Per finished run of ``runs`` (``runs.load``'s tables: the histories and the runs), the
-    mean gradient norm (before clipping) over its first ``fraction`` of steps (steps <= fraction x
-    its length; at least its first logged step): one row per run with its keys and ``grad_norm``.
+    """Per finished run, the mean gradient norm over its first ``fraction`` of steps.
+
+    ``histories`` and ``runs``: ``runs.load``'s tables. The gradient norm is taken before clipping, over the steps
+    <= fraction x the run's length (at least its first logged step): one row per run with its keys and ``grad_norm``.
     A diverged run is left out (one whose loss turned NaN stopped early: its first fraction is another window)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
@@ -444,8 +459,10 @@ def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: f
 
 
 def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """``pairwise`` output as a matrix, first configuration x second: "difference (p_holm)", with
-    ``*`` where ``significant_holm``; configurations in plasticity order, empty cells where no pair."""
+    """``pairwise`` output as a matrix, first configuration x second.
+
+    "difference (p_holm)", with ``*`` where ``significant_holm``; configurations in plasticity order, empty cells where
+    no pair."""
     text = pairs.apply(
         lambda r: f"{r['difference']:+.{digits}f} ({r['p_holm']:.3f}){'*' if r['significant_holm'] else ''}", axis=1
     )
@@ -470,9 +487,10 @@ def with_method(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
-    """Table 6 for each method of ``runs`` (one model and precision; ``with_method``): one row per
-    dataset, configuration and method with the learning rate chosen by ``select``, the mean and
-    standard deviation (%) over seeds, the seeds, and the trainable parameters."""
+    """Table 6 for each method of ``runs`` (one model and precision; ``with_method``).
+
+    One row per dataset, configuration and method with the learning rate chosen by ``select``, the mean and standard
+    deviation (%) over seeds, the seeds, and the trainable parameters."""
     runs = with_method(runs)
     tables = []
     for name, group in runs.groupby("method", sort=False):
@@ -499,11 +517,12 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
 
 
 def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd.DataFrame, str]:
-    """P(f) of the runs' model on their datasets, measured on images normalised as the runs' were
-    (``plasticity.collect``: the paper's pairs, against ``reference``, None: each dataset's default),
-    and where it comes from: ``"measured"``, or, where none is saved, ``"paper"``: the ranking the
-    paper finds on every benchmark (``paper_order``), which uses the order only, as the
-    Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
+    """P(f) of the runs' model on their datasets, and where it comes from.
+
+    P(f) of the runs' model on their datasets, measured on images normalised as the runs' were (``plasticity.collect``:
+    the paper's pairs, against ``reference``, None: each dataset's default), and where it comes from: ``"measured"``,
+    or, where none is saved, ``"paper"``: the ranking the paper finds on every benchmark (``paper_order``), which uses
+    the order only, as the Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
     for key in ("model", "normalize"):
         if runs[key].nunique() != 1:
             raise ValueError(
@@ -525,9 +544,10 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
 def summary(
     runs: pd.DataFrame, select: str = "test", reference: str | None = None, probing: pd.DataFrame | None = None
 ) -> dict[str, pd.DataFrame]:
-    """Notebook 07's tables for the runs of one setting: ``table6`` (with the linear-probing column
-    ``probing``, when given: ``with_probing``) and its ``comparisons``, with P(f) from
-    ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
+    """Notebook 07's tables for the runs of one setting.
+
+    ``table6`` (with the linear-probing column ``probing``, when given: ``with_probing``) and its ``comparisons``, with
+    P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
     accuracy_table = table6(runs, select=select)
     if probing is not None:
         accuracy_table = with_probing(accuracy_table, probing)
@@ -543,16 +563,18 @@ PAPER_TABLE6 = paths.PARAMETERS / "paper" / "table6.csv"
 
 
 def paper_accuracy(dataset: str, component: str) -> float | None:
-    """The paper's Table 6 entry (mean test accuracy, %) for ``dataset`` and ``component`` (or
-    ``PROBE``), or None where the paper has none (the demo world, your own data)."""
+    """The paper's Table 6 entry (mean test accuracy, %) for ``dataset`` and ``component``.
+
+    ``component`` may be ``PROBE``; None where the paper has none (the demo world, your own data)."""
     paper = pd.read_csv(PAPER_TABLE6, comment="#")
     entry = paper[(paper["dataset"] == dataset) & (paper["component"] == component)]["mean"]
     return float(entry.iloc[0]) if len(entry) else None
 
 
 def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per model of a ``plasticity.collect`` table: its components ordered by P(f) averaged over its
-    datasets (``order``, e.g. "MHA > FC1 > FC2 > LN2 > LN1") and Kendall's tau of that order with
+    """Per model of a ``plasticity.collect`` table: its components ordered by pooled P(f).
+
+    P(f) averaged over its datasets (``order``, e.g. "MHA > FC1 > FC2 > LN2 > LN1") and Kendall's tau of that order with
     the paper's (``tau``: 1 the same, -1 reversed)."""
     rows = []
     for model, part in summary.groupby("model", sort=True):
@@ -564,8 +586,9 @@ def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def paper_summary() -> dict[str, pd.DataFrame]:
-    """The tables of ``summary`` computed on the paper's own Table 6 (``PAPER_TABLE6``), with the
-    paper's ranking in place of P(f) (``paper_order``) and its standard deviation over seeds as the spread."""
+    """The tables of ``summary`` computed on the paper's own Table 6 (``PAPER_TABLE6``).
+
+    With the paper's ranking in place of P(f) (``paper_order``) and its standard deviation over seeds as the spread."""
     paper = pd.read_csv(PAPER_TABLE6, comment="#")
     order = paper_order(sorted(paper["dataset"].unique()))
     return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
@@ -574,8 +597,9 @@ def paper_summary() -> dict[str, pd.DataFrame]:
 def comparisons(
     accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: str, spread: pd.DataFrame, spread_name: str
 ) -> dict[str, pd.DataFrame]:
-    """The tables that compare components across datasets, from a Table 6 (``mean`` per dataset and
-    component): ``table1`` (with Holm), ``pairwise``, and the Takeaway 2 test against P(f)
+    """The tables that compare components across datasets, from a Table 6.
+
+    From ``mean`` per dataset and component: ``table1`` (with Holm), ``pairwise``, and the Takeaway 2 test against P(f)
     (``measured``; ``source`` says where it comes from): ``accuracy_tau`` and ``spread_tau`` (per
     dataset; ``spread``: a ``std`` per dataset and component) and ``takeaway2`` (their summaries)."""
     accuracies = accuracy_table.rename(columns={"mean": "accuracy"})
@@ -610,10 +634,11 @@ def argument_parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``: notebook 07's
-    tables for a finetuning sweep's runs, without the notebook: what is finished and missing, Table 6,
-    Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec of
-    several precisions (a precision check: ``python -m paperlib.precision``), these of its fp32 runs."""
+    """``python -m paperlib.stats``: notebook 07's tables for a finetuning sweep's runs.
+
+    ``python -m paperlib.stats SPEC [--select val] [--reference R] [--csv DIR]``, without the notebook: what is finished
+    and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec
+    of several precisions (a precision check: ``python -m paperlib.precision``), these of its fp32 runs."""
     args = argument_parser().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)

@@ -129,7 +129,9 @@ class Run:
 
 
 def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
-    """What the ``custom/<name>`` models and datasets among a notebook's parameter values (names, or
+    """What the ``custom/<name>`` models and datasets among a notebook's parameters hold now.
+
+    What the ``custom/<name>`` models and datasets among a notebook's parameter values (names, or
     lists of names, under any parameter) hold now: ``{"model:<name>": models.content_fingerprint,
     "dataset:<name>": data.content_fingerprint}`` (datasets under the run's ``data_root``), as a run's
     marker keeps them; empty when it names none. A name that is not there, or not valid, is left out: the
@@ -152,8 +154,9 @@ def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
 
 
 def fingerprinted(runs: list[Run]) -> list[Run]:
-    """``runs`` with their ``fingerprints`` computed as the custom inputs are now, each dataset
-    read once for all of them (what ``finished`` compares the markers with); returns them."""
+    """``runs`` with their ``fingerprints`` computed as the custom inputs are now.
+
+    Each dataset read once for all of them (what ``finished`` compares the markers with); returns them."""
     memo: dict = {}
     for run in runs:
         run.extra["fingerprints"] = parameter_fingerprints(run.parameters, memo)
@@ -193,12 +196,13 @@ BY_NAME = {
 
 
 def check(found: list[Run], executor: str | None = None) -> list[Run]:
-    """``found`` (a spec's runs), returned once each is checked, else a ValueError naming the first bad
-    run, its bad value and the valid choices: before anything runs. A finetuning run (notebook 05) is
-    checked by building its ``runs.Config`` (dataset, model, component, precision on its kind of
-    device...), a plasticity run (notebook 02) by building its ``plasticity.Measurement``, another
-    notebook's parameters by name (``BY_NAME``); each run's device as ``executor`` runs it
-    (``check_device``; None: a name, for ``--plan`` and ``--dry-run``, which may be asked elsewhere)."""
+    """``found`` (a spec's runs), returned once each is checked, else a ValueError naming the first bad run.
+
+    Its bad value and the valid choices: before anything runs. A finetuning run (notebook 05) is checked by building its
+    ``runs.Config`` (dataset, model, component, precision on its kind of device...), a plasticity run (notebook 02) by
+    building its ``plasticity.Measurement``, another notebook's parameters by name (``BY_NAME``); each run's device as
+    ``executor`` runs it (``check_device``; None: a name, for ``--plan`` and ``--dry-run``, which may be asked
+    elsewhere)."""
     for run in found:
         try:
             _check_parameters(run)
@@ -223,7 +227,9 @@ def _check_parameters(run: Run) -> None:
 
 
 def check_device(device, executor: str | None = None) -> None:
-    """A run's device as ``executor`` runs it: one this machine has (``local``, ``submitit-local``), the
+    """A run's device as ``executor`` runs it; a ValueError naming the valid ones otherwise.
+
+    A run's device as ``executor`` runs it: one this machine has (``local``, ``submitit-local``), the
     one GPU each worker sees (``gpus``: ``cuda`` or ``cuda:0``, or the CPU), any device's name (``slurm``:
     the cluster's; None); a ValueError naming the valid ones otherwise."""
     parsed = cli.check_device(device, here=executor in ("local", "submitit-local"))
@@ -232,7 +238,9 @@ def check_device(device, executor: str | None = None) -> None:
 
 
 def check_gpus(gpus: list[int] | None) -> list[int]:
-    """The GPUs of executor ``gpus``: ``gpus``, each one this machine has, or every visible one; a
+    """The GPUs of executor ``gpus``; a ValueError naming those here otherwise.
+
+    The GPUs of executor ``gpus``: ``gpus``, each one this machine has, or every visible one; a
     ValueError naming those here otherwise."""
     here = _visible_gpus()
     if not here:
@@ -246,10 +254,10 @@ def check_gpus(gpus: list[int] | None) -> list[int]:
 
 
 def execute_run(run: Run, wait: bool = True, html: bool = False) -> Run:
-    """Execute one run unless finished; record success (marker) or failure (error file). One process
-    executes a run (``paths.locked``): a run another process holds is left ``busy`` (``wait``: waited
-    for), and one another process finished since the sweep started is ``other``. ``html``: its reports
-    too."""
+    """Execute one run unless finished; record success (marker) or failure (error file).
+
+    One process executes a run (``paths.locked``): a run another process holds is left ``busy`` (``wait``: waited for),
+    and one another process finished since the sweep started is ``other``. ``html``: its reports too."""
     try:
         with paths.locked(run.stem, wait=wait):
             if run.finished:  # by another process, since this sweep read the markers
@@ -306,7 +314,9 @@ def run_sweep(
     reports: Path | None = None,
     html: bool = False,
 ) -> list[Run]:
-    """Execute every unfinished run of ``spec``, each checked first (``check``); returns the runs with their
+    """Execute every unfinished run of ``spec``, each checked first; returns the runs with their status.
+
+    Execute every unfinished run of ``spec``, each checked first (``check``); returns the runs with their
     status (``STATUSES``). A run another process holds is passed over, then come back to at the end.
     ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
     if executor not in EXECUTORS:
@@ -400,6 +410,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib.sweep``: run, plan or dry-run a sweep spec."""
     args = argument_parser().parse_args(argv)
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):

@@ -370,14 +370,8 @@ def test_test_files_share_helpers_through_conftest_not_each_other():
     assert _test_file_imports("from conftest import same_metrics") == []
 
 
-SUMMARISED = {
-    f"paperlib.{name}"
-    for name in (
-        "bounds component_rates corruptions imagesets loader models transforms probe plasticity significance "
-        "ranking splits threads fixtures demo cli data"
-    ).split()
-} | {name for name in MODULES if name.startswith("paperlib.speed.")}
-"""The modules whose docstrings are held to ``_unsummarised`` (issue 44, item 10); the others follow."""
+SUMMARISED = set(MODULES)
+"""The modules whose docstrings are held to ``_unsummarised`` (issue 44, item 10): every module of the package."""
 
 
 def _unsummarised(name: str, source: str) -> list[str]:
