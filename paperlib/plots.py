@@ -501,8 +501,8 @@ def finetune_figure(histories: dict, config) -> plt.Figure:
 def run_figure(history, metrics: dict, config) -> plt.Figure:
     """Notebook 05's run: training loss, gradient norm and validation accuracy against step.
 
-    Notebook 05's run: training loss, gradient norm before clipping, and validation accuracy with the
-    best-validation checkpoint marked, against step (``history``: ``runs.history``; ``config``: a ``runs.Config``)."""
+    The gradient norm is before clipping and the best-validation checkpoint is marked; ``history`` is
+    ``runs.history``'s, ``config`` a ``runs.Config``."""
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
     color = COLORS[config.component]
     axes[0].plot(history["step"], history["train_loss"], color=color)
@@ -596,9 +596,10 @@ def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
 
 
 def gain_figure(gain, average, spec: str, select: str) -> plt.Figure:
-    """Notebook 07's Fig. 2 (right) and Fig. 17: each component's mean relative gain over linear probing
-    (``gain``: ``stats.relative_gain``; None without a probe) and its mean accuracy over datasets with
-    the pooled standard error (``average``: ``stats.average``)."""
+    """Notebook 07's Fig. 2 (right) and Fig. 17: gain over linear probing, and mean accuracy over datasets.
+
+    ``gain`` is ``stats.relative_gain``'s (None without a probe); ``average`` is ``stats.average``'s, its
+    pooled standard error drawn as error bars."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     if gain is not None:
         component_bars(gain.mean().to_dict(), "relative gain over linear probing (%)", ax=axes[0])
@@ -632,9 +633,10 @@ def robustness_figure(runs, spec: str) -> plt.Figure:
 
 
 def accuracy_tau_figure(table, taus, model: str, spec: str, select: str) -> plt.Figure:
-    """Notebook 07's Takeaway 2: accuracy against P(f) (``table``: ``dataset``, ``component``, ``plasticity``,
-    ``mean``), and each dataset's Kendall tau of the two, one marker per source (``taus``: ``dataset``, ``tau``,
-    ``source``)."""
+    """Notebook 07's Takeaway 2: accuracy against P(f), and each dataset's Kendall tau of the two.
+
+    ``table`` has ``dataset``, ``component``, ``plasticity`` and ``mean``; ``taus`` has ``dataset``, ``tau``
+    and ``source``, one marker set per source."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     plasticity_vs_result(table, "mean", axes[0], "test accuracy (%) - dataset mean")
     axes[0].set_title(f"{model}: accuracy against plasticity")
