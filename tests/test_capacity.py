@@ -128,10 +128,10 @@ def test_the_datasets_of_one_family_are_permuted_together():
 
     observed = statistic(accuracy.values())
     hits, total = {"ln2": 0, "ln1": 0, "every pair": 0}, 0
-    names = list(plastic)
-    for cifar, own in itertools.product(itertools.permutations(names), itertools.permutations(names)):
+    labelled = list(plastic)
+    for cifar, own in itertools.product(itertools.permutations(labelled), itertools.permutations(labelled)):
         relabelled = [
-            {c: acc[m] for c, m in zip(names, order)} for acc, order in zip(accuracy.values(), (cifar, cifar, own))
+            {c: acc[m] for c, m in zip(labelled, order)} for acc, order in zip(accuracy.values(), (cifar, cifar, own))
         ]
         got = statistic(relabelled)  # one relabelling for both corruptions, another for Pets
         for ln in ("ln2", "ln1"):
