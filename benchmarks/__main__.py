@@ -46,7 +46,7 @@ import torch
 
 from benchmarks.data import bench_data, bench_plasticity
 from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
-from paperlib import cli, data, paths
+from paperlib import cli, data, storage
 from paperlib.components import RUN_COMPONENTS
 from paperlib.runs import Config
 from paperlib.speed.clock import resolve_device
@@ -73,11 +73,11 @@ class Targets:
     def check(self, target: str, measured: str, met: bool | None) -> None:
         self.checks.append({"target": target, "measured": measured, "met": met})
         if self.out:
-            paths.atomic_write_text(self.out / "targets.json", json.dumps(self.checks, indent=2) + "\n")
+            storage.atomic_write_text(self.out / "targets.json", json.dumps(self.checks, indent=2) + "\n")
 
     def keep(self, part: str, result) -> None:
         if self.out:
-            paths.atomic_write_text(self.out / f"{part}.json", json.dumps(result, indent=2) + "\n")
+            storage.atomic_write_text(self.out / f"{part}.json", json.dumps(result, indent=2) + "\n")
 
 
 def _data_targets(targets: Targets, device: torch.device) -> None:
@@ -222,7 +222,7 @@ def _print(result: dict, json_path: Path | None) -> None:
     for key, value in result.items():
         print(f"{key:<{width}}  {value}")
     if json_path:
-        paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
+        storage.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
 def _print_variants(rows: list[dict], json_path: Path | None = None) -> None:
@@ -256,7 +256,7 @@ def _print_presets(rows: list[dict], json_path: Path | None) -> None:
     if rows:
         print(f"device: {rows[0]['device']}")
     if json_path is not None:
-        paths.atomic_write_text(json_path, json.dumps(rows, indent=2) + "\n")
+        storage.atomic_write_text(json_path, json.dumps(rows, indent=2) + "\n")
 
 
 def _print_profile(result: dict, json_path: Path | None) -> None:
@@ -269,7 +269,7 @@ def _print_profile(result: dict, json_path: Path | None) -> None:
     for row in result["largest"]:
         print(f"  {row['share']:6.1%}  {row['group']:<16} {row['name'][:100]}")
     if json_path:
-        paths.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
+        storage.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):

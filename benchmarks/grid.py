@@ -38,14 +38,14 @@ def build(root: Path, **only) -> int:
     """Write the paper grid's runs under ``root`` (a run already recorded there is kept); the runs written.
     ``only``: the runs of these values alone (``specs.restrict``: a test's part of the grid)."""
     os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
-    from paperlib import finetune, runs, specs
+    from paperlib import finetune, runs, runs_table, specs
 
     paper = pd.read_csv(ROOT / "parameters/paper/table6.csv", comment="#").set_index(["dataset", "component"])
     rng = np.random.default_rng(0)  # seeded: the same tree on every machine
     written = 0
     spec = specs.load_spec(ROOT / SPEC)
     spec = specs.restrict(spec, **only) if only else spec
-    for config in runs.configs(spec):
+    for config in runs_table.configs(spec):
         draws = rng.random(4)  # drawn for every run, written or not: the same tree whatever was there
         if runs.is_finished(config):
             continue

@@ -33,9 +33,9 @@ def table6() -> pd.DataFrame:
 
 
 def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None, points: float = 2.0):
-    """A runs table (``paperlib.runs.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above; ``drop``:
+    """A runs table (``paperlib.runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above; ``drop``:
     the configuration that autocast lowers by ``points`` on every dataset (None: no precision effect)."""
-    from paperlib.runs import RUN_COLUMNS
+    from paperlib.runs_table import RUN_COLUMNS
 
     cells = table6()
     cells = cells[cells["dataset"].isin(datasets)]

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from paperlib import lora, models, paths
+from paperlib import lora, models, storage
 from paperlib.components import check_run_component, set_trainable, trainable_parameters
 from paperlib.imagesets import ImageDataset, random_images
 from paperlib.loader import DeviceLoader, Transform
@@ -459,7 +459,7 @@ def bench_variants(
                 torch.cuda.empty_cache()
         rows.append(row)
         if out:
-            paths.atomic_write_text(out, json.dumps(rows, indent=2) + "\n")
+            storage.atomic_write_text(out, json.dumps(rows, indent=2) + "\n")
     return rows
 
 

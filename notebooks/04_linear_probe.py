@@ -55,7 +55,7 @@ import pandas as pd
 from IPython.display import display
 
 from paperlib import finetune, notebook, plots, probe, stats
-from paperlib.runs import for_spec
+from paperlib.runs_table import for_spec
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

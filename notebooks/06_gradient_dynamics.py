@@ -25,7 +25,7 @@ device = "cpu"  # device for a missing plasticity measurement
 import matplotlib.pyplot as plt
 
 from paperlib import finetune, names, notebook, paths, plasticity, plots, specs, stats
-from paperlib.runs import at_least_one, for_spec, histories_of
+from paperlib.runs_table import at_least_one, for_spec, histories_of
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 from paperlib import capacity, components, finetune, models, names, notebook, paths, plasticity, plots, precision, probe, specs, stats
-from paperlib.runs import KEYS, at_least_one, for_spec
+from paperlib.runs_table import KEYS, at_least_one, for_spec
 from paperlib.speed.options import native_bf16
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here

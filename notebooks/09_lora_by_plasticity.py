@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from paperlib import finetune, lora, names, notebook, paths, plasticity, plots, specs, stats
-from paperlib.runs import at_least_one, for_spec
+from paperlib.runs_table import at_least_one, for_spec
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

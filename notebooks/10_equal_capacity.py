@@ -30,7 +30,7 @@ device = "cpu"  # device for missing plasticity measurements
 
 # %%
 from paperlib import capacity, equal_capacity, finetune, models, notebook, paths, plasticity, specs
-from paperlib.runs import at_least_one, for_spec
+from paperlib.runs_table import at_least_one, for_spec
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

@@ -2,8 +2,8 @@
 
 One module per concern, named for what it holds; each imports only modules above it (``tests/test_layout.py``):
 
-- ``paths``       where things live (repository, reports, results, data caches, demo weights);
-                  atomic writes and the lock of what one process at a time writes (``locked``)
+- ``paths``       where things live (repository, reports, results, data caches, demo weights)
+- ``storage``     atomic writes, whole-JSON reads and the lock of what one process at a time writes (``locked``)
 - ``cli``         the command lines' parameter files and overrides
 - ``threads``     CPU threads of processes of ours that share a machine
 - ``names``       the components' and configurations' names and labels, without torch (what the analysis imports)
@@ -22,8 +22,8 @@ One module per concern, named for what it holds; each imports only modules above
 - ``speed``       how a finetuning step is made fast (compilation, precision, fused ops); its
                   benchmarks are outside the package (``benchmarks/``, ``python -m benchmarks``)
 - ``specs``       sweep specs: read, checked, expanded into runs
-- ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files,
-                  whether it is finished, every run as a table; a spec's runs read without torch (``for_spec``)
+- ``runs``        what a finetuning run is and where it lives: ``Config``, its folder and files, whether it is finished
+- ``runs_table``  every run as a table: a results root's, a spec's (``for_spec``, without torch), their histories
 - ``finetune``    the paper's finetuning protocol (§5.2), top to bottom
 - ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
 - ``significance`` the tests behind the p-values: Wilcoxon's signed-rank, Kendall's tau, Holm's adjustment

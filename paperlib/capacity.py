@@ -529,7 +529,7 @@ def _reordered(designs: dict[str, pd.DataFrame], value: str, plasticity: pd.Data
 def at_equal_capacity_of_runs(
     ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = "val", reference: str | None = None
 ) -> tuple[AtEqualCapacity, pd.DataFrame, str]:
-    """``at_equal_capacity`` of two sweeps' runs (``runs.for_spec``'s; one model).
+    """``at_equal_capacity`` of two sweeps' runs (``runs_table.for_spec``'s; one model).
 
     ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
     against P(f) (``stats.plasticity_for``). Returns the result, the accuracies (%) of both designs side by side

@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from . import paths
+from . import storage
 
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, paths.CannotWrite)
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
 """What a command line reports as a bad input (``fail``), not as a traceback: a disk that refuses a file too."""
 
 

@@ -50,7 +50,7 @@ from sklearn.datasets import load_digits
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.datasets.utils import download_and_extract_archive
 
-from . import paths
+from . import paths, storage
 from .corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
 from .imagesets import FileDataset, ImageDataset
 from .splits import deterministic_split, hash_split, validation_split
@@ -456,8 +456,8 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
 
     The folder is one ``train/`` or ``test/`` folder of that layout, or the whole of a flat one. Array
     images become PNG files (lossless), files are copied as they are; each is named by its key. Written
-    whole or not at all (``paths.atomic_folder``). Read back, classes are indexed in sorted-name order, as torchvision's
-    ``ImageFolder`` indexes them."""
+    whole or not at all (``storage.atomic_folder``). Read back, classes are indexed in sorted-name order, as
+    torchvision's ``ImageFolder`` indexes them."""
     from PIL import Image
 
     def safe(text) -> str:
@@ -475,7 +475,7 @@ def export_class_folders(dataset: ImageDataset | FileDataset, folder: str | Path
                     target_folder / f"{safe(Path(key).with_suffix(''))}{dataset.files[index].suffix}",
                 )
 
-    return paths.atomic_folder(folder, fill, overwrite)
+    return storage.atomic_folder(folder, fill, overwrite)
 
 
 def content_fingerprint(name: str, root: str | Path | None = None) -> str | None:

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from . import cli, paths
+from . import cli, paths, storage
 from .data import get_dataset
 from .finetune import evaluate
 from .imagesets import ImageDataset
@@ -107,9 +107,9 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
 def save_weights(model: nn.Module, path: Path, card: dict | None = None) -> None:
     """Write the state dict as safetensors (and an optional JSON card beside it), atomically."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    paths.atomic_write(path, lambda tmp: save_file(state, tmp))
+    storage.atomic_write(path, lambda tmp: save_file(state, tmp))
     if card is not None:
-        paths.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
+        storage.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import cli, components, data, equal_capacity, lora, models, paths, runs, threads
+from . import cli, components, data, equal_capacity, lora, models, paths, runs, runs_table, storage, threads
 from .loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
 from .speed.step import OptimizerSettings, make_step
@@ -145,15 +145,15 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     A run already finished as asked (``runs.is_finished``) is not repeated: its metrics are
     returned (trained again only if ``save_weights`` asks for weights it did not keep). One run
     folder has one writer: a run that another process is training is waited for, then its metrics
-    are returned (``wait=False``: ``paths.Busy`` is raised instead).
+    are returned (``wait=False``: ``storage.Busy`` is raised instead).
     """
     folder = config.folder()
     if not runs.is_finished(config):
         check_runnable(config)
-        with paths.locked(folder, wait=wait):
+        with storage.locked(folder, wait=wait):
             if not runs.is_finished(config):  # the process waited for may have finished it
                 return train(config, progress)[1]
-    return paths.read_json(folder / METRICS)
+    return storage.read_json(folder / METRICS)
 
 
 def check_runnable(config: Config) -> None:
@@ -171,7 +171,7 @@ def check_runnable(config: Config) -> None:
 
 
 def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
-    """Run every run of finetuning sweep specs (``runs.configs``) not finished as they ask.
+    """Run every run of finetuning sweep specs (``runs_table.configs``) not finished as they ask.
 
     A run two specs share runs once; one line per run with the time it took. For demo-scale specs; paper-scale sweeps
     go through ``python -m paperlib.sweep``.
@@ -180,7 +180,7 @@ def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -
     CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
     so than with every core on one run); runs on a GPU run here, one after another.
     """
-    unique = {config.folder(): config for spec in specs for config in runs.configs(spec)}  # by folder: once each
+    unique = {config.folder(): config for spec in specs for config in runs_table.configs(spec)}  # by folder: once each
     todo = [config for config in unique.values() if not runs.is_finished(config)]
     if workers is None:
         on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
@@ -219,14 +219,14 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             "(Config(save_weights=True), -p save_weights True, --save-weights true)"
         )
     differ = runs.differing(
-        paths.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
+        storage.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
     )
     if differ:
         raise ValueError(
             f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
             "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
         )
-    metrics = paths.read_json(folder / METRICS)
+    metrics = storage.read_json(folder / METRICS)
     model = adapt(network(config, metrics["num_classes"]), config)
     state = load_file(str(weights))
     unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
@@ -259,14 +259,14 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
     """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
 
     A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT. It holds its folder's
-    lock (``paths.locked``) while it trains: another process training the same run is waited for (``wait=False``:
-    ``paths.Busy``), never trained beside.
+    lock (``storage.locked``) while it trains: another process training the same run is waited for (``wait=False``:
+    ``storage.Busy``), never trained beside.
 
     Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
     deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
-    cpu = torch.device(config.device).type != "cuda"
-    with paths.locked(config.folder(), wait=wait), _deterministic(cpu or torch.are_deterministic_algorithms_enabled()):
+    deterministic = torch.device(config.device).type != "cuda" or torch.are_deterministic_algorithms_enabled()
+    with storage.locked(config.folder(), wait=wait), _deterministic(deterministic):
         return _train(config, progress)
 
 
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         config = runs.config_from(values)
         with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
             metrics = run(config, progress=True, wait=wait)
-    except paths.Busy as error:
+    except storage.Busy as error:
         print(error, file=sys.stderr)
         return RUNNING_ELSEWHERE
     except cli.BAD_INPUT as error:

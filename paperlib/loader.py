@@ -26,7 +26,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from . import paths, threads
+from . import paths, storage, threads
 from .imagesets import FileDataset, ImageDataset, UnevenImages
 from .transforms import IMAGENET, as_mean_std, device_transform
 
@@ -130,14 +130,14 @@ def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: in
 
     The sizes are known from the files' headers before decoding, so the pixels are written into
     their place as they come and a dataset larger than memory can be cached. One process decodes
-    (``paths.locked``): another that wants the same cache waits for it, then reads it. A cache that
+    (``storage.locked``): another that wants the same cache waits for it, then reads it. A cache that
     is not whole (``_cached``) is decoded again."""
     file = _cache_file(dataset, cache_size, cache_dir)
     sizes_file = file.with_name(file.stem + "-sizes.npy")
     cached = _cached(file, sizes_file, len(dataset.files))
     if cached is not None:
         return cached
-    with paths.locked(file):
+    with storage.locked(file):
         cached = _cached(file, sizes_file, len(dataset.files))  # made meanwhile by the process waited for
         if cached is not None:
             return cached
@@ -204,8 +204,8 @@ def _decode(
         with open(tmp, "wb") as handle:
             np.save(handle, sizes)
 
-    paths.atomic_write(sizes_file, write_sizes)
-    paths.atomic_write(file, write_pixels)  # last: its presence says the cache is whole
+    storage.atomic_write(sizes_file, write_sizes)
+    storage.atomic_write(file, write_pixels)  # last: its presence says the cache is whole
     return np.load(file, mmap_mode="c"), sizes
 
 

@@ -32,7 +32,7 @@ from timm.models.vision_transformer import (
     checkpoint_filter_fn,
 )
 
-from . import components, paths
+from . import components, paths, storage
 from .transforms import IMAGENET, as_mean_std, check_normalize
 
 PAPER_MODELS = {
@@ -190,7 +190,7 @@ def save_model(
         model.pretrained_cfg = {**recorded, "mean": pair[0], "std": pair[1]}
     write = lambda staging: timm.models.save_for_hf(model, str(staging), model_args=model_args, safe_serialization=True)  # noqa: E731
     try:
-        return paths.atomic_folder(custom_folder(name), write, overwrite)
+        return storage.atomic_folder(custom_folder(name), write, overwrite)
     finally:
         model.pretrained_cfg = recorded
 

@@ -30,7 +30,7 @@ from dataclasses import asdict
 import pandas as pd
 import torch
 
-from . import finetune, models, paths, runs
+from . import finetune, models, runs, storage
 from .imagesets import random_images
 from .loader import DeviceLoader, Transform
 from .speed.clock import device_name, median_seconds
@@ -87,7 +87,7 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
 def status(run, config: runs.Config | None = None) -> str:
     """One of ``STATUSES`` for a run of a sweep (``sweep.Run``; ``config``: a finetuning run's, module docstring)."""
     if config is not None and runs.is_finished(config):
-        metrics = paths.json_or_none(config.folder() / runs.METRICS) or {}
+        metrics = storage.json_or_none(config.folder() / runs.METRICS) or {}
         return "diverged" if metrics.get("status") == "diverged" else "finished"
     if config is None and run.finished:
         return "finished"
@@ -132,8 +132,8 @@ def recorded_rates() -> dict[tuple, list[tuple[float, str]]]:
     ``metrics.json``, by ``step_key``."""
     found: dict[tuple, list[tuple[float, str]]] = {}
     for params_file in runs.finetune_root().rglob(runs.PARAMS):
-        params = paths.json_or_none(params_file)
-        metrics = paths.json_or_none(params_file.parent / runs.METRICS) if params is not None else None
+        params = storage.json_or_none(params_file)
+        metrics = storage.json_or_none(params_file.parent / runs.METRICS) if params is not None else None
         if metrics and metrics.get("status") == "finished" and metrics.get("images_per_second"):
             rate = (float(metrics["images_per_second"]), str(metrics.get("device")))
             found.setdefault(step_key(params), []).append(rate)
@@ -152,7 +152,7 @@ def images_per_second(config: runs.Config, recorded: dict, timing_steps: int = 3
         return statistics.median(rate for rate, _ in rates), f"recorded{names} (median of {len(rates)} runs)"
     if here is None:
         return math.nan, f"none: no {torch.device(config.device).type} device here, and no finished run to read"
-    paths.notice(f"timing the {config.component} step of {config.model} at batch {config.batch_size} ...")
+    storage.notice(f"timing the {config.component} step of {config.model} at batch {config.batch_size} ...")
     try:
         return time_step(config, timing_steps), f"timed here ({timing_steps} steps)"
     except RuntimeError as error:  # out of memory, a kernel this device lacks: the other steps still count

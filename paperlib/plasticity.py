@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from . import cli, data, models, paths, threads
+from . import cli, data, models, paths, storage, threads
 from .component_rates import (
     batch_pair_rates,
     check_inputs,
@@ -393,9 +393,9 @@ class Measurement:
     def is_saved(self) -> bool:
         """Whether ``folder()`` holds a complete result of today's test splits and pair set: its
         ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
-        (``paths.json_or_none``: a damaged result is reported in a warning and not taken for one), and
+        (``storage.json_or_none``: a damaged result is reported in a warning and not taken for one), and
         ``current``."""
-        metadata = paths.json_or_none(self.folder() / METADATA)
+        metadata = storage.json_or_none(self.folder() / METADATA)
         return metadata is not None and current(metadata)
 
 
@@ -415,10 +415,10 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
     for one.
     """
     folder = Path(folder)
-    paths.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
+    storage.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
     versions = {"splits": SPLITS_VERSION, "pairs": PAIRS}
-    metadata = {**versions, **(metadata or {}), "files": paths.file_sizes(folder, [RATES])}
-    paths.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
+    metadata = {**versions, **(metadata or {}), "files": storage.file_sizes(folder, [RATES])}
+    storage.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
 
@@ -427,9 +427,9 @@ def load(folder) -> pd.DataFrame:
 
     Read a table written by ``save`` (with ``component`` as the ordered categorical, and
     ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded); an
-    error naming the file if the result is missing or damaged (``paths.read_json``)."""
+    error naming the file if the result is missing or damaged (``storage.read_json``)."""
     folder = Path(folder)
-    metadata = paths.read_json(folder / METADATA)
+    metadata = storage.read_json(folder / METADATA)
     table = pd.read_csv(folder / RATES)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
@@ -496,7 +496,7 @@ def run(
         )
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     folder = measurement.folder()
-    with paths.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
+    with storage.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
         table = measure(
             network,
             reference_set,
@@ -550,7 +550,7 @@ def measure_missing(
     for measurement in measurements:
         if measurement.is_saved():
             continue
-        with paths.locked(measurement.folder()):  # one measures, others wait for it and then find its result
+        with storage.locked(measurement.folder()):  # one measures, others wait for it and then find its result
             if measurement.is_saved():
                 continue
             run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=progress)
@@ -613,7 +613,7 @@ def collect(
     rows, outdated = [], []
     for metadata_file in sorted(base.rglob(METADATA)):
         # a damaged result: an error that names the file; results from before an option: the paper's choice
-        metadata = {"sample": "first", "seed": None, "normalize": "imagenet", **paths.read_json(metadata_file)}
+        metadata = {"sample": "first", "seed": None, "normalize": "imagenet", **storage.read_json(metadata_file)}
         if not _asked_for(metadata, sample, seed, normalize, reference, severity):
             continue
         if not current(metadata):

@@ -8,7 +8,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from . import paths, ranking
+from . import paths, ranking, storage
 from .imagesets import ImageDataset
 from .names import COMPONENTS, LABELS, POINT_LABELS
 
@@ -32,7 +32,7 @@ def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
     several GPUs never leave half a file); returns the path."""
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
-    return paths.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
+    return storage.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
 
 
 def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
@@ -287,9 +287,9 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset.
 
     Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left on Sketch, Fig. 18 on
-    each benchmark): ``runs`` of that dataset, as ``runs.load`` lists them. As the authors' figure, boxes are over every
-    run with a test accuracy, diverged runs included with their best-validation checkpoint's (counted under each box),
-    and full finetuning is a dashed line at its mean."""
+    each benchmark): ``runs`` of that dataset, as ``runs_table.load`` lists them. As the authors' figure, boxes are over
+    every run with a test accuracy, diverged runs included with their best-validation checkpoint's (counted under each
+    box), and full finetuning is a dashed line at its mean."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:

@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import special
 from scipy import stats as scipy_stats
 
-from . import cli, runs, specs
+from . import cli, runs_table, specs
 from .names import COMPONENTS, LABELS, RUN_COMPONENTS
 from .significance import holm
 from .speed.options import PRECISIONS
@@ -51,7 +51,7 @@ def effect(
 ) -> dict[str, pd.DataFrame]:
     """Whether finetuning in another precision (tf32, autocast, bf16...) changes the results of ``reference``'s.
 
-    ``runs``: ``runs.load``'s runs of one setting except precision (one model, optimizer, LoRA setting,
+    ``runs``: ``runs_table.load``'s runs of one setting except precision (one model, optimizer, LoRA setting,
     normalisation and tag; a ValueError otherwise), in ``reference`` and at least one other precision.
     Each run is paired with the reference's run of its dataset, component, learning rate and seed (a run
     without its twin is counted in ``unpaired``, never dropped silently). Every interval is the 1 - 2 x
@@ -508,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     ``effect`` of a finetuning sweep spec's runs in several precisions (e.g. ``precision_paper.yaml``)."""
     args = argument_parser().parse_args(argv)
     try:
-        found, missing = runs.for_spec(specs.load_spec(args.spec))
-        runs.at_least_one(found, args.spec)
+        found, missing = runs_table.for_spec(specs.load_spec(args.spec))
+        runs_table.at_least_one(found, args.spec)
         tables = effect(found, args.reference, args.margin, select=args.select)
     except cli.BAD_INPUT as error:
         return cli.fail(error)

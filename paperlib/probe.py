@@ -61,7 +61,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from . import components, data, models, paths, threads
+from . import components, data, models, paths, storage, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset, ImageDataset
 from .loader import DeviceLoader, Transform, decode_workers
@@ -480,9 +480,9 @@ def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
     """The cached table (``probe.csv``) and ``metadata.json`` of a result folder.
 
     The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none, or if
-    damaged: ``paths.json_or_none`` warns, and the probes are fitted again)."""
+    damaged: ``storage.json_or_none`` warns, and the probes are fitted again)."""
     folder = Path(folder)
-    metadata = paths.json_or_none(folder / "metadata.json")
+    metadata = storage.json_or_none(folder / "metadata.json")
     if metadata is None or not (folder / "probe.csv").is_file():
         return empty(), {}
     return pd.read_csv(folder / "probe.csv"), metadata
@@ -501,9 +501,9 @@ def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
     Write ``probe.csv`` then ``metadata.json`` (with the table's size, ``files``) into ``folder``,
     each atomically: the metadata, written last, says the table is whole."""
     folder = Path(folder)
-    paths.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
-    metadata = {**metadata, "files": paths.file_sizes(folder, ["probe.csv"])}
-    paths.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
+    storage.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
+    metadata = {**metadata, "files": storage.file_sizes(folder, ["probe.csv"])}
+    storage.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
 
@@ -571,7 +571,7 @@ def linear_probe(
     if not compute:
         return None
     # one process fits a model's probes on a dataset: another waits for it, then finds them
-    with paths.locked(folder) if folder is not None else contextlib.nullcontext():
+    with storage.locked(folder) if folder is not None else contextlib.nullcontext():
         table, metadata, missing = cached(folder, key, wanted)  # fitted meanwhile by the process waited for
         if not missing:
             return tidy(table, wanted)

@@ -35,7 +35,7 @@ from typing import Iterable
 
 from traitlets.config import Config
 
-from . import cli, paths, specs
+from . import cli, paths, specs, storage
 from .notebook import HEADLINE_MIME
 
 KERNEL = "python3"
@@ -132,7 +132,7 @@ def render_html(notebook: Path, output: Path | None = None) -> Path:
         exporter = HTMLExporter(template_name="lab", exclude_input=exclude_input)
         exporter.register_preprocessor(CoalesceStreamsPreprocessor(), enabled=True)
         body, _ = exporter.from_notebook_node(node)
-        paths.atomic_write_text(page, body)
+        storage.atomic_write_text(page, body)
     return output
 
 
@@ -202,7 +202,7 @@ def _card(notebook: Path, out_dir: Path) -> str:
     image = ""
     if info["thumbnail"] is not None:
         thumb = out_dir / "thumbnails" / f"{notebook.stem}.png"
-        paths.atomic_write(thumb, lambda tmp: Path(tmp).write_bytes(info["thumbnail"]))
+        storage.atomic_write(thumb, lambda tmp: Path(tmp).write_bytes(info["thumbnail"]))
         source = html.escape(f"thumbnails/{thumb.name}")
         image = f'<a href="{html.escape(nocode)}"><img src="{source}" alt="main figure"></a>'
     line = info["headline"] or {}
@@ -260,7 +260,7 @@ def write_index(out_dir: Path) -> Path:
         + (("<h2>Other reports</h2>\n<ul>\n" + "\n".join(rows) + "\n</ul>\n") if rows else "")
         + "</body></html>\n"
     )
-    paths.atomic_write_text(output, text)
+    storage.atomic_write_text(output, text)
     return output
 
 
@@ -276,7 +276,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
     one per core (``finetune.run_spec``), so that the notebooks find them finished instead of running each its part one
     after another. The notebooks then run one per core at a time: much of a notebook's time is its kernel starting and
     importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook run
-    alone; what two notebooks share on disk is locked (``paths.locked``)."""
+    alone; what two notebooks share on disk is locked (``storage.locked``)."""
     from . import finetune, threads  # here, not at the top: both load torch
 
     out_dir = out_dir or paths.reports_dir()
@@ -328,7 +328,7 @@ def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
                 resources={"metadata": {"path": str(notebook.parent)}},
                 config=config,
             ).execute()
-        paths.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
+        storage.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
         print(f"executed {notebook}", flush=True)
 
 

@@ -1,5 +1,6 @@
-"""What a finetuning run is and where it lives (paper §5.2): ``Config``, its folder and files, whether
-it is finished as asked, and every run under a results root as a table.
+"""What a finetuning run is and where it lives (paper §5.2): ``Config``, its folder and its files.
+
+Whether a run is finished as asked is here too; every run as a table is ``runs_table``.
 
     from paperlib.runs import Config
     config = Config(component="mha", lr=0.03)   # validated here, once
@@ -10,12 +11,9 @@ Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<see
 replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
 ``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
 whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
-One process at a time trains a run (``finetune`` holds ``paths.locked(folder)``). ``is_finished(config)`` is the
-one answer to "is this run finished as asked" (the sweep's markers ask it too). ``load()`` reads
-every run folder into a table (``RUN_COLUMNS``; a run without ``metrics.json`` is ``partial``),
-``for_spec(spec)`` the runs a sweep spec asks for, with what is missing, and ``histories_of(runs)`` their
-histories. Reading results needs no ``Config`` and loads no torch (``Config.validate`` imports the training
-stack): an analysis of a whole grid reads what it uses in seconds.
+One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``is_finished(config)`` is the
+one answer to "is this run finished as asked" (the sweep's markers ask it too). ``Config.validate`` imports the
+training stack; reading results (``runs_table``) needs no ``Config`` and loads no torch.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import cli, paths, specs
+from . import cli, paths, storage
 from .cli import coerce
 from .names import check_run_component
 from .speed.options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
@@ -349,18 +347,18 @@ def recorded_difference(config: Config, ignore: tuple[str, ...] = OUTPUT_ONLY) -
     ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
     train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
     ``HOW_IT_RAN``, does not count: the same run to rounding)."""
-    params = paths.json_or_none(config.folder() / PARAMS)
+    params = storage.json_or_none(config.folder() / PARAMS)
     return None if params is None else differing(params, run_record(config), ignore)
 
 
 def is_finished(config: Config) -> bool:
     """Whether ``config``'s run is finished as asked.
 
-    Its ``metrics.json`` is there and whole, with the files it records whole (``paths.json_or_none``: a damaged run is
+    Its ``metrics.json`` is there and whole, with the files it records whole (``storage.json_or_none``: a damaged run is
     trained again), its recorded parameters are ``config``'s on the same custom data and model as now (``same_params``),
     and, with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
-    metrics = paths.json_or_none(folder / METRICS)
+    metrics = storage.json_or_none(folder / METRICS)
     if metrics is None or recorded_difference(config) != []:
         return False
     return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
@@ -374,7 +372,7 @@ def start(config: Config, params: dict) -> None:
     batch size, warm-up... are not in the folder's name), or one whose parameters cannot be read,
     that run's files go first, so that they are never read back as this run's."""
     folder = config.folder()
-    saved = paths.json_or_none(folder / PARAMS)
+    saved = storage.json_or_none(folder / PARAMS)
     same = saved is not None and same_params(saved, config, params)
     for stale in (METRICS,) if same else (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
         (folder / stale).unlink(missing_ok=True)
@@ -392,7 +390,7 @@ def save_checkpoint(config: Config, state: dict) -> None:
     tensors), so that it loads with ``weights_only=True``."""
     import torch  # here, not above: reading results needs no torch
 
-    paths.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+    storage.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(config: Config, params: dict, side: int, device: torch.device) -> dict | None:
@@ -430,24 +428,26 @@ def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
     finished), and its checkpoint gone. Each file is written atomically."""
     folder = config.folder()
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
-    paths.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
+    storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
     kept = config.save_weights and best["state"] is not None
     metrics["weights"] = WEIGHTS if kept else None
     if kept:
         from safetensors.torch import save_file
 
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
-        paths.atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])}))
+        storage.atomic_write(
+            folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])})
+        )
     else:  # weights of an earlier training of this run would not be this training's
         (folder / WEIGHTS).unlink(missing_ok=True)
-    metrics["files"] = paths.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
+    metrics["files"] = storage.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
     write_json(folder / METRICS, metrics)
     (folder / CHECKPOINT).unlink(missing_ok=True)
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """``payload`` as indented JSON, atomically (``paths.atomic_write_text``)."""
-    paths.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+    """``payload`` as indented JSON, atomically (``storage.atomic_write_text``)."""
+    storage.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def history(config: Config) -> pd.DataFrame:
@@ -458,74 +458,10 @@ def history(config: Config) -> pd.DataFrame:
 HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"]
 """The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
 
-KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
-KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "equal_capacity", "subset_seed", "normalize", "validation", "tag"]
-"""What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
-
-RUN_COLUMNS = KEYS + [
-    "status",
-    "best_val_accuracy",
-    "best_step",
-    "test_accuracy",
-    "test_images",
-    "trainable_parameters",
-]
-RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
-"""The columns of ``load``'s runs table: the keys, then what the run reported."""
-COUNTS = ["best_step", "test_images", "trainable_parameters"]
-"""The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
-
 
 def finetune_root(root: str | Path | None = None) -> Path:
     """``results/finetune`` (or ``<root>/finetune``)."""
     return (Path(root) if root is not None else paths.results_dir()) / "finetune"
-
-
-def load(root: str | Path | None = None) -> pd.DataFrame:
-    """One row per run folder under the results root (``RUN_COLUMNS``).
-
-    From its ``params.json`` and ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as
-    partial, one of another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
-    ``params.json`` is damaged is left out (``paths.json_or_none``: each with a warning that names the file)."""
-    rows = []
-    for params_file in sorted(finetune_root(root).rglob(PARAMS)):
-        params = paths.json_or_none(params_file)
-        if params is not None:
-            rows.append(_run_row(params_file.parent, params))
-    return pd.DataFrame(rows).reindex(columns=RUN_COLUMNS)
-
-
-def _run_row(folder: Path, params: dict) -> dict:
-    """The runs table's row of the run in ``folder`` whose ``params.json`` holds ``params``."""
-    row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
-    metrics = paths.json_or_none(folder / METRICS)
-    row |= metrics if metrics is not None else {"status": "partial"}
-    if params.get("protocol") != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
-        row["status"] = "outdated"
-    return row
-
-
-def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
-    """The histories (``history.csv``) of the ``runs`` that ended, with their ``KEYS``.
-
-    The histories (``history.csv``) of the ``runs`` (a table of ``load`` or ``for_spec``) that ended (finished or
-    diverged), with their ``KEYS``; ``columns``: the history's columns to read (None: all; ``step`` always). Only the
-    figures of training read histories (notebooks 06 and 09): give them the runs they draw."""
-    columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
-    parts = []
-    for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):
-        path = Path(row["folder"]) / HISTORY
-        if path.is_file():
-            parts.append(pd.read_csv(path, usecols=columns).assign(**{key: row[key] for key in KEYS}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=(columns or ["step"]) + KEYS)
-
-
-def configs(spec: dict) -> list[Config]:
-    """Each run of a finetuning sweep spec as the ``Config`` that notebook 05 makes of it.
-
-    Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
-    the ``Config`` that notebook 05 makes of them (``config_from``)."""
-    return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
 
 
 def config_from(parameters: dict) -> Config:
@@ -546,57 +482,3 @@ def config_values(parameters: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
     return {key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}
-
-
-def expected(spec: dict) -> pd.DataFrame:
-    """The runs a finetuning sweep spec asks for (``KEYS``)."""
-    return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in configs(spec)], columns=KEYS)
-
-
-def spec_records(*spec_list: dict) -> dict[str, dict]:
-    """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds.
-
-    Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds once it
-    ran (``run_record``), made without a ``Config``, so without the training stack and unchecked (the
-    sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
-    records = {}
-    for spec in spec_list:
-        for _, _, parameters in specs.cells(spec):
-            record = run_record(written_one_way(Config.defaults() | config_values(parameters)))
-            records[str(run_folder(record))] = record
-    return records
-
-
-def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, missing) of one or several finetuning sweep specs.
-
-    The runs the specs ask for (``load``'s columns, a row per run whatever its status) with every parameter the spec
-    sets but how they ran (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no
-    run", or "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
-    ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not with the
-    results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. Notebooks 04, 06, 07 and
-    09 and ``stats`` read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
-    ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
-    rows, absent = [], []
-    for folder, record in spec_records(*spec_list).items():
-        params = paths.json_or_none(Path(folder) / PARAMS)
-        difference = None if params is None else differing(params, record, ignore)
-        if difference == []:
-            rows.append(_run_row(Path(folder), params))
-            continue
-        reason = f"different parameters: {', '.join(difference)}" if difference else "no run"
-        absent.append({key: record[key] for key in KEYS} | {"reason": reason})
-    runs = pd.DataFrame(sorted(rows, key=lambda row: row["folder"])).reindex(columns=RUN_COLUMNS)
-    # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
-    runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
-    return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])
-
-
-def at_least_one(found: pd.DataFrame, what: str) -> pd.DataFrame:
-    """``found`` if it holds a run; otherwise a one-line ValueError.
-
-    ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
-    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs)."""
-    if found.empty:
-        raise ValueError(f"no run of {what} under {paths.display(finetune_root())}")
-    return found

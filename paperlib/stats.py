@@ -40,9 +40,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import cli, paths, runs, specs
+from . import cli, paths, runs_table, specs, storage
 from .names import COMPONENTS, LABELS, PAPER_SCORES, RUN_COMPONENTS, family
-from .runs import KEYS, method
+from .runs import method
+from .runs_table import KEYS
 from .significance import holm, kendall, kendall_tau, sign_test, wilcoxon_p
 
 SELECTIONS = ("test", "val")
@@ -67,7 +68,7 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
     ``ddof=0`` numpy's ``np.std``, as the authors' code computed Table 6's ±; ``ddof=1`` the sample
     standard deviation, 1.22x larger for three seeds), ``seeds``.
 
-    ``runs``: the runs table of ``runs.load`` for one model, precision, optimizer, LoRA setting, normalisation
+    ``runs``: the runs table of ``runs_table.load`` for one model, precision, optimizer, LoRA setting, normalisation
     and tag (a ValueError otherwise: their runs are not seeds of one another). As the authors' selection, every
     run counts with its best-validation checkpoint's test accuracy, diverged ones too (one without, diverged
     before any validation, makes its learning rate's mean NaN, never chosen), and a tie keeps the smaller
@@ -278,7 +279,7 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept
     has a test accuracy (an unfinished sweep leaves no configuration a grid of its own). A diverged run
     counts with its best-validation checkpoint's, as in the authors' boxes (``diverged="kept"``);
     ``"cell"`` leaves its cell out for all, ``"run"`` for its own configuration only (``DIVERGED``).
-    ``runs``: ``runs.load``'s table for one setting (a ValueError otherwise)."""
+    ``runs``: ``runs_table.load``'s table for one setting (a ValueError otherwise)."""
     if diverged not in DIVERGED:
         raise ValueError(f"unknown diverged {diverged!r}; valid choices: {', '.join(DIVERGED)}")
     check_one_setting(runs, "grid_spread")
@@ -444,7 +445,7 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
 def early_gradient_norm(histories: pd.DataFrame, runs: pd.DataFrame, fraction: float = 0.2) -> pd.DataFrame:
     """Per finished run, the mean gradient norm over its first ``fraction`` of steps.
 
-    ``histories`` and ``runs``: ``runs.load``'s tables. The gradient norm is taken before clipping, over the steps
+    ``histories`` and ``runs``: ``runs_table.load``'s tables. The gradient norm is taken before clipping, over the steps
     <= fraction x the run's length (at least its first logged step): one row per run with its keys and ``grad_norm``.
     A diverged run is left out (one whose loss turned NaN stopped early: its first fraction is another window)."""
     if not 0 < fraction <= 1:
@@ -477,7 +478,7 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs.load``'s runs of the components LoRA adapts (``lora.ADAPTABLE``) with a ``method`` column (``method``)."""
+    """``runs_table.load``'s runs of the components LoRA adapts (``lora.ADAPTABLE``), with a ``method`` column."""
     from . import lora  # the LoRA tables alone need it (it loads torch)
 
     runs = runs[runs["component"].isin(lora.ADAPTABLE)]
@@ -642,8 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
-        found, missing = runs.for_spec(spec)
-        runs.at_least_one(found, args.spec)
+        found, missing = runs_table.for_spec(spec)
+        runs_table.at_least_one(found, args.spec)
         several = found["precision"].nunique() > 1
         if several:  # a precision check (precision.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
@@ -683,7 +684,7 @@ def write_csv(tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tupl
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
-        paths.atomic_write(
+        storage.atomic_write(
             folder / f"{name}.csv", lambda tmp, table=table, index=name in indexed: table.to_csv(tmp, index=index)
         )
     print(f"tables written to {paths.display(folder)}")

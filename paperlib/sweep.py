@@ -16,7 +16,7 @@ failing run leaves ``.error.txt`` with its error, and the summary its last line;
 the others. ``reports/index.html`` is rewritten at the end.
 
 Several sweep processes of one spec on one results root share its runs: one process executes a run
-at a time (its lock, ``paths.locked``), and a run another process holds is passed over and come
+at a time (its lock, ``storage.locked``), and a run another process holds is passed over and come
 back to at the end; the summary says which runs another process finished. So N processes, one per
 device (``CUDA_VISIBLE_DEVICES``, or ``VIT_PLASTICITY_WORKERS=N`` each on one machine's CPU cores:
 ``threads``), finish a sweep about N times faster.
@@ -52,7 +52,7 @@ from pathlib import Path
 import submitit
 import torch
 
-from . import cli, data, models, paths, plan, plasticity, report, runs, specs, threads
+from . import cli, data, models, paths, plan, plasticity, report, runs, specs, storage, threads
 from .speed.options import PRECISIONS
 from .transforms import check_normalize
 
@@ -116,7 +116,7 @@ class Run:
         marker: it must record these parameters (a spec edited since, say its steps, makes its
         runs unfinished: their names need not change) and the custom models and datasets as they
         are now (edited images, a re-saved model: unfinished)."""
-        marker = paths.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
+        marker = storage.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
         if marker is None:
             return False
         if self.notebook.stem == runs.NOTEBOOK:
@@ -256,15 +256,15 @@ def check_gpus(gpus: list[int] | None) -> list[int]:
 def execute_run(run: Run, wait: bool = True, html: bool = False) -> Run:
     """Execute one run unless finished; record success (marker) or failure (error file).
 
-    One process executes a run (``paths.locked``): a run another process holds is left ``busy`` (``wait``: waited for),
-    and one another process finished since the sweep started is ``other``. ``html``: its reports too."""
+    One process executes a run (``storage.locked``): a run another process holds is left ``busy`` (``wait``: waited
+    for), and one another process finished since the sweep started is ``other``. ``html``: its reports too."""
     try:
-        with paths.locked(run.stem, wait=wait):
+        with storage.locked(run.stem, wait=wait):
             if run.finished:  # by another process, since this sweep read the markers
                 run.status = "other"
                 return run
             return _execute(run, html)
-    except paths.Busy:
+    except storage.Busy:
         run.status = "busy"
         print(f"{run.name}: held by another process; come back to at the end", flush=True)
         return run
@@ -288,13 +288,13 @@ def _execute(run: Run, html: bool = False) -> Run:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         run.error_file.unlink(missing_ok=True)
-        paths.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
+        storage.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
         run.status = "done"
     except Exception as error:  # a failed run is recorded; the sweep goes on
         run.seconds = round(time.perf_counter() - start, 2)
         run.status = "failed"
         run.error = f"{type(error).__name__}: {error}".strip()
-        paths.atomic_write_text(run.error_file, run.error + "\n\n" + traceback.format_exc())
+        storage.atomic_write_text(run.error_file, run.error + "\n\n" + traceback.format_exc())
     print(f"{run.name}: {run.status} in {run.seconds:.0f} s", flush=True)  # one line per run, wherever it ran
     return run
 

@@ -12,8 +12,7 @@ import timm
 import torch
 from PIL import Image
 
-from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity
-from paperlib import runs as run_files
+from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity, runs_table
 from paperlib.runs import Config
 
 
@@ -255,7 +254,7 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
         config.folder()
         == home / "results" / "finetune" / "custom" / "vit" / "custom" / "shots" / "fc1" / "lr=0.03" / "seed=0"
     )
-    runs = run_files.load()
+    runs = runs_table.load()
     assert runs[["model", "dataset", "component"]].values.tolist() == [["custom/vit", "custom/shots", "fc1"]]
 
     measurement = plasticity.Measurement("custom/vit", "custom/shots", "custom/pretraining", n_pairs=5)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import capacity, components, equal_capacity, finetune, models, runs
+from paperlib import capacity, components, equal_capacity, finetune, models, runs, runs_table, storage
 from paperlib.names import COMPONENTS
 
 
@@ -135,7 +135,7 @@ def test_equal_capacity_runs_are_another_setting_in_the_tables():
         {"model": "demo", "dataset": "digits", "component": "fc1", "lr": 0.03, "seed": 0, "equal_capacity": equal}
         for equal in (False, True)
     ]
-    mixed = pd.DataFrame(rows).reindex(columns=runs.RUN_COLUMNS)
+    mixed = pd.DataFrame(rows).reindex(columns=runs_table.RUN_COLUMNS)
     with pytest.raises(ValueError):
         stats.check_one_setting(mixed, "table6")
 
@@ -173,7 +173,7 @@ def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(res
     parameters = {"component": "fc1", "equal_capacity": True, "steps": 4, "warmup": 1, "eval_every": 2}
     report.execute(paths.NOTEBOOKS / "05_finetune.ipynb", tmp_path / "out.ipynb", parameters=parameters)
     config = runs.Config(component="fc1", equal_capacity=True, steps=4, warmup=1, eval_every=2)
-    metrics = paths.read_json(config.folder() / runs.METRICS)
+    metrics = storage.read_json(config.folder() / runs.METRICS)
     model = demo_model()
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     assert metrics["trainable_parameters"] - head_and_norm == 2 * model.embed_dim * len(model.blocks)

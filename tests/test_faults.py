@@ -25,7 +25,21 @@ import torch
 import yaml
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import data, finetune, fixtures, paths, plasticity, probe, runs, specs, stats, sweep, threads
+from paperlib import (
+    data,
+    finetune,
+    fixtures,
+    paths,
+    plasticity,
+    probe,
+    runs,
+    runs_table,
+    specs,
+    stats,
+    storage,
+    sweep,
+    threads,
+)
 from paperlib.loader import uint8_images
 from paperlib.runs import Config
 
@@ -165,7 +179,7 @@ def test_two_identical_runs_started_together_train_once_and_both_report_it(refer
 
 
 HOLD = (
-    "import sys\nfrom paperlib import paths\nwith paths.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
+    "import sys\nfrom paperlib import storage\nwith storage.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
 )
 """A process that holds the lock of ``argv[1]`` until it reads a line."""
 
@@ -182,7 +196,7 @@ def test_a_run_asked_not_to_wait_says_it_runs_elsewhere(capsys):
     config = Config(**RUN)
     holder = hold(config.folder())  # another process holds the run's lock
     try:
-        with pytest.raises(paths.Busy, match="running elsewhere"):
+        with pytest.raises(storage.Busy, match="running elsewhere"):
             finetune.run(config, wait=False)
         assert finetune.main([*ARGS, "--wait", "false"]) == finetune.RUNNING_ELSEWHERE
         err = capsys.readouterr().err
@@ -195,11 +209,11 @@ def test_a_run_asked_not_to_wait_says_it_runs_elsewhere(capsys):
 def test_a_lock_dies_with_its_process_and_is_reentrant_within_one(tmp_path):
     target = tmp_path / "folder"
     holder = hold(target)
-    with pytest.raises(paths.Busy, match="folder is being written by another process"):
-        with paths.locked(target, wait=False):
+    with pytest.raises(storage.Busy, match="folder is being written by another process"):
+        with storage.locked(target, wait=False):
             pass
     kill_when(lambda: True, holder)  # kill -9: no stale lock left
-    with paths.locked(target, wait=False), paths.locked(target, wait=False):  # taken, and taken again inside
+    with storage.locked(target, wait=False), storage.locked(target, wait=False):  # taken, and taken again inside
         pass
 
 
@@ -248,8 +262,8 @@ def summary(out: str) -> dict[str, str]:
 
 
 FINISH = (
-    "import sys\nfrom paperlib import paths, specs, sweep\nrun = sweep.expand(specs.load_spec(sys.argv[1]))[0]\n"
-    "with paths.locked(run.stem):\n    print(1, flush=True)\n    input()\n    sweep.execute_run(run)\n"
+    "import sys\nfrom paperlib import specs, storage, sweep\nrun = sweep.expand(specs.load_spec(sys.argv[1]))[0]\n"
+    "with storage.locked(run.stem):\n    print(1, flush=True)\n    input()\n    sweep.execute_run(run)\n"
 )
 """A process that holds the lock of the first run of the spec ``argv[1]`` and, once it reads a line, runs it."""
 
@@ -329,11 +343,11 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     del params["protocol"]
     params_file.write_text(json.dumps(params))
     assert not runs.is_finished(config)
-    table = runs.load()
+    table = runs_table.load()
     assert table.loc[table["folder"] == str(config.folder()), "status"].tolist() == ["outdated"]
     again = finetune.run(config)
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
-    assert runs.load()["status"].tolist() == ["finished"]
+    assert runs_table.load()["status"].tolist() == ["finished"]
     params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config no longer has
     params_file.write_text(json.dumps(params))
     assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
@@ -344,8 +358,8 @@ def test_damaged_runs_are_partial_in_the_results_table(small):
     finetune.run(small(seed=1))
     cut(small(seed=1).folder() / runs.HISTORY)
     with pytest.warns(UserWarning, match="history.csv"):
-        table = runs.load()
-    histories = runs.histories_of(table)
+        table = runs_table.load()
+    histories = runs_table.histories_of(table)
     assert dict(zip(table["seed"], table["status"])) == {0: "finished", 1: "partial"}
     assert set(histories["seed"]) == {0}
 
@@ -359,7 +373,7 @@ def test_a_cut_checkpoint_is_reported_and_the_run_starts_from_the_beginning(smal
     with pytest.warns(UserWarning, match=r"checkpoint\.pt cannot be read.*from the beginning"):
         with pytest.raises(AssertionError, match="from the beginning"):  # it did not resume
             resumed(config, monkeypatch)
-    assert same_metrics(paths.read_json(config.folder() / runs.METRICS)) == same_metrics(metrics)
+    assert same_metrics(storage.read_json(config.folder() / runs.METRICS)) == same_metrics(metrics)
 
 
 def test_a_checkpoint_that_would_run_code_is_refused(small, monkeypatch, tmp_path, move_results):
@@ -593,7 +607,7 @@ def test_a_run_that_diverges_after_its_best_validation_keeps_its_test_accuracy_a
     assert diverged["best_step"] in (5, 10) and 0 < diverged["test_accuracy"] <= 1  # the checkpoint before the NaN
     still = finetune.run(small(lr=1e-6, steps=20, eval_every=5))  # learns next to nothing
     assert still["status"] == "finished" and still["test_accuracy"] < diverged["test_accuracy"]
-    table = runs.load()
+    table = runs_table.load()
     assert table.set_index("lr").loc[0.03, "test_accuracy"] == diverged["test_accuracy"]
     assert stats.table6(table)["lr"].tolist() == [0.03]  # the authors' choice over every run
 
@@ -607,12 +621,12 @@ def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, 
         "grid": {"component": ["mha", "ln1"], "lr": [0.03]},
     }
     finetune.run_spec(spec)
-    found, missing = runs.for_spec(spec)
+    found, missing = runs_table.for_spec(spec)
     assert found["status"].tolist() == ["finished", "finished"] and missing.empty
     longer = Config(component="mha", lr=0.03, steps=30, warmup=2, eval_every=10, batch_size=16)  # the CLI's, say
     finetune.run(longer)
-    found, missing = runs.for_spec(spec)
-    assert found["component"].tolist() == ["ln1"] and set(runs.histories_of(found)["component"]) == {"ln1"}
+    found, missing = runs_table.for_spec(spec)
+    assert found["component"].tolist() == ["ln1"] and set(runs_table.histories_of(found)["component"]) == {"ln1"}
     assert missing[["component", "reason"]].values.tolist() == [["mha", "different parameters: steps"]]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -636,8 +650,8 @@ def test_a_run_being_written_elsewhere_leaves_a_specs_counts_whole_numbers(move_
     other = Config(component="fc2", lr=0.03, steps=10, warmup=2, eval_every=5, batch_size=16)
     other.folder().mkdir(parents=True)
     (other.folder() / runs.PARAMS).write_text(json.dumps(runs.run_record(other)))  # begun, no metrics yet
-    assert runs.load()["trainable_parameters"].isna().any()  # the whole root: a partial run among them
-    found, _ = runs.for_spec(spec)
+    assert runs_table.load()["trainable_parameters"].isna().any()  # the whole root: a partial run among them
+    found, _ = runs_table.for_spec(spec)
     assert found["status"].tolist() == ["finished"]
     assert found["trainable_parameters"].dtype == "int64" and found["best_step"].dtype == "int64"
 
@@ -694,12 +708,12 @@ def test_a_full_disk_says_no_space_left_and_which_file(tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=4096))
     with pytest.raises(
-        paths.CannotWrite, match=f"no space left on the device of {tmp_path / 'run'}: cannot write checkpoint.pt"
+        storage.CannotWrite, match=f"no space left on the device of {tmp_path / 'run'}: cannot write checkpoint.pt"
     ):
-        paths.atomic_write(target, torch_on_a_full_disk)
-    with pytest.raises(paths.CannotWrite, match="no space left"):  # an OSError that says so
-        paths.atomic_write(target, lambda tmp: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+        storage.atomic_write(target, torch_on_a_full_disk)
+    with pytest.raises(storage.CannotWrite, match="no space left"):  # an OSError that says so
+        storage.atomic_write(target, lambda tmp: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     assert not list(target.parent.iterdir())  # no temporary file left
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="unexpected pos"):  # with room on the disk, the error as it is
-        paths.atomic_write(target, torch_on_a_full_disk)
+        storage.atomic_write(target, torch_on_a_full_disk)

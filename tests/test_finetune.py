@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import components, finetune, models, paths, stats
+from paperlib import components, finetune, models, runs_table, stats, storage
 from paperlib import runs as run_files
 
 
@@ -96,7 +96,7 @@ def test_best_validation_checkpoint_is_reported(small):
     test_images = len(data.get_dataset(small().dataset, "test"))  # one image is worth 100 / this points
     correct = metrics["test_accuracy"] * test_images
     assert metrics["test_images"] == test_images and correct == pytest.approx(round(correct), abs=1e-9)
-    assert run_files.load()["test_images"].tolist() == [test_images]
+    assert runs_table.load()["test_images"].tolist() == [test_images]
 
 
 def test_resume_after_interruption_matches_an_uninterrupted_run(results, tmp_path, monkeypatch, small, move_results):
@@ -217,7 +217,7 @@ def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(resul
     initial = components.set_trainable(models.create_model("demo", num_classes=5), "ln2")
     changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
     assert changed and changed <= {n for n, _ in components.trainable_parameters(initial)}
-    runs = run_files.load()
+    runs = runs_table.load()
     assert sorted(runs["optimizer"]) == ["adamw", "sgd"] and sorted(runs["weight_decay"]) == [0.0, 0.05]
 
 
@@ -249,7 +249,7 @@ def test_adamw_resumes_after_an_interruption_as_if_uninterrupted(results, tmp_pa
 def test_table6_refuses_runs_of_two_optimizers(results, small):
     finetune.run(small(component="ln2", steps=4, eval_every=2))
     finetune.run(small(component="ln2", steps=4, eval_every=2, optimizer="adamw", lr=1e-3))
-    runs = run_files.load()
+    runs = runs_table.load()
     with pytest.raises(ValueError, match="one optimizer, got adamw, sgd"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["optimizer"] == "sgd"])) == 1
@@ -329,7 +329,7 @@ def test_a_run_trained_again_for_its_weights_is_partial_until_it_ends(monkeypatc
     finetune.run(small())
     interrupted(small(save_weights=True), 6, monkeypatch)
     assert not (small().folder() / "metrics.json").exists()
-    assert run_files.load()["status"].tolist() == ["partial"]
+    assert runs_table.load()["status"].tolist() == ["partial"]
 
 
 def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
@@ -343,7 +343,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
     assert small(validation="fraction").folder().name == "seed=0-val-fraction"  # the paper's reading of Flowers' val
     finetune.run(longer)
     assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
-    runs = run_files.load()
+    runs = runs_table.load()
     assert sorted(runs["tag"]) == ["", "steps12"]
     with pytest.raises(ValueError, match="one tag"):
         stats.table6(runs)
@@ -374,7 +374,7 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     }
 
     def results():
-        return {c.component: paths.read_json(c.folder() / run_files.METRICS) for c in run_files.configs(spec)}
+        return {c.component: storage.read_json(c.folder() / run_files.METRICS) for c in runs_table.configs(spec)}
 
     finetune.run_spec(spec, workers=2)
     lines = capsys.readouterr().out.strip().splitlines()

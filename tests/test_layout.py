@@ -108,9 +108,9 @@ def test_the_layers_import_downwards(lower, upper):
 
 ANALYSIS = """
 import sys
-from paperlib import capacity, precision, runs, specs, stats
+from paperlib import capacity, precision, runs_table, specs, stats
 spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
-found, missing = runs.for_spec(spec)
+found, missing = runs_table.for_spec(spec)
 assert len(found) == 0 and len(missing) == 924, (len(found), len(missing))
 heavy = sorted(name for name in ("torch", "torchvision", "timm", "sklearn") if name in sys.modules)
 print(",".join(heavy) or "none")

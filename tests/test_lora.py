@@ -9,7 +9,7 @@ import torch
 from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
-from paperlib import components, finetune, lora, models, names, specs, stats
+from paperlib import components, finetune, lora, models, names, runs_table, specs, stats
 from paperlib import runs as run_files
 from paperlib.runs import Config
 
@@ -150,7 +150,7 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
-    runs = run_files.load()
+    runs = runs_table.load()
     assert sorted(runs["lora_rank"]) == [0, 4]
     with pytest.raises(ValueError, match="one lora_rank, got 0, 4"):
         stats.table6(runs)
@@ -201,7 +201,7 @@ def test_the_command_line_and_notebook_take_the_lora_parameters():
         "parameters": {"steps": 4, "warmup": 1},
         "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]},
     }
-    wanted = run_files.expected(spec)
+    wanted = runs_table.expected(spec)
     assert sorted(zip(wanted["component"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
     assert isinstance(Config(lora_rank=4).lora_rank, int)
 
@@ -211,7 +211,7 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
         for lr in (0.01, 0.3):
             finetune.run(small(component="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
     finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
-    runs = run_files.load()
+    runs = runs_table.load()
     table = stats.comparison(runs)
     assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["component"]) == {"fc2"}
     for rank, row in zip((0, 2), table.itertuples()):
@@ -226,7 +226,7 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
 def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results, small):
     finetune.run(small(component="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
     finetune.run(small(component="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
-    runs = run_files.load()
+    runs = runs_table.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
     assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
     spec = {
@@ -234,5 +234,5 @@ def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results
         "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
         "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]},
     }
-    found, missing = run_files.for_spec(spec)  # alpha 0 in the spec is the runs' alpha 2: both found
+    found, missing = runs_table.for_spec(spec)  # alpha 0 in the spec is the runs' alpha 2: both found
     assert missing.empty and found["lr"].tolist() == [0.01, 0.3]

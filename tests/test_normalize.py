@@ -23,6 +23,7 @@ from paperlib import (
     loader,
     models,
     plasticity,
+    runs_table,
     stats,
 )
 from paperlib import runs as run_files
@@ -196,7 +197,7 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     finetune.run(same_model), finetune.run(same_paper)
     pd.testing.assert_frame_equal(run_files.history(same_model), run_files.history(same_paper))
 
-    runs = run_files.load()
+    runs = runs_table.load()
     assert sorted(runs["normalize"]) == ["imagenet", "imagenet", "model", "model"]
     with pytest.raises(ValueError, match="one normalize"):
         stats.table6(runs[runs["model"] == "custom/half"])
@@ -209,7 +210,7 @@ def test_runs_recorded_before_the_option_are_the_papers(home, small):
     params = json.loads((config.folder() / "params.json").read_text())
     del params["normalize"]
     (config.folder() / "params.json").write_text(json.dumps(params))
-    assert run_files.load()["normalize"].tolist() == ["imagenet"]
+    assert runs_table.load()["normalize"].tolist() == ["imagenet"]
     metrics = json.loads((config.folder() / "metrics.json").read_text())
     assert finetune.run(config) == metrics  # still this run: not trained again
 

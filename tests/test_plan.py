@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from paperlib import finetune, paths, plan, runs, specs, speed, sweep
+from paperlib import finetune, paths, plan, runs, runs_table, specs, speed, sweep
 
 DEMO_SPEC = str(paths.PARAMETERS / "sweeps" / "finetune_demo.yaml")
 PLASTICITY_SPEC = str(paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
@@ -103,7 +103,7 @@ def test_finished_runs_are_counted_and_the_median_rate_of_their_step_is_used_wit
 ):
     asked = fixed_rate(monkeypatch)
     spec = small_spec(components=("mha", "fc1"), seeds=(0, 1, 2, 3))
-    mha = [config for config in runs.configs(spec) if config.component == "mha"]
+    mha = [config for config in runs_table.configs(spec) if config.component == "mha"]
     for config, rate in zip(mha, (100.0, 200.0, 600.0)):
         finish(config, images_per_second=rate)
     finish(replace(mha[3], batch_size=8, tag="b8"), images_per_second=5.0)  # another step (batch): not its rate
@@ -145,7 +145,7 @@ def test_a_run_that_finetune_finished_lends_its_recorded_rate_to_the_other_runs_
 def test_diverged_runs_are_results_and_failed_runs_are_run_again(results, reports, monkeypatch):
     fixed_rate(monkeypatch)
     spec = small_spec(components=("mha", "fc1", "fc2"))
-    diverged, failed, _ = runs.configs(spec)
+    diverged, failed, _ = runs_table.configs(spec)
     finish(diverged, status="diverged")
     error_file = next(run for run in sweep.expand(spec) if "fc1" in run.name).error_file
     error_file.parent.mkdir(parents=True)

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import nbformat
 import pytest
 
-from paperlib import paths, report, threads
+from paperlib import paths, report, storage, threads
 from paperlib.notebook import HEADLINE_MIME, headline
 
 
@@ -123,11 +123,11 @@ def test_a_notebook_waiting_for_a_lock_says_so_on_the_terminal_not_in_its_report
     # the kernel sends its file descriptor 2 into the cells, as under `make demo` (ipykernel does not under pytest)
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     target = tmp_path / "result"
-    code = f"from paperlib import paths\nwith paths.locked({str(target)!r}):\n    print('written')"
+    code = f"from paperlib import storage\nwith storage.locked({str(target)!r}):\n    print('written')"
     notebook = write_notebook(tmp_path / "waits.ipynb", code)
     terminal = ""  # what this process's stderr, and the kernel's (inherited), received
     with ThreadPoolExecutor(1) as pool:
-        with paths.locked(target):  # another process holds it, as a notebook beside it in `make demo`
+        with storage.locked(target):  # another process holds it, as a notebook beside it in `make demo`
             executed = pool.submit(report.execute, notebook, tmp_path / "out.ipynb")
             deadline = time.monotonic() + 120
             while "waiting for another process" not in terminal:
@@ -141,7 +141,7 @@ def test_a_notebook_waiting_for_a_lock_says_so_on_the_terminal_not_in_its_report
 
 
 def test_a_notice_on_a_command_line_goes_to_stderr(capsys):
-    paths.notice("waiting for another process that is writing results/x")
+    storage.notice("waiting for another process that is writing results/x")
     assert capsys.readouterr() == ("", "waiting for another process that is writing results/x\n")
 
 

@@ -13,7 +13,8 @@ from scipy import stats as scipy_stats
 
 from paperlib import finetune, paths, precision, significance, stats
 from paperlib.components import COMPONENTS
-from paperlib.runs import KEYS, PROTOCOL, Config, expected, for_spec, histories_of, load
+from paperlib.runs import PROTOCOL, Config
+from paperlib.runs_table import KEYS, expected, for_spec, histories_of, load
 
 DATASETS = [
     "digits",

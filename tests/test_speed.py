@@ -12,7 +12,7 @@ from conftest import interrupted, resumed, same_metrics
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
-from paperlib import components, finetune, lora, models, paths, speed
+from paperlib import components, finetune, lora, models, paths, runs_table, speed
 from paperlib import runs as run_files
 from paperlib.imagesets import random_images
 from paperlib.loader import DeviceLoader, Transform
@@ -437,9 +437,9 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
         "grid": {"precision": ["autocast", "fp32"]},
     }
     with pytest.raises(ValueError, match="not offered for precision 'fp32'"):
-        run_files.configs(spec)
+        runs_table.configs(spec)
     spec["grid"]["precision"] = ["autocast", "bf16"]
-    assert [config.compile for config in run_files.configs(spec)] == ["blocks", "blocks"]
+    assert [config.compile for config in runs_table.configs(spec)] == ["blocks", "blocks"]
     # presets without recorded gains (auto, none, a mapping of options) are offered in every precision
     assert run_files.config_from({"speed": "none", "precision": "autocast"}).fused == "none"
 

@@ -10,7 +10,7 @@ own name (``Config``'s fields, notebook 05's parameters, a sweep spec's keys); a
 for a set of them besides ``precision`` (``preset``: "auto", the defaults; "none", nothing fused or
 compiled; or a YAML file of ``parameters/speed/``), which ``with_preset`` puts into a run's parameters,
 the options given explicitly overriding the preset's. Torch is imported where a choice is checked for
-a device, not here: reading specs, presets and results (``specs``, ``runs.for_spec``, ``stats``) loads
+a device, not here: reading specs, presets and results (``specs``, ``runs_table.for_spec``, ``stats``) loads
 none of the training stack.
 """
 
