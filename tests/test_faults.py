@@ -179,7 +179,8 @@ def test_two_identical_runs_started_together_train_once_and_both_report_it(refer
 
 
 HOLD = (
-    "import sys\nfrom paperlib import storage\nwith storage.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
+    "import sys\nfrom paperlib import storage\n"
+    "with storage.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
 )
 """A process that holds the lock of ``argv[1]`` until it reads a line."""
 
