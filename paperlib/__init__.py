@@ -5,6 +5,7 @@ One module per concern, named for what it holds; each imports only modules above
 - ``paths``       where things live (repository, reports, results, data caches, demo weights)
 - ``storage``     atomic writes, whole-JSON reads and the lock of what one process at a time writes (``locked``)
 - ``cli``         the command lines' parameter files and overrides
+- ``devices``     the devices a run may name, and those this machine has
 - ``threads``     CPU threads of processes of ours that share a machine
 - ``names``       the components' and configurations' names and labels, without torch (what the analysis imports)
 - ``components``  the five transformer components in a model, trainable configurations, Tables 3 and 4

@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import cli, components, data, equal_capacity, lora, models, paths, runs, runs_table, storage, threads
+from . import cli, components, data, devices, equal_capacity, lora, models, paths, runs, runs_table, storage, threads
 from .loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
 from .runs import METRICS, PARAMS, WEIGHTS, Config
 from .speed.step import OptimizerSettings, make_step
@@ -159,8 +159,8 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
 def check_runnable(config: Config) -> None:
     """Check what a run needs of this machine and its data before any file is touched.
 
-    Its device here (``cli.check_device``) and a batch no larger than its training set; a ValueError that says which."""
-    cli.check_device(config.device)
+    Its device here (``devices.check_device``) and a batch no larger than its training set; else a ValueError."""
+    devices.check_device(config.device)
     root = config.data_root or None
     n_train = len(data.get_dataset(config.dataset, "train", root=root, seed=config.seed, validation=config.validation))
     if config.batch_size > n_train:

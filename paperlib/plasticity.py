@@ -53,7 +53,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from . import cli, data, models, paths, storage, threads
+from . import cli, data, devices, models, paths, storage, threads
 from .component_rates import (
     batch_pair_rates,
     check_inputs,
@@ -482,7 +482,7 @@ def run(
     metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
     ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
     """
-    device = cli.check_device(device)  # before any data is read: a device this machine has
+    device = devices.check_device(device)  # before any data is read: a device this machine has
     network, mean_std, reference_set, target_set = _pair_sets(measurement, data_root)
     start = time.perf_counter()
     if num_workers is None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from . import cli, paths, storage
+from . import cli, devices, paths, storage
 from .cli import coerce
 from .names import check_run_component
 from .speed.options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
@@ -122,7 +122,7 @@ class Config:
         data.check_validation(self.validation)
         models.resolve_name(self.model)
         self._check_numbers()
-        cli.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
+        devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
         equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)

@@ -52,7 +52,7 @@ from pathlib import Path
 import submitit
 import torch
 
-from . import cli, data, models, paths, plan, plasticity, report, runs, specs, storage, threads
+from . import cli, data, devices, models, paths, plan, plasticity, report, runs, specs, storage, threads
 from .speed.options import PRECISIONS
 from .transforms import check_normalize
 
@@ -232,7 +232,7 @@ def check_device(device, executor: str | None = None) -> None:
     A run's device as ``executor`` runs it: one this machine has (``local``, ``submitit-local``), the
     one GPU each worker sees (``gpus``: ``cuda`` or ``cuda:0``, or the CPU), any device's name (``slurm``:
     the cluster's; None); a ValueError naming the valid ones otherwise."""
-    parsed = cli.check_device(device, here=executor in ("local", "submitit-local"))
+    parsed = devices.check_device(device, here=executor in ("local", "submitit-local"))
     if executor == "gpus" and parsed.type == "cuda" and parsed.index not in (None, 0):
         raise ValueError(f"device {device!r}: under --executor gpus a run sees one GPU, cuda (or cuda:0)")
 

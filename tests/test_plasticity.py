@@ -232,7 +232,7 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
     monkeypatch.setattr(plasticity, "measure", lambda *a, running, **k: workers.append(running.num_workers) or table)
-    monkeypatch.setattr(plasticity.cli, "check_device", lambda device: torch.device(device))  # as if with a GPU
+    monkeypatch.setattr(plasticity.devices, "check_device", lambda device: torch.device(device))  # as if with a GPU
     plasticity.run(Measurement(n_pairs=4), batch_size=4, device="cuda", progress=False)
     assert workers[-1] >= 1
 
