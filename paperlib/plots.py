@@ -286,10 +286,9 @@ def training_curves(
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset.
 
-    Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left on Sketch, Fig. 18 on
-    each benchmark): ``runs`` of that dataset, as ``runs_table.load`` lists them. As the authors' figure, boxes are over
-    every run with a test accuracy, diverged runs included with their best-validation checkpoint's (counted under each
-    box), and full finetuning is a dashed line at its mean."""
+    Fig. 4 left on Sketch, Fig. 18 on each benchmark. ``runs`` are that dataset's, as ``runs_table.load`` lists them. As
+    the authors' figure, boxes are over every run with a test accuracy, diverged runs included with their
+    best-validation checkpoint's (counted under each box), and full finetuning is a dashed line at its mean."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:

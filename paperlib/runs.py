@@ -320,9 +320,8 @@ WEIGHTS = "weights.safetensors"
 def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
     """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
 
-    Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
-    the same custom data and model as now (``record``: ``run_record(config)``, if already made:
-    it reads every file's status). A key the record lacks (written before ``Config`` had that
+    The parameters are those of ``params.json`` or a checkpoint. ``record`` is ``run_record(config)``, if
+    already made (it reads every file's status). A key the record lacks (written before ``Config`` had that
     field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
     return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
 

@@ -197,12 +197,12 @@ _HELD: set[Path] = set()  # what this process holds locked: locking it again ins
 def locked(path: str | Path, wait: bool = True):
     """Hold the exclusive lock of ``path`` while the block runs.
 
-    Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
-    at a time may write) while the block runs. The lock is an OS file lock (``fcntl.flock``) on
-    ``.<name>.lock`` beside ``path``, which the OS releases when its process ends, however it ends
-    (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on the
-    terminal (``notice``) and waits for it (``wait=False``: raises ``Busy`` instead); the caller then
-    checks whether the holder finished the work. Locking what this process already holds does not wait."""
+    ``path`` is what one process at a time may write: a run folder, a cache file, a result folder. The
+    lock is an OS file lock (``fcntl.flock``) on ``.<name>.lock`` beside ``path``, which the OS releases
+    when its process ends, however it ends (``kill -9`` too): no stale lock is ever left. A process that
+    finds it held says so once on the terminal (``notice``) and waits for it (``wait=False``: raises
+    ``Busy`` instead); the caller then checks whether the holder finished the work. Locking what this
+    process already holds does not wait."""
     path = Path(path).absolute()
     if path in _HELD:
         yield

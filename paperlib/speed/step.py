@@ -236,8 +236,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, context):
     """One optimisation step: forward and backward, clipping, the optimizer's update.
 
-    One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
-    accumulated), clipping at global norm ``clip``, the optimizer's update.
+    The forward and backward passes run in chunks of ``micro`` images, gradients accumulated;
+    clipping is at global norm ``clip``.
 
     Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
     device: the caller decides when to read them back. ``forward`` is the model, its compiled twin,
