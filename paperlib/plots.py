@@ -117,8 +117,8 @@ __all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_fig
 def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
     """Every rate of change per component, over all pairs and blocks, as violins.
 
-    Every rate of change per component, over all pairs and blocks, as violins (beyond the paper's
-    summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the per-block P(f))."""
+    Beyond the paper's summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the
+    per-block P(f)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     values = [table.loc[table["component"] == c, "rate"].dropna().to_numpy() for c in COMPONENTS]
