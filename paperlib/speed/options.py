@@ -129,10 +129,10 @@ tailored optimisation of each module)."""
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware.
 
-    Whether this CPU multiplies bf16 matrices in hardware (x86's AVX-512 BF16 or AMX, which
-    ``torch.backends.cpu.get_cpu_capability()`` does not tell from AVX-512). Where it does not (AVX2 alone,
-    or a CPU other than x86), PyTorch's bf16 matrix products are emulated, and a demo finetuning run in
-    "autocast" or "bf16" takes several times fp32's (7x to 10x on a 2-core AVX2 VM)."""
+    In hardware means x86's AVX-512 BF16 or AMX, which ``torch.backends.cpu.get_cpu_capability()`` does not
+    tell from AVX-512. Where it does not (AVX2 alone, or a CPU other than x86), PyTorch's bf16 matrix
+    products are emulated, and a demo finetuning run in "autocast" or "bf16" takes several times fp32's (7x
+    to 10x on a 2-core AVX2 VM)."""
     import torch
 
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

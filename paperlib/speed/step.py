@@ -99,11 +99,10 @@ def step_context(device: torch.device, attention: str = "auto", precision: str =
 def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
     """``model`` with the fused ops of ``fused`` in its blocks, in place.
 
-    ``model`` with the model's fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias
-    and GELU as ``kernels.bias_gelu`` (``layers.fuse_bias_gelu``); "qkv", the q/k/v projection and
-    its split into heads as ``kernels.QkvHeads`` (``layers.fuse_qkv``); "all" (or "gelu+qkv"),
-    both; "auto", what ``resolve_fused`` gives for the model's device. The same parameters and
-    function (to rounding); not undone by a later call."""
+    The ops: "gelu", fc1's bias and GELU as ``kernels.bias_gelu`` (``layers.fuse_bias_gelu``);
+    "qkv", the q/k/v projection and its split into heads as ``kernels.QkvHeads``
+    (``layers.fuse_qkv``); "all" (or "gelu+qkv"), both; "auto", what ``resolve_fused`` gives for the
+    model's device. The same parameters and function (to rounding); not undone by a later call."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     for part in fused_parts(resolve_fused(fused, device)):
         MODEL_FUSIONS[part](model)
@@ -291,9 +290,9 @@ def smaller_micro_batch(batch_size: int, micro: int) -> int:
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """The trainable parameters of ``model`` in two AdamW groups, by timm's rule.
 
-    The trainable parameters of ``model`` in two AdamW groups, by timm's rule
-    (``timm.optim.param_groups_weight_decay``): weight matrices decay; biases, norms (1-d) and the
-    model's ``no_weight_decay()`` (a ViT's position embedding and class token) do not."""
+    timm's rule is ``timm.optim.param_groups_weight_decay``: weight matrices decay; biases, norms
+    (1-d) and the model's ``no_weight_decay()`` (a ViT's position embedding and class token) do
+    not."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
     return [group for group in groups if group["params"]]
@@ -322,10 +321,9 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer of ``model``'s trainable parameters.
 
-    The optimizer of ``model``'s trainable parameters, with PyTorch's fused kernel on CUDA (one
-    update kernel for all parameters): "sgd", SGD with ``momentum`` and no weight decay (the
-    paper's, appendix C.3); "adamw", AdamW with ``weight_decay`` on weight matrices only
-    (``decay_groups``)."""
+    On CUDA it runs PyTorch's fused kernel (one update kernel for all parameters). "sgd", SGD with
+    ``momentum`` and no weight decay (the paper's, appendix C.3); "adamw", AdamW with
+    ``weight_decay`` on weight matrices only (``decay_groups``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     cuda = bool(trainable) and trainable[0].device.type == "cuda"
     if optimizer == "adamw":
