@@ -28,8 +28,7 @@ COLORS = {
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
     """Save ``fig`` atomically (PNG, or the suffix's format), creating folders; returns the path.
 
-    Save ``fig`` (PNG, or the suffix's format), creating folders, atomically (runs of a sweep on
-    several GPUs never leave half a file); returns the path."""
+    Atomically, so that runs of a sweep on several GPUs never leave half a file."""
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
     return storage.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))

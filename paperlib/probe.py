@@ -613,9 +613,9 @@ def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, ru
 def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> None:
     """Add each fit of ``fits`` to ``table``, saving it after each one with a ``folder``.
 
-    Add each fit of ``fits`` (``fit_missing``'s) to ``table`` and, with a ``folder``, save the table
-    after each one, so that an interrupted call resumes: its metadata is ``record`` with the images
-    fitted on and the seconds spent (``record["seconds"]``: those of earlier calls)."""
+    ``fits`` are ``fit_missing``'s. Saving after each fit lets an interrupted call resume: its
+    metadata is ``record`` with the images fitted on and the seconds spent (``record["seconds"]``:
+    those of earlier calls)."""
     start = time.perf_counter()
     for (index, point), accuracy, n_train, n_test in fits:
         table.loc[len(table)] = [index, point, accuracy]

@@ -38,9 +38,9 @@ FULL_DISK = (
 def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
     """``error``, raised while writing ``path``, as a ``CannotWrite`` when the disk refused it.
 
-    ``error``, raised while writing ``path``, as a ``CannotWrite`` that says why when the disk refused it
-    (read-only, no permission, no space left, or a write that failed on a disk with less than ``FULL_DISK``
-    free); any other error as it is. ``folder``: the folder to name (default: ``path``'s)."""
+    The ``CannotWrite`` says why: read-only, no permission, no space left, or a write that failed on a disk
+    with less than ``FULL_DISK`` free. Any other error as it is. ``folder``: the folder to name (default:
+    ``path``'s)."""
     path = Path(path)
     folder = Path(folder) if folder is not None else path.parent
     number = getattr(error, "errno", None)

@@ -75,8 +75,8 @@ def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
 def is_fusable_mlp(mlp: torch.nn.Module) -> bool:
     """Whether ``mlp`` is the bias and GELU pair that ``kernels.bias_gelu`` computes.
 
-    Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
-    the exact (erf) GELU, the pair ``kernels.bias_gelu`` computes."""
+    That is, a timm ``Mlp`` whose first layer is a linear layer with a bias followed by the exact
+    (erf) GELU."""
     fc1, act = getattr(mlp, "fc1", None), getattr(mlp, "act", None)
     return (
         isinstance(mlp, Mlp)

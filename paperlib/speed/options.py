@@ -259,11 +259,11 @@ and ``gain``, its images/s over ``none`` per precision (``offered``)."""
 def preset(name: str) -> dict:
     """The step options of a named preset or a preset file.
 
-    The step options (``PRESET_OPTIONS``) of a named preset (``PRESETS``), of
-    ``parameters/speed/<name>.yaml`` or of a YAML file given by its path, with what the file records of
-    itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a name for a
-    set of step options: a run gives any of them on its own (``compile: blocks``) and ``with_preset``
-    puts the two together."""
+    The options are ``PRESET_OPTIONS``; a preset is named in ``PRESETS``, or is
+    ``parameters/speed/<name>.yaml`` or a YAML file given by its path. They come with what the file
+    records of itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a
+    name for a set of step options: a run gives any of them on its own (``compile: blocks``) and
+    ``with_preset`` puts the two together."""
     folder = paths.PARAMETERS / "speed"
     if not isinstance(name, str):
         raise ValueError(

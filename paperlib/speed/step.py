@@ -58,12 +58,11 @@ def autocast_for(device: torch.device, precision: str = "fp32"):
 def tf32_flags(precision: str):
     """PyTorch's TF32 flags as ``precision`` asks, while the context lasts.
 
-    PyTorch's TF32 flags as ``precision`` asks, while the context lasts, then the caller's again
-    (no global flag left behind): "tf32" allows TF32 tensor cores for matrix products
-    (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions (``torch.backends.cudnn.allow_tf32``);
-    every other precision has PyTorch's defaults, as the authors' code ran: matrix products in full
-    fp32, convolutions allowed TF32. ``Step`` holds it over a whole step (backward and update
-    included: a flag is read when each kernel launches) and over evaluation."""
+    After it, the caller's flags again (no global flag left behind). "tf32" allows TF32 tensor cores for matrix
+    products (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions
+    (``torch.backends.cudnn.allow_tf32``); every other precision has PyTorch's defaults, as the authors' code
+    ran: matrix products in full fp32, convolutions allowed TF32. ``Step`` holds it over a whole step (backward
+    and update included: a flag is read when each kernel launches) and over evaluation."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = matmul.allow_tf32, cudnn.allow_tf32
     matmul.allow_tf32, cudnn.allow_tf32 = precision == "tf32", True
