@@ -334,17 +334,17 @@ def discordant_pairs(
 ) -> pd.DataFrame:
     """The pairs of components that P(f) and capacity order differently, and which order finetuning followed.
 
-    The pairs of components that P(f) and capacity order differently (one more plastic, the other larger by
-    ``capacity_levels``), each over every dataset (and seed, if ``results`` has a ``seed`` column: one row per run)
-    where both have a result and the pair is discordant: ``cases``, how often finetuning ``followed_plasticity`` (the
-    more plastic did better), ``followed_capacity`` or ``ties``; the statistic followed_capacity - followed_plasticity
-    and its exact two-sided permutation ``p_value`` (the accuracies permuted among the components, each of the k!
-    orderings equally likely, one permutation for every dataset and seed of a family, ``names.family``: the runs of one
-    test set, or of its corruptions, are not independent, so the family is the unit; families independent; a run that
-    enters several pairs is permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at ``level`` from
-    ``p_holm``: "capacity", "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics (one
-    test: its ``p_value`` is unadjusted and gives its verdict). Empty where the two orders agree (the paper's ViT-Base:
-    then its evidence cannot tell them apart). ``layernorm_confound`` says what a verdict cannot tell apart."""
+    A pair is discordant when one component is more plastic and the other larger by ``capacity_levels``. Each pair is
+    taken over every dataset (and seed, if ``results`` has a ``seed`` column: one row per run) where both have a result
+    and the pair is discordant: ``cases``, how often finetuning ``followed_plasticity`` (the more plastic did better),
+    ``followed_capacity`` or ``ties``; the statistic followed_capacity - followed_plasticity and its exact two-sided
+    permutation ``p_value`` (the accuracies permuted among the components, each of the k! orderings equally likely, one
+    permutation for every dataset and seed of a family, ``names.family``: the runs of one test set, or of its
+    corruptions, are not independent, so the family is the unit; families independent; a run that enters several pairs
+    is permuted once), ``p_holm`` (Holm over the pairs) and the ``verdict`` at ``level`` from ``p_holm``: "capacity",
+    "plasticity" or "neither". The last row, ``every pair``, pools the pairs' statistics (one test: its ``p_value`` is
+    unadjusted and gives its verdict). Empty where the two orders agree (the paper's ViT-Base: then its evidence cannot
+    tell them apart). ``layernorm_confound`` says what a verdict cannot tell apart."""
     keys = ["dataset"] + (["seed"] if "seed" in results else [])
     units = _discordant_units(
         _merged(plasticity, results, value, keys), capacity_levels(capacity, tolerance), value, keys

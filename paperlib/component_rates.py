@@ -379,13 +379,12 @@ class IdenticalPairsWarning(UserWarning):
 def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
     """The tidy table of measured batches, in order, without the identical pairs.
 
-    The tidy table (``to_table``) of measured batches, in order, without the identical pairs
-    (excluded with an ``IdenticalPairsWarning`` naming how many; the other pairs keep their
-    numbers), with ``attrs``: ``token_rms``, the token RMS norm of the embeddings of the pairs kept
-    (the square root of the mean of ``||token||_2^2`` over every token of both images), and
-    ``identical_pairs_excluded``, the count. A ValueError if no pair is left.
-    ``stacklevel``: the frame the warning names, counted from here (3: the caller of the function
-    that calls ``tabulate``, e.g. the user of ``plasticity.rates``)."""
+    The table is ``to_table``'s. The identical pairs are excluded with an ``IdenticalPairsWarning``
+    naming how many; the other pairs keep their numbers. ``attrs``: ``token_rms``, the token RMS
+    norm of the embeddings of the pairs kept (the square root of the mean of ``||token||_2^2`` over
+    every token of both images), and ``identical_pairs_excluded``, the count. A ValueError if no
+    pair is left. ``stacklevel``: the frame the warning names, counted from here (3: the caller of
+    the function that calls ``tabulate``, e.g. the user of ``plasticity.rates``)."""
     rates = torch.cat([part.rates for part in parts], dim=2)
     identical = torch.cat([part.identical for part in parts])
     keep = (~identical).nonzero().squeeze(1)
@@ -411,9 +410,9 @@ def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
 def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` without the pairs that have no rate at all, with a warning naming how many.
 
-    ``table`` without the pairs that have no rate at all (identical embeddings, 0/0), with an
-    ``IdenticalPairsWarning`` naming how many: for the summaries of tables made otherwise than by
-    ``tabulate`` (``to_table`` keeps the NaN rates). The warning names the caller of the summary."""
+    No rate at all means identical embeddings (0/0); the warning is an ``IdenticalPairsWarning``.
+    It serves the summaries of tables made otherwise than by ``tabulate`` (``to_table`` keeps the NaN
+    rates). The warning names the caller of the summary."""
     if "pair" not in table:
         return table
     unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())

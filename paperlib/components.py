@@ -83,8 +83,7 @@ def _missing(block: nn.Module, path: str) -> TypeError:
 def block_component(block: nn.Module, component: str) -> nn.Module:
     """The module of ``component`` inside one transformer block.
 
-    The module of ``component`` inside one transformer block (FC1 of a SwiGLU block: its gate
-    and value layers as one ``JointLinear``)."""
+    FC1 of a SwiGLU block is its gate and value layers as one ``JointLinear``."""
     check_component(component)
     path = MODULE_PATHS[component]
     try:
@@ -106,9 +105,9 @@ def component_parts(module: nn.Module) -> list[nn.Module]:
 def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
     """The modules of ``component`` in every block, from the first block to the last.
 
-    The modules of ``component`` in every block, from the first block to the last (FC1 of a SwiGLU block: its gate and
-    value layers, one after the other). MHA also owns a rotary position embedding with parameters (the learnable
-    per-block frequencies of timm's mixed RoPE ViTs), which acts inside the attention only."""
+    FC1 of a SwiGLU block is its gate and value layers, one after the other. MHA also owns a rotary position embedding
+    with parameters (the learnable per-block frequencies of timm's mixed RoPE ViTs), which acts inside the attention
+    only."""
     modules = [part for block in blocks(model) for part in component_parts(block_component(block, component))]
     rope = getattr(model, "rope", None)
     if component == "mha" and isinstance(rope, nn.Module) and any(True for _ in rope.parameters()):
@@ -197,8 +196,8 @@ def component_parameters(model: nn.Module, component: str) -> int:
 def parameter_share(model: nn.Module) -> pd.Series:
     """Each component's parameters over all blocks as a share of the model's.
 
-    Each component's parameters over all blocks (what ``set_trainable`` trains of it) as a share of
-    the model's: the capacity a component brings to finetuning, beside its plasticity (``capacity``)."""
+    The parameters are what ``set_trainable`` trains of the component; the share is the capacity a
+    component brings to finetuning, beside its plasticity (``capacity``)."""
     total = count_parameters([model])
     return pd.Series({c: component_parameters(model, c) / total for c in COMPONENTS}, name="parameter share")
 

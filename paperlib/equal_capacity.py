@@ -107,9 +107,8 @@ class SubsetUpdate(nn.Module):
 def add_subsets(model: nn.Module, component: str, seed: int = 0) -> list[nn.Module]:
     """``model`` with a ``SubsetUpdate`` on each parameter of ``component`` that holds drawn entries.
 
-    ``model`` with a ``SubsetUpdate`` on each parameter of ``component`` that holds some of the
-    drawn entries (``draw``), in place; returns the updates, what a run trains of its component
-    (``components.set_trainable``'s ``adapters``)."""
+    The entries are ``draw``'s; ``model`` is changed in place. Returns the updates, what a run
+    trains of its component (``components.set_trainable``'s ``adapters``)."""
     check(component, True, seed)
     updates = []
     for block, chosen in zip(components.blocks(model), draw(model, component, seed)):

@@ -62,8 +62,8 @@ class Python2Pickler(pickle._Pickler):
 def python2_pickle(entry) -> bytes:
     """``entry`` pickled as in CIFAR's official files.
 
-    ``entry`` pickled as in CIFAR's official files (``Python2Pickler``), numpy's arrays rebuilt by
-    numpy 1's name, ``numpy.core.multiarray._reconstruct``, as the files name it."""
+    The pickler is ``Python2Pickler``; numpy's arrays are rebuilt by numpy 1's name,
+    ``numpy.core.multiarray._reconstruct``, as the files name it."""
     buffer = io.BytesIO()
     Python2Pickler(buffer, protocol=2).dump(entry)
     return buffer.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")

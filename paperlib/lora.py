@@ -140,9 +140,9 @@ def target_names(model: nn.Module, component: str) -> list[str]:
 def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> nn.Module:
     """``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``.
 
-    ``model`` with a LoRA update of rank ``rank`` beside each weight matrix of ``component``
-    (``TARGETS``), in place; ``alpha`` 0 means the rank. ``A`` is drawn from torch's generator
-    (peft's Kaiming-uniform), ``B`` is zero: the function is unchanged until training."""
+    The weight matrices are those of ``TARGETS``; ``model`` is changed in place. ``alpha`` 0 means
+    the rank. ``A`` is drawn from torch's generator (peft's Kaiming-uniform), ``B`` is zero: the
+    function is unchanged until training."""
     check(component, rank, alpha, dropout)
     if rank == 0:
         raise ValueError("add_lora needs a positive rank")
@@ -207,8 +207,8 @@ def updates(model: nn.Module) -> list[nn.Module]:
 def merge(model: nn.Module) -> nn.Module:
     """Fold every LoRA update into its weight matrix and put the plain linear layer back, in place.
 
-    Fold every LoRA update into its weight matrix (peft's ``merge``) and put the plain linear layer back, in place: a
-    timm ViT with its usual parameter names and the same function (to rounding). Returns the model."""
+    As peft's ``merge``. Returns the model: a timm ViT with its usual parameter names and the same function (to
+    rounding)."""
     from peft.tuners.lora import LoraLayer
 
     for name, layer in [(name, module) for name, module in model.named_modules() if isinstance(module, LoraLayer)]:

@@ -90,8 +90,8 @@ VIT_CLASSES = (VisionTransformer, Eva)
 def vit_names() -> list[str]:
     """timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT.
 
-    timm architectures that build a ``VisionTransformer`` or an ``Eva`` ViT (valid ``create_model``
-    names; the few whose blocks have no separate components are refused when built)."""
+    Valid ``create_model`` names; the few whose blocks have no separate components are refused when
+    built."""
     return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
 

@@ -18,9 +18,8 @@ HEADLINE_MIME = "application/vnd.vit-plasticity.headline+json"
 def headline(here: str, paper: str | None = None, why: str | None = None) -> None:
     """Show a notebook's result in one line, and mark it for the reports' landing page.
 
-    Show a notebook's result in one line, and mark it for the reports' landing page
-    (``report.write_index``): ``here`` what this run found, ``paper`` the paper's number for it, if any, and
-    ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
+    The landing page is ``report.write_index``'s. ``here`` is what this run found, ``paper`` the paper's
+    number for it, if any, and ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
     text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
     marked = {"here": here, "paper": paper} | ({"why": why} if why else {})
     IPython.display.display({HEADLINE_MIME: marked, "text/plain": text}, raw=True)

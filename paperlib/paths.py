@@ -55,8 +55,8 @@ CUSTOM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 def custom_name(name: object, kind: str) -> str | None:
     """``<name>`` of a ``custom/<name>`` model or dataset, None for other names.
 
-    ``<name>`` of a ``custom/<name>`` model or dataset (``kind`` for the error), None for other
-    names; a ValueError if ``<name>`` is not one folder name (it becomes part of result paths)."""
+    ``kind`` names the kind in the error: a ValueError if ``<name>`` is not one folder name (it
+    becomes part of result paths)."""
     if not (isinstance(name, str) and name.startswith(CUSTOM)):
         return None
     short = name[len(CUSTOM) :]

@@ -104,9 +104,8 @@ def check_sample(sample: str) -> str:
 def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
     """The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order, cycled.
 
-    The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order in whole batches of
-    ``batch`` (the last partial batch dropped), cycled: what an unshuffled loader with ``drop_last``, made
-    endless, yields (a set smaller than one batch is used whole)."""
+    The set is read in whole batches of ``batch`` (the last partial batch dropped): what an unshuffled
+    loader with ``drop_last``, made endless, yields (a set smaller than one batch is used whole)."""
     used = n_images - n_images % batch if n_images >= batch else n_images
     return [i % used for i in range(n_pairs)]
 
@@ -402,8 +401,8 @@ class Measurement:
 def current(metadata: dict) -> bool:
     """Whether a saved result was measured on today's test splits with today's pair set.
 
-    Whether a saved result was measured on today's test splits (``SPLITS_VERSION``) with today's pair
-    set (``PAIRS``): other splits or another pair set, other pairs."""
+    Today's splits are ``SPLITS_VERSION``, today's pair set ``PAIRS``: other splits or another pair
+    set, other pairs."""
     return metadata.get("splits", 1) == SPLITS_VERSION and metadata.get("pairs", 1) == PAIRS
 
 

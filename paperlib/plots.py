@@ -28,8 +28,7 @@ COLORS = {
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
     """Save ``fig`` atomically (PNG, or the suffix's format), creating folders; returns the path.
 
-    Save ``fig`` (PNG, or the suffix's format), creating folders, atomically (runs of a sweep on
-    several GPUs never leave half a file); returns the path."""
+    Atomically, so that runs of a sweep on several GPUs never leave half a file."""
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
     return storage.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
@@ -117,8 +116,8 @@ __all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_fig
 def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
     """Every rate of change per component, over all pairs and blocks, as violins.
 
-    Every rate of change per component, over all pairs and blocks, as violins (beyond the paper's
-    summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the per-block P(f))."""
+    Beyond the paper's summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the
+    per-block P(f)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     values = [table.loc[table["component"] == c, "rate"].dropna().to_numpy() for c in COMPONENTS]
@@ -286,10 +285,9 @@ def training_curves(
 def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset.
 
-    Test accuracy over learning rates and seeds per configuration, for one dataset (Fig. 4 left on Sketch, Fig. 18 on
-    each benchmark): ``runs`` of that dataset, as ``runs_table.load`` lists them. As the authors' figure, boxes are over
-    every run with a test accuracy, diverged runs included with their best-validation checkpoint's (counted under each
-    box), and full finetuning is a dashed line at its mean."""
+    Fig. 4 left on Sketch, Fig. 18 on each benchmark. ``runs`` are that dataset's, as ``runs_table.load`` lists them. As
+    the authors' figure, boxes are over every run with a test accuracy, diverged runs included with their
+    best-validation checkpoint's (counted under each box), and full finetuning is a dashed line at its mean."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:

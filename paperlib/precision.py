@@ -386,8 +386,8 @@ def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level
 def spread_of(pairs: pd.DataFrame) -> float:
     """The pooled standard deviation of the paired differences (points) within cells.
 
-    The standard deviation of the paired differences (points) within cells (dataset, component), pooled
-    over the cells of two pairs or more: the seed noise the equivalence test works against."""
+    A cell is a (dataset, component); the pool is over the cells of two pairs or more. This is the seed
+    noise the equivalence test works against."""
     groups = pairs.dropna(subset=["difference"]).groupby(["dataset", "component"])["difference"]
     dof = groups.size() - 1  # a cell of one pair has none (its variance is NaN, weighted by 0)
     if dof.sum() == 0:
@@ -398,10 +398,10 @@ def spread_of(pairs: pd.DataFrame) -> float:
 def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -> float:
     """The chance that TOST shows a cell equivalent when the precision changes nothing.
 
-    The chance that TOST at ``level`` shows a cell equivalent within ±``margin`` when the precision changes
-    nothing: ``pairs`` paired differences, normal with mean 0 and standard deviation ``spread`` (points).
-    Given the sample standard deviation s, TOST passes when |mean| < margin - t s / sqrt(n); the chance of
-    that is integrated over s's scaled chi distribution (4,000 quantiles)."""
+    TOST is at ``level``, equivalence within ±``margin``; the cell has ``pairs`` paired differences, normal
+    with mean 0 and standard deviation ``spread`` (points). Given the sample standard deviation s, TOST
+    passes when |mean| < margin - t s / sqrt(n); the chance of that is integrated over s's scaled chi
+    distribution (4,000 quantiles)."""
     if pairs < 2 or not np.isfinite(spread):
         return float("nan")
     if spread <= 0:
@@ -417,8 +417,8 @@ def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -
 def pairs_needed(spread: float, margin: float = 0.5, level: float = 0.05, chance: float = 0.8) -> int | None:
     """The fewest pairs a cell needs to be shown equivalent with ``chance``.
 
-    The fewest pairs (seeds at one learning rate) a cell needs to be shown equivalent with ``chance``
-    (``power``); None if more than 100 or the spread is unknown."""
+    Pairs are seeds at one learning rate; the chance is ``power``'s. None if more than
+    100 or the spread is unknown."""
     if not np.isfinite(spread):
         return None
     return next((n for n in range(FEWEST, 101) if power(n, spread, margin, level) >= chance), None)

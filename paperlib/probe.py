@@ -352,8 +352,8 @@ def point_width(block: nn.Module, point: str) -> int:
 def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, max_gib: float) -> list[list]:
     """``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB.
 
-    ``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB of float32
-    (one forward pass per group; one group unless all points of a large model on a large set)."""
+    The features are float32. One forward pass per group; one group unless all points of a large
+    model on a large set."""
     out, size = [[]], 0
     for index, point in wanted:
         need = n_images * point_width(components.blocks(model)[index], point) * 4
@@ -479,8 +479,8 @@ class Probe:
 def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
     """The cached table (``probe.csv``) and ``metadata.json`` of a result folder.
 
-    The cached table (``probe.csv``) and ``metadata.json`` of a result folder (empty if none, or if
-    damaged: ``storage.json_or_none`` warns, and the probes are fitted again)."""
+    Empty if none, or if damaged (``storage.json_or_none`` warns, and the probes are fitted
+    again)."""
     folder = Path(folder)
     metadata = storage.json_or_none(folder / "metadata.json")
     if metadata is None or not (folder / "probe.csv").is_file():
@@ -498,8 +498,7 @@ def empty() -> pd.DataFrame:
 def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
     """Write ``probe.csv`` then ``metadata.json`` into ``folder``, each atomically.
 
-    Write ``probe.csv`` then ``metadata.json`` (with the table's size, ``files``) into ``folder``,
-    each atomically: the metadata, written last, says the table is whole."""
+    The metadata, written last with the table's size (``files``), says the table is whole."""
     folder = Path(folder)
     storage.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
     metadata = {**metadata, "files": storage.file_sizes(folder, ["probe.csv"])}
@@ -519,8 +518,8 @@ def tidy(table: pd.DataFrame, wanted: Sequence[tuple[int, str]]) -> pd.DataFrame
 def model_mean_std(model: nn.Module | str, normalize: str) -> tuple:
     """The normalisation of a model by name or of a module.
 
-    The normalisation of a model by name (``models.normalization``) or of a module (ImageNet's,
-    or the mean and std of its ``pretrained_cfg`` for ``normalize="model"``)."""
+    By name: ``models.normalization``. Of a module: ImageNet's, or the mean and std of its
+    ``pretrained_cfg`` for ``normalize="model"``."""
     if isinstance(model, str):
         return models.normalization(model, normalize)
     if check_normalize(normalize) == "imagenet":
@@ -614,9 +613,9 @@ def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, ru
 def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> None:
     """Add each fit of ``fits`` to ``table``, saving it after each one with a ``folder``.
 
-    Add each fit of ``fits`` (``fit_missing``'s) to ``table`` and, with a ``folder``, save the table
-    after each one, so that an interrupted call resumes: its metadata is ``record`` with the images
-    fitted on and the seconds spent (``record["seconds"]``: those of earlier calls)."""
+    ``fits`` are ``fit_missing``'s. Saving after each fit lets an interrupted call resume: its
+    metadata is ``record`` with the images fitted on and the seconds spent (``record["seconds"]``:
+    those of earlier calls)."""
     start = time.perf_counter()
     for (index, point), accuracy, n_train, n_test in fits:
         table.loc[len(table)] = [index, point, accuracy]
@@ -628,8 +627,8 @@ def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> No
 def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:
     """The probe table and metadata cached in ``folder``, and the (block, point) not in it.
 
-    The probe table and metadata cached in ``folder`` if they are of this ``key`` (empty otherwise),
-    and the (block, point) of ``wanted`` not in the table."""
+    The cache counts only if it is of this ``key`` (empty otherwise); the (block, point) are those
+    of ``wanted``."""
     table, metadata = load(folder) if folder is not None else (empty(), {})
     if metadata.get("key") != key:  # another model or dataset under the name (custom ones change): not this
         table, metadata = empty(), {}
@@ -679,7 +678,7 @@ def probed(model: str | nn.Module, dataset: str, options: dict) -> pd.DataFrame 
 def along_depth(table: pd.DataFrame) -> pd.DataFrame:
     """Probe accuracy (%) per block and point, averaged over the datasets.
 
-    Probe accuracy (%) per block (rows) and point (columns, forward order), averaged over the
-    datasets of a ``probe_datasets`` table (or the one table of ``linear_probe``)."""
+    Blocks are rows, points columns in forward order; the datasets are those of a ``probe_datasets``
+    table (or the one table of ``linear_probe``)."""
     wide = table.pivot_table(index="block", columns="point", values="accuracy", aggfunc="mean", observed=True)
     return 100.0 * wide[[p for p in POINTS if p in wide.columns]]

@@ -34,8 +34,8 @@ from .significance import kendall_tau
 def paper_agreement(table: pd.DataFrame) -> float:
     """Kendall's tau between this model's ranking of P(f) and the paper's.
 
-    Kendall's tau between this model's ranking of P(f) (mean rate over pairs and blocks, as
-    ``plasticity.ranking``'s) and the paper's (MHA > FC1 > FC2 > LN2 > LN1).
+    P(f) is the mean rate over pairs and blocks, as ``plasticity.ranking``'s; the paper's ranking is
+    MHA > FC1 > FC2 > LN2 > LN1.
 
     1 means the same order, -1 the reverse.
     """
@@ -110,9 +110,8 @@ def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
 def paper_order_from(curve: pd.DataFrame) -> float | None:
     """The smallest factor from which on P(f) follows the paper's ranking.
 
-    The smallest factor of ``plasticity.scale_curve``'s table from which on (at it and at every
-    larger factor of the table) P(f) follows the paper's ranking (``scale_ranking``); None if it
-    does not at the largest factor."""
+    Factors are those of ``plasticity.scale_curve``'s table; from it on means at it and at every
+    larger factor of the table, by ``scale_ranking``. None if it does not at the largest factor."""
     follows = scale_ranking(curve)["follows paper"]
     onset = None
     for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):

@@ -81,9 +81,9 @@ def _inline_figures():
 def ipc_kernels():
     """The configuration of kernels that talk to us over IPC sockets, not TCP.
 
-    The configuration of kernels that talk to us over IPC sockets in a private temporary folder
-    (removed after), not TCP: nothing listens on the network, and ipykernel has no reason to warn
-    that TCP traffic is unencrypted. The folder is absolute: the kernel runs in the notebook's folder."""
+    The sockets are in a private temporary folder (removed after): nothing listens on the network, and
+    ipykernel has no reason to warn that TCP traffic is unencrypted. The folder is absolute: the kernel
+    runs in the notebook's folder."""
     with tempfile.TemporaryDirectory(prefix="kernel-") as folder:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "ipc")}})
 
@@ -118,10 +118,10 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
 def render_html(notebook: Path, output: Path | None = None) -> Path:
     """Render an executed notebook to a standalone HTML page, and one without code beside it.
 
-    Render an executed notebook to a standalone HTML page (nbconvert, lab template), and beside it
-    ``<name>.nocode.html``, the same without code cells (nbconvert's ``exclude_input``), for readers.
-    A progress bar's updates (text overwritten after carriage returns) show as its last state, as
-    JupyterLab shows them (nbconvert's ``CoalesceStreamsPreprocessor``)."""
+    nbconvert with the lab template; the page without code, for readers, is ``<name>.nocode.html``
+    (nbconvert's ``exclude_input``). A progress bar's updates (text overwritten after carriage
+    returns) show as its last state, as JupyterLab shows them (nbconvert's
+    ``CoalesceStreamsPreprocessor``)."""
     import nbformat
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
@@ -311,8 +311,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
     """Re-execute committed notebooks in place with nbclient.
 
-    Re-execute committed notebooks in place with nbclient (no papermill metadata added; figures
-    in the outputs, as ``execute``)."""
+    No papermill metadata is added; figures are in the outputs, as ``execute``'s."""
     import nbformat
     from nbclient import NotebookClient
 

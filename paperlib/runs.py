@@ -245,8 +245,8 @@ def run_folder(record: dict) -> Path:
 def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
     """How a run trains its component, for tables and legends.
 
-    How a run trains its component, for tables and legends (its folder says the same, ``Config.folder``): "weights" (the
-    paper: the component's own weights) or "LoRA r=<rank>" (with alpha and dropout where they are not the defaults)."""
+    Its folder says the same (``Config.folder``): "weights" (the paper: the component's own weights) or "LoRA r=<rank>"
+    (with alpha and dropout where they are not the defaults)."""
     if not lora_rank:
         return "weights"
     extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
@@ -320,9 +320,8 @@ WEIGHTS = "weights.safetensors"
 def same_params(saved: dict, config: Config, record: dict | None = None) -> bool:
     """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
 
-    Whether parameters recorded by a run (``params.json``, a checkpoint) are ``config``'s, on
-    the same custom data and model as now (``record``: ``run_record(config)``, if already made:
-    it reads every file's status). A key the record lacks (written before ``Config`` had that
+    The parameters are those of ``params.json`` or a checkpoint. ``record`` is ``run_record(config)``, if
+    already made (it reads every file's status). A key the record lacks (written before ``Config`` had that
     field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
     return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
 
@@ -367,10 +366,10 @@ def is_finished(config: Config) -> bool:
 def start(config: Config, params: dict) -> None:
     """Record that ``config``'s run starts (``params.json``).
 
-    Record that ``config``'s run starts (``params.json``: ``params``, its ``run_record``); it is
-    partial (no ``metrics.json``) until it ends. If its folder held a run of other parameters (steps,
-    batch size, warm-up... are not in the folder's name), or one whose parameters cannot be read,
-    that run's files go first, so that they are never read back as this run's."""
+    ``params.json`` holds ``params``, its ``run_record``. The run is partial (no ``metrics.json``)
+    until it ends. If its folder held a run of other parameters (steps, batch size, warm-up... are
+    not in the folder's name), or one whose parameters cannot be read, that run's files go first, so
+    that they are never read back as this run's."""
     folder = config.folder()
     saved = storage.json_or_none(folder / PARAMS)
     same = saved is not None and same_params(saved, config, params)

@@ -76,9 +76,9 @@ def _run_row(folder: Path, params: dict) -> dict:
 def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
     """The histories (``history.csv``) of the ``runs`` that ended, with their ``KEYS``.
 
-    The histories (``history.csv``) of the ``runs`` (a table of ``load`` or ``for_spec``) that ended (finished or
-    diverged), with their ``KEYS``; ``columns``: the history's columns to read (None: all; ``step`` always). Only the
-    figures of training read histories (notebooks 06 and 09): give them the runs they draw."""
+    ``runs`` is a table of ``load`` or ``for_spec``; ended means finished or diverged. ``columns``: the history's
+    columns to read (None: all; ``step`` always). Only the figures of training read histories (notebooks 06 and 09):
+    give them the runs they draw."""
     columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
     parts = []
     for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):

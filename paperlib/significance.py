@@ -109,6 +109,5 @@ def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 def sign_test(positive: int, negative: int) -> float:
     """The exact two-sided sign test of ``positive`` against ``negative`` outcomes.
 
-    The exact two-sided sign test (scipy's ``binomtest`` at 1/2) of ``positive`` against ``negative``
-    outcomes, ties left out before; NaN where there is none."""
+    scipy's ``binomtest`` at 1/2, ties left out before; NaN where there is none."""
     return float(stats.binomtest(positive, positive + negative, 0.5).pvalue) if positive + negative else math.nan

@@ -89,8 +89,8 @@ def _safe(name: str) -> str:
 def notebook_parameters(notebook: Path) -> dict:
     """The names and default values of a notebook's ``parameters`` cell.
 
-    The names and default values of a notebook's ``parameters`` cell (``None`` for a default that is not a literal).
-    Read with ``ast``: papermill's ``inspect_notebook`` cannot parse every line of ours (a comment holding quotes)."""
+    ``None`` for a default that is not a literal. Read with ``ast``: papermill's ``inspect_notebook`` cannot parse
+    every line of ours (a comment holding quotes)."""
     try:  # the notebook's JSON as it is (nbformat: a second to import, for one cell)
         cells = [
             c for c in json.loads(Path(notebook).read_text())["cells"] if "parameters" in c["metadata"].get("tags", [])

@@ -37,11 +37,11 @@ def deterministic_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(train, test) positions of ``n`` images without an official test set.
 
-    (train, test) positions of ``n`` images without an official test set (Cifar10-C, DomainNet;
-    appendix C.2), as the authors' code draws them: one numpy permutation of ``0..n-1`` from
-    ``seed`` (42, whatever the run's seed), its first ``int(train_fraction * n)`` positions for
-    training and the rest for test, both sorted (images keep their order in the files). A
-    ``RandomState`` of its own draws it: global random state is neither read nor changed."""
+    Such sets are Cifar10-C and DomainNet (appendix C.2). The positions are drawn as the authors'
+    code draws them: one numpy permutation of ``0..n-1`` from ``seed`` (42, whatever the run's
+    seed), its first ``int(train_fraction * n)`` positions for training and the rest for test, both
+    sorted (images keep their order in the files). A ``RandomState`` of its own draws it: global
+    random state is neither read nor changed."""
     _check_fraction(train_fraction)
     order = np.random.RandomState(seed).permutation(n)
     n_train = int(train_fraction * n)

@@ -38,9 +38,9 @@ FULL_DISK = (
 def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
     """``error``, raised while writing ``path``, as a ``CannotWrite`` when the disk refused it.
 
-    ``error``, raised while writing ``path``, as a ``CannotWrite`` that says why when the disk refused it
-    (read-only, no permission, no space left, or a write that failed on a disk with less than ``FULL_DISK``
-    free); any other error as it is. ``folder``: the folder to name (default: ``path``'s)."""
+    The ``CannotWrite`` says why: read-only, no permission, no space left, or a write that failed on a disk
+    with less than ``FULL_DISK`` free. Any other error as it is. ``folder``: the folder to name (default:
+    ``path``'s)."""
     path = Path(path)
     folder = Path(folder) if folder is not None else path.parent
     number = getattr(error, "errno", None)
@@ -197,12 +197,12 @@ _HELD: set[Path] = set()  # what this process holds locked: locking it again ins
 def locked(path: str | Path, wait: bool = True):
     """Hold the exclusive lock of ``path`` while the block runs.
 
-    Hold the exclusive lock of ``path`` (a run folder, a cache file, a result folder: what one process
-    at a time may write) while the block runs. The lock is an OS file lock (``fcntl.flock``) on
-    ``.<name>.lock`` beside ``path``, which the OS releases when its process ends, however it ends
-    (``kill -9`` too): no stale lock is ever left. A process that finds it held says so once on the
-    terminal (``notice``) and waits for it (``wait=False``: raises ``Busy`` instead); the caller then
-    checks whether the holder finished the work. Locking what this process already holds does not wait."""
+    ``path`` is what one process at a time may write: a run folder, a cache file, a result folder. The
+    lock is an OS file lock (``fcntl.flock``) on ``.<name>.lock`` beside ``path``, which the OS releases
+    when its process ends, however it ends (``kill -9`` too): no stale lock is ever left. A process that
+    finds it held says so once on the terminal (``notice``) and waits for it (``wait=False``: raises
+    ``Busy`` instead); the caller then checks whether the holder finished the work. Locking what this
+    process already holds does not wait."""
     path = Path(path).absolute()
     if path in _HELD:
         yield

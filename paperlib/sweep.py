@@ -131,12 +131,12 @@ class Run:
 def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
     """What the ``custom/<name>`` models and datasets among a notebook's parameters hold now.
 
-    What the ``custom/<name>`` models and datasets among a notebook's parameter values (names, or
-    lists of names, under any parameter) hold now: ``{"model:<name>": models.content_fingerprint,
-    "dataset:<name>": data.content_fingerprint}`` (datasets under the run's ``data_root``), as a run's
-    marker keeps them; empty when it names none. A name that is not there, or not valid, is left out: the
-    run itself says what is wrong. (A finetuning run's record keeps its own: ``runs.config_fingerprints``.)
-    ``memo`` keeps fingerprints across the runs of one sweep, so a dataset is read once."""
+    Names are found among the parameter values (names, or lists of names, under any parameter). The result
+    is ``{"model:<name>": models.content_fingerprint, "dataset:<name>": data.content_fingerprint}``
+    (datasets under the run's ``data_root``), as a run's marker keeps them; empty when it names none. A
+    name that is not there, or not valid, is left out: the run itself says what is wrong. (A finetuning
+    run's record keeps its own: ``runs.config_fingerprints``.) ``memo`` keeps fingerprints across the runs
+    of one sweep, so a dataset is read once."""
     memo = {} if memo is None else memo
     root = parameters.get("data_root") or None
     found = {}

@@ -207,8 +207,7 @@ def _mean_std(device: torch.device, dtype: torch.dtype, pair: tuple = IMAGENET) 
 def normalize(images: torch.Tensor, mean_std: tuple = IMAGENET) -> torch.Tensor:
     """Float images in [0, 1] normalised with ``mean_std``.
 
-    Float images in [0, 1], (3, H, W) or (..., 3, H, W) -> normalised with ``mean_std``
-    (ImageNet's by default)."""
+    Images are (3, H, W) or (..., 3, H, W); ``mean_std`` is ImageNet's by default."""
     mean, std = _mean_std(images.device, images.dtype, as_mean_std(*mean_std))
     return (images - mean) / std
 

@@ -53,8 +53,7 @@ def median_seconds(runs: dict, device: torch.device, repeats: int = 1) -> dict[s
 class Timed:
     """A callable that runs ``run`` and keeps its wall seconds and its return value.
 
-    A callable that runs ``run`` and keeps its wall seconds (device synchronised) in ``seconds``
-    and its return value in ``value``."""
+    The wall seconds (device synchronised) are in ``seconds``, the return value in ``value``."""
 
     def __init__(self, run, device: torch.device):
         self.run, self.device, self.seconds, self.value = run, device, float("nan"), None

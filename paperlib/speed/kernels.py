@@ -381,9 +381,9 @@ def _qkv_heads_backward_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tenso
 class QkvHeads(torch.autograd.Function):
     """q, k, v heads of the attention's projection, split as timm's ``Attention`` splits it.
 
-    q, k, v heads ([B, H, N, D] views, no copy) of the attention's projection ``linear(x, weight, bias)``
-    split as timm's ``Attention`` splits it; the backward stacks the head gradients and sums the bias
-    gradient in one pass (``qkv_heads_backward``), then runs the two matrix products.
+    The heads are [B, H, N, D] views (no copy) of the projection ``linear(x, weight, bias)``. The
+    backward stacks the head gradients and sums the bias gradient in one pass (``qkv_heads_backward``),
+    then runs the two matrix products.
 
     Under autocast the projection runs in the autocast dtype, as ``nn.Linear`` would; gradients are
     returned in the inputs' dtypes.

@@ -75,8 +75,8 @@ def linear_patch_embed(model: torch.nn.Module) -> torch.nn.Module:
 def is_fusable_mlp(mlp: torch.nn.Module) -> bool:
     """Whether ``mlp`` is the bias and GELU pair that ``kernels.bias_gelu`` computes.
 
-    Whether ``mlp`` is a timm ``Mlp`` whose first layer is a linear layer with a bias followed by
-    the exact (erf) GELU, the pair ``kernels.bias_gelu`` computes."""
+    That is, a timm ``Mlp`` whose first layer is a linear layer with a bias followed by the exact
+    (erf) GELU."""
     fc1, act = getattr(mlp, "fc1", None), getattr(mlp, "act", None)
     return (
         isinstance(mlp, Mlp)
@@ -124,9 +124,9 @@ class _FusedLayer(torch.nn.Module):
 class BiasGeluMlp(_FusedLayer):
     """A ViT feedforward layer whose first layer's bias and GELU are one fused op.
 
-    A ViT feedforward layer (timm's ``Mlp``) whose first layer's bias and GELU are one fused op,
-    ``kernels.bias_gelu``: the matrix product runs without its bias, and the op's backward gives
-    the bias gradient from the same pass that gives the product's gradient. The same function."""
+    The layer is timm's ``Mlp``, the op ``kernels.bias_gelu``: the matrix product runs without its
+    bias, and the op's backward gives the bias gradient from the same pass that gives the product's
+    gradient. The same function."""
 
     FUSABLE = staticmethod(is_fusable_mlp)
     SUBMODULES = ("fc1", "act", "drop1", "norm", "fc2", "drop2")
@@ -141,10 +141,9 @@ class BiasGeluMlp(_FusedLayer):
 class QkvFusedAttention(_FusedLayer):
     """A ViT attention layer whose q/k/v projection and split into heads run through ``kernels.QkvHeads``.
 
-    A ViT attention layer (timm's ``Attention``) whose q/k/v projection and split into heads run
-    through ``kernels.QkvHeads``: the backward stacks the head gradients and sums the projection's
-    bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in timm's fused
-    path. The same function."""
+    The layer is timm's ``Attention``. The backward stacks the head gradients and sums the
+    projection's bias gradient in one pass. The heads go to ``scaled_dot_product_attention`` as in
+    timm's fused path. The same function."""
 
     FUSABLE = staticmethod(is_fusable_attention)
     SUBMODULES = ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop")

@@ -129,10 +129,10 @@ tailored optimisation of each module)."""
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware.
 
-    Whether this CPU multiplies bf16 matrices in hardware (x86's AVX-512 BF16 or AMX, which
-    ``torch.backends.cpu.get_cpu_capability()`` does not tell from AVX-512). Where it does not (AVX2 alone,
-    or a CPU other than x86), PyTorch's bf16 matrix products are emulated, and a demo finetuning run in
-    "autocast" or "bf16" takes several times fp32's (7x to 10x on a 2-core AVX2 VM)."""
+    In hardware means x86's AVX-512 BF16 or AMX, which ``torch.backends.cpu.get_cpu_capability()`` does not
+    tell from AVX-512. Where it does not (AVX2 alone, or a CPU other than x86), PyTorch's bf16 matrix
+    products are emulated, and a demo finetuning run in "autocast" or "bf16" takes several times fp32's (7x
+    to 10x on a 2-core AVX2 VM)."""
     import torch
 
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -259,11 +259,11 @@ and ``gain``, its images/s over ``none`` per precision (``offered``)."""
 def preset(name: str) -> dict:
     """The step options of a named preset or a preset file.
 
-    The step options (``PRESET_OPTIONS``) of a named preset (``PRESETS``), of
-    ``parameters/speed/<name>.yaml`` or of a YAML file given by its path, with what the file records of
-    itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a name for a
-    set of step options: a run gives any of them on its own (``compile: blocks``) and ``with_preset``
-    puts the two together."""
+    The options are ``PRESET_OPTIONS``; a preset is named in ``PRESETS``, or is
+    ``parameters/speed/<name>.yaml`` or a YAML file given by its path. They come with what the file
+    records of itself (``PRESET_RECORD``); a ValueError naming the choices otherwise. A preset is only a
+    name for a set of step options: a run gives any of them on its own (``compile: blocks``) and
+    ``with_preset`` puts the two together."""
     folder = paths.PARAMETERS / "speed"
     if not isinstance(name, str):
         raise ValueError(

@@ -58,12 +58,11 @@ def autocast_for(device: torch.device, precision: str = "fp32"):
 def tf32_flags(precision: str):
     """PyTorch's TF32 flags as ``precision`` asks, while the context lasts.
 
-    PyTorch's TF32 flags as ``precision`` asks, while the context lasts, then the caller's again
-    (no global flag left behind): "tf32" allows TF32 tensor cores for matrix products
-    (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions (``torch.backends.cudnn.allow_tf32``);
-    every other precision has PyTorch's defaults, as the authors' code ran: matrix products in full
-    fp32, convolutions allowed TF32. ``Step`` holds it over a whole step (backward and update
-    included: a flag is read when each kernel launches) and over evaluation."""
+    After it, the caller's flags again (no global flag left behind). "tf32" allows TF32 tensor cores for matrix
+    products (``torch.backends.cuda.matmul.allow_tf32``) and cuDNN's convolutions
+    (``torch.backends.cudnn.allow_tf32``); every other precision has PyTorch's defaults, as the authors' code
+    ran: matrix products in full fp32, convolutions allowed TF32. ``Step`` holds it over a whole step (backward
+    and update included: a flag is read when each kernel launches) and over evaluation."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     before = matmul.allow_tf32, cudnn.allow_tf32
     matmul.allow_tf32, cudnn.allow_tf32 = precision == "tf32", True
@@ -99,11 +98,10 @@ def step_context(device: torch.device, attention: str = "auto", precision: str =
 def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
     """``model`` with the fused ops of ``fused`` in its blocks, in place.
 
-    ``model`` with the model's fused ops of ``fused`` in its blocks, in place: "gelu", fc1's bias
-    and GELU as ``kernels.bias_gelu`` (``layers.fuse_bias_gelu``); "qkv", the q/k/v projection and
-    its split into heads as ``kernels.QkvHeads`` (``layers.fuse_qkv``); "all" (or "gelu+qkv"),
-    both; "auto", what ``resolve_fused`` gives for the model's device. The same parameters and
-    function (to rounding); not undone by a later call."""
+    The ops: "gelu", fc1's bias and GELU as ``kernels.bias_gelu`` (``layers.fuse_bias_gelu``);
+    "qkv", the q/k/v projection and its split into heads as ``kernels.QkvHeads``
+    (``layers.fuse_qkv``); "all" (or "gelu+qkv"), both; "auto", what ``resolve_fused`` gives for the
+    model's device. The same parameters and function (to rounding); not undone by a later call."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     for part in fused_parts(resolve_fused(fused, device)):
         MODEL_FUSIONS[part](model)
@@ -236,8 +234,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, context):
     """One optimisation step: forward and backward, clipping, the optimizer's update.
 
-    One optimisation step: forward and backward (in chunks of ``micro`` images, gradients
-    accumulated), clipping at global norm ``clip``, the optimizer's update.
+    The forward and backward passes run in chunks of ``micro`` images, gradients accumulated;
+    clipping is at global norm ``clip``.
 
     Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
     device: the caller decides when to read them back. ``forward`` is the model, its compiled twin,
@@ -291,9 +289,9 @@ def smaller_micro_batch(batch_size: int, micro: int) -> int:
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """The trainable parameters of ``model`` in two AdamW groups, by timm's rule.
 
-    The trainable parameters of ``model`` in two AdamW groups, by timm's rule
-    (``timm.optim.param_groups_weight_decay``): weight matrices decay; biases, norms (1-d) and the
-    model's ``no_weight_decay()`` (a ViT's position embedding and class token) do not."""
+    timm's rule is ``timm.optim.param_groups_weight_decay``: weight matrices decay; biases, norms
+    (1-d) and the model's ``no_weight_decay()`` (a ViT's position embedding and class token) do
+    not."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     groups = param_groups_weight_decay(model, weight_decay, no_weight_decay_list=skip)
     return [group for group in groups if group["params"]]
@@ -322,10 +320,9 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer of ``model``'s trainable parameters.
 
-    The optimizer of ``model``'s trainable parameters, with PyTorch's fused kernel on CUDA (one
-    update kernel for all parameters): "sgd", SGD with ``momentum`` and no weight decay (the
-    paper's, appendix C.3); "adamw", AdamW with ``weight_decay`` on weight matrices only
-    (``decay_groups``)."""
+    On CUDA it runs PyTorch's fused kernel (one update kernel for all parameters). "sgd", SGD with
+    ``momentum`` and no weight decay (the paper's, appendix C.3); "adamw", AdamW with
+    ``weight_decay`` on weight matrices only (``decay_groups``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     cuda = bool(trainable) and trainable[0].device.type == "cuda"
     if optimizer == "adamw":
