@@ -41,11 +41,9 @@ SUBSET_COMPONENTS = ("mha", "fc1", "fc2")
 
 
 def check(component: str, equal_capacity: bool, subset_seed: int = 0) -> None:
-    """A ValueError, with the valid choices, unless the options make an equal-capacity run (or none)."""
-    if not isinstance(equal_capacity, bool):
-        raise ValueError(f"equal_capacity must be True or False, got {equal_capacity!r}")
-    if not isinstance(subset_seed, int) or isinstance(subset_seed, bool) or subset_seed < 0:
-        raise ValueError(f"subset_seed must be a non-negative integer, got {subset_seed!r}")
+    """A ValueError, with the valid choices, unless the options make an equal-capacity run (or none).
+
+    Their types are ``runs.Config``'s to check, with its other flags and seeds."""
     if not equal_capacity:
         if subset_seed:
             raise ValueError("subset_seed chooses an equal-capacity run's subset: set equal_capacity True too")

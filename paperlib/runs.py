@@ -125,9 +125,6 @@ class Config:
         devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         check_optimizer(self.optimizer, self.weight_decay)
         lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
-        equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)
-        if self.lora_rank and self.equal_capacity:
-            raise ValueError("equal_capacity trains a subset of the component's own weights: set lora_rank 0")
         # a model without recorded statistics fails here, before any work
         models.normalization(self.model, self.normalize)
         if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
@@ -135,9 +132,12 @@ class Config:
                 "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
                 f"got {self.tag!r}"
             )
-        for name in ("save_weights", "stop_exploded"):
+        for name in ("save_weights", "stop_exploded", "equal_capacity"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)
+        if self.lora_rank and self.equal_capacity:
+            raise ValueError("equal_capacity trains a subset of the component's own weights: set lora_rank 0")
         options = self.step_options().checked(self.device)
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
         if self.optimizer != "sgd" and self.momentum != Config.momentum:  # SGD's alone
@@ -175,8 +175,9 @@ class Config:
             )
         if not (number(self.momentum) and 0 <= self.momentum < 1):
             raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
-        if not integer(self.seed) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("seed", "subset_seed"):
+            if not integer(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if not integer(self.image_size) or self.image_size < 0:
             raise ValueError(f"image_size must be 0 (the model's) or a positive integer, got {self.image_size!r}")
 

@@ -120,6 +120,7 @@ def test_a_run_without_the_option_is_unchanged():
         ({"component": "mha", "subset_seed": 3}, "set equal_capacity True too"),
         ({"component": "mha", "equal_capacity": True, "lora_rank": 2}, "set lora_rank 0"),
         ({"component": "mha", "equal_capacity": "yes"}, "True or False"),
+        ({"component": "mha", "equal_capacity": True, "subset_seed": -1}, "subset_seed must be a non-negative integer"),
     ],
 )
 def test_bad_options_are_refused_with_the_valid_choices(fields, message):
