@@ -66,9 +66,9 @@ equal_capacity.parameter_table(architecture)
 # design's LN2 and LN1 are the ordinary runs.
 
 # %%
-result, accuracies, source = capacity.at_equal_capacity_of_runs(ordinary_runs, equal_runs, select, reference)
+result, source = capacity.at_equal_capacity_of_runs(ordinary_runs, equal_runs, select, reference)
 print(f"P(f): {source}")
-accuracies.round(2)
+result.accuracies.round(2)
 
 # %% [markdown]
 # ## Kendall's tau of P(f) with accuracy, ordinary and at equal capacity

@@ -460,6 +460,7 @@ class AtEqualCapacity(NamedTuple):
     per_dataset: pd.DataFrame
     summary: pd.DataFrame
     reordered: pd.DataFrame
+    accuracies: pd.DataFrame
 
 
 DESIGNS = ("ordinary", "equal capacity")
@@ -484,7 +485,8 @@ def at_equal_capacity(
       ``family_positive``, ``family_negative``, ``family_p_value``).
     - ``reordered``: the pairs of components the two designs order differently on a dataset, each
       design's difference (first minus second, in the paper's order of components), the ``more plastic``
-      of the two by P(f) on that dataset, and whether the equal design ``follows plasticity`` (puts it ahead)."""
+      of the two by P(f) on that dataset, and whether the equal design ``follows plasticity`` (puts it ahead).
+    - ``accuracies``: ``value`` of both designs side by side (dataset x design and component label)."""
     one_group = {component: 1.0 for component in COMPONENTS}
     datasets = set(equal["dataset"])
     designs = {
@@ -498,15 +500,18 @@ def at_equal_capacity(
     columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant"]
     columns += ["families", "family_positive", "family_negative", "family_p_value"]
     summary = pd.DataFrame({name: test.summary.iloc[0][columns] for name, test in tests.items()}).T
-    reordered = _reordered(designs, value, plasticity)
-    return AtEqualCapacity(per_dataset, summary.rename_axis("design"), reordered)
-
-
-def _reordered(designs: dict[str, pd.DataFrame], value: str, plasticity: pd.DataFrame) -> pd.DataFrame:
-    """The pairs of components the two designs order differently on a dataset (``at_equal_capacity``)."""
     wide = {
         name: table.pivot_table(index="dataset", columns="component", values=value) for name, table in designs.items()
     }
+    accuracies = pd.concat(wide, axis=1).reindex(columns=[(d, c) for d in DESIGNS for c in COMPONENTS])
+    reordered = _reordered(wide, plasticity)
+    return AtEqualCapacity(
+        per_dataset, summary.rename_axis("design"), reordered, accuracies.rename(columns=LABELS, level=1)
+    )
+
+
+def _reordered(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -> pd.DataFrame:
+    """The pairs of components the two designs (``wide``: dataset x component each) order differently on a dataset."""
     scores = plasticity.pivot_table(index="dataset", columns="component", values="plasticity")
     rows = []
     for dataset in wide["equal capacity"].index:
@@ -528,23 +533,16 @@ def _reordered(designs: dict[str, pd.DataFrame], value: str, plasticity: pd.Data
 
 def at_equal_capacity_of_runs(
     ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = "val", reference: str | None = None
-) -> tuple[AtEqualCapacity, pd.DataFrame, str]:
+) -> tuple[AtEqualCapacity, str]:
     """``at_equal_capacity`` of two sweeps' runs (``runs_table.for_spec``'s; one model).
 
     ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
-    against P(f) (``stats.plasticity_for``). Returns the result, the accuracies (%) of both designs side by side
-    (dataset x component), and where P(f) comes from ("measured" or the paper's order)."""
+    against P(f) (``stats.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f) comes from
+    ("measured" or the paper's order)."""
     from . import stats  # the tables of runs; stats does not import capacity
 
     datasets = set(equal["dataset"])
     ordinary = ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)]
     tables = [stats.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
     measured, source = stats.plasticity_for(ordinary, reference)
-    result = at_equal_capacity(measured, *tables)
-    designs = {"ordinary": tables[0], "equal capacity": equal_capacity_results(*tables)}
-    side = pd.concat(
-        {name: table.pivot(index="dataset", columns="component", values="accuracy") for name, table in designs.items()},
-        axis=1,
-    )
-    side = side.reindex(columns=[(d, c) for d in DESIGNS for c in COMPONENTS]).rename(columns=LABELS, level=1)
-    return result, side, source
+    return at_equal_capacity(measured, *tables), source

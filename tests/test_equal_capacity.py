@@ -161,6 +161,11 @@ def test_at_equal_capacity_compares_the_two_designs():
     assert result.summary.loc["equal capacity", "S"] == 30 and result.summary.loc["ordinary", "S"] == 12
     # the exact p of S = 30 over 3 independent datasets of 5 components: (1/120)^3 for each sign
     assert result.summary.loc["equal capacity", "p_value"] == pytest.approx(2 / 120**3)
+    accuracies = result.accuracies  # both designs side by side; the equal design's LayerNorms are the ordinary runs
+    assert list(accuracies.columns[:2]) == [("ordinary", "MHA"), ("ordinary", "FC1")] and len(accuracies.columns) == 10
+    assert (
+        accuracies.loc["a", ("equal capacity", "MHA")] == 10.0 and accuracies.loc["a", ("equal capacity", "LN2")] == 5.0
+    )
     reordered = result.reordered
     assert set(reordered["dataset"]) == {"a"} and reordered["follows plasticity"].all()
     # on a, equal capacity reverses the pairs that involve a subset component; LN2 / LN1 is the same run
