@@ -29,11 +29,11 @@ device = "cpu"  # cpu or cuda
 image_size = 0  # 0: the model's resolution; else the images' and the model's (its position embedding resampled)
 precision = "fp32"  # fp32 (the paper's), or beyond it tf32 (CUDA only), autocast (bf16 autocast) or bf16 (fp32 master weights): faster on a GPU, their runs get their own folders
 # how steps run, the same step to rounding (beyond the paper): a preset, or the step options one by one
-speed = "auto"  # a preset: auto, none or a file of parameters/speed/ (e.g. h100); it sets the options below left at their defaults
-compile = False  # torch.compile: False, True (the whole model) or "blocks" (one graph shared by the blocks)
-compile_mode = "default"  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
-attention = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
-fused = "auto"  # our fused kernels: auto (gelu+qkv on CUDA, none elsewhere), none, all, gelu, qkv or gelu+qkv
+speed = "auto"  # a preset: auto, none or a file of parameters/speed/ (e.g. h100); it sets the options below left at None
+compile = None  # torch.compile: False, True (the whole model) or "blocks" (one graph shared by the blocks); None: the preset's, else False
+compile_mode = None  # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...; None: the preset's, else default
+attention = None  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math; None: the preset's, else auto
+fused = None  # our fused kernels: auto (gelu+qkv on CUDA, none elsewhere), none, all, gelu, qkv or gelu+qkv; None: the preset's, else auto
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
 lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)

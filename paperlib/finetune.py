@@ -455,7 +455,7 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
 HELP = {
     "speed": "a preset of step options, the same step to rounding: auto, none, a file of parameters/speed/ "
-    "(e.g. h100); it sets the step options left at their defaults",
+    "(e.g. h100); it sets the step options not given",
     "wait": "wait for a run another process is training (false: say it runs elsewhere and exit with status 75)",
 }
 """``--help``'s meaning of the command's options that are not ``Config`` fields (theirs: ``cli.field_comments``)."""
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m paperlib.finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]`` takes the
     notebook's parameters and prints the run's metrics as JSON. The step options may be given one by one
     (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of ``parameters/speed/``),
-    which sets those left at their defaults (``speed.options.with_preset``). A run that another process is training
+    which sets those not given (``speed.options.with_preset``). A run that another process is training
     is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
     defaults = Config.defaults() | {"speed": "auto", "wait": True}
     try:

@@ -30,7 +30,7 @@ from paperlib import (
     sweep,
 )
 from paperlib.runs import Config
-from paperlib.speed.options import STEP_OPTIONS
+from paperlib.speed.options import PRESET_OPTIONS
 
 
 def test_values_take_the_type_of_the_default():
@@ -158,11 +158,13 @@ def test_the_command_with_no_options_is_notebook_05_with_no_parameters():
 NOTEBOOK_05 = paths.NOTEBOOKS / "05_finetune.ipynb"
 
 
-def test_notebook_05_takes_precision_and_every_step_option_flat_with_configs_defaults():
+def test_notebook_05_takes_precision_and_every_step_option_flat_the_options_not_given():
     notebook = specs.notebook_parameters(NOTEBOOK_05)
     defaults = Config.defaults()
     assert set(notebook) - {"speed"} <= set(defaults) and notebook["speed"] == "auto"  # speed: a preset's name
-    assert {name: notebook[name] for name in STEP_OPTIONS} == {name: defaults[name] for name in STEP_OPTIONS}
+    assert notebook["precision"] == defaults["precision"]
+    # None: not given, so that the preset can tell -p compile False (kept) from no -p compile (the preset's)
+    assert {name: notebook[name] for name in PRESET_OPTIONS} == dict.fromkeys(PRESET_OPTIONS)
 
 
 def test_papermills_precision_is_a_parameter_of_notebook_05_and_tf32_is_refused_on_a_cpu(monkeypatch):
@@ -193,16 +195,21 @@ def test_papermill_runs_notebook_05_with_precision_tf32_to_the_precision_error(t
         report.execute(NOTEBOOK_05, tmp_path / "out.ipynb", parameters={"precision": "tf32"})
 
 
-def test_a_speed_preset_sets_the_step_options_left_at_their_defaults():
+def test_a_speed_preset_sets_the_step_options_not_given():
     h100 = {"compile": "blocks", "compile_mode": "coordinate-descent", "fused": "gelu+qkv"}
     asked = {"speed": "h100", "precision": "autocast"}
     assert runs.config_values(asked) == {"precision": "autocast"} | h100
-    # what the notebook passes (every option, at its default where not given) is the same
-    notebook = {name: Config.defaults()[name] for name in STEP_OPTIONS}
-    assert runs.config_values(notebook | asked) == notebook | {"precision": "autocast"} | h100
-    # an option given otherwise overrides the preset's
+    # what the notebook passes (every step option, None where not given) is the same
+    notebook = dict.fromkeys(PRESET_OPTIONS) | {"precision": "fp32"}
+    assert runs.config_values(notebook | asked) == {"precision": "autocast"} | h100
+    # an option given overrides the preset's, a default value included (-p speed h100 -p compile False)
     assert runs.config_values(asked | {"fused": "none", "compile": True})["fused"] == "none"
     assert runs.config_values(asked | {"compile": True})["compile"] is True
+    given = runs.config_values(notebook | asked | {"compile": False, "fused": "auto"})
+    assert given == {"precision": "autocast", "compile": False, "compile_mode": "coordinate-descent", "fused": "auto"}
+    # None is "not given" for a step option only
+    with pytest.raises(ValueError):
+        runs.config_from({"lr": None})
     assert runs.config_values({"speed": "none", "precision": "bf16"}) == {
         "precision": "bf16",
         "compile": False,

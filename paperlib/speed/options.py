@@ -322,15 +322,11 @@ def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dic
 def with_preset(name: str, parameters: dict) -> dict:
     """A run's ``parameters`` with the speed preset ``name`` put in.
 
-    A run's ``parameters`` (flat: ``precision`` and each step option under its own name, among others,
-    passed on as they are) with the speed preset ``name`` (``preset``) put in: the preset sets each of
-    its step options that ``parameters`` leaves at its default (``StepOptions``'; absent counts as the
-    default), one given otherwise stays. The preset is refused in the run's precision if it was not
-    measured faster there (``offered``). The one place a preset becomes step options: notebook 05, the
-    finetuning command and sweep specs all come here (``runs.config_values``)."""
+    A run's ``parameters`` are flat: ``precision`` and each step option under its own name, among others. The preset
+    (``preset``) sets each of its step options that the run does not give (absent, or None: notebook 05's "not
+    given"); one the run gives stays, whatever its value (``-p speed h100 -p compile False`` does not compile). The
+    preset is refused in the run's precision if it was not measured faster there (``offered``). The one place a preset
+    becomes step options: notebook 05, the finetuning command and sweep specs all come here (``runs.config_values``)."""
     precision = check_precision(parameters.get("precision", StepOptions.precision))  # its name; the device: Config
-    defaults = {field.name: field.default for field in fields(StepOptions)}
-    chosen = offered(preset(name), precision, name)
-    return parameters | {
-        key: value for key, value in chosen.items() if parameters.get(key, defaults[key]) == defaults[key]
-    }
+    given = {key: value for key, value in parameters.items() if not (key in PRESET_OPTIONS and value is None)}
+    return offered(preset(name), precision, name) | given
