@@ -120,9 +120,8 @@ def estimate(todo: list[runs.Config], timing_steps: int = 3) -> pd.DataFrame:
 def step_key(record: dict) -> tuple:
     """What a step's speed depends on (``STEP_KEY``, and the kind of device), from a run's parameters.
 
-    ``asdict(config)``, or the ``params.json`` it recorded (a field it lacks: ``Config``'s default)."""
-    values = runs.Config.defaults() | record
-    return tuple(values[name] for name in STEP_KEY) + (torch.device(values["device"]).type,)
+    ``asdict(config)``, or the ``params.json`` it recorded (a field it lacks: None, the key of no run asked for)."""
+    return tuple(record.get(name) for name in STEP_KEY) + (torch.device(record["device"]).type,)
 
 
 def recorded_rates() -> dict[tuple, list[tuple[float, str]]]:

@@ -322,18 +322,15 @@ def same_params(saved: dict, config: Config, record: dict | None = None) -> bool
     """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
 
     The parameters are those of ``params.json`` or a checkpoint. ``record`` is ``run_record(config)``, if
-    already made (it reads every file's status). A key the record lacks (written before ``Config`` had that
-    field, or no fingerprints) counts as the field's default (none); ``OUTPUT_ONLY`` fields do not count."""
+    already made (it reads every file's status). ``OUTPUT_ONLY`` fields do not count (``differing``)."""
     return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
 
 
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """The keys whose values differ between two run records (``params.json``, ``run_record``).
+    """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
 
-    A key one lacks counting as the field's default (none for fingerprints and ``protocol``); ``ignore``d keys aside. A
-    field ``Config`` no longer has differs: that run is outdated."""
-    defaults = Config.defaults() | {"fingerprints": {}, "protocol": None}
-    saved, record = {**defaults, **saved}, {**defaults, **record}
+    A key only one of them has differs: a run recorded before ``Config`` had a field, or after it lost one, is
+    outdated and trained again (as one of an earlier ``PROTOCOL``)."""
     return sorted(
         key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
     )
@@ -472,8 +469,8 @@ def config_from(parameters: dict) -> Config:
 def config_values(parameters: dict) -> dict:
     """Notebook 05's parameters as ``Config``'s fields.
 
-    Its speed preset (``speed``, a name) put in by ``speed.options.with_preset`` (its step options where the run leaves
-    them at their defaults; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
+    Its speed preset (``speed``, a name) put in by ``speed.options.with_preset`` (its step options the run does not
+    give; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
     ``1e-2`` as a string); an unknown name is refused with the valid ones."""
     defaults = Config.defaults()
     values = dict(parameters)
