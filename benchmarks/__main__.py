@@ -272,20 +272,6 @@ def _print_profile(result: dict, json_path: Path | None) -> None:
         storage.atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    """``--help`` that shows each option's type (its metavar: INT, PATH, TEXT, LIST) and its default
-    (unless its help says it in words)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if not action.option_strings or "(default" in text or action.default is argparse.SUPPRESS:
-            return text
-        return f"{text} (default: {action.default})"
-
-    def _get_default_metavar_for_optional(self, action):
-        return {int: "INT", Path: "PATH"}.get(action.type, "TEXT")
-
-
 def _list(choices) -> str:
     return ", ".join(choices)
 
@@ -296,7 +282,7 @@ PRECISION_HELP, FUSED_HELP = _OPTION_HELP["precision"], _OPTION_HELP["fused"]
 
 
 def _command(commands, name: str, summary: str) -> argparse.ArgumentParser:
-    return commands.add_parser(name, help=summary, description=summary, formatter_class=_Help)
+    return commands.add_parser(name, help=summary, description=summary, formatter_class=cli.Help)
 
 
 def _common(
@@ -312,7 +298,7 @@ def _common(
     if json_help is None:
         parser.set_defaults(json=None)
     else:
-        parser.add_argument("--json", type=Path, default=None, help=f"{json_help} (default: none)")
+        parser.add_argument("--json", type=Path, default=None, help=f"{json_help}; default: none")
 
 
 def _step_arguments(parser) -> None:
@@ -351,12 +337,12 @@ def _data_command(commands) -> None:
     d = _command(commands, "data", "images/s of the DataLoader path and the device path on one dataset")
     d.add_argument("--dataset", default="cifar10", help=f"of: {_list(data.dataset_names())}")
     d.add_argument(
-        "--root", default=None, help="data root with the real files (default: a fixture in the official format)"
+        "--root", default=None, help="data root with the real files; default: a fixture in the official format"
     )
     d.add_argument("--batch-size", type=int, default=512, help="images per batch")
     d.add_argument("--image-size", type=int, default=224, help="side of the images the paths deliver, in pixels")
     d.add_argument("--batches", type=int, default=5, help="timed batches per path (after one warm-up batch)")
-    d.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: one per CPU core)")
+    d.add_argument("--workers", type=int, default=None, help="DataLoader workers; default: one per CPU core")
     d.add_argument("--fixture-size", type=int, default=5000, help="random images in the fixture (without --root)")
     _common(d, model=None)
     d.set_defaults(
@@ -371,7 +357,7 @@ def _plasticity_command(commands) -> None:
     p = _command(commands, "plasticity", "pairs/s of the plain definition and of plasticity.measure")
     p.add_argument("--pairs", type=int, default=256, help="image pairs measured")
     p.add_argument("--batch-size", type=int, default=64, help="pairs per batch")
-    p.add_argument("--image-size", type=int, default=None, help="side of the images (default: the model's)")
+    p.add_argument("--image-size", type=int, default=None, help="side of the images; default: the model's")
     p.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     _common(p)
     p.set_defaults(
@@ -389,9 +375,9 @@ def _finetune_command(commands) -> None:
     )
     f.add_argument("--batch-size", type=int, default=64, help="images per step")
     f.add_argument("--steps", type=int, default=10, help="timed steps per path (after the warm-up)")
-    f.add_argument("--image-size", type=int, default=None, help="side of the images (default: the model's)")
+    f.add_argument("--image-size", type=int, default=None, help="side of the images; default: the model's")
     f.add_argument(
-        "--workers", type=int, default=None, help="DataLoader workers of the plain loop (default: one per CPU core)"
+        "--workers", type=int, default=None, help="DataLoader workers of the plain loop; default: one per CPU core"
     )
     f.add_argument("--repeats", type=int, default=3, help="interleaved timings per path; the median is reported")
     _step_arguments(f)
@@ -486,7 +472,7 @@ def _variants_command(commands) -> None:
 
 def _kernels_command(commands) -> None:
     k = _command(commands, "kernels", "our fused ops alone at a model's training shapes, against a copy of their bytes")
-    k.add_argument("--batch-size", type=int, default=None, help="images (default: 512 on CUDA, 8 on a CPU)")
+    k.add_argument("--batch-size", type=int, default=None, help="images; default: 512 on CUDA, 8 on a CPU")
     _common(k, model="vit_base_in21k")
     k.set_defaults(run=lambda a: bench_kernels(a.model, a.batch_size, a.device), show=_print)
 
@@ -500,8 +486,8 @@ def _presets_command(commands) -> None:
         "--presets",
         default="",
         metavar="LIST",
-        help="comma-separated presets (names of parameters/speed/<name>.yaml, or files) measured beside none "
-        "(default: none alone)",
+        help="comma-separated presets (names of parameters/speed/<name>.yaml, or files) measured beside none"
+        "; default: none alone",
     )
     s.add_argument(
         "--precisions", default="fp32,autocast", metavar="LIST", help=f"comma-separated, of: {_list(PRECISIONS)}"
@@ -533,9 +519,9 @@ def _targets_command(commands) -> None:
         "--parts",
         default=None,
         metavar="LIST",
-        help=f"comma-separated, of: {_list(TARGET_PARTS)} (default: all; compiled on CUDA only)",
+        help=f"comma-separated, of: {_list(TARGET_PARTS)} (compiled on CUDA only); default: all",
     )
-    t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json (default: none)")
+    t.add_argument("--out", type=Path, default=None, help="folder for <part>.json and targets.json; default: none")
     _common(t, model=None, json_help=None)
     t.set_defaults(
         run=lambda a: bench_targets(a.device, a.out, _words(a.parts) if a.parts else None), show=_print_checks
@@ -560,7 +546,7 @@ def make_parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks",
         description=__doc__.split("\n")[0],
         epilog="python -m benchmarks COMMAND --help: the command's options",
-        formatter_class=_Help,
+        formatter_class=cli.Help,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:

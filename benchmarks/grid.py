@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from paperlib import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "parameters/sweeps/finetune_paper.yaml"
 NOTEBOOK_06 = ["-p", "spec", SPEC, "-p", "dataset", "domainnet/sketch", "-p", "lr", "0.01"]
@@ -128,10 +130,12 @@ def time_all(root: Path) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.grid", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.grid", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
     parser.add_argument("what", choices=["build", "time"], help="write the grid's results tree, or time its analysis")
     parser.add_argument(
-        "--root", type=Path, default=ROOT / "results-grid", help="its results root (default: results-grid)"
+        "--root", type=Path, default=ROOT / "results-grid", help="its results root; default: results-grid"
     )
     args = parser.parse_args(argv)
     root = args.root.resolve()

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from paperlib import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 PRECISION_PAPER = ["cifar100", "cifar10c/gaussian_noise", "flowers102", "pets"]
 """The datasets of ``parameters/sweeps/precision_paper.yaml``."""
@@ -63,7 +65,9 @@ def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.precision_calibration", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.precision_calibration", description=__doc__, formatter_class=cli.Help
+    )
     parser.add_argument("--worlds", type=int, default=500, help="worlds per scenario")
     args = parser.parse_args(argv)
     every = sorted(table6()["dataset"].unique())

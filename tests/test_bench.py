@@ -465,13 +465,15 @@ def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):
         text = capsys.readouterr().out
         options = re.split(r"\n  (?=--)", text.split("options:", 1)[1])[1:]  # one entry per option but --help
         assert options, name
-        for option in options:
+        for option in options:  # the package's one formatter (cli.Help): meaning, then (type; default)
             flag, _, meaning = option.partition("  ")
             described = " ".join(meaning.split())
-            assert described and "(default" in described, (name, flag)
+            facts = described.rpartition(" (")[2]
             if flag.split()[1:] == []:  # a flag without a value says what it does
+                assert described.endswith(" (flag)"), (name, flag)
                 continue
-            assert flag.split()[1] in ("INT", "PATH", "TEXT", "LIST", "[HOW]"), (name, flag)  # its type
+            assert facts.split(";")[0] in ("int", "str", "path"), (name, flag, facts)  # its type
+            assert "; default" in facts, (name, flag, facts)
         if name in ("finetune", "profile"):
             for choices in (PRECISIONS, COMPILE_CHOICES, ATTENTION_CHOICES, FUSED_CHOICES, RUN_COMPONENTS):
                 assert all(choice in text for choice in choices), (name, choices)

@@ -263,6 +263,21 @@ def test_kendalls_tau_is_computed_in_significance_alone():
     assert not _names_kendalltau('"""Kendall\'s tau (scipy\'s ``kendalltau``)."""  # kendalltau')
 
 
+def _help_formatters(source: str) -> list[str]:
+    """The classes ``source`` defines on an argparse help formatter (a base named ``...HelpFormatter``)."""
+    classes = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)]
+    bases = {node.name: [getattr(b, "attr", None) or getattr(b, "id", "") for b in node.bases] for node in classes}
+    return [name for name, named in bases.items() if any(base.endswith("HelpFormatter") for base in named)]
+
+
+def test_one_help_formatter_for_every_command_the_benchmarks_included():
+    files = sorted(PACKAGE.rglob("*.py")) + sorted((PACKAGE.parent / "benchmarks").rglob("*.py"))
+    found = {str(path.relative_to(PACKAGE.parent)): _help_formatters(path.read_text()) for path in files}
+    assert {path: names for path, names in found.items() if names} == {"paperlib/cli.py": ["Help"]}
+    # and the check can fail
+    assert _help_formatters("import argparse\nclass H(argparse.RawDescriptionHelpFormatter): pass") == ["H"]
+
+
 def _module_map(text: str) -> list[str]:
     """The modules a module map lists (``- ``name`` what it holds`` lines), in its order."""
     return [line.split("``")[1] for line in text.splitlines() if line.startswith("- ``")]
