@@ -94,9 +94,9 @@ def predictor_table(
 ) -> pd.DataFrame:
     """A per-component score as a table of ``dataset``, ``component`` and ``name``: the layout of P(f).
 
-    A per-component score (``components.parameter_share(model)``, or one of yours) as a table of ``dataset``,
-    ``component`` and ``name``, the same for every dataset: the layout of P(f). Scores within ``tolerance`` of each
-    other tie (``capacity_levels``); ``tolerance=None`` keeps them raw (for a score that is not a capacity)."""
+    The score is ``components.parameter_share(model)``, or one of yours, the same for every dataset. Scores within
+    ``tolerance`` of each other tie (``capacity_levels``); ``tolerance=None`` keeps them raw (for a score that is not
+    a capacity)."""
     scores = pd.Series(scores, dtype=float)
     if tolerance is not None:
         scores = capacity_levels(scores, tolerance)
@@ -412,8 +412,8 @@ def verdict(
 ) -> tuple[pd.DataFrame, str]:
     """P(f), parameter share and accuracy of one model on one dataset, and which of the two predicts.
 
-    One model on one dataset (notebook 08): per component its P(f), parameter share and finetuning accuracy side by side
-    (Series indexed by component), and one sentence: whether the two predictors order the components alike (capacity by
+    For notebook 08: per component, the three side by side (Series indexed by component; the accuracy is
+    finetuning's), and one sentence: whether the two predictors order the components alike (capacity by
     ``capacity_levels``: components within ``tolerance`` tie) and, where they do not (``discordant_pairs``), how often
     the runs followed each: a count, not a test (one run per component), with Kendall's tau of each predictor with the
     accuracy and, where it applies, ``CONFOUND``."""

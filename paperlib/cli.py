@@ -143,11 +143,10 @@ class Help(argparse.HelpFormatter):
 
 
 def tables_parser(prog: str, description: str, spec: str, selections: tuple[str, ...]) -> argparse.ArgumentParser:
-    """The command line that ``stats`` and ``precision`` share.
+    """The command line that ``stats`` and ``precision`` share (each adds its own options).
 
-    The command line that ``stats`` and ``precision`` share (each adds its own options): they print the
-    tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6 picking
-    each learning rate by one of ``selections``, and write them as CSV files if asked."""
+    They print the tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6
+    picking each learning rate by one of ``selections``, and write them as CSV files if asked."""
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
     parser.add_argument("spec", type=Path, help=spec)
     parser.add_argument(

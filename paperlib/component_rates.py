@@ -250,11 +250,10 @@ def _in_situ_rates(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 
 
 def check_measurable(model: nn.Module) -> nn.Module:
-    """``model``, once every block has the five components in a form the rates are defined for.
+    """``model``, once every block has the five components in a form the rates are defined for; else a TypeError.
 
-    ``model``, once every block is found to have the five components in a form the rates are
-    defined for (LayerNorm or RMSNorm, FC2 at least as wide as the tokens, no unmerged LoRA
-    update); otherwise a TypeError that says what is wrong."""
+    That form: LayerNorm or RMSNorm, FC2 at least as wide as the tokens, no unmerged LoRA update. The TypeError says
+    what is wrong."""
     for block in blocks(model):
         _check_block(block)
     return model

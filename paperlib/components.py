@@ -118,8 +118,8 @@ def component_modules(model: nn.Module, component: str) -> list[nn.Module]:
 def check_model(model: nn.Module, name: str | None = None) -> nn.Module:
     """``model``, once every block is found to have the five components; otherwise a TypeError.
 
-    ``model``, once every block is found to have the five components; otherwise a TypeError that says which is missing
-    (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no separate attention and feedforward layers)."""
+    The TypeError says which is missing (timm's parallel-branch blocks, ``ParallelScalingBlock``, have no separate
+    attention and feedforward layers)."""
     for block in blocks(model):
         for component in COMPONENTS:
             try:

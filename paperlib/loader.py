@@ -56,10 +56,9 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
 def resized_size(height: int, width: int, shorter: int) -> tuple[int, int]:
     """(height, width) of an image in the cache, never upsampled.
 
-    (height, width) of an image in the cache: as ``v2.Resize(shorter)`` makes it (the shorter
-    side to ``shorter``, the aspect ratio kept, the longer side rounded down as torchvision rounds
-    it) when its shorter side is longer than ``shorter``; else as it is (never upsampled: crops of a
-    small image are resampled from its own pixels, as the paper's transform resamples them)."""
+    As ``v2.Resize(shorter)`` makes it (the shorter side to ``shorter``, the aspect ratio kept, the longer side
+    rounded down as torchvision rounds it) when its shorter side is longer than ``shorter``; else as it is (crops of
+    a small image are resampled from its own pixels, as the paper's transform resamples them)."""
     if min(height, width) <= shorter:
         return height, width
     if height <= width:

@@ -196,10 +196,9 @@ def save_model(
 
 
 def resolve_name(name: str) -> str:
-    """The timm name (with pretrained tag) of a short or timm ViT name; ``custom/<name>`` as it is.
+    """The timm name (with pretrained tag, if any) of a short or timm ViT name; ``custom/<name>`` as it is.
 
-    The timm name (with pretrained tag, if any) for a short name or a timm ViT name;
-    ``custom/<name>`` as it is, once its folder is found (``custom_config``)."""
+    A ``custom/<name>`` only once its folder is found (``custom_config``)."""
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]
     if paths.custom_name(name, "model"):

@@ -28,9 +28,8 @@ def headline(here: str, paper: str | None = None, why: str | None = None) -> Non
 def token_scale_why(tau: float, token_rms: float) -> str | None:
     """``headline``'s ``why`` for a plasticity ranking that small tokens explain; None otherwise.
 
-    ``headline``'s ``why`` for a plasticity ranking that is not the paper's (``tau``: Kendall's tau
-    with it, below 1) of a model whose tokens are smaller than ViT-B/16's (``token_rms``, their RMS
-    norm, below the paper's r): notebook 02's scale curve; None otherwise."""
+    Such a ranking is not the paper's (``tau``: Kendall's tau with it, below 1), of a model whose tokens are smaller
+    than ViT-B/16's (``token_rms``, their RMS norm, below the paper's r); the ``why`` is notebook 02's scale curve."""
     from .bounds import PAPER_R  # here, not at the top: bounds loads torch, and report imports this module
 
     if tau == 1 or token_rms >= PAPER_R:

@@ -48,13 +48,12 @@ STEP_KEY = ("model", "component", "batch_size", "image_size", "lora_rank", *STEP
 def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> dict[str, pd.DataFrame | None]:
     """``{"counts": ..., "estimate": ...}`` of a sweep's runs.
 
-    ``{"counts": ..., "estimate": ...}`` of a sweep's runs (``found``: ``sweep.expand(spec)``'s ``sweep.Run``s) (module
-    docstring). ``counts``: a row per dataset and a ``total`` row, columns ``runs`` and ``STATUSES``. ``estimate`` (None
-    unless the spec is a finetuning sweep): a row per distinct step of the runs to run, with its runs, steps, images,
-    images/s, hours and where the images/s came from (``NaN`` hours where it has none). ``precision``: the runs as if
-    the spec's precision were this one (refused for a spec whose runs have several: each would be counted once per
-    precision). ``timing_steps``: steps timed per distinct step that no finished run has recorded. Trains nothing,
-    writes nothing."""
+    ``found``: ``sweep.expand(spec)``'s ``sweep.Run``s (module docstring). ``counts``: a row per dataset and a ``total``
+    row, columns ``runs`` and ``STATUSES``. ``estimate`` (None unless the spec is a finetuning sweep): a row per
+    distinct step of the runs to run, with its runs, steps, images, images/s, hours and where the images/s came from
+    (``NaN`` hours where it has none). ``precision``: the runs as if the spec's precision were this one (refused for a
+    spec whose runs have several: each would be counted once per precision). ``timing_steps``: steps timed per
+    distinct step that no finished run has recorded. Trains nothing, writes nothing."""
     if not isinstance(timing_steps, int) or isinstance(timing_steps, bool) or timing_steps < 1:
         raise ValueError(f"the timed steps (--plan-steps) must be a positive integer, got {timing_steps!r}")
     finetuning = found[0].notebook.stem == runs.NOTEBOOK
@@ -97,8 +96,8 @@ def status(run, config: runs.Config | None = None) -> str:
 def estimate(todo: list[runs.Config], timing_steps: int = 3) -> pd.DataFrame:
     """A row per distinct step (``step_key``) of the runs ``todo``, with its hours.
 
-    A row per distinct step (``step_key``) of the runs ``todo``: its key's fields, ``runs``,
-    ``steps``, ``images`` (steps x batch size), ``images_per_second``, ``hours`` and ``source``."""
+    Columns: its key's fields, ``runs``, ``steps``, ``images`` (steps x batch size), ``images_per_second``, ``hours``
+    and ``source``."""
     recorded = recorded_rates()
     groups: dict[tuple, list[runs.Config]] = {}
     for config in todo:
@@ -127,8 +126,7 @@ def step_key(record: dict) -> tuple:
 def recorded_rates() -> dict[tuple, list[tuple[float, str]]]:
     """The (images/s, device name) that finished runs recorded, by ``step_key``.
 
-    The (images/s, device name) that each finished run under the results root recorded in its
-    ``metrics.json``, by ``step_key``."""
+    Every finished run under the results root, read from its ``metrics.json``."""
     found: dict[tuple, list[tuple[float, str]]] = {}
     for params_file in runs.finetune_root().rglob(runs.PARAMS):
         params = storage.json_or_none(params_file)

@@ -424,9 +424,8 @@ def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
 def load(folder) -> pd.DataFrame:
     """Read a table written by ``save``; an error naming the file if it is missing or damaged.
 
-    Read a table written by ``save`` (with ``component`` as the ordered categorical, and
-    ``attrs`` ``token_rms`` and ``identical_pairs_excluded`` from its metadata where recorded); an
-    error naming the file if the result is missing or damaged (``storage.read_json``)."""
+    The table has ``component`` as the ordered categorical, and ``attrs`` ``token_rms`` and
+    ``identical_pairs_excluded`` from its metadata where recorded. The error is ``storage.read_json``'s."""
     folder = Path(folder)
     metadata = storage.read_json(folder / METADATA)
     table = pd.read_csv(folder / RATES)
@@ -542,9 +541,8 @@ def measure_missing(
 ) -> list[Measurement]:
     """Make every measurement of ``measurements`` not saved yet; returns those it made.
 
-    Make every measurement of ``measurements`` (an iterable of ``Measurement``) that is not saved
-    yet, in order, with ``run``'s options as given, as the notebooks do before ``collect``; returns
-    those it made. A measurement that another process is making is waited for, then found saved."""
+    ``measurements``: an iterable of ``Measurement``, made in order, with ``run``'s options as given, as the notebooks
+    do before ``collect``. A measurement that another process is making is waited for, then found saved."""
     made = []
     for measurement in measurements:
         if measurement.is_saved():
@@ -587,9 +585,8 @@ def collect(
 ) -> pd.DataFrame:
     """P(f) of every saved result, one row per model, dataset (and draw of pairs) and component.
 
-    P(f) of every saved result: one row per model, dataset (and draw of pairs) and component
-    (``by_block``: per block as well, ``ranking.layer_means``, with ``block`` and ``depth`` for ``rank``:
-    the values the boxes of Fig. 2 middle pool over datasets).
+    ``by_block``: a row per block as well (``ranking.layer_means``), with ``block`` and ``depth`` for ``rank``: the
+    values the boxes of Fig. 2 middle pool over datasets.
 
     Columns (``COLLECTED``) ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean
     rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,

@@ -44,9 +44,8 @@ def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
 def figure_path(stem: str, *keys) -> Path:
     """``<figures>/<stem>_<key>_<key>....png``: a figure's file named by its parameters.
 
-    ``<figures>/<stem>_<key>_<key>....png``: a figure's file named by every parameter that makes
-    it differ (model, dataset, lr, seed...), so the runs of a sweep do not overwrite each other's.
-    Floats are written as ``{:g}``; a dataset's ``/`` becomes ``_``."""
+    The name has every parameter that makes the figure differ (model, dataset, lr, seed...), so the runs of a sweep
+    do not overwrite each other's. Floats are written as ``{:g}``; a dataset's ``/`` becomes ``_``."""
     words = [format(key, "g") if isinstance(key, float) else str(key).replace("/", "_") for key in keys]
     return paths.figures_dir() / ("_".join([stem, *words]) + ".png")
 
@@ -192,8 +191,7 @@ def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) 
 def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
     """P(f) per component across datasets: one dot per dataset, a bar for the mean.
 
-    P(f) per component across datasets: one dot per dataset, a bar for the mean (beyond the
-    paper's summary: the authors' Fig. 2 middle is ``layer_mean_boxes`` of the per-block P(f))."""
+    This goes beyond the paper's summary: the authors' Fig. 2 middle is ``layer_mean_boxes`` of the per-block P(f)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(4.5, 3.2))
     for i, component in enumerate(COMPONENTS):
@@ -325,8 +323,7 @@ def block_figure() -> plt.Figure:
 def parameter_figure(table, model: str) -> plt.Figure:
     """Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component.
 
-    Tables 3 and 4 of ``model`` as bars: trainable parameters and memory load per component
-    (``table``: ``components.parameter_table``'s)."""
+    ``table``: ``components.parameter_table``'s."""
     fig, axes = plt.subplots(1, 2, figsize=(8, 3))
     for ax, column, ylabel, title in (
         (axes[0], "parameters", "trainable parameters", f"Table 3 ({model})"),
@@ -340,8 +337,8 @@ def parameter_figure(table, model: str) -> plt.Figure:
 def bounds_figure(at_rms, at_max, at_paper, constants: dict, paper_r: float, model: str, normalize: str) -> plt.Figure:
     """Notebook 01's Fig. 6: the bounds at the RMS and at the largest token norm.
 
-    Notebook 01's Fig. 6: the bounds at the RMS token norm (with Prop. 4), and at the largest token norm
-    beside MHA's at the paper's r (``bounds.upper_bounds`` tables, ``constants`` ``bounds.data_constants``')."""
+    At the RMS token norm with Prop. 4; at the largest token norm beside MHA's at the paper's r
+    (``bounds.upper_bounds`` tables, ``constants`` ``bounds.data_constants``')."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     bounds_along_depth(at_rms, axes[0])
     bounds_along_depth(at_rms, axes[0], " (Prop. 4)", linestyle=":", propositions=("4",))
@@ -421,8 +418,7 @@ PROBE_STYLES = {"attn_residual": ("#7f7f7f", "--"), "block": ("#000000", "--"), 
 def probe_figure(table, profile, model: str, normalize: str, split_seed: int) -> plt.Figure:
     """Notebook 04's probe accuracy along depth per probe point, beside its spread over the datasets.
 
-    Notebook 04's probe accuracy along depth per probe point (``profile``: ``probe.along_depth``'s),
-    beside its spread over the datasets at the last block (``table``: ``probe.probe_datasets``')."""
+    ``profile``: ``probe.along_depth``'s; ``table``: ``probe.probe_datasets``', the spread at the last block."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]})
     for name in profile.columns:
         color, line = PROBE_STYLES.get(name, (COLORS.get(name), "-"))
@@ -479,8 +475,7 @@ def rates_along_depth_figure(table, measurement) -> plt.Figure:
 def finetune_figure(histories: dict, config) -> plt.Figure:
     """Notebook 08's runs: gradient norm and validation accuracy against step, a line per component.
 
-    Notebook 08's runs: gradient norm and validation accuracy against step, one line per component
-    (``histories``: component -> ``runs.history``), the runs of ``config`` but for their component."""
+    ``histories``: component -> ``runs.history``, the runs of ``config`` but for their component."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for component, history in histories.items():
         axes[0].plot(history["step"], history["grad_norm"], color=COLORS[component], label=LABELS[component])
@@ -550,8 +545,7 @@ def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
 def lora_figure(average, models: Sequence[str]) -> plt.Figure:
     """Notebook 09: test accuracy per configuration and method, and against the parameters that train.
 
-    Notebook 09: test accuracy per configuration and method as grouped bars, beside the same against
-    the parameters that train (``average``: columns ``component``, ``method``, ``mean``,
+    The first as grouped bars, the second beside it (``average``: columns ``component``, ``method``, ``mean``,
     ``trainable_parameters``, over the runs of ``models``)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     grouped_bars(average, axes[0])

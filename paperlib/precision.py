@@ -504,8 +504,8 @@ def argument_parser():
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib.precision``: ``effect`` of a sweep's runs in several precisions.
 
-    ``python -m paperlib.precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``:
-    ``effect`` of a finetuning sweep spec's runs in several precisions (e.g. ``precision_paper.yaml``)."""
+    ``python -m paperlib.precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``, SPEC a
+    finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
     args = argument_parser().parse_args(argv)
     try:
         found, missing = runs_table.for_spec(specs.load_spec(args.spec))

@@ -132,9 +132,9 @@ def check_blocks(selected: int | Iterable[int] | None, depth: int) -> tuple[int,
 def point_modules(block: nn.Module, point: str) -> tuple[str, list[nn.Module]]:
     """How ``point`` is read in ``block``: the outputs of some modules or the input of one.
 
-    How ``point`` is read in ``block``: ``("output", modules)`` (the outputs of the modules,
-    side by side: FC1 of a SwiGLU block is its gate and value layers) or ``("input", [module])``
-    (the input of the module: the residual stream after attention is the input of ``norm2``)."""
+    ``("output", modules)``: the outputs of the modules, side by side (FC1 of a SwiGLU block is its gate and value
+    layers); ``("input", [module])``: the input of the module (the residual stream after attention is the input of
+    ``norm2``)."""
     check_points(point)
     if point == "block":
         return "output", [block]
@@ -163,8 +163,7 @@ def pool_tokens(tokens: torch.Tensor, pool: str = "mean", prefix: int = 1) -> to
 def hooked(model: nn.Module, wanted: Sequence[tuple[int, str]], pool: str = "mean"):
     """Forward hooks that pool every (block, point) of ``wanted``; removed on exit.
 
-    Forward hooks that pool every (block, point) of ``wanted`` into a dict of lists of CPU
-    tensors, ``store[(block, point, part)]``, one tensor per batch; removed on exit."""
+    They pool into a dict of lists of CPU tensors, ``store[(block, point, part)]``, one tensor per batch."""
     store: dict[tuple[int, str, int], list[torch.Tensor]] = {}
     prefix = int(getattr(model, "num_prefix_tokens", 1))
     handles = []
@@ -592,9 +591,8 @@ def linear_probe(
 def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, running: dict, max_gib: float = 8.0):
     """Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, yielding each fit as it ends.
 
-    Fit ``probe``'s probes of ``missing`` (block, point) on ``network``, a group of them per pass over
-    the (train, test) ``sets`` (``groups``: as many as ``max_gib`` of pooled features hold); yields
-    ((block, point), test accuracy, training images, test images) as each fit ends. ``running``:
+    A group of them per pass over the (train, test) ``sets`` (``groups``: as many as ``max_gib`` of pooled features
+    hold); each fit is yielded as ((block, point), test accuracy, training images, test images). ``running``:
     ``pooled_features``'s batch_size, device and num_workers."""
     (train, test), pool = sets, probe.pool
     for group in groups(network, missing, len(train) + len(test), max_gib):
@@ -668,8 +666,8 @@ def probe_datasets(model: str | nn.Module, datasets: str | Iterable[str], **opti
 def probed(model: str | nn.Module, dataset: str, options: dict) -> pd.DataFrame | None:
     """``linear_probe`` of the ``Probe`` of ``model`` on ``dataset``, options split by where they belong.
 
-    ``linear_probe`` of the ``Probe`` of ``model`` on ``dataset`` with the options that are its
-    fields, run with the others (``linear_probe``'s keywords: another name is a TypeError)."""
+    The options that are the ``Probe``'s fields make it; the others are ``linear_probe``'s keywords (another name is a
+    TypeError)."""
     own = {field.name for field in fields(Probe)}
     value = Probe(model, dataset, **{name: v for name, v in options.items() if name in own})
     return linear_probe(value, **{name: v for name, v in options.items() if name not in own})

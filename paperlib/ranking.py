@@ -97,9 +97,8 @@ def ranking_uncertainty(
 def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:
     """Per factor of ``plasticity.scale_curve``'s table: the ranking and whether it is the paper's.
 
-    Per factor of ``plasticity.scale_curve``'s table (ascending): ``order``, the components by
-    decreasing P(f) ("FC1 > MHA > ..."), and ``follows paper``, whether that is strictly the
-    paper's ranking MHA > FC1 > FC2 > LN2 > LN1."""
+    Factors ascending. ``order``: the components by decreasing P(f) ("FC1 > MHA > ..."); ``follows paper``: whether
+    that is strictly the paper's ranking MHA > FC1 > FC2 > LN2 > LN1."""
     wide = curve.pivot_table(index="factor", columns="component", values="plasticity", observed=True)
     wide = wide[list(COMPONENTS)].sort_index()
     values = wide.to_numpy()

@@ -225,9 +225,8 @@ def _card(notebook: Path, out_dir: Path) -> str:
 def write_index(out_dir: Path) -> Path:
     """``index.html``, the landing page of the reports in ``out_dir``.
 
-    ``index.html``, the landing page: a card per notebook report in ``out_dir`` (``_card``), then a
-    list of every other report under it (sweep runs): its HTML page, or its executed notebook where it
-    has none (a sweep renders HTML only if asked)."""
+    A card per notebook report in ``out_dir`` (``_card``), then a list of every other report under it (sweep runs):
+    its HTML page, or its executed notebook where it has none (a sweep renders HTML only if asked)."""
     out_dir = Path(out_dir)
     output = out_dir / "index.html"
     notebooks = sorted(out_dir.glob("[0-9][0-9]_*.ipynb"))
@@ -271,12 +270,12 @@ DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "e
 def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
     """Execute notebooks at demo scale and render their reports; returns the index page.
 
-    Execute notebooks at demo scale and render their reports, one line per notebook with the time it took; returns the
-    index page. Every notebook at once (no ``names``) first runs the demo sweeps' missing runs in one pool of processes,
-    one per core (``finetune.run_spec``), so that the notebooks find them finished instead of running each its part one
-    after another. The notebooks then run one per core at a time: much of a notebook's time is its kernel starting and
-    importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook run
-    alone; what two notebooks share on disk is locked (``storage.locked``)."""
+    It prints one line per notebook with the time it took. Every notebook at once (no ``names``) first runs the demo
+    sweeps' missing runs in one pool of processes, one per core (``finetune.run_spec``), so that the notebooks find
+    them finished instead of running each its part one after another. The notebooks then run one per core at a time:
+    much of a notebook's time is its kernel starting and importing, on one core. Their kernels keep PyTorch's own
+    threads, so their results are those of one notebook run alone; what two notebooks share on disk is locked
+    (``storage.locked``)."""
     from . import finetune, threads  # here, not at the top: both load torch
 
     out_dir = out_dir or paths.reports_dir()

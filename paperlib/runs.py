@@ -270,10 +270,10 @@ def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
 def config_fingerprints(record: dict) -> dict:
     """What the custom dataset and model of a run's fields hold now, as its record keeps them.
 
-    What the dataset and model of a run's fields (``record``) hold now, if custom (``data.content_fingerprint``,
-    ``models.content_fingerprint``), as its record keeps them (``run_record``: ``{"dataset": ...,
-    "model": ...}``); empty for the built-in ones. A sweep's marker of another notebook's run keeps
-    those of every custom name among its parameters instead (``sweep.parameter_fingerprints``)."""
+    The fields are ``record``; what they hold is ``data.content_fingerprint`` and ``models.content_fingerprint``, kept
+    as ``run_record`` keeps them (``{"dataset": ..., "model": ...}``); empty for the built-in ones. A sweep's marker
+    of another notebook's run keeps those of every custom name among its parameters instead
+    (``sweep.parameter_fingerprints``)."""
     found = {}
     if paths.custom_name(record["dataset"], "dataset"):  # the data stack only for a custom name
         from . import data
@@ -393,10 +393,10 @@ def save_checkpoint(config: Config, state: dict) -> None:
 def load_checkpoint(config: Config, params: dict, side: int, device: torch.device) -> dict | None:
     """The run's checkpoint, if there is one it can resume from; None otherwise.
 
-    The run's checkpoint, if there is one of these parameters (``params``) taken on the images it
-    resumes on (a decoded cache of ``side`` pixels); None otherwise (the run starts from the beginning).
-    It is read with ``weights_only=True``: tensors and plain types, never code. One that cannot be read
-    (truncated, damaged, or holding anything else) is reported as a warning and not resumed from."""
+    One it can resume from is of these parameters (``params``), taken on the images it resumes on (a decoded cache
+    of ``side`` pixels); with None the run starts from the beginning. It is read with ``weights_only=True``: tensors
+    and plain types, never code. One that cannot be read (truncated, damaged, or holding anything else) is reported
+    as a warning and not resumed from."""
     import torch
 
     checkpoint = config.folder() / CHECKPOINT
@@ -419,10 +419,10 @@ def load_checkpoint(config: Config, params: dict, side: int, device: torch.devic
 def record(config: Config, rows: list[dict], best: dict, metrics: dict) -> None:
     """Record a run that ended: its history, its weights if kept, and its metrics last.
 
-    Record a run that ended: its history (``rows``), with ``save_weights`` the trainable parameters of its best
-    checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or None), its metrics last (the run is
-    finished; ``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as
-    finished), and its checkpoint gone. Each file is written atomically."""
+    The history is ``rows``. With ``save_weights``, the weights are the trainable parameters of its best checkpoint
+    (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is finished
+    (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as finished).
+    Its checkpoint is then removed. Each file is written atomically."""
     folder = config.folder()
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))

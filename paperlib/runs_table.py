@@ -91,8 +91,7 @@ def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.Dat
 def configs(spec: dict) -> list[Config]:
     """Each run of a finetuning sweep spec as the ``Config`` that notebook 05 makes of it.
 
-    Each run of a finetuning sweep spec (``specs.cells``: its fixed parameters and its grid's) as
-    the ``Config`` that notebook 05 makes of them (``config_from``)."""
+    The runs: ``specs.cells``, the spec's fixed parameters and its grid's; the ``Config``: ``config_from``."""
     return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
 
 
@@ -104,9 +103,8 @@ def expected(spec: dict) -> pd.DataFrame:
 def spec_records(*spec_list: dict) -> dict[str, dict]:
     """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds.
 
-    Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds once it
-    ran (``run_record``), made without a ``Config``, so without the training stack and unchecked (the
-    sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
+    A run has that record once it ran (``run_record``). It is made without a ``Config``, so without the training stack
+    and unchecked (the sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
     records = {}
     for spec in spec_list:
         for _, _, parameters in specs.cells(spec):

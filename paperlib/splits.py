@@ -51,8 +51,7 @@ def deterministic_split(
 def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) positions of a training set of ``n`` images for the run of ``seed``.
 
-    (train, val) positions of a training set of ``n`` images for the run of ``seed``, as the
-    authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
+    Drawn as the authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
     of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
     ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
     _check_fraction(train_fraction)

@@ -64,9 +64,8 @@ that differ in them are not seeds or learning rates of one another."""
 def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFrame:
     """Table 6: one row per dataset and component with the ``lr`` chosen and its accuracy over seeds.
 
-    One row per dataset and component: ``lr`` chosen, ``mean`` and ``std`` (%, over seeds; with
-    ``ddof=0`` numpy's ``np.std``, as the authors' code computed Table 6's ±; ``ddof=1`` the sample
-    standard deviation, 1.22x larger for three seeds), ``seeds``.
+    Columns ``lr``, ``mean`` and ``std`` (%, over seeds; with ``ddof=0`` numpy's ``np.std``, as the authors' code
+    computed Table 6's ±; ``ddof=1`` the sample standard deviation, 1.22x larger for three seeds), ``seeds``.
 
     ``runs``: the runs table of ``runs_table.load`` for one model, precision, optimizer, LoRA setting, normalisation
     and tag (a ValueError otherwise: their runs are not seeds of one another). As the authors' selection, every
@@ -271,9 +270,9 @@ DIVERGED = ("kept", "cell", "run")  # what grid_spread does with a run that dive
 def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept") -> pd.DataFrame:
     """The spread of test accuracy (%) over the grid, per dataset and component.
 
-    One row per dataset and component of ``components``: the spread of test accuracy (%) over the grid
-    (every learning rate and seed; Fig. 4 left, Fig. 18): ``std`` (sample deviation, ddof=1), ``iqr``
-    (interquartile range), ``range``, ``median``, over ``runs`` counted; ``diverged`` and ``cells`` (counted).
+    One row per dataset and component of ``components``; the grid is every learning rate and seed (Fig. 4 left,
+    Fig. 18). Columns ``std`` (sample deviation, ddof=1), ``iqr`` (interquartile range), ``range``, ``median``, over
+    ``runs`` counted; ``diverged`` and ``cells`` (counted).
 
     The configurations are compared on one grid: the (learning rate, seed) cells where every one of them
     has a test accuracy (an unfinished sweep leaves no configuration a grid of its own). A diverged run
@@ -406,13 +405,13 @@ def plasticity_correlation(
 def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided", level: float = 0.05) -> dict:
     """The per-dataset taus of ``plasticity_correlation`` across benchmarks, summarised and tested.
 
-    The per-dataset taus of ``plasticity_correlation`` across benchmarks (``datasets``; those of constant values,
-    without a tau, counted as ``undefined``): their ``mean`` and ``median``, how many are ``positive``, ``negative`` and
-    zero, and a Wilcoxon signed-rank test (scipy; zeros left out, as in ``table1``) of their median against 0:
-    ``p_value`` (NaN with fewer than two non-zero taus), ``significant`` (p < ``level``). That test counts each
-    benchmark as independent; the corruptions of one test set are not (five of the paper's eleven corrupt Cifar10's):
-    with a ``dataset`` column, the same taus by family (``names.family``: a family's mean tau) give ``families``,
-    ``family_positive``, ``family_negative`` and a two-sided sign test, ``family_p_value``."""
+    ``datasets``: how many have a tau (those of constant values, without one, are counted as ``undefined``). Their
+    ``mean`` and ``median``, how many are ``positive``, ``negative`` and zero, and a Wilcoxon signed-rank test
+    (scipy; zeros left out, as in ``table1``) of their median against 0: ``p_value`` (NaN with fewer than two
+    non-zero taus), ``significant`` (p < ``level``). That test counts each benchmark as independent; the corruptions
+    of one test set are not (five of the paper's eleven corrupt Cifar10's): with a ``dataset`` column, the same taus
+    by family (``names.family``: a family's mean tau) give ``families``, ``family_positive``, ``family_negative`` and
+    a two-sided sign test, ``family_p_value``."""
     taus = per_dataset["tau"].dropna()
     nonzero = taus[taus != 0]
     p_value = wilcoxon_p(nonzero, alternative) if len(nonzero) >= 2 else float("nan")
@@ -520,10 +519,10 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
 def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd.DataFrame, str]:
     """P(f) of the runs' model on their datasets, and where it comes from.
 
-    P(f) of the runs' model on their datasets, measured on images normalised as the runs' were (``plasticity.collect``:
-    the paper's pairs, against ``reference``, None: each dataset's default), and where it comes from: ``"measured"``,
-    or, where none is saved, ``"paper"``: the ranking the paper finds on every benchmark (``paper_order``), which uses
-    the order only, as the Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
+    Measured on images normalised as the runs' were (``plasticity.collect``: the paper's pairs, against
+    ``reference``, None: each dataset's default). Where it comes from: ``"measured"``, or, where none is saved,
+    ``"paper"``: the ranking the paper finds on every benchmark (``paper_order``), which uses the order only, as the
+    Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
     for key in ("model", "normalize"):
         if runs[key].nunique() != 1:
             raise ValueError(

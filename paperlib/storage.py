@@ -134,10 +134,9 @@ def file_sizes(folder: str | Path, names: Iterable[str]) -> dict[str, int]:
 def read_json(path: str | Path) -> dict:
     """A JSON object that a run or result writes, checked whole.
 
-    A JSON object that a run or result writes (a run's ``params.json`` and ``metrics.json``, a
-    plasticity result's ``metadata.json``, a sweep's marker). A FileNotFoundError if it is missing; a
-    ValueError naming the file if it is not a whole JSON object, or if a file whose size it records
-    (``files``: ``file_sizes``) is missing or of another size since."""
+    Those are a run's ``params.json`` and ``metrics.json``, a plasticity result's ``metadata.json``, a sweep's marker.
+    A FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or if a file
+    whose size it records (``files``: ``file_sizes``) is missing or of another size since."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{display(path)} not found")

@@ -229,9 +229,8 @@ def _check_parameters(run: Run) -> None:
 def check_device(device, executor: str | None = None) -> None:
     """A run's device as ``executor`` runs it; a ValueError naming the valid ones otherwise.
 
-    A run's device as ``executor`` runs it: one this machine has (``local``, ``submitit-local``), the
-    one GPU each worker sees (``gpus``: ``cuda`` or ``cuda:0``, or the CPU), any device's name (``slurm``:
-    the cluster's; None); a ValueError naming the valid ones otherwise."""
+    Valid: one this machine has (``local``, ``submitit-local``), the one GPU each worker sees (``gpus``: ``cuda`` or
+    ``cuda:0``, or the CPU), any device's name (``slurm``: the cluster's; None)."""
     parsed = devices.check_device(device, here=executor in ("local", "submitit-local"))
     if executor == "gpus" and parsed.type == "cuda" and parsed.index not in (None, 0):
         raise ValueError(f"device {device!r}: under --executor gpus a run sees one GPU, cuda (or cuda:0)")
@@ -240,8 +239,7 @@ def check_device(device, executor: str | None = None) -> None:
 def check_gpus(gpus: list[int] | None) -> list[int]:
     """The GPUs of executor ``gpus``; a ValueError naming those here otherwise.
 
-    The GPUs of executor ``gpus``: ``gpus``, each one this machine has, or every visible one; a
-    ValueError naming those here otherwise."""
+    They are ``gpus``, each one this machine has, or every visible one."""
     here = _visible_gpus()
     if not here:
         raise ValueError("executor 'gpus' found no GPU here; use --executor local")
@@ -316,9 +314,8 @@ def run_sweep(
 ) -> list[Run]:
     """Execute every unfinished run of ``spec``, each checked first; returns the runs with their status.
 
-    Execute every unfinished run of ``spec``, each checked first (``check``); returns the runs with their
-    status (``STATUSES``). A run another process holds is passed over, then come back to at the end.
-    ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
+    The check is ``check``; the statuses are ``STATUSES``. A run another process holds is passed over, then come
+    back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     gpus = check_gpus(gpus) if executor == "gpus" else gpus

@@ -65,10 +65,9 @@ RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAGENET) -> v2.Compose:
-    """The paper's transform: PIL image or uint8 tensor -> normalised float tensor.
+    """The paper's transform (appendix C.2): PIL image or uint8 tensor -> normalised float tensor.
 
-    PIL image or uint8 tensor -> normalised float tensor (appendix C.2; ``mean_std``: the
-    normalisation, ImageNet's by default)."""
+    ``mean_std``: the normalisation, ImageNet's by default."""
     if augment:
         geometry = [
             v2.RandomResizedCrop(image_size, scale=SCALE, ratio=RATIO, antialias=True),
@@ -227,9 +226,8 @@ def device_transform(
 ) -> torch.Tensor:
     """The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives.
 
-    The paper's transform on a uint8 (B, 3, H, W) batch, where the batch lives (``mean_std``:
-    the normalisation, ImageNet's by default; ``sizes``: (B, 2) heights and widths of images of
-    different sizes, padded to (H, W) at the bottom and right, as ``UnevenImages.batch`` gives them).
+    ``mean_std``: the normalisation, ImageNet's by default; ``sizes``: (B, 2) heights and widths of images of
+    different sizes, padded to (H, W) at the bottom and right, as ``UnevenImages.batch`` gives them.
 
     Normalisation commutes with bilinear resampling (its weights sum to one), so it is applied
     to the small source images, not to the 224x224 outputs.

@@ -293,10 +293,9 @@ bias_gelu.register_autograd(_backward, setup_context=_setup_context)
 def qkv_heads_backward_reference(
     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head gradients stacked into the projection's layout, and the bias gradient.
+    """The head gradients (each [B, H, N, D]) stacked into the projection's [B, N, 3 H D] layout, and the bias gradient.
 
-    The head gradients (each [B, H, N, D]) stacked into the projection's [B, N, 3 H D] layout,
-    and its column sums in fp32 (or float64): the bias gradient."""
+    The bias gradient is the stack's column sums in fp32 (or float64)."""
     batch, heads, tokens, dim = dq.shape
     stacked = torch.stack([dq, dk, dv]).permute(1, 3, 0, 2, 4).reshape(batch, tokens, 3 * heads * dim)
     return stacked, stacked.reshape(-1, stacked.shape[-1]).to(_compute_dtype(dq.dtype)).sum(0)
@@ -305,10 +304,9 @@ def qkv_heads_backward_reference(
 def qkv_heads_backward_triton(
     dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qkv_heads_backward`` by the Triton stack kernel.
+    """``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides).
 
-    ``qkv_heads_backward`` by the Triton stack kernel, once per head gradient (any strides): one
-    pass writes the stacked gradient and fp32 partial column sums per ``ROWS`` rows."""
+    One pass writes the stacked gradient and fp32 partial column sums per ``ROWS`` rows."""
     ops = _triton_kernels()
     batch, heads, tokens, dim = dq.shape
     width = heads * dim

@@ -165,10 +165,9 @@ AUTO_FUSED_CUDA = ("gelu", "qkv")
 
 
 def fused_parts(fused: str) -> tuple[str, ...]:
-    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names.
+    """The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names, in ``FUSED_PARTS``' order.
 
-    The ``FUSED_PARTS`` that a ``fused`` choice other than "auto" names ("none": none, "all": all,
-    else its "+"-joined parts), in ``FUSED_PARTS``' order; a ValueError naming the valid choices otherwise."""
+    "none": none, "all": all, else its "+"-joined parts; a ValueError naming the valid choices otherwise."""
     if fused == "none":
         return ()
     if fused == "all":
@@ -189,9 +188,8 @@ def _fused_name(parts: tuple[str, ...]) -> str:
 def check_fused(fused: str, device: torch.device | None = None) -> str:
     """``fused`` if it is a valid choice that can run on ``device``; otherwise a ValueError.
 
-    ``fused`` if it is a valid choice (``FUSED_CHOICES``, or parts joined by "+") that can run on
-    ``device`` (on CUDA the ops are Triton kernels); otherwise a ValueError that says why. "auto"
-    always can: it is ``resolve_fused``."""
+    The valid choices are ``FUSED_CHOICES``, or parts joined by "+"; on CUDA the ops are Triton kernels. The ValueError
+    says why. "auto" always can run: it is ``resolve_fused``."""
     if fused == "auto":
         return fused
     if fused_parts(fused) and device is not None and _device(device).type == "cuda" and not _triton_available():
@@ -205,10 +203,9 @@ def check_fused(fused: str, device: torch.device | None = None) -> str:
 def resolve_fused(fused: str, device: torch.device) -> str:
     """What ``fused`` means on ``device``, written one way.
 
-    What ``fused`` means on ``device``, written one way ("none", or its parts joined by "+" in
-    ``FUSED_PARTS``' order: "all" is "gelu+qkv"): "auto" is ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured
-    faster on a GPU: docs/benchmarks.md) and "none" elsewhere (on a CPU the ops run their PyTorch
-    reference, which inductor's own code beats)."""
+    That way is "none", or its parts joined by "+" in ``FUSED_PARTS``' order ("all" is "gelu+qkv"). "auto" is
+    ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured faster on a GPU: docs/benchmarks.md) and "none"
+    elsewhere (on a CPU the ops run their PyTorch reference, which inductor's own code beats)."""
     if check_fused(fused, device) != "auto":
         return _fused_name(fused_parts(fused))
     cuda = _device(device).type == "cuda" and _triton_available()
@@ -296,11 +293,10 @@ def preset(name: str) -> dict:
 def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dict:
     """The step options of a preset for a run in ``precision``.
 
-    The step options of a preset (``chosen``: ``preset``'s mapping, ``name`` its name) for a run in
-    ``precision``. A preset that records its gains (``gain``: images/s over ``none`` per precision, as
-    measured) is offered only in a precision where it was measured faster: elsewhere it could only cost
-    time (a compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it is
-    refused, with the reason and the precisions it is offered for."""
+    ``chosen``: ``preset``'s mapping, ``name`` its name. A preset that records its gains (``gain``: images/s over
+    ``none`` per precision, as measured) is offered only in a precision where it was measured faster: elsewhere it
+    could only cost time (a compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it
+    is refused, with the reason and the precisions it is offered for."""
     options = {key: value for key, value in chosen.items() if key not in PRESET_RECORD}
     gains = chosen.get("gain")
     if gains is None:  # "auto", "none", a file without gains: no claim to check

@@ -45,10 +45,9 @@ MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 def autocast_for(device: torch.device, precision: str = "fp32"):
     """A context factory for forward passes in ``precision``.
 
-    A context factory for forward passes in ``precision`` (``options.PRECISIONS``; by default the
-    protocol's fp32): "autocast" and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run
-    under bf16 autocast, on CUDA and on a CPU; "fp32" and "tf32" run as they are (their TF32 flags:
-    ``tf32_flags``)."""
+    ``precision``: one of ``options.PRECISIONS``, by default the protocol's fp32. "autocast" and "bf16" (whose bf16
+    copy, ``MasterWeights``, runs under it) run under bf16 autocast, on CUDA and on a CPU; "fp32" and "tf32" run as
+    they are (their TF32 flags: ``tf32_flags``)."""
     if check_precision(precision, device) in ("autocast", "bf16"):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return lambda: torch.autocast(device.type, enabled=False)
@@ -75,10 +74,9 @@ def tf32_flags(precision: str):
 def step_context(device: torch.device, attention: str = "auto", precision: str = "fp32"):
     """A context factory for forward passes: the precision and the attention kernel.
 
-    A context factory for forward passes: ``precision`` (``autocast_for`` and its TF32 flags,
-    ``tf32_flags``; by default the protocol's fp32) and, unless ``attention`` is "auto", the one
-    scaled-dot-product attention kernel allowed to run (the same function in every kernel, to
-    rounding; their speed differs by device). "auto" leaves the choice to PyTorch, except in bf16 on
+    ``precision``: ``autocast_for`` and its TF32 flags (``tf32_flags``), by default the protocol's fp32.
+    ``attention``: unless "auto", the one scaled-dot-product attention kernel allowed to run (the same function in
+    every kernel, to rounding; their speed differs by device). "auto" leaves the choice to PyTorch, except in bf16 on
     a CPU, where it is the math kernel."""
     autocast = autocast_for(device, precision)
     if check_attention(attention, device) == "auto" and device.type == "cpu" and precision in ("autocast", "bf16"):
@@ -171,8 +169,8 @@ class MasterWeights:
 def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
     """What a training step calls: ``model`` compiled as ``options`` ask, or its bf16 copy.
 
-    What a training step calls: ``model`` through ``compile_model`` (``options``' compile, mode
-    and fused ops), or with ``precision="bf16"`` its bf16 copy, compiled likewise (``MasterWeights``)."""
+    Compiled by ``compile_model`` (``options``' compile, mode and fused ops); with ``precision="bf16"``, the bf16
+    copy (``MasterWeights``), compiled likewise."""
     if options.precision == "bf16":
         return MasterWeights(model).compile(options.compile, options.compile_mode, options.fused)
     return compile_model(model, options.compile, options.compile_mode, options.fused)
@@ -335,8 +333,8 @@ def make_optimizer(
 class Step:
     """One optimisation step of a run as fast as its ``options`` make it.
 
-    One optimisation step of a run as fast as its ``options`` (checked: ``StepOptions.checked``)
-    make it: ``step(images, labels)`` -> (loss, gradient norm before clipping), device tensors.
+    ``options`` are checked (``StepOptions.checked``). ``step(images, labels)`` -> (loss, gradient norm before
+    clipping), device tensors.
 
     ``trainable`` are the parameters clipping sees and ``optimizer`` updates; ``forward`` is what
     runs the model (compiled, or ``MasterWeights``), ``network`` the module that runs
@@ -410,14 +408,12 @@ def make_step(
 ) -> Step:
     """The step of a run that trains ``model``'s trainable parameters.
 
-    The step of a run that trains ``model``'s trainable parameters (``requires_grad``, as the
-    caller set them: the protocol decides what trains): its optimizer (``make_optimizer`` of the
-    ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``, ``momentum``, ``weight_decay``) and a
-    ``Step`` of ``options`` (checked:
-    ``StepOptions.checked``) at ``batch_size``, clipping at global norm ``clip``, ``micro_batch``
-    (0: the whole batch, split while the GPU runs out of memory). ``step.optimizer`` is the
-    optimizer, for the schedule and the checkpoints. What ``finetune`` trains with, and what the
-    step benchmarks time."""
+    Those are the parameters with ``requires_grad``, as the caller set them (the protocol decides what trains). The
+    step has its optimizer (``make_optimizer`` of the ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``,
+    ``momentum``, ``weight_decay``) and is a ``Step`` of ``options`` (checked: ``StepOptions.checked``) at
+    ``batch_size``, clipping at global norm ``clip``, ``micro_batch`` (0: the whole batch, split while the GPU runs
+    out of memory). ``step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
+    trains with, and what the step benchmarks time."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     chosen = make_optimizer(model, optimizer.optimizer, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
     return Step(model, trainable, chosen, options, batch_size, clip, micro_batch, progress)
