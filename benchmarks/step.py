@@ -170,6 +170,7 @@ def bench_finetune(
     device = resolve_device(device)
     workers = os.cpu_count() if workers is None else workers
     for component in components:
+        check_run_component(component)
         lora.check(component, lora_rank)
     options = options.checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)

@@ -71,8 +71,8 @@ def check(component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -
     """Fail before any work, with the valid choices, on a bad ``rank``, ``alpha`` or ``dropout``.
 
     Valid: ``rank`` 0 (no LoRA: the component's own weights train) or a positive integer for a configuration that has
-    weight matrices; ``alpha`` 0 (the rank: a scale of 1) or positive; ``dropout`` in [0, 1)."""
-    components.check_run_component(component)
+    weight matrices; ``alpha`` 0 (the rank: a scale of 1) or positive; ``dropout`` in [0, 1). ``component`` is one of
+    ``RUN_COMPONENTS`` already (``Config`` checks it)."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
     for name, value, valid in (

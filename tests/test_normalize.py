@@ -204,15 +204,15 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     assert len(stats.table6(runs[(runs["model"] == "custom/half") & (runs["normalize"] == "model")])) == 1
 
 
-def test_runs_recorded_before_the_option_are_the_papers(home, small):
+def test_a_run_recorded_before_the_option_is_outdated(home, small):
     config = small(**LN2)
     finetune.run(config)
     params = json.loads((config.folder() / "params.json").read_text())
     del params["normalize"]
     (config.folder() / "params.json").write_text(json.dumps(params))
-    assert runs_table.load()["normalize"].tolist() == ["imagenet"]
-    metrics = json.loads((config.folder() / "metrics.json").read_text())
-    assert finetune.run(config) == metrics  # still this run: not trained again
+    assert runs_table.load()["normalize"].tolist() == ["imagenet"]  # as its metrics.json says
+    # but no default stands in for the field its record lacks: another run, trained again
+    assert run_files.recorded_difference(config) == ["normalize"] and not run_files.is_finished(config)
 
 
 def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
