@@ -755,8 +755,9 @@ def test_wilcoxon_p_is_scipys_p_value_with_ties_and_zeros():
     # the vectorised permutation test where scipy runs its own, scipy's test elsewhere: scipy's p-values, each
     rng = np.random.default_rng(0)
     routes = set()
-    for trial in range(120):
-        n = int(rng.integers(2, 16))
+    for trial in range(60):
+        # n = 13 once: the largest permutation route, with ties (scipy takes 1.5 s a test there, 0.2 s at 10)
+        n = 13 if trial == 1 else int(rng.choice([*range(2, 10), 14, 15]))
         values = rng.choice([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0], n) if trial % 2 else rng.normal(size=n).round(1)
         if not values.any():
             continue
