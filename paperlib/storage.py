@@ -146,7 +146,7 @@ def read_json(path: str | Path) -> dict:
         raise ValueError(f"{display(path)} is not whole JSON (damaged?)") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{display(path)} holds no JSON object (damaged?)")
-    for name, size in payload.get("files", {}).items():  # written before the sizes were recorded: none to check
+    for name, size in payload.get("files", {}).items():  # a file that records no others (params.json): none to check
         file = path.parent / name
         if not file.is_file() or file.stat().st_size != size:
             raise ValueError(f"{display(file)} is not the file {path.name} records ({size} bytes; damaged?)")
