@@ -12,10 +12,10 @@ figure, its headline result (``notebook.headline``) beside the paper's, with why
 the parameters it ran with and when.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
 and nbval can check them. What the notebooks call from their cells is ``notebook``'s. The notebook
-libraries (nbformat, papermill, nbconvert, nbclient) are imported where they are used: notebooks 00,
-01, 02, 05 and 09 still import this module for ``headline`` and ``check_parameters`` (kept here under
-their old names), and importing nbformat alone takes a second (jsonschema's format checkers). So are
-``finetune`` and ``threads`` (``run_demo``): both load torch.
+libraries (nbformat, papermill, nbconvert, nbclient) are imported where they are used: ``sweep``
+imports this module, and its ``--dry-run`` and ``--plan`` render nothing, while importing nbformat
+alone takes a second (jsonschema's format checkers). So are ``finetune`` and ``threads``
+(``run_demo``): both load torch.
 """
 
 from __future__ import annotations
