@@ -40,6 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from . import stats
 from .names import COMPONENTS, LABELS, family
 from .significance import holm, kendall_tau, sign_test
 
@@ -539,8 +540,6 @@ def at_equal_capacity_of_runs(
     ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
     against P(f) (``stats.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f) comes from
     ("measured" or the paper's order)."""
-    from . import stats  # the tables of runs; stats does not import capacity
-
     datasets = set(equal["dataset"])
     ordinary = ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)]
     tables = [stats.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
