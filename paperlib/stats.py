@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{title}\n{table.to_string()}\n")
     if several:
         print(f"several precisions: their effect on these results is python -m paperlib.precision {args.spec}\n")
-    if found["equal_capacity"].fillna(False).astype(bool).any():
+    if found["equal_capacity"].any():
         print("equal-capacity runs: their LN2 and LN1 are the ordinary runs; notebook 10 compares the two designs\n")
     if args.csv:
         write_csv(tables, args.csv, indexed=("takeaway2",))
