@@ -515,6 +515,11 @@ def run_figure(history, metrics: dict, config) -> plt.Figure:
     return _saved(fig, "05_finetune", c.model, c.dataset, c.component, f"lr{c.lr:g}", c.folder().name)
 
 
+def _configurations(table) -> list[str]:
+    """The configurations of ``table`` (column ``component``): in plasticity order, then full."""
+    return [c for c in (*COMPONENTS, "full") if c in set(table["component"])]
+
+
 def _methods(table) -> list[str]:
     """The methods of ``table`` (column ``method``): the weights' first, then the others in the order they come."""
     return sorted(dict.fromkeys(table["method"]), key=lambda method: method != "weights")
@@ -528,7 +533,7 @@ def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.4))
     methods = _methods(table)
-    shown = [c for c in (*COMPONENTS, "full") if c in set(table["component"])]
+    shown = _configurations(table)
     width = 0.8 / max(len(methods), 1)
     for i, name in enumerate(methods):
         part = table[table["method"] == name].set_index("component").reindex(shown)
@@ -576,7 +581,7 @@ def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
     lrs = sorted(grid["lr"].unique())
     fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
     for ax, name in zip(axes[0], methods):
-        for c in [c for c in (*COMPONENTS, "full") if c in set(grid["component"])]:
+        for c in _configurations(grid):
             part = grid[(grid["method"] == name) & (grid["component"] == c)]
             ax.plot(part["lr"], 100 * part["test_accuracy"], marker="o", color=COLORS[c], label=LABELS[c])
         ax.set(xscale="log", xlabel="learning rate", title=name)
