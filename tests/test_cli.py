@@ -217,8 +217,8 @@ def test_a_speed_preset_sets_the_step_options_not_given():
         "fused": "none",
     }
     # the preset's rule, whatever the options: refused in a precision it was not measured faster in
-    with pytest.raises(ValueError, match="speed preset 'h100' is not offered for precision 'fp32'"):
-        runs.config_values({"speed": "h100", "fused": "none"})
+    with pytest.raises(ValueError, match="speed preset 'h100' is not offered for precision 'bf16'"):
+        runs.config_values({"speed": "h100", "precision": "bf16", "fused": "none"})
     with pytest.raises(ValueError, match="unknown precision 'fp16'; valid choices: fp32, tf32, autocast, bf16"):
         runs.config_values({"speed": "h100", "precision": "fp16"})
     # one name each: no mapping of options under speed, no precision in a preset
