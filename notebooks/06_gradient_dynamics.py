@@ -32,8 +32,8 @@ notebook.check_parameters()  # papermill's -p of a name this notebook does not h
 grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(specs.restrict(grid_spec, dataset=[dataset], seed=[seed]))
-runs, _ = for_spec(grid_spec)  # the spec's runs only
-at_least_one(runs, spec)
+runs, missing = for_spec(grid_spec)  # the spec's runs only
+at_least_one(runs, spec, missing)
 # the histories this notebook draws, and only those: at this seed, on this dataset or at this learning rate
 drawn = runs[(runs["seed"] == seed) & ((runs["dataset"] == dataset) | (runs["lr"] == lr))]
 histories = histories_of(drawn, ["grad_norm", "val_loss"])

@@ -42,7 +42,7 @@ grid_spec = specs.load_spec(paths.ROOT / spec)
 if compute_missing:
     finetune.run_spec(grid_spec)
 runs, missing = for_spec(grid_spec)  # the spec's runs only
-at_least_one(runs, spec)
+at_least_one(runs, spec, missing)
 model = stats.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
 runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
 normalize = runs["normalize"].iloc[0]

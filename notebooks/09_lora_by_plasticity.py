@@ -40,7 +40,7 @@ if compute_missing:
     for grid_spec in spec_list:
         finetune.run_spec(grid_spec)
 runs, missing = for_spec(*spec_list)  # the specs' runs only
-at_least_one(runs, " and ".join(name for name in (spec, plain_spec) if name))
+at_least_one(runs, " and ".join(name for name in (spec, plain_spec) if name), missing)
 runs = stats.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))

@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     try:
         found, missing = runs_table.for_spec(specs.load_spec(args.spec))
-        runs_table.at_least_one(found, args.spec)
+        runs_table.at_least_one(found, args.spec, missing)
         tables = effect(found, args.reference, args.margin, select=args.select)
     except cli.BAD_INPUT as error:
         return cli.fail(error)

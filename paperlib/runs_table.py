@@ -138,11 +138,21 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])
 
 
-def at_least_one(found: pd.DataFrame, what: str) -> pd.DataFrame:
+def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = None) -> pd.DataFrame:
     """``found`` if it holds a run; otherwise a one-line ValueError.
 
     ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
-    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs)."""
+    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs) and, from
+    ``missing`` (``for_spec``'s), how many of the spec's folders hold runs of other parameters, and the parameters
+    that differ most often: runs recorded before a ``Config`` field existed are there, but outdated."""
     if found.empty:
-        raise ValueError(f"no run of {what} under {paths.display(finetune_root())}")
+        message = f"no run of {what} under {paths.display(finetune_root())}"
+        other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]
+        if other:
+            common = max(set(other), key=other.count).removeprefix("different parameters: ")
+            message += (
+                f"; {len(other)} of its folders hold runs of other parameters, which its sweep trains again (most "
+                f"often {common}; a parameter missing from a run's record is one the package added since)"
+            )
+        raise ValueError(message)
     return found

@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = specs.load_spec(args.spec)
         found, missing = runs_table.for_spec(spec)
-        runs_table.at_least_one(found, args.spec)
+        runs_table.at_least_one(found, args.spec, missing)
         several = found["precision"].nunique() > 1
         if several:  # a precision check (precision.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]

@@ -770,6 +770,28 @@ def test_wilcoxon_p_is_scipys_p_value_with_ties_and_zeros():
     assert routes == {True, False}
 
 
+def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, capsys, tmp_path, move_results):
+    move_results(".")  # the tree
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
+        f"grid:\n  dataset: {DATASETS}\n  component: [mha]\n  lr: {LRS}\n  seed: {SEEDS}\n"
+    )
+    for file in (tree / "finetune").rglob("params.json"):  # as if written before Config had these two fields
+        params = json.loads(file.read_text())
+        del params["equal_capacity"], params["subset_seed"]
+        file.write_text(json.dumps(params))
+    assert stats.main([str(spec)]) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.count("\n") == 1, said
+    assert f"no run of {spec} under" in said.err
+    runs = len(DATASETS) * len(LRS) * len(SEEDS)  # the spec's, each in its folder
+    assert (
+        f"{runs} of its folders hold runs of other parameters" in said.err
+        and "often equal_capacity, subset_seed;" in (said.err)
+    )
+
+
 def test_stats_and_precision_on_a_fresh_results_root_say_so_in_one_line(capsys):
     (paths.results_dir() / "finetune").mkdir(parents=True)  # an empty finetune/ folder, as nothing there at all
     for main, spec in ((stats.main, "finetune_demo.yaml"), (precision.main, "precision_demo.yaml")):
