@@ -12,10 +12,10 @@ figure, its headline result (``notebook.headline``) beside the paper's, with why
 the parameters it ran with and when.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
 and nbval can check them. What the notebooks call from their cells is ``notebook``'s. The notebook
-libraries (nbformat, papermill, nbconvert, nbclient) are imported where they are used: ``sweep``
-imports this module, and its ``--dry-run`` and ``--plan`` render nothing, while importing nbformat
-alone takes a second (jsonschema's format checkers). So are ``finetune`` and ``threads``
-(``run_demo``): both load torch.
+libraries (nbformat, papermill, nbconvert, nbclient, traitlets; IPython in ``notebook``) are imported where
+they are used: ``sweep`` imports this module, and its ``--dry-run`` and ``--plan`` render nothing, so they run
+where Jupyter is not installed (a GPU node), and importing nbformat alone takes a second (jsonschema's format
+checkers). So are ``finetune`` and ``threads`` (``run_demo``): both load torch.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterable
-
-from traitlets.config import Config
 
 from . import cli, paths, specs, storage
 from .notebook import HEADLINE_MIME
@@ -84,6 +82,8 @@ def ipc_kernels():
     The sockets are in a private temporary folder (removed after): nothing listens on the network, and
     ipykernel has no reason to warn that TCP traffic is unencrypted. The folder is absolute: the kernel
     runs in the notebook's folder."""
+    from traitlets.config import Config
+
     with tempfile.TemporaryDirectory(prefix="kernel-") as folder:
         yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "ipc")}})
 

@@ -135,6 +135,50 @@ def test_reading_a_grids_results_loads_no_training_stack(tmp_path):
     assert trains.stdout.strip() == "True"
 
 
+WITHOUT_JUPYTER = """
+import importlib.abc, runpy, sys
+
+NOTEBOOK_EXTRA = ("IPython", "ipykernel", "nbclient", "nbconvert", "nbformat", "papermill", "traitlets")
+
+class Absent(importlib.abc.MetaPathFinder):  # a machine with the package's dependencies and not its notebook extra
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in NOTEBOOK_EXTRA:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Absent())
+if sys.argv[1] == "headline":
+    from paperlib import notebook
+    notebook.headline("a result")
+else:
+    sys.argv = ["sweep", *sys.argv[1:]]
+    runpy.run_module("paperlib.sweep", run_name="__main__")
+"""
+
+
+def test_a_sweeps_plan_runs_without_the_notebook_libraries(tmp_path):
+    # --plan and --dry-run render nothing: they run where Jupyter is not installed (a GPU node; an H100 image without
+    # IPython failed at import on 2026-11-28)
+    env = os.environ | {"VIT_PLASTICITY_RESULTS": str(tmp_path)}
+    said = {}
+    for option in ("--plan", "--dry-run"):
+        done = subprocess.run(
+            [sys.executable, "-c", WITHOUT_JUPYTER, "parameters/sweeps/finetune_demo.yaml", option],
+            cwd=PACKAGE.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        said[option] = done.stdout.splitlines()
+    assert [line.split()[:2] for line in said["--plan"] if line.startswith("total ")] == [["total", "42"]]
+    assert sum(line.startswith("to run") for line in said["--dry-run"]) == 42
+    # and the check can fail: what a notebook's cell calls needs IPython
+    shown = subprocess.run(
+        [sys.executable, "-c", WITHOUT_JUPYTER, "headline"], cwd=PACKAGE.parent, capture_output=True, text=True
+    )
+    assert shown.returncode == 1 and "No module named 'IPython" in shown.stderr, shown.stderr[-2000:]
+
+
 PROTOCOL = ("paperlib.finetune", "paperlib.runs", "paperlib.sweep")
 
 
