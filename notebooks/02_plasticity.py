@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import matplotlib.pyplot as plt
 
-from paperlib import bounds, notebook, paths, plasticity, plots, ranking
+from paperlib import bounds, notebook, paths, plasticity, plasticity_table, plots, ranking
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -75,7 +75,7 @@ plt.show()
 # measures the agreement of the two rankings (1: same order, -1: reversed).
 
 # %%
-ranked = plasticity.ranking(table)
+ranked = plasticity_table.ranking(table)
 tau = ranking.paper_agreement(table)
 ranked.round(3)
 

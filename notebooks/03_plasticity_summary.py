@@ -27,15 +27,15 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import notebook, plasticity, plots, stats
+from paperlib import notebook, plasticity, plasticity_table, plots, stats
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 if compute_missing:
     wanted = [plasticity.Measurement(m, d, reference, n_pairs, inputs, sample, seed, normalize) for m in models for d in datasets]
     plasticity.measure_missing(wanted, batch_size=batch_size, device=device, data_root=data_root)
-against = "default" if all(reference == plasticity.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
-summary = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against)
+against = "default" if all(reference == plasticity_table.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
+summary = plasticity_table.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against)
 if not include_all_results:
     summary = summary[summary["model"].isin(models) & summary["dataset"].isin(datasets)]
 print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {summary['dataset'].nunique()} dataset(s)")
@@ -51,7 +51,7 @@ print(f"{len(summary) // 5} results: {summary['model'].nunique()} model(s) x {su
 # mean over datasets, so a dataset that departs from the others stands out.
 
 # %%
-layers = plasticity.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against, by_block=True)
+layers = plasticity_table.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against, by_block=True)
 layers = layers.merge(summary[["model", "dataset"]].drop_duplicates())  # the results the summary shows
 plots.pooled_figure(summary, layers)
 plt.show()

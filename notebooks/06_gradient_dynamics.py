@@ -24,7 +24,7 @@ device = "cpu"  # device for a missing plasticity measurement
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import finetune, names, notebook, paths, plasticity, plots, specs, stats
+from paperlib import finetune, names, notebook, paths, plasticity, plasticity_table, plots, specs, stats
 from paperlib.runs_table import at_least_one, for_spec, histories_of
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
@@ -81,7 +81,7 @@ else:
     model, normalize = norms["model"].iloc[0], norms["normalize"].iloc[0]
     if compute_missing:
         plasticity.measure_missing([plasticity.Measurement(model, dataset, reference, n_pairs, normalize=normalize)], device=device)
-    measured = plasticity.collect(normalize=normalize, reference=reference or "default")
+    measured = plasticity_table.collect(normalize=normalize, reference=reference or "default")
     per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
     lost = runs.query("lr == @lr and seed == @seed and status == 'diverged'")
     print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs ({len(lost)} diverged runs left out);",

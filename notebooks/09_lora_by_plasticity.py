@@ -30,7 +30,7 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import finetune, lora, names, notebook, paths, plasticity, plots, specs, stats
+from paperlib import finetune, lora, names, notebook, paths, plasticity, plasticity_table, plots, specs, stats
 from paperlib.runs_table import at_least_one, for_spec
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
@@ -110,7 +110,7 @@ for model, dataset, normalize in measured_as.itertuples(index=False):
     if compute_missing:
         measurement = plasticity.Measurement(model, dataset, reference, n_pairs, normalize=normalize)
         plasticity.measure_missing([measurement], device=device, data_root=data_root)
-measured = plasticity.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
+measured = plasticity_table.collect(reference=reference, normalize=None).merge(measured_as, on=["model", "dataset", "normalize"])
 side = (measured[measured["component"].isin(adapted)].groupby("component", observed=True)["plasticity"].mean()
         .rename("P(f)").to_frame())
 side = side.join(average.pivot(index="component", columns="method", values="mean")[methods].add_prefix("accuracy (%), "))

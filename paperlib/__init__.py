@@ -9,7 +9,8 @@ Foundations: files, commands, devices, names
 - ``cli``         the command lines' parameter files and overrides
 - ``devices``     the devices a run may name, and those this machine has
 - ``threads``     CPU threads of processes of ours that share a machine
-- ``names``       the components' and configurations' names and labels, without torch (what the analysis imports)
+- ``names``       the components' and configurations' names and labels, and the choices a P(f) result records,
+                  without torch (what the analysis imports)
 
 Data (appendix C.2)
 - ``splits``      how datasets are split: the authors' train/test and validation draws
@@ -28,11 +29,12 @@ Models and their components (§3)
                   benchmarks are outside the package (``benchmarks/``, ``python -m benchmarks``)
 
 Plasticity and its bounds (§4, §5.1)
-- ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
 - ``significance`` the tests behind the p-values: Wilcoxon's signed-rank, Kendall's tau, Holm's adjustment
 - ``ranking``     statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
-- ``plasticity``  plasticity of every component (Definition 1, §5.1): a ``Measurement``, measured, ranked,
-                  saved in its folder, collected
+- ``plasticity_table`` saved plasticity results, without torch: their folder and record, read back, ranked,
+                  collected as one table (what the analysis reads)
+- ``component_rates`` the rate of change of every component on image pairs (Definition 1), exact and fast
+- ``plasticity``  plasticity of every component (Definition 1, §5.1): a ``Measurement``, measured and saved
 - ``probe``       linear probing of the pretrained model as the authors' code does it (Table 6's last column)
 - ``bounds``      upper bounds on plasticity (Propositions 1-4, §4) and the data constants they need
 

@@ -22,7 +22,7 @@ apart) has no rate: 0/0, NaN in ``rate_tensor``. "Equal" is exact equality of th
 tensors, every element, pair by pair, on the device (``PairRates.identical``); near-equal pairs
 keep their (finite, possibly large) rate, as Definition 1 defines it. ``plasticity.rates`` and
 ``plasticity.measure`` exclude the identical pairs and count them (``tabulate``); the summaries of a
-table made otherwise (``to_table``) leave them out (``pairs_with_rates``).
+table made otherwise (``to_table``) leave them out (``ranking.pairs_with_rates``).
 
 ``scale`` (beyond the paper) multiplies both embeddings by a factor before the components see
 them: a linear map's rate does not change, a LayerNorm's falls as 1/scale (while its eps is
@@ -42,15 +42,8 @@ from timm.layers import RmsNorm
 from torch import nn
 
 from .components import COMPONENTS, block_component, blocks
-
-INPUTS = ("embedding", "in_situ")
-
-
-def check_inputs(inputs: str) -> str:
-    """Return ``inputs`` or raise a ValueError naming the valid choices."""
-    if inputs not in INPUTS:
-        raise ValueError(f"unknown inputs {inputs!r}; valid inputs: {', '.join(INPUTS)}")
-    return inputs
+from .names import check_inputs
+from .ranking import IdenticalPairsWarning
 
 
 def _embedded(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[dict]]:
@@ -371,10 +364,6 @@ def to_table(rates: torch.Tensor, first_pair: int = 0, pair_ids=None) -> pd.Data
     )
 
 
-class IdenticalPairsWarning(UserWarning):
-    """Pairs whose two embeddings are equal (x == y) were left out: their rate is 0/0."""
-
-
 def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
     """The tidy table of measured batches, in order, without the identical pairs.
 
@@ -404,22 +393,3 @@ def tabulate(parts: list[PairRates], stacklevel: int = 3) -> pd.DataFrame:
         table = to_table(rates)
     table.attrs.update(token_rms=token_rms, identical_pairs_excluded=excluded)
     return table
-
-
-def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` without the pairs that have no rate at all, with a warning naming how many.
-
-    No rate at all means identical embeddings (0/0); the warning is an ``IdenticalPairsWarning``.
-    It serves the summaries of tables made otherwise than by ``tabulate`` (``to_table`` keeps the NaN
-    rates). The warning names the caller of the summary."""
-    if "pair" not in table:
-        return table
-    unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())
-    if not unmeasured:
-        return table
-    warnings.warn(
-        f"{len(unmeasured)} pairs without any rate left out (identical embeddings, x == y: 0/0)",
-        IdenticalPairsWarning,
-        stacklevel=3,
-    )
-    return table[~table["pair"].isin(unmeasured)]

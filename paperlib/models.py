@@ -33,7 +33,8 @@ from timm.models.vision_transformer import (
 )
 
 from . import components, paths, storage
-from .transforms import IMAGENET, as_mean_std, check_normalize
+from .names import check_normalize
+from .transforms import IMAGENET, as_mean_std
 
 PAPER_MODELS = {
     "vit_base_in21k": "vit_base_patch16_224.orig_in21k",

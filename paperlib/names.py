@@ -1,11 +1,12 @@
 """The names the package's tables and figures share: the five components of a ViT block in the
-paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5); and
-the family of a dataset (a corruption counts with the dataset it corrupts).
+paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5); the
+family of a dataset (a corruption counts with the dataset it corrupts); and the choices a plasticity
+result records (its inputs, its normalisation).
 
 No torch here, nor anything of the training stack: the analysis of saved results (``stats``,
-``precision``, ``capacity``, ``runs``' reading of a spec's runs) imports these alone, so that it reads
-a whole grid's results in seconds (``components`` imports them from here beside what finds the
-components in a model).
+``precision``, ``capacity``, ``runs_table``, ``plasticity_table``) imports these alone, so that it reads
+a whole grid's results in seconds (``components``, ``component_rates`` and ``transforms`` import them
+from here beside what needs torch).
 """
 
 from __future__ import annotations
@@ -75,3 +76,36 @@ def family(dataset: str) -> str:
     ``digits``); every other dataset is its own (``domainnet/sketch``)."""
     head, _, tail = dataset.partition("/")
     return CORRUPTED.get(head, dataset) if tail else dataset
+
+
+DEMO_FAMILIES = ("digits_source", "digits")
+"""The demo world's datasets by ``family`` (``data.DATASETS``' group ``demo``): its reference images and
+its downstream digits with their corruptions."""
+
+
+INPUTS = ("embedding", "in_situ")
+"""What a component's rate is measured on: ``embedding`` (the paper's: every block on the embedding's
+tokens) or ``in_situ`` (each component on its actual input; beyond the paper: ``component_rates``)."""
+
+
+def check_inputs(inputs: str) -> str:
+    """Return ``inputs`` or raise a ValueError naming the valid choices."""
+    if inputs not in INPUTS:
+        raise ValueError(f"unknown inputs {inputs!r}; valid inputs: {', '.join(INPUTS)}")
+    return inputs
+
+
+NORMALIZATIONS = ("imagenet", "model")
+"""How images are normalised: ``imagenet`` (the paper's statistics, for every model) or ``model``
+(the mean and standard deviation the model's pretrained configuration records, e.g. 0.5 for the
+original ImageNet-21k ViTs, CLIP's own for CLIP models; beyond the paper)."""
+
+
+def check_normalize(normalize: str) -> str:
+    """Return ``normalize`` or raise a ValueError that names the valid choices."""
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(
+            f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
+            "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)"
+        )
+    return normalize

@@ -17,12 +17,13 @@ with its result folder (``folder()``) and whether a result is saved there (``is_
     measurement = Measurement(dataset="digits_c/snow")   # the demo ViT against digits_source, 179 pairs
     table, folder = run(measurement)                     # results/plasticity/demo/digits_c/snow
 
-``run`` measures one and saves it, ``measure_missing`` runs those not saved yet, and ``collect``
-reads every saved result as one table of P(f). ``ranking`` ranks P(f); the statistics of a ranking
-(its agreement with the paper's, its bootstrap uncertainty) are in ``paperlib.ranking``.
+``run`` measures one and saves it, ``measure_missing`` runs those not saved yet. Saved results are
+``plasticity_table``'s, without torch: ``collect`` reads every one as one table of P(f), ``ranking`` ranks
+P(f); the statistics of a ranking (its agreement with the paper's, its bootstrap uncertainty) are in
+``paperlib.ranking``.
 
 Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
-``measure`` exclude them with a ``component_rates.IdenticalPairsWarning`` naming how many, counted in
+``measure`` exclude them with a ``ranking.IdenticalPairsWarning`` naming how many, counted in
 ``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
 numbers and exact rates. ``ranking`` and ``plasticity_by_block`` leave out, with the same warning,
 pairs without any rate in tables made otherwise (``component_rates.to_table``).
@@ -40,9 +41,7 @@ from which factor on it follows the paper's ranking).
 from __future__ import annotations
 
 import inspect
-import json
 import time
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,30 +53,12 @@ from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
 from . import cli, data, devices, models, paths, storage, threads
-from .component_rates import (
-    batch_pair_rates,
-    check_inputs,
-    evaluating,
-    linear_terms,
-    pair_rates,
-    pairs_with_rates,
-    tabulate,
-)
+from .component_rates import batch_pair_rates, evaluating, linear_terms, pair_rates, tabulate
 from .corruptions import check_severity
 from .loader import decode_workers
-from .names import COMPONENTS, LABELS
-from .ranking import layer_means, paper_agreement
-from .splits import SPLITS_VERSION
-from .transforms import check_normalize
-
-SAMPLES = ("first", "once", "random")
-"""How the pairs are drawn: ``first`` (the authors' pair set), the images of each set in order, paired by
-position, each set read in whole batches of ``LOADER_BATCH`` and cycled as the authors' loaders are
-(``drop_last``, made endless), so ``n_pairs`` pairs whatever the sets' sizes: a smaller test split repeats
-(Cifar10-C's 2,000 images give 1,984 distinct ones, 6.45 times each, for the paper's 12,800 pairs);
-``once``, each image at most once: the first ``min(n_pairs, len(reference), len(target))`` of each set;
-``random``, a random subset of each set, drawn with a seed (class folders are sorted by class, so the first
-images of a large set are its first classes)."""
+from .names import COMPONENTS, check_inputs, check_normalize
+from .plasticity_table import METADATA, check_sample, current, default_reference, ranking, results_root, save
+from .ranking import pairs_with_rates, paper_agreement
 
 LOADER_BATCH = 64
 """The batch of the authors' loaders in their analysis (``apps/vit/scripts/analysis.sh``: 64 x 200 steps for
@@ -87,18 +68,6 @@ of it, a last partial batch never used (a set smaller than one batch is used who
 HUGE_LOADER_BATCH = 32
 """The authors' loader batch for ViT-Huge (``models.PAPER_MODELS["vit_huge_in21k"]``): ``Measurement``'s
 ``loader_batch=0`` is it for that model, ``LOADER_BATCH`` for every other."""
-
-PAIRS = 2
-"""The version of the pair set, recorded in a result's metadata and checked with the splits' (``current``):
-2, ``first`` is the authors' cycled pair set; 1 (recorded by no key), each image once. A result of
-another version is measured again and left out of ``collect``, never mixed with these."""
-
-
-def check_sample(sample: str) -> str:
-    """Return ``sample`` or raise a ValueError naming the valid choices."""
-    if sample not in SAMPLES:
-        raise ValueError(f"unknown sample {sample!r}; valid samples: {', '.join(SAMPLES)}")
-    return sample
 
 
 def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
@@ -157,21 +126,6 @@ def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
     table = pairs_with_rates(table)
     return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
-
-
-def ranking(table: pd.DataFrame) -> pd.DataFrame:
-    """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
-    table = pairs_with_rates(table)
-    mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
-    out = pd.DataFrame(
-        {
-            "component": [LABELS[c] for c in mean.index],
-            "plasticity": mean.to_numpy(),
-            "paper rank": range(1, len(COMPONENTS) + 1),
-        }
-    )
-    out["rank"] = out["plasticity"].rank(ascending=False, method="min").astype(int)
-    return out.sort_values("rank").set_index("component")[["plasticity", "rank", "paper rank"]]
 
 
 def scale_curve(
@@ -294,23 +248,7 @@ def measure(
     return tabulate(parts)
 
 
-def results_root(inputs: str = "embedding"):
-    """``results/plasticity`` (``results/plasticity_in_situ`` for the extension)."""
-    return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
-
-
-def default_reference(dataset: str) -> str:
-    """The reference images a dataset is measured against unless asked otherwise.
-
-    The demo world's ``digits_source`` for its datasets, ImageNet (the paper's) for every other."""
-    source = data.DATASETS.get(dataset)  # a custom dataset need not be there any more for its results to be read
-    return "digits_source" if source is not None and source.group == "demo" else "imagenet"
-
-
 NOTEBOOK = "02_plasticity"  # the notebook of one measurement: its parameters are a Measurement's fields (and run's)
-
-RATES, METADATA = "rates.csv.gz", "metadata.json"
-"""The files of a saved result: its tidy table, then its metadata (written last: ``save``)."""
 
 
 @dataclass(frozen=True)
@@ -396,42 +334,6 @@ class Measurement:
         ``current``."""
         metadata = storage.json_or_none(self.folder() / METADATA)
         return metadata is not None and current(metadata)
-
-
-def current(metadata: dict) -> bool:
-    """Whether a saved result was measured on today's test splits with today's pair set.
-
-    Today's splits are ``SPLITS_VERSION``, today's pair set ``PAIRS``: other splits or another pair
-    set, other pairs."""
-    return metadata.get("splits", 1) == SPLITS_VERSION and metadata.get("pairs", 1) == PAIRS
-
-
-def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
-    """Write the tidy table (``RATES``) and ``METADATA`` into ``folder``, atomically.
-
-    ``METADATA`` is written last, with the table's size (``files``), today's splits (``SPLITS_VERSION``)
-    and pair set (``PAIRS``): its presence marks a complete result, and a table damaged since is not taken
-    for one.
-    """
-    folder = Path(folder)
-    storage.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    versions = {"splits": SPLITS_VERSION, "pairs": PAIRS}
-    metadata = {**versions, **(metadata or {}), "files": storage.file_sizes(folder, [RATES])}
-    storage.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
-    return folder
-
-
-def load(folder) -> pd.DataFrame:
-    """Read a table written by ``save``; an error naming the file if it is missing or damaged.
-
-    The table has ``component`` as the ordered categorical, and ``attrs`` ``token_rms`` and
-    ``identical_pairs_excluded`` from its metadata where recorded. The error is ``storage.read_json``'s."""
-    folder = Path(folder)
-    metadata = storage.read_json(folder / METADATA)
-    table = pd.read_csv(folder / RATES)
-    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
-    table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
-    return table
 
 
 def _pair_sets(measurement: Measurement, data_root):
@@ -553,103 +455,6 @@ def measure_missing(
             run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=progress)
         made.append(measurement)
     return made
-
-
-COLLECTED = (
-    "model",
-    "dataset",
-    "reference",
-    "component",
-    "plasticity",
-    "rank",
-    "n_pairs",
-    "distinct_reference",
-    "distinct_target",
-    "sample",
-    "seed",
-    "normalize",
-    "token_rms",
-)
-"""The columns of ``collect``'s table."""
-
-
-def collect(
-    inputs: str = "embedding",
-    root=None,
-    sample: str | None = "first",
-    seed: int | None = None,
-    normalize: str | None = "imagenet",
-    reference: str | None = "default",
-    severity: int | None = 5,
-    by_block: bool = False,
-) -> pd.DataFrame:
-    """P(f) of every saved result, one row per model, dataset (and draw of pairs) and component.
-
-    ``by_block``: a row per block as well (``ranking.layer_means``), with ``block`` and ``depth`` for ``rank``: the
-    values the boxes of Fig. 2 middle pool over datasets.
-
-    Columns (``COLLECTED``) ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean
-    rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
-    ``distinct_reference``, ``distinct_target`` (the distinct images of each side in the pairs), ``sample``,
-    ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
-    embeddings; missing for results saved before it was recorded). Only results whose pairs were
-    drawn by ``sample`` (the paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
-    normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
-    reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
-    name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
-    all): a model and dataset measured several ways would otherwise count twice. Results measured on
-    earlier test splits or pair sets (``current``) are left out with a warning that names them. ``root``:
-    the results folder to read (None: ``results_root(inputs)``).
-    """
-    if sample is not None:
-        check_sample(sample)
-    if normalize is not None:
-        check_normalize(normalize)
-    base = Path(root) if root is not None else results_root(inputs)
-    rows, outdated = [], []
-    for metadata_file in sorted(base.rglob(METADATA)):
-        # a damaged result: an error that names the file; results from before an option: the paper's choice
-        metadata = {"sample": "first", "seed": None, "normalize": "imagenet", **storage.read_json(metadata_file)}
-        if not _asked_for(metadata, sample, seed, normalize, reference, severity):
-            continue
-        if not current(metadata):
-            outdated.append(paths.display(metadata_file.parent))
-            continue
-        keys = {column: metadata.get(column) for column in COLLECTED}
-        result = load(metadata_file.parent)
-        if by_block:
-            rows += [{**keys, **row} for row in layer_means(result).to_dict("records")]
-            continue
-        for label, row in ranking(result).iterrows():
-            component = next(c for c in COMPONENTS if LABELS[c] == label)
-            rows.append({**keys, "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])})
-    columns = [c for c in COLLECTED if c != "rank"] + ["block", "depth"] if by_block else list(COLLECTED)
-    table = pd.DataFrame(rows, columns=columns)
-    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
-    # None (the paper's draw has no seed) stays missing, not NaN in a float column
-    table["seed"] = table["seed"].astype("Int64")
-    table["token_rms"] = table["token_rms"].astype(float)
-    if outdated:
-        warnings.warn(
-            f"results of earlier test splits or pair sets left out (measure them again): {', '.join(outdated)}"
-        )
-    return table
-
-
-def _asked_for(metadata: dict, sample, seed, normalize, reference, severity) -> bool:
-    """Whether the saved result of ``metadata`` is one ``collect``'s filters (None: any) ask for."""
-    if (
-        (sample is not None and metadata["sample"] != sample)
-        or (seed is not None and metadata["seed"] != seed)
-        or (normalize is not None and metadata["normalize"] != normalize)
-    ):
-        return False
-    against = metadata.get("reference")  # None: a result saved without a record of it
-    if reference is not None and against is not None:
-        wanted = default_reference(metadata["dataset"]) if reference == "default" else reference
-        if against != wanted:
-            return False
-    return severity is None or (metadata.get("severity") or severity) == severity
 
 
 HELP = {

@@ -137,7 +137,7 @@ def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) ->
     The authors' summary of Fig. 3 (left: one dataset, one value per block) and Fig. 2 (middle: the blocks of every
     dataset pooled, for one model).
 
-    ``means``: ``ranking.layer_means`` or ``plasticity.collect(by_block=True)`` rows (column
+    ``means``: ``ranking.layer_means`` or ``plasticity_table.collect(by_block=True)`` rows (column
     ``plasticity``, one row per block and component), or a tidy rates table (column ``rate``),
     whose per-block means are taken here. Rows of several models are refused: a box pools the
     datasets of one model. Whiskers reach 1.5 interquartile ranges; points beyond them are hidden,

@@ -65,8 +65,9 @@ from . import components, data, models, paths, storage, threads
 from .components import JointLinear, block_component
 from .imagesets import FileDataset, ImageDataset
 from .loader import DeviceLoader, Transform, decode_workers
+from .names import check_normalize
 from .splits import SPLITS_VERSION
-from .transforms import IMAGENET, as_mean_std, check_normalize, paper_transform
+from .transforms import IMAGENET, as_mean_std, paper_transform
 
 POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
 """Probe points of a block, in the order of its forward pass: the output of each component (``ln1``,

@@ -10,7 +10,7 @@ paper's (MHA > FC1 > FC2 > LN2 > LN1, Fig. 2 middle) and how sure it is.
   scale curve).
 - ``layer_means`` and ``depth_band``: the summaries of the paper's plasticity figures as the
   authors draw them. Each box of Fig. 3 (left) and Fig. 2 (middle) holds one value per block, that
-  block's P(f) (``layer_means``; pooled over datasets for Fig. 2: ``plasticity.collect(by_block=True)``),
+  block's P(f) (``layer_means``; pooled over datasets for Fig. 2: ``plasticity_table.collect(by_block=True)``),
   and the band around each curve of Fig. 3 (middle, right) is P(f) ±
   1.96 sd / sqrt(n), sd the standard deviation of the block's per-pair rates and n its number of
   pairs (``depth_band``).
@@ -22,11 +22,12 @@ component and pair. Pairs without any rate (identical embeddings, in tables made
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .component_rates import pairs_with_rates
 from .names import COMPONENTS, LABELS, PAPER_SCORES
 from .significance import kendall_tau
 
@@ -34,7 +35,7 @@ from .significance import kendall_tau
 def paper_agreement(table: pd.DataFrame) -> float:
     """Kendall's tau between this model's ranking of P(f) and the paper's.
 
-    P(f) is the mean rate over pairs and blocks, as ``plasticity.ranking``'s; the paper's ranking is
+    P(f) is the mean rate over pairs and blocks, as ``plasticity_table.ranking``'s; the paper's ranking is
     MHA > FC1 > FC2 > LN2 > LN1.
 
     1 means the same order, -1 the reverse.
@@ -154,3 +155,26 @@ def depth_band(table: pd.DataFrame, z: float = Z_95, ddof: int = 0) -> pd.DataFr
     out = out.reset_index()
     out["component"] = pd.Categorical(out["component"], categories=COMPONENTS)
     return out.sort_values(["block", "component"], ignore_index=True)
+
+
+class IdenticalPairsWarning(UserWarning):
+    """Pairs whose two embeddings are equal (x == y) were left out: their rate is 0/0."""
+
+
+def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` without the pairs that have no rate at all, with a warning naming how many.
+
+    No rate at all means identical embeddings (0/0); the warning is an ``IdenticalPairsWarning``.
+    It serves the summaries of tables made otherwise than by ``tabulate`` (``to_table`` keeps the NaN
+    rates). The warning names the caller of the summary."""
+    if "pair" not in table:
+        return table
+    unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())
+    if not unmeasured:
+        return table
+    warnings.warn(
+        f"{len(unmeasured)} pairs without any rate left out (identical embeddings, x == y: 0/0)",
+        IdenticalPairsWarning,
+        stacklevel=3,
+    )
+    return table[~table["pair"].isin(unmeasured)]

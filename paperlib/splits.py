@@ -16,7 +16,6 @@ import hashlib
 from typing import Sequence
 
 import numpy as np
-import torch
 
 TRAIN_FRACTION = 0.8  # the training share of every 80/20 split (the authors' ``train_size``)
 SPLIT_SEED = 42  # the authors' fixed seed of the train/test split of datasets without an official one
@@ -54,6 +53,8 @@ def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) 
     Drawn as the authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
     of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
     ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
+    import torch  # here, not at the top: what reads saved results reads SPLITS_VERSION without torch
+
     _check_fraction(train_fraction)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
     n_train = int(train_fraction * n)

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import cli, paths, runs_table, specs, storage
+from . import cli, paths, plasticity_table, runs_table, specs, storage
 from .names import COMPONENTS, LABELS, PAPER_SCORES, RUN_COMPONENTS, family
 from .runs import method
 from .runs_table import KEYS
@@ -355,7 +355,7 @@ def plasticity_correlation(
     Or any other per-component ``predictor`` column of the first table (``capacity.predictor_table``: the parameter
     share).
 
-    ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity.collect()`` for
+    ``plasticity``: columns ``dataset``, ``component``, ``plasticity`` (``plasticity_table.collect()`` for
     one model, or ``paper_order``); ``results``: columns ``dataset``, ``component`` and ``value`` (e.g.
     ``table6``'s ``mean`` renamed ``accuracy``, or ``grid_spread``'s ``std``). Over the components
     both have (``full`` and ``linear`` have no plasticity), one row per dataset: ``tau`` (Kendall's
@@ -519,7 +519,7 @@ def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
 def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd.DataFrame, str]:
     """P(f) of the runs' model on their datasets, and where it comes from.
 
-    Measured on images normalised as the runs' were (``plasticity.collect``: the paper's pairs, against
+    Measured on images normalised as the runs' were (``plasticity_table.collect``: the paper's pairs, against
     ``reference``, None: each dataset's default). Where it comes from: ``"measured"``, or, where none is saved,
     ``"paper"``: the ranking the paper finds on every benchmark (``paper_order``), which uses the order only, as the
     Takeaway 2 test does. ``runs``: one model and normalisation (a ValueError otherwise)."""
@@ -530,11 +530,7 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
             )
     model, normalize = runs["model"].iloc[0], runs["normalize"].iloc[0]
     datasets = sorted(runs["dataset"].unique())
-    if not (paths.results_dir() / "plasticity").is_dir():  # nothing measured (plasticity.results_root): no torch
-        return paper_order(datasets).assign(model=model), "paper"
-    from . import plasticity  # what reads saved P(f) is the measuring module's, which loads torch
-
-    measured = plasticity.collect(normalize=normalize, reference=reference or "default")
+    measured = plasticity_table.collect(normalize=normalize, reference=reference or "default")
     measured = measured[(measured["model"] == model) & measured["dataset"].isin(datasets)]
     if measured.empty:
         return paper_order(datasets).assign(model=model), "paper"
@@ -572,7 +568,7 @@ def paper_accuracy(dataset: str, component: str) -> float | None:
 
 
 def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per model of a ``plasticity.collect`` table: its components ordered by pooled P(f).
+    """Per model of a ``plasticity_table.collect`` table: its components ordered by pooled P(f).
 
     P(f) averaged over its datasets (``order``, e.g. "MHA > FC1 > FC2 > LN2 > LN1") and Kendall's tau of that order with
     the paper's (``tau``: 1 the same, -1 reversed)."""

@@ -53,8 +53,8 @@ import submitit
 import torch
 
 from . import cli, data, devices, models, paths, plan, plasticity, report, runs, specs, storage, threads
+from .names import check_normalize
 from .speed.options import PRECISIONS
-from .transforms import check_normalize
 
 EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
 

@@ -3,7 +3,7 @@
 Appendix C.2: training images get a random resized crop to 224 and a random horizontal flip;
 evaluation images are resized to 224 and centre-cropped to 224; all are normalised with the
 ImageNet mean and standard deviation. The resolution is a parameter (the demo world uses 32), and
-so is the normalisation (``mean_std``; ``NORMALIZATIONS`` name the choices: the paper's ImageNet
+so is the normalisation (``mean_std``; ``names.NORMALIZATIONS`` name the choices: the paper's ImageNet
 statistics, or those a model was pretrained with, beyond the paper).
 
 ``paper_transform`` is the torchvision path (per image, in DataLoader workers). The device path
@@ -25,21 +25,6 @@ MEAN = IMAGENET_DEFAULT_MEAN
 STD = IMAGENET_DEFAULT_STD
 IMAGENET = (tuple(MEAN), tuple(STD))
 """The paper's normalisation (appendix C.2): ImageNet's per-channel mean and standard deviation."""
-
-NORMALIZATIONS = ("imagenet", "model")
-"""How images are normalised: ``imagenet`` (the paper's statistics, for every model) or ``model``
-(the mean and standard deviation the model's pretrained configuration records, e.g. 0.5 for the
-original ImageNet-21k ViTs, CLIP's own for CLIP models; beyond the paper)."""
-
-
-def check_normalize(normalize: str) -> str:
-    """Return ``normalize`` or raise a ValueError that names the valid choices."""
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(
-            f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
-            "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)"
-        )
-    return normalize
 
 
 def as_mean_std(mean, std) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -12,7 +12,7 @@ import timm
 import torch
 from PIL import Image
 
-from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity, runs_table
+from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity, plasticity_table, runs_table
 from paperlib.runs import Config
 
 
@@ -264,10 +264,10 @@ def test_finetuning_and_plasticity_run_on_a_custom_model_and_dataset(home):
     # the pretraining folder's test split has 4 images: the authors' pairs repeat them to the 5 asked for
     metadata = json.loads((folder / "metadata.json").read_text())
     assert table["pair"].nunique() == 5 and metadata["distinct_reference"] == 4
-    assert plasticity.collect(reference="custom/pretraining")[
+    assert plasticity_table.collect(reference="custom/pretraining")[
         ["model", "dataset"]
     ].drop_duplicates().values.tolist() == [["custom/vit", "custom/shots"]]
-    assert plasticity.collect().empty  # against each dataset's default reference: none here
+    assert plasticity_table.collect().empty  # against each dataset's default reference: none here
 
 
 def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):

@@ -31,6 +31,7 @@ from paperlib import (
     fixtures,
     paths,
     plasticity,
+    plasticity_table,
     probe,
     runs,
     runs_table,
@@ -446,20 +447,20 @@ def test_a_process_waiting_for_a_cache_reads_the_one_the_other_made(tmp_path):
 def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
     measurement = plasticity.Measurement(n_pairs=6)
     _, folder = plasticity.run(measurement, batch_size=3, progress=False)
-    table = plasticity.load(folder)
+    table = plasticity_table.load(folder)
     cut(folder / "rates.csv.gz")
     with pytest.raises(ValueError, match=r"rates\.csv\.gz is not the file metadata\.json records"):
-        plasticity.load(folder)
+        plasticity_table.load(folder)
     with pytest.raises(ValueError, match=r"rates\.csv\.gz"):
-        plasticity.collect()
+        plasticity_table.collect()
     with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
         assert not measurement.is_saved()
     with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
         assert plasticity.measure_missing([measurement], batch_size=3) == [measurement]
-    pd.testing.assert_frame_equal(plasticity.load(folder), table)
+    pd.testing.assert_frame_equal(plasticity_table.load(folder), table)
     cut(folder / "metadata.json")
     with pytest.raises(ValueError, match=r"metadata\.json is not whole JSON"):
-        plasticity.load(folder)
+        plasticity_table.load(folder)
 
 
 def test_a_damaged_probe_cache_is_fitted_again():

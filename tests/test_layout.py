@@ -108,17 +108,29 @@ def test_the_layers_import_downwards(lower, upper):
 
 ANALYSIS = """
 import sys
-from paperlib import capacity, precision, runs_table, specs, stats
+import pandas as pd
+from paperlib import capacity, names, plasticity_table, precision, runs_table, specs, stats
 spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
 found, missing = runs_table.for_spec(spec)
 assert len(found) == 0 and len(missing) == 924, (len(found), len(missing))
+# a saved P(f) result, read back as stats reads it
+rates = pd.DataFrame(
+    [(b, 100.0 * b, c, p, 1.0 + i + p) for b in range(2) for i, c in enumerate(names.COMPONENTS) for p in range(3)],
+    columns=["block", "depth", "component", "pair", "rate"],
+)
+record = {"model": "demo", "dataset": "digits", "reference": "digits_source", "sample": "first", "seed": None}
+plasticity_table.save(rates, plasticity_table.results_root() / "demo" / "digits", record | {"normalize": "imagenet"})
+runs = pd.DataFrame({"model": ["demo"], "normalize": ["imagenet"], "dataset": ["digits"]})
+measured, source = stats.plasticity_for(runs)
+assert source == "measured" and len(measured) == 5, (source, measured)
 heavy = sorted(name for name in ("torch", "torchvision", "timm", "sklearn") if name in sys.modules)
 print(",".join(heavy) or "none")
 """
 
 
 def test_reading_a_grids_results_loads_no_training_stack(tmp_path):
-    # the analysis of finished runs (stats, precision, capacity, the runs of a spec) in a fresh process: no torch
+    # the analysis of finished runs (stats, precision, capacity, the runs of a spec, saved P(f)) in a fresh process:
+    # no torch
     env = os.environ | {"VIT_PLASTICITY_RESULTS": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", ANALYSIS], cwd=PACKAGE.parent, env=env, capture_output=True, text=True, check=True

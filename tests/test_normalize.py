@@ -22,7 +22,9 @@ from paperlib import (
     imagesets,
     loader,
     models,
+    names,
     plasticity,
+    plasticity_table,
     runs_table,
     stats,
 )
@@ -61,7 +63,7 @@ def affine(images: torch.Tensor, source: tuple, target: tuple) -> torch.Tensor:
 
 def test_choices_and_bad_values_are_named():
     with pytest.raises(ValueError, match="imagenet, model"):
-        T.check_normalize("clip")
+        names.check_normalize("clip")
     with pytest.raises(ValueError, match="imagenet, model"):
         models.normalization("demo", "inception")
     for mean, std in (
@@ -223,9 +225,9 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     assert own_folder == paper_folder.with_name("digits+norm-model") == own_measurement.folder()
     assert json.loads((own_folder / "metadata.json").read_text())["mean"] == [0.5] * 3
     assert not torch.allclose(torch.tensor(own["rate"].values), torch.tensor(paper["rate"].values))
-    assert set(plasticity.collect()["normalize"]) == {"imagenet"} and len(plasticity.collect()) == 5
-    assert set(plasticity.collect(normalize="model")["normalize"]) == {"model"}
-    assert len(plasticity.collect(normalize=None)) == 10
+    assert set(plasticity_table.collect()["normalize"]) == {"imagenet"} and len(plasticity_table.collect()) == 5
+    assert set(plasticity_table.collect(normalize="model")["normalize"]) == {"model"}
+    assert len(plasticity_table.collect(normalize=None)) == 10
     # the rates are the plain definition's on the images normalised with the model's statistics
     network = models.create_model("custom/half").eval()
     x, _ = imagesets.stack(data.get_dataset("digits_source", "test", mean_std=HALF), 12)

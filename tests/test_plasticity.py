@@ -7,7 +7,19 @@ import pytest
 import timm
 import torch
 
-from paperlib import component_rates, components, data, models, paths, plasticity, specs, splits
+from paperlib import (
+    component_rates,
+    components,
+    data,
+    models,
+    names,
+    paths,
+    plasticity,
+    plasticity_table,
+    ranking,
+    specs,
+    splits,
+)
 from paperlib.components import COMPONENTS
 from paperlib.plasticity import Measurement, PairDraw, Running
 
@@ -156,7 +168,7 @@ def test_tidy_table_and_summaries(demo):
     assert row == pytest.approx(component_rates.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
     by_block = plasticity.plasticity_by_block(table)
     assert by_block.shape == (blocks, 5) and list(by_block.columns) == list(COMPONENTS)
-    ranked = plasticity.ranking(table)
+    ranked = plasticity_table.ranking(table)
     assert sorted(ranked["rank"]) == [1, 2, 3, 4, 5]
     assert ranked["plasticity"].is_monotonic_decreasing
 
@@ -191,12 +203,12 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
     with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         Running(batch_size=0)
 
-    folder = plasticity.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
-    back = plasticity.load(folder)
+    folder = plasticity_table.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
+    back = plasticity_table.load(folder)
     assert back["component"].cat.categories.tolist() == list(COMPONENTS)
     assert (back["rate"] - table["rate"]).abs().max() < 1e-9 and back["pair"].tolist() == table["pair"].tolist()
     with pytest.raises(FileNotFoundError, match="metadata.json"):
-        plasticity.load(tmp_path / "nothing")
+        plasticity_table.load(tmp_path / "nothing")
 
 
 def test_result_folders_name_model_dataset_and_inputs(monkeypatch, tmp_path, move_results):
@@ -227,7 +239,7 @@ def test_run_saves_a_result_and_decodes_with_workers_only_on_a_gpu(monkeypatch, 
     table, folder = plasticity.run(Measurement(n_pairs=8), batch_size=4, progress=False)
     assert (
         folder == tmp_path / "plasticity" / "demo" / "digits"
-        and len(plasticity.load(folder)) == len(table) == 8 * 6 * 5
+        and len(plasticity_table.load(folder)) == len(table) == 8 * 6 * 5
     )
     plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False, num_workers=2)
     assert workers == [0, 2]
@@ -246,8 +258,8 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
     assert metadata["identical_pairs_excluded"] == 0 and metadata["token_rms"] == table.attrs["token_rms"] > 0
     network, x, y = plasticity.pair_images(Measurement(n_pairs=6))
     assert metadata["token_rms"] == pytest.approx(plasticity.rates(network, x, y).attrs["token_rms"], rel=1e-9)
-    assert plasticity.load(folder).attrs["token_rms"] == metadata["token_rms"]
-    collected = plasticity.collect()
+    assert plasticity_table.load(folder).attrs["token_rms"] == metadata["token_rms"]
+    collected = plasticity_table.collect()
     assert collected["token_rms"].tolist() == [metadata["token_rms"]] * 5
     # a dataset against itself, paired by position: every pair identical, nothing to measure
     with pytest.raises(ValueError, match="all 4 pairs have identical embeddings"):
@@ -255,7 +267,7 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
     # results saved before the record: a missing token_rms
     del metadata["token_rms"]
     (folder / "metadata.json").write_text(json.dumps(metadata))
-    assert plasticity.collect()["token_rms"].isna().all()
+    assert plasticity_table.collect()["token_rms"].isna().all()
 
 
 def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and_once_uses_each_image_once(
@@ -315,7 +327,7 @@ def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move
     reference = data.get_dataset("digits_source", "test", image_size=32, mean_std=models.normalization("demo"))
     _, x, _ = plasticity.pair_images(measurement)
     assert len(x) == asked and torch.equal(x[130], reference[2][0]) and torch.equal(x[5], reference[5][0])
-    collected = plasticity.collect().iloc[0]
+    collected = plasticity_table.collect().iloc[0]
     assert (collected["n_pairs"], collected["distinct_reference"], collected["distinct_target"]) == (asked, 128, 128)
 
 
@@ -381,19 +393,29 @@ def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_
         == Measurement(sample="random", seed=3).folder()
         == tmp_path / "plasticity" / "demo" / "digits+random-seed=3"
     )
-    assert len(plasticity.collect()) == 5 and set(plasticity.collect()["sample"]) == {
+    assert len(plasticity_table.collect()) == 5 and set(plasticity_table.collect()["sample"]) == {
         "first"
     }  # the paper's draw only, by default
-    assert plasticity.collect(sample="random")["seed"].tolist() == [3] * 5
-    assert plasticity.collect()["seed"].isna().all() and str(plasticity.collect(sample=None)["seed"].dtype) == "Int64"
-    assert plasticity.collect(sample="random", seed=4).empty
-    assert len(plasticity.collect(sample=None)) == 10
+    assert plasticity_table.collect(sample="random")["seed"].tolist() == [3] * 5
+    assert (
+        plasticity_table.collect()["seed"].isna().all()
+        and str(plasticity_table.collect(sample=None)["seed"].dtype) == "Int64"
+    )
+    assert plasticity_table.collect(sample="random", seed=4).empty
+    assert len(plasticity_table.collect(sample=None)) == 10
 
 
 def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path, move_results):
     move_results(".")
-    assert plasticity.default_reference("digits_c/snow") == "digits_source"
-    assert plasticity.default_reference("cifar10") == plasticity.default_reference("custom/anything") == "imagenet"
+    assert plasticity_table.default_reference("digits_c/snow") == "digits_source"
+    # the demo's datasets by family, as the data registry groups them
+    demo = {name for name, source in data.DATASETS.items() if source.group == "demo"}
+    assert demo == {name for name in data.DATASETS if names.family(name) in names.DEMO_FAMILIES} and len(demo) > 2
+    assert (
+        plasticity_table.default_reference("cifar10")
+        == plasticity_table.default_reference("custom/anything")
+        == "imagenet"
+    )
     default, default_folder = plasticity.run(
         Measurement("demo", "digits_c/snow", n_pairs=6), batch_size=4, progress=False
     )
@@ -407,11 +429,11 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
         == Measurement("demo", "digits_c/snow", reference="digits").folder()
     )
     assert Measurement("demo", "digits_c/snow", reference="digits_source").folder() == default_folder
-    assert plasticity.load(default_folder)["rate"].tolist() == default["rate"].tolist()  # not replaced
+    assert plasticity_table.load(default_folder)["rate"].tolist() == default["rate"].tolist()  # not replaced
     assert other["rate"].tolist() != default["rate"].tolist()
-    assert set(plasticity.collect()["reference"]) == {"digits_source"}
-    assert set(plasticity.collect(reference="digits")["reference"]) == {"digits"}
-    assert len(plasticity.collect(reference=None)) == 10
+    assert set(plasticity_table.collect()["reference"]) == {"digits_source"}
+    assert set(plasticity_table.collect(reference="digits")["reference"]) == {"digits"}
+    assert len(plasticity_table.collect(reference=None)) == 10
 
 
 def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_path, move_results):
@@ -427,9 +449,9 @@ def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, mo
     move_results(".")
     table, _ = plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False)
     elsewhere = Measurement(dataset="digits_c/snow")
-    folder = plasticity.save(table, elsewhere.folder())  # plasticity.save with no metadata
+    folder = plasticity_table.save(table, elsewhere.folder())  # plasticity_table.save with no metadata
     assert elsewhere.is_saved()
-    assert len(plasticity.collect(reference=None)) == 10 and folder.is_dir()
+    assert len(plasticity_table.collect(reference=None)) == 10 and folder.is_dir()
 
 
 def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(move_results):
@@ -442,16 +464,16 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     (folder / "metadata.json").write_text(json.dumps(metadata))
     assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="earlier test splits"):
-        assert plasticity.collect().empty
+        assert plasticity_table.collect().empty
     assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
-    assert measurement.is_saved() and len(plasticity.collect()) == 5
+    assert measurement.is_saved() and len(plasticity_table.collect()) == 5
     metadata = json.loads((folder / "metadata.json").read_text())
-    assert metadata["pairs"] == plasticity.PAIRS
+    assert metadata["pairs"] == plasticity_table.PAIRS
     del metadata["pairs"]  # a result of each image once, before the authors' pair set
     (folder / "metadata.json").write_text(json.dumps(metadata))
     assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="pair sets"):
-        assert plasticity.collect().empty
+        assert plasticity_table.collect().empty
 
 
 def test_measure_missing_measures_a_missing_result_and_skips_a_present_one(monkeypatch, tmp_path, move_results):
@@ -464,24 +486,24 @@ def test_measure_missing_measures_a_missing_result_and_skips_a_present_one(monke
     clean, snow = Measurement(n_pairs=4), Measurement(dataset="digits_c/snow", n_pairs=6)
     assert not clean.is_saved()
     assert plasticity.measure_missing([clean], batch_size=4) == [clean]
-    assert clean.is_saved() and len(plasticity.load(clean.folder())) == 4 * 6 * 5
+    assert clean.is_saved() and len(plasticity_table.load(clean.folder())) == 4 * 6 * 5
     assert not Measurement(sample="random").is_saved()  # another draw is another result
     # run gets the measurement and run's options as given
     assert calls == [((clean,), {"batch_size": 4, "device": "cpu", "data_root": None, "progress": False})]
-    first = plasticity.load(clean.folder())["rate"].tolist()
+    first = plasticity_table.load(clean.folder())["rate"].tolist()
     # present: skipped, and not replaced, whatever number of pairs it asks for; missing: measured, in order
     assert plasticity.measure_missing([Measurement(n_pairs=6), snow], batch_size=4) == [snow]
-    assert plasticity.load(clean.folder())["rate"].tolist() == first and len(calls) == 2
-    assert snow.is_saved() and plasticity.load(snow.folder())["pair"].nunique() == 6
+    assert plasticity_table.load(clean.folder())["rate"].tolist() == first and len(calls) == 2
+    assert snow.is_saved() and plasticity_table.load(snow.folder())["pair"].nunique() == 6
     assert plasticity.measure_missing([clean, snow]) == [] and len(calls) == 2
-    assert len(plasticity.collect()) == 10
+    assert len(plasticity_table.collect()) == 10
 
 
 def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_path, move_results):
     move_results(".")
     calls = []
     monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
-    plasticity.save(component_rates.to_table(torch.ones(6, 5, 4)), Measurement().folder(), {"model": "demo"})
+    plasticity_table.save(component_rates.to_table(torch.ones(6, 5, 4)), Measurement().folder(), {"model": "demo"})
     # another reference, draw, normalisation or inputs is another result: measured, with run's options as given
     others = [
         Measurement(reference="digits"),
@@ -562,7 +584,7 @@ def test_identical_pairs_are_excluded_with_a_warning_and_counted(demo):
     x, y = _with_identical_pairs()
     with torch.no_grad():
         assert component_rates.rate_tensor(demo, x, y)[:, :, [1, 4]].isnan().all()  # 0/0 in the raw tensor
-    with pytest.warns(component_rates.IdenticalPairsWarning, match="2 of 6 pairs excluded"):
+    with pytest.warns(ranking.IdenticalPairsWarning, match="2 of 6 pairs excluded"):
         table = plasticity.rates(demo, x, y)
     assert table.attrs["identical_pairs_excluded"] == 2 and table["rate"].notna().all()
     assert sorted(table["pair"].unique()) == [0, 2, 3, 5]  # the other pairs keep their numbers
@@ -580,10 +602,10 @@ def test_measure_excludes_identical_pairs_across_batches(demo):
 
     x, y = _with_identical_pairs(10, identical=(0, 4, 9))
     reference, target = TensorDataset(x, torch.zeros(10)), TensorDataset(y, torch.zeros(10))
-    with pytest.warns(component_rates.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
+    with pytest.warns(ranking.IdenticalPairsWarning, match="3 of 10 pairs excluded"):
         table = plasticity.measure(demo, reference, target, n_pairs=10, running=Running(batch_size=4, progress=False))
     assert table.attrs["identical_pairs_excluded"] == 3 and sorted(table["pair"].unique()) == [1, 2, 3, 5, 6, 7, 8]
-    with pytest.warns(component_rates.IdenticalPairsWarning):
+    with pytest.warns(ranking.IdenticalPairsWarning):
         direct = plasticity.rates(demo, x, y)
     assert table["rate"].tolist() == pytest.approx(direct["rate"].tolist(), rel=1e-6)
 
@@ -592,7 +614,7 @@ def test_token_rms_is_the_root_mean_square_norm_of_the_measured_tokens(demo):
     from paperlib import bounds
 
     x, y = _with_identical_pairs(identical=(2,))
-    with pytest.warns(component_rates.IdenticalPairsWarning):
+    with pytest.warns(ranking.IdenticalPairsWarning):
         table = plasticity.rates(demo, x, y)
     kept = [0, 1, 3, 4, 5]  # the identical pair's tokens are not measured, so not counted
     with torch.no_grad():
@@ -610,12 +632,12 @@ def test_summaries_leave_out_pairs_without_rates(demo):
     with torch.no_grad():
         raw = component_rates.to_table(component_rates.rate_tensor(demo, x, y))
     assert raw["rate"].isna().any()
-    with pytest.warns(component_rates.IdenticalPairsWarning, match="2 pairs without any rate"):
-        ranked = plasticity.ranking(raw)
-    with pytest.warns(component_rates.IdenticalPairsWarning):
+    with pytest.warns(ranking.IdenticalPairsWarning, match="2 pairs without any rate"):
+        ranked = plasticity_table.ranking(raw)
+    with pytest.warns(ranking.IdenticalPairsWarning):
         by_block = plasticity.plasticity_by_block(raw)
     clean = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
-    assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity.ranking(clean)["plasticity"].to_numpy())
+    assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity_table.ranking(clean)["plasticity"].to_numpy())
     assert by_block.to_numpy() == pytest.approx(plasticity.plasticity_by_block(clean).to_numpy())
 
 
@@ -658,7 +680,7 @@ def test_scale_curve_at_factor_one_is_the_ranking_and_uses_the_same_rates():
     model = models.create_model("demo")
     x, y = _pairs(5)
     curve = plasticity.scale_curve("demo", x, y, [1.0, 2.0])
-    ranked = plasticity.ranking(plasticity.rates(model, x, y)).rename(index=lambda label: label.lower())
+    ranked = plasticity_table.ranking(plasticity.rates(model, x, y)).rename(index=lambda label: label.lower())
     at_one = curve[curve.factor == 1.0].set_index("component")["plasticity"]
     assert at_one.to_numpy() == pytest.approx(ranked.loc[list(COMPONENTS), "plasticity"].to_numpy(), rel=1e-9)
     twice = plasticity.rates(model, x, y, scale=2.0)

@@ -12,7 +12,7 @@ import torch
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from paperlib import plasticity, plots, ranking
+from paperlib import plasticity, plasticity_table, plots, ranking
 from paperlib.names import COMPONENTS, LABELS, POINT_LABELS
 
 BLOCKS, PAIRS = 3, 4
@@ -65,8 +65,8 @@ def test_layer_means_are_one_mean_per_block_and_component():
     # FC1 (index 1) in block b: rates 1 + p + 4 (1 + 5 b), p = 0..3: their mean is 6.5 + 20 b
     assert fc1["plasticity"].tolist() == pytest.approx([6.5, 26.5, 46.5])
     assert fc1["depth"].tolist() == [0.0, 50.0, 100.0] and fc1["block"].tolist() == [0, 1, 2]
-    # averaged over blocks: the P(f) of plasticity.ranking (mean over pairs and blocks)
-    ranked = plasticity.ranking(table)
+    # averaged over blocks: the P(f) of plasticity_table.ranking (mean over pairs and blocks)
+    ranked = plasticity_table.ranking(table)
     assert means.groupby("component", observed=True)["plasticity"].mean()["fc1"] == pytest.approx(
         ranked.loc["FC1", "plasticity"]
     )
@@ -159,23 +159,23 @@ def test_collect_by_block_reads_the_blocks_of_the_results_collect_reads():
     for dataset, shift in (("digits", 0.0), ("digits_c/snow", 100.0)):
         measurement = plasticity.Measurement(dataset=dataset)
         metadata = {"model": "demo", "dataset": dataset, "reference": measurement.reference, "n_pairs": PAIRS}
-        plasticity.save(table.assign(rate=table["rate"] + shift), measurement.folder(), metadata)
+        plasticity_table.save(table.assign(rate=table["rate"] + shift), measurement.folder(), metadata)
     # a random draw: not the paper's, left out by default as collect leaves it out
     drawn = plasticity.Measurement(sample="random", seed=2)
-    plasticity.save(table, drawn.folder(), {"model": "demo", "dataset": "digits", "sample": "random", "seed": 2})
+    plasticity_table.save(table, drawn.folder(), {"model": "demo", "dataset": "digits", "sample": "random", "seed": 2})
 
-    layers = plasticity.collect(by_block=True)
+    layers = plasticity_table.collect(by_block=True)
     assert len(layers) == 2 * BLOCKS * len(COMPONENTS)
     assert set(layers["dataset"]) == {"digits", "digits_c/snow"} and set(layers["model"]) == {"demo"}
     snow = layers[(layers["dataset"] == "digits_c/snow") & (layers["component"] == "fc1")]
     assert snow["plasticity"].tolist() == pytest.approx([106.5, 126.5, 146.5])
     # averaged over blocks: collect's P(f)
-    collected = plasticity.collect().set_index(["dataset", "component"])["plasticity"]
+    collected = plasticity_table.collect().set_index(["dataset", "component"])["plasticity"]
     averaged = layers.groupby(["dataset", "component"], observed=True)["plasticity"].mean()
     assert averaged.sort_index().to_numpy() == pytest.approx(collected.sort_index().to_numpy())
-    random = plasticity.collect(sample="random", by_block=True)
+    random = plasticity_table.collect(sample="random", by_block=True)
     assert len(random) == BLOCKS * len(COMPONENTS) and random["seed"].tolist() == [2] * len(random)
-    assert plasticity.collect(sample="random", seed=5, by_block=True).empty
+    assert plasticity_table.collect(sample="random", seed=5, by_block=True).empty
 
     ax = plots.layer_mean_boxes(layers)
     assert len(ax.patches) == len(COMPONENTS)

@@ -67,12 +67,12 @@ def test_pairs_without_rates_are_left_out_and_intervals_stay_finite():
     rates[:, :, [1, 4]] = float("nan")
     raw = component_rates.to_table(rates)
     clean = component_rates.to_table(rates[:, :, [0, 2, 3, 5]], pair_ids=[0, 2, 3, 5])
-    with pytest.warns(component_rates.IdenticalPairsWarning, match="2 pairs without any rate"):
+    with pytest.warns(ranking.IdenticalPairsWarning, match="2 pairs without any rate"):
         uncertainty = ranking.ranking_uncertainty(raw, n_resamples=200)
     assert uncertainty[["plasticity", "low", "high"]].notna().all().all()
     assert not np.isnan(uncertainty.attrs["tau"]).any()
     pd.testing.assert_frame_equal(uncertainty, ranking.ranking_uncertainty(clean, n_resamples=200))
-    with pytest.warns(component_rates.IdenticalPairsWarning):
+    with pytest.warns(ranking.IdenticalPairsWarning):
         assert ranking.paper_agreement(raw) == ranking.paper_agreement(clean)
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import finetune, paths, precision, significance, stats
+from paperlib import finetune, paths, plasticity_table, precision, significance, stats
 from paperlib.components import COMPONENTS
 from paperlib.runs import PROTOCOL, Config
 from paperlib.runs_table import KEYS, expected, for_spec, histories_of, load
@@ -650,7 +650,7 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
         [{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)]
     )
     for model in ("demo", "vit_base_in21k"):
-        plasticity.save(
+        plasticity_table.save(
             rates,
             plasticity.Measurement(model).folder(),
             {
