@@ -19,14 +19,14 @@ with its result folder (``folder()``) and whether a result is saved there (``is_
 
 ``run`` measures one and saves it, ``measure_missing`` runs those not saved yet. Saved results are
 ``plasticity_table``'s, without torch: ``collect`` reads every one as one table of P(f), ``ranking`` ranks
-P(f); the statistics of a ranking (its agreement with the paper's, its bootstrap uncertainty) are in
-``paperlib.ranking``.
+P(f) (``plasticity_by_block``: per block); the statistics of a ranking (its agreement with the paper's, its
+bootstrap uncertainty) are in ``paperlib.ranking``.
 
 Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
 ``measure`` exclude them with a ``ranking.IdenticalPairsWarning`` naming how many, counted in
 ``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
-numbers and exact rates. ``ranking`` and ``plasticity_by_block`` leave out, with the same warning,
-pairs without any rate in tables made otherwise (``component_rates.to_table``).
+numbers and exact rates. ``plasticity_table``'s ``ranking`` and ``plasticity_by_block`` leave out, with the same
+warning, pairs without any rate in tables made otherwise (``component_rates.to_table``).
 
 The scale of the embeddings (beyond the paper): a linear map's rate does not change when both
 embeddings are multiplied by a, a LayerNorm's falls as 1/a, so the ranking depends on the size of
@@ -58,7 +58,7 @@ from .corruptions import check_severity
 from .loader import decode_workers
 from .names import COMPONENTS, check_inputs, check_normalize
 from .plasticity_table import METADATA, check_sample, current, default_reference, ranking, results_root, save
-from .ranking import pairs_with_rates, paper_agreement
+from .ranking import paper_agreement
 
 LOADER_BATCH = 64
 """The batch of the authors' loaders in their analysis (``apps/vit/scripts/analysis.sh``: 64 x 200 steps for
@@ -120,12 +120,6 @@ def rates(
     (``component_rates.pair_rates``).
     """
     return tabulate([pair_rates(model, x, y, inputs, scale=scale)])
-
-
-def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
-    """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
-    table = pairs_with_rates(table)
-    return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
 
 
 def scale_curve(

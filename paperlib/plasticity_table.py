@@ -1,9 +1,10 @@
 """Saved plasticity results as a table, without torch (paper §5.1): where a measurement's result lives, its
 files and their record, reading one back, and every saved result collected as one table of P(f).
 
-``collect`` is what notebooks 03, 06 and 09 and ``stats`` read, ``ranking`` ranks one result's P(f), and ``save``
-is what ``plasticity.run`` writes through. Like ``runs_table`` for finetuning runs, this module loads none of the
-training stack: the analysis of a grid reads P(f) without torch. Measuring is ``plasticity``'s.
+``collect`` is what notebooks 03, 06 and 09 and ``stats`` read, ``ranking`` ranks one result's P(f)
+(``plasticity_by_block``: per block), and ``save`` is what ``plasticity.run`` writes through. Like ``runs_table``
+for finetuning runs, this module loads none of the training stack: the analysis of a grid reads P(f) without
+torch. Measuring is ``plasticity``'s.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def check_sample(sample: str) -> str:
     if sample not in SAMPLES:
         raise ValueError(f"unknown sample {sample!r}; valid samples: {', '.join(SAMPLES)}")
     return sample
+
+
+def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
+    """P(f) per block and component (mean rate over pairs): blocks as rows, components as columns."""
+    table = pairs_with_rates(table)
+    return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
 
 
 def ranking(table: pd.DataFrame) -> pd.DataFrame:

@@ -165,8 +165,8 @@ def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` without the pairs that have no rate at all, with a warning naming how many.
 
     No rate at all means identical embeddings (0/0); the warning is an ``IdenticalPairsWarning``.
-    It serves the summaries of tables made otherwise than by ``tabulate`` (``to_table`` keeps the NaN
-    rates). The warning names the caller of the summary."""
+    It serves the summaries of tables made otherwise than by ``component_rates.tabulate`` (``to_table`` keeps the
+    NaN rates). The warning names the caller of the summary."""
     if "pair" not in table:
         return table
     unmeasured = set(table["pair"].unique()) - set(table.loc[table["rate"].notna(), "pair"].unique())

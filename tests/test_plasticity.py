@@ -166,7 +166,7 @@ def test_tidy_table_and_summaries(demo):
     assert set(table["component"]) == set(COMPONENTS) and set(table["pair"]) == {0, 1, 2}
     row = table[(table.block == 2) & (table.component == "fc1") & (table.pair == 1)]["rate"].item()
     assert row == pytest.approx(component_rates.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
-    by_block = plasticity.plasticity_by_block(table)
+    by_block = plasticity_table.plasticity_by_block(table)
     assert by_block.shape == (blocks, 5) and list(by_block.columns) == list(COMPONENTS)
     ranked = plasticity_table.ranking(table)
     assert sorted(ranked["rank"]) == [1, 2, 3, 4, 5]
@@ -635,10 +635,10 @@ def test_summaries_leave_out_pairs_without_rates(demo):
     with pytest.warns(ranking.IdenticalPairsWarning, match="2 pairs without any rate"):
         ranked = plasticity_table.ranking(raw)
     with pytest.warns(ranking.IdenticalPairsWarning):
-        by_block = plasticity.plasticity_by_block(raw)
+        by_block = plasticity_table.plasticity_by_block(raw)
     clean = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
     assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity_table.ranking(clean)["plasticity"].to_numpy())
-    assert by_block.to_numpy() == pytest.approx(plasticity.plasticity_by_block(clean).to_numpy())
+    assert by_block.to_numpy() == pytest.approx(plasticity_table.plasticity_by_block(clean).to_numpy())
 
 
 SCALE_FACTORS = [0.25, 1.0, 4.0, 16.0]

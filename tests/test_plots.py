@@ -141,7 +141,7 @@ def test_plasticity_along_depth_draws_a_band_per_component():
     assert not [c for c in without.collections if isinstance(c, PolyCollection)]
     # without the band, the curves are plasticity_by_block's P(f) per block (notebook 08's figure)
     lines = [x for x in without.get_lines() if len(x.get_xdata()) == BLOCKS]
-    by_block = plasticity.plasticity_by_block(table)
+    by_block = plasticity_table.plasticity_by_block(table)
     drawn = np.array([x.get_ydata() for x in lines], dtype=float)
     assert len(lines) == 5 and drawn == pytest.approx(by_block[list(COMPONENTS)].to_numpy().T)
 
