@@ -9,6 +9,7 @@ one run is and where it lives is ``runs``.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -149,7 +150,7 @@ def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = 
         message = f"no run of {what} under {paths.display(finetune_root())}"
         other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]
         if other:
-            common = max(set(other), key=other.count).removeprefix("different parameters: ")
+            common = Counter(other).most_common(1)[0][0].removeprefix("different parameters: ")
             message += (
                 f"; {len(other)} of its folders hold runs of other parameters, which its sweep trains again (most "
                 f"often {common}; a parameter missing from a run's record is one the package added since)"
