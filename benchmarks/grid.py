@@ -1,14 +1,16 @@
 """The paper's finetuning grid at its real size, without training: its results tree, and its analysis timed on it.
 
-    python -m benchmarks.grid build    # results-grid/: the 924 runs of finetune_paper.yaml (minutes, once)
+    python -m benchmarks.grid build    # results-grid/: the 924 runs of finetune_paper.yaml and P(f) (minutes, once)
     python -m benchmarks.grid time     # stats, sweep --plan, notebooks 06 and 07 on it: wall time and peak memory
 
 ``build`` writes every run of ``parameters/sweeps/finetune_paper.yaml`` through the package's own writers
 (``runs.start``, then ``runs.record``: ``params.json``, ``history.csv``, ``metrics.json``), each history
 at its real length (a row per step: about 10 million rows), with test accuracies drawn around the paper's
-Table 6 (``parameters/paper/table6.csv``), seeded: the same tree on every machine. ``time`` runs each
-analysis command as a user would, in its own process under ``/usr/bin/time -v``, with that tree as the
-results root (``VIT_PLASTICITY_RESULTS``), and prints its wall time and peak memory (maximum resident set).
+Table 6 (``parameters/paper/table6.csv``), seeded: the same tree on every machine; beside them, the P(f) a lab
+that measured the paper's plasticity has (``build_plasticity``: 12,800 pairs on each of the grid's datasets).
+``time`` runs each analysis command as a user would, in its own process under ``/usr/bin/time -v``, with that
+tree as the results root (``VIT_PLASTICITY_RESULTS``), and prints its wall time and peak memory (maximum
+resident set).
 Figures: docs/benchmarks.md ("The paper's grid at its real size").
 """
 
@@ -77,6 +79,37 @@ def build(root: Path, **only) -> int:
     return written
 
 
+LEVELS = {"mha": 3.0, "fc1": 2.0, "fc2": 1.6, "ln2": 1.0, "ln1": 0.8}
+"""The level of each component's synthetic rates: the paper's order (Fig. 2), MHA most plastic."""
+
+
+def build_plasticity(root: Path, pairs: int = 12_800) -> int:
+    """Write P(f) of the grid's model on each of its datasets under ``root`` (a result already there is kept),
+    as ``plasticity.run`` saves it (``plasticity_table.save``: the rates, their P(f) per block and the record),
+    without measuring: rates drawn seeded around each component's ``LEVELS``, ``pairs`` pairs (the paper's
+    12,800) x 12 blocks x 5 components each. The results written."""
+    os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
+    import torch
+
+    from paperlib import component_rates, plasticity, plasticity_table, runs_table, specs
+
+    rng = np.random.default_rng(1)
+    levels = torch.tensor(list(LEVELS.values())).view(1, -1, 1)
+    written = 0
+    for model, dataset in sorted({(c.model, c.dataset) for c in runs_table.configs(specs.load_spec(ROOT / SPEC))}):
+        noise = torch.from_numpy(rng.lognormal(0.0, 0.4, size=(12, len(LEVELS), pairs)).astype("float32"))
+        measurement = plasticity.Measurement(model=model, dataset=dataset, n_pairs=pairs)
+        if measurement.is_saved():
+            continue
+        metadata = {"model": model, "dataset": dataset, "reference": measurement.reference, "n_pairs": pairs}
+        metadata |= {"distinct_reference": pairs, "distinct_target": pairs, "identical_pairs_excluded": 0}
+        metadata |= {"token_rms": 1.0, "sample": "first", "seed": None, "inputs": "embedding", "normalize": "imagenet"}
+        metadata |= {"severity": 5 if dataset.startswith("cifar10c/") else None, "device": "synthetic"}
+        plasticity_table.save(component_rates.to_table(levels * noise), measurement.folder(), metadata)
+        written += 1
+    return written
+
+
 def history(config, lr_factor, noise: float) -> list[dict]:
     """A history of ``config``'s length: a row per step, its validation every ``eval_every`` steps."""
     steps = np.arange(1, config.steps + 1)
@@ -141,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root.resolve()
     if args.what == "build":
         print(f"{build(root)} runs written under {root}")
+        print(f"{build_plasticity(root)} P(f) results written beside them")
         files = [f for f in root.rglob("*") if f.is_file()]
         print(f"{len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.0f} MB")
         return 0

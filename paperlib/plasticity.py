@@ -254,7 +254,7 @@ class Measurement:
     benchmark against ImageNet, 12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
 
     ``reference`` "" (or None) is the dataset's ``default_reference``, stored by its name. ``run``
-    saves the measurement in ``folder()`` (``RATES``, then ``METADATA``); ``is_saved()`` says whether
+    saves the measurement in ``folder()`` (``RATES``, ``BLOCKS``, then ``METADATA``); ``is_saved()`` says whether
     a complete result is there. ``n_pairs`` is not part of the folder: a saved result stands for the
     measurement whatever number of pairs it was asked for (``run`` measures again and replaces it).
     """

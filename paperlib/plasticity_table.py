@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import paths, storage
 from .names import COMPONENTS, DEMO_FAMILIES, LABELS, check_inputs, check_normalize, family
-from .ranking import layer_means, pairs_with_rates
+from .ranking import depth_band, pairs_with_rates
 from .splits import SPLITS_VERSION
 
 SAMPLES = ("first", "once", "random")
@@ -52,7 +52,12 @@ def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
 def ranking(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
     table = pairs_with_rates(table)
-    mean = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
+    return _ranked(table.groupby("component", observed=True)["rate"].mean())
+
+
+def _ranked(mean: pd.Series) -> pd.DataFrame:
+    """``ranking``'s table of the P(f) of each component (``mean``, indexed by component)."""
+    mean = mean.reindex(list(COMPONENTS))
     out = pd.DataFrame(
         {
             "component": [LABELS[c] for c in mean.index],
@@ -77,8 +82,9 @@ def default_reference(dataset: str) -> str:
     return "digits_source" if family(dataset) in DEMO_FAMILIES else "imagenet"
 
 
-RATES, METADATA = "rates.csv.gz", "metadata.json"
-"""The files of a saved result: its tidy table, then its metadata (written last: ``save``)."""
+RATES, BLOCKS, METADATA = "rates.csv.gz", "blocks.csv", "metadata.json"
+"""The files of a saved result: its tidy table, its P(f) per block (``ranking.depth_band`` of the table: what
+``collect`` reads, a few hundred bytes where the table is megabytes), then its metadata (written last: ``save``)."""
 
 
 def current(metadata: dict) -> bool:
@@ -90,16 +96,17 @@ def current(metadata: dict) -> bool:
 
 
 def save(table: pd.DataFrame, folder, metadata: dict | None = None) -> Path:
-    """Write the tidy table (``RATES``) and ``METADATA`` into ``folder``, atomically.
+    """Write the tidy table (``RATES``), its P(f) per block (``BLOCKS``) and ``METADATA`` into ``folder``, atomically.
 
-    ``METADATA`` is written last, with the table's size (``files``), today's splits (``SPLITS_VERSION``)
-    and pair set (``PAIRS``): its presence marks a complete result, and a table damaged since is not taken
+    ``METADATA`` is written last, with the sizes of the two others (``files``), today's splits (``SPLITS_VERSION``)
+    and pair set (``PAIRS``): its presence marks a complete result, and a file damaged since is not taken
     for one.
     """
     folder = Path(folder)
     storage.atomic_write(folder / RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
+    storage.atomic_write(folder / BLOCKS, lambda tmp: depth_band(table).to_csv(tmp, index=False))
     versions = {"splits": SPLITS_VERSION, "pairs": PAIRS}
-    metadata = {**versions, **(metadata or {}), "files": storage.file_sizes(folder, [RATES])}
+    metadata = {**versions, **(metadata or {}), "files": storage.file_sizes(folder, [RATES, BLOCKS])}
     storage.atomic_write_text(folder / METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
     return folder
 
@@ -114,6 +121,18 @@ def load(folder) -> pd.DataFrame:
     table = pd.read_csv(folder / RATES)
     table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded") if key in metadata})
+    return table
+
+
+def blocks(folder) -> pd.DataFrame:
+    """P(f) per block of a saved result: ``ranking.depth_band``'s table, read from its ``BLOCKS`` file.
+
+    A result saved before the file was written has it computed from its rates (``load``)."""
+    folder = Path(folder)
+    if not (folder / BLOCKS).exists():
+        return depth_band(load(folder))
+    table = pd.read_csv(folder / BLOCKS)
+    table["component"] = pd.Categorical(table["component"], categories=COMPONENTS)
     return table
 
 
@@ -148,7 +167,7 @@ def collect(
     """P(f) of every saved result, one row per model, dataset (and draw of pairs) and component.
 
     ``by_block``: a row per block as well (``ranking.layer_means``), with ``block`` and ``depth`` for ``rank``: the
-    values the boxes of Fig. 2 middle pool over datasets.
+    values the boxes of Fig. 2 middle pool over datasets. Both read each result's ``blocks``, not its rates.
 
     Columns (``COLLECTED``) ``model``, ``dataset``, ``reference``, ``component``, ``plasticity`` (mean
     rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
@@ -178,11 +197,15 @@ def collect(
             outdated.append(paths.display(metadata_file.parent))
             continue
         keys = {column: metadata.get(column) for column in COLLECTED}
-        result = load(metadata_file.parent)
+        per_block = blocks(metadata_file.parent)
         if by_block:
-            rows += [{**keys, **row} for row in layer_means(result).to_dict("records")]
+            layers = per_block[["block", "depth", "component", "plasticity"]]  # ranking.layer_means' columns
+            rows += [{**keys, **row} for row in layers.to_dict("records")]
             continue
-        for label, row in ranking(result).iterrows():
+        # the mean over pairs and blocks, from the blocks' means and counts of pairs
+        sums = per_block.assign(total=per_block["plasticity"] * per_block["n"])
+        sums = sums.groupby("component", observed=True)[["total", "n"]].sum()
+        for label, row in _ranked(sums["total"] / sums["n"]).iterrows():
             component = next(c for c in COMPONENTS if LABELS[c] == label)
             rows.append({**keys, "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])})
     columns = [c for c in COLLECTED if c != "rank"] + ["block", "depth"] if by_block else list(COLLECTED)

@@ -2,6 +2,7 @@
 around P(f) along depth (Fig. 3 middle), beside the package's richer views; the notebooks' whole figures,
 each saved at a name made of what it shows."""
 
+import json
 from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
@@ -179,6 +180,36 @@ def test_collect_by_block_reads_the_blocks_of_the_results_collect_reads():
 
     ax = plots.layer_mean_boxes(layers)
     assert len(ax.patches) == len(COMPONENTS)
+
+
+def test_collect_reads_each_results_p_of_f_per_block_not_its_rates(monkeypatch):
+    table = _known_table()
+    table.loc[(table["block"] == 0) & (table["component"] == "fc1") & (table["pair"] < 3), "rate"] = np.nan
+    measurement = plasticity.Measurement()
+    folder = plasticity_table.save(table, measurement.folder(), {"model": "demo", "dataset": "digits"})
+    measured = table.dropna()  # block 0 of fc1 has 1 pair with a rate, the others 4: a mean of block means is wrong
+    expected = measured.groupby("component", observed=True)["rate"].mean()
+    per_block = measured.groupby(["block", "component"], observed=True)["rate"].mean()
+
+    def unread(_folder):
+        raise AssertionError("collect read the rates")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(plasticity_table, "load", unread)
+        collected = plasticity_table.collect().set_index("component")["plasticity"]
+        layers = plasticity_table.collect(by_block=True).set_index(["block", "component"])["plasticity"]
+    assert collected[list(COMPONENTS)].to_numpy() == pytest.approx(expected[list(COMPONENTS)].to_numpy())
+    assert collected["fc1"] != pytest.approx(per_block.xs("fc1", level="component").mean())
+    assert layers.sort_index().to_numpy() == pytest.approx(per_block.sort_index().to_numpy())
+    # a result saved before the per-block file: the same P(f), from its rates
+    (folder / plasticity_table.BLOCKS).unlink()
+    metadata = json.loads((folder / plasticity_table.METADATA).read_text())
+    del metadata["files"][plasticity_table.BLOCKS]
+    (folder / plasticity_table.METADATA).write_text(json.dumps(metadata))
+    again = plasticity_table.collect().set_index("component")["plasticity"]
+    assert again[list(COMPONENTS)].to_numpy() == pytest.approx(expected[list(COMPONENTS)].to_numpy())
+    layers = plasticity_table.collect(by_block=True).set_index(["block", "component"])["plasticity"]
+    assert layers.sort_index().to_numpy() == pytest.approx(per_block.sort_index().to_numpy())
 
 
 def test_the_block_figure_draws_the_five_components(figures):

@@ -63,6 +63,16 @@ def test_every_file_and_module_the_readme_names_exists():
     assert "paperlib.stats" in modules and not [m for m in modules if importlib.util.find_spec(m) is None]
 
 
+def test_the_grid_benchmark_writes_the_p_of_f_of_the_grids_model_on_each_of_its_datasets():
+    from benchmarks.grid import LEVELS, build_plasticity
+    from paperlib import plasticity_table
+
+    assert build_plasticity(paths.results_dir(), pairs=8) == 11 and build_plasticity(paths.results_dir(), pairs=8) == 0
+    collected = plasticity_table.collect()  # the paper's pair set, normalisation and references: what stats reads
+    assert len(collected) == 11 * len(LEVELS) and set(collected["model"]) == {"vit_base_in21k"}
+    assert set(collected.loc[collected["rank"] == 1, "component"]) == {"mha"} and set(collected["n_pairs"]) == {8}
+
+
 def test_notebook_07_and_stats_run_with_the_readmes_paper_scale_options(tmp_path):
     from benchmarks.grid import SPEC, build
 
