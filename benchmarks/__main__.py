@@ -31,7 +31,8 @@ The benchmarks themselves: ``benchmarks.step`` (the training step: finetune, pre
 kernels) and ``benchmarks.data`` (the data paths and plasticity). Here: the command line (``main``: one
 parser and one runner per command) and ``bench_targets``, every benchmark at the settings of its target,
 checked. Measured figures: docs/benchmarks.md. The package's other benchmarks have their own commands:
-``python -m benchmarks.grid`` (the paper's grid at its real size) and ``python -m benchmarks.precision_calibration``.
+``python -m benchmarks.grid`` (the paper's grid at its real size), ``python -m benchmarks.sharing`` (sweep processes
+sharing a spec's runs) and ``python -m benchmarks.precision_calibration``.
 They import ``paperlib``, which never imports them (``tests/test_layout.py``).
 """
 

@@ -22,7 +22,7 @@ device = "cpu"  # cpu or cuda
 inputs = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
 sample = "first"  # first: each test split in order, paired by position, cycled in whole batches of loader_batch (the authors'); once: each image at most once; random: a random subset of each
 loader_batch = 0  # with sample first: the authors' loader batch, whose last partial batch is never used (0: theirs, 32 for vit_huge_in21k, 64 otherwise)
-seed = 0  # seed of the random subset (sample="random")
+seed = 0  # seed of the random subset (with sample random)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std for every model (the paper); model: the statistics the model was pretrained with (0.5 for vit_base_in21k)
 data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 

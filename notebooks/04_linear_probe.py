@@ -36,7 +36,7 @@ split_seed = 0  # seed of the 80/20 split of the training set that the probe is 
 train_features = "augmented"  # augmented: the authors' (one random crop and flip per image, batches of 512, the last incomplete one dropped); clean: centre crops of every training image
 probe_batch_size = 256  # images per forward pass of the probe
 device = "cpu"  # cpu or cuda
-data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
+data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with
 run_linear_config = True  # last section: run the missing runs of the `linear` finetuning configuration (False: only read those there are)
 lrs = [0.03]  # `linear` configuration: learning-rate grid of the head (the paper's grids: Table 5)

@@ -45,7 +45,7 @@ tag = ""  # a name of your own for runs that change steps, batch size, warm-up, 
 stop_exploded = False  # stop a run whose loss goes above 10x chance level's (the authors' loop never stops; a loss that is not finite stops it either way)
 save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (beyond the paper; its runs get their own folder)
-data_root = ""  # data folder ("" = $VIT_PLASTICITY_DATA or data/)
+data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 
 # %%
 import matplotlib.pyplot as plt

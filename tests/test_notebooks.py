@@ -1,9 +1,11 @@
 """Notebooks stay thin, parameterised and in sync with their jupytext twins."""
 
+import ast
 import json
 
 import jupytext
 import nbformat
+import papermill
 import pytest
 
 from paperlib import paths, report
@@ -38,6 +40,9 @@ def test_exactly_one_parameters_cell_with_flat_literals(path):
     for line in tagged[0].source.splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             assert "=" in line and "#" in line, f"parameter without a comment in {path.name}: {line!r}"
+    # papermill reads every one (its --help-notebook; a sweep's runs): it skips a line with an "=" in its comment
+    assigned = {node.targets[0].id for node in ast.parse(tagged[0].source).body if isinstance(node, ast.Assign)}
+    assert set(papermill.inspect_notebook(str(path))) == assigned
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -75,9 +80,16 @@ def test_no_paths_of_this_machine_in_committed_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_papermill_with_a_parameter_the_notebook_lacks_stops_naming_it(path, tmp_path):
-    import papermill
+def test_the_cell_after_the_parameters_checks_them(path):
+    code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    first = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", [])) + 1
+    calls = [node.value for node in ast.parse(code[first].source).body if isinstance(node, ast.Expr)]
+    assert "notebook.check_parameters()" in [ast.unparse(call) for call in calls], f"{path.name} checks no -p"
 
+
+def test_papermill_with_a_parameter_the_notebook_lacks_stops_naming_it(tmp_path):
+    # the check above in action, in the notebook a sweep runs most (each notebook's costs a kernel: 10-14 s)
+    path = paths.NOTEBOOKS / "05_finetune.ipynb"
     with pytest.raises(papermill.PapermillExecutionError, match=r"unknown parameter\(s\) lrr; this notebook's"):
         report.execute(path, tmp_path / "out.ipynb", parameters={"lrr": 0.1})
     assert not (tmp_path / "out.ipynb").exists()
