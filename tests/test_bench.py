@@ -477,3 +477,12 @@ def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):
         if name in ("finetune", "profile"):
             for choices in (PRECISIONS, COMPILE_CHOICES, ATTENTION_CHOICES, FUSED_CHOICES, RUN_COMPONENTS):
                 assert all(choice in text for choice in choices), (name, choices)
+
+
+def test_the_sharing_benchmark_sweeps_the_demo_plasticity_spec_over_four_datasets(tmp_path):
+    from benchmarks import sharing
+    from paperlib import specs
+
+    cells = specs.cells(specs.load_spec(sharing.spec(tmp_path)))
+    assert [parameters["dataset"] for _, _, parameters in cells] == sharing.DATASETS
+    assert {notebook.name for _, notebook, _ in cells} == {"02_plasticity.ipynb"}
