@@ -25,7 +25,7 @@ lab: venv  ## open the notebooks in JupyterLab (the project's environment is the
 	env -u MPLBACKEND $(BIN)/jupyter lab --ServerApp.root_dir=notebooks --allow-root
 
 demo: venv  ## execute every notebook on the demo world; HTML reports under reports/
-	$(BIN)/python -m paperlib.report demo
+	$(BIN)/python -m paperlib report demo
 
 test: venv  ## ruff (lint and format check), unit tests, then nbval over the committed notebooks
 	$(BIN)/ruff check paperlib tests benchmarks
@@ -41,10 +41,10 @@ sync: venv  ## pair notebooks with their jupytext scripts (edit either, then syn
 	$(BIN)/jupytext --sync notebooks/[0-9][0-9]_*.ipynb
 
 notebooks: sync  ## re-execute the committed notebooks in place (demo outputs)
-	$(BIN)/python -m paperlib.report inplace notebooks/[0-9][0-9]_*.ipynb
+	$(BIN)/python -m paperlib report inplace notebooks/[0-9][0-9]_*.ipynb
 
 demo-weights: venv  ## re-train the committed demo ViT (paperlib/assets/demo_vit.safetensors)
-	$(BIN)/python -m paperlib.demo pretrain
+	$(BIN)/python -m paperlib demo pretrain
 
 clean:  ## remove generated outputs (reports/, results/), keep .venv
 	rm -rf reports results .pytest_cache

@@ -23,7 +23,7 @@ default and valid choices. Every step runs in the protocol's fp32 unless ``--pre
 
 ``data`` measures images/s delivered as ready batches on the device by the two data paths on the
 same dataset: torchvision transforms in DataLoader workers (then copied to the device), and the
-device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/normalise).
+device path (``paperlib.data.loader``: uint8 images on the device, batched crop/resize/flip/normalise).
 Without ``--root``, a paper dataset is benchmarked on a fixture written in its official format
 (random images, ``--fixture-size`` of them), so the figures measure the pipeline, not a disk.
 
@@ -47,11 +47,9 @@ import torch
 
 from benchmarks.data import bench_data, bench_plasticity
 from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
-from paperlib import cli, data, storage
-from paperlib.components import RUN_COMPONENTS
-from paperlib.runs import Config
-from paperlib.speed.clock import resolve_device
-from paperlib.speed.options import (
+from paperlib.data import datasets
+from paperlib.records import cli, storage
+from paperlib.records.step_options import (
     ATTENTION_CHOICES,
     COMPILE_CHOICES,
     PRECISIONS,
@@ -59,6 +57,9 @@ from paperlib.speed.options import (
     StepOptions,
     compile_modes,
 )
+from paperlib.speed.clock import resolve_device
+from paperlib.train.config import Config
+from paperlib.vit.components import RUN_COMPONENTS
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 
@@ -336,7 +337,7 @@ def _words(text: str) -> tuple[str, ...]:
 
 def _data_command(commands) -> None:
     d = _command(commands, "data", "images/s of the DataLoader path and the device path on one dataset")
-    d.add_argument("--dataset", default="cifar10", help=f"of: {_list(data.dataset_names())}")
+    d.add_argument("--dataset", default="cifar10", help=f"of: {_list(datasets.dataset_names())}")
     d.add_argument(
         "--root", default=None, help="data root with the real files; default: a fixture in the official format"
     )

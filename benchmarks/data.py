@@ -19,10 +19,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from paperlib import component_rates, data, fixtures, models, plasticity
-from paperlib.loader import DeviceLoader, Transform, cache_side, uint8_images
+from paperlib.data import datasets, fixtures
+from paperlib.data.loader import DeviceLoader, Transform, cache_side, uint8_images
+from paperlib.data.transforms import paper_transform
+from paperlib.measure import component_rates, plasticity
 from paperlib.speed.clock import device_name, endless, median_seconds, resolve_device, sync
-from paperlib.transforms import paper_transform
+from paperlib.vit import models
 
 
 def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> float:
@@ -56,7 +58,7 @@ def bench_data(
     """Images/s of both data paths on one dataset; returns the figures.
 
     The two paths: torchvision transforms in DataLoader workers (then copied to the device), and
-    the device path (``paperlib.loader``: uint8 images on the device, batched crop/resize/flip/
+    the device path (``paperlib.data.loader``: uint8 images on the device, batched crop/resize/flip/
     normalise). Without ``root``, a paper dataset is benchmarked on a fixture written in its
     official format (random images, ``fixture_size`` of them), so the figures measure the
     pipeline, not a disk.
@@ -65,14 +67,14 @@ def bench_data(
     workers = os.cpu_count() if workers is None else workers
     with tempfile.TemporaryDirectory() as tmp:
         source = "local files"
-        if root is None and data.dataset_source(dataset).group not in ("demo", "custom"):
+        if root is None and datasets.dataset_source(dataset).group not in ("demo", "custom"):
             if dataset not in ("cifar10", "cifar100"):
                 raise ValueError(
                     f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}"
                 )
             fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
             root, source = tmp, f"fixture of {fixture_size} random images in the official format"
-        plain = data.get_dataset(dataset, "trainval", root=root, image_size=image_size)
+        plain = datasets.get_dataset(dataset, "trainval", root=root, image_size=image_size)
         plain.transform = paper_transform(True, image_size, plain.mean_std)
         loader = DataLoader(
             plain,
@@ -88,7 +90,7 @@ def bench_data(
         gc.collect()
         start = time.perf_counter()
         cached = uint8_images(
-            data.get_dataset(dataset, "trainval", root=root),
+            datasets.get_dataset(dataset, "trainval", root=root),
             cache_side(image_size),
             cache_dir=Path(tmp) / "cache",
             workers=workers,

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paperlib import cli
+from paperlib.records import cli
+from paperlib.train import checkpoints
+from paperlib.train.config import configs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "parameters/sweeps/finetune_paper.yaml"
@@ -42,14 +44,15 @@ def build(root: Path, **only) -> int:
     """Write the paper grid's runs under ``root`` (a run already recorded there is kept); the runs written.
     ``only``: the runs of these values alone (``specs.restrict``: a test's part of the grid)."""
     os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
-    from paperlib import finetune, runs, runs_table, specs
+    from paperlib.records import runs, specs
+    from paperlib.train import finetune
 
     paper = pd.read_csv(ROOT / "parameters/paper/table6.csv", comment="#").set_index(["dataset", "component"])
     rng = np.random.default_rng(0)  # seeded: the same tree on every machine
     written = 0
     spec = specs.load_spec(ROOT / SPEC)
     spec = specs.restrict(spec, **only) if only else spec
-    for config in runs_table.configs(spec):
+    for config in configs(spec):
         draws = rng.random(4)  # drawn for every run, written or not: the same tree whatever was there
         if runs.is_finished(config):
             continue
@@ -74,7 +77,7 @@ def build(root: Path, **only) -> int:
             "device": "NVIDIA H100 80GB HBM3",
             "precision": config.precision,
         }
-        runs.record(config, rows, best, metrics)
+        checkpoints.record(config, rows, best, metrics)
         written += 1
     return written
 
@@ -91,12 +94,14 @@ def build_plasticity(root: Path, pairs: int = 12_800) -> int:
     os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
     import torch
 
-    from paperlib import component_rates, plasticity, plasticity_table, runs_table, specs
+    from paperlib.analysis import plasticity_table
+    from paperlib.measure import component_rates, plasticity
+    from paperlib.records import specs
 
     rng = np.random.default_rng(1)
     levels = torch.tensor(list(LEVELS.values())).view(1, -1, 1)
     written = 0
-    for model, dataset in sorted({(c.model, c.dataset) for c in runs_table.configs(specs.load_spec(ROOT / SPEC))}):
+    for model, dataset in sorted({(c.model, c.dataset) for c in configs(specs.load_spec(ROOT / SPEC))}):
         noise = torch.from_numpy(rng.lognormal(0.0, 0.4, size=(12, len(LEVELS), pairs)).astype("float32"))
         measurement = plasticity.Measurement(model=model, dataset=dataset, n_pairs=pairs)
         if measurement.is_saved():
@@ -146,9 +151,9 @@ def time_all(root: Path) -> pd.DataFrame:
     python = sys.executable
     with tempfile.TemporaryDirectory() as out:
         commands = {
-            "python -m paperlib.stats SPEC": [python, "-m", "paperlib.stats", SPEC],
-            "python -c 'import paperlib.stats'": [python, "-c", "import paperlib.stats"],
-            "python -m paperlib.sweep SPEC --plan": [python, "-m", "paperlib.sweep", SPEC, "--plan"],
+            "python -m paperlib stats SPEC": [python, "-m", "paperlib", "stats", SPEC],
+            "python -c 'import paperlib.analysis.stats'": [python, "-c", "import paperlib.analysis.stats"],
+            "python -m paperlib sweep SPEC --plan": [python, "-m", "paperlib", "sweep", SPEC, "--plan"],
             "papermill 06 (README's options)": [
                 *[python, "-m", "papermill", "notebooks/06_gradient_dynamics.ipynb", f"{out}/06.ipynb"],
                 *NOTEBOOK_06,

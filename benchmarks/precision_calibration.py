@@ -1,4 +1,4 @@
-"""How often ``paperlib.precision``'s verdict says "differs", "same" or "inconclusive", in simulated worlds.
+"""How often ``paperlib.analysis.precision``'s verdict says "differs", "same" or "inconclusive", in simulated worlds.
 
     python -m benchmarks.precision_calibration [--worlds 500]
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paperlib import cli
+from paperlib.records import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISION_PAPER = ["cifar100", "cifar10c/gaussian_noise", "flowers102", "pets"]
@@ -35,9 +35,10 @@ def table6() -> pd.DataFrame:
 
 
 def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None, points: float = 2.0):
-    """A runs table (``paperlib.runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above; ``drop``:
-    the configuration that autocast lowers by ``points`` on every dataset (None: no precision effect)."""
-    from paperlib.runs_table import RUN_COLUMNS
+    """A runs table (``runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above.
+
+    ``drop``: the configuration that autocast lowers by ``points`` on every dataset (None: no precision effect)."""
+    from paperlib.records.runs_table import RUN_COLUMNS
 
     cells = table6()
     cells = cells[cells["dataset"].isin(datasets)]
@@ -57,7 +58,7 @@ def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None
 
 def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0) -> pd.Series:
     """How many of ``worlds`` seeded worlds (``world``) ``precision.effect``'s verdict calls each answer."""
-    from paperlib import precision
+    from paperlib.analysis import precision
 
     rng = np.random.default_rng(seed)
     said = [precision.effect(world(datasets, rng, drop))["verdicts"]["verdict"].iloc[0] for _ in range(worlds)]

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from paperlib import cli, threads
+from paperlib.records import cli
+from paperlib.speed import threads
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "parameters/sweeps/plasticity_demo.yaml"
@@ -50,7 +51,7 @@ def sweeps(spec_file: Path, root: Path, processes: int) -> tuple[float, list[str
     env = os.environ | {"VIT_PLASTICITY_RESULTS": str(root / "results"), "VIT_PLASTICITY_REPORTS": str(root / "out")}
     if processes > 1:
         env[threads.WORKERS] = str(processes)
-    command = [sys.executable, "-m", "paperlib.sweep", str(spec_file)]
+    command = [sys.executable, "-m", "paperlib", "sweep", str(spec_file)]
     logs = [root / f"process-{i}.txt" for i in range(processes)]
     start = time.perf_counter()
     outs = [log.open("w") for log in logs]

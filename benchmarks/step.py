@@ -28,23 +28,25 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from paperlib import lora, models, storage
-from paperlib.components import check_run_component, set_trainable, trainable_parameters
-from paperlib.imagesets import ImageDataset, random_images
-from paperlib.loader import DeviceLoader, Transform
-from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
-from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward, triton_available
-from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
-from paperlib.speed.options import PRESET_RECORD, STEP_OPTIONS, StepOptions, check_precision, compile_choice, preset
-from paperlib.speed.step import (
-    OptimizerSettings,
-    autocast_for,
-    compile_model,
-    make_step,
-    tf32_flags,
-    warmup_steps,
+from paperlib.data.imagesets import ImageDataset, random_images
+from paperlib.data.loader import DeviceLoader, Transform
+from paperlib.data.transforms import paper_transform
+from paperlib.records import storage
+from paperlib.records.step_options import (
+    PRESET_RECORD,
+    STEP_OPTIONS,
+    StepOptions,
+    check_precision,
+    compile_choice,
+    preset,
+    triton_available,
 )
-from paperlib.transforms import paper_transform
+from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
+from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward
+from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
+from paperlib.speed.step import OptimizerSettings, autocast_for, compile_model, make_step, tf32_flags, warmup_steps
+from paperlib.vit import lora, models
+from paperlib.vit.components import check_run_component, set_trainable, trainable_parameters
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
 

@@ -21,7 +21,10 @@ images_per_dataset = 8  # sample images shown per demo dataset
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import components, data, models, names, notebook, plots
+from paperlib.data import datasets
+from paperlib.records import names
+from paperlib.reports import notebook, plots
+from paperlib.vit import components, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -102,22 +105,22 @@ notebook.headline(
 # NBVAL_CHECK_OUTPUT
 pd.DataFrame(
     [
-        {"dataset": name, **{split: len(data.get_dataset(name, split)) for split in data.SPLITS}}
-        for name in data.dataset_names("demo")
+        {"dataset": name, **{split: len(datasets.get_dataset(name, split)) for split in datasets.SPLITS}}
+        for name in datasets.dataset_names("demo")
     ]
 ).set_index("dataset")
 
 # %%
-plots.sample_grid([data.get_dataset(name, "test") for name in data.dataset_names("demo")], images_per_dataset)
+plots.sample_grid([datasets.get_dataset(name, "test") for name in datasets.dataset_names("demo")], images_per_dataset)
 plt.show()
 
 # %% [markdown]
-# At paper scale the same `data.get_dataset(name, split, root=...)` serves the paper's 11
+# At paper scale the same `datasets.get_dataset(name, split, root=...)` serves the paper's 11
 # benchmarks (appendix C.2) and the reference images used for plasticity (the paper used ImageNet
 # validation images; Imagenette is a stand-in that torchvision downloads in one command). Images
 # are 224x224 by default, with the paper's transforms.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print("paper benchmarks:", ", ".join(data.dataset_names("paper")))
-print("reference images:", ", ".join(data.dataset_names("reference")))
+print("paper benchmarks:", ", ".join(datasets.dataset_names("paper")))
+print("reference images:", ", ".join(datasets.dataset_names("reference")))

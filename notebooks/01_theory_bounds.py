@@ -26,14 +26,18 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import bounds, data, imagesets, models, names, notebook, plasticity, plots
+from paperlib.data import datasets, imagesets
+from paperlib.measure import bounds, plasticity
+from paperlib.records import names
+from paperlib.reports import notebook, plots
+from paperlib.vit import models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 network = models.create_model(model).to(device).eval()
 size = network.patch_embed.img_size[0]
 mean_std = models.normalization(model, normalize)
-target = data.get_dataset(dataset, "test", root=data_root, image_size=size, mean_std=mean_std)
+target = datasets.get_dataset(dataset, "test", root=data_root, image_size=size, mean_std=mean_std)
 images, _ = imagesets.stack(target, n_images)
 constants = bounds.data_constants(network, images.to(device))
 pd.Series(constants, name=f"{model} on {dataset}").to_frame().T.round(4)
@@ -80,7 +84,7 @@ notebook.headline(f"{model}: the bounds rank " + " > ".join(names.LABELS[c] for 
 # images. `bound / plasticity` is at least 1 where the bound holds; the larger, the looser.
 
 # %%
-reference_set = data.get_dataset(reference, "test", root=data_root, image_size=size, mean_std=mean_std)
+reference_set = datasets.get_dataset(reference, "test", root=data_root, image_size=size, mean_std=mean_std)
 rates = plasticity.measure(network, reference_set, target, min(n_images, len(reference_set)), running=plasticity.Running(device=device, progress=False))
 tight = bounds.tightness(at_rms, rates)
 tight.pivot_table(index="component", values=["bound", "plasticity", "bound / plasticity"], aggfunc="median", observed=True).round(3)

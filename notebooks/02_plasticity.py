@@ -31,14 +31,17 @@ from dataclasses import replace
 
 import matplotlib.pyplot as plt
 
-from paperlib import bounds, notebook, paths, plasticity, plasticity_table, plots, ranking
+from paperlib.analysis import plasticity_table, ranking
+from paperlib.measure import plasticity
+from paperlib.records import names, paths
+from paperlib.reports import notebook, plots
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
 measurement = plasticity.Measurement(model, dataset, reference, n_pairs, inputs, sample, seed, normalize, loader_batch=loader_batch)
 table, folder = plasticity.run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=False)
 print(f"{table['pair'].nunique()} pairs x {table['block'].nunique()} blocks x 5 components -> {paths.display(folder)}")
-print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {bounds.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")
+print(f"token RMS norm of the embeddings measured: {table.attrs['token_rms']:.2f} (the paper's r for ViT-B/16 on Cifar10: {names.PAPER_R}); identical pairs excluded: {table.attrs['identical_pairs_excluded']}")
 
 # %% [markdown]
 # ## Plasticity per block and along depth (Fig. 3, left and middle)
@@ -126,7 +129,7 @@ uncertainty.round(3)
 network, x, y = plasticity.pair_images(replace(measurement, n_pairs=min(n_pairs, 512)), data_root)
 factors = [0.25, 0.5, 1, 2, 4, 8, 16, 32, 64]
 curve = plasticity.scale_curve(network, x, y, factors, batch_size, device)
-plots.scale_curve_figure(curve, table.attrs["token_rms"], bounds.PAPER_R, measurement)
+plots.scale_curve_figure(curve, table.attrs["token_rms"], names.PAPER_R, measurement)
 plt.show()
 
 # %%

@@ -27,7 +27,9 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import notebook, plasticity, plasticity_table, plots, stats
+from paperlib.analysis import plasticity_table, stats
+from paperlib.measure import plasticity
+from paperlib.reports import notebook, plots
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

@@ -7,7 +7,7 @@
 # pass, its tokens are mean-pooled, each image's vector is scaled to unit L2 norm, the features are
 # standardised (`StandardScaler`, fitted on the training features) and a multinomial
 # `LogisticRegression(max_iter=5000)` is fitted on the 80% training split and scored on the test
-# split. `paperlib.probe.linear_probe` computes that for every block and every probe point; its
+# split. `paperlib.measure.probe.linear_probe` computes that for every block and every probe point; its
 # tables are cached under `results/probe/<model>/<dataset>/`.
 #
 # **Which point is the paper's.** "The attention hidden representation of the last layer" most
@@ -54,8 +54,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from paperlib import finetune, notebook, plots, probe, stats
-from paperlib.runs_table import for_spec
+from paperlib.analysis import stats
+from paperlib.measure import probe
+from paperlib.records.runs_table import for_spec
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

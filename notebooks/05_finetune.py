@@ -50,11 +50,17 @@ data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import components, equal_capacity as equal, finetune, lora, models, names, notebook, paths, plots, runs, stats
+from paperlib.analysis import stats
+from paperlib.records import names, paths, runs
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
+from paperlib.train.config import config_from
+from paperlib.vit import components, lora, models
+from paperlib.vit import equal_capacity as equal
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-config = runs.config_from(dict(
+config = config_from(dict(
     model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
     micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root,
     precision=precision, speed=speed, compile=compile, compile_mode=compile_mode, attention=attention, fused=fused,
@@ -71,9 +77,9 @@ print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in 
 # Trainable parameters of this configuration (the component over all blocks, as in Table 3, and
 # with the head and final norm, as trained here) and the memory of their gradients and SGD
 # momentum in fp32 (Table 4). With `lora_rank`, the LoRA updates that train in the component's
-# place (`paperlib.lora`): their share of the weights they adapt, and the memory they need. With
+# place (`paperlib.vit.lora`): their share of the weights they adapt, and the memory they need. With
 # `equal_capacity`, the subset that trains: as many parameters per block as a LayerNorm has
-# (`paperlib.equal_capacity`).
+# (`paperlib.vit.equal_capacity`).
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -24,8 +24,12 @@ device = "cpu"  # device for a missing plasticity measurement
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib import finetune, names, notebook, paths, plasticity, plasticity_table, plots, specs, stats
-from paperlib.runs_table import at_least_one, for_spec, histories_of
+from paperlib.analysis import plasticity_table, stats
+from paperlib.measure import plasticity
+from paperlib.records import names, paths, specs
+from paperlib.records.runs_table import at_least_one, for_spec, histories_of
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

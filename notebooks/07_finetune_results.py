@@ -32,9 +32,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from paperlib import capacity, components, finetune, models, names, notebook, paths, plasticity, plots, precision, probe, specs, stats
-from paperlib.runs_table import KEYS, at_least_one, for_spec
-from paperlib.speed.options import native_bf16
+from paperlib.analysis import capacity, precision, stats
+from paperlib.measure import plasticity, probe
+from paperlib.records import names, paths, specs
+from paperlib.records.runs_table import KEYS, at_least_one, for_spec
+from paperlib.records.step_options import native_bf16
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
+from paperlib.vit import components, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -125,7 +130,7 @@ stats.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, columns=names
 # are not trained alike: each run stops after 100 SGD steps at batch 32 (the paper's: 4,000 to 20,000
 # at batch 512, Table 5), while the probe is a logistic regression fitted to convergence. MHA's and the
 # probe's test accuracy on `digits` are printed below. Trained longer
-# (`python -m paperlib.finetune --steps N`; runs outside the demo sweep, measured once and not re-run
+# (`python -m paperlib finetune --steps N`; runs outside the demo sweep, measured once and not re-run
 # here), MHA on `digits` reached 74.9% at 300 steps and 89.4% at 1,000, +57% over the probe at 1,000
 # steps: the paper's order of gain.
 # Table 1 differs too: MHA is the demo ViT's least plastic component (notebook 02), and the paper's
@@ -221,7 +226,7 @@ ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on
 # On ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also, nearly, the
 # order of the components' parameters (`components.parameter_share`: MHA, FC1 and FC2 hold about 33%
 # of the model each, LN2 and LN1 0.02%), so Table 6 cannot tell plasticity from capacity. Two
-# analyses separate them (`paperlib.capacity`). **Within equal capacity** (MHA / FC1 / FC2 and
+# analyses separate them (`paperlib.analysis.capacity`). **Within equal capacity** (MHA / FC1 / FC2 and
 # LN2 / LN1, components within 10% of each other's parameters): Kendall's S between P(f) and accuracy
 # inside each group and dataset, tested by an exact permutation of the accuracies within each stratum
 # (dataset x group), with each adjacent pair's win count, sign test and Holm adjustment, and the same by

@@ -40,7 +40,14 @@ from dataclasses import replace
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import capacity, components, data, finetune, models, names, notebook, paths, plasticity, plasticity_table, plots, ranking, runs
+from paperlib.analysis import capacity, plasticity_table, ranking
+from paperlib.data import datasets
+from paperlib.measure import plasticity
+from paperlib.records import names, paths, runs
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import components, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -50,7 +57,7 @@ if make_example:
     if dataset.startswith("custom/"):  # each folder whole or not at all: one missing (an interrupted first run) is made again
         for split, folder in (("trainval", "train"), ("test", "test")):
             if not (paths.data_dir() / dataset / folder).is_dir():
-                data.export_class_folders(data.get_dataset("digits", split), paths.data_dir() / dataset / folder)
+                datasets.export_class_folders(datasets.get_dataset("digits", split), paths.data_dir() / dataset / folder)
 
 # %% [markdown]
 # ## What is there
@@ -60,12 +67,12 @@ if make_example:
 
 # %%
 print("custom models:", ", ".join(models.custom_model_names()) or "none")
-print("custom datasets:", ", ".join(data.dataset_names("custom")) or "none")
+print("custom datasets:", ", ".join(datasets.dataset_names("custom")) or "none")
 
 # %%
 # NBVAL_CHECK_OUTPUT
 network = models.create_model(model)
-train, test = data.get_dataset(dataset, "trainval"), data.get_dataset(dataset, "test")
+train, test = datasets.get_dataset(dataset, "trainval"), datasets.get_dataset(dataset, "test")
 print(f"{model}: {len(network.blocks)} blocks, width {network.embed_dim}, {network.patch_embed.img_size[0]}px input, "
       f"{sum(p.numel() for p in network.parameters()):,} parameters")
 print(f"{dataset}: {len(train.classes)} classes ({', '.join(train.classes)}), {len(train)} training and {len(test)} test images")
@@ -104,7 +111,7 @@ notebook.headline(f"{model} on {dataset}: " + " > ".join(ranked.index) + f" (Ken
 # %%
 rows = []
 for component in components_to_finetune:
-    config = runs.Config(model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps,
+    config = Config(model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps,
                          batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=keep_weights)
     metrics = finetune.run(config)
     rows.append({"configuration": names.LABELS[component], "plasticity": ranked["plasticity"].get(names.LABELS[component]),
@@ -122,7 +129,7 @@ plt.show()
 #
 # The components that hold many parameters (MHA, FC1, FC2) are also, on the paper's ViT-Base, the
 # most plastic, so P(f) alone may credit plasticity for what capacity does (notebook 07,
-# `paperlib.capacity`). Here both predictors stand beside the runs above: each component's P(f), its
+# `paperlib.analysis.capacity`). Here both predictors stand beside the runs above: each component's P(f), its
 # share of the model's parameters, and its test accuracy, with how often the runs followed each where
 # they order a pair of components differently: a count, not a test (one run per component; notebook 07
 # tests it over datasets and seeds). Where every such pair sets a LayerNorm against a linear layer, a
@@ -150,7 +157,7 @@ both.round(4)
 # %%
 if keep_weights and (summary["status"] == "finished").any():
     chosen = components_to_finetune[list(summary.index).index(summary["best val accuracy"].astype(float).idxmax())]
-    config = runs.Config(model=model, dataset=dataset, component=chosen, lr=lr, seed=seed, steps=steps,
+    config = Config(model=model, dataset=dataset, component=chosen, lr=lr, seed=seed, steps=steps,
                          batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
     models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)

@@ -6,7 +6,7 @@
 # LoRA of rank r on the weight matrices of one component in every block (MHA: the q/k/v and
 # output projections; FC1; FC2), or of all of them (the usual LoRA of a ViT), with the head and
 # the final LayerNorm trained as in the component-wise protocol, against finetuning the same
-# components' own weights (`paperlib.lora`; LayerNorms have no weight matrix for LoRA). One run is
+# components' own weights (`paperlib.vit.lora`; LayerNorms have no weight matrix for LoRA). One run is
 # `papermill notebooks/05_finetune.ipynb out.ipynb -p component mha -p lora_rank 8`.
 #
 # At demo scale (the default) the runs are those of `parameters/sweeps/lora_demo.yaml`: the demo
@@ -30,8 +30,13 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib import finetune, lora, names, notebook, paths, plasticity, plasticity_table, plots, specs, stats
-from paperlib.runs_table import at_least_one, for_spec
+from paperlib.analysis import plasticity_table, stats
+from paperlib.measure import plasticity
+from paperlib.records import names, paths, specs
+from paperlib.records.runs_table import at_least_one, for_spec
+from paperlib.reports import notebook, plots
+from paperlib.train import finetune
+from paperlib.vit import lora
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -77,8 +82,8 @@ methods = list(dict.fromkeys(table["method"]))
 average = table.groupby(["component", "method"], as_index=False)[["mean", "trainable_parameters"]].mean()
 by_method = average.pivot(index="component", columns="method", values="mean")
 notebook.headline("test accuracy (%), " + " / ".join(methods) + ": " + ", ".join(
-    f"{names.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in lora.ADAPTABLE if c in by_method.index))
-adapted = [c for c in lora.ADAPTABLE if c in set(average["component"])]
+    f"{names.LABELS[c]} " + " / ".join(f"{by_method.loc[c, m]:.1f}" for m in methods) for c in names.ADAPTABLE if c in by_method.index))
+adapted = [c for c in names.ADAPTABLE if c in set(average["component"])]
 plots.lora_figure(average, runs["model"].unique())
 plt.show()
 

@@ -4,9 +4,9 @@
 # Takeaway 2 (§5.2): the more plastic a component, the better and steadier its finetuning. On
 # ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also nearly the order of
 # the components' sizes (MHA, FC1 and FC2 about 33% of the model each, LN2 and LN1 0.02%), so Table 6
-# cannot tell "more plastic" from "larger", nor from "is a LayerNorm" (notebook 07, `paperlib.capacity`).
+# cannot tell "more plastic" from "larger", nor from "is a LayerNorm" (notebook 07, `paperlib.analysis.capacity`).
 # An experiment can: here MHA, FC1 and FC2 each train a fixed random subset of their weights and
-# biases as large as a LayerNorm (2d parameters per block; `paperlib.equal_capacity`), the rest frozen,
+# biases as large as a LayerNorm (2d parameters per block; `paperlib.vit.equal_capacity`), the rest frozen,
 # with the paper's protocol otherwise, so that the five components train the same number of
 # parameters. LN2 and LN1 train whole in either design: their runs are the ordinary ones.
 #
@@ -29,8 +29,13 @@ n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800)
 device = "cpu"  # device for missing plasticity measurements
 
 # %%
-from paperlib import capacity, equal_capacity, finetune, models, notebook, paths, plasticity, specs
-from paperlib.runs_table import at_least_one, for_spec
+from paperlib.analysis import capacity
+from paperlib.measure import plasticity
+from paperlib.records import paths, specs
+from paperlib.records.runs_table import at_least_one, for_spec
+from paperlib.reports import notebook
+from paperlib.train import finetune
+from paperlib.vit import equal_capacity, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 

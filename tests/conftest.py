@@ -8,7 +8,7 @@ import os
 # with its share of them (at least one thread), and so do the processes it starts (notebook kernels,
 # command lines), which inherit OMP_NUM_THREADS. One count for a worker and its subprocesses keeps the
 # tests that compare a run in this process with one in a subprocess exact (the thread count changes a
-# run's last digits on a CPU, paperlib.threads). Set before torch is imported; a value set by the user
+# run's last digits on a CPU, paperlib.speed.threads). Set before torch is imported; a value set by the user
 # stands. Without xdist nothing changes: PyTorch's own choice, as the recorded demo results used.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -18,8 +18,10 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from paperlib import finetune, models, report  # noqa: E402
-from paperlib.runs import Config  # noqa: E402
+from paperlib.reports import execute  # noqa: E402
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import models
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
@@ -94,7 +96,7 @@ def write_notebook():
         if parameters is not None:
             cells.append(nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]}))
         nb = nbformat.v4.new_notebook(cells=cells + [nbformat.v4.new_code_cell(source) for source in code])
-        nb.metadata["kernelspec"] = report.KERNELSPEC
+        nb.metadata["kernelspec"] = execute.KERNELSPEC
         nbformat.write(nb, path)
         return path
 
@@ -103,7 +105,7 @@ def write_notebook():
 
 def interrupted(config: Config, step: int, monkeypatch) -> None:
     """Run ``config`` until it stops with a simulated interruption when it asks for training batch ``step``."""
-    from paperlib import loader
+    from paperlib.data import loader
 
     original = loader.DeviceLoader.batch
 
@@ -121,7 +123,7 @@ def interrupted(config: Config, step: int, monkeypatch) -> None:
 def resumed(config: Config, monkeypatch) -> dict:
     """``finetune.run(config)`` of a run interrupted after a checkpoint, checked to resume from it (its
     first training batch is not the first): a checkpoint that failed to load would start it again."""
-    from paperlib import loader
+    from paperlib.data import loader
 
     asked, original = [], loader.DeviceLoader.batch
 

@@ -11,9 +11,13 @@ import timm
 import torch
 from torch import nn
 
-from paperlib import bounds, component_rates, components, finetune, lora, models, plasticity, specs, speed
-from paperlib.components import COMPONENTS
-from paperlib.runs import Config
+from paperlib import speed
+from paperlib.measure import bounds, component_rates, plasticity
+from paperlib.records import specs
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import components, lora, models
+from paperlib.vit.components import COMPONENTS
 
 SMALL = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4)
 
@@ -359,7 +363,7 @@ def test_blocks_of_an_eva_model_compile_in_place():
 
 
 def test_the_later_vits_sweep_names_models_that_build_and_normalise():
-    from paperlib import sweep
+    from paperlib.sweeps import sweep
 
     spec = specs.load_spec("parameters/sweeps/plasticity_later_vits.yaml")
     runs = sweep.expand(spec)

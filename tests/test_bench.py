@@ -11,9 +11,9 @@ import torch
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
-from paperlib.components import RUN_COMPONENTS
+from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 from paperlib.speed import step
-from paperlib.speed.options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
+from paperlib.vit.components import RUN_COMPONENTS
 
 
 @pytest.fixture
@@ -264,7 +264,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
     import torch
 
-    from paperlib import models
+    from paperlib.vit import models
 
     twins = []
     monkeypatch.setattr(
@@ -372,7 +372,7 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
 def test_step_flops_counted_on_one_image_are_the_whole_batchs(tiny_vit):
     from torch.utils.flop_counter import FlopCounterMode
 
-    from paperlib import components
+    from paperlib.vit import components
 
     torch.manual_seed(0)
     model = components.set_trainable(tiny_vit(num_classes=10), "mha")
@@ -414,7 +414,7 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
 
 
 def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
-    from paperlib import lora
+    from paperlib.vit import lora
 
     seen = []
     original = lora.updates
@@ -481,7 +481,7 @@ def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):
 
 def test_the_sharing_benchmark_sweeps_the_demo_plasticity_spec_over_four_datasets(tmp_path):
     from benchmarks import sharing
-    from paperlib import specs
+    from paperlib.records import specs
 
     cells = specs.cells(specs.load_spec(sharing.spec(tmp_path)))
     assert [parameters["dataset"] for _, _, parameters in cells] == sharing.DATASETS

@@ -9,8 +9,10 @@ import torch
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention, VisionTransformer
 
-from paperlib import bounds, component_rates, data, imagesets, models
-from paperlib.components import COMPONENTS
+from paperlib.data import datasets, imagesets
+from paperlib.measure import bounds, component_rates
+from paperlib.vit import models
+from paperlib.vit.components import COMPONENTS
 
 
 def _attention(d=24, heads=3, seed=0, scale=1.0):
@@ -283,7 +285,7 @@ def test_props_1_to_4_bound_every_component_of_a_whole_random_vit(seed, reg_toke
 
 def test_props_1_to_4_bound_every_component_of_the_demo_vit_on_demo_images():
     model = models.create_model("demo").eval()
-    images, _ = imagesets.stack(data.get_dataset("digits", "test", image_size=32))
+    images, _ = imagesets.stack(datasets.get_dataset("digits", "test", image_size=32))
     half = len(images) // 2
     x, y = images[:half], images[half : 2 * half]
     # the class token is the only position that is the same in every image

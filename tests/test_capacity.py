@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import capacity, components, models, names, stats
+from paperlib.analysis import capacity, stats
+from paperlib.records import names
+from paperlib.vit import components, models
 
 SHARE = {"mha": 0.33, "fc1": 0.33, "fc2": 0.329, "ln2": 0.0002, "ln1": 0.0002}  # ViT-Base's, rounded
 DATASETS = [f"d{i}" for i in range(8)]

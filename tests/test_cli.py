@@ -1,4 +1,4 @@
-"""``python -m paperlib.finetune`` and ``python -m paperlib.plasticity``: notebook parameters on a command line;
+"""``python -m paperlib finetune`` and ``python -m paperlib plasticity``: notebook parameters on a command line;
 every command's report of a bad input."""
 
 import argparse
@@ -14,23 +14,15 @@ import pytest
 import torch
 
 from benchmarks import __main__ as bench
-from paperlib import (
-    cli,
-    data,
-    demo,
-    finetune,
-    notebook,
-    paths,
-    plasticity,
-    precision,
-    report,
-    runs,
-    specs,
-    stats,
-    sweep,
-)
-from paperlib.runs import Config
-from paperlib.speed.options import PRESET_OPTIONS
+from paperlib.analysis import precision, stats
+from paperlib.data import datasets
+from paperlib.measure import plasticity
+from paperlib.records import cli, paths, runs, specs
+from paperlib.records.step_options import PRESET_OPTIONS
+from paperlib.reports import execute, notebook
+from paperlib.sweeps import sweep
+from paperlib.train import demo, finetune
+from paperlib.train.config import Config, config_from
 
 
 def test_values_take_the_type_of_the_default():
@@ -151,8 +143,8 @@ def test_plasticity_help_gives_every_option_a_meaning_a_type_and_a_default(capsy
 def test_the_command_with_no_options_is_notebook_05_with_no_parameters():
     # the notebook's parameters cell, as papermill would run it, and the command's defaults: one Config, one run
     notebook = specs.notebook_parameters(paths.NOTEBOOKS / "05_finetune.ipynb")
-    assert runs.config_from(notebook) == runs.config_from({"speed": "auto"}) == Config()
-    assert Config().folder() == runs.config_from(notebook).folder()
+    assert config_from(notebook) == config_from({"speed": "auto"}) == Config()
+    assert Config().folder() == config_from(notebook).folder()
 
 
 NOTEBOOK_05 = paths.NOTEBOOKS / "05_finetune.ipynb"
@@ -182,7 +174,7 @@ def test_papermills_precision_is_a_parameter_of_notebook_05_and_tf32_is_refused_
     # and reaches Config as it is, which refuses it on a CPU in one line
     assert runs.config_values({"precision": "tf32", "device": "cpu"}) == {"precision": "tf32", "device": "cpu"}
     with pytest.raises(ValueError) as error:
-        runs.config_from({"precision": "tf32", "device": "cpu"})
+        config_from({"precision": "tf32", "device": "cpu"})
     message = str(error.value)
     assert "\n" not in message and "TF32 tensor cores" in message
     assert "valid precisions on cpu: fp32, autocast, bf16" in message
@@ -192,7 +184,7 @@ def test_papermill_runs_notebook_05_with_precision_tf32_to_the_precision_error(t
     import papermill
 
     with pytest.raises(papermill.PapermillExecutionError, match="valid precisions on cpu: fp32, autocast, bf16"):
-        report.execute(NOTEBOOK_05, tmp_path / "out.ipynb", parameters={"precision": "tf32"})
+        execute.execute(NOTEBOOK_05, tmp_path / "out.ipynb", parameters={"precision": "tf32"})
 
 
 def test_a_speed_preset_sets_the_step_options_not_given():
@@ -209,7 +201,7 @@ def test_a_speed_preset_sets_the_step_options_not_given():
     assert given == {"precision": "autocast", "compile": False, "compile_mode": "coordinate-descent", "fused": "auto"}
     # None is "not given" for a step option only
     with pytest.raises(ValueError):
-        runs.config_from({"lr": None})
+        config_from({"lr": None})
     assert runs.config_values({"speed": "none", "precision": "bf16"}) == {
         "precision": "bf16",
         "compile": False,
@@ -275,9 +267,9 @@ def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(
     (tmp_path / "other.ipynb").write_text('{"a": 1}')
     (tmp_path / "garbage.safetensors").write_text("not weights")
     commands = [
-        (report.main, ["inplace", str(tmp_path / "missing.ipynb")], "missing.ipynb"),
-        (report.main, ["inplace", str(tmp_path / "garbage.ipynb")], "not appear to be JSON"),
-        (report.main, ["inplace", str(tmp_path / "other.ipynb")], "could not be converted"),
+        (execute.main, ["inplace", str(tmp_path / "missing.ipynb")], "missing.ipynb"),
+        (execute.main, ["inplace", str(tmp_path / "garbage.ipynb")], "not appear to be JSON"),
+        (execute.main, ["inplace", str(tmp_path / "other.ipynb")], "could not be converted"),
         (demo.main, ["evaluate", "--weights", str(tmp_path / "missing.safetensors")], "weight file not found"),
         (demo.main, ["evaluate", "--weights", str(tmp_path / "garbage.safetensors")], "garbage.safetensors"),
         (bench.main, ["data", "--root", str(tmp_path / "no-data"), "--batches", "1"], "no-data"),
@@ -303,7 +295,7 @@ def test_every_command_reports_a_bad_notebook_weight_file_or_folder_in_one_line(
 def test_a_missing_parameter_file_ends_the_command_with_one_line_and_status_2(tmp_path):
     root = Path(__file__).resolve().parents[1]  # the repository: the subprocess imports its paperlib
     done = subprocess.run(
-        [sys.executable, "-m", "paperlib.finetune", "-f", str(tmp_path / "missing.yaml")],
+        [sys.executable, "-m", "paperlib", "finetune", "-f", str(tmp_path / "missing.yaml")],
         cwd=root,
         env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
@@ -365,7 +357,7 @@ def test_bad_values_stop_in_one_line_and_write_nothing(option, value, message, t
 def test_a_gpu_this_machine_lacks_is_refused_before_any_data_is_read(capsys, move_results, monkeypatch):
     root = move_results("results")
     read = []
-    monkeypatch.setattr(data, "get_dataset", lambda *a, **k: read.append(a) or pytest.fail("data read"))
+    monkeypatch.setattr(datasets, "get_dataset", lambda *a, **k: read.append(a) or pytest.fail("data read"))
     assert finetune.main([*SHORT, "--device", "cuda"]) == 2
     assert one_error_line(capsys.readouterr().err) == "error: device 'cuda' is not on this machine; devices here: cpu"
     assert plasticity.main(["--device", "cuda", "--n-pairs", "4", "--progress", "false"]) == 2
@@ -415,7 +407,7 @@ def help_line(text: str, invocation: str) -> str:
     raise AssertionError(f"{invocation} is not in --help:\n{text}")
 
 
-@pytest.mark.parametrize("module", [sweep, stats, precision, report, demo], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [sweep, stats, precision, execute, demo], ids=lambda module: module.__name__)
 def test_help_gives_every_argument_a_meaning_a_type_its_choices_and_its_default(module, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per argument
     todo = [([], module.argument_parser())]  # the command, then each of its subcommands

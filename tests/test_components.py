@@ -4,8 +4,8 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
-from paperlib import components, models
-from paperlib.components import COMPONENTS, RUN_COMPONENTS
+from paperlib.vit import components, models
+from paperlib.vit.components import COMPONENTS, RUN_COMPONENTS
 
 
 def vit_base_counts(d=768, hidden=3072, depth=12):

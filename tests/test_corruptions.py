@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from paperlib import corruptions
-from paperlib.corruptions import CORRUPTIONS, corrupt
+from paperlib.data import corruptions
+from paperlib.data.corruptions import CORRUPTIONS, corrupt
 
 
 @pytest.fixture(scope="module")

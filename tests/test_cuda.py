@@ -14,12 +14,16 @@ import pytest
 import torch
 from scipy import stats
 
-from paperlib import component_rates, components, data, finetune, imagesets, models, plasticity, runs
-from paperlib import transforms as T
-from paperlib.loader import DeviceLoader, Transform
+from paperlib.data import datasets, imagesets
+from paperlib.data import transforms as T
+from paperlib.data.loader import DeviceLoader, Transform
+from paperlib.measure import component_rates, plasticity
+from paperlib.records import runs
+from paperlib.records.step_options import CPU_ATTENTION, StepOptions
 from paperlib.speed import layers
-from paperlib.speed.options import CPU_ATTENTION, StepOptions
 from paperlib.speed.step import compile_model, make_forward, make_optimizer, step_context, training_step
+from paperlib.train import finetune
+from paperlib.vit import components, models
 
 DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -80,7 +84,7 @@ def test_augmentation_statistics_with_a_device_generator():
 
 
 def test_device_loader_on_the_device():
-    digits = data.get_dataset("digits", "trainval")
+    digits = datasets.get_dataset("digits", "trainval")
     loader = DeviceLoader(digits, 64, Transform(True, 224), device=DEVICE, seed=3)
     images, labels = loader.batch(5)
     assert images.device.type == DEVICE.type and images.shape == (64, 3, 224, 224) and images.dtype == torch.float32
@@ -97,7 +101,7 @@ def test_device_loader_on_the_device():
 def test_host_images_go_through_reused_staging_buffers_unchanged():
     # batches of the host path are gathered into two pinned buffers reused in turn: batches made
     # one after another without waiting (and kept) equal those of images kept on the device
-    digits = data.get_dataset("digits", "trainval")
+    digits = datasets.get_dataset("digits", "trainval")
     on_device = DeviceLoader(digits, 48, Transform(True, 64), device=DEVICE, seed=1)
     on_host = DeviceLoader(digits, 48, Transform(True, 64), device=DEVICE, seed=1, images_on="host")
     # staged only where the images stay on the host for a GPU (DEVICE is "cuda", the images "cuda:0")
@@ -122,7 +126,7 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, tin
     forward = make_forward(model, options)
     trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
     optimizer = make_optimizer(model, "sgd", 0.01, 0.9)
-    loader = DeviceLoader(data.get_dataset("digits", "trainval"), 32, Transform(True, 32), device=DEVICE)
+    loader = DeviceLoader(datasets.get_dataset("digits", "trainval"), 32, Transform(True, 32), device=DEVICE)
     context = step_context(DEVICE, precision=precision)
     for step in range(2):  # first steps: lazy initialisation, allocations
         training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
@@ -442,7 +446,7 @@ def test_benchmarks_run_on_the_device(capsys):
 
 def test_the_device_loader_normalises_with_other_statistics_on_the_device():
     half = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    digits = data.get_dataset("digits", "trainval")
+    digits = datasets.get_dataset("digits", "trainval")
     for augment in (False, True):
         cpu, _ = DeviceLoader(digits, 32, Transform(augment, 48, half), seed=1).batch(3)
         on_device, _ = DeviceLoader(digits, 32, Transform(augment, 48, half), device=DEVICE, seed=1).batch(3)
@@ -459,7 +463,7 @@ def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, resu
     metrics = finetune.run(config)
     model = finetune.load_model(config)
     assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32
-    images, labels = data.get_dataset("digits", "test").tensors()
+    images, labels = datasets.get_dataset("digits", "test").tensors()
     with torch.no_grad():
         accuracy = (model(images).argmax(dim=1) == labels).double().mean().item()
     # bf16 on the device against fp32 here: a few of 180 images may flip

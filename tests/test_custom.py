@@ -12,8 +12,13 @@ import timm
 import torch
 from PIL import Image
 
-from paperlib import data, finetune, fixtures, imagesets, loader, models, plasticity, plasticity_table, runs_table
-from paperlib.runs import Config
+from paperlib.analysis import plasticity_table
+from paperlib.data import datasets, fixtures, imagesets, loader
+from paperlib.measure import plasticity
+from paperlib.records import runs_table
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import models
 
 
 def _names(dataset):
@@ -28,13 +33,13 @@ def test_train_and_test_folders_are_the_official_split(home):
     base = home / "data" / "custom" / "pets"
     fixtures.write_image_folder(base / "train", ["cat", "dog", "eel"], per_class=10)
     fixtures.write_image_folder(base / "test", ["cat", "eel"], per_class=3)  # a held-out set may lack a class
-    test = data.get_dataset("custom/pets", "test")
+    test = datasets.get_dataset("custom/pets", "test")
     assert test.classes == ["cat", "dog", "eel"]
     assert _names(test) == sorted(f"test/{c}/{c}_{i:03d}.jpg" for c in ("cat", "eel") for i in range(3))
     for key, target in zip(test.keys, test.targets.tolist()):  # labels are the training classes' indices, by name
         assert test.classes[target] == key.split("/")[1]
-    trainval = data.get_dataset("custom/pets", "trainval")
-    train, val = data.get_dataset("custom/pets", "train"), data.get_dataset("custom/pets", "val")
+    trainval = datasets.get_dataset("custom/pets", "trainval")
+    train, val = datasets.get_dataset("custom/pets", "train"), datasets.get_dataset("custom/pets", "val")
     assert len(trainval) == 30 and all(k.startswith("train/") for k in trainval.keys)
     assert set(train.keys).isdisjoint(val.keys) and set(train.keys) | set(val.keys) == set(trainval.keys)
     image, label = test[0]
@@ -45,68 +50,68 @@ def test_val_folder_is_the_held_out_set_when_there_is_no_test_folder(home):
     base = home / "data" / "custom" / "scans"
     fixtures.write_image_folder(base / "train", ["a", "b"], per_class=5)
     fixtures.write_image_folder(base / "val", ["a", "b"], per_class=2)
-    assert all(k.startswith("val/") for k in data.get_dataset("custom/scans", "test").keys)
+    assert all(k.startswith("val/") for k in datasets.get_dataset("custom/scans", "test").keys)
     fixtures.write_image_folder(base / "test", ["a", "b"], per_class=1)  # test/ comes first
-    assert all(k.startswith("test/") for k in data.get_dataset("custom/scans", "test").keys)
+    assert all(k.startswith("test/") for k in datasets.get_dataset("custom/scans", "test").keys)
 
 
 @pytest.mark.parametrize("layout", ["flat", "train_only"])
 def test_without_a_held_out_folder_the_split_is_deterministic_and_moves_with_the_folder(home, layout):
     base = home / "data" / "custom" / "leaves"
     fixtures.write_image_folder(base if layout == "flat" else base / "train", ["oak", "elm", "ash"], per_class=20)
-    train, test = data.get_dataset("custom/leaves", "trainval"), data.get_dataset("custom/leaves", "test")
+    train, test = datasets.get_dataset("custom/leaves", "trainval"), datasets.get_dataset("custom/leaves", "test")
     assert set(train.keys).isdisjoint(test.keys) and len(train) + len(test) == 60
     assert 6 <= len(test) <= 18  # about 20%
     moved = home / "elsewhere"
     shutil.copytree(home / "data", moved)
-    assert _names(data.get_dataset("custom/leaves", "test", root=moved)) == _names(test)
+    assert _names(datasets.get_dataset("custom/leaves", "test", root=moved)) == _names(test)
     other = home / "data" / "custom" / "twigs"  # the same files under another name (a cleaned copy): the same split
     shutil.copytree(base, other)
-    assert _names(data.get_dataset("custom/twigs", "test")) == _names(test)
+    assert _names(datasets.get_dataset("custom/twigs", "test")) == _names(test)
 
 
 def test_custom_datasets_are_listed_and_named_in_errors(home):
     fixtures.write_image_folder(home / "data" / "custom" / "mine", ["a", "b"], per_class=2)
-    assert data.dataset_names("custom") == ["custom/mine"]
-    assert "custom/mine" in data.dataset_names() and "cifar10" in data.dataset_names()
+    assert datasets.dataset_names("custom") == ["custom/mine"]
+    assert "custom/mine" in datasets.dataset_names() and "cifar10" in datasets.dataset_names()
     with pytest.raises(
         FileNotFoundError, match=r"custom/theirs not found.*train/<class>/<image>.*found under .*: custom/mine"
     ) as error:
-        data.get_dataset("custom/theirs", "test")
+        datasets.get_dataset("custom/theirs", "test")
     assert "VIT_PLASTICITY_DOWNLOAD" not in str(error.value)  # nothing to download
     with pytest.raises(ValueError, match="custom/<name>"):
-        data.check_dataset("my_pictures")
+        datasets.check_dataset("my_pictures")
     for bad in ("custom/", "custom/../data", "custom/a/b", "custom/a b"):
         with pytest.raises(ValueError, match="invalid custom dataset name"):
-            data.check_dataset(bad)
+            datasets.check_dataset(bad)
     with pytest.raises(ValueError, match="valid groups: demo, paper, reference, custom"):
-        data.dataset_names("mine")
+        datasets.dataset_names("mine")
 
 
 def test_bad_custom_layouts_say_what_is_wrong(home):
     base = home / "data" / "custom"
     (base / "empty").mkdir(parents=True)
     with pytest.raises(ValueError, match="custom/empty: .* has 0 class folder.*at least 2. Expected .*<class>/<image>"):
-        data.get_dataset("custom/empty", "train")
+        datasets.get_dataset("custom/empty", "train")
     # Train/ is not train/: one class
     fixtures.write_image_folder(base / "capital" / "Train", ["cat", "dog"], per_class=2)
     with pytest.raises(
         ValueError, match=r"has 1 class folder\(s\) \(Train\); a classification dataset needs at least 2"
     ):
-        data.get_dataset("custom/capital", "train")
+        datasets.get_dataset("custom/capital", "train")
     fixtures.write_image_folder(base / "notebooks", ["a", "b"], per_class=5)
     (base / "notebooks" / ".ipynb_checkpoints").mkdir()  # hidden folders are not classes
-    assert data.get_dataset("custom/notebooks", "trainval").classes == ["a", "b"]
+    assert datasets.get_dataset("custom/notebooks", "trainval").classes == ["a", "b"]
     (base / "classless").mkdir()
     (base / "classless" / "train").mkdir()
     (base / "classless" / "train" / "a").mkdir()
     (base / "classless" / "train" / "b").mkdir()
     with pytest.raises(FileNotFoundError, match="no images in"):
-        data.get_dataset("custom/classless", "train")
+        datasets.get_dataset("custom/classless", "train")
     fixtures.write_image_folder(base / "extra" / "train", ["cat", "dog"], per_class=2)
     fixtures.write_image_folder(base / "extra" / "test", ["cat", "cow"], per_class=1)
     with pytest.raises(ValueError, match="classes that the training images lack: cow"):
-        data.get_dataset("custom/extra", "test")
+        datasets.get_dataset("custom/extra", "test")
 
 
 @pytest.mark.parametrize("layout", ["flat", "train_and_test"])
@@ -122,35 +127,35 @@ def test_an_empty_class_folder_is_refused_by_name(home, layout):
         (base / "test" / "circle").mkdir(parents=True)  # a held-out set may lack a class: not refused
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(base / "test" / "circle" / "0.png")
         (base / "test" / "square").mkdir()
-    assert data.get_dataset("custom/shapes", "test").classes == ["circle", "square"]
+    assert datasets.get_dataset("custom/shapes", "test").classes == ["circle", "square"]
     (training / "triangle").mkdir()
     (training / "triangle" / "notes.txt").write_text("not an image")
     where = "triangle" if layout == "flat" else "train/triangle"
     for split in ("train", "test"):
         with pytest.raises(ValueError, match=rf"^custom/shapes: empty class folder\(s\) {where} \(no image files\)"):
-            data.get_dataset("custom/shapes", split)
+            datasets.get_dataset("custom/shapes", split)
 
 
 def test_edited_images_get_a_new_decoded_cache(home):
     base = home / "data" / "custom" / "edit"
     fixtures.write_image_folder(base / "train", ["a", "b"], per_class=2)
     fixtures.write_image_folder(base / "test", ["a", "b"], per_class=2)
-    first = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
-    again = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
+    first = loader.uint8_images(datasets.get_dataset("custom/edit", "test"), cache_size=16)
+    again = loader.uint8_images(datasets.get_dataset("custom/edit", "test"), cache_size=16)
     assert torch.equal(first.images.pixels, again.images.pixels)
     assert len(list((home / "data" / "cache").rglob("*.npy"))) == 2  # the second call read the cache (pixels, sizes)
     edited = base / "test" / "a" / "a_000.jpg"
     Image.fromarray(np.full((20, 20, 3), 255, np.uint8)).save(edited)
     os.utime(edited, ns=(10**18, 10**18))  # a new modification time even on coarse clocks
-    now = loader.uint8_images(data.get_dataset("custom/edit", "test"), cache_size=16)
+    now = loader.uint8_images(datasets.get_dataset("custom/edit", "test"), cache_size=16)
     position = now.keys.index("test/a/a_000.jpg")
     assert int(now.images[position].min()) >= 250 and not torch.equal(now.images.pixels, first.images.pixels)
 
 
 def test_official_datasets_are_not_stat_keyed(home):
     fixtures.write_domainnet(home / "data")
-    assert not data.get_dataset("domainnet/clipart", "test").stat_keyed
-    assert data.get_dataset("digits", "test").__class__ is imagesets.ImageDataset
+    assert not datasets.get_dataset("domainnet/clipart", "test").stat_keyed
+    assert datasets.get_dataset("digits", "test").__class__ is imagesets.ImageDataset
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,21 +284,21 @@ def test_a_run_on_a_missing_custom_model_fails_before_any_work(home):
 def test_exported_class_folders_read_back_as_the_same_images(home):
     base = home / "data" / "custom" / "digits_copy"
     for split in ("trainval", "test"):
-        data.export_class_folders(
-            data.get_dataset("digits", split), base / ("train" if split == "trainval" else "test")
+        datasets.export_class_folders(
+            datasets.get_dataset("digits", split), base / ("train" if split == "trainval" else "test")
         )
     for split in ("trainval", "test"):
-        original = data.get_dataset("digits", split)
-        copy = loader.uint8_images(data.get_dataset("custom/digits_copy", split), cache_size=32)
+        original = datasets.get_dataset("digits", split)
+        copy = loader.uint8_images(datasets.get_dataset("custom/digits_copy", split), cache_size=32)
         assert copy.classes == original.classes == ["5", "6", "7", "8", "9"]
         by_key = {int(Path(key).stem): i for i, key in enumerate(copy.keys)}
         order = [by_key[key] for key in original.keys]
         images = torch.stack([copy.images[i] for i in order])
         assert torch.equal(images, original.images) and torch.equal(copy.targets[order], original.targets)
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        data.export_class_folders(data.get_dataset("digits", "test"), base / "test")
-    files = data.get_dataset("custom/digits_copy", "test")  # files are copied as they are
-    data.export_class_folders(files, home / "copied")
+        datasets.export_class_folders(datasets.get_dataset("digits", "test"), base / "test")
+    files = datasets.get_dataset("custom/digits_copy", "test")  # files are copied as they are
+    datasets.export_class_folders(files, home / "copied")
     first, key = files.files[0], files.keys[0]  # named by key (file names alone may repeat across folders)
     assert key == f"test/{first.parent.name}/{first.name}"
     assert (

@@ -2,8 +2,10 @@ import json
 
 import torch
 
-from paperlib import demo, models, paths
-from paperlib.data import get_dataset
+from paperlib.data.datasets import get_dataset
+from paperlib.records import paths
+from paperlib.train import demo
+from paperlib.vit import models
 
 
 def test_committed_demo_model_classifies_its_source_well():

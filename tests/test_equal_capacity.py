@@ -1,4 +1,4 @@
-"""Equal-capacity finetuning (``paperlib.equal_capacity``) and its analysis (``capacity.at_equal_capacity``)."""
+"""Equal-capacity finetuning (``paperlib.vit.equal_capacity``) and its analysis (``capacity.at_equal_capacity``)."""
 
 import numpy as np
 import pandas as pd
@@ -6,8 +6,12 @@ import pytest
 import torch
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import capacity, components, equal_capacity, finetune, models, runs, runs_table, storage
-from paperlib.names import COMPONENTS
+from paperlib.analysis import capacity
+from paperlib.records import runs, runs_table, storage
+from paperlib.records.names import COMPONENTS
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import components, equal_capacity, models
 
 
 def demo_model():
@@ -20,7 +24,7 @@ def test_every_component_trains_k_parameters_per_block():
     assert k == 2 * model.embed_dim  # a LayerNorm's gain and bias
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     for component in COMPONENTS:
-        config = runs.Config(component=component, equal_capacity=component in equal_capacity.SUBSET_COMPONENTS)
+        config = Config(component=component, equal_capacity=component in equal_capacity.SUBSET_COMPONENTS)
         adapted = finetune.adapt(demo_model(), config)
         trainable = {name: p.numel() for name, p in adapted.named_parameters() if p.requires_grad}
         for block in range(len(adapted.blocks)):
@@ -33,7 +37,7 @@ def test_every_component_trains_k_parameters_per_block():
 
 def test_the_subset_is_the_same_for_every_lr_and_seed_and_changes_with_its_own_seed():
     def digest(**fields):
-        model = finetune.adapt(demo_model(), runs.Config(component="fc2", equal_capacity=True, **fields))
+        model = finetune.adapt(demo_model(), Config(component="fc2", equal_capacity=True, **fields))
         return equal_capacity.digest(model)
 
     first = digest(lr=0.03, seed=0)
@@ -72,7 +76,7 @@ def test_frozen_entries_do_not_move_under_momentum_weight_decay_and_clipping():
 
 def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    config = runs.Config(component="fc1", equal_capacity=True, steps=12, warmup=2, eval_every=6, save_weights=True)
+    config = Config(component="fc1", equal_capacity=True, steps=12, warmup=2, eval_every=6, save_weights=True)
     assert config.folder().name == "seed=0-equal"
     metrics = finetune.run(config)
     model = demo_model()
@@ -99,7 +103,7 @@ def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, 
 
 
 def test_a_run_without_the_option_is_unchanged():
-    config = runs.Config(component="fc1")
+    config = Config(component="fc1")
     assert "equal" not in config.folder().name
     plain = finetune.adapt(demo_model(), config)
     assert not any("parametrizations" in name for name, _ in plain.named_parameters())
@@ -122,11 +126,11 @@ def test_a_run_without_the_option_is_unchanged():
 )
 def test_bad_options_are_refused_with_the_valid_choices(fields, message):
     with pytest.raises(ValueError, match=message):
-        runs.Config(**fields)
+        Config(**fields)
 
 
 def test_equal_capacity_runs_are_another_setting_in_the_tables():
-    from paperlib import stats
+    from paperlib.analysis import stats
 
     assert "equal_capacity" in stats.SETTING and "subset_seed" in stats.SETTING
     rows = [
@@ -171,11 +175,12 @@ def test_at_equal_capacity_compares_the_two_designs():
 
 
 def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(results, tmp_path):
-    from paperlib import paths, report
+    from paperlib.records import paths
+    from paperlib.reports import execute
 
     parameters = {"component": "fc1", "equal_capacity": True, "steps": 4, "warmup": 1, "eval_every": 2}
-    report.execute(paths.NOTEBOOKS / "05_finetune.ipynb", tmp_path / "out.ipynb", parameters=parameters)
-    config = runs.Config(component="fc1", equal_capacity=True, steps=4, warmup=1, eval_every=2)
+    execute.execute(paths.NOTEBOOKS / "05_finetune.ipynb", tmp_path / "out.ipynb", parameters=parameters)
+    config = Config(component="fc1", equal_capacity=True, steps=4, warmup=1, eval_every=2)
     metrics = storage.read_json(config.folder() / runs.METRICS)
     model = demo_model()
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))

@@ -25,24 +25,15 @@ import torch
 import yaml
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import (
-    data,
-    finetune,
-    fixtures,
-    paths,
-    plasticity,
-    plasticity_table,
-    probe,
-    runs,
-    runs_table,
-    specs,
-    stats,
-    storage,
-    sweep,
-    threads,
-)
-from paperlib.loader import uint8_images
-from paperlib.runs import Config
+from paperlib.analysis import plasticity_table, stats
+from paperlib.data import datasets, fixtures
+from paperlib.data.loader import uint8_images
+from paperlib.measure import plasticity, probe
+from paperlib.records import paths, runs, runs_table, specs, storage
+from paperlib.speed import threads
+from paperlib.sweeps import sweep
+from paperlib.train import finetune
+from paperlib.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: subprocesses import its paperlib
 
@@ -132,15 +123,15 @@ def reference(undisturbed, move_results):
 def test_a_run_killed_at_several_points_ends_as_an_undisturbed_run(reference):
     folder = Config(**RUN).folder()
     # when it has recorded its parameters (data and model loaded), before its first checkpoint
-    kill_when(lambda: (folder / runs.PARAMS).exists(), start("paperlib.finetune", *ARGS))
+    kill_when(lambda: (folder / runs.PARAMS).exists(), start("paperlib", "finetune", *ARGS))
     assert not (folder / runs.METRICS).exists()
     # after its first checkpoint
-    kill_when(lambda: (folder / runs.CHECKPOINT).exists(), start("paperlib.finetune", *ARGS))
+    kill_when(lambda: (folder / runs.CHECKPOINT).exists(), start("paperlib", "finetune", *ARGS))
     assert not (folder / runs.METRICS).exists()
     # resumed, after a checkpoint of its own
-    kill_when(modified(folder / runs.CHECKPOINT), start("paperlib.finetune", *ARGS))
+    kill_when(modified(folder / runs.CHECKPOINT), start("paperlib", "finetune", *ARGS))
     assert not (folder / runs.METRICS).exists()
-    code, out, err = finished(start("paperlib.finetune", *ARGS))
+    code, out, err = finished(start("paperlib", "finetune", *ARGS))
     assert code == 0, err
     assert same_metrics(json.loads(out)) == same_metrics({"folder": paths.display(folder), **reference[0]})
     pd.testing.assert_frame_equal(runs.history(Config(**RUN)), reference[1])
@@ -149,13 +140,13 @@ def test_a_run_killed_at_several_points_ends_as_an_undisturbed_run(reference):
 
 def test_a_run_waiting_for_one_that_is_killed_takes_over_and_finishes_it(reference):
     folder = Config(**RUN).folder()
-    first = start("paperlib.finetune", *ARGS)
+    first = start("paperlib", "finetune", *ARGS)
     deadline = time.monotonic() + 240
     while not (folder / runs.CHECKPOINT).exists():
         assert first.poll() is None and time.monotonic() < deadline, "the first run ended before its first checkpoint"
         time.sleep(0.002)
     os.killpg(first.pid, signal.SIGSTOP)  # frozen mid-run, holding the run's lock, while the second starts
-    second = start("paperlib.finetune", *ARGS)
+    second = start("paperlib", "finetune", *ARGS)
     while "waiting for another process" not in second.stderr.readline():
         assert second.poll() is None, "the second run did not wait for the first"
     kill_when(lambda: True, first)
@@ -169,7 +160,7 @@ def test_a_run_waiting_for_one_that_is_killed_takes_over_and_finishes_it(referen
 
 
 def test_two_identical_runs_started_together_train_once_and_both_report_it(reference):
-    both = [start("paperlib.finetune", *ARGS) for _ in range(2)]
+    both = [start("paperlib", "finetune", *ARGS) for _ in range(2)]
     ended = [finished(process) for process in both]
     assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
     results = [json.loads(out) for _, out, _ in ended]
@@ -180,7 +171,7 @@ def test_two_identical_runs_started_together_train_once_and_both_report_it(refer
 
 
 HOLD = (
-    "import sys\nfrom paperlib import storage\n"
+    "import sys\nfrom paperlib.records import storage\n"
     "with storage.locked(sys.argv[1]):\n    print(1, flush=True)\n    input()\n"
 )
 """A process that holds the lock of ``argv[1]`` until it reads a line."""
@@ -248,7 +239,7 @@ def executions(log: Path) -> list[str]:
 def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     spec, log = tiny_sweep(write_notebook, tmp_path)
-    both = [start("paperlib.sweep", str(spec)) for _ in range(2)]
+    both = [start("paperlib", "sweep", str(spec)) for _ in range(2)]
     ended = [finished(process) for process in both]
     assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
     assert sorted(line for line in executions(log) if line.startswith("start")) == ["start 1", "start 2", "start 3"]
@@ -264,7 +255,8 @@ def summary(out: str) -> dict[str, str]:
 
 
 FINISH = (
-    "import sys\nfrom paperlib import specs, storage, sweep\nrun = sweep.expand(specs.load_spec(sys.argv[1]))[0]\n"
+    "import sys\nfrom paperlib.records import specs, storage\nfrom paperlib.sweeps import sweep\n"
+    "run = sweep.expand(specs.load_spec(sys.argv[1]))[0]\n"
     "with storage.locked(run.stem):\n    print(1, flush=True)\n    input()\n    sweep.execute_run(run)\n"
 )
 """A process that holds the lock of the first run of the spec ``argv[1]`` and, once it reads a line, runs it."""
@@ -275,7 +267,7 @@ def test_a_sweep_passes_over_a_run_another_process_holds_and_comes_back_to_it(tm
     spec, log = tiny_sweep(write_notebook, tmp_path)
     holder = python("-c", FINISH, str(spec), stdin=subprocess.PIPE)
     assert holder.stdout.readline().strip() == "1"
-    sweeping = start("paperlib.sweep", str(spec))
+    sweeping = start("paperlib", "sweep", str(spec))
     deadline = time.monotonic() + 240  # a bound for a failure, not a timing: the sweep waits at the end, not at run 1
     try:
         while not all((tmp_path / "reports" / "logged" / f"{value}.done.json").exists() for value in (2, 3)):
@@ -299,13 +291,13 @@ def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_pa
     spec, log = tiny_sweep(write_notebook, tmp_path)
     folder = tmp_path / "reports" / "logged"
     # while its first run executes: that run has no marker, and runs again
-    kill_when(lambda: "start 1" in executions(log), start("paperlib.sweep", str(spec)))
+    kill_when(lambda: "start 1" in executions(log), start("paperlib", "sweep", str(spec)))
     assert not (folder / "1.done.json").exists()
     # just after a run's marker: that run is finished and is not run again
-    kill_when(lambda: (folder / "1.done.json").exists(), start("paperlib.sweep", str(spec)))
+    kill_when(lambda: (folder / "1.done.json").exists(), start("paperlib", "sweep", str(spec)))
     time.sleep(1.5)  # a killed sweep's kernel notices its parent is gone within a second, and ends
     ran_before = executions(log).count("start 1")
-    code, out, err = finished(start("paperlib.sweep", str(spec)))
+    code, out, err = finished(start("paperlib", "sweep", str(spec)))
     assert code == 0, err
     status = {words[1]: words[0] for words in map(str.split, out.splitlines()) if words[:1] in (["done"], ["skipped"])}
     assert status == {"1": "skipped", "2": "done", "3": "done"}, out
@@ -398,7 +390,7 @@ def test_a_checkpoint_that_would_run_code_is_refused(small, monkeypatch, tmp_pat
 
 def test_a_cut_decoded_cache_is_decoded_again(tmp_path):
     fixtures.write_pets(tmp_path / "root")
-    dataset = data.get_dataset("pets", "test", root=tmp_path / "root")
+    dataset = datasets.get_dataset("pets", "test", root=tmp_path / "root")
     first = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
     for file in sorted((tmp_path / "cache").rglob("*.npy")):  # its sizes, then its pixels
         cut(file)
@@ -411,7 +403,7 @@ def test_a_cut_decoded_cache_is_decoded_again(tmp_path):
 DECODER = """
 import os, sys
 from pathlib import Path
-from paperlib import data, loader
+from paperlib.data import datasets, loader
 
 def paused(*args, **kwargs):  # the holder stops inside the cache's lock, before the first image
     print("decoding", flush=True)
@@ -423,7 +415,7 @@ def refused(*args, **kwargs):
 
 original = loader.DataLoader
 loader.DataLoader = paused if sys.argv[3] == "holder" else refused
-loader.uint8_images(data.get_dataset("pets", "test", root=sys.argv[1]), cache_size=24, cache_dir=sys.argv[2])
+loader.uint8_images(datasets.get_dataset("pets", "test", root=sys.argv[1]), cache_size=24, cache_dir=sys.argv[2])
 pixels = next(p for p in Path(sys.argv[2]).rglob("*.npy") if not p.name.endswith("-sizes.npy"))
 print(os.stat(pixels).st_ino, flush=True)
 """
@@ -497,11 +489,11 @@ def test_cifar_pickles_admit_only_arrays_and_plain_types(tmp_path):
     written = (base / "test_batch").read_bytes()
     named = {arg for op, arg, _ in pickletools.genops(written) if "GLOBAL" in op.name}
     assert named == {"numpy.core.multiarray _reconstruct", "numpy ndarray", "numpy dtype"}
-    assert len(data.get_dataset("cifar10", "test", root=tmp_path)) == 10
+    assert len(datasets.get_dataset("cifar10", "test", root=tmp_path)) == 10
     # as a numpy 2 writes them again, too
     entry = {"data": np.zeros((10, 3072), dtype=np.uint8), "labels": list(range(10))}
     (base / "test_batch").write_bytes(pickle.dumps(entry, protocol=4))
-    assert [int(label) for _, label in data.get_dataset("cifar10", "test", root=tmp_path)] == list(range(10))
+    assert [int(label) for _, label in datasets.get_dataset("cifar10", "test", root=tmp_path)] == list(range(10))
     # anything else, which could run code, is refused with the file's name
     marker = tmp_path / "code-ran"
 
@@ -511,11 +503,11 @@ def test_cifar_pickles_admit_only_arrays_and_plain_types(tmp_path):
 
     (base / "test_batch").write_bytes(pickle.dumps({"data": Payload(), "labels": []}))
     with pytest.raises(ValueError, match=r"test_batch is not one of CIFAR's official files.*pathlib"):
-        data.get_dataset("cifar10", "test", root=tmp_path)
+        datasets.get_dataset("cifar10", "test", root=tmp_path)
     assert not marker.exists()
     cut(base / "batches.meta")
     with pytest.raises(ValueError, match=r"batches\.meta is not one of CIFAR's official files"):
-        data.get_dataset("cifar10", "train", root=tmp_path)
+        datasets.get_dataset("cifar10", "train", root=tmp_path)
 
 
 def test_no_unrestricted_loading_in_the_package():

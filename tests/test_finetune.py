@@ -8,8 +8,12 @@ import pytest
 import torch
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib import components, finetune, models, runs_table, stats, storage
-from paperlib import runs as run_files
+from paperlib.analysis import stats
+from paperlib.records import runs as run_files
+from paperlib.records import runs_table, storage
+from paperlib.train import finetune
+from paperlib.train.config import configs
+from paperlib.vit import components, models
 
 
 @pytest.mark.parametrize("component", ["fc2", "ln1", "linear"])
@@ -91,9 +95,9 @@ def test_best_validation_checkpoint_is_reported(small):
     assert metrics["best_step"] == best["step"] and metrics["best_val_accuracy"] == best["val_accuracy"]
     assert list(history["step"]) == [4, 8, 12]
     assert 0.0 <= metrics["test_accuracy"] <= 1.0 and metrics["status"] == "finished"
-    from paperlib import data
+    from paperlib.data import datasets
 
-    test_images = len(data.get_dataset(small().dataset, "test"))  # one image is worth 100 / this points
+    test_images = len(datasets.get_dataset(small().dataset, "test"))  # one image is worth 100 / this points
     correct = metrics["test_accuracy"] * test_images
     assert metrics["test_images"] == test_images and correct == pytest.approx(round(correct), abs=1e-9)
     assert runs_table.load()["test_images"].tolist() == [test_images]
@@ -177,7 +181,7 @@ def test_deterministic_mode_is_restored_after_a_run(small):
 def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, monkeypatch, small):
     # Pets in its official layout: the images are decoded by DataLoader workers into the uint8
     # cache under the data root, and the run trains on the cached images
-    from paperlib import fixtures
+    from paperlib.data import fixtures
 
     fixtures.write_pets(tmp_path / "data")
     calls = []
@@ -263,9 +267,9 @@ def test_table6_refuses_runs_of_two_optimizers(results, small):
 def _test_accuracy(model) -> float:
     """Test accuracy of ``model`` on the demo's test split, computed here: the evaluation transform
     (the digits are at the model's resolution), ImageNet's statistics, one batch."""
-    from paperlib import data
+    from paperlib.data import datasets
 
-    images, labels = data.get_dataset("digits", "test").tensors()
+    images, labels = datasets.get_dataset("digits", "test").tensors()
     with torch.no_grad():
         return (model(images).argmax(dim=1) == labels).double().mean().item()
 
@@ -375,7 +379,7 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     }
 
     def results():
-        return {c.component: storage.read_json(c.folder() / run_files.METRICS) for c in runs_table.configs(spec)}
+        return {c.component: storage.read_json(c.folder() / run_files.METRICS) for c in configs(spec)}
 
     finetune.run_spec(spec, workers=2)
     lines = capsys.readouterr().out.strip().splitlines()

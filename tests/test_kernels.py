@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib import components, finetune, lora, runs
+from paperlib.records import runs, step_options
+from paperlib.records.step_options import StepOptions, fused_parts, resolve_fused
 from paperlib.speed import kernels, layers
-from paperlib.speed.options import StepOptions, fused_parts, resolve_fused
 from paperlib.speed.step import fuse
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import components, lora
 
 
 def _gelu_of_sum(mm: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor):
@@ -253,12 +256,12 @@ def test_fused_block_compiles_into_one_graph(tiny_vit):
 def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tmp_path, monkeypatch, move_results):
     move_results("results")
     small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, component=component)
-    model, plain = finetune.train(runs.Config(**small))
-    fused_model, fused = finetune.train(runs.Config(**small, fused="all"))
+    model, plain = finetune.train(Config(**small))
+    fused_model, fused = finetune.train(Config(**small, fused="all"))
     assert all(isinstance(block.mlp, layers.BiasGeluMlp) for block in fused_model.blocks)
     assert fused["best_val_accuracy"] == pytest.approx(plain["best_val_accuracy"], abs=0.05)
-    plain_history = runs.history(runs.Config(**small))
-    fused_history = runs.history(runs.Config(**small, fused="all"))
+    plain_history = runs.history(Config(**small))
+    fused_history = runs.history(Config(**small, fused="all"))
     assert fused_history["train_loss"].tolist() == pytest.approx(plain_history["train_loss"].tolist(), rel=1e-4)
     # the component (with its bias, whose gradient comes from a fused op) trains; the other components stay as they were
     trained = {n for n, _ in components.trainable_parameters(model)}
@@ -266,11 +269,11 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
     for name, p in fused_model.named_parameters():
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
     with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv"):
-        runs.Config(fused="yes")  # validated when made
+        Config(fused="yes")  # validated when made
 
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
-    monkeypatch.setattr(kernels, "triton_available", lambda: False)  # what the checks call
+    monkeypatch.setattr(step_options, "triton_available", lambda: False)  # what the checks call
 
     def checked(fused, device):
         return StepOptions(fused=fused).checked(torch.device(device)).fused
@@ -284,8 +287,8 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
 
 
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
-    assert runs.Config().fused == "auto"
-    monkeypatch.setattr(kernels, "triton_available", lambda: True)  # what the checks call
+    assert Config().fused == "auto"
+    monkeypatch.setattr(step_options, "triton_available", lambda: True)  # what the checks call
     assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones
     assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
     assert resolve_fused("auto", torch.device("cpu")) == "none"

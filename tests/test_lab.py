@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from paperlib import paths
+from paperlib.records import paths
 
 websocket = pytest.importorskip("websocket")  # websocket-client, a dependency of jupyter_server
 pytest.importorskip("jupyterlab")

@@ -3,15 +3,15 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from paperlib import data, fixtures
-from paperlib import transforms as T
-from paperlib.imagesets import FileDataset, ImageDataset, UnevenImages
-from paperlib.loader import DeviceLoader, Transform, resized_size, uint8_images
+from paperlib.data import datasets, fixtures
+from paperlib.data import transforms as T
+from paperlib.data.imagesets import FileDataset, ImageDataset, UnevenImages
+from paperlib.data.loader import DeviceLoader, Transform, resized_size, uint8_images
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return data.get_dataset("digits", "trainval")
+    return datasets.get_dataset("digits", "trainval")
 
 
 def test_one_epoch_visits_every_image_once(digits):
@@ -43,14 +43,14 @@ def test_eval_loader_is_the_plain_dataset(digits):
 def test_rejects_file_datasets_and_bad_batch_size(tmp_path, digits):
     fixtures.write_pets(tmp_path)
     with pytest.raises(TypeError, match="uint8_images"):
-        DeviceLoader(data.get_dataset("pets", "train", root=tmp_path), 4, Transform(False, 32))
+        DeviceLoader(datasets.get_dataset("pets", "train", root=tmp_path), 4, Transform(False, 32))
     with pytest.raises(ValueError, match="batch_size"):
         DeviceLoader(digits, 0, Transform(False, 32))
 
 
 def test_file_dataset_decoded_once_and_cached(tmp_path):
     fixtures.write_pets(tmp_path / "root")
-    dataset = data.get_dataset("pets", "trainval", root=tmp_path / "root")
+    dataset = datasets.get_dataset("pets", "trainval", root=tmp_path / "root")
     cached = uint8_images(dataset, cache_size=24, cache_dir=tmp_path / "cache")
     # whole images, shorter side 24, aspect ratio kept (the fixture's are 48x40)
     assert isinstance(cached.images, UnevenImages) and len(cached.images) == len(dataset)
@@ -74,13 +74,13 @@ def test_file_dataset_decoded_once_and_cached(tmp_path):
 def test_cache_goes_under_the_data_root_the_dataset_came_from(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "default"))
     fixtures.write_pets(tmp_path / "elsewhere")
-    uint8_images(data.get_dataset("pets", "test", root=tmp_path / "elsewhere"), cache_size=16)
+    uint8_images(datasets.get_dataset("pets", "test", root=tmp_path / "elsewhere"), cache_size=16)
     assert len(list((tmp_path / "elsewhere" / "cache").rglob("*.npy"))) == 2 and not (tmp_path / "default").exists()
 
 
 def test_cached_image_is_the_whole_image_resized(tmp_path):
     fixtures.write_pets(tmp_path)
-    dataset = data.get_dataset("pets", "test", root=tmp_path)
+    dataset = datasets.get_dataset("pets", "test", root=tmp_path)
     cached = uint8_images(dataset, cache_size=20, cache_dir=tmp_path / "cache")
     from PIL import Image
 
@@ -169,7 +169,7 @@ def test_images_kept_on_host_give_the_same_batches(digits):
 
 
 def test_auto_placement_keeps_large_datasets_in_host_memory(digits):
-    from paperlib.loader import placement
+    from paperlib.data.loader import placement
 
     gib = 2**30
     # DomainNet sketch on an 80 GB GPU
@@ -214,26 +214,28 @@ def test_with_drop_last_an_epoch_is_its_whole_batches():
 
 
 def test_every_seeds_train_and_val_splits_share_one_cache_of_the_official_split(tmp_path):
-    from paperlib import fixtures
+    from paperlib.data import fixtures
 
     fixtures.write_domainnet(tmp_path, n_classes=3, per_class=10)
-    whole = uint8_images(data.get_dataset("domainnet/clipart", "trainval", root=tmp_path), cache_size=16)
+    whole = uint8_images(datasets.get_dataset("domainnet/clipart", "trainval", root=tmp_path), cache_size=16)
     by_key = {key: i for i, key in enumerate(whole.keys)}
     for seed in (0, 42):
         for split in ("train", "val"):
-            part = data.get_dataset("domainnet/clipart", split, root=tmp_path, seed=seed)
+            part = datasets.get_dataset("domainnet/clipart", split, root=tmp_path, seed=seed)
             cached = uint8_images(part, cache_size=16)
             assert cached.keys == part.keys and torch.equal(cached.targets, part.targets)
             # the part's own images, in its order
             picked = whole.images.select([by_key[k] for k in part.keys])
             assert torch.equal(cached.images.pixels, picked.pixels) and torch.equal(cached.images.sizes, picked.sizes)
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 2  # the official training split's, once (pixels, sizes)
-    uint8_images(data.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
+    uint8_images(datasets.get_dataset("domainnet/clipart", "test", root=tmp_path), cache_size=16)
     assert len(list((tmp_path / "cache").rglob("*.npy"))) == 4
     # the part decoded on its own gives the same pixels as the part taken from the whole's cache
-    alone = data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42)
+    alone = datasets.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42)
     alone.parent = None
     assert torch.equal(
         uint8_images(alone, cache_size=16, cache_dir=tmp_path / "alone").images.pixels,
-        uint8_images(data.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16).images.pixels,
+        uint8_images(
+            datasets.get_dataset("domainnet/clipart", "val", root=tmp_path, seed=42), cache_size=16
+        ).images.pixels,
     )

@@ -1,4 +1,4 @@
-"""LoRA on one component (paperlib.lora): what trains, what the updates compute, merging, the run's
+"""LoRA on one component (paperlib.vit.lora): what trains, what the updates compute, merging, the run's
 record and folder, resume, bad parameters."""
 
 import copy
@@ -9,9 +9,12 @@ import torch
 from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
-from paperlib import components, finetune, lora, models, names, runs_table, specs, stats
-from paperlib import runs as run_files
-from paperlib.runs import Config
+from paperlib.analysis import stats
+from paperlib.records import names, runs_table, specs
+from paperlib.records import runs as run_files
+from paperlib.train import finetune
+from paperlib.train.config import Config, expected
+from paperlib.vit import components, lora, models
 
 
 def demo(seed: int = 0):
@@ -201,7 +204,7 @@ def test_the_command_line_and_notebook_take_the_lora_parameters():
         "parameters": {"steps": 4, "warmup": 1},
         "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]},
     }
-    wanted = runs_table.expected(spec)
+    wanted = expected(spec)
     assert sorted(zip(wanted["component"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
     assert isinstance(Config(lora_rank=4).lora_rank, int)
 

@@ -3,7 +3,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from paperlib import models, paths, speed
+from paperlib import speed
+from paperlib.records import paths
+from paperlib.vit import models
 
 
 def test_short_names_map_to_the_papers_timm_weights():

@@ -14,23 +14,15 @@ from timm.data import (
     OPENAI_CLIP_STD,
 )
 
-from paperlib import (
-    component_rates,
-    data,
-    finetune,
-    fixtures,
-    imagesets,
-    loader,
-    models,
-    names,
-    plasticity,
-    plasticity_table,
-    runs_table,
-    stats,
-)
-from paperlib import runs as run_files
-from paperlib import transforms as T
-from paperlib.runs import Config
+from paperlib.analysis import plasticity_table, stats
+from paperlib.data import datasets, fixtures, imagesets, loader
+from paperlib.data import transforms as T
+from paperlib.measure import component_rates, plasticity
+from paperlib.records import names, runs_table
+from paperlib.records import runs as run_files
+from paperlib.train import finetune
+from paperlib.train.config import Config
+from paperlib.vit import models
 
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
@@ -134,15 +126,15 @@ def test_both_transform_paths_normalise_with_the_statistics_given():
 
 
 def test_datasets_and_the_device_loader_carry_the_statistics():
-    imagenet, half = data.get_dataset("digits", "test"), data.get_dataset("digits", "test", mean_std=HALF)
+    imagenet, half = datasets.get_dataset("digits", "test"), datasets.get_dataset("digits", "test", mean_std=HALF)
     assert torch.allclose(half[3][0], affine(imagenet[3][0], T.IMAGENET, HALF), atol=1e-5)
     assert torch.allclose(half.tensors()[0], (imagenet.images.float() / 255 - 0.5) / 0.5)
     assert half.subset([0, 1], "test").mean_std == HALF
-    resized = data.get_dataset("digits", "test", image_size=16, mean_std=HALF)  # through the torchvision transform
+    resized = datasets.get_dataset("digits", "test", image_size=16, mean_std=HALF)  # through the torchvision transform
     assert torch.allclose(
-        resized[0][0], affine(data.get_dataset("digits", "test", image_size=16)[0][0], T.IMAGENET, HALF), atol=1e-5
+        resized[0][0], affine(datasets.get_dataset("digits", "test", image_size=16)[0][0], T.IMAGENET, HALF), atol=1e-5
     )
-    train = data.get_dataset("digits", "trainval")
+    train = datasets.get_dataset("digits", "trainval")
     for augment in (True, False):
         a = DeviceBatch(train, augment, T.IMAGENET)
         b = DeviceBatch(train, augment, HALF)
@@ -151,7 +143,7 @@ def test_datasets_and_the_device_loader_carry_the_statistics():
 
 def test_decoded_file_datasets_keep_the_statistics_they_were_read_with(home):
     fixtures.write_image_folder(home / "data" / "custom" / "photos", ["a", "b"], per_class=3)
-    read = data.get_dataset("custom/photos", "test", mean_std=HALF)
+    read = datasets.get_dataset("custom/photos", "test", mean_std=HALF)
     decoded = loader.uint8_images(read, cache_size=16)
     assert decoded.mean_std == HALF
     image, _ = decoded[0]
@@ -230,8 +222,8 @@ def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):
     assert len(plasticity_table.collect(normalize=None)) == 10
     # the rates are the plain definition's on the images normalised with the model's statistics
     network = models.create_model("custom/half").eval()
-    x, _ = imagesets.stack(data.get_dataset("digits_source", "test", mean_std=HALF), 12)
-    y, _ = imagesets.stack(data.get_dataset("digits", "test", mean_std=HALF), 12)
+    x, _ = imagesets.stack(datasets.get_dataset("digits_source", "test", mean_std=HALF), 12)
+    y, _ = imagesets.stack(datasets.get_dataset("digits", "test", mean_std=HALF), 12)
     with torch.no_grad():
         plain = component_rates.plain_rates(network, x, y)  # (blocks, components, pairs)
     by_hand = plain.mean(dim=(0, 2))

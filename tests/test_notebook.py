@@ -1,9 +1,9 @@
-"""What the notebooks call from their cells (``paperlib.notebook``); the headline's way to the landing
+"""What the notebooks call from their cells (``paperlib.reports.notebook``); the headline's way to the landing
 page is ``test_report.py``'s."""
 
 import pytest
 
-from paperlib import notebook
+from paperlib.reports import notebook
 
 
 def test_check_parameters_compares_papermills_cell_with_the_parameters_cell(monkeypatch):

@@ -8,7 +8,8 @@ import nbformat
 import papermill
 import pytest
 
-from paperlib import paths, report
+from paperlib.records import paths
+from paperlib.reports import execute
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
@@ -52,13 +53,13 @@ def test_committed_executed_without_errors(path):
     assert all(c.execution_count is not None for c in code), f"{path.name} is not fully executed: run `make notebooks`"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name} was committed with errors"
-    assert nb.metadata.get("kernelspec", {}).get("name") == report.KERNEL
+    assert nb.metadata.get("kernelspec", {}).get("name") == execute.KERNEL
     assert "papermill" not in json.dumps(nb.metadata), "papermill outputs belong in reports/, not notebooks/"
 
 
 def test_unknown_notebook_is_a_clear_error():
     with pytest.raises(ValueError, match="valid notebooks: 00_components"):
-        report.notebook_paths(["99_nothing"])
+        execute.notebook_paths(["99_nothing"])
 
 
 def test_parameter_files_only_set_existing_parameters():
@@ -91,5 +92,5 @@ def test_papermill_with_a_parameter_the_notebook_lacks_stops_naming_it(tmp_path)
     # the check above in action, in the notebook a sweep runs most (each notebook's costs a kernel: 10-14 s)
     path = paths.NOTEBOOKS / "05_finetune.ipynb"
     with pytest.raises(papermill.PapermillExecutionError, match=r"unknown parameter\(s\) lrr; this notebook's"):
-        report.execute(path, tmp_path / "out.ipynb", parameters={"lrr": 0.1})
+        execute.execute(path, tmp_path / "out.ipynb", parameters={"lrr": 0.1})
     assert not (tmp_path / "out.ipynb").exists()

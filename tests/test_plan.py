@@ -1,4 +1,4 @@
-"""``python -m paperlib.sweep SPEC --plan``: a sweep's runs counted and the device-hours of those to run,
+"""``python -m paperlib sweep SPEC --plan``: a sweep's runs counted and the device-hours of those to run,
 with nothing trained or written."""
 
 import math
@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from paperlib import finetune, paths, plan, runs, runs_table, specs, speed, sweep
+from paperlib import speed
+from paperlib.records import paths, runs, specs
+from paperlib.sweeps import plan, sweep
+from paperlib.train import finetune
+from paperlib.train.config import Config, configs
 
 DEMO_SPEC = str(paths.PARAMETERS / "sweeps" / "finetune_demo.yaml")
 PLASTICITY_SPEC = str(paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
@@ -37,7 +41,7 @@ def fixed_rate(monkeypatch, rate: float = 1000.0) -> list:
     return asked
 
 
-def finish(config: runs.Config, status: str = "finished", images_per_second: float = 100.0) -> None:
+def finish(config: Config, status: str = "finished", images_per_second: float = 100.0) -> None:
     """Record ``config``'s run as a run that ended with ``status`` (its files, as ``finetune`` writes them)."""
     runs.write_json(config.folder() / runs.PARAMS, runs.run_record(config))
     runs.write_json(
@@ -79,7 +83,7 @@ def test_a_step_is_timed_as_the_run_makes_it_its_optimizer_included(monkeypatch)
         return original(model, optimizer, lr, momentum, weight_decay)
 
     monkeypatch.setattr(speed.step, "make_optimizer", spy)
-    config = runs.Config(component="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05, batch_size=8, device="cpu")
+    config = Config(component="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05, batch_size=8, device="cpu")
     rate = plan.time_step(config, timing_steps=1)
     assert made == [("adamw", 1e-3, 0.05)] and math.isfinite(rate) and rate > 0
 
@@ -103,7 +107,7 @@ def test_finished_runs_are_counted_and_the_median_rate_of_their_step_is_used_wit
 ):
     asked = fixed_rate(monkeypatch)
     spec = small_spec(components=("mha", "fc1"), seeds=(0, 1, 2, 3))
-    mha = [config for config in runs_table.configs(spec) if config.component == "mha"]
+    mha = [config for config in configs(spec) if config.component == "mha"]
     for config, rate in zip(mha, (100.0, 200.0, 600.0)):
         finish(config, images_per_second=rate)
     finish(replace(mha[3], batch_size=8, tag="b8"), images_per_second=5.0)  # another step (batch): not its rate
@@ -145,7 +149,7 @@ def test_a_run_that_finetune_finished_lends_its_recorded_rate_to_the_other_runs_
 def test_diverged_runs_are_results_and_failed_runs_are_run_again(results, reports, monkeypatch):
     fixed_rate(monkeypatch)
     spec = small_spec(components=("mha", "fc1", "fc2"))
-    diverged, failed, _ = runs_table.configs(spec)
+    diverged, failed, _ = configs(spec)
     finish(diverged, status="diverged")
     error_file = next(run for run in sweep.expand(spec) if "fc1" in run.name).error_file
     error_file.parent.mkdir(parents=True)

@@ -7,21 +7,13 @@ import pytest
 import timm
 import torch
 
-from paperlib import (
-    component_rates,
-    components,
-    data,
-    models,
-    names,
-    paths,
-    plasticity,
-    plasticity_table,
-    ranking,
-    specs,
-    splits,
-)
-from paperlib.components import COMPONENTS
-from paperlib.plasticity import Measurement, PairDraw, Running
+from paperlib.analysis import plasticity_table, ranking
+from paperlib.data import datasets
+from paperlib.measure import component_rates, plasticity
+from paperlib.measure.plasticity import Measurement, PairDraw, Running
+from paperlib.records import names, paths, specs
+from paperlib.vit import components, models
+from paperlib.vit.components import COMPONENTS
 
 
 def _perturb(model, seed=0):
@@ -274,7 +266,7 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and
     tmp_path, monkeypatch, move_results
 ):
     # the paper's 12,800 pairs against test splits of 2,000 (Cifar10-C) to 3,669 (Pets) images
-    from paperlib import data
+    from paperlib.data import datasets
 
     move_results(".")
     asked = []
@@ -282,7 +274,7 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and
     measured.attrs.update(token_rms=1.0, identical_pairs_excluded=0)
     monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or measured)
     monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
-    available = min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
+    available = min(len(datasets.get_dataset(name, "test")) for name in ("digits", "digits_source"))
     _, metadata = plasticity.run(Measurement(n_pairs=12800), progress=False)
     assert asked == [12800] and metadata["n_pairs"] == metadata["n_pairs_requested"] == 12800  # the authors' pairs
     _, metadata = plasticity.run(Measurement(n_pairs=12800, sample="once"), progress=False)
@@ -313,18 +305,18 @@ def test_the_pairs_are_those_of_two_cycled_loaders_with_drop_last(batch, steps):
 
 def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move_results):
     move_results(".")
-    asked = data.DEMO_PAIRS + 40
+    asked = datasets.DEMO_PAIRS + 40
     measurement = Measurement(n_pairs=asked)
     table, folder = plasticity.run(measurement, batch_size=64, progress=False)
     metadata = json.loads((folder / "metadata.json").read_text())
-    whole = [len(data.get_dataset(name, "test")) // 64 * 64 for name in ("digits_source", "digits")]
+    whole = [len(datasets.get_dataset(name, "test")) // 64 * 64 for name in ("digits_source", "digits")]
     assert metadata["n_pairs"] == table["pair"].nunique() == asked and metadata["n_pairs_requested"] == asked
     assert [metadata["distinct_reference"], metadata["distinct_target"]] == whole == [128, 128]
     # pair 128 is pair 0 again: the same two images, the same rates
     rates = table.set_index(["pair", "block", "component"])["rate"]
     assert (rates.loc[128] - rates.loc[0]).abs().max() < 1e-6
     # the reference's first images, in order
-    reference = data.get_dataset("digits_source", "test", image_size=32, mean_std=models.normalization("demo"))
+    reference = datasets.get_dataset("digits_source", "test", image_size=32, mean_std=models.normalization("demo"))
     _, x, _ = plasticity.pair_images(measurement)
     assert len(x) == asked and torch.equal(x[130], reference[2][0]) and torch.equal(x[5], reference[5][0])
     collected = plasticity_table.collect().iloc[0]
@@ -332,7 +324,7 @@ def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move
 
 
 def test_a_small_test_split_in_the_official_format_repeats(tmp_path, move_results):
-    from paperlib import fixtures
+    from paperlib.data import fixtures
 
     move_results(".")
     root = tmp_path / "data"
@@ -409,8 +401,8 @@ def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(
     move_results(".")
     assert plasticity_table.default_reference("digits_c/snow") == "digits_source"
     # the demo's datasets by family, as the data registry groups them
-    demo = {name for name, source in data.DATASETS.items() if source.group == "demo"}
-    assert demo == {name for name in data.DATASETS if names.family(name) in names.DEMO_FAMILIES} and len(demo) > 2
+    demo = {name for name, source in datasets.DATASETS.items() if source.group == "demo"}
+    assert demo == {name for name in datasets.DATASETS if names.family(name) in names.DEMO_FAMILIES} and len(demo) > 2
     assert (
         plasticity_table.default_reference("cifar10")
         == plasticity_table.default_reference("custom/anything")
@@ -459,7 +451,7 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     measurement = Measurement(n_pairs=4)
     _, folder = plasticity.run(measurement, batch_size=4, progress=False)
     metadata = json.loads((folder / "metadata.json").read_text())
-    assert metadata["splits"] == splits.SPLITS_VERSION and measurement.is_saved()
+    assert metadata["splits"] == names.SPLITS_VERSION and measurement.is_saved()
     del metadata["splits"]  # a result from before the authors' splits
     (folder / "metadata.json").write_text(json.dumps(metadata))
     assert not measurement.is_saved()
@@ -561,7 +553,7 @@ def test_measurements_defaults_are_notebook_02s_and_every_notebook_has_the_demos
     )
     assert {field.name for field in dataclasses.fields(Measurement)} - set(notebook) == {"severity"}
     # the demo's pairs: every image of the smaller test split
-    assert data.DEMO_PAIRS == min(len(data.get_dataset(name, "test")) for name in ("digits", "digits_source"))
+    assert datasets.DEMO_PAIRS == min(len(datasets.get_dataset(name, "test")) for name in ("digits", "digits_source"))
     for name, parameter in [
         ("01_theory_bounds", "n_images"),
         ("02_plasticity", "n_pairs"),
@@ -571,7 +563,7 @@ def test_measurements_defaults_are_notebook_02s_and_every_notebook_has_the_demos
         ("08_your_own_vit_and_data", "n_pairs"),
         ("09_lora_by_plasticity", "n_pairs"),
     ]:
-        assert specs.notebook_parameters(paths.NOTEBOOKS / f"{name}.ipynb")[parameter] == data.DEMO_PAIRS, name
+        assert specs.notebook_parameters(paths.NOTEBOOKS / f"{name}.ipynb")[parameter] == datasets.DEMO_PAIRS, name
 
 
 def _with_identical_pairs(n=6, size=32, seed=0, identical=(1, 4)):
@@ -611,7 +603,7 @@ def test_measure_excludes_identical_pairs_across_batches(demo):
 
 
 def test_token_rms_is_the_root_mean_square_norm_of_the_measured_tokens(demo):
-    from paperlib import bounds
+    from paperlib.measure import bounds
 
     x, y = _with_identical_pairs(identical=(2,))
     with pytest.warns(ranking.IdenticalPairsWarning):

@@ -13,8 +13,11 @@ import torch
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from paperlib import plasticity, plasticity_table, plots, ranking
-from paperlib.names import COMPONENTS, LABELS, POINT_LABELS
+from paperlib.analysis import plasticity_table, ranking
+from paperlib.measure import plasticity
+from paperlib.records.names import COMPONENTS, LABELS, POINT_LABELS
+from paperlib.reports import plots
+from paperlib.train.config import Config
 
 BLOCKS, PAIRS = 3, 4
 
@@ -423,7 +426,6 @@ def test_the_lora_figures_name_their_models(figures):
 
 
 def test_the_run_figure_marks_the_best_checkpoint_and_is_named_by_the_run(figures):
-    from paperlib.runs import Config
 
     history = _histories(["fc1"]).assign(train_loss=lambda t: 2.0 - t["step"] / 10)
     config = Config(dataset="digits_c/snow", component="fc1", equal_capacity=True)

@@ -8,8 +8,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from benchmarks import precision_calibration as calibration
-from paperlib import precision, stats
-from paperlib.runs_table import RUN_COLUMNS
+from paperlib.analysis import precision, stats
+from paperlib.records.runs_table import RUN_COLUMNS
 
 DATASETS = [f"set{i}" for i in range(6)]
 GRID_COMPONENTS = ["mha", "fc1", "fc2", "ln2", "ln1", "full", "linear"]

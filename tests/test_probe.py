@@ -16,9 +16,12 @@ from sklearn.preprocessing import StandardScaler
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
-from paperlib import data, fixtures, models, paths, probe
-from paperlib.imagesets import stack
-from paperlib.splits import SPLITS_VERSION
+from paperlib.data import datasets, fixtures
+from paperlib.data.imagesets import stack
+from paperlib.measure import probe
+from paperlib.records import paths
+from paperlib.records.names import SPLITS_VERSION
+from paperlib.vit import models
 
 DEMO_DEPTH = models.DEMO_ARGS["depth"]
 
@@ -50,7 +53,7 @@ def test_last_block_mha_is_the_authors_recipe_computed_independently(results):
     features, labels = {}, {}
     try:
         for split in ("train", "test"):
-            images, targets = stack(data.get_dataset("digits", split, seed=0))
+            images, targets = stack(datasets.get_dataset("digits", split, seed=0))
             captured.clear()
             with torch.no_grad():
                 model(images)
@@ -70,7 +73,7 @@ def test_last_block_mha_is_the_authors_recipe_computed_independently(results):
 def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
     # one random crop and flip per image, shuffled, batches of 512 with the last incomplete one dropped
     model = models.create_model("demo").eval()
-    train = data.get_dataset("digits", "train", seed=0)
+    train = datasets.get_dataset("digits", "train", seed=0)
     wanted = [(DEMO_DEPTH - 1, "mha")]
     first, labels = probe.pooled_features(model, train, wanted, augment_seed=0)
     again, labels_again = probe.pooled_features(model, train, wanted, augment_seed=0)
@@ -100,7 +103,7 @@ def test_every_block_and_point_with_accuracies_above_chance_at_the_end(full):
     assert len(table) == DEMO_DEPTH * len(probe.POINTS)
     assert set(zip(table["block"], table["point"])) == {(b, p) for b in range(DEMO_DEPTH) for p in probe.POINTS}
     assert table["accuracy"].between(0, 1).all()
-    chance = 1 / len(data.get_dataset("digits", "test").classes)
+    chance = 1 / len(datasets.get_dataset("digits", "test").classes)
     last = table[table["block"] == DEMO_DEPTH - 1]
     assert (last["accuracy"] > chance + 0.3).all(), last
     # forward order within a block
@@ -184,7 +187,7 @@ def test_hooks_are_removed_when_the_forward_pass_fails(monkeypatch):
 
 def test_pooled_features_are_unit_vectors_of_each_point_width():
     model = models.create_model("demo")
-    dataset = data.get_dataset("digits", "test")
+    dataset = datasets.get_dataset("digits", "test")
     wanted = [(0, p) for p in probe.POINTS]
     features, labels = probe.pooled_features(model, dataset, wanted)
     assert labels.tolist() == dataset.targets.tolist()
@@ -208,7 +211,7 @@ def test_the_fc1_point_of_a_swiglu_block_is_its_gate_and_value_layers():
         "vit_7b_patch16_dinov3", pretrained=False, num_classes=5, img_size=32, patch_size=4, embed_dim=64, depth=2,
         num_heads=4,
     )  # fmt: skip
-    features, _ = probe.pooled_features(model, data.get_dataset("digits", "test"), [(1, "fc1"), (1, "gelu")])
+    features, _ = probe.pooled_features(model, datasets.get_dataset("digits", "test"), [(1, "fc1"), (1, "gelu")])
     mlp = model.blocks[1].mlp
     assert features[1, "fc1"].shape[1] == mlp.fc1_g.out_features + mlp.fc1_x.out_features
     assert features[1, "gelu"].shape[1] == mlp.fc1_g.out_features
@@ -284,7 +287,7 @@ def test_the_cache_key_is_what_a_table_is_computed_from(tmp_path):
     fixtures.write_image_folder(tmp_path / "custom" / "mine", ["a", "b"], per_class=2, size=(8, 8))
     custom = probe.Probe("demo", "custom/mine", root=tmp_path)
     assert custom.root == str(tmp_path)
-    assert custom.key()["data_fingerprint"] == data.content_fingerprint("custom/mine", tmp_path) is not None
+    assert custom.key()["data_fingerprint"] == paths.dataset_fingerprint("custom/mine", tmp_path) is not None
 
 
 def test_result_folders_keep_other_choices_apart():
@@ -315,7 +318,7 @@ def clipart(tmp_path):
     root = tmp_path / "data"
     classes = [f"class_{i:03d}" for i in range(3)]
     fixtures.write_image_folder(root / "domainnet" / "clipart", classes, per_class=5, size=FULL)
-    return data.get_dataset("domainnet/clipart", "train", root=root)
+    return datasets.get_dataset("domainnet/clipart", "train", root=root)
 
 
 def test_augmented_crops_are_torchvision_crops_of_the_full_resolution_image(clipart, monkeypatch):

@@ -6,8 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from paperlib import component_rates, ranking
-from paperlib.components import COMPONENTS
+from paperlib.analysis import ranking
+from paperlib.measure import component_rates
+from paperlib.vit.components import COMPONENTS
 
 
 def _one_pair(values):

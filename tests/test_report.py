@@ -7,8 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import nbformat
 import pytest
 
-from paperlib import paths, report, storage, threads
-from paperlib.notebook import HEADLINE_MIME, headline
+from paperlib.records import paths, storage
+from paperlib.reports import execute
+from paperlib.reports.notebook import HEADLINE_MIME, headline
+from paperlib.speed import threads
 
 
 def _figures(notebook) -> int:
@@ -19,7 +21,7 @@ def _figures(notebook) -> int:
 def test_demo_report_of_one_notebook(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     monkeypatch.setenv("MPLBACKEND", "Agg")  # as `make` sets it: the report must still show its figures
-    index = report.run_demo(["00_components"], out_dir=tmp_path / "out")
+    index = execute.run_demo(["00_components"], out_dir=tmp_path / "out")
     page = tmp_path / "out" / "00_components.html"
     assert index == tmp_path / "out" / "index.html"
     # quiet: one line for the notebook, with its time; the kernel talks over IPC, so ipykernel has no TCP warning
@@ -54,9 +56,9 @@ def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch,
     monkeypatch.setenv("MPLBACKEND", "Agg")
     figure = "import os, time\nimport matplotlib.pyplot as plt\nplt.plot([1, {}]); plt.show()\ntime.sleep(2)"
     notebooks = [write_notebook(tmp_path / f"0{i}_figure.ipynb", figure.format(i)) for i in range(3)]
-    monkeypatch.setattr(report, "notebook_paths", lambda names: notebooks)
+    monkeypatch.setattr(execute, "notebook_paths", lambda names: notebooks)
     monkeypatch.setattr(threads, "cores", lambda: 2)
-    report.run_demo(["given"], out_dir=tmp_path / "out")
+    execute.run_demo(["given"], out_dir=tmp_path / "out")
     lines = capfd.readouterr().out.strip().splitlines()
     assert sorted(line.split()[0] for line in lines) == ["00_figure", "01_figure", "02_figure"]
     for notebook in notebooks:  # each kernel had the inline backend: setting it per notebook would race
@@ -82,11 +84,11 @@ def test_notebooks_run_at_once_each_in_its_folder_leave_this_process_where_it_wa
         second / "b.ipynb", f"open({str(tmp_path / 'b-began')!r}, 'w').close()", wait.format(str(tmp_path / "a-ended"))
     )
     with ThreadPoolExecutor(2) as pool:  # a begins, then b; a ends, then b
-        run_a = pool.submit(report.execute, a, tmp_path / "a.out.ipynb")
+        run_a = pool.submit(execute.execute, a, tmp_path / "a.out.ipynb")
         while not (tmp_path / "a-began").exists():
             assert not run_a.done(), run_a.result()
             time.sleep(0.05)
-        run_b = pool.submit(report.execute, b, tmp_path / "b.out.ipynb")
+        run_b = pool.submit(execute.execute, b, tmp_path / "b.out.ipynb")
         run_a.result()
         (tmp_path / "a-ended").touch()
         run_b.result()
@@ -100,9 +102,9 @@ def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_
     monkeypatch.setattr(threads, "cores", lambda: 1)
     failing = write_notebook(tmp_path / "00_fails.ipynb", "raise ValueError('on purpose')")
     after = write_notebook(tmp_path / "01_after.ipynb", f"open({str(tmp_path / 'ran')!r}, 'w').close()")
-    monkeypatch.setattr(report, "notebook_paths", lambda names: [failing, after])
+    monkeypatch.setattr(execute, "notebook_paths", lambda names: [failing, after])
     with pytest.raises(Exception, match="on purpose"):
-        report.run_demo(["given"], out_dir=tmp_path / "out")
+        execute.run_demo(["given"], out_dir=tmp_path / "out")
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out" / "01_after.ipynb").exists()
 
 
@@ -112,7 +114,7 @@ def test_progress_bars_show_their_last_state_in_the_reports(tmp_path):
     updates = [bar.format(25 * i, "#" * i + " " * (4 - i), i) for i in range(5)]
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stderr", text=text) for text in updates + ["\n"]]
     nbformat.write(nb, tmp_path / "bar.ipynb")
-    for page in (report.render_html(tmp_path / "bar.ipynb"), tmp_path / "bar.nocode.html"):
+    for page in (execute.render_html(tmp_path / "bar.ipynb"), tmp_path / "bar.nocode.html"):
         text = page.read_text()
         assert "probing digits: 100%|####| 4/4" in text and "probing digits:  25%" not in text
 
@@ -123,12 +125,12 @@ def test_a_notebook_waiting_for_a_lock_says_so_on_the_terminal_not_in_its_report
     # the kernel sends its file descriptor 2 into the cells, as under `make demo` (ipykernel does not under pytest)
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     target = tmp_path / "result"
-    code = f"from paperlib import storage\nwith storage.locked({str(target)!r}):\n    print('written')"
+    code = f"from paperlib.records import storage\nwith storage.locked({str(target)!r}):\n    print('written')"
     notebook = write_notebook(tmp_path / "waits.ipynb", code)
     terminal = ""  # what this process's stderr, and the kernel's (inherited), received
     with ThreadPoolExecutor(1) as pool:
         with storage.locked(target):  # another process holds it, as a notebook beside it in `make demo`
-            executed = pool.submit(report.execute, notebook, tmp_path / "out.ipynb")
+            executed = pool.submit(execute.execute, notebook, tmp_path / "out.ipynb")
             deadline = time.monotonic() + 120
             while "waiting for another process" not in terminal:
                 assert not executed.done() and time.monotonic() < deadline, "no notice of the wait on the terminal"
@@ -156,7 +158,7 @@ def test_landing_page_shows_parameters_and_missing_headlines(tmp_path):
     (out / "sweep" / "run.html").write_text("<html></html>")
     nbformat.write(nb, out / "sweep" / "run.ipynb")  # its page stands for it
     nbformat.write(nb, out / "sweep" / "bare.ipynb")  # a sweep run without HTML: its executed notebook
-    landing = report.write_index(out).read_text()
+    landing = execute.write_index(out).read_text()
     assert "05 · Finetuning one component" in landing and "paper §5.2" in landing
     assert "parameters: dataset=pets · 2026-11-25 10:11" in landing and "no headline" in landing
     assert "<img" not in landing  # no figure, no thumbnail
@@ -181,15 +183,15 @@ def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_
             nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", outputs=[output])]), out / f"{name}.ipynb"
         )
         (out / f"{name}.html").write_text("<html></html>")
-    landing = report.write_index(out).read_text()
+    landing = execute.write_index(out).read_text()
     assert 'paper: MHA &gt; LN1</p><p class="why">why they differ: small tokens</p>' in landing
     assert landing.count("why they differ") == 1
 
 
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    notebook = report.notebook_paths(["00_components"])[0]
-    out = report.execute(
+    notebook = execute.notebook_paths(["00_components"])[0]
+    out = execute.execute(
         notebook, tmp_path / "run.ipynb", {"paper_models": ["vit_large_in21k"], "images_per_dataset": 2}
     )
     text = out.read_text()
@@ -198,9 +200,9 @@ def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
 
 def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    notebook = report.notebook_paths(["00_components"])[0]
+    notebook = execute.notebook_paths(["00_components"])[0]
     with pytest.raises(Exception):
-        report.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
+        execute.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
     assert not (tmp_path / "bad.ipynb").exists()
 
 
@@ -211,9 +213,9 @@ def test_notebooks_refreshed_in_place_keep_their_figures(tmp_path, monkeypatch):
         cells=[nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()")]
     )
     nbformat.write(nb, notebook)
-    report.execute_inplace([notebook])
+    execute.execute_inplace([notebook])
     assert _figures(nbformat.read(notebook, as_version=4)) == 1
-    assert report.os.environ["MPLBACKEND"] == "Agg"  # the caller's setting is back
+    assert execute.os.environ["MPLBACKEND"] == "Agg"  # the caller's setting is back
 
 
 def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monkeypatch):
@@ -222,7 +224,8 @@ def test_figures_are_named_by_their_parameters_and_written_whole(tmp_path, monke
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from paperlib import paths, plots
+    from paperlib.records import paths
+    from paperlib.reports import plots
 
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     path = plots.figure_path("05_finetune", "demo", "digits_c/snow", "mha", 0.03, "seed42")
@@ -245,7 +248,7 @@ def test_robustness_boxes_show_one_dataset_and_count_divergence():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from paperlib import plots
+    from paperlib.reports import plots
 
     runs = pd.DataFrame(
         {

@@ -11,10 +11,13 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib import finetune, paths, plasticity_table, precision, significance, stats
-from paperlib.components import COMPONENTS
-from paperlib.runs import PROTOCOL, Config
-from paperlib.runs_table import KEYS, expected, for_spec, histories_of, load
+from paperlib.analysis import plasticity_table, precision, significance, stats
+from paperlib.records import paths
+from paperlib.records.runs import PROTOCOL
+from paperlib.records.runs_table import KEYS, for_spec, histories_of, load
+from paperlib.train import finetune
+from paperlib.train.config import Config, expected
+from paperlib.vit.components import COMPONENTS
 
 DATASETS = [
     "digits",
@@ -640,7 +643,7 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
 
 
 def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch, move_results):
-    from paperlib import plasticity
+    from paperlib.measure import plasticity
 
     move_results(".")  # the tree
     runs = load(tree)
@@ -725,7 +728,7 @@ def test_the_results_command_of_a_precision_check_prints_its_fp32_tables_and_the
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(GRID_COMPONENTS)
     assert f"{grid} fp32 runs of" in out and "Table 6" in out
-    assert f"python -m paperlib.precision {spec}" in out
+    assert f"python -m paperlib precision {spec}" in out
     table6 = pd.read_csv(tmp_path / "tables" / "table6.csv")  # the paper's tables of the fp32 runs
     assert len(table6) == len(DATASETS) * len(GRID_COMPONENTS)
 

@@ -12,12 +12,15 @@ from conftest import interrupted, resumed, same_metrics
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
-from paperlib import components, finetune, lora, models, paths, runs_table, speed
-from paperlib import runs as run_files
-from paperlib.imagesets import random_images
-from paperlib.loader import DeviceLoader, Transform
-from paperlib.runs import Config
+from paperlib import speed
+from paperlib.data.imagesets import random_images
+from paperlib.data.loader import DeviceLoader, Transform
+from paperlib.records import paths, step_options
+from paperlib.records import runs as run_files
 from paperlib.speed import step as step_module
+from paperlib.train import finetune
+from paperlib.train.config import Config, config_from, configs
+from paperlib.vit import components, lora, models
 
 
 def test_finetune_benchmark_runs(capsys):
@@ -128,7 +131,7 @@ def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch, tiny_
 def test_native_bf16_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert speed.options.native_bf16() is native
+    assert step_options.native_bf16() is native
 
 
 def test_compile_and_attention_choices_fail_before_any_work(results, small):
@@ -139,7 +142,7 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
     with pytest.raises(ValueError, match="valid choices: auto, flash, math"):
         finetune.run(small(attention="cudnn"))  # a CUDA kernel asked for on a CPU
     with pytest.raises(ValueError, match="valid choices: auto, flash, cudnn, efficient, math"):
-        speed.options.check_attention("fast", torch.device("cuda"))
+        step_options.check_attention("fast", torch.device("cuda"))
     with pytest.raises(ValueError, match="needs a ViT with a `blocks` sequence"):
         speed.step.compile_model(torch.nn.Linear(2, 2), "blocks")
     assert not any(results.rglob("*")) if results.exists() else True
@@ -148,10 +151,10 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
 def test_a_runs_step_options_are_its_config_fields_checked_once(small):
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
     options = config.step_options()
-    assert set(speed.options.STEP_OPTIONS) <= {
+    assert set(step_options.STEP_OPTIONS) <= {
         field.name for field in fields(Config)
     }  # a new option is a Config field too
-    assert [getattr(options, name) for name in speed.options.STEP_OPTIONS] == [
+    assert [getattr(options, name) for name in step_options.STEP_OPTIONS] == [
         True,
         "coordinate-descent",
         "math",
@@ -160,10 +163,10 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(small):
     ]
     checked = options.checked("cpu")
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
-    assert speed.options.StepOptions().checked(torch.device("cpu")).compile == "none"
+    assert step_options.StepOptions().checked(torch.device("cpu")).compile == "none"
     assert checked.checked("cpu") == checked  # checking is idempotent
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
-        speed.options.StepOptions(precision="fp16").checked("cpu")
+        step_options.StepOptions(precision="fp16").checked("cpu")
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
@@ -184,7 +187,7 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
     model = tiny_vit(num_classes=3).eval()
     images = torch.randn(4, 3, 32, 32)
     outputs = {}
-    for attention in speed.options.CPU_ATTENTION:
+    for attention in step_options.CPU_ATTENTION:
         with torch.no_grad(), speed.step.step_context(cpu, attention, precision="fp32")():
             outputs[attention] = model(images)
     torch.testing.assert_close(outputs["math"], outputs["auto"], rtol=1e-4, atol=1e-5)
@@ -311,7 +314,7 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     model = tiny_vit(num_classes=3)
-    assert "coordinate-descent" in speed.options.compile_modes()
+    assert "coordinate-descent" in step_options.compile_modes()
     speed.step.compile_model(model, "model", "coordinate-descent")
     speed.step.compile_model(model, "blocks", "coordinate-descent")
     speed.step.compile_model(model, "model", "max-autotune-no-cudagraphs")
@@ -328,12 +331,12 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
 
 def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_folders(small, monkeypatch):
     # the paper trains in FP32 (Table 4's text); bf16 autocast and bf16 master weights are speed options
-    assert Config().precision == "fp32" and speed.options.StepOptions().precision == "fp32"
+    assert Config().precision == "fp32" and step_options.StepOptions().precision == "fp32"
     assert small().folder().name == "seed=0"
     assert small(precision="autocast").folder().name == "seed=0-autocast"
     assert small(precision="bf16").folder().name == "seed=0-bf16"
     for file in sorted((paths.PARAMETERS / "finetune").glob("*.yaml")):
-        assert run_files.config_from(yaml.safe_load(file.read_text())).precision == "fp32", file.name
+        assert config_from(yaml.safe_load(file.read_text())).precision == "fp32", file.name
     # on CUDA only the fast options run under bf16 autocast: what the context factories ask of torch.autocast
     monkeypatch.setattr(torch, "autocast", lambda device, **options: (device, options))
     cuda = torch.device("cuda")
@@ -415,23 +418,23 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
     files = sorted((paths.PARAMETERS / "speed").glob("*.yaml"))
     assert files
     for file in files:
-        chosen = speed.options.preset(file.stem)
+        chosen = step_options.preset(file.stem)
         assert chosen.get("measured_on") and chosen.get("gain"), f"{file.name} says where and what it measured"
-        for precision in speed.options.PRECISIONS:
+        for precision in step_options.PRECISIONS:
             asked = {"speed": file.stem, "precision": precision, "device": "cuda"}
             if chosen["gain"].get(precision, 0) > 1:
-                config = run_files.config_from(asked)
+                config = config_from(asked)
                 assert (config.compile, config.fused) == (chosen["compile"], chosen["fused"]), file.name
             else:
                 with pytest.raises(ValueError, match=f"not offered for precision '{precision}'"):
-                    run_files.config_from(asked)
+                    config_from(asked)
     # the reason and the precisions it is offered for, in one line (h100's gains as its file records them)
-    gains = speed.options.preset("h100")["gain"]
-    refused = [precision for precision in speed.options.PRECISIONS if gains.get(precision, 0) <= 1]
-    offered = [precision for precision in speed.options.PRECISIONS if gains.get(precision, 0) > 1]
+    gains = step_options.preset("h100")["gain"]
+    refused = [precision for precision in step_options.PRECISIONS if gains.get(precision, 0) <= 1]
+    offered = [precision for precision in step_options.PRECISIONS if gains.get(precision, 0) > 1]
     assert refused and len(offered) >= 2, "h100 is offered in some precisions and refused in others"
     with pytest.raises(ValueError) as error:
-        run_files.config_from({"speed": "h100", "precision": refused[0], "device": "cuda"})
+        config_from({"speed": "h100", "precision": refused[0], "device": "cuda"})
     message = str(error.value)
     assert "\n" not in message and f"measured no faster than 'none' there ({gains[refused[0]]:.2f}x)" in message
     assert all(f"{precision} ({gains[precision]:.2f}x)" in message for precision in offered)
@@ -442,17 +445,17 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
         "grid": {"precision": [offered[0], refused[0]]},
     }
     with pytest.raises(ValueError, match=f"not offered for precision '{refused[0]}'"):
-        runs_table.configs(spec)
+        configs(spec)
     spec["grid"]["precision"] = offered[:2]
-    assert [config.compile for config in runs_table.configs(spec)] == ["blocks", "blocks"]
+    assert [config.compile for config in configs(spec)] == ["blocks", "blocks"]
     # presets without recorded gains (auto, none, a mapping of options) are offered in every precision
-    assert run_files.config_from({"speed": "none", "precision": "autocast"}).fused == "none"
+    assert config_from({"speed": "none", "precision": "autocast"}).fused == "none"
 
 
 def test_warmup_steps_cover_compilation():
-    assert speed.step.warmup_steps(speed.options.StepOptions()) == 1
-    assert speed.step.warmup_steps(speed.options.StepOptions(compile="blocks")) == 3
-    assert speed.step.warmup_steps(speed.options.StepOptions(compile=True)) == 3
+    assert speed.step.warmup_steps(step_options.StepOptions()) == 1
+    assert speed.step.warmup_steps(step_options.StepOptions(compile="blocks")) == 3
+    assert speed.step.warmup_steps(step_options.StepOptions(compile=True)) == 3
 
 
 def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monkeypatch, small, tiny_vit):
@@ -468,13 +471,13 @@ def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monk
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
     model = components.set_trainable(tiny_vit(num_classes=10), "ln2")
     loader = DeviceLoader(random_images(8, 32), 8, Transform(True, 32))
-    loss, norm = step_bench.library_steps(model, loader, speed.StepOptions())(0, 1)
+    loss, norm = step_bench.library_steps(model, loader, step_options.StepOptions())(0, 1)
     assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))
 
 
 def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):
     model = components.set_trainable(tiny_model, "mha")
-    options = speed.StepOptions().checked("cpu")
+    options = step_options.StepOptions().checked("cpu")
     sgd = step_module.OptimizerSettings("sgd", lr=0.1, momentum=0.9)
     step = step_module.make_step(model, options, optimizer=sgd, batch_size=8, clip=1.0)
     trainable = [p for _, p in components.trainable_parameters(model)]

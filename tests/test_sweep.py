@@ -6,8 +6,9 @@ import nbformat
 import pytest
 import yaml
 
-from paperlib import specs, sweep
-from paperlib.runs import config_values
+from paperlib.records import specs
+from paperlib.records.runs import config_values
+from paperlib.sweeps import sweep
 
 
 @pytest.fixture
@@ -94,7 +95,8 @@ def test_failures_are_isolated_and_finished_runs_skipped(tiny_notebook, reports)
 def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
     tiny_notebook, reports, tmp_path, monkeypatch
 ):
-    from paperlib import fixtures, models
+    from paperlib.data import fixtures
+    from paperlib.vit import models
 
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
     monkeypatch.delenv("VIT_PLASTICITY_MODELS", raising=False)
@@ -132,7 +134,7 @@ def test_a_run_that_makes_its_own_custom_inputs_records_them(tmp_path, reports, 
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
     write_notebook(
         tmp_path / "maker.ipynb",
-        "from paperlib import fixtures, paths\n"
+        "from paperlib.data import fixtures\nfrom paperlib.records import paths\n"
         "if not (paths.data_dir() / dataset).is_dir():\n"
         "    fixtures.write_image_folder(paths.data_dir() / dataset, ['a', 'b'], per_class=1)",
         parameters='dataset = "custom/made"',
@@ -202,23 +204,23 @@ def test_demo_plasticity_sweep_through_submitit(reports, tmp_path):
 
 
 def test_paper_spec_covers_both_models_and_the_11_benchmarks():
-    from paperlib import data
+    from paperlib.data import datasets
 
     spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "plasticity_paper.yaml")
     assert spec["grid"]["model"] == ["vit_base_in21k", "vit_huge_in21k"]
-    assert sorted(spec["grid"]["dataset"]) == sorted(data.PAPER_DATASETS)
+    assert sorted(spec["grid"]["dataset"]) == sorted(datasets.PAPER_DATASETS)
     assert spec["parameters"]["n_pairs"] == 12800 and spec["parameters"]["reference"] == "imagenet"
     assert len(sweep.expand(spec)) == 22
 
 
 def test_finetune_specs_follow_table_5():
-    from paperlib import data
+    from paperlib.data import datasets
 
     spec = specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / "finetune_paper.yaml")
     runs = sweep.expand(spec)
     assert len(runs) == 11 * 7 * 4 * 3
     steps = {r.parameters["dataset"]: r.parameters["steps"] for r in runs}
-    assert sorted(steps) == sorted(data.PAPER_DATASETS)
+    assert sorted(steps) == sorted(datasets.PAPER_DATASETS)
     assert (
         steps["cifar10"] == 10000
         and steps["domainnet/sketch"] == 20000
@@ -244,7 +246,7 @@ AUTHORS_EVAL_PERIOD = {
 
 
 def test_paper_runs_validate_as_often_as_the_authors_runs():
-    from paperlib import data
+    from paperlib.data import datasets
 
     files = sorted((sweep.paths.PARAMETERS / "finetune").glob("*.yaml"))
     found = {}
@@ -252,7 +254,7 @@ def test_paper_runs_validate_as_often_as_the_authors_runs():
         parameters = yaml.safe_load(path.read_text())
         found[parameters["dataset"]] = parameters["eval_every"]
         assert parameters["eval_every"] == AUTHORS_EVAL_PERIOD[parameters["dataset"].split("/")[0]], path.name
-    assert sorted(found) == sorted(data.PAPER_DATASETS)
+    assert sorted(found) == sorted(datasets.PAPER_DATASETS)
     for name in ("finetune_paper", "lora_paper", "precision_paper"):  # the sweeps run the same protocol
         for run in sweep.expand(specs.load_spec(sweep.paths.PARAMETERS / "sweeps" / f"{name}.yaml")):
             assert run.parameters["eval_every"] == found[run.parameters["dataset"]], (name, run.parameters)

@@ -9,7 +9,7 @@ from PIL import Image
 from scipy import stats
 from torchvision.transforms import v2
 
-from paperlib import transforms as T
+from paperlib.data import transforms as T
 
 
 def test_paper_transform_shapes_and_normalisation():

@@ -1,20 +1,13 @@
-"""How a finetuning step is made fast: beyond the paper, the same step to rounding.
+"""Speed: how a finetuning step is made fast on this machine, the same step to rounding (beyond the paper).
 
-A layer the protocol calls and never the reverse: nothing here imports ``finetune``, ``runs`` or
-``sweep`` (``tests/test_layout.py`` checks it). Each module below imports only those above it.
+A layer the protocol calls and never the reverse (the layers contract, ``docs/architecture.md``).
 
+- ``devices``  the devices a run may name, and those this machine has
+- ``threads``  CPU threads of processes of ours that share a machine
 - ``kernels``  our fused ops (Triton on CUDA, their PyTorch reference elsewhere)
 - ``layers``   timm's layers rewritten for speed (patch embedding as a matrix product, fused ops)
-- ``options``  the choices (compilation, attention kernel, precision, fused ops), checked once and
-               resolved for a device (``StepOptions``), and named presets
-- ``step``     ``step.make_step``: the run's optimizer and ``Step``, what the protocol (``finetune``)
-               calls once per batch, and the machinery behind it (``compile_model``, ``MasterWeights``)
+- ``step``     ``step.make_step``: the run's optimizer and ``Step``, what the protocol calls once per batch
 - ``clock``    the device and the clock a step is timed with (``plan``, the benchmarks)
 
-The benchmarks that print their figures live outside the package, in ``benchmarks/``
-(``python -m benchmarks``); nothing here imports them.
+The benchmarks that print their figures live outside the package, in ``benchmarks/`` (``python -m benchmarks``).
 """
-
-from .options import STEP_OPTIONS, StepOptions, preset
-
-__all__ = ["STEP_OPTIONS", "StepOptions", "preset"]

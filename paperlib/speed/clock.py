@@ -1,6 +1,6 @@
 """What a step is timed with: the device it runs on (``resolve_device``, ``device_name``) and a
 clock that waits for it (``sync``, ``median_seconds``, ``Timed``). Used by the sweep's cost estimate
-(``paperlib.plan``) and by the benchmarks (``benchmarks.step``, ``benchmarks.data``)."""
+(``paperlib.sweeps.plan``) and by the benchmarks (``benchmarks.step``, ``benchmarks.data``)."""
 
 from __future__ import annotations
 

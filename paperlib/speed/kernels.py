@@ -71,15 +71,6 @@ def bias_gelu_backward_reference(
     return grad_mm.to(mm.dtype), grad_mm.reshape(-1, mm.shape[-1]).sum(0).to(bias.dtype)
 
 
-def triton_available() -> bool:
-    """Whether Triton can be imported (PyTorch's CUDA builds for Linux bring it)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @functools.cache
 def _triton_kernels():
     """The Triton kernels, compiled on first use; ``SQRT_HALF`` and ``INV_SQRT_2PI`` written out (no globals)."""

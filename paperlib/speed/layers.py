@@ -8,7 +8,7 @@ import torch
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention
 
-from .kernels import QkvHeads, bias_gelu
+from paperlib.speed.kernels import QkvHeads, bias_gelu
 
 
 def _is_patching(conv: torch.nn.Module) -> bool:

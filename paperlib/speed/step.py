@@ -9,7 +9,7 @@ fused SGD and AdamW on CUDA), the precision (``autocast_for``; or bf16 compute w
 weights, ``MasterWeights``), ``torch.compile`` of the model or its blocks (``compile_model``), the
 attention kernel (``step_context``), our fused ops in the model (``fuse``), and micro-batches when a
 batch does not fit in GPU memory. Every choice computes the same step, to rounding. The sweep's
-cost estimate (``paperlib.plan``) and the step benchmarks (``benchmarks.step``) build their steps with
+cost estimate (``paperlib.sweeps.plan``) and the step benchmarks (``benchmarks.step``) build their steps with
 ``make_step`` too.
 """
 
@@ -24,8 +24,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
-from .options import (
+from paperlib.records.step_options import (
     ATTENTION_CHOICES,
     OPTIMIZERS,
     OWN_COMPILE_MODES,
@@ -37,6 +36,7 @@ from .options import (
     fused_parts,
     resolve_fused,
 )
+from paperlib.speed.layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 
 MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 """The model's fused ops by name (``options.FUSED_PARTS``)."""

@@ -1,0 +1,53 @@
+"""``python -m paperlib <command>``: every command of the package, one entry point.
+
+``python -m paperlib --help`` lists them; ``python -m paperlib <command> --help`` gives a command's options. A command's
+module is imported only when it runs, so that ``stats`` and ``precision`` load no training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "finetune": ("paperlib.train.finetune", "one finetuning run as notebook 05 runs it (§5.2), without the notebook"),
+    "plasticity": ("paperlib.measure.plasticity", "P(f) of every component of a model on a dataset (§5.1)"),
+    "sweep": (
+        "paperlib.sweeps.sweep",
+        "a notebook over a parameter grid: planned (--plan), resumable, on GPUs or SLURM",
+    ),
+    "stats": ("paperlib.analysis.stats", "notebook 07's tables for a finetuning sweep's runs, without the notebook"),
+    "precision": ("paperlib.analysis.precision", "whether a cheaper precision keeps the paper's conclusions"),
+    "report": ("paperlib.reports.execute", "the demo's HTML reports (report demo), or notebooks re-executed in place"),
+    "demo": ("paperlib.train.demo", "the committed demo ViT: pretrain it again, or evaluate it"),
+}
+"""Each command's module (whose ``main(argv)`` runs it) and what it does."""
+
+
+def usage() -> str:
+    """The list of commands that ``--help`` prints."""
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    return (
+        "usage: python -m paperlib <command> [options]\n\ncommands:\n"
+        + "\n".join(lines)
+        + ("\n\n`python -m paperlib <command> --help` lists a command's options.")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` names with the rest of ``argv``; 2, with the valid commands, for an unknown one."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage())
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        given = f"unknown command {argv[0]!r}" if argv else "no command"
+        print(f"python -m paperlib: {given}; valid commands: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

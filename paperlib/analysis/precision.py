@@ -1,0 +1,544 @@
+"""Does a cheaper training precision change the paper's results? (beyond the paper; notebook 07)
+
+The paper trains in fp32 (Table 4's text); on an H100, TF32 runs the same step about 2.9x faster and bf16
+autocast about 6x (docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
+precision's run of the same grid point and answers with the paired differences, an equivalence test, and
+whether the paper's conclusions hold: "same", "differs" or "inconclusive", each conclusion (a decrease from
+MHA, Table 6's best configuration on a dataset, divergence) decided with its uncertainty, never by exact
+equality of patterns, which seed noise alone changes. ``power`` says what a number of seeds can show.
+``benchmarks/precision_calibration.py`` measures how often the verdict is wrong in simulated worlds.
+
+    python -m paperlib precision parameters/sweeps/precision_paper.yaml [--margin 0.5] [--select val] [--csv DIR]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import special
+from scipy import stats as scipy_stats
+
+from paperlib.analysis.significance import holm
+from paperlib.analysis.stats import (
+    COLUMNS,
+    SELECTIONS,
+    SETTING,
+    check_one_setting,
+    component_order,
+    table1,
+    table6,
+    wide,
+    write_csv,
+)
+from paperlib.records import cli, runs_table, specs
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
+from paperlib.records.step_options import PRECISIONS
+
+PAIR = ["dataset", "component", "lr", "seed"]
+"""What pairs a run in one precision with the reference precision's run: the same grid point."""
+
+EQUAL = 1e-9
+"""Paired differences (accuracy points) that spread less than this are equal: float rounding, not seed noise."""
+
+FEWEST = 3
+"""The fewest values (finished pairs of a cell, datasets of a Table 1 comparison, seeds of a best
+configuration) a verdict is drawn from: with two, one unlucky pair decides, and identical differences
+would give p = 0."""
+
+TABLE1_DATASETS = 5
+"""Table 1's one-sided Wilcoxon test over n datasets cannot give p below 1 / 2^n: it needs 5 to reach 0.05."""
+
+CELL = ["pairs", "mean", "low", "high", "margin", "p_equivalence", "diverged", "diverged_reference", "verdict"]
+"""``effect``'s ``differences`` columns for a dataset and component (``_cell``)."""
+
+CONCLUSION = ["precision", "conclusion", "reference", "other", "units", "change", "low", "high", "margin"]
+CONCLUSION += ["p_equivalence", "p_difference", "p_holm", "verdict"]
+"""``effect``'s ``conclusions`` columns (``_conclusions``)."""
+
+
+def effect(
+    runs: pd.DataFrame, reference: str = "fp32", margin: float = 0.5, level: float = 0.05, select: str = "test"
+) -> dict[str, pd.DataFrame]:
+    """Whether finetuning in another precision (tf32, autocast, bf16...) changes the results of ``reference``'s.
+
+    ``runs``: ``runs_table.load``'s runs of one setting except precision (one model, optimizer, LoRA setting,
+    normalisation and tag; a ValueError otherwise), in ``reference`` and at least one other precision.
+    Each run is paired with the reference's run of its dataset, component, learning rate and seed (a run
+    without its twin is counted in ``unpaired``, never dropped silently). Every interval is the 1 - 2 x
+    ``level`` t interval that an equivalence test (two one-sided t tests, TOST) at ``level`` decides on:
+    "equivalent" means it lies inside ±margin. ``margin`` (accuracy points) is raised, per dataset, to one
+    test image's worth where that is larger (``margins``). Returns:
+
+    - ``differences``: per other precision, dataset and component (``CELL``): the finished pairs, the
+      ``mean`` test-accuracy difference (other minus reference, points), its interval (``low``, ``high``),
+      TOST's ``p_equivalence``, the runs that ``diverged`` in the other precision and in the reference,
+      and a ``verdict``: "equivalent", "not shown", "too few pairs" (fewer than ``FEWEST``) or "diverges
+      more" (the other precision diverged in more pairs: never equivalent).
+    - ``overall``: per other precision, the same over datasets: one mean difference per dataset (its
+      pairs share its test set, so they are not independent units), the interval across datasets.
+    - ``conclusions``: per other precision, whether the paper's conclusions hold (``_conclusions``):
+      each of Table 1's decreases from MHA, Table 6's best configuration on each dataset, and divergence,
+      each "same" (shown within the margin), "differs" (shown different: Holm-adjusted over the rows of
+      the precision) or "inconclusive"; never decided by exact equality of patterns, which seed noise alone
+      changes.
+    - ``verdicts``: per other precision, the answer ("same", "differs", "inconclusive") and why, the
+      unpaired runs, the spread of the paired differences and the power it gives (``power``).
+    - ``margins``: per dataset, its test images, one image's worth and the margin used.
+    - ``table1``: each precision's Table 1 (``table1``, where it has two datasets and MHA), stacked;
+      ``best``: datasets x precisions, Table 6's best configuration (``table6`` of each precision's runs).
+    """
+    if select not in SELECTIONS:
+        raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
+    check_one_setting(runs, "precision.effect", [key for key in SETTING if key != "precision"])
+    precisions = sorted(runs["precision"].unique())
+    others = [precision for precision in precisions if precision != reference]
+    if reference not in precisions or not others:
+        raise ValueError(
+            f"precision.effect needs runs in the reference precision {reference!r} and at least one other; "
+            f"found: {', '.join(map(str, precisions)) or 'none'}"
+        )
+    pairs, unpaired = _precision_pairs(runs, reference)
+    margins = _margins(runs, margin)
+    cells = [
+        {"precision": p, "dataset": d, "component": c, **_cell(part, margins.at[d, "margin"], level)}
+        for (p, d, c), part in pairs.groupby(["precision", "dataset", "component"])
+    ]
+    differences = pd.DataFrame(cells, columns=["precision", "dataset", "component", *CELL])
+    differences = differences.sort_values(["precision", "dataset", "component"], key=component_order)
+    tables = {p: table6(runs[runs["precision"] == p], select=select) for p in [reference, *others]}
+    ended = runs[runs["status"].isin(["finished", "diverged"])]
+    conclusions = pd.concat(
+        [_conclusions(tables, ended, pairs, reference, p, margins, level) for p in others], ignore_index=True
+    )
+    verdicts = [_verdict(conclusions, differences, pairs, unpaired, p, margin, level) for p in others]
+    ones = {p: _table1_or_none(table) for p, table in tables.items()}
+    best = pd.concat({p: _best(table) for p, table in tables.items()}, axis=1).rename_axis(columns="precision")
+    stacked = [t.assign(precision=p)[["precision", *t.columns]] for p, t in ones.items() if t is not None]
+    return {
+        "differences": differences.reset_index(drop=True),
+        "overall": pd.DataFrame([_overall(pairs, p, margins, level) for p in others]),
+        "conclusions": conclusions,
+        "verdicts": pd.DataFrame(verdicts),
+        "margins": margins,
+        "table1": pd.concat(stacked, ignore_index=True) if stacked else pd.DataFrame(columns=["precision"]),
+        "best": best,
+    }
+
+
+def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pairs, unpaired). Pairs: each run of another precision that finished or diverged, with the reference's
+    run of its grid point (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where
+    either diverged), ``diverged`` and ``diverged_reference``. Unpaired: per other precision, its ended runs
+    without a reference twin and the reference's without a twin in it."""
+    ended = runs[runs["status"].isin(["finished", "diverged"])]
+    repeated = ended[ended.duplicated(["precision", *PAIR], keep=False)]
+    if not repeated.empty:
+        raise ValueError(
+            f"more than one run of precision {repeated['precision'].iloc[0]!r} at {repeated[PAIR].iloc[0].tolist()}: "
+            "select one setting first"
+        )
+    columns = ["precision", *PAIR, "status", "test_accuracy"]
+    base = ended.loc[ended["precision"] == reference, columns].drop(columns="precision")
+    other = ended.loc[ended["precision"] != reference, columns]
+    unpaired = []
+    for precision, part in other.groupby("precision"):
+        both = part.merge(base, on=PAIR, how="outer", indicator=True)
+        counts = both["_merge"].value_counts()
+        unpaired.append(
+            {
+                "precision": precision,
+                "without reference": counts["left_only"],
+                "reference without": counts["right_only"],
+            }
+        )
+    pairs = other.merge(base, on=PAIR, suffixes=("", "_reference"))
+    finished = (pairs["status"] == "finished") & (pairs["status_reference"] == "finished")
+    difference = (pairs["test_accuracy"] - pairs["test_accuracy_reference"]) * 100
+    pairs = pairs.assign(
+        difference=difference.where(finished),
+        diverged=pairs["status"] == "diverged",
+        diverged_reference=pairs["status_reference"] == "diverged",
+    )
+    return pairs, pd.DataFrame(unpaired, columns=["precision", "without reference", "reference without"])
+
+
+def _margins(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """Per dataset: ``test_images`` (the fewest its runs report; NaN for runs from before it was recorded),
+    ``one_image`` (its worth, accuracy points), ``margin`` (the larger of the two) and a ``note``."""
+    images = runs.reindex(columns=["dataset", "test_images"]).groupby("dataset")["test_images"].min()
+    table = pd.DataFrame({"test_images": images, "one_image": 100 / images})
+    table["margin"] = np.fmax(table["one_image"], margin)
+    note = np.where(
+        table["one_image"] > margin,
+        [
+            f"one of {n:.0f} test images is worth {w:.3f} points, more than the margin {margin:g}"
+            for n, w in zip(table["test_images"], table["one_image"])
+        ],
+        np.where(table["test_images"].isna(), "test images not recorded: the margin is not checked against them", ""),
+    )
+    return table.assign(note=note)
+
+
+def _one_sided(values: np.ndarray, bound: float, alternative: str) -> float:
+    """The one-sided t test's p-value that ``values``' mean is below (``alternative="less"``) or above
+    (``"greater"``) ``bound``: scipy's ``ttest_1samp``, computed directly (scipy's wrapper costs 2 ms a
+    call, most of a simulation's time); values that are all equal (``EQUAL``) have no variance: 0 or 1."""
+    mean = float(np.mean(values))
+    if np.ptp(values) <= EQUAL:  # the t statistic is infinite or undefined
+        return 0.0 if (mean < bound if alternative == "less" else mean > bound) else 1.0
+    t = (mean - bound) / (np.std(values, ddof=1) / np.sqrt(len(values)))
+    return float(special.stdtr(len(values) - 1, t if alternative == "less" else -t))
+
+
+def _tost(values: np.ndarray, margin: float, level: float) -> dict:
+    """``values``' mean, its 1 - 2 x ``level`` t interval (``low``, ``high``; [mean, mean] without variance),
+    TOST's ``p_equivalence`` against ±``margin`` (the larger of two one-sided p-values) and a two-sided
+    ``p_difference`` against 0 (twice the smaller one-sided p); NaN with fewer than ``FEWEST`` values."""
+    n = len(values)
+    nan = float("nan")
+    test = {"mean": float(np.mean(values)) if n else nan, "low": nan, "high": nan}
+    if n < FEWEST:
+        return test | {"p_equivalence": nan, "p_difference": nan}
+    if np.ptp(values) > EQUAL:
+        half = special.stdtrit(n - 1, 1 - level) * np.std(values, ddof=1) / np.sqrt(n)  # scipy's t.interval
+        test["low"], test["high"] = test["mean"] - half, test["mean"] + half
+    else:
+        test["low"] = test["high"] = test["mean"]
+    p_equivalence = max(_one_sided(values, -margin, "greater"), _one_sided(values, margin, "less"))
+    p_difference = min(1.0, 2 * min(_one_sided(values, 0.0, "greater"), _one_sided(values, 0.0, "less")))
+    return test | {"p_equivalence": p_equivalence, "p_difference": p_difference}
+
+
+def _cell(pairs: pd.DataFrame, margin: float, level: float) -> dict:
+    """``CELL`` over one dataset and component's ``pairs`` (``_precision_pairs``'s rows)."""
+    d = pairs["difference"].dropna().to_numpy(float)
+    test = _tost(d, margin, level)
+    diverged, diverged_reference = int(pairs["diverged"].sum()), int(pairs["diverged_reference"].sum())
+    if diverged > diverged_reference:
+        verdict = "diverges more"
+    elif len(d) < FEWEST:
+        verdict = "too few pairs"
+    else:
+        verdict = "equivalent" if test["p_equivalence"] < level else "not shown"
+    return {
+        "pairs": len(d),
+        "mean": test["mean"],
+        "low": test["low"],
+        "high": test["high"],
+        "margin": margin,
+        "p_equivalence": test["p_equivalence"],
+        "diverged": diverged,
+        "diverged_reference": diverged_reference,
+        "verdict": verdict,
+    }
+
+
+def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: float) -> dict:
+    """``overall``'s row of ``precision``: one mean difference per dataset (its pairs share its test set),
+    their mean, interval and TOST across datasets (at the largest of the datasets' margins)."""
+    mine = pairs[pairs["precision"] == precision]
+    per_dataset = mine.groupby("dataset")["difference"].mean().dropna()
+    margin = float(margins.loc[per_dataset.index, "margin"].max()) if len(per_dataset) else float("nan")
+    test = _tost(per_dataset.to_numpy(float), margin, level)
+    verdict = (
+        "too few datasets"
+        if len(per_dataset) < FEWEST
+        else ("equivalent" if test["p_equivalence"] < level else "not shown")
+    )
+    return {
+        "precision": precision,
+        "datasets": len(per_dataset),
+        "pairs": int(mine["difference"].notna().sum()),
+        **test,
+        "margin": margin,
+        "verdict": verdict,
+    }
+
+
+def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> pd.DataFrame:
+    """``CONCLUSION`` rows of ``precision`` against ``reference``: Table 1's decreases (``_table1_rows``),
+    Table 6's best configurations (``_best_rows``) and divergence (``_divergence_row``), Holm-adjusted
+    together; a row "differs" where its Holm p is below ``level`` and it is not shown equivalent, "same"
+    where shown equivalent (or where there is nothing to test), "inconclusive" otherwise."""
+    margin = float(margins["margin"].max())
+    rows = _table1_rows(tables[reference], tables[precision], margin, level)
+    rows += _best_rows(tables[reference], tables[precision], ended, (reference, precision), margins, level)
+    rows.append(_divergence_row(pairs[pairs["precision"] == precision]))
+    table = pd.DataFrame(rows).assign(precision=precision).reindex(columns=CONCLUSION)
+    table["p_holm"] = holm(table["p_difference"])
+    open_ = table["verdict"].isna()
+    same = table["p_equivalence"] < level
+    differs = table["p_holm"] < level
+    table.loc[open_, "verdict"] = np.where(same[open_], "same", np.where(differs[open_], "differs", "inconclusive"))
+    return table
+
+
+def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, level: float) -> list[dict]:
+    """Per configuration, how the precision changes its decrease from MHA (Table 1's, and full finetuning's
+    and linear probing's in Table 6): per dataset (Table 6's means), the other's decrease minus the
+    reference's; their mean, interval and tests across datasets (``_tost``; fewer than ``FEWEST`` datasets:
+    "too few datasets")."""
+    first, second = wide(reference, "mean"), wide(other, "mean")
+    rows = []
+    for component in [c for c in RUN_COMPONENTS if c != "mha"]:
+        if not {"mha", component} <= set(first.columns) & set(second.columns):
+            continue
+        ours = (first["mha"] - first[component]).rename("reference")
+        theirs = (second["mha"] - second[component]).rename("other")
+        both = pd.concat([ours, theirs], axis=1).dropna()
+        test = _tost((both["other"] - both["reference"]).to_numpy(float), margin, level)
+        rows.append(
+            {
+                "conclusion": f"Table {1 if component in COMPONENTS else 6}: MHA - {LABELS[component]}",
+                "reference": f"{both['reference'].mean():+.2f}",
+                "other": f"{both['other'].mean():+.2f}",
+                "units": len(both),
+                "change": test.pop("mean"),
+                "margin": margin,
+                **test,
+                "verdict": "too few datasets" if len(both) < FEWEST else None,
+            }
+        )
+    return rows
+
+
+def _best_rows(reference, other, ended, names, margins, level) -> list[dict]:
+    """Per dataset, Table 6's best configuration in both precisions (``names``: reference, other). Where
+    they differ, the seeds decide (each configuration at its Table 6 learning rate, ``_seed_gap``): "same"
+    if, in the other precision, the reference's best is within the margin of the other's best (one-sided
+    t test, ``p_equivalence``); "differs" if the two are in reverse order in both precisions (a one-sided
+    t test in each; both must hold, so ``p_difference`` is the larger p)."""
+    best = {name: _best(table) for name, table in zip(names, (reference, other))}
+    rows = []
+    for dataset in best[names[0]].index.intersection(best[names[1]].index):
+        mine, theirs = best[names[0]][dataset], best[names[1]][dataset]
+        margin = margins.at[dataset, "margin"]
+        row = {
+            "conclusion": f"Table 6's best on {dataset}",
+            "reference": LABELS.get(mine, mine),
+            "other": LABELS.get(theirs, theirs),
+            "margin": margin,
+        }
+        if mine == theirs:
+            rows.append(row | {"change": 0.0, "verdict": "same"})
+            continue
+        ahead = _seed_gap(ended, other, names[1], dataset, theirs, mine)  # in the other: its best minus ours
+        behind = _seed_gap(ended, reference, names[0], dataset, mine, theirs)  # in the reference: ours minus its
+        test = _tost(ahead, margin, level)
+        row |= {"units": min(len(ahead), len(behind)), "change": test["mean"], "low": test["low"], "high": test["high"]}
+        if row["units"] < FEWEST:
+            rows.append(row | {"verdict": "too few seeds"})
+            continue
+        reversed_ = max(_one_sided(ahead, 0.0, "greater"), _one_sided(behind, 0.0, "greater"))
+        rows.append(row | {"p_equivalence": _one_sided(ahead, margin, "less"), "p_difference": reversed_})
+    return rows
+
+
+def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset: str, first: str, second: str):
+    """Per seed, ``first``'s test accuracy minus ``second``'s (points), each at its learning rate of
+    ``table`` (a ``table6`` output), in ``precision``'s runs of ``dataset``."""
+    lrs = table[table["dataset"] == dataset].set_index("component")["lr"]
+    runs = ended[(ended["precision"] == precision) & (ended["dataset"] == dataset)]
+    accuracy = {
+        c: runs[(runs["component"] == c) & (runs["lr"] == lrs[c])].set_index("seed")["test_accuracy"] * 100
+        for c in (first, second)
+    }
+    return (accuracy[first] - accuracy[second]).dropna().to_numpy(float)
+
+
+def _divergence_row(pairs: pd.DataFrame) -> dict:
+    """Whether the precision diverges more than the reference: the pairs where only one of the two
+    diverged, an exact two-sided McNemar test (``binomtest``) of the two counts. "same" where it diverged
+    no more than the reference: a precision that diverges more is never the same."""
+    alone = int((pairs["diverged"] & ~pairs["diverged_reference"]).sum())
+    reference = int((~pairs["diverged"] & pairs["diverged_reference"]).sum())
+    row = {
+        "conclusion": "runs that diverged (pairs where only one did)",
+        "reference": str(reference),
+        "other": str(alone),
+        "units": len(pairs),
+        "change": alone - reference,
+    }
+    if alone <= reference:
+        return row | {"verdict": "same"}
+    return row | {"p_difference": float(scipy_stats.binomtest(alone, alone + reference).pvalue)}
+
+
+def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level) -> dict:
+    """``verdicts``' row of ``precision``: "differs" if any conclusion differs, "same" if all are the
+    same, else "inconclusive"; the reasons; the unpaired runs; the spread of the paired differences within
+    cells and the chance it gives a cell of being shown equivalent (``power``)."""
+    mine = conclusions[conclusions["precision"] == precision]
+    cells = differences[differences["precision"] == precision]
+    found = {v: mine.loc[mine["verdict"] == v, "conclusion"].tolist() for v in ("differs", "same")}
+    if found["differs"]:
+        answer, why = "differs", "differs: " + "; ".join(found["differs"])
+    elif len(found["same"]) == len(mine):
+        answer, why = "same", "every conclusion shown the same"
+    else:
+        answer = "inconclusive"
+        why = f"not shown either way: {'; '.join(mine.loc[~mine['verdict'].isin(['same']), 'conclusion'])}"
+    spread = spread_of(pairs[pairs["precision"] == precision])
+    pairs = int(cells["pairs"].median()) if len(cells) else 0
+    row = unpaired.set_index("precision").reindex([precision]).iloc[0].fillna(0).astype(int).to_dict()
+    return {
+        "precision": precision,
+        "verdict": answer,
+        "why": why,
+        **row,
+        "spread": spread,
+        "pairs_per_cell": pairs,
+        "power": power(pairs, spread, margin, level) if pairs >= FEWEST else float("nan"),
+        "pairs_needed": pairs_needed(spread, margin, level),
+    }
+
+
+def spread_of(pairs: pd.DataFrame) -> float:
+    """The pooled standard deviation of the paired differences (points) within cells.
+
+    A cell is a (dataset, component); the pool is over the cells of two pairs or more. This is the seed
+    noise the equivalence test works against."""
+    groups = pairs.dropna(subset=["difference"]).groupby(["dataset", "component"])["difference"]
+    dof = groups.size() - 1  # a cell of one pair has none (its variance is NaN, weighted by 0)
+    if dof.sum() == 0:
+        return float("nan")
+    return float(np.sqrt((groups.var(ddof=1).fillna(0) * dof).sum() / dof.sum()))
+
+
+def power(pairs: int, spread: float, margin: float = 0.5, level: float = 0.05) -> float:
+    """The chance that TOST shows a cell equivalent when the precision changes nothing.
+
+    TOST is at ``level``, equivalence within ±``margin``; the cell has ``pairs`` paired differences, normal
+    with mean 0 and standard deviation ``spread`` (points). Given the sample standard deviation s, TOST
+    passes when |mean| < margin - t s / sqrt(n); the chance of that is integrated over s's scaled chi
+    distribution (4,000 quantiles)."""
+    if pairs < 2 or not np.isfinite(spread):
+        return float("nan")
+    if spread <= 0:
+        return 1.0
+    dof = pairs - 1
+    quantiles = special.chdtri(dof, 1 - (np.arange(4000) + 0.5) / 4000)  # scipy.stats.chi2.ppf
+    s = spread * np.sqrt(quantiles / dof)
+    half_width = margin - special.stdtrit(dof, 1 - level) * s / np.sqrt(pairs)  # t.ppf
+    inside = 2 * special.ndtr(np.clip(half_width, 0, None) * np.sqrt(pairs) / spread) - 1  # norm.cdf
+    return float(inside.mean())
+
+
+def pairs_needed(spread: float, margin: float = 0.5, level: float = 0.05, chance: float = 0.8) -> int | None:
+    """The fewest pairs a cell needs to be shown equivalent with ``chance``.
+
+    Pairs are seeds at one learning rate; the chance is ``power``'s. None if more than
+    100 or the spread is unknown."""
+    if not np.isfinite(spread):
+        return None
+    return next((n for n in range(FEWEST, 101) if power(n, spread, margin, level) >= chance), None)
+
+
+def power_statement(verdicts: pd.DataFrame, margin: float, datasets: int, level: float = 0.05) -> str:
+    """What the check can show (``effect``'s ``verdicts``), in sentences.
+
+    Per precision, the chance that a cell is shown equivalent with its pairs at the spread measured, the pairs needed
+    for 80%, and whether Table 1's own test can be significant with ``datasets`` datasets."""
+    lines = []
+    for row in verdicts.to_dict("records"):
+        if not np.isfinite(row["spread"]):
+            lines.append(
+                f"{row['precision']}: no cell has two finished pairs: the spread of the differences is unknown"
+            )
+            continue
+        needed = row["pairs_needed"]
+        lines.append(
+            f"{row['precision']}: paired differences spread by {row['spread']:.2f} points within a cell; with "
+            f"{row['pairs_per_cell']} pairs a cell, one where the precision changes nothing is shown equivalent "
+            f"within {margin:g} points with probability {row['power']:.0%}; 80% needs "
+            + (f"{needed} pairs (seeds) a cell" if needed else "more than 100 pairs a cell: a larger margin")
+        )
+    if datasets < TABLE1_DATASETS:
+        lines.append(
+            f"Table 1's one-sided Wilcoxon test over {datasets} dataset(s) cannot reach p < {level:g} (its smallest "
+            f"p is {0.5**datasets:.4g}; it needs {TABLE1_DATASETS}): its significance pattern is not compared, "
+            f"its decreases are, by intervals over datasets ({FEWEST} at least)"
+        )
+    return "\n".join(lines)
+
+
+def _table1_or_none(table: pd.DataFrame) -> pd.DataFrame | None:
+    """``table1`` of a ``table6`` output, or None where it has no test (no MHA, or fewer than 2 datasets)."""
+    if "mha" not in set(table["component"]) or table["dataset"].nunique() < 2:
+        return None
+    return table1(table.rename(columns={"mean": "accuracy"}))
+
+
+def _best(table: pd.DataFrame) -> pd.Series:
+    """Per dataset of a ``table6`` output, the finetuning configuration of the highest ``mean``."""
+    table = table[table["component"].isin(RUN_COMPONENTS)].dropna(subset=["mean"])
+    return table.loc[table.groupby("dataset")["mean"].idxmax()].set_index("dataset")["component"]
+
+
+def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """``effect``'s ``differences`` as (precision, dataset) x components.
+
+    "mean [low, high]" (the interval the equivalence test decides on), ``=`` where equivalent, the runs that diverged in
+    each precision where any did, and the pairs where too few for a verdict; empty cells where no pair."""
+
+    def cell(row) -> str:
+        text = f"{row['mean']:+.{digits}f}" if pd.notna(row["mean"]) else "no pair finished"
+        if pd.notna(row["low"]):
+            text += f" [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}]"
+        text += " =" if row["verdict"] == "equivalent" else ""
+        text += f" ({row['pairs']} pair{'s' * (row['pairs'] != 1)})" if row["verdict"] == "too few pairs" else ""
+        if row["diverged"] or row["diverged_reference"]:
+            text += f" (diverged: {row['diverged']}, reference {row['diverged_reference']})"
+        return text
+
+    matrix = differences.assign(text=differences.apply(cell, axis=1)).pivot(
+        index=["precision", "dataset"], columns="component", values="text"
+    )
+    return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
+
+
+def argument_parser():
+    """``main``'s command line: ``cli.tables_parser``'s, the reference precision and the equivalence margin."""
+    spec = "a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
+    description = main.__doc__.split(":", 1)[1].strip()
+    parser = cli.tables_parser("python -m paperlib precision", description, spec, SELECTIONS)
+    parser.add_argument(
+        "--reference",
+        default="fp32",
+        help=f"the precision the others are compared with, one of {', '.join(PRECISIONS)}",
+    )
+    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib precision``: ``effect`` of a sweep's runs in several precisions.
+
+    ``python -m paperlib precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``, SPEC a
+    finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
+    args = argument_parser().parse_args(argv)
+    try:
+        found, missing = runs_table.for_spec(specs.load_spec(args.spec))
+        runs_table.at_least_one(found, args.spec, missing)
+        tables = effect(found, args.reference, args.margin, select=args.select)
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
+    counts = ", ".join(f"{n} {p} {s}" for (p, s), n in found.groupby(["precision", "status"]).size().items())
+    print(f"{len(found)} runs of {args.spec} ({counts}); {len(missing)} missing\n")
+    margins = tables["margins"]
+    shown = {
+        f"Test accuracy difference from {args.reference} (points) with its 90% interval, the one the equivalence "
+        f"test decides on; '=' shown within {args.margin:g} points (TOST)": formatted(tables["differences"]),
+        "Margins raised to one test image's worth, or not checked": margins[margins["note"] != ""][["note"]],
+        "Over datasets: one mean difference per dataset (its pairs share its test set)": tables["overall"].round(3),
+        "Table 6's best configuration": tables["best"],
+        "Does the precision change the conclusions?": tables["conclusions"].round(3),
+        "Verdict": tables["verdicts"].round(3),
+    }
+    for title, table in shown.items():
+        if not table.empty:
+            print(f"{title}\n{table.to_string()}\n")
+    print(power_statement(tables["verdicts"], args.margin, found["dataset"].nunique()))
+    if args.csv:
+        write_csv(tables, args.csv, indexed=("best", "margins"))
+    return 0

@@ -1,0 +1,502 @@
+"""Plasticity of the ViT components (paper §3, Definition 1; §5.1; appendix C.4).
+
+For image pairs (x from the pretraining distribution, y from a downstream set, paired by
+position), the rate of change of every component of every block on each pair is Definition 1's
+(``component_rates``: computed exactly and fast), and the plasticity P(f) is its mean over pairs.
+``measure`` runs the rates over two datasets in batches on a device; ``rates`` does one batch.
+
+The same holds for timm's later ViTs (``components``): an ``Eva`` model's embedding
+(DINOv3, EVA-02, ...) is its ``_pos_embed`` tokens, and its attention is applied to them with the
+rotary position embedding the model gives its blocks; RMSNorm is measured as LayerNorm is; FC1 of
+a SwiGLU block is its gate and value layers together.
+
+A ``Measurement`` is one model on one dataset against reference images, validated when it is made,
+with its result folder (``folder()``) and whether a result is saved there (``is_saved()``):
+
+    from paperlib.measure.plasticity import Measurement, run
+    measurement = Measurement(dataset="digits_c/snow")   # the demo ViT against digits_source, 179 pairs
+    table, folder = run(measurement)                     # results/plasticity/demo/digits_c/snow
+
+``run`` measures one and saves it, ``measure_missing`` runs those not saved yet. Saved results are
+``plasticity_table``'s, without torch: ``collect`` reads every one as one table of P(f), ``ranking`` ranks
+P(f) (``plasticity_by_block``: per block); the statistics of a ranking (its agreement with the paper's, its
+bootstrap uncertainty) are in ``paperlib.analysis.ranking``.
+
+Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
+``measure`` exclude them with a ``ranking.IdenticalPairsWarning`` naming how many, counted in
+``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
+numbers and exact rates. ``plasticity_table``'s ``ranking`` and ``plasticity_by_block`` leave out, with the same
+warning, pairs without any rate in tables made otherwise (``component_rates.to_table``).
+
+The scale of the embeddings (beyond the paper): a linear map's rate does not change when both
+embeddings are multiplied by a, a LayerNorm's falls as 1/a, so the ranking depends on the size of
+the tokens. Every result records the token RMS norm of its embeddings (``table.attrs["token_rms"]``,
+``token_rms`` in ``run``'s metadata and ``collect``): the square root of the mean of
+``||token||_2^2`` over every token (class token included) of both images of every measured pair,
+the paper's r (Fig. 6: 19.4 for ViT-B/16 in21k on Cifar10; ``bounds.token_radius``'s ``rms``).
+``scale_curve`` gives P(f) with the embeddings multiplied by factors (``ranking.paper_order_from``:
+from which factor on it follows the paper's ranking).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+from tqdm.auto import tqdm
+
+from paperlib.analysis.plasticity_table import (
+    METADATA,
+    check_sample,
+    current,
+    default_reference,
+    ranking,
+    results_root,
+    save,
+)
+from paperlib.analysis.ranking import paper_agreement
+from paperlib.data import datasets
+from paperlib.data.corruptions import check_severity
+from paperlib.data.loader import decode_workers
+from paperlib.measure.component_rates import batch_pair_rates, evaluating, linear_terms, pair_rates, tabulate
+from paperlib.records import cli, paths, storage
+from paperlib.records.names import COMPONENTS, check_inputs, check_normalize
+from paperlib.speed import devices, threads
+from paperlib.vit import models
+
+LOADER_BATCH = 64
+"""The batch of the authors' loaders in their analysis (``apps/vit/scripts/analysis.sh``: 64 x 200 steps for
+ViT-Base, ``HUGE_LOADER_BATCH`` x 400 for ViT-Huge): with ``sample="first"``, a set is read in whole batches
+of it, a last partial batch never used (a set smaller than one batch is used whole)."""
+
+HUGE_LOADER_BATCH = 32
+"""The authors' loader batch for ViT-Huge (``models.PAPER_MODELS["vit_huge_in21k"]``): ``Measurement``'s
+``loader_batch=0`` is it for that model, ``LOADER_BATCH`` for every other."""
+
+
+def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
+    """The image of each of ``n_pairs`` pairs from a set of ``n_images`` read in order, cycled.
+
+    The set is read in whole batches of ``batch`` (the last partial batch dropped): what an unshuffled
+    loader with ``drop_last``, made endless, yields (a set smaller than one batch is used whole)."""
+    used = n_images - n_images % batch if n_images >= batch else n_images
+    return [i % used for i in range(n_pairs)]
+
+
+def pair_indices(
+    n_reference: int, n_target: int, n_pairs: int, sample: str = "first", seed: int = 0, batch: int = LOADER_BATCH
+) -> tuple[list[int], list[int]]:
+    """Which images make the pairs: pair ``i`` is (reference[r[i]], target[t[i]]) for the returned (r, t).
+
+    ``first``: each set ``cycled`` in whole batches of ``batch`` (any ``n_pairs``). ``once``: both
+    ``range(n_pairs)``. ``random``: ``n_pairs`` distinct images of each set, each set drawn by a generator
+    of its own (seeded ``2 * seed`` for the reference, ``2 * seed + 1`` for the target), so the same seed
+    gives the same images of a set on every machine, whatever the other set, and the two draws are not the
+    same permutation. ``once`` and ``random`` need ``n_pairs`` at most the smaller set's size.
+    """
+    check_sample(sample)
+    if n_pairs < 1 or (sample != "first" and n_pairs > min(n_reference, n_target)):
+        most = "" if sample == "first" else f"..{min(n_reference, n_target)}"
+        raise ValueError(
+            f"n_pairs must be in 1{most} with sample {sample!r} "
+            f"(the reference has {n_reference} images and the target {n_target}), got {n_pairs}"
+        )
+    if sample == "first":
+        return cycled(n_reference, n_pairs, batch), cycled(n_target, n_pairs, batch)
+    if sample == "once":
+        return list(range(n_pairs)), list(range(n_pairs))
+    reference = torch.randperm(n_reference, generator=torch.Generator().manual_seed(2 * seed))[:n_pairs]
+    target = torch.randperm(n_target, generator=torch.Generator().manual_seed(2 * seed + 1))[:n_pairs]
+    return reference.tolist(), target.tolist()
+
+
+def rates(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, inputs: str = "embedding", scale: float = 1.0
+) -> pd.DataFrame:
+    """Rates of change of one batch of image pairs: one row per pair, block and component.
+
+    ``x``, ``y``: normalised float images (N, 3, H, W) on the model's device, paired by position.
+    Columns: ``block`` (0-based), ``depth`` (percent of depth: first block 0, last 100),
+    ``component`` (``COMPONENTS``), ``pair``, ``rate``. Pairs with identical embeddings are
+    excluded (an ``IdenticalPairsWarning`` names how many). ``attrs``: ``token_rms`` (the token
+    RMS norm of the measured pairs' embeddings) and ``identical_pairs_excluded``. ``scale``
+    (beyond the paper): both embeddings multiplied by it before the components
+    (``component_rates.pair_rates``).
+    """
+    return tabulate([pair_rates(model, x, y, inputs, scale=scale)])
+
+
+def scale_curve(
+    model: nn.Module | str, x: torch.Tensor, y: torch.Tensor, factors, batch_size: int = 64, device=None
+) -> pd.DataFrame:
+    """P(f) when the embedding of both images of every pair is multiplied by each factor (beyond the paper).
+
+    For each factor a, the components see ``a * e(x)`` and ``a * e(y)`` and each rate is Definition
+    1's on those (``component_rates.pair_rates(..., scale=a)``): linear maps (FC1, FC2) give the same
+    P(f) at every a, LayerNorms ``P(f) / a`` (exactly while their eps is negligible against the
+    variance of the scaled tokens), MHA neither. ``model``: a module or a name (``models.create_model``);
+    ``x``, ``y``: normalised images (N, 3, H, W), paired by position, measured in batches of
+    ``batch_size`` on ``device`` (None: where ``x`` is). Identical pairs are excluded as by ``rates``.
+    Returns one row per factor and component: ``factor``, ``component``, ``plasticity`` (mean rate
+    over pairs and blocks, as ``ranking``'s) and ``token_rms`` (the token RMS norm of the scaled
+    embeddings: the factor times the unscaled one).
+    """
+    network = models.create_model(model) if isinstance(model, str) else model
+    if x.shape != y.shape:
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+    factors = [float(factor) for factor in factors]
+    if not factors:
+        raise ValueError("no factors")
+    device = torch.device(device) if device is not None else x.device
+    network = network.to(device)
+    rows = []
+    with evaluating(network, "embedding"):
+        terms = linear_terms(network)
+        for factor in factors:
+            parts = [
+                batch_pair_rates(network, xs.to(device), ys.to(device), "embedding", terms, factor)
+                for xs, ys in zip(x.split(batch_size), y.split(batch_size))
+            ]
+            table = tabulate(parts)
+            mean = table.groupby("component", observed=True)["rate"].mean()
+            rows += [(factor, c, float(mean[c]), table.attrs["token_rms"]) for c in COMPONENTS]
+    curve = pd.DataFrame(rows, columns=["factor", "component", "plasticity", "token_rms"])
+    curve["component"] = pd.Categorical(curve["component"], categories=COMPONENTS)
+    return curve
+
+
+@dataclass(frozen=True)
+class PairDraw:
+    """How ``measure`` draws its pairs from the two sets, validated when it is made.
+
+    ``pair_indices`` draws them; ``sample`` ``first`` (the authors': both sets in order, cycled in whole
+    batches of ``loader_batch``), ``once`` (each image at most once) or ``random`` (a random subset of each
+    set, drawn with ``seed``)."""
+
+    sample: str = "first"
+    seed: int = 0
+    loader_batch: int = LOADER_BATCH
+
+    def __post_init__(self):
+        check_sample(self.sample)
+        if self.loader_batch < 1:
+            raise ValueError(f"loader_batch must be at least 1, got {self.loader_batch}")
+
+
+@dataclass(frozen=True)
+class Running:
+    """How ``measure`` runs, which changes none of its numbers beyond rounding.
+
+    ``batch_size`` pairs at a time on ``device``, images read by ``num_workers`` DataLoader workers (0: in
+    the main process), a progress bar unless ``progress`` is False. A bad ``batch_size`` is a ValueError
+    when it is made."""
+
+    batch_size: int = 64
+    device: str | torch.device = "cpu"
+    num_workers: int = 0
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+
+
+def measure(
+    model: nn.Module,
+    reference,
+    target,
+    n_pairs: int,
+    inputs: str = "embedding",
+    *,
+    draw: PairDraw = PairDraw(),
+    running: Running = Running(),
+) -> pd.DataFrame:
+    """Rates of change over ``n_pairs`` image pairs streamed from two datasets (§5.1).
+
+    The pairs are ``pair_indices``' as ``draw`` (a ``PairDraw``) says (the authors' by default: both
+    sets in order, cycled in whole batches); reference = images of the pretraining distribution,
+    target = the downstream test split, both yielding (normalised image, label). ``running`` (a
+    ``Running``): the batch size, device, DataLoader workers and progress bar.
+    Returns the tidy table of ``rates`` for all pairs but those with identical embeddings
+    (excluded, with an ``IdenticalPairsWarning`` naming how many); ``table.attrs["token_rms"]``
+    is the token RMS norm of the measured pairs' embeddings, ``table.attrs["identical_pairs_excluded"]``
+    the count.
+    """
+    check_inputs(inputs)
+    indices = pair_indices(len(reference), len(target), n_pairs, draw.sample, draw.seed, draw.loader_batch)
+    device = torch.device(running.device)
+    model = model.to(device)
+    loaders = [
+        DataLoader(
+            Subset(dataset, chosen),
+            batch_size=running.batch_size,
+            num_workers=running.num_workers,
+            pin_memory=device.type == "cuda",
+        )
+        for dataset, chosen in zip((reference, target), indices)
+    ]
+    parts = []
+    with evaluating(model, inputs), tqdm(total=n_pairs, desc="pairs", unit="pair", disable=not running.progress) as bar:
+        terms = linear_terms(model) if inputs == "embedding" else None
+        for (x, _), (y, _) in zip(*loaders):
+            parts.append(
+                batch_pair_rates(model, x.to(device, non_blocking=True), y.to(device, non_blocking=True), inputs, terms)
+            )
+            bar.update(len(x))
+    return tabulate(parts)
+
+
+NOTEBOOK = "02_plasticity"  # the notebook of one measurement: its parameters are a Measurement's fields (and run's)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One plasticity measurement, validated when it is made.
+
+    A model on a dataset's test images against reference images. Defaults: notebook 02's, the demo world
+    (the demo ViT on digits 5-9 against digits 0-4); the paper's: a ViT-Base or -Huge in21k on each
+    benchmark against ImageNet, 12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
+
+    ``reference`` "" (or None) is the dataset's ``default_reference``, stored by its name. ``run``
+    saves the measurement in ``folder()`` (``RATES``, ``BLOCKS``, then ``METADATA``); ``is_saved()`` says whether
+    a complete result is there. ``n_pairs`` is not part of the folder: a saved result stands for the
+    measurement whatever number of pairs it was asked for (``run`` measures again and replaces it).
+    """
+
+    model: str = "demo"  # short name (demo, vit_base_in21k, vit_huge_in21k), any timm ViT name, or custom/<name>
+    dataset: str = "digits"  # downstream dataset, whose test split gives the images y (see datasets.dataset_names())
+    # pretraining-distribution images x: a dataset name (the paper: imagenet), or "" for the dataset's
+    # default_reference (digits_source for the demo's datasets, imagenet for the others)
+    reference: str = ""
+    # this many (x, y) pairs (the paper: 12,800), a smaller set repeating (sample first); at most a set's size otherwise
+    n_pairs: int = datasets.DEMO_PAIRS
+    inputs: str = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
+    # first (the authors': each set in order, paired by position, read in whole batches of loader_batch and cycled
+    # until n_pairs), once (each image at most once: the first images of each set) or random (a random subset of
+    # each, drawn with seed)
+    sample: str = "first"
+    seed: int = 0  # seed of the random subset (with sample random)
+    # imagenet (the paper: ImageNet's mean and std for every model) or model (the mean and std the model was
+    # pretrained with; models.normalization)
+    normalize: str = "imagenet"
+    # Cifar10-C's corruption severity, 1 to 5 (the paper: 5; the demo's digits_c: 5 only)
+    severity: int = datasets.SEVERITY
+    # with sample first: the batch of the authors' loaders, whose last partial batch is never used; 0 = theirs for the
+    # model (32 for vit_huge_in21k, 64 for every other)
+    loader_batch: int = 0
+
+    def __post_init__(self):
+        datasets.check_dataset(self.dataset)
+        if self.reference in ("", None):  # the dataset's default written one way: one measurement, one value
+            object.__setattr__(self, "reference", default_reference(self.dataset))
+        datasets.check_dataset(self.reference)
+        timm_name = models.resolve_name(self.model)
+        if self.loader_batch == 0:  # the authors' batch written one way, as the reference
+            huge = timm_name == models.PAPER_MODELS["vit_huge_in21k"]
+            object.__setattr__(self, "loader_batch", HUGE_LOADER_BATCH if huge else LOADER_BATCH)
+        check_inputs(self.inputs)
+        check_sample(self.sample)
+        check_normalize(self.normalize)
+        check_severity(self.severity)
+        for name, least in (("n_pairs", 1), ("seed", 0), ("loader_batch", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be at least {least} (an integer), got {value!r}")
+
+    def folder(self) -> Path:
+        """``results/plasticity/<model>/<dataset>`` (``results/plasticity_in_situ/...`` for ``in_situ``
+        inputs), with ``+once`` for each image at most once, ``+random-seed=<seed>`` for pairs drawn at
+        random, ``+norm-model`` for images
+        normalised with the model's own statistics, ``+ref-<reference>`` against reference images other
+        than the dataset's ``default_reference``, ``+severity-<s>`` for a Cifar10-C corruption at
+        another severity than the paper's 5: a measurement that is not the paper's never replaces one."""
+        leaf = {"first": self.dataset, "once": f"{self.dataset}+once"}.get(
+            self.sample, f"{self.dataset}+random-seed={self.seed}"
+        )
+        leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
+        if self.reference != default_reference(self.dataset):
+            leaf += f"+ref-{self.reference.replace('/', '_')}"
+        if self.dataset.startswith("cifar10c/") and self.severity != datasets.SEVERITY:
+            leaf += f"+severity-{self.severity}"
+        return results_root(self.inputs) / self.model / leaf
+
+    def pair_indices(self, n_reference: int, n_target: int) -> tuple[list[int], list[int]]:
+        """The images of the pairs it measures on sets of these sizes (``pair_indices``): ``n_pairs`` of
+        them with the authors' pair set (``first``), else at most the smaller set's size."""
+        pairs = self.n_pairs if self.sample == "first" else min(self.n_pairs, n_reference, n_target)
+        return pair_indices(n_reference, n_target, pairs, self.sample, self.seed, self.loader_batch)
+
+    def is_saved(self) -> bool:
+        """Whether ``folder()`` holds a complete result of today's test splits and pair set: its
+        ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
+        (``storage.json_or_none``: a damaged result is reported in a warning and not taken for one), and
+        ``current``."""
+        metadata = storage.json_or_none(self.folder() / METADATA)
+        return metadata is not None and current(metadata)
+
+
+def _pair_sets(measurement: Measurement, data_root):
+    """The model (pretrained weights), its normalisation and the test splits of both datasets at its resolution."""
+    mean_std = models.normalization(measurement.model, measurement.normalize)
+    network = models.create_model(measurement.model)
+    size = network.patch_embed.img_size[0]
+    reference_set = datasets.get_dataset(
+        measurement.reference, "test", root=data_root, image_size=size, mean_std=mean_std
+    )
+    target_set = datasets.get_dataset(
+        measurement.dataset, "test", root=data_root, image_size=size, severity=measurement.severity, mean_std=mean_std
+    )
+    return network, mean_std, reference_set, target_set
+
+
+def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The model and the images of the pairs ``run`` measures for ``measurement``, in memory.
+
+    (network, x, y), x the reference images and y the target's, paired by position
+    (``Measurement.pair_indices``, as ``run``); for ``scale_curve`` on a notebook's own pairs."""
+    network, _, reference_set, target_set = _pair_sets(measurement, data_root)
+    chosen = measurement.pair_indices(len(reference_set), len(target_set))
+    x, y = ([images[i][0] for i in indices] for images, indices in zip((reference_set, target_set), chosen))
+    return network, torch.stack(x), torch.stack(y)
+
+
+def run(
+    measurement: Measurement,
+    *,
+    batch_size: int = 64,
+    device: str = "cpu",
+    data_root=None,
+    progress: bool = True,
+    num_workers: int | None = None,
+) -> tuple[pd.DataFrame, Path]:
+    """Make one measurement and save it in its folder (``Measurement.folder``), replacing what was there.
+
+    The model's pretrained weights; the test splits of both datasets at the model's resolution, read
+    from ``data_root`` (None: ``$VIT_PLASTICITY_DATA`` or ``data/``). With the authors' pair set
+    (``sample="first"``) ``n_pairs`` pairs are measured whatever the test split's size: a smaller
+    one repeats (Cifar10-C's 2,000 images against the paper's 12,800 pairs); with ``once`` or
+    ``random``, at most as many as the smaller set has. The metadata record ``n_pairs`` used,
+    ``n_pairs_requested`` and the distinct images of each side used (``distinct_reference``,
+    ``distinct_target``). ``batch_size`` pairs at a time on ``device``; ``num_workers``:
+    DataLoader workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main
+    process would leave the GPU waiting; none on a CPU). Returns the tidy table and its folder. The
+    metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
+    ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
+    """
+    device = devices.check_device(device)  # before any data is read: a device this machine has
+    network, mean_std, reference_set, target_set = _pair_sets(measurement, data_root)
+    start = time.perf_counter()
+    if num_workers is None:
+        num_workers = decode_workers() if device.type == "cuda" else 0
+    indices = measurement.pair_indices(len(reference_set), len(target_set))
+    pairs, distinct = len(indices[0]), [len(set(chosen)) for chosen in indices]
+    if progress and (pairs < measurement.n_pairs or min(distinct) < pairs):
+        print(
+            f"{measurement.dataset}: {pairs} pairs of {distinct[0]} distinct {measurement.reference} images "
+            f"(of {len(reference_set)}) and {distinct[1]} distinct {measurement.dataset} images (of {len(target_set)})"
+        )
+    threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
+    folder = measurement.folder()
+    with storage.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
+        table = measure(
+            network,
+            reference_set,
+            target_set,
+            pairs,
+            measurement.inputs,
+            draw=PairDraw(measurement.sample, measurement.seed, measurement.loader_batch),
+            running=Running(batch_size, device, num_workers, progress),
+        )
+        metadata = {
+            "model": measurement.model,
+            "dataset": measurement.dataset,
+            "reference": measurement.reference,
+            "n_pairs": pairs,
+            "n_pairs_requested": measurement.n_pairs,
+            "distinct_reference": distinct[0],
+            "distinct_target": distinct[1],
+            "loader_batch": measurement.loader_batch if measurement.sample == "first" else None,
+            "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
+            "token_rms": table.attrs["token_rms"],
+            "sample": measurement.sample,
+            "seed": measurement.seed if measurement.sample == "random" else None,
+            "inputs": measurement.inputs,
+            "normalize": measurement.normalize,
+            "mean": list(mean_std[0]),
+            "std": list(mean_std[1]),
+            "image_size": network.patch_embed.img_size[0],
+            "severity": measurement.severity if measurement.dataset.startswith("cifar10c/") else None,
+            "device": str(device),
+            "threads": threads_used,
+            "seconds": round(time.perf_counter() - start, 2),
+            "torch": torch.__version__,
+        }
+        return table, save(table, folder, metadata)
+
+
+def measure_missing(
+    measurements: Iterable[Measurement],
+    *,
+    batch_size: int = 64,
+    device: str = "cpu",
+    data_root=None,
+    progress: bool = False,
+) -> list[Measurement]:
+    """Make every measurement of ``measurements`` not saved yet; returns those it made.
+
+    ``measurements``: an iterable of ``Measurement``, made in order, with ``run``'s options as given, as the notebooks
+    do before ``collect``. A measurement that another process is making is waited for, then found saved."""
+    made = []
+    for measurement in measurements:
+        if measurement.is_saved():
+            continue
+        with storage.locked(measurement.folder()):  # one measures, others wait for it and then find its result
+            if measurement.is_saved():
+                continue
+            run(measurement, batch_size=batch_size, device=device, data_root=data_root, progress=progress)
+        made.append(measurement)
+    return made
+
+
+HELP = {
+    "batch_size": "pairs per batch",
+    "device": "cpu, cuda or cuda:<index>: a device this machine has",
+    "data_root": "data folder (None: $VIT_PLASTICITY_DATA or data/)",
+    "progress": "show a progress bar over the pairs",
+    "num_workers": "DataLoader workers decoding images; not given: up to 8 on CUDA, 0 (the main process) on a CPU",
+}
+"""``--help``'s meaning of the command's options that are ``run``'s, not ``Measurement`` fields (theirs:
+``cli.field_comments``)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One plasticity measurement from the command line, as notebook 02 makes it.
+
+    ``python -m paperlib plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
+    one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
+    options = {name: p.default for name, p in inspect.signature(run).parameters.items() if p.kind == p.KEYWORD_ONLY}
+    # num_workers: run's None (automatic) unless given, so typed as the number a command line gives
+    defaults = cli.field_defaults(Measurement) | options | {"num_workers": 0}
+    try:
+        values = cli.parameters(
+            argv,
+            defaults,
+            "Plasticity of every component (paper §5.1); notebook 02's parameters.",
+            "python -m paperlib plasticity",
+            meanings=cli.field_comments(Measurement) | HELP,
+        )
+        given = {name: values.pop(name) for name in options if name in values}
+        table, folder = run(Measurement(**values), **given)
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
+    ranked = ranking(table)
+    print(ranked.round(4).to_string())
+    print(f"Kendall's tau with the paper's ranking: {paper_agreement(table):.2f}; saved in {paths.display(folder)}")
+    return 0

@@ -1,0 +1,14 @@
+"""Records: what a saved result is, where it lives and how it is read back, without torch.
+
+The bottom layer: every other package builds on it, and it imports none of them (``docs/architecture.md``).
+
+- ``paths``         where things live: the repository, results, reports, data caches, custom models and datasets
+- ``storage``       atomic writes, whole-JSON reads and the lock of what one process at a time writes
+- ``cli``           the command lines' parameter files, overrides and ``--help``
+- ``names``         the names every table and figure shares: components, configurations, labels, the choices a
+                    result records
+- ``step_options``  how a run's steps may run (precision, compilation, attention kernel, fused ops) and speed presets
+- ``specs``         sweep specs: read, checked, expanded into their runs' parameters
+- ``runs``          what a finetuning run is (``Run``), its folder, its record and whether it is finished
+- ``runs_table``    every finetuning run as a table: a results root's, a spec's (``for_spec``), their histories
+"""

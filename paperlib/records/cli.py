@@ -1,0 +1,224 @@
+"""Command lines for one run without a notebook: ``python -m paperlib finetune`` and
+``python -m paperlib plasticity``; what every command line shares.
+
+Both read the notebooks' parameter files (``-f parameters/finetune/cifar10.yaml``, several in
+order, later ones winning), then ``--name value`` overrides, with the names the notebooks use.
+Values take the type of the parameter's default, so ``--lr 1e-2`` is a number and ``--save-weights true``
+a boolean; an unknown name or a value of the wrong type stops before any work with the valid
+choices. Every command (these, ``sweep``, ``stats``, ``report``, ``demo``, ``python -m benchmarks``) reports a
+missing or malformed file, spec or folder as one line, ``error: ...``, with exit status 2
+(``BAD_INPUT``, ``fail``). Their ``--help`` gives each option its meaning, type, valid choices and
+default: these two's from ``Config``'s field comments (``field_comments``), the others' from their
+``add_argument`` (``Help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paperlib.records import storage
+
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
+"""What a command line reports as a bad input (``fail``), not as a traceback: a disk that refuses a file too."""
+
+
+def fail(error: BaseException) -> int:
+    """Report a bad input as one line on stderr (``error: ...``); returns the exit status, 2."""
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+
+
+def read_yaml(path: str | Path, what: str = "parameter file") -> Any:
+    """A YAML file's content.
+
+    A FileNotFoundError or ValueError naming it (and ``what`` it is) if it is missing, a folder, or not
+    YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
+    try:
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid YAML: {' '.join(str(error).split())}") from None
+
+
+TRUE, FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def coerce(name: str, value: Any, default: Any) -> Any:
+    """``value`` (from the command line or a parameter file) as the type of ``default``."""
+    if isinstance(value, str) and value.strip().lower() in ("none", "null") and default is None:
+        return None
+    # a YAML null for a text parameter: its default ("" = the default folder)
+    if value is None and isinstance(default, str):
+        return default
+    try:
+        if isinstance(value, bool) and not isinstance(default, bool):  # YAML's true for a number is a slip, not 1
+            raise ValueError
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word in TRUE + FALSE:
+                return word in TRUE
+            raise ValueError
+        if isinstance(default, int):
+            number = float(value)
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if isinstance(default, float):
+            return float(value)
+    except (TypeError, ValueError):
+        kind = "true or false" if isinstance(default, bool) else type(default).__name__
+        raise ValueError(f"{name} must be {kind}, got {value!r}") from None
+    return value if value is None or not isinstance(default, str) else str(value)
+
+
+def field_comments(cls) -> dict[str, str]:
+    """Each field of a dataclass with its comment in the source.
+
+    The comment lines just above it and the one after it on its line (``runs.Run`` documents its fields
+    so; ``--help`` shows them), in ``cls`` and the dataclasses it derives from."""
+    import dataclasses
+    import inspect
+    import re
+
+    names, comments, pending = {f.name for f in dataclasses.fields(cls)}, {}, []
+    source = "\n".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
+    for line in source.splitlines():
+        stripped = line.strip()
+        field = re.match(r"(\w+)\s*:", stripped)
+        if stripped.startswith("#"):
+            text = stripped.lstrip("#").strip()
+            pending += [] if text.startswith("---") else [text]
+        elif field and field.group(1) in names:
+            trailing = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+            comments[field.group(1)] = " ".join(pending + ([trailing] if trailing else []))
+            pending = []
+        else:
+            pending = []
+    return comments
+
+
+def field_defaults(cls) -> dict[str, Any]:
+    """Each field of a dataclass with its default, by name (what a command line starts from)."""
+    import dataclasses
+
+    return {field.name: field.default for field in dataclasses.fields(cls)}
+
+
+class Help(argparse.HelpFormatter):
+    """``--help`` that shows each argument's meaning, then its type, choices and default.
+
+    ``--help`` of the commands that declare their options with ``add_argument`` (``formatter_class=cli.Help``):
+    each argument's ``help`` (its meaning), then, in parentheses, what its ``add_argument`` says: its type
+    (``flag`` for an option without a value), its valid ``choices`` and its ``default``. An option whose
+    default is None (or a path of this machine) ends its help with it in words, ``; default: <words>``
+    (``--gpus``: ``; default: every visible GPU``), shown in the parentheses."""
+
+    TYPES = {None: "str", str: "str", int: "int", float: "float", Path: "path"}
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        # a subcommand's line in its parent's list, or --help itself: the help as it is
+        if not (action.option_strings or action.required) or action.default is argparse.SUPPRESS:
+            return action.help
+        meaning, _, absent = (action.help or "").partition("; default: ")
+        if action.nargs == 0:
+            facts = ["flag"]
+        else:
+            facts = [self.TYPES.get(action.type, getattr(action.type, "__name__", "value"))]
+            facts[0] += ", one or more" if action.nargs == "+" else ""
+            facts += [] if action.choices is None else ["one of %(choices)s"]
+            if absent:
+                facts.append(f"default: {absent}")
+            elif action.default is not None and not action.required:
+                facts.append("default %(default)s")
+        return f"{meaning} ({'; '.join(facts)})"
+
+
+def tables_parser(prog: str, description: str, spec: str, selections: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The command line that ``stats`` and ``precision`` share (each adds its own options).
+
+    They print the tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6
+    picking each learning rate by one of ``selections``, and write them as CSV files if asked."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
+    parser.add_argument("spec", type=Path, help=spec)
+    parser.add_argument(
+        "--select",
+        default="test",
+        choices=selections,
+        help="how Table 6 picks each learning rate: by test (the paper) or val accuracy",
+    )
+    parser.add_argument(
+        "--csv", type=Path, metavar="DIR", help="also write each table as DIR/<table>.csv; default: no file written"
+    )
+    return parser
+
+
+def parameters(
+    argv: list[str] | None,
+    defaults: dict[str, Any],
+    description: str,
+    prog: str,
+    flexible: frozenset[str] = frozenset(),
+    meanings: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
+
+    Names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
+    ``--help`` shows each option's meaning (``meanings``), type and default.
+    A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or
+    ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
+    """
+    valid = sorted(defaults)
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
+    parser.add_argument(
+        "-f", "--file", action="append", default=[], help="a YAML parameter file (as papermill -f); repeatable"
+    )
+    for name in valid:
+        default = defaults[name]
+        kind = (
+            "true or false" if isinstance(default, bool) else type(default).__name__ if default is not None else "value"
+        )
+        meaning = (meanings or {}).get(name, "").replace("%", "%%")
+        shown = repr(default) if default == "" else str(default).replace("%", "%%")  # unquoted, as argparse's own
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            default=argparse.SUPPRESS,
+            metavar=kind.upper().replace(" ", "_") if kind != "true or false" else "BOOL",
+            help=f"{meaning + ' ' if meaning else ''}({kind}; default {shown})",
+        )
+    args = vars(parser.parse_args(argv))
+    values: dict[str, Any] = {}
+    for file in args.pop("file"):  # a file's problems: FileNotFoundError or ValueError naming it (``fail``)
+        loaded = read_yaml(file)
+        if loaded is None:
+            raise ValueError(f"{file} is empty: no parameters in it")
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{file} is not a mapping of parameter names to values")
+        unknown = sorted(set(loaded) - set(valid))
+        if unknown:
+            raise ValueError(f"{file}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+        values.update(loaded)
+    values.update(args)
+    result = {}
+    for name, value in values.items():
+        if name in flexible and isinstance(value, str):
+            lowered = value.strip().lower()
+            result[name] = (lowered in TRUE) if lowered in TRUE + FALSE else value
+        else:
+            result[name] = coerce(name, value, defaults[name])
+    return result
+
+
+def print_json(payload: dict) -> None:
+    """Print ``payload`` as indented JSON (any value JSON lacks as its ``str``)."""
+    print(json.dumps(payload, indent=2, default=str))

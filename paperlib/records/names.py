@@ -1,0 +1,126 @@
+"""The names the package's tables and figures share: the five components of a ViT block in the
+paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5); the
+family of a dataset (a corruption counts with the dataset it corrupts); and the choices a plasticity
+result records (its inputs, its normalisation).
+
+No torch here, nor anything of the training stack: the analysis of saved results (``stats``,
+``precision``, ``capacity``, ``runs_table``, ``plasticity_table``) imports these alone, so that it reads
+a whole grid's results in seconds (``components``, ``component_rates`` and ``transforms`` import them
+from here beside what needs torch).
+"""
+
+from __future__ import annotations
+
+COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
+"""The five components, in the paper's plasticity order."""
+
+PAPER_SCORES = {component: float(len(COMPONENTS) - i) for i, component in enumerate(COMPONENTS)}
+"""The paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2 middle) as scores,
+5 for MHA ... 1 for LN1: what a Kendall tau with it takes (it uses only the order)."""
+
+RUN_COMPONENTS = COMPONENTS + ("full", "linear")
+"""What a finetuning run trains (``Config.component``), the paper's finetuning configurations:
+one component, every parameter (``full``), or the head only (``linear``)."""
+
+LABELS = {
+    "mha": "MHA",
+    "fc1": "FC1",
+    "fc2": "FC2",
+    "ln2": "LN2",
+    "ln1": "LN1",
+    "full": "All",
+    "linear": "Linear head (SGD)",
+    "probe": "Linear probing",
+}
+"""Display names, as in the paper's tables and figures (``probe``: Table 6's linear-probing column,
+the paper's "Linear"; ``linear``: the configuration that trains a new head, which is not it)."""
+
+POINT_LABELS = {
+    "ln1": "LN1",
+    "mha": "MHA",
+    "attn_residual": "x + MHA",
+    "ln2": "LN2",
+    "fc1": "FC1",
+    "gelu": "GELU",
+    "fc2": "FC2",
+    "block": "block output",
+}
+"""Display names of the probe points (``probe``: each component's output, the activation's and the
+residual stream's)."""
+
+
+def check_component(component: str) -> str:
+    """Return ``component`` or raise a ValueError that names the valid components."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; valid components: {', '.join(COMPONENTS)}")
+    return component
+
+
+def check_run_component(component: str) -> str:
+    """Return ``component`` or raise a ValueError that names what a run can train (``RUN_COMPONENTS``)."""
+    if component not in RUN_COMPONENTS:
+        raise ValueError(
+            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(RUN_COMPONENTS)}"
+        )
+    return component
+
+
+CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
+"""The datasets whose ``<name>/<corruption>`` are corruptions of another (``family``)."""
+
+
+def family(dataset: str) -> str:
+    """The unit a dataset counts as when datasets are not independent.
+
+    A corruption of another dataset (``cifar10c/snow``, ``digits_c/snow``) is of that dataset's family (``cifar10``,
+    ``digits``); every other dataset is its own (``domainnet/sketch``)."""
+    head, _, tail = dataset.partition("/")
+    return CORRUPTED.get(head, dataset) if tail else dataset
+
+
+DEMO_FAMILIES = ("digits_source", "digits")
+"""The demo world's datasets by ``family`` (``datasets.DATASETS``' group ``demo``): its reference images and
+its downstream digits with their corruptions."""
+
+
+INPUTS = ("embedding", "in_situ")
+"""What a component's rate is measured on: ``embedding`` (the paper's: every block on the embedding's
+tokens) or ``in_situ`` (each component on its actual input; beyond the paper: ``component_rates``)."""
+
+
+def check_inputs(inputs: str) -> str:
+    """Return ``inputs`` or raise a ValueError naming the valid choices."""
+    if inputs not in INPUTS:
+        raise ValueError(f"unknown inputs {inputs!r}; valid inputs: {', '.join(INPUTS)}")
+    return inputs
+
+
+NORMALIZATIONS = ("imagenet", "model")
+"""How images are normalised: ``imagenet`` (the paper's statistics, for every model) or ``model``
+(the mean and standard deviation the model's pretrained configuration records, e.g. 0.5 for the
+original ImageNet-21k ViTs, CLIP's own for CLIP models; beyond the paper)."""
+
+
+def check_normalize(normalize: str) -> str:
+    """Return ``normalize`` or raise a ValueError that names the valid choices."""
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(
+            f"unknown normalize {normalize!r}; valid choices: {', '.join(NORMALIZATIONS)} "
+            "(imagenet: the paper's ImageNet mean and std; model: those the model was pretrained with)"
+        )
+    return normalize
+
+
+SPLITS_VERSION = 2
+"""Which splits ``get_dataset`` draws, recorded with every result made from them (runs, probes,
+plasticity), so that results of other splits are not mixed with these: 2, the authors' draws
+(``deterministic_split``, ``validation_split``, Flowers102's official validation split); 1, before
+(SHA-256 key splits everywhere), recorded by no key."""
+
+
+ADAPTABLE = ("mha", "fc1", "fc2", "full")
+"""The configurations LoRA can adapt (``lora.TARGETS`` names their weight matrices): those with weight matrices."""
+
+
+PAPER_R = 19.4
+"""The radius of the paper's Fig. 6: RMS token norm of ViT-Base on Cifar10 (§4)."""

@@ -1,0 +1,386 @@
+"""What a finetuning run is and where it lives (paper §5.2): ``Config``, its folder and its files.
+
+Whether a run is finished as asked is here too; every run as a table is ``runs_table``.
+
+    from paperlib.records.runs import Config
+    config = Config(component="mha", lr=0.03)   # validated here, once
+    config.folder()   # results/finetune/demo/digits/mha/lr=0.03/seed=0
+
+Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
+(``Config.folder``; a suffix for each choice that is not the paper's, so such a run never
+replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
+``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
+whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
+One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``is_finished(config)`` is the
+one answer to "is this run finished as asked" (the sweep's markers ask it too). ``Config.validate`` imports the
+training stack; reading results (``runs_table``) needs no ``Config`` and loads no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from paperlib.records import cli, paths, storage
+from paperlib.records.cli import coerce
+from paperlib.records.names import check_run_component
+from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
+
+if TYPE_CHECKING:
+    pass
+
+PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
+NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finetuning run as its record holds it: its fields, its folder, checked without the training stack.
+
+    ``train.config.Config`` is the same run checked against the training stack too (its model, data and device).
+
+    Defaults: notebook 05's, the demo protocol (the demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset:
+    ``parameters/finetune/``."""
+
+    model: str = "demo"  # short name or timm ViT name
+    dataset: str = "digits"  # downstream dataset (see datasets.dataset_names())
+    component: str = "mha"  # what trains: mha, fc1, fc2, ln2, ln1, full or linear
+    lr: float = 0.03  # peak learning rate
+    seed: int = 0  # head initialisation, validation split, batch order, augmentation
+    steps: int = 100  # optimisation steps
+    batch_size: int = 32  # images per step (the paper: 512)
+    # images per forward pass (gradient accumulation); 0 = the whole batch, halved while the GPU runs out of memory
+    micro_batch: int = 0
+    warmup: int = 10  # linear warm-up steps
+    eval_every: int = 10  # evaluate on val every this many steps (at the end only if it exceeds the steps)
+    # official (a dataset's official validation split where it has one, Flowers102, as the authors' code) or fraction
+    # (20% of the training set everywhere, the paper's words); elsewhere both are 20% drawn from the seed
+    validation: str = "official"
+    device: str = "cpu"  # cpu, cuda or cuda:<index>: a device this machine has
+    image_size: int = 0  # 0 = the model's resolution; else the images' and the model's (position embedding resampled)
+    # imagenet (the paper: ImageNet's mean and std) or model (the mean and std the model was pretrained with;
+    # models.normalization)
+    normalize: str = "imagenet"
+    data_root: str = ""  # "" = $VIT_PLASTICITY_DATA or data/
+    momentum: float = 0.9  # SGD's momentum, in [0, 1) (the paper: 0.9)
+    clip: float = 1.0  # global gradient-norm clipping
+    # sgd (the paper: momentum, no weight decay) or adamw (beyond the paper: AdamW, betas 0.9/0.999)
+    optimizer: str = "sgd"
+    # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
+    weight_decay: float = 0.0
+    # --- how its steps run, not what it trains (``paperlib.speed``; the same step to rounding) ---
+    # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile: bool | str = False
+    # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
+    compile_mode: str = "default"
+    attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
+    # fp32 (the paper's protocol: PyTorch's defaults, matrix products without TF32), or beyond it "tf32" (TF32 matrix
+    # products and convolutions; CUDA only), "autocast" (bf16 autocast) or "bf16" (bf16 compute, fp32 master
+    # weights): faster on a GPU, not the paper's, so their runs get their own folders (speed.options.PRECISIONS)
+    precision: str = "fp32"
+    # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
+    # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+"
+    fused: str = "auto"
+    # --- beyond the paper: LoRA, tags, kept weights ---
+    # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices
+    # trains instead (``lora``; mha, fc1, fc2 or full)
+    lora_rank: int = 0
+    # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    lora_alpha: float = 0.0
+    lora_dropout: float = 0.0  # dropout on the LoRA updates' input
+    # train as many parameters per block in mha, fc1 or fc2 as a LayerNorm has (2d): a seeded random subset of the
+    # component's weights and biases, the rest frozen (``equal_capacity``: plasticity, not size)
+    equal_capacity: bool = False
+    subset_seed: int = 0  # the seed of an equal-capacity run's subset: the same for every lr and seed
+    # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
+    # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
+    tag: str = ""
+    # stop a run at a loss above finetune.EXPLODED times chance level's (not the authors': their loop never stops a run;
+    # a loss that is not finite stops it either way, and either marks it diverged)
+    stop_exploded: bool = False
+    # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the
+    # finetuned model); not part of what a run is
+    save_weights: bool = False
+
+    def __post_init__(self):
+        asked = {"tag": self.tag, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
+        for name, value in written_one_way(asked).items():
+            object.__setattr__(self, name, value)
+        self.validate()
+
+    def validate(self) -> "Run":
+        """Fail before any work, with the valid choices: the checks that need no training stack."""
+        check_run_component(self.component)
+        self._check_numbers()
+        check_optimizer(self.optimizer, self.weight_decay)
+        if not isinstance(self.tag, str) or (self.tag and not paths.CUSTOM_NAME.fullmatch(self.tag)):
+            raise ValueError(
+                "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
+                f"got {self.tag!r}"
+            )
+        for name in ("save_weights", "stop_exploded", "equal_capacity"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.lora_rank and self.equal_capacity:
+            raise ValueError("equal_capacity trains a subset of the component's own weights: set lora_rank 0")
+        if self.optimizer != "sgd" and self.momentum != Run.momentum:  # SGD's alone
+            raise ValueError(
+                f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Run.momentum}"
+            )
+        return self
+
+    def _check_numbers(self) -> None:
+        """Every number of the run in its valid range, the range in the message."""
+
+        def number(value) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+        def integer(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not (number(self.lr) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        for name in ("steps", "batch_size", "eval_every"):
+            if not integer(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not integer(self.warmup) or not 0 <= self.warmup < self.steps:
+            raise ValueError(f"warmup must be an integer in 0..steps-1 (0..{self.steps - 1}), got {self.warmup!r}")
+        if not integer(self.micro_batch) or not 0 <= self.micro_batch <= self.batch_size:
+            raise ValueError(
+                f"micro_batch must be 0 (automatic) or 1..batch_size (1..{self.batch_size}), got {self.micro_batch!r}"
+            )
+        if self.micro_batch and self.batch_size % self.micro_batch:
+            raise ValueError(f"micro_batch ({self.micro_batch}) must divide batch_size ({self.batch_size})")
+        if not (number(self.clip) and self.clip > 0):
+            raise ValueError(
+                f"clip must be a positive number (the gradient-norm bound; inf: no clipping), got {self.clip!r}"
+            )
+        if not (number(self.momentum) and 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
+        for name in ("seed", "subset_seed"):
+            if not integer(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if not integer(self.image_size) or self.image_size < 0:
+            raise ValueError(f"image_size must be 0 (the model's) or a positive integer, got {self.image_size!r}")
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Each field's default by name: what a run is where nothing is asked (and what a record
+        written before a field existed counts as)."""
+        return cli.field_defaults(cls)
+
+    def step_options(self) -> StepOptions:
+        """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
+        precision, fused ops), unchecked (``train.config.Config.checked_options``: checked for its device)."""
+        return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
+
+    def folder(self) -> Path:
+        """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, with ``-<precision>``
+        unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
+        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-equal[-s<subset seed>]`` for
+        equal capacity, ``-norm-model`` for
+        the model's own normalisation, ``-val-fraction`` for the paper's reading of the validation
+        split, and ``+<tag>`` last (``+``, which no tag has, so that no tag
+        can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
+        or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
+        warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
+        run in its folder unless it has a tag of its own."""
+        return run_folder(asdict(self))
+
+
+def written_one_way(values: dict) -> dict:
+    """``values`` (a run's ``tag``, ``lora_rank`` and ``lora_alpha``) as a ``Config`` holds them.
+
+    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and LoRA's alpha 0 as the rank, so that lora_alpha=0
+    and lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
+    values = dict(values)
+    if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
+        values["tag"] = f"{values['tag']:g}"
+    rank = values["lora_rank"]
+    if values["lora_alpha"] == 0 and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+        values["lora_alpha"] = float(rank)
+    return values
+
+
+def run_folder(record: dict) -> Path:
+    """The folder of the run ``record`` describes (a ``Config``'s fields, ``Config.folder``)."""
+    r = record
+    run = f"seed={r['seed']}" + ("" if r["precision"] == "fp32" else f"-{r['precision']}")
+    if r["optimizer"] != "sgd":  # another optimizer, another folder: the paper's runs are kept
+        run += f"-{r['optimizer']}" + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else "")
+    if r["lora_rank"]:
+        run += f"-lora-r{r['lora_rank']}" + (f"-a{r['lora_alpha']:g}" if r["lora_alpha"] != r["lora_rank"] else "")
+        run += f"-d{r['lora_dropout']:g}" if r["lora_dropout"] else ""
+    if r["equal_capacity"]:
+        run += "-equal" + (f"-s{r['subset_seed']}" if r["subset_seed"] else "")
+    run += "" if r["normalize"] == "imagenet" else f"-norm-{r['normalize']}"
+    run += f"-val-{r['validation']}" if r["validation"] != "official" else ""
+    run += f"+{r['tag']}" if r["tag"] else ""
+    return finetune_root() / r["model"] / r["dataset"] / r["component"] / f"lr={r['lr']:g}" / run
+
+
+def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
+    """How a run trains its component, for tables and legends.
+
+    Its folder says the same (``Config.folder``): "weights" (the paper: the component's own weights) or "LoRA r=<rank>"
+    (with alpha and dropout where they are not the defaults)."""
+    if not lora_rank:
+        return "weights"
+    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
+        [f"dropout={lora_dropout:g}"] if lora_dropout else []
+    )
+    return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
+    """``optimizer`` if valid with ``weight_decay``; otherwise a ValueError with the valid choices."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
+    if optimizer == "sgd" and weight_decay:
+        raise ValueError("the paper's SGD has no weight decay: weight_decay is for optimizer='adamw'")
+    return optimizer
+
+
+def config_fingerprints(record: dict) -> dict:
+    """What the custom dataset and model of a run's fields hold now, as its record keeps them.
+
+    The fields are ``record``; what they hold is ``paths.dataset_fingerprint`` and ``paths.model_fingerprint``, kept
+    as ``run_record`` keeps them (``{"dataset": ..., "model": ...}``); empty for the built-in ones. A sweep's marker
+    of another notebook's run keeps those of every custom name among its parameters instead
+    (``sweep.parameter_fingerprints``)."""
+    found = {
+        "dataset": paths.dataset_fingerprint(record["dataset"], record["data_root"] or None),
+        "model": paths.model_fingerprint(record["model"]),
+    }
+    return {key: value for key, value in found.items() if value}
+
+
+PROTOCOL = 3
+"""The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
+``is_finished`` (a run of another version is run again, never mixed with these): 3, a run whose loss
+explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the
+authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits
+(``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
+(multiples of ``eval_every`` only), batches (the last incomplete one of an epoch dropped) and new head
+(PyTorch's ``nn.Linear`` initialisation). A run that records no version is outdated. See ``docs/fidelity.md``."""
+
+
+def run_record(config: Run | dict) -> dict:
+    """What ``params.json`` (and a checkpoint) record of a run.
+
+    Its parameters, the ``PROTOCOL`` and, for custom datasets and models, their fingerprints. ``config``: a ``Config``,
+    or its fields as a dict (``spec_records``' runs, made without one)."""
+    fields = config if isinstance(config, dict) else asdict(config)
+    fingerprints = config_fingerprints(fields)
+    return fields | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
+
+
+OUTPUT_ONLY = ("save_weights",)
+"""``Config`` fields that say what a run keeps, not what it computes: runs that differ only in them
+are the same run."""
+
+HOW_IT_RAN = ("device", "data_root", "micro_batch", "compile", "compile_mode", "attention", "fused")
+"""``Config`` fields that say how a run ran, not what it trains: ``load_model`` rebuilds a run's
+model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
+
+WEIGHTS = "weights.safetensors"
+"""The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
+
+
+def same_params(saved: dict, config: Run, record: dict | None = None) -> bool:
+    """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
+
+    The parameters are those of ``params.json`` or a checkpoint. ``record`` is ``run_record(config)``, if
+    already made (it reads every file's status). ``OUTPUT_ONLY`` fields do not count (``differing``)."""
+    return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
+
+
+def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
+
+    A key only one of them has differs: a run recorded before ``Config`` had a field, or after it lost one, is
+    outdated and trained again (as one of an earlier ``PROTOCOL``)."""
+    return sorted(
+        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
+    )
+
+
+def recorded_difference(config: Run, ignore: tuple[str, ...] = OUTPUT_ONLY) -> list[str] | None:
+    """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
+
+    None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
+    the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an earlier
+    ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
+    train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
+    ``HOW_IT_RAN``, does not count: the same run to rounding)."""
+    params = storage.json_or_none(config.folder() / PARAMS)
+    return None if params is None else differing(params, run_record(config), ignore)
+
+
+def is_finished(config: Run) -> bool:
+    """Whether ``config``'s run is finished as asked.
+
+    Its ``metrics.json`` is there and whole, with the files it records whole (``storage.json_or_none``: a damaged run is
+    trained again), its recorded parameters are ``config``'s on the same custom data and model as now (``same_params``),
+    and, with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    folder = config.folder()
+    metrics = storage.json_or_none(folder / METRICS)
+    if metrics is None or recorded_difference(config) != []:
+        return False
+    return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
+
+
+def start(config: Run, params: dict) -> None:
+    """Record that ``config``'s run starts (``params.json``).
+
+    ``params.json`` holds ``params``, its ``run_record``. The run is partial (no ``metrics.json``)
+    until it ends. If its folder held a run of other parameters (steps, batch size, warm-up... are
+    not in the folder's name), or one whose parameters cannot be read, that run's files go first, so
+    that they are never read back as this run's."""
+    folder = config.folder()
+    saved = storage.json_or_none(folder / PARAMS)
+    same = saved is not None and same_params(saved, config, params)
+    for stale in (METRICS,) if same else (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
+        (folder / stale).unlink(missing_ok=True)
+    write_json(folder / PARAMS, params)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """``payload`` as indented JSON, atomically (``storage.atomic_write_text``)."""
+    storage.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def history(config: Run) -> pd.DataFrame:
+    """The history table of a run."""
+    return pd.read_csv(config.folder() / HISTORY)
+
+
+HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"]
+"""The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
+
+
+def finetune_root(root: str | Path | None = None) -> Path:
+    """``results/finetune`` (or ``<root>/finetune``)."""
+    return (Path(root) if root is not None else paths.results_dir()) / "finetune"
+
+
+def config_values(parameters: dict) -> dict:
+    """Notebook 05's parameters as ``Config``'s fields.
+
+    Its speed preset (``speed``, a name) put in by ``speed.options.with_preset`` (its step options the run does not
+    give; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
+    ``1e-2`` as a string); an unknown name is refused with the valid ones."""
+    defaults = Run.defaults()
+    values = dict(parameters)
+    values = with_preset(values.pop("speed", "auto"), values)
+    unknown = sorted(set(values) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
+    return {key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}

@@ -1,0 +1,146 @@
+"""Every finetuning run as a table: a results root's runs (``load``), a sweep spec's (``for_spec``), with
+what is missing, and their histories (``histories_of``).
+
+A row per run folder (``RUN_COLUMNS``: the ``KEYS`` that tell runs apart, then what the run reported), read
+from its ``params.json`` and ``metrics.json`` alone: no ``Config`` and no torch, so that an analysis of a whole
+grid reads what it uses in seconds (``stats``, ``precision``, ``capacity``, notebooks 04, 06, 07, 09, 10). What
+one run is and where it lives is ``runs``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from paperlib.records import paths, specs, storage
+from paperlib.records.runs import (
+    HISTORY,
+    HOW_IT_RAN,
+    METRICS,
+    OUTPUT_ONLY,
+    PARAMS,
+    PROTOCOL,
+    Run,
+    config_values,
+    differing,
+    finetune_root,
+    run_folder,
+    run_record,
+    written_one_way,
+)
+
+KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
+KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "equal_capacity", "subset_seed", "normalize", "validation", "tag"]
+"""What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
+
+RUN_COLUMNS = KEYS + [
+    "status",
+    "best_val_accuracy",
+    "best_step",
+    "test_accuracy",
+    "test_images",
+    "trainable_parameters",
+]
+RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
+"""The columns of ``load``'s runs table: the keys, then what the run reported."""
+COUNTS = ["best_step", "test_images", "trainable_parameters"]
+"""The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
+
+
+def load(root: str | Path | None = None) -> pd.DataFrame:
+    """One row per run folder under the results root (``RUN_COLUMNS``).
+
+    From its ``params.json`` and ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as
+    partial, one of another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
+    ``params.json`` is damaged is left out (``storage.json_or_none``: each with a warning that names the file)."""
+    rows = []
+    for params_file in sorted(finetune_root(root).rglob(PARAMS)):
+        params = storage.json_or_none(params_file)
+        if params is not None:
+            rows.append(_run_row(params_file.parent, params))
+    return pd.DataFrame(rows).reindex(columns=RUN_COLUMNS)
+
+
+def _run_row(folder: Path, params: dict) -> dict:
+    """The runs table's row of the run in ``folder`` whose ``params.json`` holds ``params``."""
+    row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
+    metrics = storage.json_or_none(folder / METRICS)
+    row |= metrics if metrics is not None else {"status": "partial"}
+    if params.get("protocol") != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
+        row["status"] = "outdated"
+    return row
+
+
+def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+    """The histories (``history.csv``) of the ``runs`` that ended, with their ``KEYS``.
+
+    ``runs`` is a table of ``load`` or ``for_spec``; ended means finished or diverged. ``columns``: the history's
+    columns to read (None: all; ``step`` always). Only the figures of training read histories (notebooks 06 and 09):
+    give them the runs they draw."""
+    columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
+    parts = []
+    for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):
+        path = Path(row["folder"]) / HISTORY
+        if path.is_file():
+            parts.append(pd.read_csv(path, usecols=columns).assign(**{key: row[key] for key in KEYS}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=(columns or ["step"]) + KEYS)
+
+
+def spec_records(*spec_list: dict) -> dict[str, dict]:
+    """Each run that finetuning sweep specs ask for, by folder: the record its ``params.json`` holds.
+
+    A run has that record once it ran (``run_record``). It is made without a ``Config``, so without the training stack
+    and unchecked (the sweep checks a spec before it runs it; a run no spec could make is simply not found)."""
+    records = {}
+    for spec in spec_list:
+        for _, _, parameters in specs.cells(spec):
+            record = run_record(written_one_way(Run.defaults() | config_values(parameters)))
+            records[str(run_folder(record))] = record
+    return records
+
+
+def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, missing) of one or several finetuning sweep specs.
+
+    The runs the specs ask for (``load``'s columns, a row per run whatever its status) with every parameter the spec
+    sets but how they ran (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no
+    run", or "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
+    ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not with the
+    results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. Notebooks 04, 06, 07 and
+    09 and ``stats`` read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
+    ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
+    rows, absent = [], []
+    for folder, record in spec_records(*spec_list).items():
+        params = storage.json_or_none(Path(folder) / PARAMS)
+        difference = None if params is None else differing(params, record, ignore)
+        if difference == []:
+            rows.append(_run_row(Path(folder), params))
+            continue
+        reason = f"different parameters: {', '.join(difference)}" if difference else "no run"
+        absent.append({key: record[key] for key in KEYS} | {"reason": reason})
+    runs = pd.DataFrame(sorted(rows, key=lambda row: row["folder"])).reindex(columns=RUN_COLUMNS)
+    # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
+    runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
+    return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])
+
+
+def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``found`` if it holds a run; otherwise a one-line ValueError.
+
+    ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
+    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs) and, from
+    ``missing`` (``for_spec``'s), how many of the spec's folders hold runs of other parameters, and the parameters
+    that differ most often: runs recorded before a ``Config`` field existed are there, but outdated."""
+    if found.empty:
+        message = f"no run of {what} under {paths.display(finetune_root())}"
+        other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]
+        if other:
+            common = Counter(other).most_common(1)[0][0].removeprefix("different parameters: ")
+            message += (
+                f"; {len(other)} of its folders hold runs of other parameters, which its sweep trains again (most "
+                f"often {common}; a parameter missing from a run's record is one the package added since)"
+            )
+        raise ValueError(message)
+    return found

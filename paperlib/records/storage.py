@@ -1,0 +1,226 @@
+"""How the package writes and reads its files safely: atomic writes, whole-JSON reads, locks.
+
+A file is written to a temporary name and renamed into place (``atomic_write``), so that an interrupted
+run or sweep leaves the old file or the new one, never half of one; a disk that refuses a file says why
+in one line (``CannotWrite``); what one process at a time may write is held by a lock (``locked``).
+Where things live is ``paths``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Iterable
+
+from paperlib.records.paths import display
+
+
+class CannotWrite(OSError):
+    """The disk refused a file: a read-only folder, no permission, or no space left.
+
+    The message says which folder or file and why; command lines report it in one line (``cli.BAD_INPUT``)."""
+
+
+FULL_DISK = (
+    64 * 2**20
+)  # bytes free below which a failed write is taken for a full disk (torch.save says only "unexpected pos")
+
+
+def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
+    """``error``, raised while writing ``path``, as a ``CannotWrite`` when the disk refused it.
+
+    The ``CannotWrite`` says why: read-only, no permission, no space left, or a write that failed on a disk
+    with less than ``FULL_DISK`` free. Any other error as it is. ``folder``: the folder to name (default:
+    ``path``'s)."""
+    path = Path(path)
+    folder = Path(folder) if folder is not None else path.parent
+    number = getattr(error, "errno", None)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    try:
+        full = existing is not None and shutil.disk_usage(existing).free < FULL_DISK
+    except OSError:
+        full = False
+    if number in (errno.ENOSPC, errno.EDQUOT) or (full and isinstance(error, (OSError, RuntimeError))):
+        return CannotWrite(f"no space left on the device of {display(existing or folder)}: cannot write {path.name}")
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return CannotWrite(f"cannot write in {display(folder)}: {os.strerror(number).lower()}")
+    return error
+
+
+def make_folder(folder: str | Path) -> Path:
+    """``folder`` and its parents, made if missing; a ``CannotWrite`` that says why if the disk refuses."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise unwritable(folder, error, folder) from error
+    return folder
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
+    """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file.
+
+    A read-only folder or a full disk is a ``CannotWrite`` that names it (``unwritable``)."""
+    path = Path(path)
+    make_folder(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise unwritable(path, error) from error
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        raise unwritable(path, error) from error
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write a text file atomically (UTF-8)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
+    """Make ``folder`` through ``fill(staging_folder)`` and a rename: whole or not at all.
+
+    An existing ``folder`` is an error unless ``overwrite``; then it is moved aside before the new
+    one takes its place and deleted after, so one of the two is always whole on disk.
+    """
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folders are private (0700); a saved model or dataset is not
+        fill(staging)
+        if folder.exists():
+            aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))
+            os.replace(folder, aside / folder.name)
+            os.replace(staging, folder)
+            shutil.rmtree(aside)
+        else:
+            os.replace(staging, folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
+
+
+def file_sizes(folder: str | Path, names: Iterable[str]) -> dict[str, int]:
+    """``{name: bytes}`` of files just written whole in ``folder``.
+
+    For the JSON file written after them to record as ``files`` (``read_json`` then refuses it if one was cut short or
+    replaced since)."""
+    return {name: (Path(folder) / name).stat().st_size for name in names}
+
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object that a run or result writes, checked whole.
+
+    Those are a run's ``params.json`` and ``metrics.json``, a plasticity result's ``metadata.json``, a sweep's marker.
+    A FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or if a file
+    whose size it records (``files``: ``file_sizes``) is missing or of another size since."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{display(path)} not found")
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{display(path)} is not whole JSON (damaged?)") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{display(path)} holds no JSON object (damaged?)")
+    for name, size in payload.get("files", {}).items():  # a file that records no others (params.json): none to check
+        file = path.parent / name
+        if not file.is_file() or file.stat().st_size != size:
+            raise ValueError(f"{display(file)} is not the file {path.name} records ({size} bytes; damaged?)")
+    return payload
+
+
+def json_or_none(path: str | Path) -> dict | None:
+    """``read_json(path)``, or None if the file is missing or damaged.
+
+    What is damaged is reported in a warning that names the file, and never taken for a result (it is made again)."""
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        warnings.warn(str(error), stacklevel=2)
+        return None
+
+
+def notice(message: str) -> None:
+    """Say ``message`` on the terminal this process was started from (its stderr).
+
+    Say ``message``, a note on what this process does or waits for (not a result), on the terminal
+    it was started from: its stderr. In a Jupyter kernel, stderr is the running cell's output, and
+    ipykernel sends the kernel's file descriptor 2 there too; the note goes instead to the copy of the
+    kernel's own stderr that ipykernel keeps (``sys.stderr.fileno()``): the terminal of ``make demo``
+    or of ``jupyter lab``, never an executed notebook or its report."""
+    iostream = sys.modules.get("ipykernel.iostream")
+    if iostream is None or not isinstance(sys.stderr, iostream.OutStream):  # a command line
+        print(message, file=sys.stderr, flush=True)
+        return
+    try:
+        terminal = sys.stderr.fileno()
+    except io.UnsupportedOperation:  # a kernel that left descriptor 2 as it was (under pytest): the terminal
+        terminal = sys.__stderr__.fileno()
+    os.write(terminal, f"{message}\n".encode())
+
+
+class Busy(RuntimeError):
+    """Another process holds the lock of what this one was asked to write (``locked(..., wait=False)``)."""
+
+
+_HELD: set[Path] = set()  # what this process holds locked: locking it again inside does not wait for itself
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, wait: bool = True):
+    """Hold the exclusive lock of ``path`` while the block runs.
+
+    ``path`` is what one process at a time may write: a run folder, a cache file, a result folder. The
+    lock is an OS file lock (``fcntl.flock``) on ``.<name>.lock`` beside ``path``, which the OS releases
+    when its process ends, however it ends (``kill -9`` too): no stale lock is ever left. A process that
+    finds it held says so once on the terminal (``notice``) and waits for it (``wait=False``: raises
+    ``Busy`` instead); the caller then checks whether the holder finished the work. Locking what this
+    process already holds does not wait."""
+    path = Path(path).absolute()
+    if path in _HELD:
+        yield
+        return
+    lock = make_folder(path.parent) / f".{path.name}.lock"
+    try:
+        handle = open(lock, "a")
+    except OSError as error:
+        raise unwritable(lock, error) from error
+    with handle:  # closing it (here, or by the process's end) releases the lock
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                raise Busy(f"{display(path)} is being written by another process (running elsewhere)") from None
+            notice(f"waiting for another process that is writing {display(path)}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD.add(path)
+        try:
+            yield
+        finally:
+            _HELD.discard(path)

@@ -1,0 +1,368 @@
+"""Executing notebooks and rendering them as HTML reports.
+
+    python -m paperlib report demo                 # every notebook at demo scale -> reports/
+    python -m paperlib report demo -n 00_components
+    python -m paperlib report inplace notebooks/00_components.ipynb   # refresh committed outputs
+
+``demo`` runs each notebook with papermill (its ``parameters`` cell defaults, or a YAML file of
+``parameters/``) into ``reports/<notebook>.ipynb``, renders ``reports/<notebook>.html`` with
+nbconvert (and ``<notebook>.nocode.html``, the same without code cells, for readers) and writes
+``reports/index.html``, the landing page: per notebook its paper section, a thumbnail of its first
+figure, its headline result (``notebook.headline``) beside the paper's, with why they differ where they do,
+the parameters it ran with and when.
+``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
+and nbval can check them. What the notebooks call from their cells is ``notebook``'s. The notebook
+libraries (nbformat, papermill, nbconvert, nbclient, traitlets; IPython in ``notebook``) are imported where
+they are used: ``sweep`` imports this module, and its ``--dry-run`` and ``--plan`` render nothing, so they run
+where Jupyter is not installed (a GPU node), and importing nbformat alone takes a second (jsonschema's format
+checkers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import html
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Iterable
+
+from paperlib.records import cli, paths, specs, storage
+from paperlib.reports.notebook import HEADLINE_MIME
+from paperlib.speed import threads
+from paperlib.train import finetune
+
+KERNEL = "python3"
+KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def notebook_paths(names: Iterable[str] | None = None) -> list[Path]:
+    """The project's notebooks, in paper order, or those named (stem or file name)."""
+    available = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return available
+    by_stem = {p.stem: p for p in available}
+    chosen = []
+    for name in names:
+        stem = Path(name).stem
+        if stem not in by_stem:
+            raise ValueError(f"unknown notebook {name!r}; valid notebooks: {', '.join(by_stem)}")
+        chosen.append(by_stem[stem])
+    return chosen
+
+
+# the backend that puts figures into a notebook's outputs (ipykernel's default, unless the
+# environment names another: ``make`` sets MPLBACKEND=Agg for the tests, under which ``plt.show()``
+# shows nothing and the reports would have no figures)
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+
+
+@contextlib.contextmanager
+def _inline_figures():
+    """Kernels started inside get matplotlib's inline backend, whatever MPLBACKEND says outside."""
+    previous = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = previous
+
+
+@contextlib.contextmanager
+def ipc_kernels():
+    """The configuration of kernels that talk to us over IPC sockets, not TCP.
+
+    The sockets are in a private temporary folder (removed after): nothing listens on the network, and
+    ipykernel has no reason to warn that TCP traffic is unencrypted. The folder is absolute: the kernel
+    runs in the notebook's folder."""
+    from traitlets.config import Config
+
+    with tempfile.TemporaryDirectory(prefix="kernel-") as folder:
+        yield Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(folder, "ipc")}})
+
+
+def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel_name: str = KERNEL) -> Path:
+    """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically).
+
+    Its figures are in its outputs (the inline backend)."""
+    import papermill
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.stem}.partial.ipynb")
+    try:
+        with _inline_figures(), ipc_kernels() as config:
+            papermill.execute_notebook(
+                str(notebook),
+                str(partial),
+                parameters=parameters or {},
+                kernel_name=kernel_name,
+                # the kernel starts in the notebook's folder; papermill's `cwd` would change this
+                # process's folder for the run, and two runs at once (run_demo) would leave it in one's
+                resources={"metadata": {"path": str(notebook.parent)}},
+                progress_bar=False,
+                config=config,
+            )
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return output
+
+
+def render_html(notebook: Path, output: Path | None = None) -> Path:
+    """Render an executed notebook to a standalone HTML page, and one without code beside it.
+
+    nbconvert with the lab template; the page without code, for readers, is ``<name>.nocode.html``
+    (nbconvert's ``exclude_input``). A progress bar's updates (text overwritten after carriage
+    returns) show as its last state, as JupyterLab shows them (nbconvert's
+    ``CoalesceStreamsPreprocessor``)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    output = output or notebook.with_suffix(".html")
+    node = nbformat.read(notebook, as_version=4)
+    for exclude_input, page in ((False, output), (True, output.with_suffix(".nocode.html"))):
+        exporter = HTMLExporter(template_name="lab", exclude_input=exclude_input)
+        exporter.register_preprocessor(CoalesceStreamsPreprocessor(), enabled=True)
+        body, _ = exporter.from_notebook_node(node)
+        storage.atomic_write_text(page, body)
+    return output
+
+
+def _title(notebook: Path, node=None) -> str:
+    """The first markdown heading of a notebook (``node``: the notebook already read), or its file name."""
+    import nbformat
+
+    for cell in (node or nbformat.read(notebook, as_version=4)).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return notebook.stem
+
+
+def summary(notebook: Path) -> dict:
+    """What the landing page shows of an executed notebook.
+
+    ``title`` and ``section`` (its heading, e.g. "Finetuning results" and "paper Tables 1 and 6; ..."), ``headline``
+    (``{"here", "paper"}``, with ``"why"`` where given, or None), ``thumbnail`` (the first PNG figure, bytes, or None),
+    ``parameters`` (those papermill gave it; {}: the notebook's defaults, the demo world) and ``date`` (when it
+    finished, or None)."""
+    import nbformat
+
+    node = nbformat.read(notebook, as_version=4)
+    title = _title(notebook, node).split("·", 1)[-1].strip()
+    name, _, section = title.partition(" (")
+    found = {"headline": None, "thumbnail": None}
+    for cell in node.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = output.get("data", {})
+            if found["headline"] is None and HEADLINE_MIME in data:
+                found["headline"] = dict(data[HEADLINE_MIME])
+            if found["thumbnail"] is None and "image/png" in data:
+                found["thumbnail"] = base64.b64decode(data["image/png"])
+    papermill = node.metadata.get("papermill", {})
+    end = papermill.get("end_time")
+    return {
+        "title": name.strip(),
+        "section": section.rstrip(")").strip(),
+        **found,
+        "parameters": dict(papermill.get("parameters") or {}),
+        "date": end[:16].replace("T", " ") if end else None,
+    }
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+       color: #212121; background: #fafafa; margin: 0 auto; max-width: 1180px; padding: 24px; }
+h1 { font-weight: 600; margin-bottom: 4px; } .lead { color: #616161; margin-top: 0; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(340px, 1fr)); gap: 16px; }
+.card { background: #fff; border: 1px solid #e0e0e0; border-radius: 6px; padding: 14px; }
+.card h2 { font-size: 1.05em; margin: 0 0 2px 0; } .section { color: #757575; font-size: 0.85em; margin: 0 0 8px 0; }
+.card img { width: 100%; height: 190px; object-fit: contain; background: #fff; border: 1px solid #eee; }
+.here, .paper, .why { font-size: 0.9em; margin: 6px 0 0 0; } .paper { color: #1565c0; }
+.why { color: #616161; font-style: italic; }
+.meta { color: #757575; font-size: 0.8em; margin-top: 8px; } a { color: #1976d2; text-decoration: none; }
+a:hover { text-decoration: underline; } .links { margin-top: 8px; font-size: 0.9em; }
+"""
+
+
+def _card(notebook: Path, out_dir: Path) -> str:
+    """One notebook's card on the landing page; its thumbnail is written to ``thumbnails/``."""
+    info = summary(notebook)
+    page = notebook.with_suffix(".html").relative_to(out_dir).as_posix()
+    nocode = notebook.with_suffix(".nocode.html").relative_to(out_dir).as_posix()
+    image = ""
+    if info["thumbnail"] is not None:
+        thumb = out_dir / "thumbnails" / f"{notebook.stem}.png"
+        storage.atomic_write(thumb, lambda tmp: Path(tmp).write_bytes(info["thumbnail"]))
+        source = html.escape(f"thumbnails/{thumb.name}")
+        image = f'<a href="{html.escape(nocode)}"><img src="{source}" alt="main figure"></a>'
+    line = info["headline"] or {}
+    here = html.escape(line.get("here") or "no headline (run the notebook to the end)")
+    paper = f'<p class="paper">paper: {html.escape(line["paper"])}</p>' if line.get("paper") else ""
+    why = f'<p class="why">why they differ: {html.escape(line["why"])}</p>' if line.get("why") else ""
+    given = ", ".join(f"{k}={v}" for k, v in info["parameters"].items())
+    ran = f"parameters: {given}" if given else "demo world (the notebook's defaults)"
+    when = f" · {info['date']}" if info["date"] else ""
+    return (
+        f'<div class="card"><h2>{html.escape(notebook.stem[:2])} · {html.escape(info["title"])}</h2>'
+        f'<p class="section">{html.escape(info["section"])}</p>{image}'
+        f'<p class="here"><b>here:</b> {here}</p>{paper}{why}'
+        f'<p class="meta">{html.escape(ran)}{html.escape(when)}</p>'
+        f'<p class="links"><a href="{html.escape(nocode)}">report</a> · '
+        f'<a href="{html.escape(page)}">with code</a></p></div>'
+    )
+
+
+def write_index(out_dir: Path) -> Path:
+    """``index.html``, the landing page of the reports in ``out_dir``.
+
+    A card per notebook report in ``out_dir`` (``_card``), then a list of every other report under it (sweep runs):
+    its HTML page, or its executed notebook where it has none (a sweep renders HTML only if asked)."""
+    out_dir = Path(out_dir)
+    output = out_dir / "index.html"
+    notebooks = sorted(out_dir.glob("[0-9][0-9]_*.ipynb"))
+    cards = [_card(notebook, out_dir) for notebook in notebooks if notebook.with_suffix(".html").is_file()]
+    shown = {n.with_suffix(suffix) for n in notebooks for suffix in (".html", ".nocode.html", ".ipynb")}
+    others = sorted(
+        p
+        for p in [*out_dir.rglob("*.html"), *out_dir.rglob("*.ipynb")]
+        if p != output
+        and p not in shown
+        and not (p.suffix == ".ipynb" and p.with_suffix(".html").is_file())
+        and not any(part.startswith(".") for part in p.relative_to(out_dir).parts)
+    )
+    rows = []
+    for page in others:
+        notebook = page.with_suffix(".ipynb")
+        title = _title(notebook) if notebook.is_file() else page.stem
+        link = page.relative_to(out_dir).as_posix()
+        label = link.removesuffix(page.suffix)
+        rows.append(f'<li><a href="{html.escape(link)}">{html.escape(label)}</a> &mdash; {html.escape(title)}</li>')
+    text = (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>vit-plasticity reports</title>"
+        f"<style>{STYLE}</style></head>\n<body><h1>vit-plasticity reports</h1>\n"
+        '<p class="lead">"Vision Transformer Finetuning Benefits from Non-Smooth Components" (ICML 2026), '
+        f"reproduced notebook by notebook. Page written {time.strftime('%Y-%m-%d %H:%M')}. "
+        "Demo-world numbers come from a 0.3M-parameter ViT on 32-pixel digits: they are not the paper's.</p>\n"
+        '<div class="grid">\n'
+        + "\n".join(cards)
+        + "\n</div>\n"
+        + (("<h2>Other reports</h2>\n<ul>\n" + "\n".join(rows) + "\n</ul>\n") if rows else "")
+        + "</body></html>\n"
+    )
+    storage.atomic_write_text(output, text)
+    return output
+
+
+DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "equal_capacity_demo.yaml")
+"""The demo finetuning sweeps the notebooks read (04, 05, 06, 07, 09, 10), under ``parameters/sweeps/``."""
+
+
+def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
+    """Execute notebooks at demo scale and render their reports; returns the index page.
+
+    It prints one line per notebook with the time it took. Every notebook at once (no ``names``) first runs the demo
+    sweeps' missing runs in one pool of processes, one per core (``finetune.run_spec``), so that the notebooks find
+    them finished instead of running each its part one after another. The notebooks then run one per core at a time:
+    much of a notebook's time is its kernel starting and importing, on one core. Their kernels keep PyTorch's own
+    threads, so their results are those of one notebook run alone; what two notebooks share on disk is locked
+    (``storage.locked``)."""
+    out_dir = out_dir or paths.reports_dir()
+    if not names:
+        start = time.perf_counter()
+        finetune.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
+        print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
+
+    failed = threading.Event()  # once a notebook fails, those not started yet are not started
+
+    def report(notebook: Path) -> tuple[Path, Path, float] | None:
+        if failed.is_set():
+            return None
+        start = time.perf_counter()
+        try:
+            page = render_html(execute(notebook, out_dir / notebook.name))
+        except BaseException:
+            failed.set()
+            raise
+        return notebook, page, time.perf_counter() - start
+
+    notebooks = notebook_paths(names)
+    # the inline backend for every kernel, set once: each execute's own setting and restoring would race
+    with _inline_figures(), ThreadPoolExecutor(max(1, min(threads.cores(), len(notebooks)))) as pool:
+        for done in as_completed([pool.submit(report, notebook) for notebook in notebooks]):
+            if (result := done.result()) is not None:
+                notebook, page, seconds = result
+                print(f"{notebook.stem:<28} {seconds:5.0f} s  {paths.display(page)}", flush=True)
+    return write_index(out_dir)
+
+
+def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
+    """Re-execute committed notebooks in place with nbclient.
+
+    No papermill metadata is added; figures are in the outputs, as ``execute``'s."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    for notebook in notebooks:
+        notebook = Path(notebook)
+        nb = nbformat.read(notebook, as_version=4)
+        nb.metadata["kernelspec"] = KERNELSPEC
+        with _inline_figures(), ipc_kernels() as config:
+            NotebookClient(
+                nb,
+                timeout=timeout,
+                kernel_name=KERNEL,
+                resources={"metadata": {"path": str(notebook.parent)}},
+                config=config,
+            ).execute()
+        storage.atomic_write_text(notebook, nbformat.writes(nb) + "\n")
+        print(f"executed {notebook}", flush=True)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m paperlib report`` (``main``): its subcommands ``demo`` and ``inplace``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m paperlib report", description=__doc__.split("\n")[0], formatter_class=cli.Help
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    what = "execute notebooks at demo scale and render HTML reports, with an index page"
+    demo = commands.add_parser("demo", help=what, description=what, formatter_class=cli.Help)
+    names = ", ".join(notebook.stem for notebook in notebook_paths())
+    demo.add_argument(
+        "-n",
+        "--notebook",
+        action="append",
+        help=f"a notebook to run, by name (repeatable): {names}; default: every notebook",
+    )
+    demo.add_argument("--out", type=Path, help="report folder; default: $VIT_PLASTICITY_REPORTS if set, else reports/")
+    what = "re-execute committed notebooks in place (nbclient), keeping their cells and metadata"
+    inplace = commands.add_parser("inplace", help=what, description=what, formatter_class=cli.Help)
+    inplace.add_argument("notebooks", nargs="+", type=Path, help="notebook files, e.g. notebooks/00_components.ipynb")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m paperlib report``: the demo's reports (``demo``), or notebooks re-executed in place."""
+    import nbformat
+
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "demo":
+            index = run_demo(args.notebook, args.out)
+            print(f"\nReports: {index.resolve()}")
+        else:
+            execute_inplace(args.notebooks)
+    except (*cli.BAD_INPUT, nbformat.ValidationError) as error:  # an unknown notebook, a file missing or not one
+        parser.exit(cli.fail(error))

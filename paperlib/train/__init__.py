@@ -1,0 +1,7 @@
+"""Training: the paper's finetuning protocol (§5.2), one run top to bottom, and the demo ViT's pretraining.
+
+- ``config``       ``Config``: a run checked against the training stack when it is made
+- ``checkpoints``  a run's checkpoint while it trains and its record when it ends
+- ``finetune``     the protocol, top to bottom; the ``finetune`` command
+- ``demo``         the deterministic pretraining of the demo ViT; the ``demo`` command
+"""

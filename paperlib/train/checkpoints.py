@@ -1,0 +1,75 @@
+"""A finetuning run's files while it trains and when it ends: its checkpoint, and its record (history, kept weights,
+metrics last).
+
+``finetune``'s loop writes them; what a run is and where it lives is ``records.runs``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import torch
+from safetensors.torch import save_file
+
+from paperlib.records import paths, storage
+from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, WEIGHTS, Run, same_params, write_json
+
+CHECKPOINT_KEYS = ("params", "step", "history", "best", "cache_side", "model", "optimizer", "schedule")
+"""What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
+
+
+def save_checkpoint(config: Run, state: dict) -> None:
+    """Write the run's checkpoint (``checkpoint.pt``) atomically.
+
+    A run killed while writing keeps the last one. It holds tensors and plain types only (random-number states as
+    tensors), so that it loads with ``weights_only=True``."""
+    storage.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(config: Run, params: dict, side: int, device: torch.device) -> dict | None:
+    """The run's checkpoint, if there is one it can resume from; None otherwise.
+
+    One it can resume from is of these parameters (``params``), taken on the images it resumes on (a decoded cache
+    of ``side`` pixels); with None the run starts from the beginning. It is read with ``weights_only=True``: tensors
+    and plain types, never code. One that cannot be read (truncated, damaged, or holding anything else) is reported
+    as a warning and not resumed from."""
+    checkpoint = config.folder() / CHECKPOINT
+    if not checkpoint.is_file():
+        return None
+    try:
+        saved = torch.load(checkpoint, map_location=device, weights_only=True)
+        lacking = [key for key in CHECKPOINT_KEYS if key not in saved]
+        if lacking:
+            raise ValueError(f"no {', '.join(lacking)}")
+    except Exception as error:  # whatever torch.load raises for a damaged file (zip, pickle, EOF, type errors)
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        warnings.warn(f"{paths.display(checkpoint)} cannot be read ({reason}): the run starts from the beginning")
+        return None
+    if same_params(saved["params"], config, params) and saved["cache_side"] == side:
+        return saved
+    return None
+
+
+def record(config: Run, rows: list[dict], best: dict, metrics: dict) -> None:
+    """Record a run that ended: its history, its weights if kept, and its metrics last.
+
+    The history is ``rows``. With ``save_weights``, the weights are the trainable parameters of its best checkpoint
+    (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is finished
+    (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as finished).
+    Its checkpoint is then removed. Each file is written atomically."""
+    folder = config.folder()
+    table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+    storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
+    kept = config.save_weights and best["state"] is not None
+    metrics["weights"] = WEIGHTS if kept else None
+    if kept:
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
+        storage.atomic_write(
+            folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])})
+        )
+    else:  # weights of an earlier training of this run would not be this training's
+        (folder / WEIGHTS).unlink(missing_ok=True)
+    metrics["files"] = storage.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
+    write_json(folder / METRICS, metrics)
+    (folder / CHECKPOINT).unlink(missing_ok=True)

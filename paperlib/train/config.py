@@ -1,0 +1,75 @@
+"""A finetuning run checked against the training stack when it is made: ``Config``.
+
+``records.runs.Run`` is what a run is (its fields, folder and record) with the checks that need no training stack;
+``Config`` adds those that do (its dataset, model, normalisation, device and step options), so that a bad run fails
+before any work, and resolves the step options for its device once (``checked_options``).
+
+    from paperlib.train.config import Config
+    config = Config(component="mha", lr=0.03)   # validated here, once
+    config.folder()   # results/finetune/demo/digits/mha/lr=0.03/seed=0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from paperlib.data import datasets
+from paperlib.records import specs
+from paperlib.records.runs import Run, config_values, written_one_way
+from paperlib.records.runs_table import KEYS
+from paperlib.records.step_options import StepOptions
+from paperlib.speed import devices
+from paperlib.vit import equal_capacity, lora, models
+
+
+@dataclass(frozen=True)
+class Config(Run):
+    """One finetuning run, validated when it is made.
+
+    Defaults: notebook 05's, the demo protocol (the demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset:
+    ``parameters/finetune/``. Its fields are ``Run``'s."""
+
+    def __post_init__(self):
+        asked = {"tag": self.tag, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
+        for name, value in written_one_way(asked).items():
+            object.__setattr__(self, name, value)
+        self.validate()
+
+    def validate(self) -> "Config":
+        """Fail before any work, with the valid choices: ``Run``'s checks, then the training stack's."""
+        super().validate()
+        datasets.check_dataset(self.dataset)
+        datasets.check_validation(self.validation)
+        models.resolve_name(self.model)
+        devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
+        lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
+        models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here
+        equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)
+        options = self.step_options().checked(self.device)
+        object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
+        return self
+
+    @property
+    def checked_options(self) -> StepOptions:
+        """``step_options`` checked for the run's device and resolved there (``StepOptions.checked``),
+        once, when the Config was made: what the run's steps are built from."""
+        return self._checked_options
+
+
+def config_from(parameters: dict) -> Config:
+    """The ``Config`` of notebook 05's parameters (``config_values``), validated."""
+    return Config(**config_values(parameters))
+
+
+def configs(spec: dict) -> list[Config]:
+    """Each run of a finetuning sweep spec as the ``Config`` that notebook 05 makes of it.
+
+    The runs: ``specs.cells``, the spec's fixed parameters and its grid's; the ``Config``: ``config_from``."""
+    return [config_from(parameters) for _, _, parameters in specs.cells(spec)]
+
+
+def expected(spec: dict) -> pd.DataFrame:
+    """The runs a finetuning sweep spec asks for (``KEYS``)."""
+    return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in configs(spec)], columns=KEYS)

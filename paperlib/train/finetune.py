@@ -1,0 +1,499 @@
+"""Finetuning one component (paper §5.2, appendix C.3, Tables 3-5): the protocol, top to bottom.
+
+    from paperlib.train import finetune
+    from paperlib.train.config import Config
+    metrics = finetune.run(Config(component="mha", lr=0.03))
+
+The protocol: the pretrained model with a new classification head; trainable = the chosen component in every block + the
+head + the final LayerNorm (``adapt``; or, beyond the paper, a LoRA update of the component, ``vit.lora``, or a
+subset of its entries as large as a LayerNorm, ``vit.equal_capacity``); SGD with momentum 0.9 and no weight decay
+(built by ``make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0 (``lr_factor``); batches
+shuffled each epoch, the last incomplete one dropped; gradients clipped at global norm 1 (the logged norm is the one
+clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
+validation split; ``datasets.get_dataset``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
+exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it. A loss
+that is not finite stops the run (nothing changes after it); a loss that is not finite or above ``EXPLODED`` times
+chance level's marks the run ``diverged``, with the first such step, and it keeps its test accuracy, as the authors'
+loop, which never stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
+
+What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
+made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``: the loop asks it for the
+run's step, its optimizer included (``make_step``), and calls it once per batch. Batches are a function of (seed, step),
+so a run interrupted and started again resumes from its last checkpoint and ends where an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from tqdm.auto import tqdm
+
+from paperlib.data import datasets
+from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
+from paperlib.records import cli, paths, runs, storage
+from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
+from paperlib.speed import devices, threads
+from paperlib.speed.step import OptimizerSettings, make_step
+from paperlib.train import checkpoints
+from paperlib.train.config import Config, config_from, configs
+from paperlib.vit import components, equal_capacity, lora, models
+
+READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
+EVAL_BATCH = 256  # images per forward pass when evaluating
+
+
+def network(config: Config, num_classes: int) -> nn.Module:
+    """The run's pretrained model with a new head of ``num_classes``.
+
+    At ``config.image_size`` if set (timm resamples the position embedding: DINOv2 at 224, not 518), else at its own."""
+    size = {"img_size": config.image_size} if config.image_size else {}
+    return models.create_model(config.model, num_classes=num_classes, **size)
+
+
+def adapt(model: nn.Module, config: Config) -> nn.Module:
+    """``model`` as a run of ``config`` trains it, in place; returns the model.
+
+    What trains beside its component is added (a LoRA
+    update, ``lora.add_lora``, or an equal-capacity subset, ``equal_capacity.add_subsets``), then every
+    parameter frozen but what the run trains (``components.set_trainable``)."""
+    adapters = None
+    if config.lora_rank:
+        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
+        adapters = lora.updates(model)
+    elif config.equal_capacity:
+        adapters = equal_capacity.add_subsets(model, config.component, config.subset_seed)
+    return components.set_trainable(model, config.component, adapters)
+
+
+def lr_factor(step: int, warmup: int, steps: int) -> float:
+    """Learning-rate multiplier at ``step`` (0-based): linear warm-up, then cosine decay to 0.
+
+    The warm-up starts from 0 (``step / warmup``: the first step's rate is 0, as in the authors' code)."""
+    if step < warmup:
+        return step / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None
+) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
+
+    ``model``: the module that runs (``speed.step.Step.network``); ``forward``: what calls it (``Step.forward``:
+    compiled, or bf16 master weights); ``context``: the context of its forward passes (``Step.context``)."""
+    model.eval()
+    forward = model if forward is None else forward
+    totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
+    for images, labels in loader:
+        with context():
+            logits = forward(images)
+        loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        totals += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
+    loss, correct = totals.tolist()
+    count = len(loader.images)
+    return loss / count, correct / count
+
+
+EXPLODED = 10.0
+"""A training loss above ``EXPLODED`` times chance level's (log of the number of classes, what a new head
+starts near) marks a run ``diverged`` (``diverged_step``), as one whose loss is not finite; it stops the run
+only with ``Config.stop_exploded``. Runs of the paper's grid stay far below (a loss above 23 on Cifar10, 46
+on Cifar100)."""
+
+
+def exploded_loss(num_classes: int) -> float:
+    """``EXPLODED`` times chance level's loss (the log of ``num_classes``): a loss above it has exploded."""
+    return EXPLODED * math.log(max(num_classes, 2))
+
+
+def diverged_step(rows: list, num_classes: int) -> int | None:
+    """The first step of a run's history whose loss is not finite or above ``exploded_loss``; None if none."""
+    limit = exploded_loss(num_classes)
+    exploded = (row["step"] for row in rows if not math.isfinite(row["train_loss"]) or row["train_loss"] > limit)
+    return next(exploded, None)
+
+
+def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
+    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if the run stops
+    there (a loss not finite, or above ``limit``).
+
+    Rows after the first such loss are dropped: the run stops at that step.
+    """
+    if not pending:
+        return False
+    values = torch.stack([torch.stack([loss.double(), norm.double()]) for _, loss, norm in pending]).tolist()
+    pending_rows = [row for row, _, _ in pending]
+    pending.clear()
+    for row, (loss, norm) in zip(pending_rows, values):
+        rows.append({**row, "train_loss": loss, "grad_norm": norm})
+        if not math.isfinite(loss) or loss > limit:
+            return True
+    return False
+
+
+def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in components.trainable_parameters(model)}
+
+
+def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
+    """Finetune, evaluate and record one run; returns its metrics (see module docstring).
+
+    A run already finished as asked (``runs.is_finished``) is not repeated: its metrics are
+    returned (trained again only if ``save_weights`` asks for weights it did not keep). One run
+    folder has one writer: a run that another process is training is waited for, then its metrics
+    are returned (``wait=False``: ``storage.Busy`` is raised instead).
+    """
+    folder = config.folder()
+    if not runs.is_finished(config):
+        check_runnable(config)
+        with storage.locked(folder, wait=wait):
+            if not runs.is_finished(config):  # the process waited for may have finished it
+                return train(config, progress)[1]
+    return storage.read_json(folder / METRICS)
+
+
+def check_runnable(config: Config) -> None:
+    """Check what a run needs of this machine and its data before any file is touched.
+
+    Its device here (``devices.check_device``) and a batch no larger than its training set; else a ValueError."""
+    devices.check_device(config.device)
+    root = config.data_root or None
+    n_train = len(
+        datasets.get_dataset(config.dataset, "train", root=root, seed=config.seed, validation=config.validation)
+    )
+    if config.batch_size > n_train:
+        raise ValueError(
+            f"batch_size must be at most the training set of {config.dataset} ({n_train} images), "
+            f"got {config.batch_size}"
+        )
+
+
+def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
+    """Run every run of finetuning sweep specs (``runs_table.configs``) not finished as they ask.
+
+    A run two specs share runs once; one line per run with the time it took. For demo-scale specs; paper-scale sweeps
+    go through ``python -m paperlib sweep``.
+
+    ``workers``: processes that share the runs. By default one per CPU core when every run is on the
+    CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
+    so than with every core on one run); runs on a GPU run here, one after another.
+    """
+    unique = {config.folder(): config for spec in specs for config in configs(spec)}  # by folder: once each
+    todo = [config for config in unique.values() if not runs.is_finished(config)]
+    if workers is None:
+        on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
+        workers = threads.cores() if on_cpu else 1
+    workers = max(1, min(workers, len(todo)))
+    with contextlib.ExitStack() as stack:
+        if workers == 1:
+            finished = ((config, _timed_run(config, progress)) for config in todo)
+        else:
+            stack.enter_context(threads.shared_by(workers))  # the workers take their share (threads.apply)
+            pool = stack.enter_context(ProcessPoolExecutor(workers, multiprocessing.get_context("spawn")))
+            futures = {pool.submit(_timed_run, config): config for config in todo}
+            finished = ((futures[future], future.result()) for future in as_completed(futures))
+        for done, (config, (status, seconds)) in enumerate(finished, start=1):
+            print(f"[{done}/{len(todo)}] {paths.display(config.folder())}: {status} in {seconds:.1f} s", flush=True)
+
+
+def _timed_run(config: Config, progress: bool = False) -> tuple[str, float]:
+    """``run(config)``'s status and the seconds it took (a ``run_spec`` worker's task)."""
+    start = time.perf_counter()
+    return run(config, progress=progress)["status"], time.perf_counter() - start
+
+
+def load_model(config: Config, merge: bool = True) -> nn.Module:
+    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation checkpoint.
+
+    In eval mode: the pretrained model with the run's new head, and the parameters the run trained (component, head,
+    final norm; or its LoRA updates or subset) as it kept them. A LoRA or equal-capacity run's updates are merged into a
+    plain timm ViT (``lora.merge``, ``equal_capacity.merge``) unless ``merge=False``. Its ``pretrained_cfg`` records the
+    normalisation the run used. Save it as your own model with ``models.save_model(model, "custom/<name>")``."""
+    folder = config.folder()
+    weights = folder / WEIGHTS
+    if not (folder / METRICS).is_file() or not weights.is_file():
+        raise FileNotFoundError(
+            f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
+            "(Config(save_weights=True), -p save_weights True, --save-weights true)"
+        )
+    differ = runs.differing(
+        storage.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
+    )
+    if differ:
+        raise ValueError(
+            f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
+            "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
+        )
+    metrics = storage.read_json(folder / METRICS)
+    model = adapt(network(config, metrics["num_classes"]), config)
+    state = load_file(str(weights))
+    unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
+    if unexpected:
+        raise ValueError(
+            f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}"
+        )
+    model.load_state_dict(state, strict=False)
+    if config.lora_rank and merge:
+        model = lora.merge(model)
+    if config.equal_capacity and merge:
+        model = equal_capacity.merge(model)
+    if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
+        model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _deterministic(enabled: bool):
+    """PyTorch's deterministic algorithms while a run trains; the caller's setting restored after."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(enabled)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn.Module, dict]:
+    """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
+
+    A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT. It holds its folder's
+    lock (``storage.locked``) while it trains: another process training the same run is waited for (``wait=False``:
+    ``storage.Busy``), never trained beside.
+
+    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
+    deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
+    """
+    deterministic = torch.device(config.device).type != "cuda" or torch.are_deterministic_algorithms_enabled()
+    with storage.locked(config.folder(), wait=wait), _deterministic(deterministic):
+        return _train(config, progress)
+
+
+def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, tuple, int]:
+    """The run's splits as loaders on the device (train: augmented, shuffled by the seed; val and
+    test: the evaluation transform), its number of classes, the normalisation and the decoded cache's side.
+
+    File datasets are decoded once, in parallel, then cached under the data root; a model above
+    224 px gets a larger cache, so its crops are not upsampled from 256."""
+    size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
+    side = cache_side(size)
+    splits = {
+        split: uint8_images(
+            datasets.get_dataset(
+                config.dataset, split, root=config.data_root or None, seed=config.seed, validation=config.validation
+            ),
+            cache_size=side,
+            workers=decode_workers(),
+        )
+        for split in ("train", "val", "test")
+    }
+    mean_std = models.normalization(config.model, config.normalize)
+    loaders = {
+        split: DeviceLoader(
+            images,
+            config.batch_size if split == "train" else EVAL_BATCH,
+            Transform(augment=split == "train", image_size=size, mean_std=mean_std),
+            device=device,
+            seed=config.seed if split == "train" else 0,
+            drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
+            images_on="auto",
+        )
+        for split, images in splits.items()
+    }
+    num_classes = len(splits["test"].classes)
+    return loaders, num_classes, mean_std, side
+
+
+def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
+    params = runs.run_record(config)
+    device = torch.device(config.device)
+    threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
+    torch.manual_seed(config.seed)
+
+    loaders, num_classes, mean_std, side = _data(config, device)
+
+    # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
+    # the head so that a LoRA run's head starts as the component-wise run's)
+    torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
+    model = adapt(network(config, num_classes).to(device), config)
+    # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
+    runs.start(config, params)
+
+    # the optimizer and a step as fast as the run's options make it, and the schedule
+    step_fn = make_step(
+        model,
+        config.checked_options,
+        optimizer=OptimizerSettings(config.optimizer, config.lr, config.momentum, config.weight_decay),
+        batch_size=config.batch_size,
+        clip=config.clip,
+        micro_batch=config.micro_batch,
+        progress=progress,
+    )
+    optimizer = step_fn.optimizer
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
+
+    start_step, rows, best = _resume(config, params, side, model, step_fn, schedule)
+
+    # the loop
+    start, seen = time.perf_counter(), 0
+    limit = exploded_loss(num_classes) if config.stop_exploded else math.inf  # a loss above it: stop
+    pending = []  # steps whose loss and gradient norm are still on the device
+    name = f"{config.component} steps"
+    steps = tqdm(range(start_step, config.steps), name, config.steps, initial=start_step, disable=not progress)
+    for step in steps:
+        step_fn.network.train()
+        images, labels = loaders["train"].batch(step)
+        lr = optimizer.param_groups[0]["lr"]
+        loss, norm = step_fn(images, labels)
+        schedule.step()
+        seen += len(images)
+        pending.append(({"step": step + 1, "lr": lr}, loss, norm))
+        evaluation = evaluates(step + 1, config)
+        if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
+            break
+        if evaluation:
+            row = rows[-1]
+            row["val_loss"], row["val_accuracy"] = evaluate(
+                step_fn.network, loaders["val"], step_fn.context, step_fn.forward
+            )
+            current = _trainable_state(model)
+            if row["val_accuracy"] > best["val_accuracy"]:
+                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
+            state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
+            _checkpoint(config, state | {"model": current}, optimizer, schedule)
+            if progress:
+                steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
+    steps.close()
+    _read_back(pending, rows)  # the last steps, if the run did not end on a read-back
+    wall = time.perf_counter() - start
+
+    # the result: the test accuracy of the best-validation checkpoint
+    test_loss = test_accuracy = float("nan")
+    if best["state"] is not None:
+        model.load_state_dict(best["state"], strict=False)
+        step_fn.loaded()
+        test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
+    measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
+    measured["test_images"] = len(loaders["test"].images)
+    measured["subset"] = equal_capacity.digest(model) if config.equal_capacity else None
+    metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
+    checkpoints.record(config, rows, best, metrics)
+    return model, metrics
+
+
+def evaluates(step: int, config: Config) -> bool:
+    """Whether a run validates after ``step`` steps.
+
+    Every ``eval_every`` steps, as the authors' loop (none after the last step unless it is one of them), and at the end
+    of a run too short for one."""
+    return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
+
+
+def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
+    """(first step, history rows, best checkpoint) of ``config``'s run: where its last checkpoint left
+    it, the model, optimizer, schedule and random generators restored, or the start."""
+    device = torch.device(config.device)
+    saved = checkpoints.load_checkpoint(config, params, side, device)
+    if saved is None:
+        return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
+    model.load_state_dict(saved["model"], strict=False)
+    step_fn.optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+    if "rng" in saved:
+        torch.set_rng_state(saved["rng"]["cpu"])
+        if device.type == "cuda" and saved["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
+    step_fn.loaded()
+    return saved["step"], saved["history"], saved["best"]
+
+
+def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
+    """Save ``config``'s run where it is (``state``: step, history, best, trainable weights...), with its
+    optimizer, schedule and random generators, for ``_resume``."""
+    device = torch.device(config.device)
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    state = state | {"rng": rng, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
+    checkpoints.save_checkpoint(config, state)
+
+
+def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
+    """A run's ``metrics.json``: how it ended (``diverged`` from its history's ``diverged_step``, else
+    ``finished``), the test (loss, accuracy) of its best-validation checkpoint, and how it ran
+    (``measured``: wall seconds, images seen, threads, cache side, mean/std, test images, subset)."""
+    device = torch.device(config.device)
+    diverged_at = diverged_step(rows, num_classes)
+    return {
+        "status": "finished" if diverged_at is None else "diverged",
+        "diverged_step": diverged_at,
+        "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
+        "best_step": best["step"],
+        "test_accuracy": test[1],
+        "test_loss": test[0],
+        "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
+        "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
+        "micro_batch": step_fn.micro,
+        "num_classes": num_classes,
+        "wall_seconds": round(measured["wall"], 2),
+        "images_per_second": round(measured["seen"] / measured["wall"], 1) if measured["wall"] > 0 else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": config.precision,
+        "optimizer": config.optimizer,
+        "lora_rank": config.lora_rank,
+        "subset": measured["subset"],  # an equal-capacity run's subset (equal_capacity.digest)
+        "normalize": config.normalize,
+        "cache_side": measured["side"],
+        "weights": None,  # the weights file, if kept: runs.record
+        "mean": list(measured["mean_std"][0]),
+        "std": list(measured["mean_std"][1]),
+        "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
+        "torch": torch.__version__,
+    }
+
+
+RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
+HELP = {
+    "speed": "a preset of step options, the same step to rounding: auto, none, a file of parameters/speed/ "
+    "(e.g. h100); it sets the step options not given",
+    "wait": "wait for a run another process is training (false: say it runs elsewhere and exit with status 75)",
+}
+"""``--help``'s meaning of the command's options that are not ``Config`` fields (theirs: ``cli.field_comments``)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib finetune``: one run, as notebook 05 runs it, without the notebook.
+
+    ``python -m paperlib finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]`` takes the
+    notebook's parameters and prints the run's metrics as JSON. The step options may be given one by one
+    (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of ``parameters/speed/``),
+    which sets those not given (``speed.options.with_preset``). A run that another process is training
+    is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
+    defaults = Config.defaults() | {"speed": "auto", "wait": True}
+    try:
+        values = cli.parameters(
+            argv,
+            defaults,
+            "One finetuning run (paper §5.2); notebook 05's parameters.",
+            "python -m paperlib finetune",
+            flexible=frozenset({"compile"}),
+            meanings=cli.field_comments(Config) | HELP,
+        )
+        wait = values.pop("wait", True)
+        config = config_from(values)
+        with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
+            metrics = run(config, progress=True, wait=wait)
+    except storage.Busy as error:
+        print(error, file=sys.stderr)
+        return RUNNING_ELSEWHERE
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
+    cli.print_json({"folder": paths.display(config.folder()), **metrics})
+    return 0
