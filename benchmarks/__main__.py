@@ -49,6 +49,7 @@ from benchmarks.data import bench_data, bench_plasticity
 from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
 from paperlib.data import datasets
 from paperlib.records import cli, storage
+from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import (
     ATTENTION_CHOICES,
     COMPILE_CHOICES,
@@ -59,7 +60,6 @@ from paperlib.records.step_options import (
 )
 from paperlib.speed.clock import resolve_device
 from paperlib.train.config import Config
-from paperlib.vit.components import RUN_COMPONENTS
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 

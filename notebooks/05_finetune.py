@@ -36,11 +36,11 @@ attention = None  # scaled-dot-product attention kernel: auto, flash, cudnn, eff
 fused = None  # our fused kernels: auto (gelu+qkv on CUDA, none elsewhere), none, all, gelu, qkv or gelu+qkv; None: the preset's, else auto
 optimizer = "sgd"  # sgd (the paper) or adamw (beyond the paper; its runs get their own folder)
 weight_decay = 0.0  # AdamW's weight decay on weight matrices (SGD: 0, as in the paper)
-lora_rank = 0  # 0: the component's weights train (the paper); r > 0: a rank-r LoRA update of them trains instead (mha, fc1, fc2 or full; beyond the paper)
-lora_alpha = 0.0  # LoRA updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
-lora_dropout = 0.0  # dropout on the LoRA updates' input
-equal_capacity = False  # mha, fc1 or fc2: train as many parameters per block as a LayerNorm has (2d), a random subset (beyond the paper)
-subset_seed = 0  # the seed of that subset: the same for every learning rate and seed of a configuration
+method = "weights"  # how the component trains: weights (the paper: its own), or beyond the paper lora (a rank-r update of its weight matrices; mha, fc1, fc2 or full) or subset (as many parameters per block as a LayerNorm, a random subset; mha, fc1 or fc2)
+lora_rank = 0  # method lora: the rank r of each update (e.g. 8)
+lora_alpha = 0.0  # method lora: updates are scaled by lora_alpha / lora_rank (0: the rank, a scale of 1)
+lora_dropout = 0.0  # method lora: dropout on the updates' input
+subset_seed = 0  # method subset: the seed of the subset, the same for every learning rate and seed of a configuration
 tag = ""  # a name of your own for runs that change steps, batch size, warm-up, momentum or clip (not in the folder name): their own folder, kept beside the others
 stop_exploded = False  # stop a run whose loss goes above 10x chance level's (the authors' loop never stops; a loss that is not finite stops it either way)
 save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
@@ -48,6 +48,8 @@ normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: 
 data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 
 # %%
+from dataclasses import asdict
+
 import matplotlib.pyplot as plt
 
 from paperlib.analysis import stats
@@ -55,18 +57,11 @@ from paperlib.records import names, paths, runs
 from paperlib.reports import notebook, plots
 from paperlib.train import finetune
 from paperlib.train.config import config_from
-from paperlib.vit import components, lora, models
-from paperlib.vit import equal_capacity as equal
+from paperlib.vit import methods, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-config = config_from(dict(
-    model=model, dataset=dataset, component=component, lr=lr, seed=seed, steps=steps, batch_size=batch_size,
-    micro_batch=micro_batch, warmup=warmup, eval_every=eval_every, device=device, image_size=image_size, data_root=data_root,
-    precision=precision, speed=speed, compile=compile, compile_mode=compile_mode, attention=attention, fused=fused,
-    optimizer=optimizer, weight_decay=weight_decay, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-    equal_capacity=equal_capacity, subset_seed=subset_seed, normalize=normalize, validation=validation, tag=tag, stop_exploded=stop_exploded, save_weights=save_weights,
-))
+config = config_from(notebook.parameters())  # the parameters cell, whole
 metrics = finetune.run(config)
 history = runs.history(config)
 print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")
@@ -76,22 +71,15 @@ print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in 
 #
 # Trainable parameters of this configuration (the component over all blocks, as in Table 3, and
 # with the head and final norm, as trained here) and the memory of their gradients and SGD
-# momentum in fp32 (Table 4). With `lora_rank`, the LoRA updates that train in the component's
+# momentum in fp32 (Table 4). With method `lora`, the LoRA updates that train in the component's
 # place (`paperlib.vit.lora`): their share of the weights they adapt, and the memory they need. With
-# `equal_capacity`, the subset that trains: as many parameters per block as a LayerNorm has
+# method `subset`, the subset that trains: as many parameters per block as a LayerNorm has
 # (`paperlib.vit.equal_capacity`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
 architecture = models.architecture(model, num_classes=metrics.get("num_classes", 5))
-if lora_rank:
-    table = lora.parameter_table(architecture, lora_rank)
-    table = table.loc[[f"{names.LABELS[component]} (LoRA r={lora_rank})"]]
-elif equal_capacity:
-    table = equal.parameter_table(architecture).loc[[f"{names.LABELS[component]} (equal capacity)"]]
-else:
-    table = components.parameter_table(architecture).loc[[names.LABELS[component]]]
-table
+methods.trainer_of(asdict(config)).parameter_table(architecture, asdict(config))
 
 # %% [markdown]
 # ## Training curves

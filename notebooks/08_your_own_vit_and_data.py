@@ -137,7 +137,7 @@ plt.show()
 # Before choosing components for your model by P(f), check that the runs agree.
 
 # %%
-by_label = {names.LABELS[c]: c for c in components.RUN_COMPONENTS}
+by_label = {names.LABELS[c]: c for c in names.RUN_COMPONENTS}
 both, said = capacity.verdict(ranked["plasticity"].rename(index=by_label), components.parameter_share(models.architecture(model)),
                               summary["test accuracy"].rename(index=by_label))
 print(f"{model} on {dataset}: {said}")

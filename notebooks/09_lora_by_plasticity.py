@@ -7,7 +7,7 @@
 # output projections; FC1; FC2), or of all of them (the usual LoRA of a ViT), with the head and
 # the final LayerNorm trained as in the component-wise protocol, against finetuning the same
 # components' own weights (`paperlib.vit.lora`; LayerNorms have no weight matrix for LoRA). One run is
-# `papermill notebooks/05_finetune.ipynb out.ipynb -p component mha -p lora_rank 8`.
+# `papermill notebooks/05_finetune.ipynb out.ipynb -p component mha -p method lora -p lora_rank 8`.
 #
 # At demo scale (the default) the runs are those of `parameters/sweeps/lora_demo.yaml`: the demo
 # ViT on digits, rank 4 and the components' own weights, three learning rates, one seed, computed

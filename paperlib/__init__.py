@@ -8,10 +8,10 @@ Top down:
 - ``reports``   figures, what notebook cells call, notebooks executed and rendered as HTML
 - ``train``     the paper's finetuning protocol (§5.2), one run top to bottom
 - ``measure``   plasticity (§5.1), its bounds (§4) and linear probing of a pretrained ViT
-- ``analysis``  the paper's tables and tests over saved results, without torch
 - ``vit``       the models by name, their five components, and how a run trains one (weights, LoRA, a subset)
 - ``data``      the demo world, the paper's benchmarks and reference images, split and transformed
 - ``speed``     how a step is made fast on this machine, the same step to rounding
+- ``analysis``  the paper's tables and tests over saved results, without torch
 - ``records``   what a saved result is, where it lives and how it is read back, without torch
 
 Every command: ``python -m paperlib --help``.

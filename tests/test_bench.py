@@ -11,9 +11,9 @@ import torch
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
+from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 from paperlib.speed import step
-from paperlib.vit.components import RUN_COMPONENTS
 
 
 @pytest.fixture

@@ -4,8 +4,10 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from paperlib.records import names
+from paperlib.records.names import COMPONENTS, RUN_COMPONENTS
+from paperlib.train.config import Config
 from paperlib.vit import components, models
-from paperlib.vit.components import COMPONENTS, RUN_COMPONENTS
 
 
 def vit_base_counts(d=768, hidden=3072, depth=12):
@@ -145,3 +147,29 @@ def test_blocks_are_the_models_transformer_blocks(tiny_vit):
     assert components.blocks(model) is model.blocks
     with pytest.raises(TypeError, match="has no transformer blocks"):
         components.blocks(torch.nn.Linear(3, 3))
+
+
+def test_a_configuration_added_to_the_registry_is_a_row_of_table_3_and_one_a_run_can_train(vit_base, monkeypatch):
+    # FC1 and FC2 together, as one configuration: written once, in the registry
+    monkeypatch.setitem(names.CONFIGURATIONS, "mlp", names.Configuration("MLP", "#000000", ("fc1", "fc2")))
+    table = components.parameter_table(vit_base)
+    counts = vit_base_counts()
+    assert table.loc["MLP", "parameters"] == counts["fc1"] + counts["fc2"]  # Table 3 from the hand count
+    head_and_norm = table.loc["FC1", "trainable"] - counts["fc1"]
+    assert table.loc["MLP", "trainable"] == counts["fc1"] + counts["fc2"] + head_and_norm
+    components.set_trainable(vit_base, "mlp")
+    trained = {name for name, _ in components.trainable_parameters(vit_base)}
+    assert "blocks.0.mlp.fc1.weight" in trained and "blocks.11.mlp.fc2.bias" in trained and "head.weight" in trained
+    assert not any(".attn." in name or ".norm1." in name for name in trained)
+    # and a run's Config takes it by name
+    assert Config(component="mlp").component == "mlp"
+
+
+def test_an_unknown_configuration_is_refused_by_name_everywhere(vit_base):
+    for refuse in (
+        lambda: components.parameter_table(vit_base, configurations=["mha", "mlp"]),
+        lambda: components.set_trainable(vit_base, "mlp"),
+        lambda: Config(component="mlp"),
+    ):
+        with pytest.raises(ValueError, match="unknown finetuning configuration 'mlp'; valid configurations: mha, fc1"):
+            refuse()

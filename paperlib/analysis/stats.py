@@ -43,8 +43,8 @@ import pandas as pd
 from paperlib.analysis import plasticity_table
 from paperlib.analysis.significance import holm, kendall, kendall_tau, sign_test, wilcoxon_p
 from paperlib.records import cli, paths, runs_table, specs, storage
+from paperlib.records.methods import method_of
 from paperlib.records.names import ADAPTABLE, COMPONENTS, LABELS, PAPER_SCORES, RUN_COMPONENTS, family
-from paperlib.records.runs import method
 from paperlib.records.runs_table import KEYS
 
 SELECTIONS = ("test", "val")
@@ -478,11 +478,11 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 
 
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
-    """``runs_table.load``'s runs of the components LoRA adapts (``ADAPTABLE``), with a ``method`` column."""
+    """``runs_table.load``'s runs of the components LoRA adapts (``ADAPTABLE``), their ``method`` as tables name it.
+
+    The label of each run's method (``records.methods``: "weights", "LoRA r=8"...)."""
     runs = runs[runs["component"].isin(ADAPTABLE)]
-    return runs.assign(
-        method=[method(*key) for key in zip(runs["lora_rank"], runs["lora_alpha"], runs["lora_dropout"])]
-    )
+    return runs.assign(method=[method_of(run).label(run) for run in runs[KEYS].to_dict("records")])
 
 
 def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
@@ -664,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{title}\n{table.to_string()}\n")
     if several:
         print(f"several precisions: their effect on these results is python -m paperlib precision {args.spec}\n")
-    if found["equal_capacity"].any():
+    if (found["method"] == "subset").any():
         print("equal-capacity runs: their LN2 and LN1 are the ordinary runs; notebook 10 compares the two designs\n")
     if args.csv:
         write_csv(tables, args.csv, indexed=("takeaway2",))

@@ -11,6 +11,8 @@ from here beside what needs torch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
 """The five components, in the paper's plasticity order."""
 
@@ -18,22 +20,41 @@ PAPER_SCORES = {component: float(len(COMPONENTS) - i) for i, component in enumer
 """The paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1, on every benchmark: Fig. 2 middle) as scores,
 5 for MHA ... 1 for LN1: what a Kendall tau with it takes (it uses only the order)."""
 
-RUN_COMPONENTS = COMPONENTS + ("full", "linear")
-"""What a finetuning run trains (``Config.component``), the paper's finetuning configurations:
-one component, every parameter (``full``), or the head only (``linear``)."""
 
-LABELS = {
-    "mha": "MHA",
-    "fc1": "FC1",
-    "fc2": "FC2",
-    "ln2": "LN2",
-    "ln1": "LN1",
-    "full": "All",
-    "linear": "Linear head (SGD)",
-    "probe": "Linear probing",
+@dataclass(frozen=True)
+class Configuration:
+    """What a finetuning run can train (its ``component``): its label, its colour and what it trains in every block.
+
+    ``components``: the components it trains in every block, beside the head and the final norm; None: every parameter
+    of the model; (): the head alone."""
+
+    label: str
+    colour: str
+    components: tuple[str, ...] | None
+
+
+CONFIGURATIONS = {
+    "mha": Configuration("MHA", "#d62728", ("mha",)),
+    "fc1": Configuration("FC1", "#ff7f0e", ("fc1",)),
+    "fc2": Configuration("FC2", "#2ca02c", ("fc2",)),
+    "ln2": Configuration("LN2", "#1f77b4", ("ln2",)),
+    "ln1": Configuration("LN1", "#9467bd", ("ln1",)),
+    "full": Configuration("All", "#4d4d4d", None),
+    "linear": Configuration("Linear head (SGD)", "#8c8c8c", ()),
 }
+"""The finetuning configurations by name, the one registry that runs, Tables 3 and 4 and the figures read: one
+component (in the paper's plasticity order; warm colours for high plasticity), every parameter (``full``), or a new
+head alone (``linear``). A configuration added here is one ``Config.component`` can name."""
+
+RUN_COMPONENTS = tuple(CONFIGURATIONS)
+"""What a finetuning run trains (``Config.component``): the paper's finetuning configurations."""
+
+LABELS = {name: configuration.label for name, configuration in CONFIGURATIONS.items()} | {"probe": "Linear probing"}
 """Display names, as in the paper's tables and figures (``probe``: Table 6's linear-probing column,
 the paper's "Linear"; ``linear``: the configuration that trains a new head, which is not it)."""
+
+COLOURS = {name: configuration.colour for name, configuration in CONFIGURATIONS.items()} | {"probe": "#bdbdbd"}
+"""One colour per configuration, the same in every figure."""
 
 POINT_LABELS = {
     "ln1": "LN1",
@@ -57,10 +78,10 @@ def check_component(component: str) -> str:
 
 
 def check_run_component(component: str) -> str:
-    """Return ``component`` or raise a ValueError that names what a run can train (``RUN_COMPONENTS``)."""
-    if component not in RUN_COMPONENTS:
+    """Return ``component`` or raise a ValueError that names what a run can train (``CONFIGURATIONS``)."""
+    if component not in CONFIGURATIONS:
         raise ValueError(
-            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(RUN_COMPONENTS)}"
+            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(CONFIGURATIONS)}"
         )
     return component
 

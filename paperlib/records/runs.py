@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from paperlib.records import cli, paths, storage
+from paperlib.records import cli, methods, paths, storage
 from paperlib.records.cli import coerce
 from paperlib.records.names import check_run_component
 from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
@@ -86,17 +86,16 @@ class Run:
     # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
     # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+"
     fused: str = "auto"
-    # --- beyond the paper: LoRA, tags, kept weights ---
-    # 0: the component's own weights train (the paper); r > 0: a rank-r LoRA update beside each of its weight matrices
-    # trains instead (``lora``; mha, fc1, fc2 or full)
-    lora_rank: int = 0
-    # LoRA's alpha (updates scaled by alpha / rank); 0 = the rank (a scale of 1; stored as the rank)
+    # --- beyond the paper: how the component trains, tags, kept weights ---
+    # weights (the paper: the component's own weights), lora (a rank-r LoRA update beside each of its weight matrices
+    # trains instead; mha, fc1, fc2 or full) or subset (as many parameters per block as a LayerNorm has, 2d: a seeded
+    # random subset of the component's weights and biases, the rest frozen; mha, fc1 or fc2) (``records.methods``)
+    method: str = "weights"
+    lora_rank: int = 0  # method lora: the rank r of each update (e.g. 8)
+    # method lora: the updates are scaled by lora_alpha / lora_rank; 0 = the rank (a scale of 1; stored as the rank)
     lora_alpha: float = 0.0
-    lora_dropout: float = 0.0  # dropout on the LoRA updates' input
-    # train as many parameters per block in mha, fc1 or fc2 as a LayerNorm has (2d): a seeded random subset of the
-    # component's weights and biases, the rest frozen (``equal_capacity``: plasticity, not size)
-    equal_capacity: bool = False
-    subset_seed: int = 0  # the seed of an equal-capacity run's subset: the same for every lr and seed
+    lora_dropout: float = 0.0  # method lora: dropout on the updates' input
+    subset_seed: int = 0  # method subset: the seed of the subset, the same for every lr and seed
     # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
     # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     tag: str = ""
@@ -108,7 +107,7 @@ class Run:
     save_weights: bool = False
 
     def __post_init__(self):
-        asked = {"tag": self.tag, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
+        asked = {"tag": self.tag, "method": self.method, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
         for name, value in written_one_way(asked).items():
             object.__setattr__(self, name, value)
         self.validate()
@@ -123,11 +122,10 @@ class Run:
                 "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
                 f"got {self.tag!r}"
             )
-        for name in ("save_weights", "stop_exploded", "equal_capacity"):
+        methods.check(asdict(self), Run.defaults())
+        for name in ("save_weights", "stop_exploded"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.lora_rank and self.equal_capacity:
-            raise ValueError("equal_capacity trains a subset of the component's own weights: set lora_rank 0")
         if self.optimizer != "sgd" and self.momentum != Run.momentum:  # SGD's alone
             raise ValueError(
                 f"momentum is SGD's; {self.optimizer} has its own (betas 0.9, 0.999): leave momentum at {Run.momentum}"
@@ -194,15 +192,16 @@ class Run:
 
 
 def written_one_way(values: dict) -> dict:
-    """``values`` (a run's ``tag``, ``lora_rank`` and ``lora_alpha``) as a ``Config`` holds them.
+    """``values`` (a run's ``tag``, ``method``, ``lora_rank`` and ``lora_alpha``) as a ``Run`` holds them.
 
-    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and LoRA's alpha 0 as the rank, so that lora_alpha=0
-    and lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
+    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and a LoRA run's alpha 0 as the rank, so that
+    lora_alpha=0 and lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
     values = dict(values)
     if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
         values["tag"] = f"{values['tag']:g}"
     rank = values["lora_rank"]
-    if values["lora_alpha"] == 0 and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0:
+    lora = values["method"] == "lora" and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
+    if lora and values["lora_alpha"] == 0:
         values["lora_alpha"] = float(rank)
     return values
 
@@ -213,28 +212,11 @@ def run_folder(record: dict) -> Path:
     run = f"seed={r['seed']}" + ("" if r["precision"] == "fp32" else f"-{r['precision']}")
     if r["optimizer"] != "sgd":  # another optimizer, another folder: the paper's runs are kept
         run += f"-{r['optimizer']}" + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else "")
-    if r["lora_rank"]:
-        run += f"-lora-r{r['lora_rank']}" + (f"-a{r['lora_alpha']:g}" if r["lora_alpha"] != r["lora_rank"] else "")
-        run += f"-d{r['lora_dropout']:g}" if r["lora_dropout"] else ""
-    if r["equal_capacity"]:
-        run += "-equal" + (f"-s{r['subset_seed']}" if r["subset_seed"] else "")
+    run += methods.method_of(r).suffix(r)  # another way to train the component, another folder
     run += "" if r["normalize"] == "imagenet" else f"-norm-{r['normalize']}"
     run += f"-val-{r['validation']}" if r["validation"] != "official" else ""
     run += f"+{r['tag']}" if r["tag"] else ""
     return finetune_root() / r["model"] / r["dataset"] / r["component"] / f"lr={r['lr']:g}" / run
-
-
-def method(lora_rank: int, lora_alpha: float = 0.0, lora_dropout: float = 0.0) -> str:
-    """How a run trains its component, for tables and legends.
-
-    Its folder says the same (``Config.folder``): "weights" (the paper: the component's own weights) or "LoRA r=<rank>"
-    (with alpha and dropout where they are not the defaults)."""
-    if not lora_rank:
-        return "weights"
-    extra = ([f"alpha={lora_alpha:g}"] if lora_alpha not in (0, lora_rank) else []) + (
-        [f"dropout={lora_dropout:g}"] if lora_dropout else []
-    )
-    return f"LoRA r={int(lora_rank)}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from paperlib.records import paths, specs, storage
+from paperlib.records import methods, paths, specs, storage
 from paperlib.records.runs import (
     HISTORY,
     HOW_IT_RAN,
@@ -32,7 +32,7 @@ from paperlib.records.runs import (
 )
 
 KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer", "weight_decay"]
-KEYS += ["lora_rank", "lora_alpha", "lora_dropout", "equal_capacity", "subset_seed", "normalize", "validation", "tag"]
+KEYS += ["method", *methods.options(), "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
 RUN_COLUMNS = KEYS + [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -11,19 +12,11 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from paperlib.records import paths, storage
 from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
-from paperlib.records.names import COMPONENTS, LABELS, POINT_LABELS
+from paperlib.records.methods import method_of
+from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS
 
-COLORS = {
-    "mha": "#d62728",
-    "fc1": "#ff7f0e",
-    "fc2": "#2ca02c",
-    "ln2": "#1f77b4",
-    "ln1": "#9467bd",
-    "full": "#4d4d4d",
-    "linear": "#8c8c8c",
-    "probe": "#bdbdbd",
-}
-"""One colour per configuration, the same in every figure (warm = high plasticity)."""
+COLORS = COLOURS
+"""One colour per configuration, the same in every figure (``names.CONFIGURATIONS``)."""
 
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
@@ -509,7 +502,8 @@ def run_figure(history, metrics: dict, config) -> plt.Figure:
         best = ([metrics["best_step"]], [metrics["best_val_accuracy"]])
         axes[2].scatter(*best, s=80, facecolor="none", edgecolor="black", zorder=3)
     axes[2].set(xlabel="step", ylabel="validation accuracy")
-    how = f" (LoRA r={config.lora_rank})" if config.lora_rank else " (equal capacity)" if config.equal_capacity else ""
+    record = asdict(config)
+    how = "" if config.method == "weights" else f" ({method_of(record).label(record)})"
     c = config
     fig.suptitle(f"{c.model} on {c.dataset}: {LABELS[c.component]}{how}, lr {c.lr:g}, seed {c.seed}")
     # named as the run's folder (its last part: the seed and the suffixes of Config.folder)

@@ -32,7 +32,8 @@ import torch
 
 from paperlib.data.imagesets import random_images
 from paperlib.data.loader import DeviceLoader, Transform
-from paperlib.records import runs, storage
+from paperlib.records import methods, runs, storage
+from paperlib.records.methods import method_of
 from paperlib.records.step_options import STEP_OPTIONS
 from paperlib.speed.clock import device_name, median_seconds
 from paperlib.speed.step import OptimizerSettings, make_step, warmup_steps
@@ -44,7 +45,10 @@ STATUSES = ("finished", "diverged", "failed", "missing")
 TO_RUN = ("failed", "missing")
 """The statuses of the runs a sweep runs (again): those the estimate is for."""
 
-STEP_KEY = ("model", "component", "batch_size", "image_size", "lora_rank", *STEP_OPTIONS)
+SHOWN = ("model", "batch_size", "image_size", "device")
+"""The parameters of a group of runs that the plan shows where they vary, with their method."""
+
+STEP_KEY = ("model", "component", "batch_size", "image_size", "method", *methods.options(), *STEP_OPTIONS)
 """The ``Config`` fields a step's speed depends on (``step_key`` adds the device's kind)."""
 
 
@@ -111,7 +115,8 @@ def estimate(todo: list[Config], timing_steps: int = 3) -> pd.DataFrame:
         rate, source = images_per_second(first, recorded, timing_steps)
         images = sum(config.steps * config.batch_size for config in group)
         rows.append(
-            {name: getattr(first, name) for name in ("model", "batch_size", "image_size", "lora_rank", "device")}
+            {name: getattr(first, name) for name in SHOWN}
+            | {"method": method_of(asdict(first)).label(asdict(first))}
             | {"precision": first.precision, "component": first.component, "runs": len(group)}
             | {"steps": sum(config.steps for config in group), "images": images, "images_per_second": rate}
             | {"hours": images / rate / 3600, "source": source}
@@ -222,9 +227,7 @@ def formatted(result: dict) -> str:
         images_per_second=table["images_per_second"].map(lambda rate: "-" if math.isnan(rate) else f"{rate:,.1f}"),
         hours=table["hours"].map(_hours),
     ).rename(columns={"images_per_second": "img/s"})
-    varying = [
-        name for name in ("model", "batch_size", "image_size", "lora_rank", "device") if table[name].nunique() > 1
-    ]
+    varying = [name for name in (*SHOWN, "method") if table[name].nunique() > 1]
     columns = varying + ["precision", "component", "runs", "steps", "images", "img/s", "hours", "source"]
     return "\n".join(
         [

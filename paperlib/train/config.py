@@ -17,11 +17,11 @@ import pandas as pd
 
 from paperlib.data import datasets
 from paperlib.records import specs
-from paperlib.records.runs import Run, config_values, written_one_way
+from paperlib.records.runs import Run, config_values
 from paperlib.records.runs_table import KEYS
 from paperlib.records.step_options import StepOptions
 from paperlib.speed import devices
-from paperlib.vit import equal_capacity, lora, models
+from paperlib.vit import models
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,6 @@ class Config(Run):
     Defaults: notebook 05's, the demo protocol (the demo ViT on digits 5-9, seconds on a CPU); the paper's per dataset:
     ``parameters/finetune/``. Its fields are ``Run``'s."""
 
-    def __post_init__(self):
-        asked = {"tag": self.tag, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
-        for name, value in written_one_way(asked).items():
-            object.__setattr__(self, name, value)
-        self.validate()
-
     def validate(self) -> "Config":
         """Fail before any work, with the valid choices: ``Run``'s checks, then the training stack's."""
         super().validate()
@@ -44,9 +38,7 @@ class Config(Run):
         datasets.check_validation(self.validation)
         models.resolve_name(self.model)
         devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
-        lora.check(self.component, self.lora_rank, self.lora_alpha, self.lora_dropout)
         models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here
-        equal_capacity.check(self.component, self.equal_capacity, self.subset_seed)
         options = self.step_options().checked(self.device)
         object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
         return self

@@ -30,6 +30,7 @@ import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict
 
 import torch
 from safetensors.torch import load_file
@@ -44,7 +45,7 @@ from paperlib.speed import devices, threads
 from paperlib.speed.step import OptimizerSettings, make_step
 from paperlib.train import checkpoints
 from paperlib.train.config import Config, config_from, configs
-from paperlib.vit import components, equal_capacity, lora, models
+from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -59,18 +60,8 @@ def network(config: Config, num_classes: int) -> nn.Module:
 
 
 def adapt(model: nn.Module, config: Config) -> nn.Module:
-    """``model`` as a run of ``config`` trains it, in place; returns the model.
-
-    What trains beside its component is added (a LoRA
-    update, ``lora.add_lora``, or an equal-capacity subset, ``equal_capacity.add_subsets``), then every
-    parameter frozen but what the run trains (``components.set_trainable``)."""
-    adapters = None
-    if config.lora_rank:
-        lora.add_lora(model, config.component, config.lora_rank, config.lora_alpha, config.lora_dropout)
-        adapters = lora.updates(model)
-    elif config.equal_capacity:
-        adapters = equal_capacity.add_subsets(model, config.component, config.subset_seed)
-    return components.set_trainable(model, config.component, adapters)
+    """``model`` as a run of ``config`` trains it, in place, by the run's method (``vit.methods.adapt``)."""
+    return methods.adapt(model, asdict(config))
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -242,10 +233,8 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}"
         )
     model.load_state_dict(state, strict=False)
-    if config.lora_rank and merge:
-        model = lora.merge(model)
-    if config.equal_capacity and merge:
-        model = equal_capacity.merge(model)
+    if merge:
+        model = methods.trainer_of(asdict(config)).merge(model)
     if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
         model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
     return model.eval()
@@ -383,7 +372,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
         test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
     measured["test_images"] = len(loaders["test"].images)
-    measured["subset"] = equal_capacity.digest(model) if config.equal_capacity else None
+    measured["method"] = methods.trainer_of(asdict(config)).summary(model)
     metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
     checkpoints.record(config, rows, best, metrics)
     return model, metrics
@@ -447,8 +436,7 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": config.precision,
         "optimizer": config.optimizer,
-        "lora_rank": config.lora_rank,
-        "subset": measured["subset"],  # an equal-capacity run's subset (equal_capacity.digest)
+        **measured["method"],  # what the run's method records of what it trained (an equal-capacity run's subset)
         "normalize": config.normalize,
         "cache_side": measured["side"],
         "weights": None,  # the weights file, if kept: runs.record

@@ -20,8 +20,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-# the names, here too: components.COMPONENTS, components.RUN_COMPONENTS... read as before (LABELS: from names)
-from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, check_component, check_run_component  # noqa: F401
+from paperlib.records.names import COMPONENTS, CONFIGURATIONS, check_component, check_run_component
 
 MODULE_PATHS = {
     "mha": "attn",
@@ -145,17 +144,17 @@ def final_norm_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def trained_modules(model: nn.Module, component: str) -> list[nn.Module]:
-    """The modules a run of ``component`` (one of ``RUN_COMPONENTS``) trains (appendix C.3).
+    """The modules a run of ``component`` (a configuration of ``names.CONFIGURATIONS``) trains (appendix C.3).
 
-    A component trains in every block, with the classification head and the final LayerNorm (as in
-    the authors' code); ``full`` trains everything (``[model]``) and ``linear`` the head only.
+    Its components train in every block, with the classification head and the final LayerNorm (as in the authors'
+    code); ``full`` trains everything (``[model]``) and ``linear`` the head only.
     """
-    check_run_component(component)
-    if component == "full":
+    trains = CONFIGURATIONS[check_run_component(component)].components
+    if trains is None:
         return [model]
     modules = head_modules(model)
-    if component != "linear":
-        modules += component_modules(model, component) + final_norm_modules(model)
+    if trains:
+        modules += [module for part in trains for module in component_modules(model, part)] + final_norm_modules(model)
     return modules
 
 
@@ -218,30 +217,35 @@ def memory_load(num_parameters: int, bytes_per_parameter: int = 4, optimizer: st
     return num_parameters * bytes_per_parameter * (1 + OPTIMIZER_STATES[optimizer])
 
 
-def parameter_table(model: nn.Module, bytes_per_parameter: int = 4, optimizer: str = "sgd") -> pd.DataFrame:
+def parameter_table(
+    model: nn.Module, bytes_per_parameter: int = 4, optimizer: str = "sgd", configurations=None
+) -> pd.DataFrame:
     """Tables 3 and 4 for ``model``: per configuration, parameters, share and memory load.
 
-    ``parameters`` counts the component alone, over all blocks, as the paper does;
-    ``% of total`` divides by every parameter of the model; ``memory load (MiB)`` is the
-    gradients plus optimiser states of those parameters. ``trainable`` is what
-    ``set_trainable`` really trains (the component plus the head and the final norm).
+    ``configurations``: names of ``names.CONFIGURATIONS`` (None: every one), an unknown one refused by name.
+    ``parameters`` counts what the configuration trains in the blocks, over all blocks, as the paper does (the head
+    for ``linear``, everything for ``full``); ``% of total`` divides by every parameter of the model; ``memory load
+    (MiB)`` is the gradients plus optimiser states of those parameters. ``trainable`` is what ``set_trainable``
+    really trains (the components plus the head and the final norm).
     """
     total = count_parameters([model])
     rows = []
-    for component in RUN_COMPONENTS:
-        if component in COMPONENTS:
-            count = component_parameters(model, component)
-        elif component == "full":
+    for name in CONFIGURATIONS if configurations is None else configurations:
+        configuration = CONFIGURATIONS[check_run_component(name)]
+        parts = configuration.components
+        if parts is None:
             count = total
         else:
-            count = count_parameters(head_modules(model))
+            count = count_parameters(
+                [m for part in parts for m in component_modules(model, part)] or head_modules(model)
+            )
         rows.append(
             {
-                "configuration": LABELS[component],
+                "configuration": configuration.label,
                 "parameters": count,
                 "% of total": 100.0 * count / total,
                 "memory load (MiB)": memory_load(count, bytes_per_parameter, optimizer) / 2**20,
-                "trainable": trained_parameters(model, component),
+                "trainable": trained_parameters(model, name),
             }
         )
     return pd.DataFrame(rows).set_index("configuration")

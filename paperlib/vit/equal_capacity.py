@@ -33,31 +33,9 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from paperlib.records.methods import METHODS
 from paperlib.records.names import COMPONENTS, LABELS
 from paperlib.vit import components
-
-SUBSET_COMPONENTS = ("mha", "fc1", "fc2")
-"""The components larger than ``k`` (``per_block``): those an equal-capacity run trains a subset of."""
-
-
-def check(component: str, equal_capacity: bool, subset_seed: int = 0) -> None:
-    """A ValueError, with the valid choices, unless the options make an equal-capacity run (or none).
-
-    Their types are ``Config``'s to check, with its other flags and seeds."""
-    if not equal_capacity:
-        if subset_seed:
-            raise ValueError("subset_seed chooses an equal-capacity run's subset: set equal_capacity True too")
-        return
-    if component not in SUBSET_COMPONENTS:
-        why = (
-            "its ordinary runs are its equal-capacity runs (k is a LayerNorm's size: it trains whole)"
-            if component in COMPONENTS
-            else "it is not one component"
-        )
-        raise ValueError(
-            f"equal_capacity is for {', '.join(SUBSET_COMPONENTS)}, not {component!r}: {why}; "
-            "run ln2 and ln1 without it"
-        )
 
 
 def _entries(block: nn.Module, component: str) -> list[tuple[nn.Module, str, nn.Parameter]]:
@@ -107,7 +85,7 @@ def add_subsets(model: nn.Module, component: str, seed: int = 0) -> list[nn.Modu
 
     The entries are ``draw``'s; ``model`` is changed in place. Returns the updates, what a run
     trains of its component (``components.set_trainable``'s ``adapters``)."""
-    check(component, True, seed)
+    METHODS["subset"].check({"component": component, "subset_seed": seed})
     updates = []
     for block, chosen in zip(components.blocks(model), draw(model, component, seed)):
         start = 0

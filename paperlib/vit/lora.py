@@ -3,7 +3,7 @@ with high plasticity" as future work).
 
     from paperlib.train import finetune
     from paperlib.train.config import Config
-    finetune.run(Config(component="mha", lora_rank=8, lr=0.05))   # LoRA on every block's attention
+    finetune.run(Config(component="mha", method="lora", lora_rank=8, lr=0.05))   # LoRA on every block's attention
 
 Where component-wise finetuning (``components.set_trainable``) trains a component's weights
 themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
@@ -23,12 +23,12 @@ saving with ``models.save_model``...).
 from __future__ import annotations
 
 import functools
-import math
 
 import pandas as pd
 import torch
 from torch import nn
 
+from paperlib.records.methods import METHODS
 from paperlib.records.names import ADAPTABLE, LABELS
 from paperlib.vit import components
 
@@ -64,39 +64,6 @@ def _has(block: nn.Module, path: str) -> bool:
         return False
 
 
-def check(component: str, rank: int, alpha: float = 0.0, dropout: float = 0.0) -> None:
-    """Fail before any work, with the valid choices, on a bad ``rank``, ``alpha`` or ``dropout``.
-
-    Valid: ``rank`` 0 (no LoRA: the component's own weights train) or a positive integer for a configuration that has
-    weight matrices; ``alpha`` 0 (the rank: a scale of 1) or positive; ``dropout`` in [0, 1). ``component`` is one of
-    ``RUN_COMPONENTS`` already (``Config`` checks it)."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"lora_rank must be 0 (no LoRA) or a positive integer, got {rank!r}")
-    for name, value, valid in (
-        ("lora_alpha", alpha, lambda v: v >= 0),
-        ("lora_dropout", dropout, lambda v: 0 <= v < 1),
-    ):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or not valid(value)
-        ):
-            raise ValueError(
-                f"{name} must be a finite number "
-                f"{'>= 0 (0: the rank)' if name == 'lora_alpha' else 'in [0, 1)'}, got {value!r}"
-            )
-    if rank == 0:
-        if alpha or dropout:
-            raise ValueError("lora_alpha and lora_dropout are LoRA's: set lora_rank (e.g. 8) too, or leave them at 0")
-        return
-    if component not in TARGETS:
-        raise ValueError(
-            f"LoRA adapts weight matrices and {component!r} has none; with lora_rank use one of "
-            f"{', '.join(ADAPTABLE)}, or lora_rank=0 to finetune {component!r} itself"
-        )
-
-
 def target_names(model: nn.Module, component: str) -> list[str]:
     """The full names of the linear layers that LoRA adapts for ``component``, block by block."""
     if component not in TARGETS:
@@ -127,7 +94,7 @@ def target_names(model: nn.Module, component: str) -> list[str]:
                 raise ValueError(
                     f"blocks.{index}.{parent} ({type(owner).__name__} with separate query and value biases) applies "
                     f"{child}'s weight itself, which would bypass LoRA: LoRA on {component!r} is not available "
-                    "for this model; finetune the component's weights (lora_rank=0), or LoRA on fc1 or fc2"
+                    "for this model; finetune the component's weights (method weights), or LoRA on fc1 or fc2"
                 )
             names.append(f"blocks.{index}.{path}")
     return names
@@ -139,7 +106,7 @@ def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dr
     The weight matrices are those of ``TARGETS``; ``model`` is changed in place. ``alpha`` 0 means
     the rank. ``A`` is drawn from torch's generator (peft's Kaiming-uniform), ``B`` is zero: the
     function is unchanged until training."""
-    check(component, rank, alpha, dropout)
+    METHODS["lora"].check({"component": component, "lora_rank": rank, "lora_alpha": alpha, "lora_dropout": dropout})
     if rank == 0:
         raise ValueError("add_lora needs a positive rank")
     # peft imports transformers: only when LoRA is asked for
