@@ -50,7 +50,7 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     # by content, not split name: trainval and the train/val parts share it ("short": whole images,
-    # shorter side ``size``; earlier caches of centre squares were named "{size}px-")
+    # shorter side ``size``)
     return cache_dir / dataset.name.replace("/", "_") / f"{size}short-{digest}.npy"
 
 

@@ -21,7 +21,7 @@ def headline(here: str, paper: str | None = None, why: str | None = None) -> Non
     number for it, if any, and ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
     text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
     marked = {"here": here, "paper": paper} | ({"why": why} if why else {})
-    import IPython.display  # here, not at the top: report imports this module, and sweep --plan needs no Jupyter
+    import IPython.display  # when called: report imports this module, and sweep --plan needs no Jupyter
 
     IPython.display.display({HEADLINE_MIME: marked, "text/plain": text}, raw=True)
 
@@ -46,7 +46,7 @@ def check_parameters() -> None:
     notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and the valid ones.
     Called by the first cell after the parameters of every notebook; a notebook run without parameters (JupyterLab,
     nbval, papermill with none) has no injected cell: nothing to check."""
-    import IPython  # here, not at the top: as in headline
+    import IPython  # when called, as in headline
 
     shell = IPython.get_ipython()
     history = shell.user_ns.get("In", []) if shell is not None else []

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-# the names, here too: components.COMPONENTS, components.RUN_COMPONENTS... read as before (LABELS: from names)
+# the names (defined torch-free in records.names), here too: components.COMPONENTS, components.RUN_COMPONENTS...
 from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, check_component, check_run_component  # noqa: F401
 
 MODULE_PATHS = {
