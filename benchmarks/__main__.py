@@ -66,8 +66,9 @@ TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 
 @dataclass
 class Targets:
-    """The checks of ``bench_targets`` as they are made, and each part's figures; with ``out``, both
-    written there as soon as they are known (``<part>.json``, ``targets.json``)."""
+    """The checks of ``bench_targets`` as they are made, and each part's figures.
+
+    With ``out``, both are written there as soon as they are known (``<part>.json``, ``targets.json``)."""
 
     out: Path | None
     checks: list[dict] = field(default_factory=list)
@@ -83,8 +84,9 @@ class Targets:
 
 
 def _data_targets(targets: Targets, device: torch.device) -> None:
-    """The data paths on a Cifar10 fixture at 224: the device path >= 5x the DataLoader path on CUDA,
-    never slower on a CPU."""
+    """The data paths on a Cifar10 fixture at 224, checked against their target.
+
+    The device path is to be >= 5x the DataLoader path on CUDA, and never slower on a CPU."""
     result = bench_data("cifar10", batch_size=512, image_size=224, device=str(device))
     targets.keep("data", result)
     need = 5.0 if device.type == "cuda" else 1.0
@@ -97,8 +99,10 @@ def _data_targets(targets: Targets, device: torch.device) -> None:
 
 
 def _plasticity_targets(targets: Targets, device: torch.device) -> None:
-    """On a GPU, the paper's 12,800 ViT-Base pairs in under a minute (``measure``); on a CPU,
-    ``measure`` >= 2x the plain definition on the demo ViT and on ViT-Base."""
+    """The plasticity measurement (``measure``) against the plain definition, checked against its target.
+
+    On a GPU, the paper's 12,800 ViT-Base pairs in under a minute (``measure``); on a CPU, ``measure`` >= 2x the plain
+    definition on the demo ViT and on ViT-Base."""
     cuda = device.type == "cuda"
     # (model, pairs, batch, repeats): on a GPU, the paper's 12,800 pairs once
     settings = [("demo", 256, 64, 3), ("vit_base_in21k", 12800, 128, 1) if cuda else ("vit_base_in21k", 32, 16, 3)]
@@ -125,8 +129,9 @@ def _step_scale(device: torch.device) -> tuple[str, int]:
 
 
 def _check_mfu(targets: Targets, result: dict) -> None:
-    """The utilisation target for one ``bench_finetune`` result, named by how its step ran (its options,
-    as they resolved)."""
+    """The utilisation target for one ``bench_finetune`` result.
+
+    The check is named by how its step ran (its options, as they resolved)."""
     mfu = result.get("full_library_mfu")
     targets.check(
         f"full finetuning at >= 40% model FLOP utilisation on an H100 ({variant_words(result)}, "
@@ -137,8 +142,10 @@ def _check_mfu(targets: Targets, result: dict) -> None:
 
 
 def _finetune_targets(targets: Targets, device: torch.device) -> None:
-    """Every component's step under bf16 autocast against the plain fp32 loop, frozen components faster
-    than full finetuning; on a GPU, the utilisation target and the cost of the protocol's fp32."""
+    """Every component's step under bf16 autocast against the plain fp32 loop.
+
+    Frozen components are to be faster than full finetuning; on a GPU, also the utilisation target and the cost of
+    the protocol's fp32."""
     name, batch = _step_scale(device)
     eager = bench_finetune(name, RUN_COMPONENTS, batch, 10, str(device), StepOptions(precision="autocast"))
     targets.keep("finetune", eager)
@@ -167,10 +174,11 @@ def _finetune_targets(targets: Targets, device: torch.device) -> None:
 
 
 def _compiled_targets(targets: Targets, device: torch.device) -> None:
-    """The utilisation target for compiled steps under bf16 autocast (the whole model for full, MHA, LN1
-    and linear; full with its blocks compiled), then full at the fastest settings measured (the paper's
-    batch, blocks compiled with inductor's tuning, bf16 compute with fp32 masters), without and with
-    our fused ops (fc1's bias+GELU, the q/k/v split)."""
+    """The utilisation target for compiled steps under bf16 autocast, then for full at the fastest settings measured.
+
+    Compiled under bf16 autocast: the whole model for full, MHA, LN1 and linear; full with its blocks compiled. The
+    fastest settings measured: the paper's batch, blocks compiled with inductor's tuning, bf16 compute with fp32
+    masters, full finetuning without and with our fused ops (fc1's bias+GELU, the q/k/v split)."""
     name, batch = _step_scale(device)
     measured = {
         "finetune_compiled": (("full", "mha", "ln1", "linear"), batch, StepOptions("model", precision="autocast")),
@@ -194,12 +202,13 @@ TARGETS = {
 
 
 def bench_targets(device: str = "auto", out: Path | None = None, parts: tuple[str, ...] | None = None) -> list[dict]:
-    """Every benchmark at the settings of its target, each figure checked against it (the parts'
-    functions say which: ``TARGETS``). On CUDA: the data paths, the paper's plasticity pairs, every
-    component's step on ViT-Base/16 at batch 256 (``finetune``) and compiled steps (``compiled``: full
-    finetuning at >= 40% FLOP utilisation on an H100). On a CPU, by default all but ``compiled``, at CPU
-    scale (the demo ViT). Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks
-    to ``<out>/targets.json`` as they are made; returns the checks (target, measured, met)."""
+    """Every benchmark at the settings of its target, each figure checked against it; returns the checks.
+
+    The parts' functions say which targets (``TARGETS``). On CUDA: the data paths, the paper's plasticity pairs,
+    every component's step on ViT-Base/16 at batch 256 (``finetune``) and compiled steps (``compiled``: full
+    finetuning at >= 40% FLOP utilisation on an H100). On a CPU, by default all but ``compiled``, at CPU scale (the
+    demo ViT). Each part's figures go to ``<out>/<part>.json`` as soon as it ends, the checks to
+    ``<out>/targets.json`` as they are made; the checks returned are (target, measured, met)."""
     for part in parts or ():
         if part not in TARGET_PARTS:
             raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(TARGET_PARTS)}")
@@ -290,8 +299,9 @@ def _command(commands, name: str, summary: str) -> argparse.ArgumentParser:
 def _common(
     parser, model: str | None = "demo", json_help: str | None = "also write the figures to this JSON file"
 ) -> None:
-    """The options most commands share: the model (random weights), the device, the JSON file (none
-    without ``json_help``)."""
+    """The options most commands share: the model (random weights), the device and the JSON file.
+
+    Without ``json_help``, there is no JSON file option."""
     if model is not None:
         parser.add_argument(
             "--model", default=model, help="a short name or timm ViT name (random weights): demo, vit_base_in21k, ..."

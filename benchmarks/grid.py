@@ -42,6 +42,7 @@ NOTEBOOK_07 = ["-p", "spec", SPEC, "-p", "compute_missing", "False"]
 
 def build(root: Path, **only) -> int:
     """Write the paper grid's runs under ``root`` (a run already recorded there is kept); the runs written.
+
     ``only``: the runs of these values alone (``specs.restrict``: a test's part of the grid)."""
     os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
     from paperlib.records import runs, specs
@@ -87,10 +88,11 @@ LEVELS = {"mha": 3.0, "fc1": 2.0, "fc2": 1.6, "ln2": 1.0, "ln1": 0.8}
 
 
 def build_plasticity(root: Path, pairs: int = 12_800) -> int:
-    """Write P(f) of the grid's model on each of its datasets under ``root`` (a result already there is kept),
-    as ``plasticity.run`` saves it (``plasticity_table.save``: the rates, their P(f) per block and the record),
-    without measuring: rates drawn seeded around each component's ``LEVELS``, ``pairs`` pairs (the paper's
-    12,800) x 12 blocks x 5 components each. The results written."""
+    """Write P(f) of the grid's model on each of its datasets under ``root``, without measuring; the results written.
+
+    A result already there is kept. Each is saved as ``plasticity.run`` saves it (``plasticity_table.save``: the
+    rates, their P(f) per block and the record), its rates drawn seeded around each component's ``LEVELS``:
+    ``pairs`` pairs (the paper's 12,800) x 12 blocks x 5 components each."""
     os.environ["VIT_PLASTICITY_RESULTS"] = str(root)
     import torch
 

@@ -45,8 +45,9 @@ def spec(folder: Path) -> Path:
 
 
 def sweeps(spec_file: Path, root: Path, processes: int) -> tuple[float, list[str]]:
-    """Wall seconds of ``processes`` sweep processes of ``spec_file`` started together on the results root
-    ``root``, and each one's summary line (a ValueError with its output if one fails)."""
+    """Wall seconds of ``processes`` sweep processes of ``spec_file`` started together, and each one's summary line.
+
+    They share the results root ``root``; a process that fails raises a ValueError with its output."""
     root.mkdir(parents=True)
     env = os.environ | {"VIT_PLASTICITY_RESULTS": str(root / "results"), "VIT_PLASTICITY_REPORTS": str(root / "out")}
     if processes > 1:

@@ -64,12 +64,12 @@ def _significant(value: float, digits: int = 5) -> float:
 
 
 def step_flops(model, images, labels) -> int:
-    """FLOPs of one training step (forward + backward) of the eager model on ``images`` as its
-    parameters' ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned
-    to eager). Counted on one image and multiplied by the batch (every counted op of a ViT is linear
-    in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
-    twice the activation memory of the bf16 step it is for (the likely cause of running out of GPU
-    memory at large batches before: docs/benchmarks.md)."""
+    """FLOPs of one training step (forward + backward) of the eager model on ``images``, counted by PyTorch.
+
+    The step trains the parameters as their ``requires_grad`` stand; blocks compiled in place are returned to eager.
+    Counted on one image and multiplied by the batch (every counted op of a ViT is linear in the batch; a test checks
+    it): a counting pass at the full batch in fp32 would need about twice the activation memory of the bf16 step it
+    is for, which at a large batch can be more than the GPU has."""
     compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
@@ -79,11 +79,12 @@ def step_flops(model, images, labels) -> int:
 
 
 def library_steps(model, loader: DeviceLoader, options: StepOptions):
-    """The library's training step for ``model`` as its trainable parameters stand, built as
-    ``finetune.train`` builds it (``step.make_step``: the paper's SGD, ``options`` checked), at the
-    loader's whole batch (no retry with smaller micro-batches: a benchmark measures the batch it is
-    given): returns ``steps(first, count)``, which trains on the loader's batches ``first`` to
-    ``first + count - 1`` and returns the last (loss, norm)."""
+    """The library's training step for ``model`` as its trainable parameters stand, as ``steps(first, count)``.
+
+    The step is built as ``finetune.train`` builds it (``step.make_step``: the paper's SGD, ``options`` checked), at
+    the loader's whole batch (no retry with smaller micro-batches: a benchmark measures the batch it is given).
+    ``steps(first, count)`` trains on the loader's batches ``first`` to ``first + count - 1`` and returns the last
+    (loss, norm)."""
     batch = loader.batch_size
     paper_sgd = OptimizerSettings("sgd", lr=1e-3, momentum=0.9)
     one_step = make_step(model, options, optimizer=paper_sgd, batch_size=batch, clip=1.0, micro_batch=batch)
@@ -97,8 +98,10 @@ def library_steps(model, loader: DeviceLoader, options: StepOptions):
 
 
 def plain_step(model, trainable, optimizer, images, labels, context=contextlib.nullcontext) -> None:
-    """One step of the plain loop in the authors' style: forward (in ``context``, e.g. autocast), cross-entropy,
-    backward, clipping at global norm 1, the optimizer's update."""
+    """One step of the plain loop in the authors' style.
+
+    Forward (in ``context``, e.g. autocast), cross-entropy, backward, clipping at global norm 1, the optimizer's
+    update."""
     with context():
         loss = torch.nn.functional.cross_entropy(model(images), labels)
     optimizer.zero_grad(set_to_none=True)
@@ -108,8 +111,9 @@ def plain_step(model, trainable, optimizer, images, labels, context=contextlib.n
 
 
 def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: int, device: torch.device):
-    """The plain loop's data: ``dataset``'s images through the paper's torchvision transform in ``workers``
-    DataLoader workers, as the authors' code loads them."""
+    """The plain loop's data, loaded as the authors' code loads it.
+
+    ``dataset``'s images go through the paper's torchvision transform in ``workers`` DataLoader workers."""
     transformed = ImageDataset(
         dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
     )
@@ -125,8 +129,9 @@ def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: in
 
 
 def _plain_run(model, loader: DataLoader, steps: int, device: torch.device) -> tuple:
-    """(timed run, warm-up) of the plain loop on ``model`` as its trainable parameters stand: batches of
-    ``loader`` copied to the device, ``torch.optim.SGD`` with PyTorch's default kernels, fp32."""
+    """(timed run, warm-up) of the plain loop on ``model`` as its trainable parameters stand.
+
+    Batches of ``loader`` are copied to the device; ``torch.optim.SGD`` with PyTorch's default kernels, fp32."""
     trainable = [p for _, p in trainable_parameters(model)]
     optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
 
@@ -238,11 +243,12 @@ def bench_presets(
     repeats: int = 3,
     plain: bool = True,
 ) -> list[dict]:
-    """Training images/s per precision, component and speed preset, on one machine: each preset of
-    ``presets`` (``options.preset``: names, files) against "none" in the same precision, and a plain loop in
-    that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``, clipping at 1)
-    on the same batches, already on the device, so that only the step differs. What a preset file records as
-    its ``gain`` is this table's ``gain`` column. Rows: precision, preset, component, img/s, gain over
+    """Training images/s per precision, component and speed preset, on one machine.
+
+    Each preset of ``presets`` (``options.preset``: names, files) runs against "none" in the same precision, and a
+    plain loop in that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``,
+    clipping at 1) on the same batches, already on the device, so that only the step differs. What a preset file
+    records as its ``gain`` is this table's ``gain`` column. Rows: precision, preset, component, img/s, gain over
     "none", warm-up seconds (compilation included), and the plain loop's img/s beside "none"."""
     rows = []
     device_ = resolve_device(device)
@@ -274,8 +280,9 @@ def bench_presets(
 def bench_plain(
     model_name: str, components: tuple[str, ...], batch_size: int, steps: int, device: torch.device, precision: str
 ) -> dict[str, float]:
-    """Images/s per component of a plain training loop in ``precision`` (fp32, tf32 or autocast) on
-    batches already on the device: timm's model as created, ``torch.optim.SGD`` (PyTorch's default kernels),
+    """Images/s per component of a plain training loop in ``precision`` (fp32, tf32 or autocast).
+
+    On batches already on the device: timm's model as created, ``torch.optim.SGD`` (PyTorch's default kernels),
     clipping at norm 1; TF32 flags and autocast as the library's step sets them (``tf32_flags``, ``autocast_for``)."""
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     size = model.patch_embed.img_size[0]
@@ -302,8 +309,9 @@ PRECISION_WORDS = {"fp32": "fp32", "tf32": "tf32", "autocast": "bf16 autocast", 
 
 
 def variant_words(row: dict) -> str:
-    """How a step was run, in words: "compiled (blocks, coordinate-descent), attention cudnn, bf16
-    autocast". A row without a precision was written when rows ran under autocast only."""
+    """How a step was run, in words: "compiled (blocks, coordinate-descent), attention cudnn, bf16 autocast".
+
+    A row without a precision ran under bf16 autocast (``VARIANT_KEYS``)."""
     words = ["eager"]
     if row.get("compile", "none") not in ("none", False):
         mode = row.get("compile_mode", "default")
@@ -328,16 +336,18 @@ VARIANT_KEYS = {
     "precision": "autocast",
     "fused": "none",
 }
-"""What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed
-(those rows ran under autocast, without fused ops)."""
+"""What tells the rows of ``bench_variants`` apart, with the value that a row without the key ran with.
+
+Rows that record no precision or fused ops ran under autocast, without fused ops."""
 
 
 def variant_options(
     batch_sizes: tuple[int, ...], choices: dict[str, tuple], device: torch.device
 ) -> list[tuple[int, StepOptions]]:
-    """(batch size, checked step options) for every combination of ``batch_sizes`` and ``choices`` (a
-    ``StepOptions`` field -> its values; a field not there keeps its default), each once, in that order
-    (batch size first, then the fields in ``STEP_OPTIONS``' order); a mode only for compiled rows.
+    """(batch size, checked step options) for every combination of ``batch_sizes`` and ``choices``, each once.
+
+    ``choices`` maps a ``StepOptions`` field to its values; a field not there keeps its default. The combinations
+    come in order: batch size first, then the fields in ``STEP_OPTIONS``' order; a mode only for compiled rows.
     Every choice is checked here, before any work."""
     unknown = sorted(set(choices) - set(STEP_OPTIONS))
     if unknown:
@@ -359,8 +369,10 @@ def variant_options(
 
 
 def _measure_variant(model_name: str, component: str, batch_size: int, options: StepOptions, timing: dict) -> dict:
-    """One row of ``bench_variants``: the step of ``options`` at ``batch_size`` from fresh random weights
-    (seed 0) on synthetic batches, timed as ``timing`` says (steps, repeats, device, source_size)."""
+    """One row of ``bench_variants``: the step of ``options`` at ``batch_size``, timed as ``timing`` says.
+
+    It starts from fresh random weights (seed 0) on synthetic batches; ``timing`` gives steps, repeats, device and
+    source_size."""
     device = timing["device"]
     torch.manual_seed(0)
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
@@ -402,8 +414,9 @@ def _measure_variant(model_name: str, component: str, batch_size: int, options: 
 
 
 def _agrees(row: dict, reference: dict) -> bool:
-    """Whether ``row``'s first step (and its step ``CHECK_STEP``, where ``reference`` has it) is
-    ``reference``'s, within 5% (the bf16 tolerance)."""
+    """Whether ``row``'s first step is ``reference``'s, within 5% (the bf16 tolerance).
+
+    Its step ``CHECK_STEP`` is compared too, where ``reference`` has it."""
     near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
     later = "check_loss" not in reference or (near("check_loss") and near("check_grad_norm"))
     return bool(near("first_loss") and near("first_grad_norm") and later)
@@ -420,11 +433,12 @@ def bench_variants(
     out: Path | None = None,
     source_size: int = 32,
 ) -> list[dict]:
-    """The library's training step for ``component`` under every combination of batch size and step
-    options (``variant_options``: ``choices`` maps a ``StepOptions`` field to its values, e.g.
-    ``{"compile": ("none", "blocks"), "precision": ("fp32", "bf16")}``; rows record what "auto"
-    resolves to): images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included)
-    and, on CUDA, the peak GPU memory allocated (GiB) per row.
+    """The library's training step for ``component`` under every combination of batch size and step options.
+
+    The combinations are ``variant_options``': ``choices`` maps a ``StepOptions`` field to its values, e.g.
+    ``{"compile": ("none", "blocks"), "precision": ("fp32", "bf16")}``; rows record what "auto" resolves to. Per
+    row: images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA, the peak
+    GPU memory allocated (GiB).
 
     Every row starts from the same random weights and the same batches, and records the loss and
     gradient norm of its first step and of step ``CHECK_STEP`` (after that many updates) next to
@@ -516,9 +530,10 @@ def bench_profile(
     top: int = 15,
     source_size: int = 32,
 ) -> dict:
-    """Where a training step's time goes: the library's step for ``component`` with ``options``
-    (``library_steps``, the step ``python -m benchmarks finetune`` times) on synthetic images through the
-    ``DeviceLoader``, profiled with ``torch.profiler``.
+    """Where a training step's time goes, profiled with ``torch.profiler``.
+
+    The step is the library's for ``component`` with ``options`` (``library_steps``, the step
+    ``python -m benchmarks finetune`` times), on synthetic images through the ``DeviceLoader``.
 
     On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
     ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
@@ -571,8 +586,9 @@ def bench_profile(
 def bench_kernels(
     model_name: str = "vit_base_in21k", batch_size: int | None = None, device: str = "auto", min_run_time: float = 1.0
 ) -> dict:
-    """Our fused ops alone (``kernels``: Triton on CUDA, their PyTorch reference elsewhere) at one
-    model's training shapes, in bf16, against a copy of the same bytes (the memory-bound limit).
+    """Our fused ops alone at one model's training shapes, in bf16, against a copy of the same bytes.
+
+    The ops are ``kernels``': Triton on CUDA, their PyTorch reference elsewhere; the copy is the memory-bound limit.
 
     ``batch_size`` images of the model's tokens give the rows (None: 512 on CUDA, the paper's batch,
     and 8 on a CPU); fc1's (rows x hidden) product for ``bias_gelu`` and its backward (which also sums
@@ -580,9 +596,9 @@ def bench_kernels(
     are the median of ``torch.utils.benchmark``'s blocked autorange; GB/s counts the bytes each op
     must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
     """
-    # imported here, not at the top: torch.utils.benchmark imports torch.utils.cpp_extension, which
-    # logs "No CUDA runtime is found" where a CUDA build of PyTorch runs without a GPU; at the top,
-    # every command of the benchmark (and every import of this module) would print it
+    # imported when called: torch.utils.benchmark imports torch.utils.cpp_extension, which logs "No CUDA runtime
+    # is found" where a CUDA build of PyTorch runs without a GPU; imported with the module, every command of the
+    # benchmark (and every import of this module) would print it
     from torch.utils.benchmark import Timer
 
     device = resolve_device(device)

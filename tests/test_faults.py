@@ -1,4 +1,4 @@
-"""Interruptions, damaged files and runs that share a machine or a folder (issue 26).
+"""Interruptions, damaged files and runs that share a machine or a folder.
 
 Processes are killed with SIGKILL at points chosen by watching the files they write, files are cut
 short, and identical runs and sweeps are started together, at demo scale. Each case ends with the
@@ -328,7 +328,7 @@ def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_train
 
 
 def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
-    # runs made before the authors' splits and warm-up record no protocol: never mixed with new ones
+    # a run that records no protocol (or another one: other splits, another warm-up) is never mixed with these
     config = small()
     metrics = finetune.run(config)
     params_file = config.folder() / runs.PARAMS
@@ -342,7 +342,7 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     again = finetune.run(config)
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
     assert runs_table.load()["status"].tolist() == ["finished"]
-    params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config no longer has
+    params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config does not have
     params_file.write_text(json.dumps(params))
     assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
 

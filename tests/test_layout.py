@@ -151,8 +151,8 @@ else:
 
 
 def test_a_sweeps_plan_runs_without_the_notebook_libraries(tmp_path):
-    # --plan and --dry-run render nothing: they run where Jupyter is not installed (a GPU node; an H100 image without
-    # IPython failed at import on 2026-11-28)
+    # --plan and --dry-run render nothing: they run where Jupyter is not installed (a GPU node, an image without
+    # IPython)
     env = os.environ | {"VIT_PLASTICITY_RESULTS": str(tmp_path)}
     said = {}
     for option in ("--plan", "--dry-run"):

@@ -384,7 +384,7 @@ def test_a_table_cached_before_full_resolution_crops_is_computed_again(monkeypat
     again = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     assert len(calls) == 1 and again["accuracy"].item() == first["accuracy"].item() > 0
     assert probe.load(folder)[1]["key"]["crops"] == "full_image"
-    # centre-cropped training features have no random crops: their key, and their tables, are as before
+    # centre-cropped training features have no random crops: their key records none
     clean = probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
     assert len(probe.linear_probe(clean)) == 1
     assert "crops" not in probe.load(clean.folder())[1]["key"]

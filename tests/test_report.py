@@ -174,7 +174,7 @@ def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_
     headline("demo: LN1 > MHA", paper="MHA > LN1", why="small tokens")
     headline("vit_base: MHA 33%", paper="MHA 33%")
     assert "why: small tokens" in shown[0]["text/plain"]
-    assert shown[1][HEADLINE_MIME] == {"here": "vit_base: MHA 33%", "paper": "MHA 33%"}  # no why: as before
+    assert shown[1][HEADLINE_MIME] == {"here": "vit_base: MHA 33%", "paper": "MHA 33%"}  # no why: none marked
     out = tmp_path / "out"
     out.mkdir()
     for name, data in (("02_plasticity", shown[0]), ("00_components", shown[1])):

@@ -128,8 +128,9 @@ def _permuted(y: np.ndarray) -> np.ndarray:
 
 
 def _distribution(values: np.ndarray) -> tuple[int, np.ndarray]:
-    """Integer statistics, one per equally likely permutation, as (lowest value, probabilities of the
-    values from the lowest up)."""
+    """Integer statistics, one per equally likely permutation, as (lowest value, probabilities).
+
+    The probabilities are those of the values from the lowest up."""
     values = np.rint(values).astype(int)
     low = int(values.min())
     counts = np.bincount(values - low)
@@ -306,8 +307,10 @@ def adjacent_pairs(
 
 
 def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: list[str]) -> list:
-    """Per dataset (and seed) with a discordant pair: its family (``names.family``), its components, their
-    accuracies and, per discordant pair (more plastic, larger), their positions in them."""
+    """One unit of ``discordant_pairs``' test per dataset (and seed) with a discordant pair.
+
+    Its family (``names.family``), its components, their accuracies and, per discordant pair (more plastic, larger),
+    their positions in them."""
     units = []
     for key, part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
         names = part["component"].tolist()

@@ -1,5 +1,7 @@
-"""Saved plasticity results as a table, without torch (paper §5.1): where a measurement's result lives, its
-files and their record, reading one back, and every saved result collected as one table of P(f).
+"""Saved plasticity results as a table, without torch (paper §5.1).
+
+Where a measurement's result lives, its files and their record, reading one back, and every saved result collected
+as one table of P(f).
 
 ``collect`` is what notebooks 03, 06 and 09 and ``stats`` read, ``ranking`` ranks one result's P(f)
 (``plasticity_by_block``: per block), and ``save`` is what ``plasticity.run`` writes through. Like ``runs_table``
@@ -180,7 +182,7 @@ def collect(
     rate over pairs and blocks), ``rank`` (1 = most plastic for that model and dataset), ``n_pairs``,
     ``distinct_reference``, ``distinct_target`` (the distinct images of each side in the pairs), ``sample``,
     ``seed``, ``normalize``, ``token_rms`` (the token RMS norm of the measured
-    embeddings; missing for results saved before it was recorded). Only results whose pairs were
+    embeddings; missing for results that do not record it). Only results whose pairs were
     drawn by ``sample`` (the paper's ``first`` by default; None: all) and, if given, ``seed``, whose images were
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a

@@ -1,7 +1,7 @@
-"""Does a cheaper training precision change the paper's results? (beyond the paper; notebook 07)
+"""Whether a cheaper training precision changes the paper's results (beyond the paper; notebook 07).
 
-The paper trains in fp32 (Table 4's text); on an H100, TF32 runs the same step about 2.9x faster and bf16
-autocast about 6x (docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
+The paper trains in fp32 (Table 4's text); on a GPU, TF32 and bf16 autocast run the same step several times faster
+(figures: docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
 precision's run of the same grid point and answers with the paired differences, an equivalence test, and
 whether the paper's conclusions hold: "same", "differs" or "inconclusive", each conclusion (a decrease from
 MHA, Table 6's best configuration on a dataset, divergence) decided with its uncertainty, never by exact
@@ -126,10 +126,12 @@ def effect(
 
 
 def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(pairs, unpaired). Pairs: each run of another precision that finished or diverged, with the reference's
-    run of its grid point (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where
-    either diverged), ``diverged`` and ``diverged_reference``. Unpaired: per other precision, its ended runs
-    without a reference twin and the reference's without a twin in it."""
+    """(pairs, unpaired): each run of another precision paired with the reference's run of its grid point.
+
+    Pairs: each run of another precision that finished or diverged, with the reference's run of its grid point
+    (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where either diverged),
+    ``diverged`` and ``diverged_reference``. Unpaired: per other precision, its ended runs without a reference twin
+    and the reference's without a twin in it."""
     ended = runs[runs["status"].isin(["finished", "diverged"])]
     repeated = ended[ended.duplicated(["precision", *PAIR], keep=False)]
     if not repeated.empty:
@@ -163,8 +165,10 @@ def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, 
 
 
 def _margins(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """Per dataset: ``test_images`` (the fewest its runs report; NaN for runs from before it was recorded),
-    ``one_image`` (its worth, accuracy points), ``margin`` (the larger of the two) and a ``note``."""
+    """Per dataset, the equivalence margin: ``test_images``, ``one_image``, ``margin`` and a ``note``.
+
+    ``test_images`` is the fewest its runs report (NaN for runs that do not record it), ``one_image`` its worth
+    (accuracy points), ``margin`` the larger of ``one_image`` and the margin asked."""
     images = runs.reindex(columns=["dataset", "test_images"]).groupby("dataset")["test_images"].min()
     table = pd.DataFrame({"test_images": images, "one_image": 100 / images})
     table["margin"] = np.fmax(table["one_image"], margin)
@@ -180,9 +184,11 @@ def _margins(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
 
 
 def _one_sided(values: np.ndarray, bound: float, alternative: str) -> float:
-    """The one-sided t test's p-value that ``values``' mean is below (``alternative="less"``) or above
-    (``"greater"``) ``bound``: scipy's ``ttest_1samp``, computed directly (scipy's wrapper costs 2 ms a
-    call, most of a simulation's time); values that are all equal (``EQUAL``) have no variance: 0 or 1."""
+    """The one-sided t test's p-value that ``values``' mean is below or above ``bound``.
+
+    Below for ``alternative="less"``, above for ``"greater"``: scipy's ``ttest_1samp``, computed directly (scipy's
+    wrapper costs 2 ms a call, most of a simulation's time); values that are all equal (``EQUAL``) have no variance:
+    0 or 1."""
     mean = float(np.mean(values))
     if np.ptp(values) <= EQUAL:  # the t statistic is infinite or undefined
         return 0.0 if (mean < bound if alternative == "less" else mean > bound) else 1.0
@@ -191,9 +197,11 @@ def _one_sided(values: np.ndarray, bound: float, alternative: str) -> float:
 
 
 def _tost(values: np.ndarray, margin: float, level: float) -> dict:
-    """``values``' mean, its 1 - 2 x ``level`` t interval (``low``, ``high``; [mean, mean] without variance),
-    TOST's ``p_equivalence`` against ±``margin`` (the larger of two one-sided p-values) and a two-sided
-    ``p_difference`` against 0 (twice the smaller one-sided p); NaN with fewer than ``FEWEST`` values."""
+    """``values``' mean, its t interval, TOST's ``p_equivalence`` against ±``margin`` and ``p_difference`` against 0.
+
+    The interval is 1 - 2 x ``level`` (``low``, ``high``; [mean, mean] without variance); ``p_equivalence`` is the
+    larger of two one-sided p-values, ``p_difference`` two-sided (twice the smaller one-sided p); NaN with fewer than
+    ``FEWEST`` values."""
     n = len(values)
     nan = float("nan")
     test = {"mean": float(np.mean(values)) if n else nan, "low": nan, "high": nan}
@@ -234,8 +242,10 @@ def _cell(pairs: pd.DataFrame, margin: float, level: float) -> dict:
 
 
 def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: float) -> dict:
-    """``overall``'s row of ``precision``: one mean difference per dataset (its pairs share its test set),
-    their mean, interval and TOST across datasets (at the largest of the datasets' margins)."""
+    """``overall``'s row of ``precision``: the mean difference across datasets, its interval and TOST.
+
+    One mean difference per dataset (its pairs share its test set), then their mean, interval and TOST across
+    datasets (at the largest of the datasets' margins)."""
     mine = pairs[pairs["precision"] == precision]
     per_dataset = mine.groupby("dataset")["difference"].mean().dropna()
     margin = float(margins.loc[per_dataset.index, "margin"].max()) if len(per_dataset) else float("nan")
@@ -256,9 +266,10 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
 
 
 def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> pd.DataFrame:
-    """``CONCLUSION`` rows of ``precision`` against ``reference``: Table 1's decreases (``_table1_rows``),
-    Table 6's best configurations (``_best_rows``) and divergence (``_divergence_row``), Holm-adjusted
-    together; a row "differs" where its Holm p is below ``level`` and it is not shown equivalent, "same"
+    """``CONCLUSION`` rows of ``precision`` against ``reference``, Holm-adjusted together.
+
+    The rows: Table 1's decreases (``_table1_rows``), Table 6's best configurations (``_best_rows``) and divergence
+    (``_divergence_row``). A row "differs" where its Holm p is below ``level`` and it is not shown equivalent, "same"
     where shown equivalent (or where there is nothing to test), "inconclusive" otherwise."""
     margin = float(margins["margin"].max())
     rows = _table1_rows(tables[reference], tables[precision], margin, level)
@@ -274,10 +285,11 @@ def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> 
 
 
 def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, level: float) -> list[dict]:
-    """Per configuration, how the precision changes its decrease from MHA (Table 1's, and full finetuning's
-    and linear probing's in Table 6): per dataset (Table 6's means), the other's decrease minus the
-    reference's; their mean, interval and tests across datasets (``_tost``; fewer than ``FEWEST`` datasets:
-    "too few datasets")."""
+    """Per configuration, how the precision changes its decrease from MHA.
+
+    The decreases are Table 1's, and full finetuning's and linear probing's in Table 6. Per dataset (Table 6's means),
+    the other's decrease minus the reference's; their mean, interval and tests across datasets (``_tost``; fewer than
+    ``FEWEST`` datasets: "too few datasets")."""
     first, second = wide(reference, "mean"), wide(other, "mean")
     rows = []
     for component in [c for c in RUN_COMPONENTS if c != "mha"]:
@@ -303,8 +315,9 @@ def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, le
 
 
 def _best_rows(reference, other, ended, names, margins, level) -> list[dict]:
-    """Per dataset, Table 6's best configuration in both precisions (``names``: reference, other). Where
-    they differ, the seeds decide (each configuration at its Table 6 learning rate, ``_seed_gap``): "same"
+    """Per dataset, Table 6's best configuration in both precisions (``names``: reference, other).
+
+    Where they differ, the seeds decide (each configuration at its Table 6 learning rate, ``_seed_gap``): "same"
     if, in the other precision, the reference's best is within the margin of the other's best (one-sided
     t test, ``p_equivalence``); "differs" if the two are in reverse order in both precisions (a one-sided
     t test in each; both must hold, so ``p_difference`` is the larger p)."""
@@ -335,8 +348,9 @@ def _best_rows(reference, other, ended, names, margins, level) -> list[dict]:
 
 
 def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset: str, first: str, second: str):
-    """Per seed, ``first``'s test accuracy minus ``second``'s (points), each at its learning rate of
-    ``table`` (a ``table6`` output), in ``precision``'s runs of ``dataset``."""
+    """Per seed, ``first``'s test accuracy minus ``second``'s (points), in ``precision``'s runs of ``dataset``.
+
+    Each is taken at its learning rate of ``table`` (a ``table6`` output)."""
     lrs = table[table["dataset"] == dataset].set_index("component")["lr"]
     runs = ended[(ended["precision"] == precision) & (ended["dataset"] == dataset)]
     accuracy = {
@@ -347,9 +361,10 @@ def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset:
 
 
 def _divergence_row(pairs: pd.DataFrame) -> dict:
-    """Whether the precision diverges more than the reference: the pairs where only one of the two
-    diverged, an exact two-sided McNemar test (``binomtest``) of the two counts. "same" where it diverged
-    no more than the reference: a precision that diverges more is never the same."""
+    """Whether the precision diverges more than the reference.
+
+    The pairs where only one of the two diverged, an exact two-sided McNemar test (``binomtest``) of the two counts.
+    "same" where it diverged no more than the reference: a precision that diverges more is never the same."""
     alone = int((pairs["diverged"] & ~pairs["diverged_reference"]).sum())
     reference = int((~pairs["diverged"] & pairs["diverged_reference"]).sum())
     row = {
@@ -365,9 +380,11 @@ def _divergence_row(pairs: pd.DataFrame) -> dict:
 
 
 def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level) -> dict:
-    """``verdicts``' row of ``precision``: "differs" if any conclusion differs, "same" if all are the
-    same, else "inconclusive"; the reasons; the unpaired runs; the spread of the paired differences within
-    cells and the chance it gives a cell of being shown equivalent (``power``)."""
+    """``verdicts``' row of ``precision``: its verdict, "differs", "same" or "inconclusive", and what it rests on.
+
+    "differs" if any conclusion differs, "same" if all are the same, else "inconclusive"; the reasons; the unpaired
+    runs; the spread of the paired differences within cells and the chance it gives a cell of being shown equivalent
+    (``power``)."""
     mine = conclusions[conclusions["precision"] == precision]
     cells = differences[differences["precision"] == precision]
     found = {v: mine.loc[mine["verdict"] == v, "conclusion"].tolist() for v in ("differs", "same")}

@@ -1,5 +1,6 @@
-"""Statistics of a plasticity ranking: how a measured order of the components compares with the
-paper's (MHA > FC1 > FC2 > LN2 > LN1, Fig. 2 middle) and how sure it is.
+"""Statistics of a plasticity ranking: how a measured order compares with the paper's, and how sure it is.
+
+The paper's order of the components is MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2 middle).
 
 - ``paper_agreement``: Kendall's tau between a table's ranking of P(f) and the paper's (notebooks 02
   and 08; ``python -m paperlib plasticity``).

@@ -1,7 +1,9 @@
-"""The tests behind the tables' p-values: Wilcoxon's signed-rank test (Table 1, every pair of components,
-Takeaway 2 across datasets), Kendall's tau (Takeaway 2 per dataset) and Holm's adjustment of a family of
-p-values, the sign test. Each is scipy's test; where scipy's exact permutation test computes its statistic one
-permutation at a time, the same test with the statistic vectorised (the same p-value, much faster).
+"""The tests behind the tables' p-values, each scipy's test.
+
+Wilcoxon's signed-rank test (Table 1, every pair of components, Takeaway 2 across datasets), Kendall's tau
+(Takeaway 2 per dataset) and Holm's adjustment of a family of p-values, the sign test. Where scipy's exact
+permutation test computes its statistic one permutation at a time, the same test with the statistic vectorised (the
+same p-value, much faster).
 
 Kendall's tau itself is computed here alone (``kendall_tau``): every tau of the package's tables (a ranking's
 agreement with the paper's, Takeaway 2, the capacity tests) calls it.
@@ -38,8 +40,9 @@ def wilcoxon_p(difference: np.ndarray, alternative: str = "two-sided") -> float:
 
 
 def _rank_sum_of_positives(d: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Wilcoxon's statistic along ``axis``: the sum of the ranks of ``|d|`` (average ranks for ties, zeros
-    left out, as scipy's ``zero_method="wilcox"``) where ``d`` is positive."""
+    """Wilcoxon's statistic along ``axis``: the sum of the ranks of ``|d|`` where ``d`` is positive.
+
+    Ties get average ranks and zeros are left out, as scipy's ``zero_method="wilcox"``."""
     d = np.moveaxis(np.asarray(d, dtype=float), axis, -1)
     ranks = stats.rankdata(np.where(d == 0, np.nan, np.abs(d)), axis=-1, nan_policy="omit")
     return np.nansum(np.where(d > 0, ranks, 0.0), axis=-1)
@@ -91,9 +94,10 @@ def kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, floa
 
 
 def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Kendall's tau-b along ``axis``, vectorised for the permutation test (scipy's ``kendalltau``
-    takes one pair of samples a call): (concordant - discordant pairs) / sqrt((pairs - ties in x)
-    (pairs - ties in y))."""
+    """Kendall's tau-b along ``axis``, vectorised for the permutation test.
+
+    scipy's ``kendalltau`` takes one pair of samples a call. Tau-b is (concordant - discordant pairs) /
+    sqrt((pairs - ties in x) (pairs - ties in y))."""
     x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
     x, y = np.broadcast_arrays(x, y)
     n = x.shape[-1]

@@ -163,8 +163,9 @@ def table1(accuracies: pd.DataFrame, alternative="greater", level=0.05, decimals
 
 
 def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple[float, float, int]:
-    """Mean of ``first - second`` over the datasets both have, the Wilcoxon signed-rank p-value
-    (scipy; 1 when every difference is 0), and that number of datasets."""
+    """Mean of ``first - second`` over the datasets both have, its Wilcoxon p-value, and that number of datasets.
+
+    The p-value is scipy's signed-rank test's; 1 when every difference is 0."""
     pair = pd.concat([first, second], axis=1).dropna()
     if pair.empty:  # no dataset in common: no test (NaN, which Holm does not count)
         return float("nan"), float("nan"), 0

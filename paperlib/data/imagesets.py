@@ -1,5 +1,6 @@
-"""Datasets of images with their labels, as every loader of ``data`` returns them: ``ImageDataset``
-(uint8 images held in memory: the demo world, Cifar, Cifar10-C) and ``FileDataset`` (image files
+"""Datasets of images with their labels, as every loader of ``datasets`` returns them.
+
+``ImageDataset`` (uint8 images held in memory: the demo world, Cifar, Cifar10-C) and ``FileDataset`` (image files
 decoded on access: Pets, Flowers102, DomainNet, ImageNet, your own folders); ``stack`` gathers the
 first items of either into tensors. ``UnevenImages`` holds uint8 images of different sizes (decoded
 image files keep their aspect ratio, ``loader.uint8_images``); ``random_images``, random ones to time a
@@ -73,8 +74,9 @@ class UnevenImages:
         return UnevenImages(pixels, sizes)
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The images at ``index`` (host indices) as one zero-padded (B, 3, H, W) uint8 tensor where
-        the pixels are, and their (B, 2) heights and widths."""
+        """The images at ``index`` (host indices) as one zero-padded (B, 3, H, W) uint8 tensor.
+
+        The pixels are where they are in it (top left); their (B, 2) heights and widths come with it."""
         index = index.cpu()
         sizes = self.sizes[index]
         height, width = sizes.max(dim=0).values.tolist()
@@ -128,8 +130,9 @@ class ImageDataset(Dataset):
         return image, int(self.targets[index])
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 images (any leading shape) to floats normalised with ``mean_std`` (ImageNet's
-        statistics unless ``get_dataset`` was given others)."""
+        """uint8 images (any leading shape) to floats normalised with ``mean_std``.
+
+        ImageNet's statistics unless ``get_dataset`` was given others."""
         return normalize(images.float() / 255.0, self.mean_std)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,10 +26,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from paperlib.records import paths, storage
-from paperlib.speed import threads
 from paperlib.data.imagesets import FileDataset, ImageDataset, UnevenImages
 from paperlib.data.transforms import IMAGENET, as_mean_std, device_transform
+from paperlib.records import paths, storage
+from paperlib.speed import threads
 
 CACHE_SIZE = 256  # shorter side of the uint8 images cached for file datasets (crops of 224 come from them)
 
@@ -50,7 +50,7 @@ def _cache_file(dataset: FileDataset, size: int, cache_dir: Path) -> Path:
         lines += [f"{s.st_size}:{s.st_mtime_ns}" for s in map(os.stat, dataset.files)]
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     # by content, not split name: trainval and the train/val parts share it ("short": whole images,
-    # shorter side ``size``; earlier caches of centre squares were named "{size}px-")
+    # shorter side ``size``)
     return cache_dir / dataset.name.replace("/", "_") / f"{size}short-{digest}.npy"
 
 
@@ -125,8 +125,9 @@ def uint8_images(
 
 
 def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """The dataset's images decoded with their shorter side ``cache_size``, as (flat pixels, (N, 2)
-    sizes): from its cache files (the pixels memory-mapped), or decoded now and cached.
+    """The dataset's images decoded with their shorter side ``cache_size``, as (flat pixels, (N, 2) sizes).
+
+    From its cache files (the pixels memory-mapped), or decoded now and cached.
 
     The sizes are known from the files' headers before decoding, so the pixels are written into
     their place as they come and a dataset larger than memory can be cached. One process decodes
@@ -145,8 +146,9 @@ def _decoded(dataset: FileDataset, cache_size: int, cache_dir: Path, workers: in
 
 
 def _cached(file: Path, sizes_file: Path, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(pixels memory-mapped, sizes) of a decoded cache, if both files are there and whole (``count``
-    images, as many pixels as their sizes say); None otherwise, with a warning if they are damaged."""
+    """(pixels memory-mapped, sizes) of a decoded cache, if both files are there and whole.
+
+    Whole: ``count`` images, as many pixels as their sizes say. None otherwise, with a warning if they are damaged."""
     if not (file.is_file() and sizes_file.is_file()):
         return None
     try:
@@ -338,9 +340,10 @@ class DeviceLoader:
         return batch, self.targets[on_device]
 
     def _gather(self, index: torch.Tensor, on_device: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The uint8 images at ``index`` (on the host; ``on_device``: the same on ``self.device``),
-        on ``self.device``, without making the host wait for the device, and their sizes (None
-        when they all have the array's size).
+        """The uint8 images at ``index`` on ``self.device``, without making the host wait for it, and their sizes.
+
+        ``index`` is on the host, ``on_device`` the same on ``self.device``; the sizes are None when the images all
+        have the array's size.
 
         Images of different sizes (``UnevenImages``) are padded to the batch's largest, where
         they are, and moved to the device.

@@ -53,8 +53,9 @@ def spectral_norm(matrix: torch.Tensor) -> float:
 
 
 def _qkv_weight(attn: nn.Module) -> torch.Tensor | None:
-    """The (3d, d) query, key and value rows of ``attn``: its fused ``qkv`` layer's weight, or its
-    three projections' stacked; None if it has neither."""
+    """The (3d, d) query, key and value rows of ``attn``; None if it has neither form.
+
+    They are its fused ``qkv`` layer's weight, or its three projections' stacked."""
     qkv = getattr(attn, "qkv", None)
     if isinstance(qkv, nn.Linear):
         return qkv.weight

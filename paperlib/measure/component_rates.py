@@ -1,5 +1,6 @@
-"""The rate of change of every component on pairs of images (paper §3, Definition 1; appendix C.4),
-computed exactly and fast: what ``plasticity`` averages into P(f).
+"""The rate of change of every component on pairs of images, computed exactly and fast.
+
+Paper §3, Definition 1; appendix C.4: what ``plasticity`` averages into P(f).
 
 For image pairs (x, y), both are embedded once, ``e(x) = model._pos_embed(model.patch_embed(x))``
 (patch embedding, class token, position embedding), and every component ``f`` of every block is
@@ -47,9 +48,10 @@ from paperlib.vit.components import COMPONENTS, block_component, blocks
 
 
 def _embedded(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[dict]]:
-    """The embedding's tokens (B, n, d), and per block what its attention takes beside them: nothing
-    for a ``VisionTransformer``; for an ``Eva`` model, whose ``_pos_embed`` also returns the rotary
-    position embedding (RoPE), that embedding as its blocks get it (one per block when mixed)."""
+    """The embedding's tokens (B, n, d), and per block what its attention takes beside them.
+
+    Nothing for a ``VisionTransformer``; for an ``Eva`` model, whose ``_pos_embed`` also returns the rotary position
+    embedding (RoPE), that embedding as its blocks get it (one per block when mixed)."""
     out = model._pos_embed(model.patch_embed(images))
     tokens, rope = out if isinstance(out, tuple) else (out, None)
     if rope is None:
@@ -83,8 +85,9 @@ def _norm_kind(norm: nn.Module) -> str | None:
 
 
 def _norm_core(tokens: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """Each token normalised without the gain: the part of a LayerNorm ((x - mean) / std) or of an
-    RMSNorm (x / rms) shared by every block with the same eps."""
+    """Each token normalised without the gain: what every block's norm with the same eps shares.
+
+    That is the part of a LayerNorm ((x - mean) / std) or of an RMSNorm (x / rms) before its gain."""
     if _norm_kind(norm) == "layer":
         return nn.functional.layer_norm(tokens, norm.normalized_shape, None, None, norm.eps)
     return nn.functional.rms_norm(tokens, norm.normalized_shape, None, norm.eps)

@@ -311,12 +311,13 @@ class Measurement:
                 raise ValueError(f"{name} must be at least {least} (an integer), got {value!r}")
 
     def folder(self) -> Path:
-        """``results/plasticity/<model>/<dataset>`` (``results/plasticity_in_situ/...`` for ``in_situ``
-        inputs), with ``+once`` for each image at most once, ``+random-seed=<seed>`` for pairs drawn at
-        random, ``+norm-model`` for images
-        normalised with the model's own statistics, ``+ref-<reference>`` against reference images other
-        than the dataset's ``default_reference``, ``+severity-<s>`` for a Cifar10-C corruption at
-        another severity than the paper's 5: a measurement that is not the paper's never replaces one."""
+        """``results/plasticity/<model>/<dataset>``, where this measurement's result lives, with its suffixes.
+
+        ``results/plasticity_in_situ/...`` for ``in_situ`` inputs; ``+once`` for each image at most once,
+        ``+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images normalised with the model's own
+        statistics, ``+ref-<reference>`` against reference images other than the dataset's ``default_reference``,
+        ``+severity-<s>`` for a Cifar10-C corruption at another severity than the paper's 5: a measurement that is
+        not the paper's never replaces one."""
         leaf = {"first": self.dataset, "once": f"{self.dataset}+once"}.get(
             self.sample, f"{self.dataset}+random-seed={self.seed}"
         )
@@ -328,14 +329,16 @@ class Measurement:
         return results_root(self.inputs) / self.model / leaf
 
     def pair_indices(self, n_reference: int, n_target: int) -> tuple[list[int], list[int]]:
-        """The images of the pairs it measures on sets of these sizes (``pair_indices``): ``n_pairs`` of
-        them with the authors' pair set (``first``), else at most the smaller set's size."""
+        """The images of the pairs it measures on sets of these sizes (``pair_indices``).
+
+        ``n_pairs`` of them with the authors' pair set (``first``), else at most the smaller set's size."""
         pairs = self.n_pairs if self.sample == "first" else min(self.n_pairs, n_reference, n_target)
         return pair_indices(n_reference, n_target, pairs, self.sample, self.seed, self.loader_batch)
 
     def is_saved(self) -> bool:
-        """Whether ``folder()`` holds a complete result of today's test splits and pair set: its
-        ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
+        """Whether ``folder()`` holds a complete result of today's test splits and pair set.
+
+        Complete: its ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
         (``storage.json_or_none``: a damaged result is reported in a warning and not taken for one), and
         ``current``."""
         metadata = storage.json_or_none(self.folder() / METADATA)

@@ -90,10 +90,11 @@ TRAIN_FEATURES = ("augmented", "clean")
 AUGMENTED_BATCH = 512  # the authors' training loader's batch, whose last incomplete one is dropped
 """Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
 AUGMENTED_CROPS = "full_image"
-"""Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution, as the
-authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``Probe.key()``
-(``crops``): tables made before, whose crops came from the decoded cache (shorter side 256), lack
-it and are computed again."""
+"""Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution.
+
+As the authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``Probe.key()``
+(``crops``): a table that lacks it, or whose crops were cut otherwise (from the decoded cache, shorter side 256), is
+another table, computed again."""
 
 MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
 SMALL_FIT = 2**22  # training features (images x width) up to which a fit runs on one BLAS thread
@@ -415,7 +416,7 @@ class Probe:
         if self.name is not None:
             paths.custom_name(self.name, "model")  # a valid folder name
         object.__setattr__(self, "points", check_points(self.points))
-        self.mean_std()  # normalize="model" of a module that records no statistics: an error now
+        self.mean_std()  # normalize="model" of a module that records no statistics: an error here, before any work
         # the depth from the architecture alone (meta device: no weights): a cached table needs no model
         network = models.architecture(self.model) if isinstance(self.model, str) else self.model
         object.__setattr__(self, "blocks", check_blocks(self.blocks, len(components.blocks(network))))
@@ -432,13 +433,15 @@ class Probe:
 
     @property
     def augment_seed(self) -> int | None:
-        """The seed of the augmented training features' crops, flips and order (``split_seed``); None
-        for clean ones."""
+        """The seed of the augmented training features' crops, flips and order (``split_seed``).
+
+        None for clean ones."""
         return self.split_seed if self.train_features == "augmented" else None
 
     def key(self) -> dict:
-        """What its cached table was computed from (``metadata.json``'s ``key``): another key is another
-        table, computed again. Augmented training features record where their crops come from
+        """What its cached table was computed from (``metadata.json``'s ``key``).
+
+        Another key is another table, computed again. Augmented training features record where their crops come from
         (``crops``: ``AUGMENTED_CROPS``), so that tables whose crops were cut otherwise are not taken
         for them. ``points`` and ``blocks`` are not in it: a table holds the rows of every one fitted."""
         crops = {"crops": AUGMENTED_CROPS} if self.train_features == "augmented" else {}
@@ -460,11 +463,12 @@ class Probe:
         }
 
     def folder(self) -> Path | None:
-        """``results/probe/<name>/<dataset>/``, where ``linear_probe`` caches its table (``+seed-<s>`` for
-        another split seed than 0 where the seed draws the training images, ``+trainval`` when fitted on
-        the whole training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for
-        another pooling than the authors' mean, ``+norm-model`` for images normalised with the model's
-        own statistics); None for a module without a ``name`` (not cached)."""
+        """``results/probe/<name>/<dataset>/``, where ``linear_probe`` caches its table; None if it is not cached.
+
+        Suffixes: ``+seed-<s>`` for another split seed than 0 where the seed draws the training images, ``+trainval``
+        when fitted on the whole training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for
+        another pooling than the authors' mean, ``+norm-model`` for images normalised with the model's own
+        statistics. A module without a ``name`` is not cached (None)."""
         if self.name is None:
             return None
         leaf = self.dataset

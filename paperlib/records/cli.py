@@ -1,15 +1,13 @@
-"""Command lines for one run without a notebook: ``python -m paperlib finetune`` and
-``python -m paperlib plasticity``; what every command line shares.
+"""Command lines for one run without a notebook (``finetune``, ``plasticity``), and what every command line shares.
 
-Both read the notebooks' parameter files (``-f parameters/finetune/cifar10.yaml``, several in
-order, later ones winning), then ``--name value`` overrides, with the names the notebooks use.
-Values take the type of the parameter's default, so ``--lr 1e-2`` is a number and ``--save-weights true``
-a boolean; an unknown name or a value of the wrong type stops before any work with the valid
-choices. Every command (these, ``sweep``, ``stats``, ``report``, ``demo``, ``python -m benchmarks``) reports a
-missing or malformed file, spec or folder as one line, ``error: ...``, with exit status 2
-(``BAD_INPUT``, ``fail``). Their ``--help`` gives each option its meaning, type, valid choices and
-default: these two's from ``Config``'s field comments (``field_comments``), the others' from their
-``add_argument`` (``Help``).
+``python -m paperlib finetune`` and ``python -m paperlib plasticity`` both read the notebooks' parameter files
+(``-f parameters/finetune/cifar10.yaml``, several in order, later ones winning), then ``--name value`` overrides, with
+the names the notebooks use. Values take the type of the parameter's default, so ``--lr 1e-2`` is a number and
+``--save-weights true`` a boolean; an unknown name or a value of the wrong type stops before any work with the valid
+choices. Every command (these, ``sweep``, ``stats``, ``report``, ``demo``, ``python -m benchmarks``) reports a missing
+or malformed file, spec or folder as one line, ``error: ...``, with exit status 2 (``BAD_INPUT``, ``fail``). Their
+``--help`` gives each option its meaning, type, valid choices and default: these two's from ``Config``'s field comments
+(``field_comments``), the others' from their ``add_argument`` (``Help``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The names the package's tables and figures share: the five components of a ViT block in the
-paper's plasticity order, what a finetuning run trains, and their display names (paper §2, §5); the
-family of a dataset (a corruption counts with the dataset it corrupts); and the choices a plasticity
-result records (its inputs, its normalisation).
+"""The names the package's tables and figures share.
+
+The five components of a ViT block in the paper's plasticity order, what a finetuning run trains, and their display
+names (paper §2, §5); the family of a dataset (a corruption counts with the dataset it corrupts); and the choices a
+plasticity result records (its inputs, its normalisation).
 
 No torch here, nor anything of the training stack: the analysis of saved results (``stats``,
 ``precision``, ``capacity``, ``runs_table``, ``plasticity_table``) imports these alone, so that it reads

@@ -168,26 +168,28 @@ class Run:
 
     @classmethod
     def defaults(cls) -> dict:
-        """Each field's default by name: what a run is where nothing is asked (and what a record
-        written before a field existed counts as)."""
+        """Each field's default by name: what a run is where nothing is asked.
+
+        It is also what a record without the field counts as."""
         return cli.field_defaults(cls)
 
     def step_options(self) -> StepOptions:
-        """How this run's steps run, as asked (``StepOptions``: compilation, attention kernel,
-        precision, fused ops), unchecked (``train.config.Config.checked_options``: checked for its device)."""
+        """How this run's steps run, as asked and unchecked.
+
+        ``StepOptions``: compilation, attention kernel, precision, fused ops; ``train.config.Config.checked_options``
+        has them checked for its device."""
         return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
 
     def folder(self) -> Path:
-        """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, with ``-<precision>``
-        unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless the
-        optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-equal[-s<subset seed>]`` for
-        equal capacity, ``-norm-model`` for
-        the model's own normalisation, ``-val-fraction`` for the paper's reading of the validation
-        split, and ``+<tag>`` last (``+``, which no tag has, so that no tag
-        can spell another suffix): a bf16, AdamW, LoRA, ``normalize="model"``
-        or tagged run never replaces one of the paper's. Other parameters (steps, batch size,
-        warm-up, momentum, clip...) are not in the name: a run that changes them replaces the
-        run in its folder unless it has a tag of its own."""
+        """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, where this run lives.
+
+        Suffixes: ``-<precision>`` unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless
+        the optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-equal[-s<subset seed>]`` for equal
+        capacity, ``-norm-model`` for the model's own normalisation, ``-val-fraction`` for the paper's reading of the
+        validation split, and ``+<tag>`` last (``+``, which no tag has, so that no tag can spell another suffix): a
+        bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of the paper's. Other parameters
+        (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that changes them replaces the run
+        in its folder unless it has a tag of its own."""
         return run_folder(asdict(self))
 
 
@@ -287,8 +289,8 @@ def same_params(saved: dict, config: Run, record: dict | None = None) -> bool:
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
 
-    A key only one of them has differs: a run recorded before ``Config`` had a field, or after it lost one, is
-    outdated and trained again (as one of an earlier ``PROTOCOL``)."""
+    A key only one of them has differs: a record that lacks one of ``Config``'s fields, or has one ``Config`` does not,
+    is outdated and trained again (as one of another ``PROTOCOL``)."""
     return sorted(
         key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
     )
@@ -298,7 +300,7 @@ def recorded_difference(config: Run, ignore: tuple[str, ...] = OUTPUT_ONLY) -> l
     """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
 
     None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
-    the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of an earlier
+    the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of another
     ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
     train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
     ``HOW_IT_RAN``, does not count: the same run to rounding)."""

@@ -1,5 +1,7 @@
-"""Every finetuning run as a table: a results root's runs (``load``), a sweep spec's (``for_spec``), with
-what is missing, and their histories (``histories_of``).
+"""Every finetuning run as a table.
+
+A results root's runs (``load``), a sweep spec's (``for_spec``), with what is missing, and their histories
+(``histories_of``).
 
 A row per run folder (``RUN_COLUMNS``: the ``KEYS`` that tell runs apart, then what the run reported), read
 from its ``params.json`` and ``metrics.json`` alone: no ``Config`` and no torch, so that an analysis of a whole
@@ -68,7 +70,7 @@ def _run_row(folder: Path, params: dict) -> dict:
     row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
     metrics = storage.json_or_none(folder / METRICS)
     row |= metrics if metrics is not None else {"status": "partial"}
-    if params.get("protocol") != PROTOCOL:  # made before the splits and warm-up of now: not in the tables
+    if params.get("protocol") != PROTOCOL:  # a run of another protocol (other splits, warm-up...): not in the tables
         row["status"] = "outdated"
     return row
 
@@ -132,7 +134,7 @@ def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = 
     ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
     ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs) and, from
     ``missing`` (``for_spec``'s), how many of the spec's folders hold runs of other parameters, and the parameters
-    that differ most often: runs recorded before a ``Config`` field existed are there, but outdated."""
+    that differ most often: runs whose records lack a field of ``Config`` are there, but outdated."""
     if found.empty:
         message = f"no run of {what} under {paths.display(finetune_root())}"
         other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]

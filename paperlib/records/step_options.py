@@ -230,9 +230,10 @@ class StepOptions:
     fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
 
     def checked(self, device: torch.device) -> "StepOptions":
-        """These options with every choice checked for ``device`` before any work (a ValueError
-        that names the valid choices otherwise), ``compile`` as its choice ("none", "model" or
-        "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
+        """These options with every choice checked for ``device`` before any work.
+
+        A bad choice is a ValueError that names the valid choices. ``compile`` is returned as its choice ("none",
+        "model" or "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
         device = _device(device)
         check_compile_mode(self.compile_mode)
         check_attention(self.attention, device)

@@ -1,7 +1,9 @@
-"""What a notebook calls from its cells: ``check_parameters`` (papermill's parameters against the
-notebook's own), ``parameters`` (its parameters' values, whole), ``headline`` (its result in one line, marked for the reports' landing page) and
-``token_scale_why`` (the reason a plasticity ranking is not the paper's, where small tokens are it).
-Executing notebooks and rendering them is ``report``'s, which reads the headlines this module marks.
+"""What a notebook calls from its cells.
+
+``check_parameters`` (papermill's parameters against the notebook's own), ``parameters`` (its parameters' values,
+whole), ``headline`` (its result in one line, marked for the reports' landing page) and ``token_scale_why`` (the reason
+a plasticity ranking is not the paper's, where small tokens are it). Executing notebooks and rendering them is
+``execute``'s, which reads the headlines this module marks.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def headline(here: str, paper: str | None = None, why: str | None = None) -> Non
     number for it, if any, and ``why``, where ``here`` contradicts ``paper``, the reason in one line."""
     text = f"Headline: {here}" + (f"  |  paper: {paper}" if paper else "") + (f"  |  why: {why}" if why else "")
     marked = {"here": here, "paper": paper} | ({"why": why} if why else {})
-    import IPython.display  # here, not at the top: report imports this module, and sweep --plan needs no Jupyter
+    import IPython.display  # when called: report imports this module, and sweep --plan needs no Jupyter
 
     IPython.display.display({HEADLINE_MIME: marked, "text/plain": text}, raw=True)
 
@@ -46,7 +48,7 @@ def check_parameters() -> None:
     notebook's ``parameters`` cell (executed just before it), a ValueError naming the unknown ones and the valid ones.
     Called by the first cell after the parameters of every notebook; a notebook run without parameters (JupyterLab,
     nbval, papermill with none) has no injected cell: nothing to check."""
-    import IPython  # here, not at the top: as in headline
+    import IPython  # when called, as in headline
 
     shell = IPython.get_ipython()
     history = shell.user_ns.get("In", []) if shell is not None else []

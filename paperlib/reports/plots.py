@@ -9,9 +9,9 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from paperlib.records import paths, storage
 from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
+from paperlib.records import paths, storage
 from paperlib.records.methods import method_of
 from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS
 

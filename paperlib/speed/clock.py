@@ -1,6 +1,8 @@
-"""What a step is timed with: the device it runs on (``resolve_device``, ``device_name``) and a
-clock that waits for it (``sync``, ``median_seconds``, ``Timed``). Used by the sweep's cost estimate
-(``paperlib.sweeps.plan``) and by the benchmarks (``benchmarks.step``, ``benchmarks.data``)."""
+"""What a step is timed with: the device it runs on, and a clock that waits for it.
+
+The device: ``resolve_device``, ``device_name``; the clock: ``sync``, ``median_seconds``, ``Timed``. Used by the
+sweep's cost estimate (``paperlib.sweeps.plan``) and by the benchmarks (``benchmarks.step``, ``benchmarks.data``).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Layers that compute what timm's do, faster on a GPU: the patch embedding as a matrix product,
-and the blocks' layers that run our fused ops (``kernels``). The same parameters (state dicts,
-components and bounds see no difference) and the same function, to rounding."""
+"""Layers that compute what timm's do, faster on a GPU.
+
+The patch embedding as a matrix product, and the blocks' layers that run our fused ops (``kernels``). The same
+parameters (state dicts, components and bounds see no difference) and the same function, to rounding.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from paperlib.speed.kernels import QkvHeads, bias_gelu
 
 
 def _is_patching(conv: torch.nn.Module) -> bool:
-    """Whether ``conv`` is a convolution that cuts its input into patches: stride = kernel, no
-    padding, dilation or groups."""
+    """Whether ``conv`` is a convolution that cuts its input into patches.
+
+    That is: stride = kernel, no padding, dilation or groups."""
     return (
         isinstance(conv, torch.nn.Conv2d)
         and conv.stride == conv.kernel_size
@@ -102,9 +105,10 @@ def is_fusable_attention(attention: torch.nn.Module) -> bool:
 
 
 class _FusedLayer(torch.nn.Module):
-    """A timm layer taken over with its submodules (``SUBMODULES``, so the same parameter names:
-    state dicts, components and bounds see no difference) and attributes (``ATTRIBUTES``), for a
-    forward that runs one of our fused ops. ``FUSABLE`` tells the layers of the form it computes."""
+    """A timm layer taken over for a forward that runs one of our fused ops.
+
+    It takes over the layer's submodules (``SUBMODULES``, so the same parameter names: state dicts, components and
+    bounds see no difference) and attributes (``ATTRIBUTES``). ``FUSABLE`` tells the layers of the form it computes."""
 
     FUSABLE = staticmethod(lambda layer: False)
     SUBMODULES: tuple[str, ...] = ()
@@ -163,9 +167,9 @@ class QkvFusedAttention(_FusedLayer):
 
 
 def _fuse_blocks(model: torch.nn.Module, attribute: str, fused: type[_FusedLayer]) -> torch.nn.Module:
-    """Replace ``block.<attribute>`` of every block by ``fused`` where it has the form ``fused``
-    computes, in place; returns the model. Blocks done already, and layers of another form, are
-    left as they are."""
+    """Replace ``block.<attribute>`` of every block by ``fused`` where it has the form ``fused`` computes, in place.
+
+    Returns the model. Blocks done already, and layers of another form, are left as they are."""
     for block in getattr(model, "blocks", ()):
         if fused.FUSABLE(getattr(block, attribute, None)):
             setattr(block, attribute, fused(getattr(block, attribute)))

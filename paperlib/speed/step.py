@@ -145,8 +145,9 @@ class MasterWeights:
         self.module.zero_grad(set_to_none=True)
 
     def to_master(self) -> None:
-        """The copy's gradients, as fp32, become the master parameters' gradients (one multi-tensor
-        copy into buffers kept across steps, rather than a kernel and an allocation per parameter)."""
+        """The copy's gradients, as fp32, become the master parameters' gradients.
+
+        One multi-tensor copy into buffers kept across steps, rather than a kernel and an allocation per parameter."""
         if self._grads is None:
             self._grads = [torch.empty_like(p) for p in self.masters]
         given = [

@@ -1,15 +1,13 @@
 """CPU threads for processes of ours that share a machine: their sum no more than its cores.
 
-PyTorch's OpenMP threads wait for one another by spinning, so two processes with a thread per core
-each on the same cores do not share them: each barrier waits for a thread the other process holds,
-and a run that takes 7 s alone took 45 s to 270 s beside a second one on a 2-core VM
-(``docs/benchmarks.md``). So the sweep's executors that start several workers on one machine
-(``gpus``: one per GPU, ``submitit-local``: one per run) tell them how many they are
-(``VIT_PLASTICITY_WORKERS``, inherited by the notebooks' kernels), and each run sets its threads to
-its share of the cores (``apply``; set the variable yourself for two notebooks at once). Alone, a
-run keeps PyTorch's own choice, which the recorded demo results were computed with: on a CPU the
-thread count changes a run's last digits (reductions split otherwise), so a run records it
-(``threads`` in its metrics). ``paperlib/__init__.py`` also makes waiting threads sleep
+PyTorch's OpenMP threads wait for one another by spinning, so two processes with a thread per core each on the same
+cores do not share them: each barrier waits for a thread the other process holds, and a run beside a second one takes
+many times as long as alone (figures: ``docs/benchmarks.md``). So the sweep's executors that start several workers on
+one machine (``gpus``: one per GPU, ``submitit-local``: one per run) tell them how many they are
+(``VIT_PLASTICITY_WORKERS``, inherited by the notebooks' kernels), and each run sets its threads to its share of the
+cores (``apply``; set the variable yourself for two notebooks at once). Alone, a run keeps PyTorch's own choice, which
+the recorded demo results were computed with: on a CPU the thread count changes a run's last digits (reductions split
+otherwise), so a run records it (``threads`` in its metrics). ``paperlib/__init__.py`` also makes waiting threads sleep
 (``OMP_WAIT_POLICY=PASSIVE``, unless set): whatever else shares the cores, nothing spins.
 """
 

@@ -165,8 +165,9 @@ def images_per_second(config: Config, recorded: dict, timing_steps: int = 3) -> 
 
 
 def _device_here(device: str) -> str | None:
-    """The name a run on ``device`` records in its ``metrics.json`` ("cpu" or the GPU's name), if
-    this machine has that device; else None."""
+    """The name a run on ``device`` records in its ``metrics.json``, if this machine has that device; else None.
+
+    The name is "cpu" or the GPU's name."""
     device = torch.device(device)
     if device.type == "cpu":
         return "cpu"

@@ -101,27 +101,29 @@ class Run:
 
     @property
     def reason(self) -> str:
-        """A failed run's error in one line: its last (for an error in a notebook, the exception it
-        raised: papermill's message starts with the traceback)."""
+        """A failed run's error in one line: its last.
+
+        For an error in a notebook, that is the exception it raised: papermill's message starts with the traceback."""
         lines = [line.strip() for line in self.error.splitlines() if line.strip()]
         return lines[-1] if lines else ""
 
     @property
     def fingerprints(self) -> dict:
-        """``parameter_fingerprints`` of this run's parameters, computed once (``run_sweep`` computes
-        them for all runs, each dataset read once)."""
+        """``parameter_fingerprints`` of this run's parameters, computed once.
+
+        ``run_sweep`` computes them for all runs, each dataset read once."""
         if "fingerprints" not in self.extra:
             self.extra["fingerprints"] = parameter_fingerprints(self.parameters)
         return self.extra["fingerprints"]
 
     @property
     def finished(self) -> bool:
-        """Whether this run is finished as its spec asks now. A finetuning run (notebook 05) asks
-        its run folder (``runs.is_finished``: the parameters it recorded, the custom inputs as they
-        are now), and its report must be there (the marker). Another notebook's run asks its
-        marker: it must record these parameters (a spec edited since, say its steps, makes its
-        runs unfinished: their names need not change) and the custom models and datasets as they
-        are now (edited images, a re-saved model: unfinished)."""
+        """Whether this run is finished as its spec asks now.
+
+        A finetuning run (notebook 05) asks its run folder (``runs.is_finished``: the parameters it recorded, the custom
+        inputs as they are now), and its report must be there (the marker). Another notebook's run asks its marker: it
+        must record these parameters (a spec edited since, say its steps, makes its runs unfinished: their names need
+        not change) and the custom models and datasets as they are now (edited images, a re-saved model: unfinished)."""
         marker = storage.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
         if marker is None:
             return False

@@ -1,5 +1,6 @@
-"""A finetuning run's files while it trains and when it ends: its checkpoint, and its record (history, kept weights,
-metrics last).
+"""A finetuning run's files while it trains and when it ends: its checkpoint, and its record.
+
+The record is its history, its kept weights and, last, its metrics.
 
 ``finetune``'s loop writes them; what a run is and where it lives is ``records.runs``.
 """

@@ -45,8 +45,9 @@ class Config(Run):
 
     @property
     def checked_options(self) -> StepOptions:
-        """``step_options`` checked for the run's device and resolved there (``StepOptions.checked``),
-        once, when the Config was made: what the run's steps are built from."""
+        """``step_options`` checked for the run's device and resolved there: what the run's steps are built from.
+
+        Checked once (``StepOptions.checked``), when the Config was made."""
         return self._checked_options
 
 

@@ -114,10 +114,10 @@ def diverged_step(rows: list, num_classes: int) -> int | None:
 
 
 def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
-    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if the run stops
-    there (a loss not finite, or above ``limit``).
+    """Move the pending (row, loss, norm) steps into ``rows`` with their values; True if the run stops there.
 
-    Rows after the first such loss are dropped: the run stops at that step.
+    The run stops at a loss not finite, or above ``limit``. Rows after the first such loss are dropped: the run stops
+    at that step.
     """
     if not pending:
         return False
@@ -267,8 +267,10 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
 
 
 def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, tuple, int]:
-    """The run's splits as loaders on the device (train: augmented, shuffled by the seed; val and
-    test: the evaluation transform), its number of classes, the normalisation and the decoded cache's side.
+    """The run's splits as loaders on the device, its number of classes, the normalisation and the cache's side.
+
+    The loaders: train augmented, shuffled by the seed; val and test through the evaluation transform. The side is the
+    decoded cache's.
 
     File datasets are decoded once, in parallel, then cached under the data root; a model above
     224 px gets a larger cache, so its crops are not upsampled from 256."""
@@ -387,8 +389,9 @@ def evaluates(step: int, config: Config) -> bool:
 
 
 def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
-    """(first step, history rows, best checkpoint) of ``config``'s run: where its last checkpoint left
-    it, the model, optimizer, schedule and random generators restored, or the start."""
+    """(first step, history rows, best checkpoint) of ``config``'s run: where its last checkpoint left it, or the start.
+
+    From a checkpoint, the model, optimizer, schedule and random generators are restored."""
     device = torch.device(config.device)
     saved = checkpoints.load_checkpoint(config, params, side, device)
     if saved is None:
@@ -406,8 +409,10 @@ def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, sched
 
 
 def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
-    """Save ``config``'s run where it is (``state``: step, history, best, trainable weights...), with its
-    optimizer, schedule and random generators, for ``_resume``."""
+    """Save ``config``'s run where it is, for ``_resume``.
+
+    ``state`` holds its step, history, best, trainable weights...; saved with its optimizer, schedule and random
+    generators."""
     device = torch.device(config.device)
     rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
     state = state | {"rng": rng, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
@@ -415,9 +420,10 @@ def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
 
 
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
-    """A run's ``metrics.json``: how it ended (``diverged`` from its history's ``diverged_step``, else
-    ``finished``), the test (loss, accuracy) of its best-validation checkpoint, and how it ran
-    (``measured``: wall seconds, images seen, threads, cache side, mean/std, test images, subset)."""
+    """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
+
+    How it ended: ``diverged`` from its history's ``diverged_step``, else ``finished``; the test's (loss, accuracy);
+    how it ran: ``measured``, its wall seconds, images seen, threads, cache side, mean/std, test images, subset."""
     device = torch.device(config.device)
     diverged_at = diverged_step(rows, num_classes)
     return {

@@ -1,5 +1,6 @@
-"""LoRA on one component (beyond the paper: its §7 names "applying LoRa only to the components
-with high plasticity" as future work).
+"""LoRA on one component (beyond the paper).
+
+The paper's §7 names "applying LoRa only to the components with high plasticity" as future work.
 
     from paperlib.train import finetune
     from paperlib.train.config import Config
@@ -125,12 +126,13 @@ def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dr
 
 @functools.cache
 def _linear_layer() -> type:
-    """The layer ``add_lora`` puts in place of each linear layer: peft's (``peft.tuners.lora.Linear``),
-    without its multiplication of the update ``B @ A x`` by the scale ``alpha / r`` when that is 1
-    (``alpha`` 0, the rank: the default). That multiplication is a pass over the layer's output
-    forward and another backward, which on a CPU cost more than the update's small products, and by 1
-    it changes no bit. Any other case (another scale, several adapters, a variant, merged or disabled
-    adapters, extra arguments) takes peft's own forward."""
+    """The layer ``add_lora`` puts in place of each linear layer: peft's, without a multiplication by a scale of 1.
+
+    It is peft's ``peft.tuners.lora.Linear``, without its multiplication of the update ``B @ A x`` by the scale
+    ``alpha / r`` when that is 1 (``alpha`` 0, the rank: the default). That multiplication is a pass over the layer's
+    output forward and another backward, which on a CPU cost more than the update's small products, and by 1 it changes
+    no bit. Any other case (another scale, several adapters, a variant, merged or disabled adapters, extra arguments)
+    takes peft's own forward."""
     from peft.tuners.lora import Linear
 
     class UnitScaleLinear(Linear):
