@@ -32,6 +32,7 @@ from paperlib.data.imagesets import ImageDataset, random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.data.transforms import paper_transform
 from paperlib.records import storage
+from paperlib.records.methods import METHODS
 from paperlib.records.step_options import (
     PRESET_RECORD,
     STEP_OPTIONS,
@@ -178,7 +179,8 @@ def bench_finetune(
     workers = os.cpu_count() if workers is None else workers
     for component in components:
         check_run_component(component)
-        lora.check(component, lora_rank)
+        if lora_rank:
+            METHODS["lora"].check({"component": component, "lora_rank": lora_rank, "lora_alpha": 0, "lora_dropout": 0})
     options = options.checked(device)  # recorded as what ran
     model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
     # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop

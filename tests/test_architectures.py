@@ -347,6 +347,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
         eval_every=2,
         batch_size=16,
         lr=0.1,
+        method="lora",
         lora_rank=2,
     )
     assert 0.0 <= finetune.run(lora_config)["test_accuracy"] <= 1.0

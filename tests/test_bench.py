@@ -428,7 +428,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     for model in models_seen:
         layers = lora.adapted_layers(model)
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
-    with pytest.raises(ValueError, match="use one of mha, fc1, fc2, full"):
+    with pytest.raises(ValueError, match="method 'lora' trains mha, fc1, fc2, full, not 'ln1'"):
         step_bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
 
 

@@ -24,7 +24,7 @@ def test_every_component_trains_k_parameters_per_block():
     assert k == 2 * model.embed_dim  # a LayerNorm's gain and bias
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     for component in COMPONENTS:
-        config = Config(component=component, equal_capacity=component in equal_capacity.SUBSET_COMPONENTS)
+        config = Config(component=component, method="subset" if component in ("mha", "fc1", "fc2") else "weights")
         adapted = finetune.adapt(demo_model(), config)
         trainable = {name: p.numel() for name, p in adapted.named_parameters() if p.requires_grad}
         for block in range(len(adapted.blocks)):
@@ -37,7 +37,7 @@ def test_every_component_trains_k_parameters_per_block():
 
 def test_the_subset_is_the_same_for_every_lr_and_seed_and_changes_with_its_own_seed():
     def digest(**fields):
-        model = finetune.adapt(demo_model(), Config(component="fc2", equal_capacity=True, **fields))
+        model = finetune.adapt(demo_model(), Config(component="fc2", method="subset", **fields))
         return equal_capacity.digest(model)
 
     first = digest(lr=0.03, seed=0)
@@ -76,7 +76,7 @@ def test_frozen_entries_do_not_move_under_momentum_weight_decay_and_clipping():
 
 def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
-    config = Config(component="fc1", equal_capacity=True, steps=12, warmup=2, eval_every=6, save_weights=True)
+    config = Config(component="fc1", method="subset", steps=12, warmup=2, eval_every=6, save_weights=True)
     assert config.folder().name == "seed=0-equal"
     metrics = finetune.run(config)
     model = demo_model()
@@ -94,7 +94,7 @@ def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
 
 
 def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, monkeypatch, small, move_results):
-    config = small(component="mha", equal_capacity=True, subset_seed=2)
+    config = small(component="mha", method="subset", subset_seed=2)
     reference = finetune.run(config)
     move_results("interrupted")
     interrupted(config, 9, monkeypatch)
@@ -116,12 +116,12 @@ def test_a_run_without_the_option_is_unchanged():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"component": "ln1", "equal_capacity": True}, "its ordinary runs are its equal-capacity runs"),
-        ({"component": "full", "equal_capacity": True}, "equal_capacity is for mha, fc1, fc2"),
-        ({"component": "mha", "subset_seed": 3}, "set equal_capacity True too"),
-        ({"component": "mha", "equal_capacity": True, "lora_rank": 2}, "set lora_rank 0"),
-        ({"component": "mha", "equal_capacity": "yes"}, "True or False"),
-        ({"component": "mha", "equal_capacity": True, "subset_seed": -1}, "subset_seed must be a non-negative integer"),
+        ({"component": "ln1", "method": "subset"}, "its ordinary runs are its equal-capacity runs"),
+        ({"component": "full", "method": "subset"}, "method 'subset' trains mha, fc1, fc2, not 'full'"),
+        ({"component": "mha", "subset_seed": 3}, "subset_seed is method subset's: set method 'subset'"),
+        ({"component": "mha", "method": "subset", "lora_rank": 2}, "lora_rank is method lora's"),
+        ({"component": "mha", "method": "equal"}, "unknown method 'equal'; valid methods: weights, lora, subset"),
+        ({"component": "mha", "method": "subset", "subset_seed": -1}, "subset_seed must be a non-negative integer"),
     ],
 )
 def test_bad_options_are_refused_with_the_valid_choices(fields, message):
@@ -132,10 +132,10 @@ def test_bad_options_are_refused_with_the_valid_choices(fields, message):
 def test_equal_capacity_runs_are_another_setting_in_the_tables():
     from paperlib.analysis import stats
 
-    assert "equal_capacity" in stats.SETTING and "subset_seed" in stats.SETTING
+    assert "method" in stats.SETTING and "subset_seed" in stats.SETTING
     rows = [
-        {"model": "demo", "dataset": "digits", "component": "fc1", "lr": 0.03, "seed": 0, "equal_capacity": equal}
-        for equal in (False, True)
+        {"model": "demo", "dataset": "digits", "component": "fc1", "lr": 0.03, "seed": 0, "method": method}
+        for method in ("weights", "subset")
     ]
     mixed = pd.DataFrame(rows).reindex(columns=runs_table.RUN_COLUMNS)
     with pytest.raises(ValueError):
@@ -178,9 +178,9 @@ def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(res
     from paperlib.records import paths
     from paperlib.reports import execute
 
-    parameters = {"component": "fc1", "equal_capacity": True, "steps": 4, "warmup": 1, "eval_every": 2}
+    parameters = {"component": "fc1", "method": "subset", "steps": 4, "warmup": 1, "eval_every": 2}
     execute.execute(paths.NOTEBOOKS / "05_finetune.ipynb", tmp_path / "out.ipynb", parameters=parameters)
-    config = Config(component="fc1", equal_capacity=True, steps=4, warmup=1, eval_every=2)
+    config = Config(component="fc1", method="subset", steps=4, warmup=1, eval_every=2)
     metrics = storage.read_json(config.folder() / runs.METRICS)
     model = demo_model()
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))

@@ -359,7 +359,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
 
 
 def test_a_lora_runs_kept_updates_merge_into_a_plain_vit(small):
-    run = small(component="mha", lora_rank=2, save_weights=True)
+    run = small(component="mha", method="lora", lora_rank=2, save_weights=True)
     metrics = finetune.run(run)
     unmerged, merged = finetune.load_model(run, merge=False), finetune.load_model(run)
     assert _test_accuracy(unmerged) == pytest.approx(metrics["test_accuracy"], abs=1e-12)

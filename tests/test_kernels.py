@@ -357,5 +357,5 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch, small, tiny_vit):
         return original(model, fused)
 
     monkeypatch.setattr(speed.step, "fuse", spy)
-    finetune.run(small(component="fc1", lora_rank=2, steps=2, warmup=0, eval_every=2))
+    finetune.run(small(component="fc1", method="lora", lora_rank=2, steps=2, warmup=0, eval_every=2))
     assert seen and seen[0] == len(lora.target_names(tiny_vit(), "fc1"))

@@ -10,7 +10,7 @@ from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
 from paperlib.analysis import stats
-from paperlib.records import names, runs_table, specs
+from paperlib.records import methods, names, runs_table, specs
 from paperlib.records import runs as run_files
 from paperlib.train import finetune
 from paperlib.train.config import Config, expected
@@ -121,7 +121,7 @@ def test_an_update_of_scale_1_is_not_multiplied_by_it_and_gives_peft_s_numbers(t
 
 @pytest.mark.parametrize("component", ["mha", "fc2", "full"])
 def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(component, small):
-    model, metrics = finetune.train(small(component=component, lora_rank=4))
+    model, metrics = finetune.train(small(component=component, method="lora", lora_rank=4))
     initial = demo()  # the run's initialisation: same seed, same head (LoRA goes on after the head)
     weights = dict(model.named_parameters())
     changed_lora = set()
@@ -137,25 +137,25 @@ def test_a_lora_run_changes_only_its_updates_the_head_and_the_final_norm(compone
         metrics["trainable_parameters"]
         == lora.parameter_table(initial, 4).loc[f"{names.LABELS[component]} (LoRA r=4)", "trainable"]
     )
-    assert metrics["lora_rank"] == 4
 
 
 def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     results, tmp_path, monkeypatch, small, move_results
 ):
-    plain, adapted = small(component="fc1"), small(component="fc1", lora_rank=4)
+    plain, adapted = small(component="fc1"), small(component="fc1", method="lora", lora_rank=4)
     assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
     assert (
-        small(component="fc1", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name == "seed=0-lora-r4-a8-d0.1"
+        small(component="fc1", method="lora", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name
+        == "seed=0-lora-r4-a8-d0.1"
     )
     # alpha 0 means the rank: one run, one folder, one record
-    assert small(component="fc1", lora_rank=4, lora_alpha=4.0) == adapted
+    assert small(component="fc1", method="lora", lora_rank=4, lora_alpha=4.0) == adapted
     first = finetune.run(adapted)
     finetune.run(plain)
     assert (plain.folder() / "metrics.json").is_file() and (adapted.folder() / "metrics.json").is_file()
     runs = runs_table.load()
-    assert sorted(runs["lora_rank"]) == [0, 4]
-    with pytest.raises(ValueError, match="one lora_rank, got 0, 4"):
+    assert sorted(zip(runs["method"], runs["lora_rank"])) == [("lora", 4), ("weights", 0)]
+    with pytest.raises(ValueError, match="runs of one method, got lora, weights"):
         stats.table6(runs)
     assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
     move_results("again")
@@ -168,7 +168,7 @@ def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
     precision, dropout, results, tmp_path, monkeypatch, small, move_results
 ):
     # dropout draws from torch's generator: the checkpoint carries its state
-    config = small(component="mha", lora_rank=2, precision=precision, lora_dropout=dropout)
+    config = small(component="mha", method="lora", lora_rank=2, precision=precision, lora_dropout=dropout)
     reference = finetune.run(config)
     history = run_files.history(config)
     move_results("interrupted")
@@ -181,13 +181,15 @@ def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"component": "ln1", "lora_rank": 4}, "'ln1' has none; with lora_rank use one of mha, fc1, fc2, full"),
-        ({"component": "linear", "lora_rank": 4}, "use one of mha, fc1, fc2, full"),
-        ({"lora_rank": -1}, "lora_rank must be 0"),
-        ({"lora_rank": 2.5}, "lora_rank must be 0"),
-        ({"lora_alpha": 8.0}, "set lora_rank"),
-        ({"lora_rank": 4, "lora_alpha": -1.0}, "lora_alpha must be a finite number >= 0"),
-        ({"lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be a finite number in \[0, 1\)"),
+        ({"component": "ln1", "method": "lora", "lora_rank": 4}, "method 'lora' trains mha, fc1, fc2, full, not 'ln1'"),
+        ({"component": "linear", "method": "lora", "lora_rank": 4}, "LoRA adapts weight matrices and it has none"),
+        ({"method": "lora", "lora_rank": -1}, "lora_rank must be a positive integer"),
+        ({"method": "lora", "lora_rank": 2.5}, "lora_rank must be a positive integer"),
+        ({"method": "lora"}, "lora_rank must be a positive integer"),
+        ({"lora_alpha": 8.0}, "lora_alpha is method lora's: set method 'lora'"),
+        ({"lora_rank": 4}, "lora_rank is method lora's: set method 'lora'"),
+        ({"method": "lora", "lora_rank": 4, "lora_alpha": -1.0}, "lora_alpha must be a finite number >= 0"),
+        ({"method": "lora", "lora_rank": 4, "lora_dropout": 1.0}, r"lora_dropout must be a finite number in \[0, 1\)"),
     ],
 )
 def test_bad_lora_parameters_fail_before_any_work(results, overrides, message, small):
@@ -198,21 +200,25 @@ def test_bad_lora_parameters_fail_before_any_work(results, overrides, message, s
 
 def test_the_command_line_and_notebook_take_the_lora_parameters():
     names = specs.notebook_parameters("notebooks/05_finetune.ipynb")
-    assert {"lora_rank", "lora_alpha", "lora_dropout"} <= set(names)
+    assert {"method", "lora_rank", "lora_alpha", "lora_dropout"} <= set(names)
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"steps": 4, "warmup": 1},
-        "grid": {"component": ["mha", "fc2"], "lora_rank": [0, 4], "lr": [0.01], "seed": [0]},
+        "grid": [
+            {"component": ["mha", "fc2"], "lr": [0.01], "seed": [0]},
+            {"component": ["mha", "fc2"], "method": ["lora"], "lora_rank": [4], "lr": [0.01], "seed": [0]},
+        ],
     }
     wanted = expected(spec)
     assert sorted(zip(wanted["component"], wanted["lora_rank"])) == [("fc2", 0), ("fc2", 4), ("mha", 0), ("mha", 4)]
-    assert isinstance(Config(lora_rank=4).lora_rank, int)
+    assert isinstance(Config(method="lora", lora_rank=4).lora_rank, int)
 
 
 def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, small):
     for rank in (0, 2):
         for lr in (0.01, 0.3):
-            finetune.run(small(component="fc2", lora_rank=rank, lr=lr, steps=4, eval_every=2, warmup=1))
+            method = {"method": "lora", "lora_rank": rank} if rank else {}
+            finetune.run(small(component="fc2", lr=lr, steps=4, eval_every=2, warmup=1, **method))
     finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
     runs = runs_table.load()
     table = stats.comparison(runs)
@@ -223,19 +229,23 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
         assert row.lr == best["lr"] and row.mean == pytest.approx(100 * best["test_accuracy"])
         assert row.trainable_parameters == best["trainable_parameters"]
     assert table["trainable_parameters"].iloc[1] < table["trainable_parameters"].iloc[0]
-    assert run_files.method(4, 8.0, 0.1) == "LoRA r=4 (alpha=8, dropout=0.1)" and run_files.method(4, 4.0) == "LoRA r=4"
+    lora_run = {"method": "lora", "lora_rank": 4, "lora_alpha": 8.0, "lora_dropout": 0.1}
+    assert methods.method_of(lora_run).label(lora_run) == "LoRA r=4 (alpha=8, dropout=0.1)"
+    assert methods.method_of(lora_run).label(lora_run | {"lora_alpha": 4.0, "lora_dropout": 0}) == "LoRA r=4"
 
 
 def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results, small):
-    finetune.run(small(component="fc2", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
-    finetune.run(small(component="fc2", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1))
+    finetune.run(small(component="fc2", method="lora", lora_rank=2, lr=0.01, steps=4, eval_every=2, warmup=1))
+    finetune.run(
+        small(component="fc2", method="lora", lora_rank=2, lora_alpha=2.0, lr=0.3, steps=4, eval_every=2, warmup=1)
+    )
     runs = runs_table.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
     assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},
-        "grid": {"component": ["fc2"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]},
+        "grid": {"component": ["fc2"], "method": ["lora"], "lora_rank": [2], "lr": [0.01, 0.3], "seed": [0]},
     }
     found, missing = runs_table.for_spec(spec)  # alpha 0 in the spec is the runs' alpha 2: both found
     assert missing.empty and found["lr"].tolist() == [0.01, 0.3]

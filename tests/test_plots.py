@@ -428,7 +428,7 @@ def test_the_lora_figures_name_their_models(figures):
 def test_the_run_figure_marks_the_best_checkpoint_and_is_named_by_the_run(figures):
 
     history = _histories(["fc1"]).assign(train_loss=lambda t: 2.0 - t["step"] / 10)
-    config = Config(dataset="digits_c/snow", component="fc1", equal_capacity=True)
+    config = Config(dataset="digits_c/snow", component="fc1", method="subset")
     metrics = {"best_step": 2, "best_val_accuracy": 0.5}
     fig = plots.run_figure(history, metrics, config)
     assert [len(ax.get_lines()) for ax in fig.axes] == [1, 1, 1]

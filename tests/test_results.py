@@ -780,18 +780,17 @@ def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, caps
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
         f"grid:\n  dataset: {DATASETS}\n  component: [mha]\n  lr: {LRS}\n  seed: {SEEDS}\n"
     )
-    for file in (tree / "finetune").rglob("params.json"):  # as if written before Config had these two fields
+    for file in (tree / "finetune").rglob("params.json"):  # as if written before Run had these two fields
         params = json.loads(file.read_text())
-        del params["equal_capacity"], params["subset_seed"]
+        del params["method"], params["subset_seed"]
         file.write_text(json.dumps(params))
     assert stats.main([str(spec)]) == 2
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1, said
     assert f"no run of {spec} under" in said.err
     runs = len(DATASETS) * len(LRS) * len(SEEDS)  # the spec's, each in its folder
-    assert (
-        f"{runs} of its folders hold runs of other parameters" in said.err
-        and "often equal_capacity, subset_seed;" in (said.err)
+    assert f"{runs} of its folders hold runs of other parameters" in said.err and "often method, subset_seed;" in (
+        said.err
     )
 
 

@@ -4,4 +4,5 @@
 - ``models``          the paper's ViTs by short name, any timm ViT, the demo ViT, your own
 - ``lora``            LoRA on one component (beyond the paper)
 - ``equal_capacity``  a component trained on as many parameters per block as a LayerNorm has (beyond the paper)
+- ``methods``         what each way to train a component does to a model (its ``Trainer``), by name
 """
