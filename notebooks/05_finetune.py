@@ -56,12 +56,12 @@ from paperlib.analysis import stats
 from paperlib.records import names, paths, runs
 from paperlib.reports import notebook, plots
 from paperlib.train import finetune
-from paperlib.train.config import config_from
+from paperlib.train.config import config_from_namespace
 from paperlib.vit import methods, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-config = config_from(notebook.parameters())  # the parameters cell, whole
+config = config_from_namespace(globals())  # the parameters cell, whole
 metrics = finetune.run(config)
 history = runs.history(config)
 print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in {paths.display(config.folder())}")

@@ -1,9 +1,9 @@
 """What a notebook calls from its cells.
 
-``check_parameters`` (papermill's parameters against the notebook's own), ``parameters`` (its parameters' values,
-whole), ``headline`` (its result in one line, marked for the reports' landing page) and ``token_scale_why`` (the reason
-a plasticity ranking is not the paper's, where small tokens are it). Executing notebooks and rendering them is
-``execute``'s, which reads the headlines this module marks.
+``check_parameters`` (papermill's parameters against the notebook's own), ``headline`` (its result in one line,
+marked for the reports' landing page) and ``token_scale_why`` (the reason a plasticity ranking is not the paper's,
+where small tokens are it). Executing notebooks and rendering them is ``execute``'s, which reads the headlines this
+module marks.
 """
 
 from __future__ import annotations
@@ -61,21 +61,6 @@ def check_parameters() -> None:
         raise ValueError(
             f"unknown parameter(s) {', '.join(unknown)}; this notebook's parameters: {', '.join(sorted(declared))}"
         )
-
-
-def parameters() -> dict:
-    """The notebook's parameters as they are now: each name its ``parameters`` cell assigns, with its value.
-
-    The ``parameters`` cell is the notebook's first code cell, the first the kernel ran (papermill's injected cell
-    runs after it and changes the values, not the names). So that a notebook passes its parameters on whole
-    (``config_from(notebook.parameters())``) without writing them twice."""
-    import IPython  # here, not at the top: as in headline
-
-    shell = IPython.get_ipython()
-    history = shell.user_ns.get("In", []) if shell is not None else []
-    if len(history) < 2:
-        raise RuntimeError("notebook.parameters() reads the kernel's first cell: call it from a notebook's cell")
-    return {name: shell.user_ns[name] for name in sorted(_assigned(history[1]))}
 
 
 def _assigned(source: str) -> set[str]:

@@ -51,6 +51,15 @@ class Config(Run):
         return self._checked_options
 
 
+def config_from_namespace(namespace: dict) -> Config:
+    """The ``Config`` of notebook 05's parameters, each taken by its name from ``namespace`` (the notebook's globals).
+
+    Every ``Config`` field and ``speed``; a name the namespace lacks keeps its default. So that the notebook passes
+    its parameters cell on whole, without writing its parameters a second time."""
+    names = (*Config.defaults(), "speed")
+    return config_from({name: namespace[name] for name in names if name in namespace})
+
+
 def config_from(parameters: dict) -> Config:
     """The ``Config`` of notebook 05's parameters (``config_values``), validated."""
     return Config(**config_values(parameters))
