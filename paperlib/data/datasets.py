@@ -34,7 +34,6 @@ FileNotFoundError that says what to download, from where, and where to put it.
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 import shutil
 from dataclasses import dataclass
@@ -50,11 +49,11 @@ from sklearn.datasets import load_digits
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.datasets.utils import download_and_extract_archive
 
-from paperlib.records import paths, storage
 from paperlib.data.corruptions import CORRUPTIONS, SEVERITIES, check_severity, corrupt
 from paperlib.data.imagesets import FileDataset, ImageDataset
 from paperlib.data.splits import deterministic_split, hash_split, validation_split
 from paperlib.data.transforms import IMAGENET, as_mean_std, paper_transform
+from paperlib.records import paths, storage
 
 SPLITS = ("train", "val", "test", "trainval")
 VALIDATIONS = ("official", "fraction")

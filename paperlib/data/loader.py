@@ -26,10 +26,10 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from paperlib.records import paths, storage
-from paperlib.speed import threads
 from paperlib.data.imagesets import FileDataset, ImageDataset, UnevenImages
 from paperlib.data.transforms import IMAGENET, as_mean_std, device_transform
+from paperlib.records import paths, storage
+from paperlib.speed import threads
 
 CACHE_SIZE = 256  # shorter side of the uint8 images cached for file datasets (crops of 224 come from them)
 

@@ -18,7 +18,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-
 TRAIN_FRACTION = 0.8  # the training share of every 80/20 split (the authors' ``train_size``)
 SPLIT_SEED = 42  # the authors' fixed seed of the train/test split of datasets without an official one
 

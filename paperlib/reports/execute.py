@@ -25,7 +25,6 @@ import base64
 import contextlib
 import html
 import os
-import sys
 import tempfile
 import threading
 import time

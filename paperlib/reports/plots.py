@@ -8,9 +8,9 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from paperlib.records import paths, storage
 from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
+from paperlib.records import paths, storage
 from paperlib.records.names import COMPONENTS, LABELS, POINT_LABELS
 
 COLORS = {
