@@ -4,6 +4,7 @@
     python -m benchmarks plasticity --model vit_base_in21k --pairs 64 --batch-size 16
     python -m benchmarks finetune                   # demo ViT, the protocol's fp32, five components
     python -m benchmarks finetune --model vit_base_in21k --batch-size 256 --device cuda --precision autocast
+    python -m benchmarks finetune --components mha,fc1,fc2 --equal-capacity  # the subsets equal-capacity runs train
 
     python -m benchmarks data                       # fixture Cifar10 at 224, batch 512
     python -m benchmarks data --dataset digits --image-size 224
@@ -46,9 +47,19 @@ from pathlib import Path
 import torch
 
 from benchmarks.data import bench_data, bench_plasticity
-from benchmarks.step import bench_finetune, bench_kernels, bench_presets, bench_profile, bench_variants, variant_words
+from benchmarks.step import (
+    StepSettings,
+    Timing,
+    bench_finetune,
+    bench_kernels,
+    bench_presets,
+    bench_profile,
+    bench_variants,
+    variant_words,
+)
 from paperlib.data import datasets
 from paperlib.records import cli, storage
+from paperlib.records.methods import METHODS
 from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import (
     ATTENTION_CHOICES,
@@ -147,7 +158,8 @@ def _finetune_targets(targets: Targets, device: torch.device) -> None:
     Frozen components are to be faster than full finetuning; on a GPU, also the utilisation target and the cost of
     the protocol's fp32."""
     name, batch = _step_scale(device)
-    eager = bench_finetune(name, RUN_COMPONENTS, batch, 10, str(device), StepOptions(precision="autocast"))
+    timing = Timing(steps=10, device=str(device))
+    eager = bench_finetune(StepSettings(name, batch, StepOptions(precision="autocast")), RUN_COMPONENTS, timing)
     targets.keep("finetune", eager)
     for component in RUN_COMPONENTS:
         targets.check(
@@ -164,7 +176,7 @@ def _finetune_targets(targets: Targets, device: torch.device) -> None:
     if device.type == "cuda":
         _check_mfu(targets, eager)
         # the paper's own precision (fp32), so that its cost is known beside the fast options'
-        paper = bench_finetune(name, ("full",), batch, 10, str(device), StepOptions(), plain=False)
+        paper = bench_finetune(StepSettings(name, batch, StepOptions()), ("full",), timing, plain=False)
         targets.keep("finetune_fp32", paper)
         targets.check(
             f"full finetuning in fp32, the paper's precision ({name}, batch {batch})",
@@ -188,7 +200,9 @@ def _compiled_targets(targets: Targets, device: torch.device) -> None:
     for part, fused in (("finetune_compiled_fastest", "none"), ("finetune_compiled_fused", "all")):
         measured[part] = (("full",), batch * 2, replace(fastest, fused=fused))
     for part, (components, batch_size, options) in measured.items():
-        result = bench_finetune(name, components, batch_size, 10, str(device), options, plain=False)
+        result = bench_finetune(
+            StepSettings(name, batch_size, options), components, Timing(steps=10, device=str(device)), plain=False
+        )
         targets.keep(part, result)
         _check_mfu(targets, result)
 
@@ -395,25 +409,21 @@ def _finetune_command(commands) -> None:
     _step_arguments(f)
     f.add_argument("--no-plain", action="store_true", help="time the library step alone, without the plain loop")
     f.add_argument(
-        "--lora-rank",
-        type=int,
-        default=0,
-        help="train LoRA updates of this rank instead of each component's weights (of mha, fc1, fc2, full; 0: none)",
+        "--method",
+        default="weights",
+        choices=list(METHODS),
+        help="how each component trains, as a run's method: its weights, LoRA updates (of mha, fc1, fc2, full; "
+        "--lora-rank) or a random subset as large as a LayerNorm (of mha, fc1, fc2)",
     )
+    f.add_argument("--lora-rank", type=int, default=0, help="with --method lora: the rank of the updates")
     _common(f)
     f.set_defaults(
         run=lambda a: bench_finetune(
-            a.model,
+            StepSettings(a.model, a.batch_size, _step_options(a), a.image_size, a.method, a.lora_rank),
             _words(a.components),
-            a.batch_size,
-            a.steps,
-            a.device,
-            _step_options(a),
-            image_size=a.image_size,
+            Timing(a.steps, a.repeats, a.device),
             workers=a.workers,
             plain=not a.no_plain,
-            repeats=a.repeats,
-            lora_rank=a.lora_rank,
         ),
         show=_print,
     )
@@ -428,7 +438,9 @@ def _profile_command(commands) -> None:
     r.add_argument("--top", type=int, default=15, help="how many of the largest kernels (ops on a CPU) to list")
     _common(r)
     r.set_defaults(
-        run=lambda a: bench_profile(a.model, a.component, a.batch_size, a.steps, a.device, _step_options(a), top=a.top),
+        run=lambda a: bench_profile(
+            StepSettings(a.model, a.batch_size, _step_options(a)), a.component, Timing(a.steps, device=a.device), a.top
+        ),
         show=_print_profile,
     )
 
@@ -473,9 +485,7 @@ def _variants_command(commands) -> None:
                 "precision": _words(a.precision),
                 "fused": _words(a.fused),
             },
-            a.steps,
-            a.repeats,
-            a.device,
+            Timing(a.steps, a.repeats, a.device),
             a.json,
         ),
         show=_print_variants,
@@ -514,11 +524,9 @@ def _presets_command(commands) -> None:
             a.model,
             _words(a.components),
             a.batch_size,
-            a.steps,
-            a.device,
+            Timing(a.steps, a.repeats, a.device),
             _words(a.presets),
             _words(a.precisions),
-            a.repeats,
             plain=not a.no_plain,
         ),
         show=_print_presets,

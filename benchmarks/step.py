@@ -8,8 +8,10 @@
 - ``bench_profile``: where a step's time goes (``python -m benchmarks profile``).
 - ``bench_kernels``: our fused ops alone, against a copy of the same bytes (``python -m benchmarks kernels``).
 
-Every step benchmark builds its step as ``finetune.train`` does, through ``paperlib.speed.step.make_step``
-(``library_steps``), and counts its FLOPs with PyTorch (``step_flops``).
+Every step benchmark times the step a run trains with: the run's ``Config`` (``StepSettings.config``) through the
+run's own builder, ``paperlib.train.step.build_step`` (``library_steps``: the model adapted as the run adapts it, LoRA
+updates or an equal-capacity subset included, its optimizer and step options), and counts its FLOPs with PyTorch
+(``step_flops``). What a benchmark times is ``StepSettings`` (which step) and ``Timing`` (how long, where).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import gc
 import itertools
 import json
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +34,6 @@ from paperlib.data.imagesets import ImageDataset, random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.data.transforms import paper_transform
 from paperlib.records import storage
-from paperlib.records.methods import METHODS
 from paperlib.records.step_options import (
     PRESET_RECORD,
     STEP_OPTIONS,
@@ -45,11 +46,67 @@ from paperlib.records.step_options import (
 from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
 from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward
 from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
-from paperlib.speed.step import OptimizerSettings, autocast_for, compile_model, make_step, tf32_flags, warmup_steps
-from paperlib.vit import lora, models
+from paperlib.speed.step import autocast_for, compile_model, tf32_flags, warmup_steps
+from paperlib.train.config import Config
+from paperlib.train.step import adapt, build_step, network
+from paperlib.vit import models
 from paperlib.vit.components import check_run_component, set_trainable, trainable_parameters
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
+
+BENCH_LR = 1e-3
+"""The learning rate of a benchmark's step (the paper's SGD: momentum 0.9, clipping at 1; ``Config``'s defaults)."""
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """The step a benchmark times, for any component.
+
+    A run of ``model`` (random weights, a 10-class head) at ``batch_size`` images, its step ``options`` (compilation,
+    attention kernel, precision, fused ops), at ``image_size`` (None: the model's; the position embedding resampled, as
+    a run does), training its component by ``method`` (``records.methods``: its weights, LoRA updates of rank
+    ``lora_rank``, or a subset as large as a LayerNorm).
+
+    ``config`` makes it a run's ``Config``, which ``library_steps`` builds as the run does."""
+
+    model: str = "demo"
+    batch_size: int = 64
+    options: StepOptions = field(default_factory=StepOptions)
+    image_size: int | None = None
+    method: str = "weights"
+    lora_rank: int = 0
+
+    def config(self, component: str, device: torch.device) -> Config:
+        """The run of ``component`` on ``device`` whose step is timed, checked (``Config``: before any work).
+
+        The paper's SGD at ``BENCH_LR``, the whole batch in one pass (``micro_batch``: a benchmark measures
+        the batch it is given, without splitting it when the GPU runs out of memory)."""
+        return Config(
+            model=self.model,
+            component=component,
+            batch_size=self.batch_size,
+            micro_batch=self.batch_size,
+            lr=BENCH_LR,
+            device=str(device),
+            image_size=self.image_size or 0,
+            method=self.method,
+            lora_rank=self.lora_rank,
+            **asdict(self.options),
+        )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a step benchmark times.
+
+    ``steps`` timed steps (after the warm-up), the median of ``repeats`` interleaved timings, on ``device`` (cuda,
+    cuda:<index>, cpu, or "auto": a GPU if there is one), on synthetic uint8 images of ``source_size`` pixels
+    (Cifar-like), resized to the model's resolution by the training transform."""
+
+    steps: int = 10
+    repeats: int = 3
+    device: str = "auto"
+    source_size: int = 32
 
 
 def _peak_tflops(device: torch.device) -> float | None:
@@ -65,12 +122,13 @@ def _significant(value: float, digits: int = 5) -> float:
 
 
 def step_flops(model, images, labels) -> int:
-    """FLOPs of one training step (forward + backward) of the eager model on ``images``, counted by PyTorch.
+    """FLOPs of one training step (forward + backward) of the eager model on ``images``.
 
-    The step trains the parameters as their ``requires_grad`` stand; blocks compiled in place are returned to eager.
-    Counted on one image and multiplied by the batch (every counted op of a ViT is linear in the batch; a test checks
-    it): a counting pass at the full batch in fp32 would need about twice the activation memory of the bf16 step it
-    is for, which at a large batch can be more than the GPU has."""
+    As its parameters' ``requires_grad`` stand, counted by PyTorch (blocks compiled in place are returned
+    to eager). Counted on one image and multiplied by the batch (every counted op of a ViT is linear
+    in the batch; a test checks it): a counting pass at the full batch in fp32 would need about
+    twice the activation memory of the bf16 step it is for (the likely cause of running out of GPU
+    memory at large batches before: docs/benchmarks.md)."""
     compile_model(model, "none", fused="none")  # counting must not put in fused ops a row may not want
     counter = FlopCounterMode(display=False)
     with counter:
@@ -79,16 +137,13 @@ def step_flops(model, images, labels) -> int:
     return counter.get_total_flops() * len(images)
 
 
-def library_steps(model, loader: DeviceLoader, options: StepOptions):
-    """The library's training step for ``model`` as its trainable parameters stand, as ``steps(first, count)``.
+def library_steps(config: Config, model, loader: DeviceLoader):
+    """The step a run of ``config`` trains ``model`` with, built by the run's builder (``train.step.build_step``).
 
-    The step is built as ``finetune.train`` builds it (``step.make_step``: the paper's SGD, ``options`` checked), at
-    the loader's whole batch (no retry with smaller micro-batches: a benchmark measures the batch it is given).
-    ``steps(first, count)`` trains on the loader's batches ``first`` to ``first + count - 1`` and returns the last
-    (loss, norm)."""
-    batch = loader.batch_size
-    paper_sgd = OptimizerSettings("sgd", lr=1e-3, momentum=0.9)
-    one_step = make_step(model, options, optimizer=paper_sgd, batch_size=batch, clip=1.0, micro_batch=batch)
+    ``model`` is adapted in place, LoRA updates or an equal-capacity subset included, the run's optimizer and step
+    options; ``StepSettings.config``: the paper's SGD, the whole batch in one pass): returns ``steps(first, count)``,
+    which trains on the loader's batches ``first`` to ``first + count - 1`` and returns the last (loss, norm)."""
+    one_step = build_step(config, model)
 
     def steps(first: int, count: int):
         for index in range(first, first + count):
@@ -112,9 +167,10 @@ def plain_step(model, trainable, optimizer, images, labels, context=contextlib.n
 
 
 def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: int, device: torch.device):
-    """The plain loop's data, loaded as the authors' code loads it.
+    """The plain loop's data.
 
-    ``dataset``'s images go through the paper's torchvision transform in ``workers`` DataLoader workers."""
+    ``dataset``'s images through the paper's torchvision transform in ``workers`` DataLoader workers, as the authors'
+    code loads them."""
     transformed = ImageDataset(
         dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
     )
@@ -132,7 +188,7 @@ def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: in
 def _plain_run(model, loader: DataLoader, steps: int, device: torch.device) -> tuple:
     """(timed run, warm-up) of the plain loop on ``model`` as its trainable parameters stand.
 
-    Batches of ``loader`` are copied to the device; ``torch.optim.SGD`` with PyTorch's default kernels, fp32."""
+    Batches of ``loader`` copied to the device, ``torch.optim.SGD`` with PyTorch's default kernels, fp32."""
     trainable = [p for _, p in trainable_parameters(model)]
     optimizer = torch.optim.SGD(trainable, lr=1e-3, momentum=0.9)
 
@@ -146,81 +202,85 @@ def _plain_run(model, loader: DataLoader, steps: int, device: torch.device) -> t
     return lambda: plain_steps(steps), lambda: plain_steps(1)
 
 
+def _random_model(config: Config, device: torch.device):
+    """The network a run of ``config`` trains, with random weights and a 10-class head, on ``device``.
+
+    ``train.step.network``: at the run's image size."""
+    return network(config, 10, pretrained=False).to(device)
+
+
 def bench_finetune(
-    model_name: str = "demo",
+    settings: StepSettings = StepSettings(),
     components: tuple[str, ...] = ("full", "mha", "fc1", "ln1", "linear"),
-    batch_size: int = 64,
-    steps: int = 10,
-    device: str = "auto",
-    options: StepOptions = StepOptions(),
+    timing: Timing = Timing(),
     *,
-    image_size: int | None = None,
     workers: int | None = None,
-    source_size: int = 32,
     plain: bool = True,
-    repeats: int = 3,
-    lora_rank: int = 0,
 ) -> dict:
     """Training images/s per component: the library step vs a plain fp32 DataLoader loop.
 
-    Random weights and synthetic uint8 images of ``source_size`` pixels (Cifar-like), upsampled to
-    the model's resolution with the paper's training transform. The library step is ``finetune``'s
-    (``library_steps``: images on the device, batched augmentation, only trainable weights get
-    gradients, the step ``options``: compilation, attention kernel, precision, fused ops); its first
-    steps (with any compilation) are timed apart as ``warmup_seconds``. The plain loop (what the
-    authors' code does): a twin of the timm model as created, torchvision transforms in ``workers``
-    DataLoader workers (None: one per CPU core), fp32, ``requires_grad`` set the same way. Model FLOP
-    utilisation counts the FLOPs PyTorch reports for one step (forward and backward). Median of
-    ``repeats`` interleaved timings of ``steps`` steps; ``plain=False`` times the library step alone.
-    With ``lora_rank`` > 0 each component trains LoRA updates of that rank instead of its weights
-    (``lora``), in both loops, each on a fresh copy of the model with peft's layers.
+    The step of ``settings`` for each component of ``components``, timed as ``timing`` says. Random weights and
+    synthetic uint8 images (``Timing.source_size`` pixels, Cifar-like), upsampled to the model's resolution with the
+    paper's training transform. The library step is the one a run trains with (``library_steps``, the run's builder:
+    images on the device, batched augmentation, only trainable weights get gradients, the step options: compilation,
+    attention kernel, precision, fused ops); its first steps (with any compilation) are timed apart as
+    ``warmup_seconds``. The plain loop (what the authors' code does): a twin of the timm model as created,
+    torchvision transforms in ``workers`` DataLoader workers (None: one per CPU core), fp32, the same parameters
+    trainable (``train.step.adapt``). Model FLOP utilisation counts the FLOPs PyTorch reports for one step (forward
+    and backward). Median of ``Timing.repeats`` interleaved timings of ``Timing.steps`` steps; ``plain=False`` times
+    the library step alone. With another ``StepSettings.method`` than the weights', each component trains what the
+    method adds (LoRA updates, a subset as large as a LayerNorm) in both loops, each on a fresh copy of the model.
+    ``<component>_trainable_parameters``: the parameters its step trains.
     """
-    device = resolve_device(device)
+    device = resolve_device(timing.device)
     workers = os.cpu_count() if workers is None else workers
-    for component in components:
-        check_run_component(component)
-        if lora_rank:
-            METHODS["lora"].check({"component": component, "lora_rank": lora_rank, "lora_alpha": 0, "lora_dropout": 0})
-    options = options.checked(device)  # recorded as what ran
-    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    if not components:
+        raise ValueError("no component to time: give at least one")
+    configs = {component: settings.config(component, device) for component in components}  # checked before any work
+    options = settings.options.checked(device)  # recorded as what ran
+    model = _random_model(next(iter(configs.values())), device)
+    # a run that adds to its model (LoRA updates, a subset) is adapted on an untouched copy per component and loop
+    adds = settings.method != "weights"
+    pristine = copy.deepcopy(model) if adds else None
     # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
-    plain_model = copy.deepcopy(model) if plain and not lora_rank else None
-    # LoRA goes on before the fused ops: on an untouched copy per component and loop
-    pristine = copy.deepcopy(model) if lora_rank else None
-    size = image_size or model.patch_embed.img_size[0]
-    dataset = random_images(batch_size * 4, source_size)
+    plain_model = copy.deepcopy(model) if plain and not adds else None
+    size = settings.image_size or model.patch_embed.img_size[0]
+    batch_size = settings.batch_size
+    dataset = random_images(batch_size * 4, timing.source_size)
     fast = DeviceLoader(dataset, batch_size, Transform(True, size), device=device)
     plain_loader = _plain_loader(dataset, batch_size, size, workers, device) if plain else None
     peak = _peak_tflops(device)
     result = {
-        "model": f"{model_name} ({size}px, random weights)",
+        "model": f"{settings.model} ({size}px, random weights)",
         "batch_size": batch_size,
         "device": device_name(device),
         **asdict(options),
-        "steps": steps,
-        "repeats": repeats,
+        "steps": timing.steps,
+        "repeats": timing.repeats,
         "dataloader_workers": workers,
         "peak_tflops_bf16": peak,
-        "lora_rank": lora_rank,
+        "method": settings.method,
+        "lora_rank": settings.lora_rank,
     }
-    for component in components:
-        if lora_rank:
-            model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank)
-            plain_model = lora.add_lora(copy.deepcopy(pristine), component, lora_rank) if plain else None
-        set_trainable(model, component, lora.updates(model) if lora_rank else None)
-        flops = step_flops(model, *fast.batch(0))
-        train_steps = library_steps(model, fast, options)
+    for component, config in configs.items():
+        if adds:
+            model = copy.deepcopy(pristine)
+            plain_model = copy.deepcopy(pristine) if plain else None
+        train_steps = library_steps(config, model, fast)
         warmup = Timed(lambda: train_steps(0, warmup_steps(options)), device)
-        runs = {"library": (lambda: train_steps(1, steps), warmup)}
+        runs = {"library": (lambda: train_steps(1, timing.steps), warmup)}
         if plain:
-            trained = set_trainable(plain_model, component, lora.updates(plain_model) if lora_rank else None)
-            runs["plain"] = _plain_run(trained, plain_loader, steps, device)
-        rates = {name: batch_size * steps / value for name, value in median_seconds(runs, device, repeats).items()}
+            runs["plain"] = _plain_run(adapt(plain_model, config), plain_loader, timing.steps, device)
+        seconds = median_seconds(runs, device, timing.repeats)
+        rates = {name: batch_size * timing.steps / value for name, value in seconds.items()}
+        # counted after the timing: counting runs the model eager (blocks compiled in place are returned to eager)
+        flops = step_flops(model, *fast.batch(0))
         if plain:
             result[f"{component}_plain_images_per_s"] = round(rates["plain"], 1)
             result[f"{component}_speedup"] = round(rates["library"] / rates["plain"], 2)
         result[f"{component}_library_images_per_s"] = round(rates["library"], 1)
         result[f"{component}_warmup_seconds"] = round(warmup.seconds, 2)
+        result[f"{component}_trainable_parameters"] = sum(p.numel() for _, p in trainable_parameters(model))
         achieved = flops / batch_size * rates["library"] / 1e12
         result[f"{component}_library_tflops"] = _significant(achieved)
         if peak:
@@ -238,37 +298,35 @@ def bench_presets(
     model_name: str = "demo",
     components: tuple[str, ...] = ("full", "mha", "ln2"),
     batch_size: int = 64,
-    steps: int = 10,
-    device: str = "auto",
+    timing: Timing = Timing(),
     presets: tuple[str, ...] = (),
     precisions: tuple[str, ...] = ("fp32", "autocast"),
-    repeats: int = 3,
     plain: bool = True,
 ) -> list[dict]:
     """Training images/s per precision, component and speed preset, on one machine.
 
-    Each preset of ``presets`` (``options.preset``: names, files) runs against "none" in the same precision, and a
-    plain loop in that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``,
-    clipping at 1) on the same batches, already on the device, so that only the step differs. What a preset file
-    records as its ``gain`` is this table's ``gain`` column. Rows: precision, preset, component, img/s, gain over
-    "none", warm-up seconds (compilation included), and the plain loop's img/s beside "none"."""
+    Each preset of ``presets`` (``options.preset``: names, files) against "none" in the same precision, and a plain loop
+    in that precision (``PLAIN_PRECISION``; the authors' style: timm's model, ``torch.optim.SGD``, clipping at 1) on the
+    same batches, already on the device, so that only the step differs. What a preset file records as its ``gain`` is
+    this table's ``gain`` column. Rows: precision, preset, component, img/s, gain over "none", warm-up seconds
+    (compilation included), and the plain loop's img/s beside "none". Each timed as ``timing`` says."""
     rows = []
-    device_ = resolve_device(device)
+    device_ = resolve_device(timing.device)
     for precision in precisions:
         check_precision(precision, device_)
         for name in ("none", *presets):
             chosen = {key: value for key, value in preset(name).items() if key not in PRESET_RECORD}
             options = StepOptions(**{**chosen, "precision": precision})
-            result = bench_finetune(
-                model_name, components, batch_size, steps, device, options, plain=False, repeats=repeats
-            )
+            result = bench_finetune(StepSettings(model_name, batch_size, options), components, timing, plain=False)
             for component in components:
                 row = {"precision": precision, "preset": name, "component": component, "device": result["device"]}
                 row["images_per_s"] = result[f"{component}_library_images_per_s"]
                 row["warmup_seconds"] = result[f"{component}_warmup_seconds"]
                 rows.append(row)
         if plain:
-            plain_rates = bench_plain(model_name, components, batch_size, steps, device_, PLAIN_PRECISION[precision])
+            plain_rates = bench_plain(
+                model_name, components, batch_size, timing.steps, device_, PLAIN_PRECISION[precision]
+            )
             for row in rows:
                 if row["precision"] == precision and row["preset"] == "none":
                     row["plain_images_per_s"] = plain_rates[row["component"]]
@@ -311,9 +369,10 @@ PRECISION_WORDS = {"fp32": "fp32", "tf32": "tf32", "autocast": "bf16 autocast", 
 
 
 def variant_words(row: dict) -> str:
-    """How a step was run, in words: "compiled (blocks, coordinate-descent), attention cudnn, bf16 autocast".
+    """How a step was run, in words.
 
-    A row without a precision ran under bf16 autocast (``VARIANT_KEYS``)."""
+    "compiled (blocks, coordinate-descent), attention cudnn, bf16 autocast". A row without a precision was written when
+    rows ran under autocast only."""
     words = ["eager"]
     if row.get("compile", "none") not in ("none", False):
         mode = row.get("compile_mode", "default")
@@ -338,18 +397,17 @@ VARIANT_KEYS = {
     "precision": "autocast",
     "fused": "none",
 }
-"""What tells the rows of ``bench_variants`` apart, with the value that a row without the key ran with.
-
-Rows that record no precision or fused ops ran under autocast, without fused ops."""
+"""What tells the rows of ``bench_variants`` apart, with the value of rows written before the key existed
+(those rows ran under autocast, without fused ops)."""
 
 
 def variant_options(
     batch_sizes: tuple[int, ...], choices: dict[str, tuple], device: torch.device
 ) -> list[tuple[int, StepOptions]]:
-    """(batch size, checked step options) for every combination of ``batch_sizes`` and ``choices``, each once.
+    """(batch size, checked step options) for every combination of ``batch_sizes`` and ``choices``.
 
-    ``choices`` maps a ``StepOptions`` field to its values; a field not there keeps its default. The combinations
-    come in order: batch size first, then the fields in ``STEP_OPTIONS``' order; a mode only for compiled rows.
+    ``choices``: a ``StepOptions`` field -> its values; a field not there keeps its default), each once, in that order
+    (batch size first, then the fields in ``STEP_OPTIONS``' order); a mode only for compiled rows.
     Every choice is checked here, before any work."""
     unknown = sorted(set(choices) - set(STEP_OPTIONS))
     if unknown:
@@ -370,37 +428,39 @@ def variant_options(
     return runs
 
 
-def _measure_variant(model_name: str, component: str, batch_size: int, options: StepOptions, timing: dict) -> dict:
-    """One row of ``bench_variants``: the step of ``options`` at ``batch_size``, timed as ``timing`` says.
+def _measure_variant(settings: StepSettings, component: str, timing: Timing) -> dict:
+    """One row of ``bench_variants``.
 
-    It starts from fresh random weights (seed 0) on synthetic batches; ``timing`` gives steps, repeats, device and
-    source_size."""
-    device = timing["device"]
+    The step of ``settings`` for ``component`` from fresh random weights (seed 0) on synthetic batches, timed as
+    ``timing`` says."""
+    device = resolve_device(timing.device)
+    config = settings.config(component, device)
     torch.manual_seed(0)
-    model = models.create_model(model_name, pretrained=False, num_classes=10).to(device)
+    model = _random_model(config, device)
     size = model.patch_embed.img_size[0]
-    dataset = random_images(batch_size * 2, timing["source_size"])
-    loader = DeviceLoader(dataset, batch_size, Transform(True, size), device=device)
-    set_trainable(model, component)
-    flops = step_flops(model, *loader.batch(0))
-    steps_of = library_steps(model, loader, options)
+    dataset = random_images(settings.batch_size * 2, timing.source_size)
+    loader = DeviceLoader(dataset, settings.batch_size, Transform(True, size), device=device)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    steps_of = library_steps(config, model, loader)
     warmup = Timed(lambda: steps_of(0, 1), device)  # the first step: same weights, same batch in every row
-    assert warmup_steps(options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
+    assert warmup_steps(config.checked_options) <= CHECK_STEP, "CHECK_STEP must cover the warm-up"
     more = lambda: steps_of(1, CHECK_STEP - 1)  # noqa: E731 -- compilation
     check = Timed(lambda: steps_of(CHECK_STEP, 1), device)  # every row at its speed by now
-    steps = timing["steps"]
+    steps = timing.steps
     seconds = median_seconds(
         {"step": (lambda: steps_of(CHECK_STEP + 1, steps), lambda: (warmup(), more(), check()))},
         device,
-        timing["repeats"],
+        timing.repeats,
     )["step"]
+    peak_memory = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None
+    # counted after the timing: counting runs the model eager (blocks compiled in place are returned to eager)
+    flops = step_flops(model, *loader.batch(0))
     loss, norm = (float(v) for v in warmup.value)
     check_loss, check_norm = (float(v) for v in check.value)
-    rate = batch_size * steps / seconds
-    achieved = flops / batch_size * rate / 1e12
+    rate = settings.batch_size * steps / seconds
+    achieved = flops / settings.batch_size * rate / 1e12
     peak = _peak_tflops(device)
     return {
         "images_per_s": round(rate, 1),
@@ -411,14 +471,14 @@ def _measure_variant(model_name: str, component: str, batch_size: int, options: 
         "first_grad_norm": norm,
         "check_loss": check_loss,
         "check_grad_norm": check_norm,
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None,
+        "peak_memory_gib": peak_memory,
     }
 
 
 def _agrees(row: dict, reference: dict) -> bool:
     """Whether ``row``'s first step is ``reference``'s, within 5% (the bf16 tolerance).
 
-    Its step ``CHECK_STEP`` is compared too, where ``reference`` has it."""
+    And its step ``CHECK_STEP``, where ``reference`` has it."""
     near = lambda key: abs(row[key] - reference[key]) <= 0.05 * abs(reference[key])  # noqa: E731
     later = "check_loss" not in reference or (near("check_loss") and near("check_grad_norm"))
     return bool(near("first_loss") and near("first_grad_norm") and later)
@@ -429,18 +489,15 @@ def bench_variants(
     component: str = "full",
     batch_sizes: tuple[int, ...] = (64,),
     choices: dict[str, tuple] | None = None,
-    steps: int = 10,
-    repeats: int = 3,
-    device: str = "auto",
+    timing: Timing = Timing(),
     out: Path | None = None,
-    source_size: int = 32,
 ) -> list[dict]:
     """The library's training step for ``component`` under every combination of batch size and step options.
 
-    The combinations are ``variant_options``': ``choices`` maps a ``StepOptions`` field to its values, e.g.
-    ``{"compile": ("none", "blocks"), "precision": ("fp32", "bf16")}``; rows record what "auto" resolves to. Per
-    row: images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included) and, on CUDA, the peak
-    GPU memory allocated (GiB).
+    The combinations: ``variant_options``: ``choices`` maps a ``StepOptions`` field to its values, e.g.
+    ``{"compile": ("none", "blocks"), "precision": ("fp32", "bf16")}``; rows record what "auto"
+    resolves to): images/s, TFLOP/s, model FLOP utilisation, warm-up seconds (compilation included)
+    and, on CUDA, the peak GPU memory allocated (GiB) per row; each row timed as ``timing`` says.
 
     Every row starts from the same random weights and the same batches, and records the loss and
     gradient norm of its first step and of step ``CHECK_STEP`` (after that many updates) next to
@@ -452,13 +509,12 @@ def bench_variants(
     a time limit goes on where it stopped.
     """
     check_run_component(component)  # every choice is checked before any work
-    device = resolve_device(device)
+    device = resolve_device(timing.device)
     runs = variant_options(batch_sizes, choices or {}, device)
     try:
         rows = json.loads(out.read_text()) if out and out.is_file() else []
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"{out} holds no rows of JSON: move it away or name another --json file") from None
-    timing = {"steps": steps, "repeats": repeats, "device": device, "source_size": source_size}
     for batch_size, options in runs:
         combo = {"batch_size": batch_size, **asdict(options)}
         if any({key: row.get(key, default) for key, default in VARIANT_KEYS.items()} == combo for row in rows):
@@ -466,7 +522,7 @@ def bench_variants(
         row = {"model": model_name, "component": component, **combo}
         row |= {"device": device_name(device), "torch": torch.__version__}
         try:
-            row |= _measure_variant(model_name, component, batch_size, options, timing)
+            row |= _measure_variant(StepSettings(model_name, batch_size, options), component, timing)
             reference = next((r for r in rows if "first_loss" in r and r["batch_size"] == batch_size), None)
             if reference:
                 row["agrees"] = _agrees(row, reference)
@@ -523,19 +579,16 @@ def _self_times(profiler, cuda: bool) -> dict[str, float]:
 
 
 def bench_profile(
-    model_name: str = "demo",
+    settings: StepSettings = StepSettings(),
     component: str = "full",
-    batch_size: int = 64,
-    steps: int = 3,
-    device: str = "auto",
-    options: StepOptions = StepOptions(),
+    timing: Timing = Timing(steps=3),
     top: int = 15,
-    source_size: int = 32,
 ) -> dict:
-    """Where a training step's time goes, profiled with ``torch.profiler``.
+    """Where a training step's time goes.
 
-    The step is the library's for ``component`` with ``options`` (``library_steps``, the step
-    ``python -m benchmarks finetune`` times), on synthetic images through the ``DeviceLoader``.
+    The library's step of ``settings`` for ``component`` (``library_steps``, the step ``python -m benchmarks finetune``
+    times) on synthetic images through the ``DeviceLoader``, profiled with ``torch.profiler`` over ``Timing.steps``
+    steps (after the warm-up).
 
     On CUDA, kernel time (self device time of every kernel); on a CPU, the self time of every
     ATen op. Grouped into matrix products, attention and the rest, with the ``top`` largest
@@ -543,14 +596,16 @@ def bench_profile(
     gaps are not in it) and ``wall_ms_per_step`` the wall time of the same steps run unprofiled
     just before (on CUDA, the difference is the time the GPU waits between kernels).
     """
-    check_run_component(component)  # before any work
-    device = resolve_device(device)
+    device = resolve_device(timing.device)
+    config = settings.config(component, device)  # every choice checked before any work
     cuda = device.type == "cuda"
-    options = options.checked(device)  # recorded as what ran
-    model = set_trainable(models.create_model(model_name, pretrained=False, num_classes=10).to(device), component)
+    options = config.checked_options  # recorded as what ran
+    model = _random_model(config, device)
     size = model.patch_embed.img_size[0]
-    loader = DeviceLoader(random_images(batch_size * 2, source_size), batch_size, Transform(True, size), device=device)
-    steps_of = library_steps(model, loader, options)
+    batch_size, steps = settings.batch_size, timing.steps
+    images = random_images(batch_size * 2, timing.source_size)
+    loader = DeviceLoader(images, batch_size, Transform(True, size), device=device)
+    steps_of = library_steps(config, model, loader)
 
     def run(first: int, count: int) -> None:
         steps_of(first, count)
@@ -568,7 +623,7 @@ def bench_profile(
         groups[profile_group(name)] += spent
     largest = sorted(times.items(), key=lambda item: -item[1])[:top]
     return {
-        "model": f"{model_name} ({size}px, random weights)",
+        "model": f"{settings.model} ({size}px, random weights)",
         "component": component,
         "batch_size": batch_size,
         "device": device_name(device),
@@ -590,7 +645,7 @@ def bench_kernels(
 ) -> dict:
     """Our fused ops alone at one model's training shapes, in bf16, against a copy of the same bytes.
 
-    The ops are ``kernels``': Triton on CUDA, their PyTorch reference elsewhere; the copy is the memory-bound limit.
+    The ops: ``kernels``, Triton on CUDA and their PyTorch reference elsewhere; the copy: the memory-bound limit.
 
     ``batch_size`` images of the model's tokens give the rows (None: 512 on CUDA, the paper's batch,
     and 8 on a CPU); fc1's (rows x hidden) product for ``bias_gelu`` and its backward (which also sums
@@ -598,9 +653,9 @@ def bench_kernels(
     are the median of ``torch.utils.benchmark``'s blocked autorange; GB/s counts the bytes each op
     must read and write once. On CUDA, inductor's own bias + GELU forward is timed beside ours.
     """
-    # imported when called: torch.utils.benchmark imports torch.utils.cpp_extension, which logs "No CUDA runtime
-    # is found" where a CUDA build of PyTorch runs without a GPU; imported with the module, every command of the
-    # benchmark (and every import of this module) would print it
+    # imported here, not at the top: torch.utils.benchmark imports torch.utils.cpp_extension, which
+    # logs "No CUDA runtime is found" where a CUDA build of PyTorch runs without a GPU; at the top,
+    # every command of the benchmark (and every import of this module) would print it
     from torch.utils.benchmark import Timer
 
     device = resolve_device(device)

@@ -11,9 +11,12 @@ import torch
 
 from benchmarks import __main__ as bench
 from benchmarks import step as step_bench
+from benchmarks.step import StepSettings, Timing
 from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 from paperlib.speed import step
+from paperlib.train import step as train_step
+from paperlib.train.config import Config
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def fake_benchmarks(monkeypatch):
             "seconds_for_12800_pairs": 12800 / (10.0 * figures["plasticity_speedup"]),
         }
 
-    def finetune(name, components, batch, steps, device, options=StepOptions(), plain=True, **kwargs):
+    def finetune(settings, components, timing=Timing(), plain=True, **kwargs):
         out = {}
         for component in components:
             library = figures["ln1_images"] if component == "ln1" else (500.0 if component == "full" else 800.0)
@@ -88,7 +91,8 @@ def test_parts_are_chosen_and_checked(fake_benchmarks, capsys):
 def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, monkeypatch):
     calls = []
 
-    def fake_finetune(name, components, batch, steps, device, options=StepOptions(), plain=True, **kwargs):
+    def fake_finetune(settings, components, timing=Timing(), plain=True, **kwargs):
+        options, batch = settings.options, settings.batch_size
         calls.append((options.compile, batch, options.precision, options.fused))
         mfu = 0.41 if options.precision == "bf16" else {"model": 0.45, "blocks": 0.38}.get(options.compile, 0.3)
         # what the real result records: the options as they resolved on its device
@@ -142,7 +146,7 @@ def test_profile_groups_kernels_and_ops(name, group):
 
 
 def test_profile_of_a_training_step_on_the_cpu():
-    result = step_bench.bench_profile("demo", "ln1", batch_size=8, steps=1, device="cpu", top=5)
+    result = step_bench.bench_profile(StepSettings("demo", 8), "ln1", Timing(steps=1, device="cpu"), top=5)
     shares = result["shares"]
     assert set(shares) == set(step_bench.PROFILE_GROUPS) and sum(shares.values()) == pytest.approx(1.0, abs=1e-3)
     # the demo ViT's step multiplies matrices and runs attention (backward too: LN1 is trainable)
@@ -223,15 +227,15 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     measured = []
     original = step_bench.library_steps
 
-    def library_steps(model, loader, options):
-        measured.append(options.attention)
-        if options.attention == "flash":
+    def library_steps(config, model, loader):
+        measured.append(config.attention)
+        if config.attention == "flash":
             raise RuntimeError("no kernel for this shape\nsecond line")
-        return original(model, loader, options)
+        return original(config, model, loader)
 
     monkeypatch.setattr(step_bench, "library_steps", library_steps)
     choices = {"compile": ("none",), "attention": ("auto", "flash", "math"), "precision": ("autocast",)}
-    rows = step_bench.bench_variants("demo", "linear", (4,), choices, steps=1, repeats=1, device="cpu", out=out)
+    rows = step_bench.bench_variants("demo", "linear", (4,), choices, Timing(1, 1, "cpu"), out=out)
     # the finished row (written before rows had a precision: they ran under autocast) is kept, not measured again
     assert measured == ["flash", "math"]
     assert rows[0] == done and rows[1]["error"] == "RuntimeError: no kernel for this shape"
@@ -279,9 +283,8 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
         return model
 
     monkeypatch.setattr(models, "create_model", create)
-    result = step_bench.bench_finetune(
-        "demo", ("ln1",), 4, steps=1, device="cpu", options=StepOptions(compile="blocks"), workers=0, repeats=1
-    )
+    settings = StepSettings("demo", 4, StepOptions(compile="blocks"))
+    result = step_bench.bench_finetune(settings, ("ln1",), Timing(1, 1, "cpu"), workers=0)
     assert result["ln1_plain_images_per_s"] > 0 and result["ln1_library_images_per_s"] > 0
     twin = twins[0]
     # the library's model was compiled in place
@@ -294,7 +297,7 @@ def test_the_plain_loop_runs_a_twin_the_library_step_does_not_change(aot_eager, 
 
 def test_bf16_precision_variant_follows_the_protocols_first_step(tmp_path):
     choices = {"compile": ("none",), "precision": ("autocast", "bf16")}
-    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, Timing(1, 1, "cpu"))
     assert [r["precision"] for r in rows] == ["autocast", "bf16"] and all("error" not in r for r in rows)
     assert rows[1]["agrees"] is True  # bf16 rounding, the same first step
     assert "bf16 with fp32 masters" in step_bench.variant_words(rows[1])
@@ -332,7 +335,7 @@ def test_fused_variants_follow_the_plain_first_step(tmp_path, capsys):
 
 def test_fused_auto_rows_record_what_ran(tmp_path):
     choices = {"compile": ("none",), "fused": ("auto", "none")}
-    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, Timing(1, 1, "cpu"))
     assert [r["fused"] for r in rows] == ["none"]  # auto on a CPU is none: one row, not two
 
 
@@ -364,7 +367,7 @@ def test_a_row_without_fused_ops_gets_none_where_auto_means_all(monkeypatch):
         step, "resolve_fused", lambda fused, device: "all" if fused == "auto" else resolve(fused, device)
     )
     choices = {"compile": ("none",), "fused": ("none", "all")}
-    rows = step_bench.bench_variants("demo", "full", (4,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (4,), choices, Timing(1, 1, "cpu"))
     # the "all" row's model only, once per op
     assert [row["fused"] for row in rows] == ["none", "gelu+qkv"] and len(fused_into) == 2
 
@@ -398,16 +401,16 @@ def test_a_variant_whose_updates_differ_is_flagged_even_when_its_first_step_agre
     # the first step's loss and norm come before any update: a broken update (or a graph replaying
     # stale learning rates) shows only in the later step that every row also records
     made = []
-    original = step_bench.make_step
+    original = train_step.make_step
 
     def make_step(model, options, optimizer, **settings):
         made.append(optimizer.lr)
         faster = replace(optimizer, lr=optimizer.lr * (1 if len(made) == 1 else 300))
         return original(model, options, optimizer=faster, **settings)
 
-    monkeypatch.setattr(step_bench, "make_step", make_step)
+    monkeypatch.setattr(train_step, "make_step", make_step)  # what the run's builder, and so every benchmark, calls
     choices = {"compile": ("none",), "attention": ("auto", "math")}
-    rows = step_bench.bench_variants("demo", "full", (8,), choices, steps=1, repeats=1, device="cpu")
+    rows = step_bench.bench_variants("demo", "full", (8,), choices, Timing(1, 1, "cpu"))
     assert len(made) == 2 and all("error" not in r for r in rows)
     assert rows[1]["first_grad_norm"] == pytest.approx(rows[0]["first_grad_norm"], rel=1e-5)  # the same first step
     assert rows[1]["check_loss"] != pytest.approx(rows[0]["check_loss"], rel=0.05) and rows[1]["agrees"] is False
@@ -420,7 +423,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     original = lora.updates
     monkeypatch.setattr(lora, "updates", lambda model: seen.append(model) or original(model))
     result = step_bench.bench_finetune(
-        "demo", ("mha", "fc2"), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2
+        StepSettings("demo", 4, method="lora", lora_rank=2), ("mha", "fc2"), Timing(1, 1, "cpu"), workers=0
     )
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
     models_seen = list({id(model): model for model in seen}.values())
@@ -429,14 +432,44 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
         layers = lora.adapted_layers(model)
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
     with pytest.raises(ValueError, match="method 'lora' trains mha, fc1, fc2, full, not 'ln1'"):
-        step_bench.bench_finetune("demo", ("ln1",), 4, steps=1, device="cpu", workers=0, repeats=1, lora_rank=2)
+        step_bench.bench_finetune(
+            StepSettings("demo", 4, method="lora", lora_rank=2), ("ln1",), Timing(1, 1, "cpu"), workers=0
+        )
+
+
+def test_finetune_benchmark_times_an_equal_capacity_runs_step_which_trains_its_subset_alone(monkeypatch):
+    from paperlib.vit import components, equal_capacity, models
+
+    built, plain = [], []  # (config, model) of each library step, and each plain loop's model
+    original_build, original_adapt = step_bench.build_step, step_bench.adapt
+    monkeypatch.setattr(step_bench, "build_step", lambda c, m: built.append((c, m)) or original_build(c, m))
+    monkeypatch.setattr(step_bench, "adapt", lambda m, c: plain.append(m) or original_adapt(m, c))
+    settings = StepSettings("demo", 4, method="subset")
+    result = step_bench.bench_finetune(settings, ("mha", "fc1"), Timing(1, 1, "cpu"), workers=0)
+    assert result["method"] == "subset" and result["fc1_library_images_per_s"] > 0
+    assert [(config.component, config.method) for config, _ in built] == [("mha", "subset"), ("fc1", "subset")]
+    fresh = models.create_model("demo", pretrained=False, num_classes=10)
+    k = equal_capacity.per_block(fresh)
+    head_and_norm = components.count_parameters(components.head_modules(fresh) + components.final_norm_modules(fresh))
+    for (config, timed), twin in zip(built, plain):
+        # the step timed trains what a run of the same configuration trains: its subset (k per block), head, final norm
+        a_run = Config(component=config.component, method="subset")
+        run = train_step.adapt(models.create_model("demo", pretrained=False, num_classes=10), a_run)
+        trainable = sum(p.numel() for p in run.parameters() if p.requires_grad)
+        assert result[f"{config.component}_trainable_parameters"] == trainable == k * len(fresh.blocks) + head_and_norm
+        for model in (timed, twin):  # the library step's model and the plain loop's: the run's subset, trained
+            assert equal_capacity.digest(model) == equal_capacity.digest(run)
+            assert sum(p.numel() for p in model.parameters() if p.requires_grad) == trainable
+            assert any(update.delta.abs().sum() > 0 for update in equal_capacity.subset_updates(model))
+    whole = step_bench.bench_finetune(StepSettings("demo", 4), ("mha",), Timing(1, 1, "cpu"), plain=False)
+    assert whole["mha_trainable_parameters"] > 10 * result["mha_trainable_parameters"]  # a component's own weights
 
 
 def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_beside(tmp_path):
     faster = tmp_path / "faster.yaml"
     faster.write_text("gain: {fp32: 1.5}\nfused: none\n")
     rows = step_bench.bench_presets(
-        "demo", ("ln2",), 8, 2, "cpu", presets=(str(faster),), precisions=("fp32", "autocast"), repeats=1
+        "demo", ("ln2",), 8, Timing(2, 1, "cpu"), presets=(str(faster),), precisions=("fp32", "autocast")
     )
     assert [(r["precision"], r["preset"]) for r in rows] == [
         ("fp32", "none"),
@@ -450,7 +483,7 @@ def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_b
         assert row["gain"] == pytest.approx(row["images_per_s"] / none["images_per_s"], rel=1e-2)
     assert ["plain_images_per_s" in r for r in rows] == [True, False, True, False]
     with pytest.raises(ValueError, match="valid precisions on cpu: fp32, autocast, bf16"):
-        step_bench.bench_presets("demo", ("ln2",), 8, 1, "cpu", precisions=("tf32",), repeats=1)
+        step_bench.bench_presets("demo", ("ln2",), 8, Timing(1, 1, "cpu"), precisions=("tf32",))
 
 
 def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):

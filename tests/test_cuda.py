@@ -423,9 +423,8 @@ def test_benchmarks_run_on_the_device(capsys):
     assert result["device_path_images_per_s"] > 0 and result["device"].startswith(DEVICE.type)
     result = data_bench.bench_plasticity("demo", pairs=64, batch_size=32, device=str(DEVICE), repeats=1)
     assert result["measure_pairs_per_s"] > 0
-    result = step_bench.bench_finetune(
-        "demo", ("full", "linear"), batch_size=32, steps=2, device=str(DEVICE), workers=0, repeats=1
-    )
+    timing = step_bench.Timing(steps=2, repeats=1, device=str(DEVICE))
+    result = step_bench.bench_finetune(step_bench.StepSettings("demo", 32), ("full", "linear"), timing, workers=0)
     assert result["linear_library_images_per_s"] > 0
     assert result["fused"] == ("gelu+qkv" if DEVICE.type == "cuda" else "none")  # the default, auto, as it resolved
     if DEVICE.type == "cuda" and any(name in torch.cuda.get_device_name(DEVICE) for name in step_bench.PEAK_TFLOPS):
@@ -435,11 +434,13 @@ def test_benchmarks_run_on_the_device(capsys):
         result["ops"] == ("Triton kernels" if DEVICE.type == "cuda" else "PyTorch reference")
         and result["bias_gelu forward: ms"] > 0
     )
-    result = step_bench.bench_profile("demo", "full", batch_size=32, steps=1, device=str(DEVICE))
+    result = step_bench.bench_profile(
+        step_bench.StepSettings("demo", 32), "full", step_bench.Timing(1, device=str(DEVICE))
+    )
     assert result["device"].startswith(DEVICE.type) and sum(result["shares"].values()) == pytest.approx(1.0, abs=1e-3)
     assert result["shares"]["matrix products"] > 0 and result["time_ms_per_step"] > 0
     choices = {"compile": ("none", "blocks"), "precision": ("autocast",), "fused": ("none", "all")}
-    rows = step_bench.bench_variants("demo", "full", (32,), choices, steps=2, repeats=1, device=str(DEVICE))
+    rows = step_bench.bench_variants("demo", "full", (32,), choices, timing)
     assert [row.get("error") for row in rows] == [None] * 4 and all(row["agrees"] for row in rows[1:])
     assert all(
         (row["peak_memory_gib"] > 0) if DEVICE.type == "cuda" else row["peak_memory_gib"] is None for row in rows

@@ -11,6 +11,7 @@ from paperlib.records import runs, runs_table, storage
 from paperlib.records.names import COMPONENTS
 from paperlib.train import finetune
 from paperlib.train.config import Config
+from paperlib.train.step import adapt
 from paperlib.vit import components, equal_capacity, models
 
 
@@ -25,7 +26,7 @@ def test_every_component_trains_k_parameters_per_block():
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     for component in COMPONENTS:
         config = Config(component=component, method="subset" if component in ("mha", "fc1", "fc2") else "weights")
-        adapted = finetune.adapt(demo_model(), config)
+        adapted = adapt(demo_model(), config)
         trainable = {name: p.numel() for name, p in adapted.named_parameters() if p.requires_grad}
         for block in range(len(adapted.blocks)):
             in_block = sum(n for name, n in trainable.items() if name.startswith(f"blocks.{block}."))
@@ -37,7 +38,7 @@ def test_every_component_trains_k_parameters_per_block():
 
 def test_the_subset_is_the_same_for_every_lr_and_seed_and_changes_with_its_own_seed():
     def digest(**fields):
-        model = finetune.adapt(demo_model(), Config(component="fc2", method="subset", **fields))
+        model = adapt(demo_model(), Config(component="fc2", method="subset", **fields))
         return equal_capacity.digest(model)
 
     first = digest(lr=0.03, seed=0)
@@ -82,7 +83,7 @@ def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
     model = demo_model()
     k = equal_capacity.per_block(model)
     assert metrics["trainable_parameters"] == k * len(model.blocks) + 5 * model.embed_dim + 5 + 2 * model.embed_dim
-    assert metrics["subset"] == equal_capacity.digest(finetune.adapt(demo_model(), config))
+    assert metrics["subset"] == equal_capacity.digest(adapt(demo_model(), config))
     trained = finetune.load_model(config)  # SGD with momentum 0.9, the paper's, merged back into the weights
     for block, (start, end) in enumerate(zip(model.blocks, trained.blocks)):
         changed = int(
@@ -105,7 +106,7 @@ def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, 
 def test_a_run_without_the_option_is_unchanged():
     config = Config(component="fc1")
     assert "equal" not in config.folder().name
-    plain = finetune.adapt(demo_model(), config)
+    plain = adapt(demo_model(), config)
     assert not any("parametrizations" in name for name, _ in plain.named_parameters())
     expected = components.set_trainable(demo_model(), "fc1")
     assert [n for n, p in plain.named_parameters() if p.requires_grad] == [

@@ -593,10 +593,10 @@ class LossTurnsNaN:
 
 
 def test_a_run_that_diverges_after_its_best_validation_keeps_its_test_accuracy_and_can_be_chosen(small, monkeypatch):
-    made = finetune.make_step
-    monkeypatch.setattr(finetune, "make_step", lambda *a, **k: LossTurnsNaN(made(*a, **k), after=12))
+    made = finetune.build_step
+    monkeypatch.setattr(finetune, "build_step", lambda *a, **k: LossTurnsNaN(made(*a, **k), after=12))
     diverged = finetune.run(small(lr=0.03, steps=20, eval_every=5))
-    monkeypatch.setattr(finetune, "make_step", made)
+    monkeypatch.setattr(finetune, "build_step", made)
     assert diverged["status"] == "diverged" and diverged["diverged_step"] == 13
     assert diverged["best_step"] in (5, 10) and 0 < diverged["test_accuracy"] <= 1  # the checkpoint before the NaN
     still = finetune.run(small(lr=1e-6, steps=20, eval_every=5))  # learns next to nothing

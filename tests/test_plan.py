@@ -74,7 +74,7 @@ def test_every_distinct_step_is_timed_once_and_gives_a_positive_finite_rate(repo
 
 
 def test_a_step_is_timed_as_the_run_makes_it_its_optimizer_included(monkeypatch):
-    # the step of paperlib.speed that finetune trains with (make_step), with the run's optimizer and settings
+    # the step that finetune trains with (train.step.build_step), with the run's optimizer and settings
     made = []
     original = speed.step.make_optimizer
 

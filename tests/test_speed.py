@@ -18,7 +18,9 @@ from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.records import paths, step_options
 from paperlib.records import runs as run_files
 from paperlib.speed import step as step_module
+from paperlib.sweeps import plan
 from paperlib.train import finetune
+from paperlib.train import step as train_step
 from paperlib.train.config import Config, config_from, configs
 from paperlib.vit import components, lora, models
 
@@ -354,7 +356,7 @@ def test_every_step_and_benchmark_defaults_to_the_protocols_fp32(monkeypatch):
     assert speed.step.autocast_for(cuda)() == ("cuda", {"enabled": False})
     assert inspect.signature(speed.step.step_context).parameters["precision"].default == "fp32"
     for function in (step_bench.bench_finetune, step_bench.bench_profile):
-        assert inspect.signature(function).parameters["options"].default.precision == "fp32"
+        assert inspect.signature(function).parameters["settings"].default.options.precision == "fp32"
     assert step_bench.variant_options((8,), {}, torch.device("cpu"))[0][1].precision == "fp32"
     parser = bench.make_parser()
     for command in ("finetune", "profile", "variants"):
@@ -458,21 +460,26 @@ def test_warmup_steps_cover_compilation():
     assert speed.step.warmup_steps(step_options.StepOptions(compile=True)) == 3
 
 
-def test_the_protocol_and_the_benchmarks_build_their_step_through_make_step(monkeypatch, small, tiny_vit):
-    # one set-up of a step (its optimizer, then Step), which finetune trains with and the benchmarks time
+def test_the_protocol_the_plan_and_the_benchmarks_build_their_step_with_the_runs_builder(monkeypatch, small, tiny_vit):
+    # one builder of a run's step (train.step.build_step: the model adapted, its optimizer, then Step), which finetune
+    # trains with and the sweep's cost estimate and the benchmarks time; make_step is called by it alone
     made = []
-    original = speed.step.make_optimizer
+    original = train_step.make_step
 
-    def spy(model, optimizer, lr, momentum, weight_decay=0.0):
-        made.append((optimizer, lr, momentum, weight_decay))
-        return original(model, optimizer, lr, momentum, weight_decay)
+    def spy(model, options, *, optimizer, **settings):
+        trained = {name.split(".")[-2] for name, p in model.named_parameters() if p.requires_grad}
+        made.append((optimizer.optimizer, optimizer.lr, optimizer.momentum, trained))
+        return original(model, options, optimizer=optimizer, **settings)
 
-    monkeypatch.setattr(speed.step, "make_optimizer", spy)
+    monkeypatch.setattr(train_step, "make_step", spy)
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
-    model = components.set_trainable(tiny_vit(num_classes=10), "ln2")
+    config = step_bench.StepSettings("demo", 8).config("ln2", torch.device("cpu"))
     loader = DeviceLoader(random_images(8, 32), 8, Transform(True, 32))
-    loss, norm = step_bench.library_steps(model, loader, step_options.StepOptions())(0, 1)
-    assert made == [("sgd", 0.05, 0.9, 0.0), ("sgd", 1e-3, 0.9, 0.0)] and math.isfinite(float(loss))
+    loss, norm = step_bench.library_steps(config, tiny_vit(num_classes=10), loader)(0, 1)
+    plan.time_step(Config(component="ln2", optimizer="adamw", lr=0.2, batch_size=8), timing_steps=1)
+    adapted = {"norm2", "head", "norm"}  # LN2 in every block, the head, the final norm: adapted by the builder
+    assert made == [("sgd", 0.05, 0.9, adapted), ("sgd", 1e-3, 0.9, adapted), ("adamw", 0.2, 0.9, adapted)]
+    assert math.isfinite(float(loss))
 
 
 def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):

@@ -87,7 +87,7 @@ def _triton_kernels():
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def backward_kernel(
+    def backward_kernel(  # noqa: PLR0913 -- its parameters are the Triton kernel's launch contract
         grad_ptr,
         mm_ptr,
         bias_ptr,
@@ -118,7 +118,7 @@ def _triton_kernels():
         tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + cols, total, mask=cols < N)
 
     @triton.jit
-    def stack_kernel(
+    def stack_kernel(  # noqa: PLR0913 -- its parameters are the Triton kernel's launch contract
         head_ptr,
         out_ptr,
         partial_ptr,

@@ -1,7 +1,7 @@
 """A training step, as fast as its options make it, for the protocol code to call.
 
-The protocol (``finetune``) asks this module for its step (``make_step``): given the model, whose
-trainable parameters it has set, the run's optimizer settings and its ``StepOptions``, a ``Step``
+The protocol asks this module for its step (``make_step``, through ``train.step.build_step``): given the
+model, whose trainable parameters it has set, the run's optimizer settings and its ``StepOptions``, a ``Step``
 that takes a batch and does one optimisation step (forward, backward, clipping at a global norm,
 the update) and returns the loss and the gradient norm before clipping as device tensors. How it is
 made fast is decided here and nowhere else: the optimizer's kernels (``make_optimizer``: PyTorch's
@@ -9,8 +9,8 @@ fused SGD and AdamW on CUDA), the precision (``autocast_for``; or bf16 compute w
 weights, ``MasterWeights``), ``torch.compile`` of the model or its blocks (``compile_model``), the
 attention kernel (``step_context``), our fused ops in the model (``fuse``), and micro-batches when a
 batch does not fit in GPU memory. Every choice computes the same step, to rounding. The sweep's
-cost estimate (``paperlib.sweeps.plan``) and the step benchmarks (``benchmarks.step``) build their steps with
-``make_step`` too.
+cost estimate (``paperlib.sweeps.plan``) and the step benchmarks (``benchmarks.step``) build their steps as
+``finetune`` does, through ``train.step.build_step`` and so ``make_step``.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ Estimate (finetuning sweeps, notebook 05, only): each run to run costs steps x b
 per second / 3600 device-hours. Its images/s is its step's (``step_key``: model, component, batch
 size, image size, LoRA rank, step options, device kind): the median ``images_per_second`` that the
 finished runs of that step recorded on a device of that name (their whole training loop: its
-validation and checkpoints included), or else the step timed here (``time_step``: the step as
-``finetune.train`` builds it, random weights, synthetic images, a few steps after warm-up), once
+validation and checkpoints included), or else the step timed here (``time_step``: the step a run
+trains with, ``train.step.build_step``, random weights, synthetic images, a few steps after warm-up), once
 per step. Not included: for a timed step, evaluation (validation every ``eval_every`` steps, the
 test at the end); for every run, loading its data and model, and the steps a checkpoint would save
 a run that resumes.
@@ -36,10 +36,9 @@ from paperlib.records import methods, runs, storage
 from paperlib.records.methods import method_of
 from paperlib.records.step_options import STEP_OPTIONS
 from paperlib.speed.clock import device_name, median_seconds
-from paperlib.speed.step import OptimizerSettings, make_step, warmup_steps
-from paperlib.train import finetune
+from paperlib.speed.step import warmup_steps
 from paperlib.train.config import Config, config_from
-from paperlib.vit import models
+from paperlib.train.step import build_step, network
 
 STATUSES = ("finished", "diverged", "failed", "missing")
 TO_RUN = ("failed", "missing")
@@ -177,30 +176,22 @@ def _device_here(device: str) -> str | None:
 def time_step(config: Config, timing_steps: int = 3) -> float:
     """Training images/s of ``config``'s step on its device.
 
-    The step as ``finetune.train`` builds it (``finetune.adapt``, then ``speed.step.make_step`` with the run's
-    optimizer, clipping and micro-batches), on random weights with a 10-class head and a batch of random uint8 images at
-    the model's resolution (or ``image_size``; ``imagesets.random_images``), timed over ``timing_steps`` steps after its
-    warm-up (``step.warmup_steps``: compilation)."""
+    The step a run of ``config`` trains with (``train.step.build_step``: its model adapted, LoRA or equal-capacity
+    subset included, its optimizer, step options, clipping and micro-batches), on the run's network with random weights
+    and a 10-class head (``train.step.network``: at ``image_size`` if set) and a batch of random uint8 images at its
+    resolution (``imagesets.random_images``), timed over ``timing_steps`` steps after its warm-up
+    (``step.warmup_steps``: compilation)."""
     device = torch.device(config.device)
-    model = models.create_model(config.model, pretrained=False, num_classes=10).to(device)
-    finetune.adapt(model, config)
+    model = network(config, 10, pretrained=False).to(device)
     size = config.image_size or model.patch_embed.img_size[0]
     loader = DeviceLoader(random_images(config.batch_size, size), config.batch_size, Transform(True, size), device)
-    options = config.checked_options
-    step = make_step(
-        model,
-        options,
-        optimizer=OptimizerSettings(config.optimizer, config.lr, config.momentum, config.weight_decay),
-        batch_size=config.batch_size,
-        clip=config.clip,
-        micro_batch=config.micro_batch,
-    )
+    step = build_step(config, model)
 
     def steps(first: int, count: int) -> None:
         for index in range(first, first + count):
             step(*loader.batch(index))
 
-    warmup = warmup_steps(options)
+    warmup = warmup_steps(config.checked_options)
     seconds = median_seconds({"step": (lambda: steps(warmup, timing_steps), lambda: steps(0, warmup))}, device)
     return config.batch_size * timing_steps / seconds["step"]
 

@@ -5,9 +5,9 @@
     metrics = finetune.run(Config(component="mha", lr=0.03))
 
 The protocol: the pretrained model with a new classification head; trainable = the chosen component in every block + the
-head + the final LayerNorm (``adapt``; or, beyond the paper, a LoRA update of the component, ``vit.lora``, or a
-subset of its entries as large as a LayerNorm, ``vit.equal_capacity``); SGD with momentum 0.9 and no weight decay
-(built by ``make_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0 (``lr_factor``); batches
+head + the final LayerNorm (``step.adapt``; or, beyond the paper, a LoRA update of the component, ``vit.lora``, or a
+subset of its entries as large as a LayerNorm, ``vit.equal_capacity``); SGD with momentum 0.9 and no weight decay (built
+by ``step.build_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0 (``lr_factor``); batches
 shuffled each epoch, the last incomplete one dropped; gradients clipped at global norm 1 (the logged norm is the one
 clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
 validation split; ``datasets.get_dataset``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
@@ -17,9 +17,11 @@ chance level's marks the run ``diverged``, with the first such step, and it keep
 loop, which never stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
-made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``: the loop asks it for the
-run's step, its optimizer included (``make_step``), and calls it once per batch. Batches are a function of (seed, step),
-so a run interrupted and started again resumes from its last checkpoint and ends where an uninterrupted one would.
+made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``. The loop asks
+``step.build_step`` for the run's step (its model adapted, its optimizer, ``speed.step.make_step``: the step that the
+sweep's cost estimate and the step benchmarks time too) and calls it once per batch. Batches are a function of (seed,
+step), so a run interrupted and started again resumes from its last checkpoint and ends where an uninterrupted one
+would.
 """
 
 from __future__ import annotations
@@ -42,26 +44,13 @@ from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_wor
 from paperlib.records import cli, paths, runs, storage
 from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
 from paperlib.speed import devices, threads
-from paperlib.speed.step import OptimizerSettings, make_step
 from paperlib.train import checkpoints
 from paperlib.train.config import Config, config_from, configs
+from paperlib.train.step import adapt, build_step, network
 from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
-
-
-def network(config: Config, num_classes: int) -> nn.Module:
-    """The run's pretrained model with a new head of ``num_classes``.
-
-    At ``config.image_size`` if set (timm resamples the position embedding: DINOv2 at 224, not 518), else at its own."""
-    size = {"img_size": config.image_size} if config.image_size else {}
-    return models.create_model(config.model, num_classes=num_classes, **size)
-
-
-def adapt(model: nn.Module, config: Config) -> nn.Module:
-    """``model`` as a run of ``config`` trains it, in place, by the run's method (``vit.methods.adapt``)."""
-    return methods.adapt(model, asdict(config))
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -312,22 +301,13 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     loaders, num_classes, mean_std, side = _data(config, device)
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
-    # the head so that a LoRA run's head starts as the component-wise run's)
+    # the head so that a LoRA run's head starts as the component-wise run's), the optimizer and a step
+    # as fast as the run's options make it (``step.build_step``), then the schedule
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
-    model = adapt(network(config, num_classes).to(device), config)
-    # recorded only now that data and model have loaded, so that a run that cannot start loses nothing
+    model = network(config, num_classes).to(device)
+    step_fn = build_step(config, model, progress)
+    # recorded only now that data, model and step are made, so that a run that cannot start loses nothing
     runs.start(config, params)
-
-    # the optimizer and a step as fast as the run's options make it, and the schedule
-    step_fn = make_step(
-        model,
-        config.checked_options,
-        optimizer=OptimizerSettings(config.optimizer, config.lr, config.momentum, config.weight_decay),
-        batch_size=config.batch_size,
-        clip=config.clip,
-        micro_batch=config.micro_batch,
-        progress=progress,
-    )
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
