@@ -108,11 +108,9 @@ def build_plasticity(root: Path, pairs: int = 12_800) -> int:
         measurement = plasticity.Measurement(model=model, dataset=dataset, n_pairs=pairs)
         if measurement.is_saved():
             continue
-        metadata = {"model": model, "dataset": dataset, "reference": measurement.reference, "n_pairs": pairs}
-        metadata |= {"distinct_reference": pairs, "distinct_target": pairs, "identical_pairs_excluded": 0}
-        metadata |= {"token_rms": 1.0, "sample": "first", "seed": None, "inputs": "embedding", "normalize": "imagenet"}
-        metadata |= {"severity": 5 if dataset.startswith("cifar10c/") else None, "device": "synthetic"}
-        plasticity_table.save(component_rates.to_table(levels * noise), measurement.folder(), metadata)
+        found = {"n_pairs": pairs, "distinct_reference": pairs, "distinct_target": pairs, "identical_pairs_excluded": 0}
+        found |= {"token_rms": 1.0, "device": "synthetic"}
+        plasticity_table.save(component_rates.to_table(levels * noise), measurement, found)
         written += 1
     return written
 

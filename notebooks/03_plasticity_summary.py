@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt
 
 from paperlib.analysis import plasticity_table, stats
 from paperlib.measure import plasticity
+from paperlib.records import measurements
 from paperlib.reports import notebook, plots
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
@@ -36,7 +37,7 @@ notebook.check_parameters()  # papermill's -p of a name this notebook does not h
 if compute_missing:
     wanted = [plasticity.Measurement(m, d, reference, n_pairs, inputs, sample, seed, normalize) for m in models for d in datasets]
     plasticity.measure_missing(wanted, batch_size=batch_size, device=device, data_root=data_root)
-against = "default" if all(reference == plasticity_table.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
+against = "default" if all(reference == measurements.default_reference(d) for d in datasets) else reference  # each dataset's own, or the one asked for
 summary = plasticity_table.collect(inputs, sample=sample, seed=seed if sample == "random" else None, normalize=normalize, reference=against)
 if not include_all_results:
     summary = summary[summary["model"].isin(models) & summary["dataset"].isin(datasets)]

@@ -1,6 +1,7 @@
 """Fixtures shared by every test: a seeded random state, a results root of the test's own, small
 finetuning runs of the demo world, the demo ViT, and small notebooks; and the helpers several test files
-share (``from conftest import ...``): a run interrupted and resumed, metrics without their timings."""
+share (``from conftest import ...``): a run interrupted and resumed, metrics without their timings, what a
+plasticity result written by hand found."""
 
 import os
 
@@ -142,3 +143,10 @@ def resumed(config: Config, monkeypatch) -> dict:
 def same_metrics(metrics: dict) -> dict:
     """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
     return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}
+
+
+def found(table, **facts) -> dict:
+    """What measuring ``table`` found, as a record holds it (``measurements.FOUND``): for results written by hand."""
+    pairs = int(table["pair"].nunique())
+    counts = {"n_pairs": pairs, "distinct_reference": pairs, "distinct_target": pairs, "identical_pairs_excluded": 0}
+    return counts | {"token_rms": 1.0} | facts

@@ -92,7 +92,7 @@ ANALYSIS = """
 import sys
 import pandas as pd
 from paperlib.analysis import capacity, plasticity_table, precision, stats
-from paperlib.records import names, runs_table, specs
+from paperlib.records import measurements, names, runs_table, specs
 spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
 found, missing = runs_table.for_spec(spec)
 assert len(found) == 0 and len(missing) == 924, (len(found), len(missing))
@@ -101,8 +101,8 @@ rates = pd.DataFrame(
     [(b, 100.0 * b, c, p, 1.0 + i + p) for b in range(2) for i, c in enumerate(names.COMPONENTS) for p in range(3)],
     columns=["block", "depth", "component", "pair", "rate"],
 )
-record = {"model": "demo", "dataset": "digits", "reference": "digits_source", "sample": "first", "seed": None}
-plasticity_table.save(rates, plasticity_table.results_root() / "demo" / "digits", record | {"normalize": "imagenet"})
+found = {"n_pairs": 3, "distinct_reference": 3, "distinct_target": 3, "identical_pairs_excluded": 0, "token_rms": 1.0}
+plasticity_table.save(rates, measurements.Measurement(), found)
 runs = pd.DataFrame({"model": ["demo"], "normalize": ["imagenet"], "dataset": ["digits"]})
 measured, source = stats.plasticity_for(runs)
 assert source == "measured" and len(measured) == 5, (source, measured)

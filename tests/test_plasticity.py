@@ -6,12 +6,13 @@ import json
 import pytest
 import timm
 import torch
+from conftest import found
 
 from paperlib.analysis import plasticity_table, ranking
 from paperlib.data import datasets
 from paperlib.measure import component_rates, plasticity
 from paperlib.measure.plasticity import Measurement, PairDraw, Running
-from paperlib.records import names, paths, specs
+from paperlib.records import measurements, names, paths, specs
 from paperlib.vit import components, models
 from paperlib.vit.components import COMPONENTS
 
@@ -195,7 +196,7 @@ def test_measure_streams_pairs_and_matches_rates(demo, tmp_path):
     with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         Running(batch_size=0)
 
-    folder = plasticity_table.save(table, tmp_path / "demo" / "digits", {"model": "demo"})
+    folder = plasticity_table.save(table, Measurement(), found(table))
     back = plasticity_table.load(folder)
     assert back["component"].cat.categories.tolist() == list(COMPONENTS)
     assert (back["rate"] - table["rate"]).abs().max() < 1e-9 and back["pair"].tolist() == table["pair"].tolist()
@@ -256,10 +257,14 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
     # a dataset against itself, paired by position: every pair identical, nothing to measure
     with pytest.raises(ValueError, match="all 4 pairs have identical embeddings"):
         plasticity.run(Measurement(reference="digits", n_pairs=4), batch_size=4, progress=False)
-    # results saved before the record: a missing token_rms
-    del metadata["token_rms"]
+    # a result whose record lacks a name today's holds (saved before it was recorded): outdated, measured again
+    rms = metadata.pop("token_rms")
     (folder / "metadata.json").write_text(json.dumps(metadata))
-    assert plasticity_table.collect()["token_rms"].isna().all()
+    assert not Measurement(n_pairs=6).is_saved()
+    with pytest.warns(UserWarning, match="records left out"):
+        assert plasticity_table.collect().empty
+    assert plasticity.measure_missing([Measurement(n_pairs=6)], batch_size=4) == [Measurement(n_pairs=6)]
+    assert plasticity_table.collect()["token_rms"].tolist() == [rms] * 5
 
 
 def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and_once_uses_each_image_once(
@@ -273,7 +278,7 @@ def test_a_run_asking_for_more_pairs_than_a_test_split_has_measures_them_all_and
     measured = component_rates.to_table(torch.ones(6, 5, 1))
     measured.attrs.update(token_rms=1.0, identical_pairs_excluded=0)
     monkeypatch.setattr(plasticity, "measure", lambda model, x, y, n_pairs, *a, **k: asked.append(n_pairs) or measured)
-    monkeypatch.setattr(plasticity, "save", lambda table, folder, metadata: metadata)
+    monkeypatch.setattr(plasticity, "save", lambda table, measurement, facts: measurement.metadata(facts))
     available = min(len(datasets.get_dataset(name, "test")) for name in ("digits", "digits_source"))
     _, metadata = plasticity.run(Measurement(n_pairs=12800), progress=False)
     assert asked == [12800] and metadata["n_pairs"] == metadata["n_pairs_requested"] == 12800  # the authors' pairs
@@ -305,7 +310,7 @@ def test_the_pairs_are_those_of_two_cycled_loaders_with_drop_last(batch, steps):
 
 def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move_results):
     move_results(".")
-    asked = datasets.DEMO_PAIRS + 40
+    asked = measurements.DEMO_PAIRS + 40
     measurement = Measurement(n_pairs=asked)
     table, folder = plasticity.run(measurement, batch_size=64, progress=False)
     metadata = json.loads((folder / "metadata.json").read_text())
@@ -399,15 +404,11 @@ def test_random_draws_are_saved_apart_and_collected_on_request(monkeypatch, tmp_
 
 def test_a_result_against_other_reference_images_is_kept_beside_the_default_one(monkeypatch, tmp_path, move_results):
     move_results(".")
-    assert plasticity_table.default_reference("digits_c/snow") == "digits_source"
+    assert measurements.default_reference("digits_c/snow") == "digits_source"
     # the demo's datasets by family, as the data registry groups them
     demo = {name for name, source in datasets.DATASETS.items() if source.group == "demo"}
     assert demo == {name for name in datasets.DATASETS if names.family(name) in names.DEMO_FAMILIES} and len(demo) > 2
-    assert (
-        plasticity_table.default_reference("cifar10")
-        == plasticity_table.default_reference("custom/anything")
-        == "imagenet"
-    )
+    assert measurements.default_reference("cifar10") == measurements.default_reference("custom/anything") == "imagenet"
     default, default_folder = plasticity.run(
         Measurement("demo", "digits_c/snow", n_pairs=6), batch_size=4, progress=False
     )
@@ -437,13 +438,25 @@ def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_pat
     assert Measurement("demo", "digits_c/snow", severity=3).folder() == Measurement("demo", "digits_c/snow").folder()
 
 
-def test_a_result_saved_without_a_record_is_still_read(monkeypatch, tmp_path, move_results):
+def test_a_result_saved_before_its_record_held_a_key_or_its_blocks_is_measured_again(move_results):
     move_results(".")
-    table, _ = plasticity.run(Measurement(n_pairs=4), batch_size=4, progress=False)
-    elsewhere = Measurement(dataset="digits_c/snow")
-    folder = plasticity_table.save(table, elsewhere.folder())  # plasticity_table.save with no metadata
-    assert elsewhere.is_saved()
-    assert len(plasticity_table.collect(reference=None)) == 10 and folder.is_dir()
+    measurement = Measurement(n_pairs=4)
+    _, folder = plasticity.run(measurement, batch_size=4, progress=False)
+    record = json.loads((folder / measurements.METADATA).read_text())
+    assert set(measurements.KEY + measurements.FOUND) <= record.keys() and measurement.is_saved()
+    for older in ("reference", "sample", "normalize", "severity", "distinct_target", "blocks"):
+        if older == "blocks":  # saved before the P(f) per block was: no file, none in the record
+            (folder / measurements.BLOCKS).unlink()
+            written = record | {"files": {measurements.RATES: record["files"][measurements.RATES]}}
+        else:
+            written = {name: value for name, value in record.items() if name != older}
+        (folder / measurements.METADATA).write_text(json.dumps(written))
+        assert not measurement.is_saved(), older
+        with pytest.warns(UserWarning, match="records left out"):
+            assert plasticity_table.collect(sample=None, normalize=None, reference=None, severity=None).empty
+        assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
+        assert measurement.is_saved() and len(plasticity_table.collect()) == 5
+        record = json.loads((folder / measurements.METADATA).read_text())
 
 
 def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(move_results):
@@ -460,7 +473,7 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
     assert measurement.is_saved() and len(plasticity_table.collect()) == 5
     metadata = json.loads((folder / "metadata.json").read_text())
-    assert metadata["pairs"] == plasticity_table.PAIRS
+    assert metadata["pairs"] == measurements.VERSION["pairs"] == 2
     del metadata["pairs"]  # a result of each image once, before the authors' pair set
     (folder / "metadata.json").write_text(json.dumps(metadata))
     assert not measurement.is_saved()
@@ -495,7 +508,8 @@ def test_measure_missing_looks_for_the_result_it_would_measure(monkeypatch, tmp_
     move_results(".")
     calls = []
     monkeypatch.setattr(plasticity, "run", lambda *args, **kwargs: calls.append((args, kwargs)))
-    plasticity_table.save(component_rates.to_table(torch.ones(6, 5, 4)), Measurement().folder(), {"model": "demo"})
+    saved = component_rates.to_table(torch.ones(6, 5, 4))
+    plasticity_table.save(saved, Measurement(), found(saved))
     # another reference, draw, normalisation or inputs is another result: measured, with run's options as given
     others = [
         Measurement(reference="digits"),
@@ -553,7 +567,9 @@ def test_measurements_defaults_are_notebook_02s_and_every_notebook_has_the_demos
     )
     assert {field.name for field in dataclasses.fields(Measurement)} - set(notebook) == {"severity"}
     # the demo's pairs: every image of the smaller test split
-    assert datasets.DEMO_PAIRS == min(len(datasets.get_dataset(name, "test")) for name in ("digits", "digits_source"))
+    assert measurements.DEMO_PAIRS == min(
+        len(datasets.get_dataset(name, "test")) for name in ("digits", "digits_source")
+    )
     for name, parameter in [
         ("01_theory_bounds", "n_images"),
         ("02_plasticity", "n_pairs"),
@@ -563,7 +579,7 @@ def test_measurements_defaults_are_notebook_02s_and_every_notebook_has_the_demos
         ("08_your_own_vit_and_data", "n_pairs"),
         ("09_lora_by_plasticity", "n_pairs"),
     ]:
-        assert specs.notebook_parameters(paths.NOTEBOOKS / f"{name}.ipynb")[parameter] == datasets.DEMO_PAIRS, name
+        assert specs.notebook_parameters(paths.NOTEBOOKS / f"{name}.ipynb")[parameter] == measurements.DEMO_PAIRS, name
 
 
 def _with_identical_pairs(n=6, size=32, seed=0, identical=(1, 4)):

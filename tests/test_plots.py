@@ -10,11 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import found
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from paperlib.analysis import plasticity_table, ranking
 from paperlib.measure import plasticity
+from paperlib.records import measurements
 from paperlib.records.names import COMPONENTS, LABELS, POINT_LABELS
 from paperlib.reports import plots
 from paperlib.train.config import Config
@@ -161,12 +163,11 @@ def test_the_richer_views_still_draw():
 def test_collect_by_block_reads_the_blocks_of_the_results_collect_reads():
     table = _known_table()
     for dataset, shift in (("digits", 0.0), ("digits_c/snow", 100.0)):
-        measurement = plasticity.Measurement(dataset=dataset)
-        metadata = {"model": "demo", "dataset": dataset, "reference": measurement.reference, "n_pairs": PAIRS}
-        plasticity_table.save(table.assign(rate=table["rate"] + shift), measurement.folder(), metadata)
+        plasticity_table.save(
+            table.assign(rate=table["rate"] + shift), plasticity.Measurement(dataset=dataset), found(table)
+        )
     # a random draw: not the paper's, left out by default as collect leaves it out
-    drawn = plasticity.Measurement(sample="random", seed=2)
-    plasticity_table.save(table, drawn.folder(), {"model": "demo", "dataset": "digits", "sample": "random", "seed": 2})
+    plasticity_table.save(table, plasticity.Measurement(sample="random", seed=2), found(table))
 
     layers = plasticity_table.collect(by_block=True)
     assert len(layers) == 2 * BLOCKS * len(COMPONENTS)
@@ -189,7 +190,7 @@ def test_collect_reads_each_results_p_of_f_per_block_not_its_rates(monkeypatch):
     table = _known_table()
     table.loc[(table["block"] == 0) & (table["component"] == "fc1") & (table["pair"] < 3), "rate"] = np.nan
     measurement = plasticity.Measurement()
-    folder = plasticity_table.save(table, measurement.folder(), {"model": "demo", "dataset": "digits"})
+    folder = plasticity_table.save(table, measurement, found(table))
     measured = table.dropna()  # block 0 of fc1 has 1 pair with a rate, the others 4: a mean of block means is wrong
     expected = measured.groupby("component", observed=True)["rate"].mean()
     per_block = measured.groupby(["block", "component"], observed=True)["rate"].mean()
@@ -204,15 +205,15 @@ def test_collect_reads_each_results_p_of_f_per_block_not_its_rates(monkeypatch):
     assert collected[list(COMPONENTS)].to_numpy() == pytest.approx(expected[list(COMPONENTS)].to_numpy())
     assert collected["fc1"] != pytest.approx(per_block.xs("fc1", level="component").mean())
     assert layers.sort_index().to_numpy() == pytest.approx(per_block.sort_index().to_numpy())
-    # a result saved before the per-block file: the same P(f), from its rates
-    (folder / plasticity_table.BLOCKS).unlink()
-    metadata = json.loads((folder / plasticity_table.METADATA).read_text())
-    del metadata["files"][plasticity_table.BLOCKS]
-    (folder / plasticity_table.METADATA).write_text(json.dumps(metadata))
-    again = plasticity_table.collect().set_index("component")["plasticity"]
-    assert again[list(COMPONENTS)].to_numpy() == pytest.approx(expected[list(COMPONENTS)].to_numpy())
-    layers = plasticity_table.collect(by_block=True).set_index(["block", "component"])["plasticity"]
-    assert layers.sort_index().to_numpy() == pytest.approx(per_block.sort_index().to_numpy())
+    # a result saved before the per-block file: outdated, not read from its rates but measured again
+    (folder / measurements.BLOCKS).unlink()
+    metadata = json.loads((folder / measurements.METADATA).read_text())
+    del metadata["files"][measurements.BLOCKS]
+    (folder / measurements.METADATA).write_text(json.dumps(metadata))
+    assert not measurement.is_saved()
+    with pytest.warns(UserWarning, match="records left out"), monkeypatch.context() as patched:
+        patched.setattr(plasticity_table, "load", unread)
+        assert plasticity_table.collect().empty and plasticity_table.collect(by_block=True).empty
 
 
 def test_the_block_figure_draws_the_five_components(figures):

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import found
 from scipy import stats as scipy_stats
 
 from paperlib.analysis import plasticity_table, precision, significance, stats
@@ -653,17 +654,7 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
         [{"block": 0, "depth": 0, "component": c, "pair": p, "rate": r} for c, r in reverse.items() for p in range(2)]
     )
     for model in ("demo", "vit_base_in21k"):
-        plasticity_table.save(
-            rates,
-            plasticity.Measurement(model).folder(),
-            {
-                "model": model,
-                "dataset": "digits",
-                "reference": "digits_source",
-                "sample": "first",
-                "normalize": "imagenet",
-            },
-        )
+        plasticity_table.save(rates, plasticity.Measurement(model), found(rates))
     measured, source = stats.plasticity_for(runs)
     assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"digits"}
     assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)

@@ -54,10 +54,10 @@ from paperlib.data.imagesets import FileDataset, ImageDataset
 from paperlib.data.splits import deterministic_split, hash_split, validation_split
 from paperlib.data.transforms import IMAGENET, as_mean_std, paper_transform
 from paperlib.records import paths, storage
+from paperlib.records.names import SEVERITY
 
 SPLITS = ("train", "val", "test", "trainval")
 VALIDATIONS = ("official", "fraction")
-SEVERITY = 5
 SOURCE_DIGITS = (0, 1, 2, 3, 4)
 DOWNSTREAM_DIGITS = (5, 6, 7, 8, 9)
 PAPER_IMAGE_SIZE = 224
@@ -554,10 +554,6 @@ DATASETS: dict[str, Source] = {
 
 DEMO_DOWNSTREAM = ("digits",) + tuple(f"digits_c/{c}" for c in CORRUPTIONS)
 """The demo world's downstream datasets, in the order of the paper's Cifar10 / Cifar10-C."""
-
-DEMO_PAIRS = 179
-"""The demo world's number of plasticity pairs (the paper's is 12,800): every image of the
-downstream test splits (179; ``digits_source``'s has 180), each paired with a reference image."""
 
 PAPER_DATASETS = tuple(name for name, source in DATASETS.items() if source.group == "paper")
 """The paper's 11 downstream benchmarks (appendix C.2)."""

@@ -10,8 +10,8 @@ The same holds for timm's later ViTs (``components``): an ``Eva`` model's embedd
 rotary position embedding the model gives its blocks; RMSNorm is measured as LayerNorm is; FC1 of
 a SwiGLU block is its gate and value layers together.
 
-A ``Measurement`` is one model on one dataset against reference images, validated when it is made,
-with its result folder (``folder()``) and whether a result is saved there (``is_saved()``):
+A ``Measurement`` is one model on one dataset against reference images, validated when it is made, with its result
+folder (``folder()``) and whether a result is saved there (``is_saved()``; ``records.measurements``):
 
     from paperlib.measure.plasticity import Measurement, run
     measurement = Measurement(dataset="digits_c/snow")   # the demo ViT against digits_source, 179 pairs
@@ -52,22 +52,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from paperlib.analysis.plasticity_table import (
-    METADATA,
-    check_sample,
-    current,
-    default_reference,
-    ranking,
-    results_root,
-    save,
-)
+from paperlib.analysis.plasticity_table import ranking, save
 from paperlib.analysis.ranking import paper_agreement
 from paperlib.data import datasets
 from paperlib.data.corruptions import check_severity
 from paperlib.data.loader import decode_workers
 from paperlib.measure.component_rates import batch_pair_rates, evaluating, linear_terms, pair_rates, tabulate
-from paperlib.records import cli, paths, storage
-from paperlib.records.names import COMPONENTS, check_inputs, check_normalize
+from paperlib.records import cli, measurements, paths, storage
+from paperlib.records.names import COMPONENTS, check_inputs
 from paperlib.speed import devices, threads
 from paperlib.vit import models
 
@@ -101,7 +93,7 @@ def pair_indices(
     gives the same images of a set on every machine, whatever the other set, and the two draws are not the
     same permutation. ``once`` and ``random`` need ``n_pairs`` at most the smaller set's size.
     """
-    check_sample(sample)
+    measurements.check_sample(sample)
     if n_pairs < 1 or (sample != "first" and n_pairs > min(n_reference, n_target)):
         most = "" if sample == "first" else f"..{min(n_reference, n_target)}"
         raise ValueError(
@@ -185,7 +177,7 @@ class PairDraw:
     loader_batch: int = LOADER_BATCH
 
     def __post_init__(self):
-        check_sample(self.sample)
+        measurements.check_sample(self.sample)
         if self.loader_batch < 1:
             raise ValueError(f"loader_batch must be at least 1, got {self.loader_batch}")
 
@@ -257,76 +249,21 @@ NOTEBOOK = "02_plasticity"  # the notebook of one measurement: its parameters ar
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """One plasticity measurement, validated when it is made.
+class Measurement(measurements.Measurement):
+    """One plasticity measurement, checked against the stack when it is made; ``run`` measures it.
 
-    A model on a dataset's test images against reference images. Defaults: notebook 02's, the demo world
-    (the demo ViT on digits 5-9 against digits 0-4); the paper's: a ViT-Base or -Huge in21k on each
-    benchmark against ImageNet, 12,800 pairs (``parameters/sweeps/plasticity_paper.yaml``).
-
-    ``reference`` "" (or None) is the dataset's ``default_reference``, stored by its name. ``run``
-    saves the measurement in ``folder()`` (``RATES``, ``BLOCKS``, then ``METADATA``); ``is_saved()`` says whether
-    a complete result is there. ``n_pairs`` is not part of the folder: a saved result stands for the
-    measurement whatever number of pairs it was asked for (``run`` measures again and replaces it).
-    """
-
-    model: str = "demo"  # short name (demo, vit_base_in21k, vit_huge_in21k), any timm ViT name, or custom/<name>
-    dataset: str = "digits"  # downstream dataset, whose test split gives the images y (see datasets.dataset_names())
-    # pretraining-distribution images x: a dataset name (the paper: imagenet), or "" for the dataset's
-    # default_reference (digits_source for the demo's datasets, imagenet for the others)
-    reference: str = ""
-    # this many (x, y) pairs (the paper: 12,800), a smaller set repeating (sample first); at most a set's size otherwise
-    n_pairs: int = datasets.DEMO_PAIRS
-    inputs: str = "embedding"  # embedding (the paper's definition) or in_situ (each component's actual input)
-    # first (the authors': each set in order, paired by position, read in whole batches of loader_batch and cycled
-    # until n_pairs), once (each image at most once: the first images of each set) or random (a random subset of
-    # each, drawn with seed)
-    sample: str = "first"
-    seed: int = 0  # seed of the random subset (with sample random)
-    # imagenet (the paper: ImageNet's mean and std for every model) or model (the mean and std the model was
-    # pretrained with; models.normalization)
-    normalize: str = "imagenet"
-    # Cifar10-C's corruption severity, 1 to 5 (the paper: 5; the demo's digits_c: 5 only)
-    severity: int = datasets.SEVERITY
-    # with sample first: the batch of the authors' loaders, whose last partial batch is never used; 0 = theirs for the
-    # model (32 for vit_huge_in21k, 64 for every other)
-    loader_batch: int = 0
+    Its fields, folder and record are ``records.measurements.Measurement``'s; here its model and datasets are checked
+    too, and ``loader_batch`` 0 becomes the authors' batch for the model."""
 
     def __post_init__(self):
         datasets.check_dataset(self.dataset)
-        if self.reference in ("", None):  # the dataset's default written one way: one measurement, one value
-            object.__setattr__(self, "reference", default_reference(self.dataset))
-        datasets.check_dataset(self.reference)
         timm_name = models.resolve_name(self.model)
         if self.loader_batch == 0:  # the authors' batch written one way, as the reference
             huge = timm_name == models.PAPER_MODELS["vit_huge_in21k"]
             object.__setattr__(self, "loader_batch", HUGE_LOADER_BATCH if huge else LOADER_BATCH)
-        check_inputs(self.inputs)
-        check_sample(self.sample)
-        check_normalize(self.normalize)
         check_severity(self.severity)
-        for name, least in (("n_pairs", 1), ("seed", 0), ("loader_batch", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"{name} must be at least {least} (an integer), got {value!r}")
-
-    def folder(self) -> Path:
-        """``results/plasticity/<model>/<dataset>``, where this measurement's result lives, with its suffixes.
-
-        ``results/plasticity_in_situ/...`` for ``in_situ`` inputs; ``+once`` for each image at most once,
-        ``+random-seed=<seed>`` for pairs drawn at random, ``+norm-model`` for images normalised with the model's own
-        statistics, ``+ref-<reference>`` against reference images other than the dataset's ``default_reference``,
-        ``+severity-<s>`` for a Cifar10-C corruption at another severity than the paper's 5: a measurement that is
-        not the paper's never replaces one."""
-        leaf = {"first": self.dataset, "once": f"{self.dataset}+once"}.get(
-            self.sample, f"{self.dataset}+random-seed={self.seed}"
-        )
-        leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
-        if self.reference != default_reference(self.dataset):
-            leaf += f"+ref-{self.reference.replace('/', '_')}"
-        if self.dataset.startswith("cifar10c/") and self.severity != datasets.SEVERITY:
-            leaf += f"+severity-{self.severity}"
-        return results_root(self.inputs) / self.model / leaf
+        super().__post_init__()
+        datasets.check_dataset(self.reference)
 
     def pair_indices(self, n_reference: int, n_target: int) -> tuple[list[int], list[int]]:
         """The images of the pairs it measures on sets of these sizes (``pair_indices``).
@@ -334,15 +271,6 @@ class Measurement:
         ``n_pairs`` of them with the authors' pair set (``first``), else at most the smaller set's size."""
         pairs = self.n_pairs if self.sample == "first" else min(self.n_pairs, n_reference, n_target)
         return pair_indices(n_reference, n_target, pairs, self.sample, self.seed, self.loader_batch)
-
-    def is_saved(self) -> bool:
-        """Whether ``folder()`` holds a complete result of today's test splits and pair set.
-
-        Complete: its ``METADATA`` (which ``save`` writes last) whole, and ``RATES`` of the size it records
-        (``storage.json_or_none``: a damaged result is reported in a warning and not taken for one), and
-        ``current``."""
-        metadata = storage.json_or_none(self.folder() / METADATA)
-        return metadata is not None and current(metadata)
 
 
 def _pair_sets(measurement: Measurement, data_root):
@@ -385,13 +313,11 @@ def run(
     from ``data_root`` (None: ``$VIT_PLASTICITY_DATA`` or ``data/``). With the authors' pair set
     (``sample="first"``) ``n_pairs`` pairs are measured whatever the test split's size: a smaller
     one repeats (Cifar10-C's 2,000 images against the paper's 12,800 pairs); with ``once`` or
-    ``random``, at most as many as the smaller set has. The metadata record ``n_pairs`` used,
-    ``n_pairs_requested`` and the distinct images of each side used (``distinct_reference``,
-    ``distinct_target``). ``batch_size`` pairs at a time on ``device``; ``num_workers``:
+    ``random``, at most as many as the smaller set has. ``batch_size`` pairs at a time on ``device``; ``num_workers``:
     DataLoader workers decoding images (default: up to 8 on CUDA, where decoding JPEGs in the main
-    process would leave the GPU waiting; none on a CPU). Returns the tidy table and its folder. The
-    metadata also record ``token_rms`` (the token RMS norm of the measured embeddings) and
-    ``identical_pairs_excluded`` (pairs left out for identical embeddings; ``n_pairs`` includes them).
+    process would leave the GPU waiting; none on a CPU). Returns the tidy table and its folder. Its record
+    (``Measurement.metadata``) holds what it found: the pairs used (``n_pairs``, identical ones included), the distinct
+    images of each side, ``token_rms``, ``identical_pairs_excluded``, and how it ran.
     """
     device = devices.check_device(device)  # before any data is read: a device this machine has
     network, mean_std, reference_set, target_set = _pair_sets(measurement, data_root)
@@ -406,8 +332,7 @@ def run(
             f"(of {len(reference_set)}) and {distinct[1]} distinct {measurement.dataset} images (of {len(target_set)})"
         )
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
-    folder = measurement.folder()
-    with storage.locked(folder):  # one writer: a process measuring the same result beside this one is waited for
+    with storage.locked(measurement.folder()):  # one writer: another process measuring the same result is waited for
         table = measure(
             network,
             reference_set,
@@ -417,31 +342,11 @@ def run(
             draw=PairDraw(measurement.sample, measurement.seed, measurement.loader_batch),
             running=Running(batch_size, device, num_workers, progress),
         )
-        metadata = {
-            "model": measurement.model,
-            "dataset": measurement.dataset,
-            "reference": measurement.reference,
-            "n_pairs": pairs,
-            "n_pairs_requested": measurement.n_pairs,
-            "distinct_reference": distinct[0],
-            "distinct_target": distinct[1],
-            "loader_batch": measurement.loader_batch if measurement.sample == "first" else None,
-            "identical_pairs_excluded": table.attrs["identical_pairs_excluded"],
-            "token_rms": table.attrs["token_rms"],
-            "sample": measurement.sample,
-            "seed": measurement.seed if measurement.sample == "random" else None,
-            "inputs": measurement.inputs,
-            "normalize": measurement.normalize,
-            "mean": list(mean_std[0]),
-            "std": list(mean_std[1]),
-            "image_size": network.patch_embed.img_size[0],
-            "severity": measurement.severity if measurement.dataset.startswith("cifar10c/") else None,
-            "device": str(device),
-            "threads": threads_used,
-            "seconds": round(time.perf_counter() - start, 2),
-            "torch": torch.__version__,
-        }
-        return table, save(table, folder, metadata)
+        # what it found (the table's attrs: token_rms, identical_pairs_excluded) and how it ran
+        found = {"n_pairs": pairs, "distinct_reference": distinct[0], "distinct_target": distinct[1], **table.attrs}
+        found |= {"mean": list(mean_std[0]), "std": list(mean_std[1]), "image_size": network.patch_embed.img_size[0]}
+        found |= {"device": str(device), "threads": threads_used, "seconds": round(time.perf_counter() - start, 2)}
+        return table, save(table, measurement, found | {"torch": torch.__version__})
 
 
 def measure_missing(

@@ -468,17 +468,17 @@ class Probe:
         Suffixes: ``+seed-<s>`` for another split seed than 0 where the seed draws the training images, ``+trainval``
         when fitted on the whole training set, ``+clean`` for centre-cropped training features, ``+pool-<pool>`` for
         another pooling than the authors' mean, ``+norm-model`` for images normalised with the model's own
-        statistics. A module without a ``name`` is not cached (None)."""
+        statistics (``paths.suffixes``). A module without a ``name`` is not cached (None)."""
         if self.name is None:
             return None
-        leaf = self.dataset
-        if self.train_split == "trainval":
-            leaf += "+trainval"
-        if self.split_seed != 0 and (self.train_split == "train" or self.train_features == "augmented"):
-            leaf += f"+seed-{self.split_seed}"
-        leaf += "" if self.train_features == "augmented" else "+clean"
-        leaf += "" if self.pool == "mean" else f"+pool-{self.pool}"
-        leaf += "" if self.normalize == "imagenet" else f"+norm-{self.normalize}"
+        draws = self.train_split == "train" or self.train_features == "augmented"  # the seed draws training images
+        leaf = self.dataset + paths.suffixes(
+            ("", self.train_split, "train"),
+            ("seed", self.split_seed if draws else 0, 0),
+            ("", self.train_features, "augmented"),
+            ("pool", self.pool, "mean"),
+            ("norm", self.normalize, "imagenet"),
+        )
         return paths.results_dir() / "probe" / self.name / leaf
 
 
@@ -487,11 +487,8 @@ def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
 
     Empty if none, or if damaged (``storage.json_or_none`` warns, and the probes are fitted
     again)."""
-    folder = Path(folder)
-    metadata = storage.json_or_none(folder / "metadata.json")
-    if metadata is None or not (folder / "probe.csv").is_file():
-        return empty(), {}
-    return pd.read_csv(folder / "probe.csv"), metadata
+    metadata = storage.json_or_none(Path(folder) / "metadata.json")
+    return (empty(), {}) if metadata is None else (pd.read_csv(Path(folder) / "probe.csv"), metadata)
 
 
 def empty() -> pd.DataFrame:

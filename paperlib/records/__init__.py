@@ -12,4 +12,5 @@ The bottom layer: every other package builds on it, and it imports none of them 
 - ``methods``       how a run trains its component (``Method``: weights, LoRA, a subset), in one registry
 - ``runs``          what a finetuning run is (``Run``), its folder, its record and whether it is finished
 - ``runs_table``    every finetuning run as a table: a results root's, a spec's (``for_spec``), their histories
+- ``measurements``  what a plasticity measurement is (``Measurement``), its folder, its record and whether it is current
 """

@@ -133,6 +133,10 @@ def check_normalize(normalize: str) -> str:
     return normalize
 
 
+SEVERITY = 5
+"""The paper's Cifar10-C corruption severity (of ``corruptions.SEVERITIES``), and the demo's digits_c's one."""
+
+
 SPLITS_VERSION = 2
 """Which splits ``get_dataset`` draws, recorded with every result made from them (runs, probes,
 plasticity), so that results of other splits are not mixed with these: 2, the authors' draws

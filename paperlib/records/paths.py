@@ -83,6 +83,19 @@ def display(path: str | Path) -> str:
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
+def suffixes(*choices: tuple[str, object, object]) -> str:
+    """A result folder's suffixes: ``+<name>-<value>`` for each (name, value, default) whose value is not its default.
+
+    ``+<value>`` for a choice without a name, in the order given, a ``/`` of a value as ``_``: a measurement's
+    (``measurements.Measurement.folder``) and a probe table's (``probe.Probe.folder``), so that a result that is not
+    the paper's never replaces one. A finetuning run's folder has its own grammar (``runs.run_folder``)."""
+    return "".join(
+        "+" + "-".join(part for part in (name, str(value).replace("/", "_")) if part)
+        for name, value, default in choices
+        if value != default
+    )
+
+
 def figures_dir() -> Path:
     """Figures saved by the notebooks (``reports/figures``)."""
     return reports_dir() / "figures"
