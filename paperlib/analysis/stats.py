@@ -43,7 +43,7 @@ import pandas as pd
 from paperlib.analysis import plasticity_table
 from paperlib.analysis.significance import holm, kendall, kendall_tau, sign_test, wilcoxon_p
 from paperlib.records import cli, paths, runs_table, specs, storage
-from paperlib.records.methods import method_of
+from paperlib.records.methods import METHODS
 from paperlib.records.names import ADAPTABLE, COMPONENTS, LABELS, PAPER_SCORES, RUN_COMPONENTS, family
 from paperlib.records.runs_table import KEYS
 
@@ -481,9 +481,12 @@ def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
 def with_method(runs: pd.DataFrame) -> pd.DataFrame:
     """``runs_table.load``'s runs of the components LoRA adapts (``ADAPTABLE``), their ``method`` as tables name it.
 
-    The label of each run's method (``records.methods``: "weights", "LoRA r=8"...)."""
+    The label of each run's method (``records.methods``: "weights", "LoRA r=8"...); a label already there is kept, so
+    that a labelled table can be passed on (``comparison``)."""
     runs = runs[runs["component"].isin(ADAPTABLE)]
-    return runs.assign(method=[method_of(run).label(run) for run in runs[KEYS].to_dict("records")])
+    records = runs[KEYS].to_dict("records")
+    labelled = [METHODS[r["method"]].label(r) if r["method"] in METHODS else r["method"] for r in records]
+    return runs.assign(method=labelled)
 
 
 def comparison(runs: pd.DataFrame, select: str = "test") -> pd.DataFrame:
