@@ -1,4 +1,4 @@
-"""How often ``paperlib.analysis.precision``'s verdict says "differs", "same" or "inconclusive", in simulated worlds.
+"""How often ``analysis.precision_check``'s verdict says "differs", "same" or "inconclusive", in simulated worlds.
 
     python -m benchmarks.precision_calibration [--worlds 500]
 
@@ -57,11 +57,11 @@ def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None
 
 
 def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0) -> pd.Series:
-    """How many of ``worlds`` seeded worlds (``world``) ``precision.effect``'s verdict calls each answer."""
-    from paperlib.analysis import precision
+    """How many of ``worlds`` seeded worlds (``world``) ``precision_check.effect``'s verdict calls each answer."""
+    from paperlib.analysis import precision_check
 
     rng = np.random.default_rng(seed)
-    said = [precision.effect(world(datasets, rng, drop))["verdicts"]["verdict"].iloc[0] for _ in range(worlds)]
+    said = [precision_check.effect(world(datasets, rng, drop))["verdicts"]["verdict"].iloc[0] for _ in range(worlds)]
     return pd.Series(said).value_counts().reindex(["differs", "same", "inconclusive"], fill_value=0)
 
 

@@ -78,7 +78,7 @@ plt.show()
 # measures the agreement of the two rankings (1: same order, -1: reversed).
 
 # %%
-ranked = plasticity_table.ranking(table)
+ranked = plasticity_table.ranked(table)
 tau = ranking.paper_agreement(table)
 ranked.round(3)
 

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from paperlib.analysis import capacity, precision, stats
+from paperlib.analysis import capacity, precision_check, stats
 from paperlib.measure import plasticity, probe
 from paperlib.records import names, paths, specs
 from paperlib.records.runs_table import KEYS, at_least_one, for_spec
@@ -272,7 +272,7 @@ pairs.round(4)
 #
 # The paper trains in fp32 (Table 4's text). On an H100 that is the grid's cost: TF32 runs the same step
 # about 2.9x faster and bf16 autocast about 6x (docs/benchmarks.md), but a cheaper precision is worth taking
-# only if the paper's conclusions survive it. `precision.effect` pairs each run of `precision_spec` with
+# only if the paper's conclusions survive it. `precision_check.effect` pairs each run of `precision_spec` with
 # its fp32 twin (same dataset, component, learning rate and seed; each run's test accuracy at its
 # best-validation checkpoint). Per dataset and component: the mean difference and its 90% interval, the
 # one the equivalence test decides on (two one-sided t tests against ±`margin` points, raised to one test
@@ -307,12 +307,12 @@ if precision_spec:
     if precision_runs.empty:  # e.g. the paper-scale options with the demo's precision spec, not run there
         print(f"no runs of {precision_spec} under {paths.display(paths.results_dir())}: the precision check is skipped")
 if not precision_runs.empty:
-    effect = precision.effect(precision_runs, reference="fp32", margin=margin, select=select)
+    effect = precision_check.effect(precision_runs, reference="fp32", margin=margin, select=select)
     display(effect["verdicts"].set_index("precision").round(3))
     display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
-    display(precision.formatted(effect["differences"]).rename(columns=names.LABELS))
+    display(precision_check.formatted(effect["differences"]).rename(columns=names.LABELS))
     display(effect["margins"].round(3))
-    print(precision.power_statement(effect["verdicts"], margin, precision_runs["dataset"].nunique()))
+    print(precision_check.power_statement(effect["verdicts"], margin, precision_runs["dataset"].nunique()))
 
 # %%
 if not precision_runs.empty:  # what emulated bf16 costs (the text above): each run's wall time, on the machine that ran it

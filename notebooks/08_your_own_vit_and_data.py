@@ -87,7 +87,7 @@ print(f"{dataset}: {len(train.classes)} classes ({', '.join(train.classes)}), {l
 # %%
 measurement = plasticity.Measurement(model, dataset, reference, n_pairs, sample=sample, seed=seed, normalize=normalize)
 table, folder = plasticity.run(measurement, device=device, progress=False)
-ranked = plasticity_table.ranking(table)
+ranked = plasticity_table.ranked(table)
 print(f"{table['pair'].nunique()} pairs -> {paths.display(folder)}; Kendall's tau with the paper's ranking: {ranking.paper_agreement(table):.2f}")
 ranked.round(3)
 
@@ -162,9 +162,9 @@ if keep_weights and (summary["status"] == "finished").any():
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
     models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
     after, _ = plasticity.run(replace(measurement, model=finetuned_name), device=device, progress=False)
-    change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity_table.ranking(after)["plasticity"]})
+    change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity_table.ranked(after)["plasticity"]})
     change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]
-    print(f"{finetuned_name}: {names.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity_table.ranking(after).index)}")
+    print(f"{finetuned_name}: {names.LABELS[chosen]} finetuned (best validation accuracy); ranking after: {' > '.join(plasticity_table.ranked(after).index)}")
     display(change.round(3))
 else:
     print("keep_weights is off, or no run finished: nothing to measure")

@@ -91,7 +91,7 @@ def test_no_package_internal_import_sits_inside_a_function():
 ANALYSIS = """
 import sys
 import pandas as pd
-from paperlib.analysis import capacity, plasticity_table, precision, stats
+from paperlib.analysis import capacity, plasticity_table, precision_check, stats
 from paperlib.records import measurements, names, runs_table, specs
 spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
 found, missing = runs_table.for_spec(spec)

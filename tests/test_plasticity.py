@@ -161,7 +161,7 @@ def test_tidy_table_and_summaries(demo):
     assert row == pytest.approx(component_rates.rate_tensor(demo, x, y)[2, COMPONENTS.index("fc1"), 1].item())
     by_block = plasticity_table.plasticity_by_block(table)
     assert by_block.shape == (blocks, 5) and list(by_block.columns) == list(COMPONENTS)
-    ranked = plasticity_table.ranking(table)
+    ranked = plasticity_table.ranked(table)
     assert sorted(ranked["rank"]) == [1, 2, 3, 4, 5]
     assert ranked["plasticity"].is_monotonic_decreasing
 
@@ -641,11 +641,11 @@ def test_summaries_leave_out_pairs_without_rates(demo):
         raw = component_rates.to_table(component_rates.rate_tensor(demo, x, y))
     assert raw["rate"].isna().any()
     with pytest.warns(ranking.IdenticalPairsWarning, match="2 pairs without any rate"):
-        ranked = plasticity_table.ranking(raw)
+        ranked = plasticity_table.ranked(raw)
     with pytest.warns(ranking.IdenticalPairsWarning):
         by_block = plasticity_table.plasticity_by_block(raw)
     clean = plasticity.rates(demo, x[[0, 2, 3, 5]], y[[0, 2, 3, 5]])
-    assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity_table.ranking(clean)["plasticity"].to_numpy())
+    assert ranked["plasticity"].to_numpy() == pytest.approx(plasticity_table.ranked(clean)["plasticity"].to_numpy())
     assert by_block.to_numpy() == pytest.approx(plasticity_table.plasticity_by_block(clean).to_numpy())
 
 
@@ -688,7 +688,7 @@ def test_scale_curve_at_factor_one_is_the_ranking_and_uses_the_same_rates():
     model = models.create_model("demo")
     x, y = _pairs(5)
     curve = plasticity.scale_curve("demo", x, y, [1.0, 2.0])
-    ranked = plasticity_table.ranking(plasticity.rates(model, x, y)).rename(index=lambda label: label.lower())
+    ranked = plasticity_table.ranked(plasticity.rates(model, x, y)).rename(index=lambda label: label.lower())
     at_one = curve[curve.factor == 1.0].set_index("component")["plasticity"]
     assert at_one.to_numpy() == pytest.approx(ranked.loc[list(COMPONENTS), "plasticity"].to_numpy(), rel=1e-9)
     twice = plasticity.rates(model, x, y, scale=2.0)

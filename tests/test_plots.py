@@ -71,8 +71,8 @@ def test_layer_means_are_one_mean_per_block_and_component():
     # FC1 (index 1) in block b: rates 1 + p + 4 (1 + 5 b), p = 0..3: their mean is 6.5 + 20 b
     assert fc1["plasticity"].tolist() == pytest.approx([6.5, 26.5, 46.5])
     assert fc1["depth"].tolist() == [0.0, 50.0, 100.0] and fc1["block"].tolist() == [0, 1, 2]
-    # averaged over blocks: the P(f) of plasticity_table.ranking (mean over pairs and blocks)
-    ranked = plasticity_table.ranking(table)
+    # averaged over blocks: the P(f) of plasticity_table.ranked (mean over pairs and blocks)
+    ranked = plasticity_table.ranked(table)
     assert means.groupby("component", observed=True)["plasticity"].mean()["fc1"] == pytest.approx(
         ranked.loc["FC1", "plasticity"]
     )

@@ -1,4 +1,4 @@
-"""precision.effect on synthetic runs tables in two precisions, where the answer is known."""
+"""precision_check.effect on synthetic runs tables in two precisions, where the answer is known."""
 
 import itertools
 
@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from benchmarks import precision_calibration as calibration
-from paperlib.analysis import precision, stats
+from paperlib.analysis import precision_check, stats
 from paperlib.records.runs_table import RUN_COLUMNS
 
 DATASETS = [f"set{i}" for i in range(6)]
@@ -83,7 +83,7 @@ def test_the_synthetic_fp32_runs_have_mha_best_and_every_table1_decrease_signifi
 
 
 def test_identical_results_in_another_precision_are_equivalent_everywhere_with_the_same_conclusions():
-    effect = precision.effect(both(in_precision(fp32_runs(), "autocast")))
+    effect = precision_check.effect(both(in_precision(fp32_runs(), "autocast")))
     differences = effect["differences"]
     assert len(differences) == len(DATASETS) * len(GRID_COMPONENTS)
     assert (differences["pairs"] == len(LRS) * len(SEEDS)).all() and (differences["diverged"] == 0).all()
@@ -104,7 +104,7 @@ def test_identical_results_in_another_precision_are_equivalent_everywhere_with_t
 
 
 def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
-    effect = precision.effect(both(in_precision(fp32_runs(), "autocast", -2.0)))
+    effect = precision_check.effect(both(in_precision(fp32_runs(), "autocast", -2.0)))
     differences = effect["differences"]
     assert (differences["verdict"] == "not shown").all()
     assert (differences["p_equivalence"] == 1.0).all()
@@ -119,7 +119,7 @@ def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
 
 def test_a_precision_that_makes_ln1_best_changes_the_conclusions():
     runs = fp32_runs()
-    effect = precision.effect(both(in_precision(runs, "bf16", np.where(runs["component"] == "ln1", 10.0, 0.0))))
+    effect = precision_check.effect(both(in_precision(runs, "bf16", np.where(runs["component"] == "ln1", 10.0, 0.0))))
     conclusions = effect["conclusions"].set_index("conclusion")
     assert conclusions.loc["Table 1: MHA - LN1", "verdict"] == "differs"
     assert conclusions.loc["Table 1: MHA - LN1", "change"] == pytest.approx(-10.0)
@@ -140,7 +140,7 @@ def test_a_change_of_one_decrease_is_tested_over_datasets_with_an_independent_t_
     gain = np.where(
         runs["component"] == "fc1", 1.0 + rng.normal(0, 0.3, len(DATASETS))[runs["dataset"].str[-1].astype(int)], 0
     )
-    effect = precision.effect(both(in_precision(runs, "tf32", gain)))
+    effect = precision_check.effect(both(in_precision(runs, "tf32", gain)))
     row = effect["conclusions"].set_index("conclusion").loc["Table 1: MHA - FC1"]
     # by hand: per dataset, tf32's decrease from MHA to FC1 minus fp32's, both from Table 6's means
     change = []
@@ -164,11 +164,11 @@ def test_a_change_of_one_decrease_is_tested_over_datasets_with_an_independent_t_
 def test_small_noise_is_equivalent_at_half_a_point_and_not_at_a_hundredth():
     runs = fp32_runs()
     noisy = in_precision(runs, "autocast", np.random.default_rng(0).normal(0.0, 0.1, len(runs)))
-    effect = precision.effect(both(noisy))
+    effect = precision_check.effect(both(noisy))
     assert (effect["differences"]["verdict"] == "equivalent").all() and effect["overall"]["verdict"].tolist() == [
         "equivalent"
     ]
-    strict = precision.effect(both(noisy), margin=0.01)
+    strict = precision_check.effect(both(noisy), margin=0.01)
     assert (strict["differences"]["verdict"] == "not shown").all()
     differences = strict["differences"]
     assert ((differences["low"] < differences["mean"]) & (differences["mean"] < differences["high"])).all()
@@ -177,7 +177,7 @@ def test_small_noise_is_equivalent_at_half_a_point_and_not_at_a_hundredth():
 def test_p_equivalence_is_the_larger_of_the_two_one_sided_t_tests_and_the_interval_the_one_it_decides_on():
     runs = fp32_runs()
     noisy = in_precision(runs, "autocast", np.random.default_rng(1).normal(0.0, 0.3, len(runs)))
-    row = cell(precision.effect(both(noisy))["differences"], "set2", "fc2")
+    row = cell(precision_check.effect(both(noisy))["differences"], "set2", "fc2")
     keys = ["lr", "seed"]
     mine = noisy[(noisy["dataset"] == "set2") & (noisy["component"] == "fc2")].set_index(keys)["test_accuracy"]
     theirs = runs[(runs["dataset"] == "set2") & (runs["component"] == "fc2")].set_index(keys)["test_accuracy"]
@@ -198,7 +198,7 @@ def test_p_equivalence_is_the_larger_of_the_two_one_sided_t_tests_and_the_interv
 def test_fewer_than_three_pairs_give_no_interval_nor_verdict_even_when_identical(pairs):
     runs = fp32_runs()
     runs = runs[(runs["lr"] == 0.01) & (runs["seed"] < pairs)]
-    differences = precision.effect(pd.concat([runs, in_precision(runs, "autocast")]))["differences"]
+    differences = precision_check.effect(pd.concat([runs, in_precision(runs, "autocast")]))["differences"]
     assert (differences["pairs"] == pairs).all() and (differences["mean"] == 0).all()
     assert differences[["low", "high", "p_equivalence"]].isna().all().all()
     assert (differences["verdict"] == "too few pairs").all()
@@ -207,14 +207,14 @@ def test_fewer_than_three_pairs_give_no_interval_nor_verdict_even_when_identical
 def test_table1_is_not_compared_on_fewer_than_three_datasets():
     runs = fp32_runs()
     runs = runs[runs["dataset"].isin(["set0", "set1"])]
-    effect = precision.effect(pd.concat([runs, in_precision(runs, "autocast")]))
+    effect = precision_check.effect(pd.concat([runs, in_precision(runs, "autocast")]))
     conclusions = effect["conclusions"].set_index("conclusion")
     assert (
         conclusions.loc["Table 1: MHA - FC1":"Table 6: MHA - Linear head (SGD)", "verdict"] == "too few datasets"
     ).all()
     assert effect["verdicts"]["verdict"].tolist() == ["inconclusive"]
     assert effect["overall"]["verdict"].tolist() == ["too few datasets"]
-    said = precision.power_statement(effect["verdicts"], 0.5, datasets=2)
+    said = precision_check.power_statement(effect["verdicts"], 0.5, datasets=2)
     assert "cannot reach p < 0.05 (its smallest p is 0.25; it needs 5)" in said
 
 
@@ -224,7 +224,7 @@ def test_diverged_runs_are_counted_per_precision_and_a_precision_that_diverges_m
     other.loc[at(other, "set0", "mha", 0.01, 0), ["status", "test_accuracy"]] = ["diverged", 0.0]  # 0 would count
     other.loc[at(other, "set2", "ln2", 0.03, 1), "status"] = "partial"
     runs.loc[at(runs, "set1", "fc1", 0.03, 2), ["status", "test_accuracy"]] = ["diverged", np.nan]
-    effect = precision.effect(pd.concat([runs, other], ignore_index=True))
+    effect = precision_check.effect(pd.concat([runs, other], ignore_index=True))
     differences = effect["differences"]
     expected = {"set0": ("mha", 5, 1, 0, "diverges more"), "set1": ("fc1", 5, 0, 1, "equivalent")}
     for dataset, (component, pairs, diverged, diverged_reference, verdict) in expected.items():
@@ -246,7 +246,7 @@ def test_a_precision_with_30_percent_of_its_runs_diverged_is_not_equivalent_nor_
     other = in_precision(runs, "autocast")
     doomed = np.random.default_rng(0).random(len(other)) < 0.3
     other.loc[doomed, "status"] = "diverged"  # nothing else changed: their accuracies are the reference's
-    effect = precision.effect(pd.concat([runs, other], ignore_index=True))
+    effect = precision_check.effect(pd.concat([runs, other], ignore_index=True))
     differences = effect["differences"]
     assert (differences.loc[differences["diverged"] > 0, "verdict"] == "diverges more").all()
     assert "equivalent" not in set(differences.loc[differences["diverged"] > 0, "verdict"])
@@ -262,13 +262,13 @@ def test_runs_without_a_twin_are_reported_not_dropped_silently():
     runs = fp32_runs()
     other = in_precision(runs, "autocast").iloc[5:]
     extra = in_precision(runs.iloc[:2], "autocast").assign(lr=0.1)  # a learning rate fp32 never ran
-    effect = precision.effect(pd.concat([runs, other, extra], ignore_index=True))
+    effect = precision_check.effect(pd.concat([runs, other, extra], ignore_index=True))
     assert effect["verdicts"].iloc[0][["without reference", "reference without"]].tolist() == [2, 5]
 
 
 def test_the_margin_is_never_below_one_test_images_worth():
     runs = fp32_runs().assign(test_images=np.where(fp32_runs()["dataset"] == "set0", 179, 10000))
-    effect = precision.effect(both(in_precision(runs, "autocast")))
+    effect = precision_check.effect(both(in_precision(runs, "autocast")))
     margins = effect["margins"]
     assert margins.at["set0", "margin"] == pytest.approx(100 / 179) and margins.at["set1", "margin"] == 0.5
     assert margins.at["set0", "note"] == "one of 179 test images is worth 0.559 points, more than the margin 0.5"
@@ -283,7 +283,7 @@ def test_formatted_precision_shows_the_interval_equivalence_and_divergences():
     runs = fp32_runs()
     other = in_precision(runs, "autocast")
     other.loc[(other["component"] == "fc1") & (other["seed"] == 0) & (other["lr"] == 0.01), "status"] = "diverged"
-    text = precision.formatted(precision.effect(pd.concat([runs, other]))["differences"])
+    text = precision_check.formatted(precision_check.effect(pd.concat([runs, other]))["differences"])
     assert list(text.columns) == GRID_COMPONENTS
     assert text.loc[("autocast", "set0"), "mha"] == "+0.00 [+0.00, +0.00] ="
     assert text.loc[("autocast", "set0"), "fc1"] == "+0.00 [+0.00, +0.00] (diverged: 1, reference 0)"
@@ -298,28 +298,30 @@ def test_power_is_the_chance_a_simulated_tost_passes():
         above = scipy_stats.ttest_1samp(d, -0.5, axis=1, alternative="greater").pvalue
         below = scipy_stats.ttest_1samp(d, 0.5, axis=1, alternative="less").pvalue
         simulated = (np.maximum(above, below) < 0.05).mean()
-        assert precision.power(3, spread) == pytest.approx(simulated, abs=0.01)
-    assert precision.pairs_needed(0.3) == 5 and precision.power(5, 0.3) >= 0.8 > precision.power(4, 0.3)
-    assert precision.power(3, 0.0) == 1.0 and np.isnan(precision.power(1, 0.3))
+        assert precision_check.power(3, spread) == pytest.approx(simulated, abs=0.01)
+    assert precision_check.pairs_needed(0.3) == 5 and precision_check.power(5, 0.3) >= 0.8 > precision_check.power(
+        4, 0.3
+    )
+    assert precision_check.power(3, 0.0) == 1.0 and np.isnan(precision_check.power(1, 0.3))
 
 
 def test_runs_in_a_single_precision_are_refused_naming_the_precisions_found():
     with pytest.raises(ValueError, match="found: fp32"):
-        precision.effect(fp32_runs())
+        precision_check.effect(fp32_runs())
     with pytest.raises(ValueError, match="'fp32'.*found: autocast"):
-        precision.effect(in_precision(fp32_runs(), "autocast"))
+        precision_check.effect(in_precision(fp32_runs(), "autocast"))
 
 
 def test_runs_of_two_models_are_refused_naming_the_model_key():
     other = in_precision(fp32_runs(), "autocast")
     other.loc[other["dataset"] == "set0", "model"] = "other"
     with pytest.raises(ValueError, match="one model, got demo, other"):
-        precision.effect(both(other))
+        precision_check.effect(both(other))
 
 
 def test_an_unknown_selection_is_refused():
     with pytest.raises(ValueError, match="unknown selection 'best'"):
-        precision.effect(both(in_precision(fp32_runs(), "autocast")), select="best")
+        precision_check.effect(both(in_precision(fp32_runs(), "autocast")), select="best")
 
 
 @pytest.mark.parametrize("datasets", ["precision_paper.yaml", "all 11"])

@@ -12,7 +12,7 @@ import pytest
 from conftest import found
 from scipy import stats as scipy_stats
 
-from paperlib.analysis import plasticity_table, precision, significance, stats
+from paperlib.analysis import plasticity_table, precision_check, significance, stats
 from paperlib.records import paths
 from paperlib.records.runs import PROTOCOL
 from paperlib.records.runs_table import KEYS, for_spec, histories_of, load
@@ -728,7 +728,7 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     move_results(".")
     tf32_twins(tmp_path, points=1.0)
     spec = precision_spec(tmp_path)
-    assert precision.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    assert precision_check.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(GRID_COMPONENTS)
     assert "Test accuracy difference from fp32" in out and "conclusions" in out
@@ -736,13 +736,13 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     assert overall["precision"].tolist() == ["tf32"] and overall["pairs"].tolist() == [grid]
     assert overall["mean"].iloc[0] == pytest.approx(-1.0) and overall["verdict"].iloc[0] == "not shown"  # margin 0.5
     assert overall["datasets"].tolist() == [len(DATASETS)]
-    assert precision.main([str(spec), "--margin", "2", "--csv", str(tmp_path / "wide")]) == 0
+    assert precision_check.main([str(spec), "--margin", "2", "--csv", str(tmp_path / "wide")]) == 0
     assert pd.read_csv(tmp_path / "wide" / "overall.csv")["verdict"].tolist() == ["equivalent"]
     conclusions = pd.read_csv(tmp_path / "tables" / "conclusions.csv")  # a uniform loss keeps every conclusion
     assert (conclusions["verdict"] == "same").all()
     assert pd.read_csv(tmp_path / "tables" / "verdicts.csv")["verdict"].tolist() == ["same"]
     assert "pairs a cell" in out  # the power statement
-    assert precision.main([str(tmp_path / "absent.yaml")]) == 2
+    assert precision_check.main([str(tmp_path / "absent.yaml")]) == 2
 
 
 def test_wilcoxon_p_is_scipys_p_value_with_ties_and_zeros():
@@ -787,7 +787,7 @@ def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, caps
 
 def test_stats_and_precision_on_a_fresh_results_root_say_so_in_one_line(capsys):
     (paths.results_dir() / "finetune").mkdir(parents=True)  # an empty finetune/ folder, as nothing there at all
-    for main, spec in ((stats.main, "finetune_demo.yaml"), (precision.main, "precision_demo.yaml")):
+    for main, spec in ((stats.main, "finetune_demo.yaml"), (precision_check.main, "precision_demo.yaml")):
         assert main([str(paths.ROOT / "parameters" / "sweeps" / spec)]) == 2
         said = capsys.readouterr()
         assert said.out == "" and said.err.count("\n") == 1 and f"no run of {paths.ROOT}" in said.err, said

@@ -4,6 +4,6 @@
 - ``ranking``           statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
 - ``plasticity_table``  saved plasticity results: written, read back, ranked, collected as one table
 - ``stats``             every table across finetuning runs: Tables 1 and 6, pairs, Takeaway 2, LoRA (``stats``)
-- ``precision``         whether a cheaper precision (tf32, bf16) keeps the paper's conclusions (``precision``)
+- ``precision_check``   whether a cheaper precision (tf32, bf16) keeps the paper's conclusions (``precision``)
 - ``capacity``          plasticity or capacity: Takeaway 2 inside groups of equal size, and where the two disagree
 """

@@ -28,7 +28,7 @@ def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
     return table.groupby(["block", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
 
 
-def ranking(table: pd.DataFrame) -> pd.DataFrame:
+def ranked(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
     table = pairs_with_rates(table)
     return _ranked(table.groupby("component", observed=True)["rate"].mean())

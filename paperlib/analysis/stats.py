@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         found, missing = runs_table.for_spec(spec)
         runs_table.at_least_one(found, args.spec, missing)
         several = found["precision"].nunique() > 1
-        if several:  # a precision check (precision.main): here, the paper's tables of its fp32 runs
+        if several:  # a precision check (precision_check.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
         tables = summary(found, args.select, args.reference)
     except cli.BAD_INPUT as error:

@@ -18,14 +18,14 @@ folder (``folder()``) and whether a result is saved there (``is_saved()``; ``rec
     table, folder = run(measurement)                     # results/plasticity/demo/digits_c/snow
 
 ``run`` measures one and saves it, ``measure_missing`` runs those not saved yet. Saved results are
-``plasticity_table``'s, without torch: ``collect`` reads every one as one table of P(f), ``ranking`` ranks
-P(f) (``plasticity_by_block``: per block); the statistics of a ranking (its agreement with the paper's, its
+``plasticity_table``'s, without torch: ``collect`` reads every one as one table of P(f), ``ranked`` ranks
+P(f); the statistics of a ranking (its agreement with the paper's, its
 bootstrap uncertainty) are in ``paperlib.analysis.ranking``.
 
 Identical pairs (two exactly equal embeddings, x == y) have no rate (0/0): ``rates`` and
 ``measure`` exclude them with a ``ranking.IdenticalPairsWarning`` naming how many, counted in
 ``table.attrs["identical_pairs_excluded"]`` and ``run``'s metadata; the other pairs keep their
-numbers and exact rates. ``plasticity_table``'s ``ranking`` and ``plasticity_by_block`` leave out, with the same
+numbers and exact rates. ``plasticity_table``'s ``ranked`` leaves out, with the same
 warning, pairs without any rate in tables made otherwise (``component_rates.to_table``).
 
 The scale of the embeddings (beyond the paper): a linear map's rate does not change when both
@@ -52,7 +52,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm.auto import tqdm
 
-from paperlib.analysis.plasticity_table import ranking, save
+from paperlib.analysis.plasticity_table import ranked, save
 from paperlib.analysis.ranking import paper_agreement
 from paperlib.data import datasets
 from paperlib.data.corruptions import check_severity
@@ -404,7 +404,6 @@ def main(argv: list[str] | None = None) -> int:
         table, folder = run(Measurement(**values), **given)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
-    ranked = ranking(table)
-    print(ranked.round(4).to_string())
+    print(ranked(table).round(4).to_string())
     print(f"Kendall's tau with the paper's ranking: {paper_agreement(table):.2f}; saved in {paths.display(folder)}")
     return 0

@@ -89,12 +89,12 @@ def effect(
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
-    check_one_setting(runs, "precision.effect", [key for key in SETTING if key != "precision"])
+    check_one_setting(runs, "precision_check.effect", [key for key in SETTING if key != "precision"])
     precisions = sorted(runs["precision"].unique())
     others = [precision for precision in precisions if precision != reference]
     if reference not in precisions or not others:
         raise ValueError(
-            f"precision.effect needs runs in the reference precision {reference!r} and at least one other; "
+            f"precision_check.effect needs runs in the reference precision {reference!r} and at least one other; "
             f"found: {', '.join(map(str, precisions)) or 'none'}"
         )
     pairs, unpaired = _precision_pairs(runs, reference)
