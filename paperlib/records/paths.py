@@ -125,6 +125,19 @@ def dataset_fingerprint(name: str, root: str | Path | None = None) -> str | None
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
+def custom_weights(folder: Path) -> Path | None:
+    """The weight file of a saved model's ``folder``: the first of ``CUSTOM_WEIGHTS`` there, or None."""
+    return next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+
+
+def model_config(config_file: Path) -> dict:
+    """A saved model's ``config.json``, read whole; a ValueError that says to save it again if it is damaged."""
+    try:
+        return json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{config_file} is not whole JSON: save the model again (models.save_model)") from None
+
+
 def model_fingerprint(name: str) -> str | None:
     """A digest of model ``custom/<name>`` as saved now.
 
@@ -133,18 +146,13 @@ def model_fingerprint(name: str) -> str | None:
     if not custom_name(name, "model"):
         return None
     folder = models_dir() / custom_name(name, "model")
-    weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+    weights = custom_weights(folder)
     if not (folder / "config.json").is_file() or weights is None:
         raise FileNotFoundError(
             f"model {name!r} not found: expected {folder / 'config.json'} and {' or '.join(CUSTOM_WEIGHTS)} there "
             "(paperlib.vit.models.save_model saves them)"
         )
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(
-            f"{folder / 'config.json'} is not whole JSON: save the model again (models.save_model)"
-        ) from None
+    config = model_config(folder / "config.json")
     stat = weights.stat()
     text = json.dumps(config, sort_keys=True) + f"\n{weights.name}:{stat.st_size}:{stat.st_mtime_ns}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

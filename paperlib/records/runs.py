@@ -1,19 +1,20 @@
-"""What a finetuning run is and where it lives (paper §5.2): ``Config``, its folder and its files.
+"""What a finetuning run is and where it lives (paper §5.2): ``Run``, its folder and its files.
 
-Whether a run is finished as asked is here too; every run as a table is ``runs_table``.
+Whether a run is finished as asked is here too; every run as a table is ``runs_table``. ``Run`` is checked without
+the training stack; ``train.config.Config``, the run as the package makes it, adds the checks that need it.
 
-    from paperlib.records.runs import Config
+    from paperlib.train.config import Config
     config = Config(component="mha", lr=0.03)   # validated here, once
     config.folder()   # results/finetune/demo/digits/mha/lr=0.03/seed=0
 
 Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
-(``Config.folder``; a suffix for each choice that is not the paper's, so such a run never
+(``Run.folder``; a suffix for each choice that is not the paper's, so such a run never
 replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
 ``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
 whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
 One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``is_finished(config)`` is the
-one answer to "is this run finished as asked" (the sweep's markers ask it too). ``Config.validate`` imports the
-training stack; reading results (``runs_table``) needs no ``Config`` and loads no torch.
+one answer to "is this run finished as asked" (the sweep's markers ask it too). Reading results (``runs_table``)
+needs no ``Config`` and loads no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -30,9 +30,6 @@ from paperlib.records import cli, methods, paths, storage
 from paperlib.records.cli import coerce
 from paperlib.records.names import check_run_component
 from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
-
-if TYPE_CHECKING:
-    pass
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)

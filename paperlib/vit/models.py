@@ -18,7 +18,6 @@ as it is. Every notebook, run and sweep then takes ``custom/<name>`` where it ta
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 
 import timm
@@ -115,17 +114,14 @@ def custom_config(name: str) -> tuple[dict, Path]:
             f"paperlib.vit.models.save_model(model, {name!r}) (or timm.models.save_for_hf(model, folder)); "
             f"custom models found in {paths.models_dir()}: {found}."
         )
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{config_file} is not whole JSON: save the model again (models.save_model)") from None
+    config = paths.model_config(config_file)
     arch = config.get("architecture")
     if arch not in vit_names():
         raise ValueError(
             f"{config_file} names architecture {arch!r}, "
             "which is not a timm VisionTransformer or Eva ViT (see paperlib.vit.models.vit_names())"
         )
-    weights = next((folder / f for f in paths.CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+    weights = paths.custom_weights(folder)
     if weights is None:
         raise FileNotFoundError(
             f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in paths.CUSTOM_WEIGHTS)}"
