@@ -61,7 +61,7 @@ def build(root: Path, **only) -> int:
         std = 0.3 if math.isnan(std) else max(std, 0.05)
         lr_cost = abs(math.log10(config.lr) + 2) * 1.5  # best near lr 0.01, as most of the paper's grid
         accuracy = min(99.99, mean - lr_cost + std * (draws[0] * 2 - 1) * 1.7) / 100
-        runs.start(config, runs.run_record(config))
+        runs.start(config.folder(), runs.run_record(config))
         rows = history(config, finetune.lr_factor, draws[1])
         best = {"val_accuracy": accuracy + 0.002, "step": config.steps, "state": None}
         metrics = {
@@ -78,7 +78,7 @@ def build(root: Path, **only) -> int:
             "device": "NVIDIA H100 80GB HBM3",
             "precision": config.precision,
         }
-        checkpoints.record(config, rows, best, metrics)
+        checkpoints.record(config.folder(), rows, best, metrics, config.save_weights)
         written += 1
     return written
 

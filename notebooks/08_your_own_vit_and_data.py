@@ -66,7 +66,7 @@ if make_example:
 # from the model's `config.json`, the classes from the training folder.
 
 # %%
-print("custom models:", ", ".join(models.custom_model_names()) or "none")
+print("custom models:", ", ".join(paths.custom_model_names()) or "none")
 print("custom datasets:", ", ".join(datasets.dataset_names("custom")) or "none")
 
 # %%

@@ -15,7 +15,7 @@ from PIL import Image
 from paperlib.analysis import plasticity_table
 from paperlib.data import datasets, fixtures, imagesets, loader
 from paperlib.measure import plasticity
-from paperlib.records import runs_table
+from paperlib.records import paths, runs_table
 from paperlib.train import finetune
 from paperlib.train.config import Config
 from paperlib.vit import models
@@ -167,7 +167,7 @@ def test_a_saved_model_comes_back_bit_identical_with_its_head(home):
     folder = models.save_model(source, "custom/copy")
     assert folder == home / "data" / "models" / "copy"
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
-    assert models.custom_model_names() == ["custom/copy"]
+    assert paths.custom_model_names() == ["custom/copy"]
     assert models.resolve_name("custom/copy") == "custom/copy"
     loaded = models.create_model("custom/copy")
     for key, value in source.state_dict().items():

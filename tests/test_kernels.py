@@ -350,12 +350,12 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch, small, tiny_vit):
     from paperlib import speed
 
     seen = []
-    original = speed.step.fuse
+    original = speed.step._fuse
 
-    def spy(model, fused="all"):
+    def spy(model, parts):
         seen.append(len(lora.adapted_layers(model)))
-        return original(model, fused)
+        return original(model, parts)
 
-    monkeypatch.setattr(speed.step, "fuse", spy)
+    monkeypatch.setattr(speed.step, "_fuse", spy)
     finetune.run(small(component="fc1", method="lora", lora_rank=2, steps=2, warmup=0, eval_every=2))
     assert seen and seen[0] == len(lora.target_names(tiny_vit(), "fc1"))

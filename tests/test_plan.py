@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from paperlib import speed
-from paperlib.records import paths, runs, specs
+from paperlib.records import paths, runs, specs, storage
 from paperlib.sweeps import plan, sweep
 from paperlib.train import finetune
 from paperlib.train.config import Config, configs
@@ -43,8 +43,8 @@ def fixed_rate(monkeypatch, rate: float = 1000.0) -> list:
 
 def finish(config: Config, status: str = "finished", images_per_second: float = 100.0) -> None:
     """Record ``config``'s run as a run that ended with ``status`` (its files, as ``finetune`` writes them)."""
-    runs.write_json(config.folder() / runs.PARAMS, runs.run_record(config))
-    runs.write_json(
+    storage.write_json(config.folder() / runs.PARAMS, runs.run_record(config))
+    storage.write_json(
         config.folder() / runs.METRICS,
         {"status": status, "images_per_second": images_per_second, "device": "cpu", "best_step": 4},
     )

@@ -11,7 +11,6 @@ torch. Measuring is ``plasticity``'s.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -58,7 +57,7 @@ def save(table: pd.DataFrame, measurement: measurements.Measurement, found: dict
     storage.atomic_write(folder / measurements.BLOCKS, lambda tmp: depth_band(table).to_csv(tmp, index=False))
     sizes = storage.file_sizes(folder, [measurements.RATES, measurements.BLOCKS])
     metadata = measurement.metadata(found) | {"files": sizes}
-    storage.atomic_write_text(folder / measurements.METADATA, json.dumps(metadata, indent=2, default=str) + "\n")
+    storage.write_json(folder / measurements.METADATA, metadata)
     return folder
 
 

@@ -125,34 +125,54 @@ def dataset_fingerprint(name: str, root: str | Path | None = None) -> str | None
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
-def custom_weights(folder: Path) -> Path | None:
-    """The weight file of a saved model's ``folder``: the first of ``CUSTOM_WEIGHTS`` there, or None."""
-    return next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+def custom_model_names() -> list[str]:
+    """The ``custom/<name>`` models in ``models_dir()`` (folders with a ``config.json``)."""
+    base = models_dir()
+    if not base.is_dir():
+        return []
+    return sorted(
+        CUSTOM + p.name for p in base.iterdir() if (p / "config.json").is_file() and CUSTOM_NAME.fullmatch(p.name)
+    )
 
 
-def model_config(config_file: Path) -> dict:
-    """A saved model's ``config.json``, read whole; a ValueError that says to save it again if it is damaged."""
+def saved_model(name: str) -> tuple[dict, Path] | None:
+    """(its ``config.json``, its weight file) of model ``custom/<name>`` as saved; None for other names.
+
+    The weight file is the first of ``CUSTOM_WEIGHTS`` in its folder (``<models dir>/<name>``). A model not saved whole
+    is a FileNotFoundError that says what is missing and how to save one; a damaged ``config.json``, a ValueError that
+    says to save it again."""
+    short = custom_name(name, "model")
+    if short is None:
+        return None
+    folder = models_dir() / short
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"model {name!r} not found: expected {config_file}. Save a model there with "
+            f"paperlib.vit.models.save_model(model, {name!r}) (or timm.models.save_for_hf(model, folder)); "
+            f"custom models found in {models_dir()}: {', '.join(custom_model_names()) or 'none'}."
+        )
     try:
-        return json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"{config_file} is not whole JSON: save the model again (models.save_model)") from None
+    weights = next((folder / f for f in CUSTOM_WEIGHTS if (folder / f).is_file()), None)
+    if weights is None:
+        raise FileNotFoundError(
+            f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in CUSTOM_WEIGHTS)}"
+        )
+    return config, weights
 
 
 def model_fingerprint(name: str) -> str | None:
-    """A digest of model ``custom/<name>`` as saved now.
+    """A digest of model ``custom/<name>`` as saved now (``saved_model``); None for other names.
 
-    Of its ``config.json`` and its weight file's size and modification time; None for other names, whose
-    weights do not change under them. A model not saved is a FileNotFoundError that names what is missing."""
-    if not custom_name(name, "model"):
+    Of its ``config.json`` and its weight file's size and modification time; other names' weights do not change under
+    them."""
+    saved = saved_model(name)
+    if saved is None:
         return None
-    folder = models_dir() / custom_name(name, "model")
-    weights = custom_weights(folder)
-    if not (folder / "config.json").is_file() or weights is None:
-        raise FileNotFoundError(
-            f"model {name!r} not found: expected {folder / 'config.json'} and {' or '.join(CUSTOM_WEIGHTS)} there "
-            "(paperlib.vit.models.save_model saves them)"
-        )
-    config = model_config(folder / "config.json")
+    config, weights = saved
     stat = weights.stat()
     text = json.dumps(config, sort_keys=True) + f"\n{weights.name}:{stat.st_size}:{stat.st_mtime_ns}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -12,14 +12,13 @@ Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<see
 replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
 ``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
 whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
-One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``is_finished(config)`` is the
-one answer to "is this run finished as asked" (the sweep's markers ask it too). Reading results (``runs_table``)
-needs no ``Config`` and loads no torch.
+One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``finished(config)`` (its
+metrics, or None) is the one answer to "is this run finished as asked" (the sweep's markers ask it too). Reading
+results (``runs_table``) needs no ``Config`` and loads no torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -275,14 +274,6 @@ WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
 
 
-def same_params(saved: dict, config: Run, record: dict | None = None) -> bool:
-    """Whether parameters recorded by a run are ``config``'s, on the same custom data and model as now.
-
-    The parameters are those of ``params.json`` or a checkpoint. ``record`` is ``run_record(config)``, if
-    already made (it reads every file's status). ``OUTPUT_ONLY`` fields do not count (``differing``)."""
-    return not differing(saved, run_record(config) if record is None else record, OUTPUT_ONLY)
-
-
 def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
 
@@ -305,37 +296,38 @@ def recorded_difference(config: Run, ignore: tuple[str, ...] = OUTPUT_ONLY) -> l
     return None if params is None else differing(params, run_record(config), ignore)
 
 
-def is_finished(config: Run) -> bool:
-    """Whether ``config``'s run is finished as asked.
+def finished(config: Run) -> dict | None:
+    """The metrics of ``config``'s run if it is finished as asked; None otherwise.
 
-    Its ``metrics.json`` is there and whole, with the files it records whole (``storage.json_or_none``: a damaged run is
-    trained again), its recorded parameters are ``config``'s on the same custom data and model as now (``same_params``),
-    and, with ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    Finished as asked: its ``metrics.json`` is there and whole, with the files it records whole
+    (``storage.json_or_none``: a damaged run is trained again), its recorded parameters (``params.json``) are
+    ``config``'s on the same custom data and model as now (``differing``, ``OUTPUT_ONLY`` fields aside), and, with
+    ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
-    metrics = storage.json_or_none(folder / METRICS)
-    if metrics is None or recorded_difference(config) != []:
-        return False
-    return not config.save_weights or (folder / WEIGHTS).is_file() or metrics.get("best_step") is None
+    metrics, params = storage.json_or_none(folder / METRICS), storage.json_or_none(folder / PARAMS)
+    if metrics is None or params is None or differing(params, run_record(config), OUTPUT_ONLY):
+        return None
+    lacking = config.save_weights and not (folder / WEIGHTS).is_file() and metrics.get("best_step") is not None
+    return None if lacking else metrics
 
 
-def start(config: Run, params: dict) -> None:
-    """Record that ``config``'s run starts (``params.json``).
+def is_finished(config: Run) -> bool:
+    """Whether ``config``'s run is finished as asked (``finished``)."""
+    return finished(config) is not None
+
+
+def start(folder: Path, params: dict) -> None:
+    """Record that the run in ``folder`` starts (``params.json``).
 
     ``params.json`` holds ``params``, its ``run_record``. The run is partial (no ``metrics.json``)
     until it ends. If its folder held a run of other parameters (steps, batch size, warm-up... are
     not in the folder's name), or one whose parameters cannot be read, that run's files go first, so
     that they are never read back as this run's."""
-    folder = config.folder()
     saved = storage.json_or_none(folder / PARAMS)
-    same = saved is not None and same_params(saved, config, params)
+    same = saved is not None and not differing(saved, params, OUTPUT_ONLY)
     for stale in (METRICS,) if same else (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
         (folder / stale).unlink(missing_ok=True)
-    write_json(folder / PARAMS, params)
-
-
-def write_json(path: Path, payload: dict) -> None:
-    """``payload`` as indented JSON, atomically (``storage.atomic_write_text``)."""
-    storage.atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+    storage.write_json(folder / PARAMS, params)
 
 
 def history(config: Run) -> pd.DataFrame:

@@ -94,6 +94,11 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def write_json(path: str | Path, payload: dict) -> Path:
+    """``payload`` as indented JSON, atomically; what ``read_json`` reads back."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
 def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
     """Make ``folder`` through ``fill(staging_folder)`` and a rename: whole or not at all.
 

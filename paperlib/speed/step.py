@@ -100,8 +100,15 @@ def fuse(model: nn.Module, fused: str = "all") -> nn.Module:
     "qkv", the q/k/v projection and its split into heads as ``kernels.QkvHeads``
     (``layers.fuse_qkv``); "all" (or "gelu+qkv"), both; "auto", what ``resolve_fused`` gives for the
     model's device. The same parameters and function (to rounding); not undone by a later call."""
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    for part in fused_parts(resolve_fused(fused, device)):
+    return _fuse(model, fused_parts(resolve_fused(fused, _device_of(model))))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _fuse(model: nn.Module, parts: tuple[str, ...]) -> nn.Module:
+    for part in parts:
         MODEL_FUSIONS[part](model)
     return model
 
@@ -200,8 +207,8 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     ``fused`` other than "none" (by default "auto": on CUDA only), the blocks get our fused ops
     (``fuse``; same parameters, the same function to rounding). Neither change is undone by a later call.
     """
-    how = compile_choice(how)
-    check_compile_mode(mode)
+    device = _device_of(model)
+    how, mode, parts = compile_choice(how), check_compile_mode(mode), fused_parts(resolve_fused(fused, device))
     options = (
         {}
         if mode == "default"
@@ -212,9 +219,9 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     for module in model.modules():  # undo an earlier in-place ("blocks") compilation
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
-    if any(p.is_cuda for p in model.parameters()):
+    if device.type == "cuda":
         linear_patch_embed(model)
-    fuse(model, fused)
+    _fuse(model, parts)
     if how == "none":
         return model
     torch.compiler.reset()

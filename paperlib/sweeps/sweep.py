@@ -294,7 +294,7 @@ def _execute(run: Run, html: bool = False) -> Run:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
         run.error_file.unlink(missing_ok=True)
-        storage.atomic_write_text(run.marker, json.dumps(marker, indent=2, default=str) + "\n")
+        storage.write_json(run.marker, marker)
         run.status = "done"
     except Exception as error:  # a failed run is recorded; the sweep goes on
         run.seconds = round(time.perf_counter() - start, 2)

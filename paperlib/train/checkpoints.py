@@ -8,34 +8,36 @@ The record is its history, its kept weights and, last, its metrics.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from paperlib.records import paths, storage
-from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, WEIGHTS, Run, same_params, write_json
+from paperlib.records import paths, runs, storage
+from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, WEIGHTS
 
 CHECKPOINT_KEYS = ("params", "step", "history", "best", "cache_side", "model", "optimizer", "schedule")
 """What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
 
 
-def save_checkpoint(config: Run, state: dict) -> None:
-    """Write the run's checkpoint (``checkpoint.pt``) atomically.
+def save_checkpoint(folder: Path, state: dict) -> None:
+    """Write the checkpoint (``checkpoint.pt``) of the run in ``folder`` atomically.
 
     A run killed while writing keeps the last one. It holds tensors and plain types only (random-number states as
     tensors), so that it loads with ``weights_only=True``."""
-    storage.atomic_write(config.folder() / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+    storage.atomic_write(folder / CHECKPOINT, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(config: Run, params: dict, side: int, device: torch.device) -> dict | None:
-    """The run's checkpoint, if there is one it can resume from; None otherwise.
+def load_checkpoint(folder: Path, params: dict, side: int, device: torch.device) -> dict | None:
+    """The checkpoint of the run in ``folder``, if there is one it can resume from; None otherwise.
 
-    One it can resume from is of these parameters (``params``), taken on the images it resumes on (a decoded cache
+    One it can resume from is of this run (its record ``params``, ``OUTPUT_ONLY`` fields aside), taken on the
+    images it resumes on (a decoded cache
     of ``side`` pixels); with None the run starts from the beginning. It is read with ``weights_only=True``: tensors
     and plain types, never code. One that cannot be read (truncated, damaged, or holding anything else) is reported
     as a warning and not resumed from."""
-    checkpoint = config.folder() / CHECKPOINT
+    checkpoint = folder / CHECKPOINT
     if not checkpoint.is_file():
         return None
     try:
@@ -47,22 +49,22 @@ def load_checkpoint(config: Run, params: dict, side: int, device: torch.device) 
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         warnings.warn(f"{paths.display(checkpoint)} cannot be read ({reason}): the run starts from the beginning")
         return None
-    if same_params(saved["params"], config, params) and saved["cache_side"] == side:
+    if not runs.differing(saved["params"], params, runs.OUTPUT_ONLY) and saved["cache_side"] == side:
         return saved
     return None
 
 
-def record(config: Run, rows: list[dict], best: dict, metrics: dict) -> None:
-    """Record a run that ended: its history, its weights if kept, and its metrics last.
+def record(folder: Path, rows: list[dict], best: dict, metrics: dict, save_weights: bool) -> None:
+    """Record the run in ``folder`` that ended: its history, its weights if kept, and its metrics last.
 
-    The history is ``rows``. With ``save_weights``, the weights are the trainable parameters of its best checkpoint
+    The history is ``rows``. With ``save_weights`` (the run's), the weights are the trainable parameters of its best
+    checkpoint
     (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is finished
     (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as finished).
     Its checkpoint is then removed. Each file is written atomically."""
-    folder = config.folder()
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
-    kept = config.save_weights and best["state"] is not None
+    kept = save_weights and best["state"] is not None
     metrics["weights"] = WEIGHTS if kept else None
     if kept:
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
@@ -72,5 +74,5 @@ def record(config: Run, rows: list[dict], best: dict, metrics: dict) -> None:
     else:  # weights of an earlier training of this run would not be this training's
         (folder / WEIGHTS).unlink(missing_ok=True)
     metrics["files"] = storage.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
-    write_json(folder / METRICS, metrics)
+    storage.write_json(folder / METRICS, metrics)
     (folder / CHECKPOINT).unlink(missing_ok=True)

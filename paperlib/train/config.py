@@ -2,7 +2,8 @@
 
 ``records.runs.Run`` is what a run is (its fields, folder and record) with the checks that need no training stack;
 ``Config`` adds those that do (its dataset, model, normalisation, device and step options), so that a bad run fails
-before any work, and resolves the step options for its device once (``checked_options``).
+before any work, and resolves its normalisation (``mean_std``) and its step options for its device
+(``checked_options``) once.
 
     from paperlib.train.config import Config
     config = Config(component="mha", lr=0.03)   # validated here, once
@@ -38,10 +39,17 @@ class Config(Run):
         datasets.check_validation(self.validation)
         models.resolve_name(self.model)
         devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
-        models.normalization(self.model, self.normalize)  # a model without recorded statistics fails here
-        options = self.step_options().checked(self.device)
-        object.__setattr__(self, "_checked_options", options)  # not a field: not part of what the run is
+        # resolved once, here; not fields: not part of what the run is
+        object.__setattr__(self, "_mean_std", models.normalization(self.model, self.normalize))
+        object.__setattr__(self, "_checked_options", self.step_options().checked(self.device))
         return self
+
+    @property
+    def mean_std(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The (mean, std) the run normalises its images with (``models.normalization``).
+
+        Read once, when the Config was made: a model without recorded statistics fails there."""
+        return self._mean_std
 
     @property
     def checked_options(self) -> StepOptions:

@@ -47,7 +47,7 @@ from paperlib.speed import devices, threads
 from paperlib.train import checkpoints
 from paperlib.train.config import Config, config_from, configs
 from paperlib.train.step import adapt, build_step, network
-from paperlib.vit import components, methods, models
+from paperlib.vit import methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -121,24 +121,25 @@ def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
 
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in components.trainable_parameters(model)}
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """Finetune, evaluate and record one run; returns its metrics (see module docstring).
 
-    A run already finished as asked (``runs.is_finished``) is not repeated: its metrics are
+    A run already finished as asked (``runs.finished``) is not repeated: its metrics are
     returned (trained again only if ``save_weights`` asks for weights it did not keep). One run
     folder has one writer: a run that another process is training is waited for, then its metrics
     are returned (``wait=False``: ``storage.Busy`` is raised instead).
     """
-    folder = config.folder()
-    if not runs.is_finished(config):
+    metrics = runs.finished(config)
+    if metrics is None:
         check_runnable(config)
-        with storage.locked(folder, wait=wait):
-            if not runs.is_finished(config):  # the process waited for may have finished it
-                return train(config, progress)[1]
-    return storage.read_json(folder / METRICS)
+        with storage.locked(config.folder(), wait=wait):
+            metrics = runs.finished(config)  # the process waited for may have finished it
+            if metrics is None:
+                metrics = _train(config, progress)[1]
+    return metrics
 
 
 def check_runnable(config: Config) -> None:
@@ -146,13 +147,12 @@ def check_runnable(config: Config) -> None:
 
     Its device here (``devices.check_device``) and a batch no larger than its training set; else a ValueError."""
     devices.check_device(config.device)
-    root = config.data_root or None
-    n_train = len(
-        datasets.get_dataset(config.dataset, "train", root=root, seed=config.seed, validation=config.validation)
+    train = datasets.get_dataset(
+        config.dataset, "train", root=config.data_root or None, seed=config.seed, validation=config.validation
     )
-    if config.batch_size > n_train:
+    if config.batch_size > len(train):
         raise ValueError(
-            f"batch_size must be at most the training set of {config.dataset} ({n_train} images), "
+            f"batch_size must be at most the training set of {config.dataset} ({len(train)} images), "
             f"got {config.batch_size}"
         )
 
@@ -250,8 +250,7 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
     Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
     deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
-    deterministic = torch.device(config.device).type != "cuda" or torch.are_deterministic_algorithms_enabled()
-    with storage.locked(config.folder(), wait=wait), _deterministic(deterministic):
+    with storage.locked(config.folder(), wait=wait):
         return _train(config, progress)
 
 
@@ -265,17 +264,16 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
     224 px gets a larger cache, so its crops are not upsampled from 256."""
     size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
     side = cache_side(size)
+    root = config.data_root or None
     splits = {
         split: uint8_images(
-            datasets.get_dataset(
-                config.dataset, split, root=config.data_root or None, seed=config.seed, validation=config.validation
-            ),
+            datasets.get_dataset(config.dataset, split, root=root, seed=config.seed, validation=config.validation),
             cache_size=side,
             workers=decode_workers(),
         )
         for split in ("train", "val", "test")
     }
-    mean_std = models.normalization(config.model, config.normalize)
+    mean_std = config.mean_std
     loaders = {
         split: DeviceLoader(
             images,
@@ -293,8 +291,14 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
 
 
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
-    params = runs.run_record(config)
+    """``train``'s work, under the run's lock: on a device this machine has, deterministic on a CPU."""
     device = torch.device(config.device)
+    with _deterministic(device.type != "cuda" or torch.are_deterministic_algorithms_enabled()):
+        return _finetune(config, device, progress)
+
+
+def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.Module, dict]:
+    folder, params = config.folder(), runs.run_record(config)
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     torch.manual_seed(config.seed)
 
@@ -307,11 +311,11 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     model = network(config, num_classes).to(device)
     step_fn = build_step(config, model, progress)
     # recorded only now that data, model and step are made, so that a run that cannot start loses nothing
-    runs.start(config, params)
+    runs.start(folder, params)
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
-    start_step, rows, best = _resume(config, params, side, model, step_fn, schedule)
+    start_step, rows, best = _resume(folder, device, (params, side), model, step_fn, schedule)
 
     # the loop
     start, seen = time.perf_counter(), 0
@@ -339,7 +343,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
             if row["val_accuracy"] > best["val_accuracy"]:
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
-            _checkpoint(config, state | {"model": current}, optimizer, schedule)
+            _checkpoint(folder, device, state | {"model": current}, step_fn, schedule)
             if progress:
                 steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
     steps.close()
@@ -356,7 +360,7 @@ def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
     measured["test_images"] = len(loaders["test"].images)
     measured["method"] = methods.trainer_of(asdict(config)).summary(model)
     metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
-    checkpoints.record(config, rows, best, metrics)
+    checkpoints.record(folder, rows, best, metrics, config.save_weights)
     return model, metrics
 
 
@@ -368,12 +372,13 @@ def evaluates(step: int, config: Config) -> bool:
     return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
 
 
-def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
-    """(first step, history rows, best checkpoint) of ``config``'s run: where its last checkpoint left it, or the start.
+def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
+    """(first step, history rows, best checkpoint) of the run in ``folder``: where its last checkpoint left it, or 0.
 
-    From a checkpoint, the model, optimizer, schedule and random generators are restored."""
-    device = torch.device(config.device)
-    saved = checkpoints.load_checkpoint(config, params, side, device)
+    ``made``: (the run's record, its decoded cache's side), what a checkpoint must have been taken with
+    (``checkpoints.load_checkpoint``). From a checkpoint, the model, optimizer, schedule and random generators are
+    restored."""
+    saved = checkpoints.load_checkpoint(folder, *made, device)
     if saved is None:
         return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
     model.load_state_dict(saved["model"], strict=False)
@@ -388,15 +393,14 @@ def _resume(config: Config, params: dict, side, model: nn.Module, step_fn, sched
     return saved["step"], saved["history"], saved["best"]
 
 
-def _checkpoint(config: Config, state: dict, optimizer, schedule) -> None:
-    """Save ``config``'s run where it is, for ``_resume``.
+def _checkpoint(folder, device: torch.device, state: dict, step_fn, schedule) -> None:
+    """Save the run in ``folder`` where it is, for ``_resume``.
 
     ``state`` holds its step, history, best, trainable weights...; saved with its optimizer, schedule and random
     generators."""
-    device = torch.device(config.device)
     rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-    state = state | {"rng": rng, "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
-    checkpoints.save_checkpoint(config, state)
+    state = state | {"rng": rng, "optimizer": step_fn.optimizer.state_dict(), "schedule": schedule.state_dict()}
+    checkpoints.save_checkpoint(folder, state)
 
 
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:

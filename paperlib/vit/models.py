@@ -95,50 +95,22 @@ def vit_names() -> list[str]:
     return sorted(set(timm.list_models(module=list(VIT_MODULES))) | {DEMO_ARCH})
 
 
-# the names timm's save_for_hf writes, in its order of preference
-
-
 def custom_folder(name: str) -> Path:
     """The folder of model ``custom/<name>``: ``<models dir>/<name>``."""
     return paths.models_dir() / paths.custom_name(name, "model")
 
 
-def custom_config(name: str) -> tuple[dict, Path]:
-    """(config.json, weight file) of model ``custom/<name>``; errors say what is missing and how to make it."""
-    folder = custom_folder(name)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        found = ", ".join(custom_model_names()) or "none"
-        raise FileNotFoundError(
-            f"model {name!r} not found: expected {config_file}. Save a model there with "
-            f"paperlib.vit.models.save_model(model, {name!r}) (or timm.models.save_for_hf(model, folder)); "
-            f"custom models found in {paths.models_dir()}: {found}."
-        )
-    config = paths.model_config(config_file)
-    arch = config.get("architecture")
-    if arch not in vit_names():
+def custom_config(name: str) -> tuple[dict, Path] | None:
+    """(config.json, weight file) of model ``custom/<name>`` (``paths.saved_model``); None for other names.
+
+    Its architecture must be a timm ViT (``vit_names``); errors say what is missing and how to make it."""
+    saved = paths.saved_model(name)
+    if saved is not None and saved[0].get("architecture") not in vit_names():
         raise ValueError(
-            f"{config_file} names architecture {arch!r}, "
+            f"{custom_folder(name) / 'config.json'} names architecture {saved[0].get('architecture')!r}, "
             "which is not a timm VisionTransformer or Eva ViT (see paperlib.vit.models.vit_names())"
         )
-    weights = paths.custom_weights(folder)
-    if weights is None:
-        raise FileNotFoundError(
-            f"model {name!r} has no weights: expected {' or '.join(str(folder / f) for f in paths.CUSTOM_WEIGHTS)}"
-        )
-    return config, weights
-
-
-def custom_model_names() -> list[str]:
-    """The ``custom/<name>`` models in ``paths.models_dir()`` (folders with a ``config.json``)."""
-    base = paths.models_dir()
-    if not base.is_dir():
-        return []
-    return sorted(
-        paths.CUSTOM + p.name
-        for p in base.iterdir()
-        if (p / "config.json").is_file() and paths.CUSTOM_NAME.fullmatch(p.name)
-    )
+    return saved
 
 
 def save_model(
@@ -184,8 +156,7 @@ def resolve_name(name: str) -> str:
     A ``custom/<name>`` only once its folder is found (``custom_config``)."""
     if name in SHORT_NAMES:
         return SHORT_NAMES[name]
-    if paths.custom_name(name, "model"):
-        custom_config(name)
+    if custom_config(name) is not None:
         return name
     architecture, _, tag = name.partition(".")
     # a tag is one folder name in result paths
@@ -212,9 +183,9 @@ def normalization(name: str, normalize: str = "imagenet") -> tuple[tuple[float, 
     check_normalize(normalize)
     if normalize == "imagenet":
         return IMAGENET
-    if paths.custom_name(name, "model"):
-        config, _ = custom_config(name)
-        cfg, where = config.get("pretrained_cfg") or {}, f"{custom_folder(name) / 'config.json'}'s pretrained_cfg"
+    custom = custom_config(name)
+    if custom is not None:
+        cfg, where = custom[0].get("pretrained_cfg") or {}, f"{custom_folder(name) / 'config.json'}'s pretrained_cfg"
     else:
         timm_name = resolve_name(name)
         try:
@@ -256,8 +227,9 @@ def create_model(
     with the reason, before any weights are fetched.
     """
     # the architecture and arguments its config.json records; its head kept unless num_classes
-    if paths.custom_name(name, "model"):
-        config, saved = custom_config(name)
+    custom = custom_config(name)
+    if custom is not None:
+        config, saved = custom
         timm_name = config["architecture"]
         kwargs = {**config.get("model_args", {}), **kwargs}
         kwargs.setdefault("num_classes", config.get("num_classes", kwargs.get("num_classes")))
