@@ -225,7 +225,7 @@ def test_a_tf32_run_has_tf32_inside_its_steps_only_and_follows_the_fp32_run(resu
     reference = finetune.run(run("fp32"))
     fp32_flags, seen[:] = list(seen), []
     metrics = finetune.run(run("tf32"))
-    assert metrics["precision"] == "tf32" and run("tf32").folder().name.endswith("-tf32")
+    assert metrics["precision"] == "tf32" and run("tf32").folder().name.endswith("+tf32")
     assert fp32_flags and not any(fp32_flags) and seen and all(seen)
     assert not torch.backends.cuda.matmul.allow_tf32  # left as PyTorch's default after the run
     losses = runs.history(run("fp32"))["train_loss"].to_numpy()

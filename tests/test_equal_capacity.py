@@ -78,7 +78,7 @@ def test_frozen_entries_do_not_move_under_momentum_weight_decay_and_clipping():
 def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_RESULTS", str(tmp_path))
     config = Config(component="fc1", method="subset", steps=12, warmup=2, eval_every=6, save_weights=True)
-    assert config.folder().name == "seed=0-equal"
+    assert config.folder().name == "seed=0+equal"
     metrics = finetune.run(config)
     model = demo_model()
     k = equal_capacity.per_block(model)
@@ -186,4 +186,4 @@ def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(res
     model = demo_model()
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     assert metrics["trainable_parameters"] - head_and_norm == 2 * model.embed_dim * len(model.blocks)
-    assert metrics["subset"] and config.folder().name == "seed=0-equal"
+    assert metrics["subset"] and config.folder().name == "seed=0+equal"

@@ -216,8 +216,8 @@ def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(resul
     sgd = finetune.run(small(component="ln2"))
     model, adamw = finetune.train(small(component="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05))
     assert adamw["status"] == "finished" and adamw["optimizer"] == "adamw" and sgd["optimizer"] == "sgd"
-    assert small(optimizer="adamw", weight_decay=0.05).folder().name == "seed=0-adamw-wd0.05"
-    assert small(optimizer="adamw", precision="bf16").folder().name == "seed=0-bf16-adamw"
+    assert small(optimizer="adamw", weight_decay=0.05).folder().name == "seed=0+adamw-wd0.05"
+    assert small(optimizer="adamw", precision="bf16").folder().name == "seed=0+bf16+adamw"
     torch.manual_seed(0)
     initial = components.set_trainable(models.create_model("demo", num_classes=5), "ln2")
     changed = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), initial.state_dict()[n])}
@@ -340,12 +340,12 @@ def test_a_run_trained_again_for_its_weights_is_partial_until_it_ends(monkeypatc
 def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
     protocol = finetune.run(small(steps=8))
     longer = small(steps=12, tag="steps12")
-    assert longer.folder().name == "seed=0+steps12" and longer.folder().parent == small().folder().parent
+    assert longer.folder().name == "seed=0+tag-steps12" and longer.folder().parent == small().folder().parent
     for clash in ("bf16", "adamw", "norm-model", "lora-r8"):  # no tag spells another suffix
         assert small(tag=clash).folder() not in {small(precision="bf16").folder(), small(optimizer="adamw").folder()}
-        assert small(tag=clash).folder().name == f"seed=0+{clash}"
+        assert small(tag=clash).folder().name == f"seed=0+tag-{clash}"
     assert small(tag=2000).tag == "2000"  # a sweep spec's number
-    assert small(validation="fraction").folder().name == "seed=0-val-fraction"  # the paper's reading of Flowers' val
+    assert small(validation="fraction").folder().name == "seed=0+val-fraction"  # the paper's reading of Flowers' val
     finetune.run(longer)
     assert finetune.run(small(steps=8)) == protocol  # still there: not replaced by the longer run
     runs = runs_table.load()

@@ -143,10 +143,10 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     results, tmp_path, monkeypatch, small, move_results
 ):
     plain, adapted = small(component="fc1"), small(component="fc1", method="lora", lora_rank=4)
-    assert adapted.folder().name == "seed=0-lora-r4" and adapted.folder().parent == plain.folder().parent
+    assert adapted.folder().name == "seed=0+lora-r4" and adapted.folder().parent == plain.folder().parent
     assert (
         small(component="fc1", method="lora", lora_rank=4, lora_alpha=8.0, lora_dropout=0.1).folder().name
-        == "seed=0-lora-r4-a8-d0.1"
+        == "seed=0+lora-r4-a8-d0.1"
     )
     # alpha 0 means the rank: one run, one folder, one record
     assert small(component="fc1", method="lora", lora_rank=4, lora_alpha=4.0) == adapted

@@ -20,7 +20,7 @@ class Biases(methods.Method, trainers.Trainer):
     configurations = ("mha", "fc1", "fc2")
 
     def suffix(self, record: dict) -> str:
-        return "-biases"
+        return "biases"
 
     def adapt(self, model: nn.Module, record: dict) -> list[nn.Module]:
         holder = nn.Module()  # the biases as one module's parameters: set_trainable trains what it is given
@@ -41,7 +41,7 @@ def biases(monkeypatch):
 
 def test_a_method_added_in_one_class_runs_end_to_end(biases, results):
     config = Config(component="fc1", method="biases", steps=4, warmup=1, eval_every=2)
-    assert config.folder().name == "seed=0-biases"
+    assert config.folder().name == "seed=0+biases"
     model, metrics = finetune.train(config)
     assert metrics["status"] == "finished" and (config.folder() / METRICS).is_file()
     before = models.create_model("demo")

@@ -171,7 +171,7 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     paper = finetune.run(small(model="custom/half", **LN2))
     own = small(model="custom/half", normalize="model", **LN2)
     assert (
-        own.folder().name == "seed=0-norm-model"
+        own.folder().name == "seed=0+norm-model"
         and own.folder().parent == small(model="custom/half", **LN2).folder().parent
     )
     metrics = finetune.run(own)

@@ -435,7 +435,7 @@ def test_the_run_figure_marks_the_best_checkpoint_and_is_named_by_the_run(figure
     assert [len(ax.get_lines()) for ax in fig.axes] == [1, 1, 1]
     assert [tuple(point) for point in fig.axes[2].collections[0].get_offsets()] == [(2.0, 0.5)]
     assert "FC1 (equal capacity)" in fig._suptitle.get_text()
-    assert _saved(figures) == ["05_finetune_demo_digits_c_snow_fc1_lr0.03_seed=0-equal.png"]
+    assert _saved(figures) == ["05_finetune_demo_digits_c_snow_fc1_lr0.03_seed=0+equal.png"]
 
 
 def test_the_gain_figure_has_a_bar_per_finetuned_configuration_and_names_the_spec(figures):

@@ -101,7 +101,7 @@ def test_missing_runs_are_listed(tree, monkeypatch):
 
 
 def test_runs_in_another_precision_are_other_runs(tree, monkeypatch):
-    folder = tree / "finetune" / "demo" / "digits" / "ln2" / "lr=0.01" / "seed=0-bf16"
+    folder = tree / "finetune" / "demo" / "digits" / "ln2" / "lr=0.01" / "seed=0+bf16"
     folder.mkdir(parents=True)
     (folder / "params.json").write_text(
         json.dumps(
@@ -689,7 +689,7 @@ def tf32_twins(tmp_path, points: float = 1.0) -> None:
         metrics = json.loads(metrics_file.read_text())
         if metrics["status"] != "finished":
             continue
-        twin = metrics_file.parent.with_name(metrics_file.parent.name + "-tf32")
+        twin = metrics_file.parent.with_name(metrics_file.parent.name + "+tf32")
         twin.mkdir()
         params = json.loads((metrics_file.parent / "params.json").read_text()) | {"precision": "tf32"}
         (twin / "params.json").write_text(json.dumps(params))

@@ -335,8 +335,8 @@ def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_fold
     # the paper trains in FP32 (Table 4's text); bf16 autocast and bf16 master weights are speed options
     assert Config().precision == "fp32" and step_options.StepOptions().precision == "fp32"
     assert small().folder().name == "seed=0"
-    assert small(precision="autocast").folder().name == "seed=0-autocast"
-    assert small(precision="bf16").folder().name == "seed=0-bf16"
+    assert small(precision="autocast").folder().name == "seed=0+autocast"
+    assert small(precision="bf16").folder().name == "seed=0+bf16"
     for file in sorted((paths.PARAMETERS / "finetune").glob("*.yaml")):
         assert config_from(yaml.safe_load(file.read_text())).precision == "fp32", file.name
     # on CUDA only the fast options run under bf16 autocast: what the context factories ask of torch.autocast
@@ -402,7 +402,7 @@ def test_an_fp32_run_computes_its_matrix_products_without_tf32_whatever_the_call
 
 
 def test_tf32_is_its_own_precision_on_cuda_and_a_one_line_error_elsewhere(small):
-    assert small(precision="tf32", device="cuda").folder().name == "seed=0-tf32"
+    assert small(precision="tf32", device="cuda").folder().name == "seed=0+tf32"
     with pytest.raises(ValueError) as error:
         small(precision="tf32")
     message = str(error.value)

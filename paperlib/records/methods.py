@@ -41,7 +41,7 @@ class Method:
         return "use method 'weights' for it"
 
     def suffix(self, record: dict) -> str:
-        """The suffix of the run's folder (``runs.run_folder``); the paper's way has none."""
+        """The method's part of the run's folder name (``runs.run_folder``); the paper's way has none."""
         return ""
 
     def label(self, record: dict) -> str:
@@ -76,9 +76,9 @@ class Lora(Method):
         return "LoRA adapts weight matrices and it has none; use method 'weights' for it"
 
     def suffix(self, record: dict) -> str:
-        """``-lora-r<rank>``, with ``-a<alpha>`` unless alpha is the rank and ``-d<dropout>`` unless 0."""
+        """``lora-r<rank>``, with ``-a<alpha>`` unless alpha is the rank and ``-d<dropout>`` unless 0."""
         rank, alpha, dropout = record["lora_rank"], record["lora_alpha"], record["lora_dropout"]
-        return f"-lora-r{rank}" + (f"-a{alpha:g}" if alpha != rank else "") + (f"-d{dropout:g}" if dropout else "")
+        return f"lora-r{rank}" + (f"-a{alpha:g}" if alpha != rank else "") + (f"-d{dropout:g}" if dropout else "")
 
     def label(self, record: dict) -> str:
         """``LoRA r=<rank>``, with alpha and dropout where they are not the defaults."""
@@ -101,8 +101,8 @@ class Subset(Method):
         return "it is not one component"
 
     def suffix(self, record: dict) -> str:
-        """``-equal``, with ``-s<seed>`` for a subset seed other than 0."""
-        return "-equal" + (f"-s{record['subset_seed']}" if record["subset_seed"] else "")
+        """``equal``, with ``-s<seed>`` for a subset seed other than 0."""
+        return "equal" + (f"-s{record['subset_seed']}" if record["subset_seed"] else "")
 
     def label(self, record: dict) -> str:
         """``equal capacity``."""

@@ -87,8 +87,8 @@ def suffixes(*choices: tuple[str, object, object]) -> str:
     """A result folder's suffixes: ``+<name>-<value>`` for each (name, value, default) whose value is not its default.
 
     ``+<value>`` for a choice without a name, in the order given, a ``/`` of a value as ``_``: a measurement's
-    (``measurements.Measurement.folder``) and a probe table's (``probe.Probe.folder``), so that a result that is not
-    the paper's never replaces one. A finetuning run's folder has its own grammar (``runs.run_folder``)."""
+    (``measurements.Measurement.folder``), a probe table's (``probe.Probe.folder``) and a finetuning run's
+    (``runs.run_folder``), so that a result that is not the paper's never replaces one."""
     return "".join(
         "+" + "-".join(part for part in (name, str(value).replace("/", "_")) if part)
         for name, value, default in choices

@@ -179,11 +179,12 @@ class Run:
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, where this run lives.
 
-        Suffixes: ``-<precision>`` unless the precision is the protocol's, ``-<optimizer>[-wd<weight decay>]`` unless
-        the optimizer is, ``-lora-r<rank>[-a<alpha>][-d<dropout>]`` for LoRA, ``-equal[-s<subset seed>]`` for equal
-        capacity, ``-norm-model`` for the model's own normalisation, ``-val-fraction`` for the paper's reading of the
-        validation split, and ``+<tag>`` last (``+``, which no tag has, so that no tag can spell another suffix): a
-        bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of the paper's. Other parameters
+        Suffixes (``paths.suffixes``, the grammar of every result folder): ``+<precision>`` unless the precision is
+        the protocol's, ``+<optimizer>[-wd<weight decay>]`` unless the optimizer is, the method's
+        (``methods.Method.suffix``: ``+lora-r<rank>[-a<alpha>][-d<dropout>]``, ``+equal[-s<subset seed>]``),
+        ``+norm-model`` for the model's own normalisation, ``+val-fraction`` for the paper's reading of the validation
+        split, and ``+tag-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of
+        the paper's. Other parameters
         (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that changes them replaces the run
         in its folder unless it has a tag of its own."""
         return run_folder(asdict(self))
@@ -207,13 +208,14 @@ def written_one_way(values: dict) -> dict:
 def run_folder(record: dict) -> Path:
     """The folder of the run ``record`` describes (a ``Config``'s fields, ``Config.folder``)."""
     r = record
-    run = f"seed={r['seed']}" + ("" if r["precision"] == "fp32" else f"-{r['precision']}")
-    if r["optimizer"] != "sgd":  # another optimizer, another folder: the paper's runs are kept
-        run += f"-{r['optimizer']}" + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else "")
-    run += methods.method_of(r).suffix(r)  # another way to train the component, another folder
-    run += "" if r["normalize"] == "imagenet" else f"-norm-{r['normalize']}"
-    run += f"-val-{r['validation']}" if r["validation"] != "official" else ""
-    run += f"+{r['tag']}" if r["tag"] else ""
+    run = f"seed={r['seed']}" + paths.suffixes(
+        ("", r["precision"], "fp32"),
+        ("", r["optimizer"] + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else ""), "sgd"),
+        ("", methods.method_of(r).suffix(r), ""),
+        ("norm", r["normalize"], "imagenet"),
+        ("val", r["validation"], "official"),
+        ("tag", r["tag"], ""),
+    )
     return finetune_root() / r["model"] / r["dataset"] / r["component"] / f"lr={r['lr']:g}" / run
 
 
