@@ -10,6 +10,7 @@
     python -m benchmarks data --dataset digits --image-size 224
     python -m benchmarks data --dataset cifar10 --root /data --device cuda
 
+    python -m benchmarks gpu --out bench-gpu        # the one GPU check (benchmarks.gpu); a dry run without a GPU
     python -m benchmarks targets --out bench-out    # every benchmark at its target's settings, checked
     python -m benchmarks profile --model vit_base_in21k --batch-size 256 \
         --device cuda                               # where a step's time goes
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import gpu
 from benchmarks.data import bench_data, bench_plasticity
 from benchmarks.step import (
     StepSettings,
@@ -548,7 +550,19 @@ def _targets_command(commands) -> None:
     )
 
 
+def _gpu_command(commands) -> None:
+    g = _command(commands, "gpu", "the one GPU check: the CUDA tests, presets, plasticity and a protocol step")
+    g.add_argument(
+        "--parts", default=None, metavar="LIST", help=f"comma-separated, of: {_list(gpu.PARTS)}; default: all"
+    )
+    g.add_argument("--out", type=Path, default=None, help="folder for test_cuda.txt (the tests' output); default: none")
+    g.set_defaults(
+        run=lambda a: gpu.bench_gpu(a.out, _words(a.parts) if a.parts else None), show=gpu.print_table, json=None
+    )
+
+
 COMMANDS = (
+    _gpu_command,
     _data_command,
     _plasticity_command,
     _finetune_command,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import __main__ as bench
+from benchmarks import gpu
 from benchmarks import step as step_bench
 from benchmarks.step import StepSettings, Timing
 from paperlib.records.names import RUN_COMPONENTS
@@ -487,7 +488,7 @@ def test_presets_are_measured_against_none_in_each_precision_with_a_plain_loop_b
 
 
 def test_help_gives_every_option_its_meaning_type_default_and_choices(capsys):
-    commands = ("data", "plasticity", "finetune", "profile", "variants", "kernels", "presets", "targets")
+    commands = ("data", "plasticity", "finetune", "profile", "variants", "kernels", "presets", "targets", "gpu")
     with pytest.raises(SystemExit):
         bench.main(["--help"])
     listed = capsys.readouterr().out
@@ -519,3 +520,34 @@ def test_the_sharing_benchmark_sweeps_the_demo_plasticity_spec_over_four_dataset
     cells = specs.cells(specs.load_spec(sharing.spec(tmp_path)))
     assert [parameters["dataset"] for _, _, parameters in cells] == sharing.DATASETS
     assert {notebook.name for _, notebook, _ in cells} == {"02_plasticity.ipynb"}
+
+
+def test_the_gpu_check_without_a_gpu_is_a_dry_run_that_lists_what_it_would_measure(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    measured = []
+    for name in ("cuda_tests", "presets", "plasticity", "protocol_step"):
+        monkeypatch.setattr(gpu, name, lambda *args, name=name: measured.append(name) or [])
+    bench.main(["gpu", "--out", str(tmp_path / "out")])  # returns: exit status 0
+    out = capsys.readouterr().out
+    assert "no GPU: a dry run, nothing measured" in out and "| part | setting | figure |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "dry run: no GPU here" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| tests", "| presets", "| plasticity", "| protocol"]
+    assert "batch 512" in rows[1] and "batch 512" in rows[3] and "12,800" in rows[2]
+    assert "pytest -rA --tb=long" in rows[0] and all(p in rows[1] for p in PRECISIONS)
+    assert not measured and not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["gpu", "--parts", "tests,speed"])
+    assert exit_.value.code == 2 and "valid parts: tests, presets, plasticity, protocol" in capsys.readouterr().err
+
+
+def test_a_gpu_check_part_that_fails_is_a_row_with_its_error_and_the_others_still_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def broken():
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(gpu, "presets", broken)
+    monkeypatch.setattr(gpu, "plasticity", lambda: [{"part": "plasticity", "setting": "s", "figure": "1 pairs/s"}])
+    rows = gpu.bench_gpu(parts=("presets", "plasticity"))
+    assert [row["part"] for row in rows] == ["presets", "plasticity"]
+    assert rows[0]["figure"] == "failed: RuntimeError: CUDA out of memory" and rows[1]["figure"] == "1 pairs/s"

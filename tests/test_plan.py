@@ -12,7 +12,7 @@ from paperlib import speed
 from paperlib.records import paths, runs, specs, storage
 from paperlib.sweeps import plan, sweep
 from paperlib.train import finetune
-from paperlib.train.config import Config, configs
+from paperlib.train.config import Config, config_from, configs
 
 DEMO_SPEC = str(paths.PARAMETERS / "sweeps" / "finetune_demo.yaml")
 PLASTICITY_SPEC = str(paths.PARAMETERS / "sweeps" / "plasticity_demo.yaml")
@@ -191,4 +191,32 @@ def test_a_sweep_of_another_notebook_gets_its_counts_and_no_estimate(results, re
     assert total.split() == ["total", "3", "0", "0", "0", "3"]
     assert "no estimate: estimates are for finetuning sweeps (05_finetune)" in out and "img/s" not in out
     assert plan.plan(sweep.expand(specs.load_spec(PLASTICITY_SPEC)))["estimate"] is None
+    assert not results.exists() and not reports.exists()
+
+
+@pytest.mark.parametrize(
+    ("spec", "runs", "models", "optimizers"),
+    [
+        ("ablation_model_size.yaml", 144, {"vit_large_in21k", "vit_huge_in21k"}, {"sgd"}),
+        ("ablation_adam.yaml", 288, {"vit_base_in21k"}, {"adamw"}),
+    ],
+)
+def test_the_plan_of_each_of_the_authors_ablations_prints_its_runs_and_device_hours(
+    spec, runs, models, optimizers, results, reports, monkeypatch, capsys
+):
+    # a GPU machine's plan, without one: its device named and its step timed at a fixed rate
+    for name in ("_device_here", "device_name"):
+        monkeypatch.setattr(plan, name, lambda device: "NVIDIA H100 80GB HBM3")
+    fixed_rate(monkeypatch, 500.0)
+    path = str(paths.PARAMETERS / "sweeps" / spec)
+    assert sweep.main([path, "--plan"]) == 0
+    out = capsys.readouterr().out
+    total = next(line for line in out.splitlines() if line.startswith("total "))
+    assert total.split() == ["total", str(runs), "0", "0", "0", str(runs)]
+    configs_ = [config_from(run.parameters) for run in sweep.expand(specs.load_spec(path))]
+    images = sum(config.steps * config.batch_size for config in configs_)
+    hours = next(line for line in out.splitlines() if line.startswith("total:"))
+    assert hours.startswith(f"total: {images / 500.0 / 3600:,.1f} device-hours"), hours
+    assert {c.model for c in configs_} == models and {c.optimizer for c in configs_} == optimizers
+    assert {c.component for c in configs_} == {"full", "ln1", "mha", "ln2", "fc1", "fc2"}
     assert not results.exists() and not reports.exists()

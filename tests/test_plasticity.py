@@ -299,13 +299,22 @@ def authors_loader(n_images: int, batch: int):
     return chain.from_iterable(repeat(DataLoader(torch.arange(n_images), batch_size=batch, drop_last=True)))
 
 
-@pytest.mark.parametrize("batch, steps", [(64, 200), (32, 400)])  # ViT-Base's and ViT-Huge's 12,800 pairs
+@pytest.mark.parametrize("batch, steps", [(64, 200), (32, 400)])  # ViT-Base's; ViT-Large's and ViT-Huge's
 def test_the_pairs_are_those_of_two_cycled_loaders_with_drop_last(batch, steps):
     reference, target = authors_loader(50_000, batch), authors_loader(2_000, batch)  # ImageNet val, Cifar10-C test
     expected = [torch.cat([next(loader) for _ in range(steps)]).tolist() for loader in (reference, target)]
     drawn = plasticity.pair_indices(50_000, 2_000, batch * steps, batch=batch)
     assert list(drawn) == expected
     assert drawn[0] == list(range(12_800)) and len(set(drawn[1])) == 1_984  # 31 whole batches of 64, 62 of 32
+
+
+@pytest.mark.parametrize(
+    "model, batch", [("vit_base_in21k", 64), ("vit_large_in21k", 32), ("vit_huge_in21k", 32), ("demo", 64)]
+)
+def test_the_loader_batch_is_by_default_the_one_the_authors_analysis_gives_each_model(model, batch):
+    # apps/vit/scripts/analysis.sh: batch_size=64, n_steps=200 for ViT-Base; 32 and 400 for ViT-Large and ViT-Huge
+    assert Measurement(model, "cifar10", n_pairs=12_800).loader_batch == batch
+    assert Measurement(model, "cifar10", n_pairs=12_800, loader_batch=16).loader_batch == 16  # asked: kept
 
 
 def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move_results):

@@ -275,3 +275,37 @@ def test_robustness_boxes_show_one_dataset_and_count_divergence():
     dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
     assert len(dashed) == 1 and list(dashed[0].get_ydata()) == pytest.approx([60.0, 60.0])
     plt.close(fig)
+
+
+def test_robustness_boxes_hide_outliers_and_linear_as_the_authors_unless_asked():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from paperlib.reports import plots
+
+    # MHA's 12 runs: 11 near 90% and one at 20%, far beyond 1.5 IQR of the box: an outlier
+    mha = [0.90, 0.91, 0.89, 0.90, 0.92, 0.88, 0.90, 0.91, 0.89, 0.90, 0.91, 0.20]
+    runs = pd.DataFrame(
+        {
+            "dataset": "a",
+            "component": ["mha"] * 12 + ["linear"] * 2,
+            "status": "finished",
+            "test_accuracy": mha + [0.5, 0.6],
+        }
+    )
+
+    def drawn(**options):
+        fig, ax = plt.subplots()
+        plots.config_boxes(runs, ax, **options)
+        labels = [label.get_text() for label in ax.get_xticklabels()]
+        points = sorted(y for line in ax.lines if line.get_marker() not in ("None", None, "") for y in line.get_ydata())
+        plt.close(fig)
+        return labels, points
+
+    assert drawn() == (["MHA"], [])  # the authors' boxes (seaborn's showfliers=False), no linear box
+    labels, points = drawn(fliers=True, linear=True)
+    assert labels == ["MHA", "Linear head (SGD)"]  # the drawing before: outliers and the linear box
+    assert points == pytest.approx([20.0])

@@ -65,12 +65,13 @@ from paperlib.vit import models
 
 LOADER_BATCH = 64
 """The batch of the authors' loaders in their analysis (``apps/vit/scripts/analysis.sh``: 64 x 200 steps for
-ViT-Base, ``HUGE_LOADER_BATCH`` x 400 for ViT-Huge): with ``sample="first"``, a set is read in whole batches
-of it, a last partial batch never used (a set smaller than one batch is used whole)."""
+ViT-Base, ``LOADER_BATCHES``' x 400 for ViT-Large and ViT-Huge): with ``sample="first"``, a set is read in whole
+batches of it, a last partial batch never used (a set smaller than one batch is used whole)."""
 
-HUGE_LOADER_BATCH = 32
-"""The authors' loader batch for ViT-Huge (``models.PAPER_MODELS["vit_huge_in21k"]``): ``Measurement``'s
-``loader_batch=0`` is it for that model, ``LOADER_BATCH`` for every other."""
+LOADER_BATCHES = {models.PAPER_MODELS["vit_large_in21k"]: 32, models.PAPER_MODELS["vit_huge_in21k"]: 32}
+"""The authors' loader batch per model where it is not ``LOADER_BATCH`` (``analysis.sh``: 32 for ViT-Large and
+ViT-Huge), by timm name: ``Measurement``'s ``loader_batch=0`` is it for these models, ``LOADER_BATCH`` for every
+other."""
 
 
 def cycled(n_images: int, n_pairs: int, batch: int = LOADER_BATCH) -> list[int]:
@@ -259,8 +260,7 @@ class Measurement(measurements.Measurement):
         datasets.check_dataset(self.dataset)
         timm_name = models.resolve_name(self.model)
         if self.loader_batch == 0:  # the authors' batch written one way, as the reference
-            huge = timm_name == models.PAPER_MODELS["vit_huge_in21k"]
-            object.__setattr__(self, "loader_batch", HUGE_LOADER_BATCH if huge else LOADER_BATCH)
+            object.__setattr__(self, "loader_batch", LOADER_BATCHES.get(timm_name, LOADER_BATCH))
         check_severity(self.severity)
         super().__post_init__()
         datasets.check_dataset(self.reference)

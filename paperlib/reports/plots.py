@@ -274,12 +274,14 @@ def training_curves(
     return ax
 
 
-def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
+def config_boxes(runs, ax: plt.Axes | None = None, fliers: bool = False, linear: bool = False) -> plt.Axes:
     """Test accuracy over learning rates and seeds per configuration, for one dataset.
 
     Fig. 4 left on Sketch, Fig. 18 on each benchmark. ``runs`` are that dataset's, as ``runs_table.load`` lists them. As
     the authors' figure, boxes are over every run with a test accuracy, diverged runs included with their
-    best-validation checkpoint's (counted under each box), and full finetuning is a dashed line at its mean."""
+    best-validation checkpoint's (counted under each box), outliers are not drawn, the five components alone have
+    boxes, and full finetuning is a dashed line at its mean. ``fliers``: draw the outliers; ``linear``: a box of the
+    ``linear`` configuration's runs too."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
     if runs["dataset"].nunique() > 1:
@@ -289,8 +291,8 @@ def config_boxes(runs, ax: plt.Axes | None = None) -> plt.Axes:
         )
     ended = runs[runs["status"].isin(["finished", "diverged"])]
     accuracy = {c: 100 * ended.loc[ended["component"] == c, "test_accuracy"].dropna().to_numpy() for c in COLORS}
-    components = [c for c in (*COMPONENTS, "linear") if len(accuracy[c])]
-    parts = ax.boxplot([accuracy[c] for c in components], patch_artist=True, widths=0.6)
+    components = [c for c in ((*COMPONENTS, "linear") if linear else COMPONENTS) if len(accuracy[c])]
+    parts = ax.boxplot([accuracy[c] for c in components], patch_artist=True, widths=0.6, showfliers=fliers)
     for box, component in zip(parts["boxes"], components):
         box.set_facecolor(COLORS[component])
     if len(accuracy["full"]):
@@ -610,14 +612,16 @@ def gain_figure(gain, average, spec: str, select: str) -> plt.Figure:
     return _saved(fig, "07_finetune_results", Path(spec).stem, select)
 
 
-def robustness_figure(runs, spec: str) -> plt.Figure:
-    """Notebook 07's Fig. 4 (left) and Fig. 18: ``config_boxes`` of every run of the grid, a panel per dataset."""
+def robustness_figure(runs, spec: str, fliers: bool = False, linear: bool = False) -> plt.Figure:
+    """Notebook 07's Fig. 4 (left) and Fig. 18: ``config_boxes`` of every run of the grid, a panel per dataset.
+
+    ``fliers`` and ``linear``: ``config_boxes``'."""
     datasets = sorted(runs["dataset"].unique())
     columns = min(3, len(datasets))
     rows = -(-len(datasets) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.4 * rows), squeeze=False)
     for ax, name in zip(axes.flat, datasets):
-        config_boxes(runs[runs["dataset"] == name], ax)
+        config_boxes(runs[runs["dataset"] == name], ax, fliers, linear)
         ax.set_title(name)
     for ax in axes.flat[len(datasets) :]:
         ax.axis("off")

@@ -17,11 +17,12 @@ block, fewer than a LayerNorm's 2d), so no biases-only reading is offered.
 How: a parametrization (``torch.nn.utils.parametrize``, the field's way to reparametrize a weight)
 adds a trainable vector ``delta`` of the subset's length at its entries: ``W = W0 + scatter(delta)``.
 ``W0`` does not train, so the entries outside the subset are bit-identical after any run, whatever the
-optimizer, its momentum, clipping (which sees only the subset's gradients) or precision; with SGD
-without weight decay (the paper's), training ``delta`` from 0 is training the subset's entries
-themselves. The subset is drawn from its own seed (``Config.subset_seed``) and the model's shape
-alone: the same for every learning rate and seed of one configuration. ``merge`` folds ``delta`` in,
-leaving a plain timm ViT.
+optimizer, its momentum, clipping or precision; with SGD without weight decay (the paper's), training
+``delta`` from 0 is training the subset's entries themselves. Clipping sees what the run trains: the
+subset's ``delta``, the head and the final norm. AdamW's weight decay never reaches ``delta`` (a vector;
+``speed.step.decay_groups`` decays weight matrices only), where an ordinary run decays its component's.
+The subset is drawn from its own seed (``Config.subset_seed``) and the model's shape alone: the same for
+every learning rate and seed of one configuration. ``merge`` folds ``delta`` in, leaving a plain timm ViT.
 """
 
 from __future__ import annotations
