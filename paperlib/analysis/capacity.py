@@ -27,7 +27,7 @@ null is a permutation of the accuracies among the components of one dataset (and
 Capacity orders components only by ``capacity_levels``: parameter counts within ``TOLERANCE`` of
 each other tie (FC2, 3d per block fewer than FC1, is not smaller). The capacity of a model's
 components is ``components.parameter_share``; ``predictor_table`` puts it (or any per-component
-score) in the layout of P(f), for ``stats.plasticity_correlation``'s Takeaway-2 test with another
+score) in the layout of P(f), for ``component_tests.plasticity_correlation``'s Takeaway-2 test with another
 predictor. ``verdict`` (one model, one dataset, one run per component) counts and does not test.
 """
 
@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from paperlib.analysis import stats
+from paperlib.analysis import component_tests, tables
 from paperlib.analysis.significance import holm, kendall_tau, sign_test
 from paperlib.records.names import COMPONENTS, LABELS, family
 
@@ -541,10 +541,10 @@ def at_equal_capacity_of_runs(
     """``at_equal_capacity`` of two sweeps' runs (``runs_table.for_spec``'s; one model).
 
     ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
-    against P(f) (``stats.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f) comes from
-    ("measured" or the paper's order)."""
+    against P(f) (``component_tests.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f)
+    comes from ("measured" or the paper's order)."""
     datasets = set(equal["dataset"])
     ordinary = ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)]
-    tables = [stats.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
-    measured, source = stats.plasticity_for(ordinary, reference)
-    return at_equal_capacity(measured, *tables), source
+    accuracies = [tables.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
+    measured, source = component_tests.plasticity_for(ordinary, reference)
+    return at_equal_capacity(measured, *accuracies), source

@@ -18,18 +18,10 @@ import pandas as pd
 from scipy import special
 from scipy import stats as scipy_stats
 
+from paperlib.analysis.component_tests import table1
 from paperlib.analysis.significance import holm
-from paperlib.analysis.stats import (
-    COLUMNS,
-    SELECTIONS,
-    SETTING,
-    check_one_setting,
-    component_order,
-    table1,
-    table6,
-    wide,
-    write_csv,
-)
+from paperlib.analysis.summary import write_csv
+from paperlib.analysis.tables import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table6, wide
 from paperlib.records import cli, runs_table, specs
 from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
 from paperlib.records.step_options import PRECISIONS
