@@ -12,12 +12,6 @@ null is a permutation of the accuracies among the components of one dataset (and
   permutation of each stratum, the strata independent, convolved); per adjacent pair of the
   plasticity order (``adjacent_pairs``), a sign test over datasets with Holm's adjustment over the
   pairs; and the same by dataset family (``names.family``: Cifar10 and its corruptions count once).
-  On the paper's Table 6 with its order, S over both groups gives p = 0.047, but the support is one
-  pair: FC1 beats FC2 on 9 of 11 benchmarks (p = 0.065, 0.20 after Holm), MHA beats FC1 on 5 and LN2
-  beats LN1 on 6; by family (Cifar10 with its corruptions one of 6), the MHA / FC1 / FC2 tau is
-  positive in 5 of 6 (p = 0.22). No pair is significant alone, the test counts Cifar10's corruptions
-  as six independent benchmarks, and 9 of 11 for FC1 over FC2 is 4 of 6 families: the paper's
-  numbers neither show nor rule out plasticity beyond capacity.
 - ``discordant_pairs``: the pairs of components that P(f) and capacity order differently, how often
   finetuning followed each, and an exact permutation test pooled over the pairs (a run enters several
   pairs: a sign test over pairs would count it several times), per pair with Holm's adjustment. On a

@@ -74,8 +74,7 @@ AUGMENTED_CROPS = "full_image"
 """Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution.
 
 As the authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``Probe.key()``
-(``crops``): a table that lacks it, or whose crops were cut otherwise (from the decoded cache, shorter side 256), is
-another table, computed again."""
+(``crops``): a table whose key does not name these crops is another table, computed again."""
 
 MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
 SMALL_FIT = 2**22  # training features (images x width) up to which a fit runs on one BLAS thread
