@@ -13,14 +13,10 @@ Which images. The authors' script reads the training images through their finetu
 the 80% training split (``train_size=0.8``; Flowers102's official training split), each image
 once as one random resized crop and flip, shuffled, in batches of 512 with the last incomplete
 batch dropped (on Flowers102, 512 of its 1,020 training images); the test images are the test
-split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does
-the same: ``get_dataset(dataset, "train", seed=split_seed)``, each image cropped at its full
-resolution by torchvision's ``RandomResizedCrop`` and flipped by ``RandomHorizontalFlip``
-(``transforms.paper_transform(augment=True)``), crops, flips and order drawn from ``split_seed``
-(``data.augmented``; a set smaller than its ``AUGMENTED_BATCH`` is one batch of all it has).
-``train_features="clean"`` (beyond the authors)
-takes every training image once, resized and centre-cropped. ``train_split="trainval"`` (beyond
-the paper) fits on the whole training set instead.
+split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does the same with
+``get_dataset(dataset, "train", seed=split_seed)``: crops, flips and order from ``split_seed`` (``data.augmented``).
+``train_features="clean"`` (beyond the authors) takes every training image once, resized and centre-cropped.
+``train_split="trainval"`` (beyond the paper) fits on the whole training set instead.
 
 Which point is the paper's. "The attention hidden representation of the last layer" most likely
 means the output of the last block's MHA (``mha``: the attention module's output, before the
