@@ -152,7 +152,7 @@ def time_all(root: Path) -> pd.DataFrame:
     with tempfile.TemporaryDirectory() as out:
         commands = {
             "python -m paperlib stats SPEC": [python, "-m", "paperlib", "stats", SPEC],
-            "python -c 'import paperlib.analysis.stats'": [python, "-c", "import paperlib.analysis.stats"],
+            "python -c 'import paperlib.analysis.summary'": [python, "-c", "import paperlib.analysis.summary"],
             "python -m paperlib sweep SPEC --plan": [python, "-m", "paperlib", "sweep", SPEC, "--plan"],
             "papermill 06 (README's options)": [
                 *[python, "-m", "papermill", "notebooks/06_gradient_dynamics.ipynb", f"{out}/06.ipynb"],

@@ -27,7 +27,7 @@ include_all_results = False  # also show saved results of models and datasets no
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib.analysis import plasticity_table, stats
+from paperlib.analysis import plasticity_table, ranking
 from paperlib.measure import plasticity
 from paperlib.records import measurements
 from paperlib.reports import notebook, plots
@@ -60,7 +60,7 @@ plots.pooled_figure(summary, layers)
 plt.show()
 
 # %%
-pooled = stats.pooled_order(summary)  # per model: the components by P(f) averaged over datasets, and tau with the paper's order
+pooled = ranking.pooled_order(summary)  # per model: the components by P(f) averaged over datasets, and tau with the paper's order
 token_rms = summary.groupby("model")["token_rms"].mean()
 whys = {row.model: notebook.token_scale_why(row.tau, token_rms[row.model]) for row in pooled.itertuples()}
 notebook.headline("; ".join(f"{row.model}: {row.order} (Kendall's tau {row.tau:.2f})" for row in pooled.itertuples()) + f", P(f) averaged over {summary['dataset'].nunique()} datasets",

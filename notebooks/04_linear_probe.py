@@ -54,7 +54,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from paperlib.analysis import stats
+from paperlib.analysis import tables
 from paperlib.measure import probe
 from paperlib.records.runs_table import for_spec
 from paperlib.reports import notebook, plots
@@ -78,7 +78,7 @@ print(f"{model}: {table['block'].nunique()} blocks x {table['point'].nunique()} 
 
 # %%
 column = probe.table6_column(model, datasets, point=point, block=block, **options)
-paper = pd.read_csv(stats.PAPER_TABLE6, comment="#").query("component == 'probe'")
+paper = pd.read_csv(tables.PAPER_TABLE6, comment="#").query("component == 'probe'")
 column = column.merge(paper[["dataset", "mean"]].rename(columns={"mean": "paper (%)"}), on="dataset", how="left")
 column.rename(columns={"accuracy": f"probe at block {block}, {point} (%)"}).set_index("dataset").round(2)
 
@@ -124,5 +124,5 @@ runs, _ = for_spec(grid)
 finished = runs[runs["status"] == "finished"] if len(runs) else runs
 print(f"{len(runs)} runs of the linear configuration, {len(finished)} finished")
 if len(finished):
-    sgd = stats.table6(runs, select=select)
-    display(sgd.set_index("dataset")[["lr"]].join(stats.formatted(sgd)["linear"].rename("SGD head, test accuracy (%)")))
+    sgd = tables.table6(runs, select=select)
+    display(sgd.set_index("dataset")[["lr"]].join(tables.formatted(sgd)["linear"].rename("SGD head, test accuracy (%)")))

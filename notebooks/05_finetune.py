@@ -52,7 +52,7 @@ from dataclasses import asdict
 
 import matplotlib.pyplot as plt
 
-from paperlib.analysis import stats
+from paperlib.analysis import tables
 from paperlib.records import names, paths, runs
 from paperlib.reports import notebook, plots
 from paperlib.train import finetune
@@ -99,6 +99,6 @@ plt.show()
 {key: metrics[key] for key in ("status", "best_step", "best_val_accuracy", "test_accuracy", "trainable_parameters", "images_per_second")}
 
 # %%
-paper_value = stats.paper_accuracy(dataset, component)  # None off the paper's benchmarks
+paper_value = tables.paper_accuracy(dataset, component)  # None off the paper's benchmarks
 notebook.headline(f"{component} on {dataset}: test accuracy {100 * (metrics.get('test_accuracy') or float('nan')):.1f}% ({metrics['status']}, best validation at step {metrics.get('best_step')})",
                 paper=None if paper_value is None else f"{paper_value:.2f}% at the best of its learning rates, mean of 3 seeds (Table 6)")

@@ -24,7 +24,7 @@ device = "cpu"  # device for a missing plasticity measurement
 # %%
 import matplotlib.pyplot as plt
 
-from paperlib.analysis import plasticity_table, stats
+from paperlib.analysis import component_tests, plasticity_table, tables
 from paperlib.measure import plasticity
 from paperlib.records import names, paths, specs
 from paperlib.records.runs_table import at_least_one, for_spec, histories_of
@@ -57,7 +57,7 @@ plt.show()
 # the plasticity order MHA > FC1 > FC2 > LN2 > LN1 (with `full` above all, having every weight).
 
 # %%
-early = stats.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_norm"].sort_values(ascending=False)
+early = tables.early_gradient_norm(one, runs, 0.2).set_index("component")["grad_norm"].sort_values(ascending=False)
 early.rename(index=names.LABELS).round(3).to_frame("mean gradient norm, first 20% of steps")
 
 # %%
@@ -78,7 +78,7 @@ notebook.headline(f"{dataset}, lr {lr:g}: mean gradient norm over the first 20% 
 
 # %%
 at = histories[(histories["lr"] == lr) & (histories["seed"] == seed)]
-norms = stats.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one may have stopped early
+norms = tables.early_gradient_norm(at, runs, 0.2)  # finished runs only: a diverged one may have stopped early
 if norms.empty:
     print(f"no finished run at lr {lr:g} and seed {seed}")
 else:
@@ -86,10 +86,10 @@ else:
     if compute_missing:
         plasticity.measure_missing([plasticity.Measurement(model, dataset, reference, n_pairs, normalize=normalize)], device=device)
     measured = plasticity_table.collect(normalize=normalize, reference=reference or "default")
-    per_dataset = stats.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
+    per_dataset = component_tests.plasticity_correlation(measured[measured["model"] == model], norms[norms["model"] == model], value="grad_norm")
     lost = runs.query("lr == @lr and seed == @seed and status == 'diverged'")
     print(f"{model}, lr {lr:g}, seed {seed}: {len(per_dataset)} dataset(s) with P(f) and runs ({len(lost)} diverged runs left out);",
-          ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.correlation_summary(per_dataset).items()))
+          ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in component_tests.correlation_summary(per_dataset).items()))
     display(per_dataset.round(3))
 
 # %% [markdown]

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from paperlib.analysis import capacity, precision_check, stats
+from paperlib.analysis import capacity, component_tests, precision_check, summary, tables
 from paperlib.measure import plasticity, probe
 from paperlib.records import names, paths, specs
 from paperlib.records.runs_table import KEYS, at_least_one, for_spec
@@ -48,7 +48,7 @@ if compute_missing:
     finetune.run_spec(grid_spec)
 runs, missing = for_spec(grid_spec)  # the spec's runs only
 at_least_one(runs, spec, missing)
-model = stats.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
+model = tables.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
 runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
 normalize = runs["normalize"].iloc[0]
 if compute_missing:  # P(f) of the runs' model on their datasets, for the Takeaway 2 test below
@@ -79,12 +79,12 @@ if not missing.empty:
 # %%
 probing = probe.table6_column(model, sorted(runs["dataset"].unique()), point=probe_point, block=probe_block, device=device, normalize=normalize,
                               compute=compute_missing)  # without compute_missing, the probes cached under results/probe/ only
-ours = stats.summary(runs, select=select, reference=reference, probing=probing)  # every table below, of these runs
-paper = stats.paper_summary()  # the same tables of the paper's own Table 6
-stats.formatted(ours["table6"]).rename(columns=names.LABELS)
+ours = summary.summary(runs, select=select, reference=reference, probing=probing)  # every table below, of these runs
+paper = summary.paper_summary()  # the same tables of the paper's own Table 6
+tables.formatted(ours["table6"]).rename(columns=names.LABELS)
 
 # %%
-ours_wide, paper_wide = stats.wide(ours["table6"], "mean"), stats.wide(paper["table6"], "mean")
+ours_wide, paper_wide = tables.wide(ours["table6"], "mean"), tables.wide(paper["table6"], "mean")
 common = sorted(set(ours_wide.index) & set(paper_wide.index))
 if common:
     display(pd.concat([ours_wide.loc[common], paper_wide.loc[common].add_suffix(" (paper)")], axis=1).round(2))
@@ -99,7 +99,7 @@ paper_wide.rename(columns=names.LABELS)
 # Wilcoxon signed-rank test across benchmarks (scipy, on the seed-averaged accuracies paired by
 # benchmark, a benchmark where both are equal left out; significant at 5%). **The test is
 # one-sided** (`alternative="greater"`: is MHA better?), as the authors' code computes it; the paper
-# says only "a Wilcoxon signed-rank test". The two-sided test is `stats.table1(...,
+# says only "a Wilcoxon signed-rank test". The two-sided test is `component_tests.table1(...,
 # alternative="two-sided")`: on the paper's own Table 6 it doubles each p-value and gives the same
 # bold entries. From the paper's own Table 6, the decreases are FC1 0.07, FC2 0.44, LN1 0.93, LN2
 # 0.82 with the same significance pattern as the paper's Table 1, which prints LN1 0.8 and LN2 0.9:
@@ -120,8 +120,8 @@ pd.concat({"paper's Table 6": paper["table1"].set_index("component"), "ours": ou
 # pairs stay below 5%: MHA over LN1 and FC1 over FC2.
 
 # %%
-display(stats.formatted_pairs(paper["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("paper's Table 6"))
-stats.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("ours")
+display(component_tests.formatted_pairs(paper["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("paper's Table 6"))
+component_tests.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("ours")
 
 # %% [markdown]
 # ## Relative gain over linear probing (Fig. 2 right) and the average over benchmarks (Fig. 17)
@@ -138,20 +138,20 @@ stats.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, columns=names
 
 # %%
 table6 = ours["table6"].set_index(["dataset", "component"])["mean"]
-if model == "demo" and {("digits", "mha"), ("digits", stats.PROBE)} <= set(table6.index):  # the numbers the text above cites
+if model == "demo" and {("digits", "mha"), ("digits", tables.PROBE)} <= set(table6.index):  # the numbers the text above cites
     print(f"digits: MHA {table6['digits', 'mha']:.1f}% test accuracy after {grid_spec['parameters']['steps']} steps, "
-          f"linear probing {table6['digits', stats.PROBE]:.1f}%")
+          f"linear probing {table6['digits', tables.PROBE]:.1f}%")
 
 # %%
-probed = stats.PROBE in set(ours["table6"]["component"])  # without a cached probe (compute_missing False): no Fig. 2 right
-gain = stats.relative_gain(ours["table6"], value="mean") if probed else None
-average = stats.average(ours["table6"])
+probed = tables.PROBE in set(ours["table6"]["component"])  # without a cached probe (compute_missing False): no Fig. 2 right
+gain = tables.relative_gain(ours["table6"], value="mean") if probed else None
+average = tables.average(ours["table6"])
 plots.gain_figure(gain, average, spec, select)
 plt.show()
 
 # %%
 decrease = ours["table1"].set_index("component")
-paper_gain = stats.relative_gain(paper["table6"], value="mean")["mha"].mean()
+paper_gain = tables.relative_gain(paper["table6"], value="mean")["mha"].mean()
 why = (f"{grid_spec['parameters']['steps']}-step runs against a fully fitted probe (the paper's: 4,000-20,000 steps), "
        "and MHA is the demo ViT's least plastic component (notebook 02)") if model == "demo" else None  # the section above
 notebook.headline("MHA minus " + ", ".join(f"{names.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
@@ -199,7 +199,7 @@ plt.show()
 
 # %%
 datasets = sorted(ours["table6"]["dataset"].unique())
-measured, source = stats.plasticity_for(runs, reference)  # where none is saved (paper scale before the plasticity sweep), the paper's ranking
+measured, source = component_tests.plasticity_for(runs, reference)  # where none is saved (paper scale before the plasticity sweep), the paper's ranking
 if source == "paper":
     print("no P(f) saved for these runs: the paper's ranking (MHA > FC1 > FC2 > LN2 > LN1) stands in for it, as for its own Table 6")
 else:
@@ -216,7 +216,7 @@ plots.accuracy_tau_figure(shown, taus, model, spec, select)
 plt.show()
 
 # %%
-diverged = stats.grid_spread(runs).groupby("dataset")[["diverged", "cells"]].agg({"diverged": "sum", "cells": "max"}).rename(columns={"diverged": "diverged runs", "cells": "grid cells"})
+diverged = tables.grid_spread(runs).groupby("dataset")[["diverged", "cells"]].agg({"diverged": "sum", "cells": "max"}).rename(columns={"diverged": "diverged runs", "cells": "grid cells"})
 ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on="dataset", how="left", suffixes=("", " (spread)")).merge(diverged, on="dataset", how="left").round(3)
 
 
@@ -247,7 +247,7 @@ paper_share = components.parameter_share(models.architecture("vit_base_in21k"))
 print("parameter share (%):", ", ".join(f"{names.LABELS[c]} {100 * v:.2f}" for c, v in share.items()), f"({model})")
 accuracy = {"ours": ours["table6"].rename(columns={"mean": "accuracy"}),
             "paper's Table 6": paper["table6"].rename(columns={"mean": "accuracy"})}
-order = stats.paper_order(sorted(paper["table6"]["dataset"].unique()))
+order = component_tests.paper_order(sorted(paper["table6"]["dataset"].unique()))
 within = {name: capacity.within_capacity(p, accuracy[name], s)
           for name, p, s in (("ours", measured, share), ("paper's Table 6", order, paper_share))}
 display(pd.concat({name: w.summary for name, w in within.items()}).round(3))
@@ -255,7 +255,7 @@ display(pd.concat({name: w.pairs for name, w in within.items()}).round(3))
 display(pd.concat({name: w.family_pairs for name, w in within.items()}).round(3))
 
 # %%
-by_validation = stats.table6(runs, select="val")[["dataset", "component", "lr"]]  # each component's learning rate, chosen on validation
+by_validation = tables.table6(runs, select="val")[["dataset", "component", "lr"]]  # each component's learning rate, chosen on validation
 chosen = runs.merge(by_validation, on=["dataset", "component", "lr"])
 chosen = chosen[chosen["status"].isin(["finished", "diverged"])].dropna(subset=["test_accuracy"]).rename(columns={"test_accuracy": "accuracy"})
 pairs = capacity.discordant_pairs(measured, chosen, share)

@@ -30,7 +30,7 @@ data_root = None  # data folder (default: $VIT_PLASTICITY_DATA or data/)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from paperlib.analysis import plasticity_table, stats
+from paperlib.analysis import lora_comparison, plasticity_table
 from paperlib.measure import plasticity
 from paperlib.records import names, paths, specs
 from paperlib.records.runs_table import at_least_one, for_spec
@@ -46,7 +46,7 @@ if compute_missing:
         finetune.run_spec(grid_spec)
 runs, missing = for_spec(*spec_list)  # the specs' runs only
 at_least_one(runs, " and ".join(name for name in (spec, plain_spec) if name), missing)
-runs = stats.with_method(runs)
+runs = lora_comparison.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))
 
@@ -67,7 +67,7 @@ print("runs missing:", "none" if missing.empty else "\n" + missing.to_string(ind
 # the updates of the four weight matrices of each block (with the head and the final norm).
 
 # %%
-table = stats.comparison(runs, select=select)
+table = lora_comparison.comparison(runs, select=select)
 shown = table.assign(configuration=table["component"].map(names.LABELS))
 shown.set_index(["dataset", "configuration", "method"]).drop(columns="component").round(2)
 

@@ -21,8 +21,8 @@ import os
 import warnings
 
 # OpenMP threads that wait by spinning hold a core each: beside any other busy process (a second run,
-# a notebook) every barrier then waits for a thread that cannot run, and a run crawls (10x measured,
-# paperlib.speed.threads). Sleeping waits give the same numbers. Set before torch loads OpenMP, so it holds
+# a notebook) every barrier then waits for a thread that cannot run, and a run crawls (paperlib.speed.threads).
+# Sleeping waits give the same numbers. Set before torch loads OpenMP, so it holds
 # for our commands and every process they start; a value set by the user stands.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

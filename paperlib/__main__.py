@@ -16,7 +16,7 @@ COMMANDS = {
         "paperlib.sweeps.sweep",
         "a notebook over a parameter grid: planned (--plan), resumable, on GPUs or SLURM",
     ),
-    "stats": ("paperlib.analysis.stats", "notebook 07's tables for a finetuning sweep's runs, without the notebook"),
+    "stats": ("paperlib.analysis.summary", "notebook 07's tables for a finetuning sweep's runs, without the notebook"),
     "precision": ("paperlib.analysis.precision_check", "whether a cheaper precision keeps the paper's conclusions"),
     "report": ("paperlib.reports.execute", "the demo's HTML reports (report demo), or notebooks re-executed in place"),
     "demo": ("paperlib.train.demo", "the committed demo ViT: pretrain it again, or evaluate it"),

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from paperlib.analysis import capacity, stats
+from paperlib.analysis import capacity, component_tests, tables
 from paperlib.records import names
 from paperlib.vit import components, models
 
@@ -203,9 +203,9 @@ def test_within_capacity_reads_plasticity_inside_groups_of_equal_size():
 
 
 def _paper():
-    paper = pd.read_csv(stats.PAPER_TABLE6, comment="#")
+    paper = pd.read_csv(tables.PAPER_TABLE6, comment="#")
     share = components.parameter_share(models.architecture("vit_base_in21k"))
-    order = stats.paper_order(sorted(paper["dataset"].unique()))
+    order = component_tests.paper_order(sorted(paper["dataset"].unique()))
     return paper, share, order
 
 
@@ -316,10 +316,10 @@ def test_a_datasets_family():
 
 
 def test_the_takeaway_2_test_takes_any_predictor():
-    paper = pd.read_csv(stats.PAPER_TABLE6, comment="#").rename(columns={"mean": "accuracy"})
+    paper = pd.read_csv(tables.PAPER_TABLE6, comment="#").rename(columns={"mean": "accuracy"})
     share = components.parameter_share(models.architecture("vit_base_in21k"))
     table = capacity.predictor_table(share, sorted(paper["dataset"].unique()))
-    by_capacity = stats.plasticity_correlation(table, paper, predictor="capacity")
+    by_capacity = component_tests.plasticity_correlation(table, paper, predictor="capacity")
     levels = {"mha": 2, "fc1": 2, "fc2": 2, "ln2": 1, "ln1": 1}  # by hand: within 10% of each other, tied
     for dataset, row in by_capacity.set_index("dataset").iterrows():
         part = paper[(paper["dataset"] == dataset) & paper["component"].isin(list(share.index))].set_index("component")
@@ -364,7 +364,7 @@ def test_the_verdict_ties_components_within_the_tolerance():
 
 def test_one_model_of_a_spec_of_several():
     runs = pd.DataFrame({"model": ["a", "b", "a"]})
-    assert stats.one_model(runs, "b") == "b" and stats.one_model(runs.iloc[[0, 2]]) == "a"
+    assert tables.one_model(runs, "b") == "b" and tables.one_model(runs.iloc[[0, 2]]) == "a"
     for model in ("", "c"):
         with pytest.raises(ValueError, match="choose one model with -p model <name>; runs of: a, b"):
-            stats.one_model(runs, model)
+            tables.one_model(runs, model)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks import __main__ as bench
-from paperlib.analysis import precision_check, stats
+from paperlib.analysis import precision_check, summary
 from paperlib.data import datasets
 from paperlib.measure import plasticity
 from paperlib.records import cli, paths, runs, specs
@@ -254,7 +254,7 @@ def test_every_command_reports_a_bad_parameter_file_or_spec_in_one_line(case, ba
         assert main(["-f", str(path)]) == 2
         line = one_error_line(capsys.readouterr().err)
         assert message in line and path.name in line
-    for main in (sweep.main, stats.main):
+    for main in (sweep.main, summary.main):
         assert main([str(path)]) == 2
         line = one_error_line(capsys.readouterr().err)
         assert message in line and path.name in line
@@ -407,7 +407,7 @@ def help_line(text: str, invocation: str) -> str:
     raise AssertionError(f"{invocation} is not in --help:\n{text}")
 
 
-@pytest.mark.parametrize("module", [sweep, stats, precision_check, execute, demo], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [sweep, summary, precision_check, execute, demo], ids=lambda module: module.__name__)
 def test_help_gives_every_argument_a_meaning_a_type_its_choices_and_its_default(module, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per argument
     todo = [([], module.argument_parser())]  # the command, then each of its subcommands

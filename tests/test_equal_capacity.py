@@ -131,16 +131,16 @@ def test_bad_options_are_refused_with_the_valid_choices(fields, message):
 
 
 def test_equal_capacity_runs_are_another_setting_in_the_tables():
-    from paperlib.analysis import stats
+    from paperlib.analysis import tables
 
-    assert "method" in stats.SETTING and "subset_seed" in stats.SETTING
+    assert "method" in tables.SETTING and "subset_seed" in tables.SETTING
     rows = [
         {"model": "demo", "dataset": "digits", "component": "fc1", "lr": 0.03, "seed": 0, "method": method}
         for method in ("weights", "subset")
     ]
     mixed = pd.DataFrame(rows).reindex(columns=runs_table.RUN_COLUMNS)
     with pytest.raises(ValueError):
-        stats.check_one_setting(mixed, "table6")
+        tables.check_one_setting(mixed, "table6")
 
 
 def table(values: dict[str, dict[str, float]]) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import torch
 import yaml
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib.analysis import plasticity_table, stats
+from paperlib.analysis import plasticity_table, summary, tables
 from paperlib.data import datasets, fixtures
 from paperlib.data.loader import uint8_images
 from paperlib.measure import plasticity, probe
@@ -244,11 +244,11 @@ def test_two_identical_sweeps_started_together_execute_each_run_once(tmp_path, m
     assert [code for code, _, _ in ended] == [0, 0], [err[-2000:] for _, _, err in ended]
     assert sorted(line for line in executions(log) if line.startswith("start")) == ["start 1", "start 2", "start 3"]
     assert all(run.finished for run in sweep.expand(specs.load_spec(spec)))
-    said = [summary(out) for _, out, _ in ended]  # each run done by one, finished by the other for the other
+    said = [sweep_summary(out) for _, out, _ in ended]  # each run done by one, finished by the other for the other
     assert all(sorted([said[0][v], said[1][v]]) in (["done", "other"], ["done", "skipped"]) for v in "123"), said
 
 
-def summary(out: str) -> dict[str, str]:
+def sweep_summary(out: str) -> dict[str, str]:
     """A sweep's summary lines as {run: status}."""
     lines = [line.split() for line in out.splitlines()]
     return {words[1]: words[0] for words in lines if len(words) > 1 and words[0] in sweep.STATUSES}
@@ -281,7 +281,7 @@ def test_a_sweep_passes_over_a_run_another_process_holds_and_comes_back_to_it(tm
     holder.communicate("\n")  # the holder runs it, then lets go; the sweep, come back to it, finds it finished
     code, out, err = finished(sweeping)
     assert code == 0, err
-    assert summary(out) == {"1": "other", "2": "done", "3": "done"}, out
+    assert sweep_summary(out) == {"1": "other", "2": "done", "3": "done"}, out
     assert "finished by another process" in next(line for line in out.splitlines() if line.startswith("other"))
     assert executions(log).count("start 1") == 1
 
@@ -603,7 +603,7 @@ def test_a_run_that_diverges_after_its_best_validation_keeps_its_test_accuracy_a
     assert still["status"] == "finished" and still["test_accuracy"] < diverged["test_accuracy"]
     table = runs_table.load()
     assert table.set_index("lr").loc[0.03, "test_accuracy"] == diverged["test_accuracy"]
-    assert stats.table6(table)["lr"].tolist() == [0.03]  # the authors' choice over every run
+    assert tables.table6(table)["lr"].tolist() == [0.03]  # the authors' choice over every run
 
 
 def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, capsys, move_results):
@@ -624,7 +624,7 @@ def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, 
     assert missing[["component", "reason"]].values.tolist() == [["mha", "different parameters: steps"]]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    assert stats.main([str(path)]) == 0
+    assert summary.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert f"1 runs of {path}: 1 finished; 1 missing (1 different parameters)" in out
     assert "different parameters: steps" in out
@@ -671,7 +671,7 @@ def test_a_misspelt_key_in_a_specs_name_template_is_one_line(tmp_path, capsys):
     spec.write_text(
         "notebook: notebooks/05_finetune.ipynb\nname: '{datset}/{lr}'\nparameters: {steps: 4}\ngrid: {lr: [0.1]}\n"
     )
-    for main in (sweep.main, stats.main):
+    for main in (sweep.main, summary.main):
         assert main([str(spec), *(["--dry-run"] if main is sweep.main else [])]) == 2
         line = capsys.readouterr().err.strip()
         assert line.startswith("error: the spec's name template '{datset}/{lr}' cannot be filled (KeyError: 'datset')")

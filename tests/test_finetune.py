@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import interrupted, resumed, same_metrics
 
-from paperlib.analysis import stats
+from paperlib.analysis import tables
 from paperlib.records import runs as run_files
 from paperlib.records import runs_table, storage
 from paperlib.train import finetune
@@ -256,8 +256,8 @@ def test_table6_refuses_runs_of_two_optimizers(results, small):
     finetune.run(small(component="ln2", steps=4, eval_every=2, optimizer="adamw", lr=1e-3))
     runs = runs_table.load()
     with pytest.raises(ValueError, match="one optimizer, got adamw, sgd"):
-        stats.table6(runs)
-    assert len(stats.table6(runs[runs["optimizer"] == "sgd"])) == 1
+        tables.table6(runs)
+    assert len(tables.table6(runs[runs["optimizer"] == "sgd"])) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,8 +351,8 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
     runs = runs_table.load()
     assert sorted(runs["tag"]) == ["", "steps12"]
     with pytest.raises(ValueError, match="one tag"):
-        stats.table6(runs)
-    assert len(stats.table6(runs[runs["tag"] == "steps12"])) == 1
+        tables.table6(runs)
+    assert len(tables.table6(runs[runs["tag"] == "steps12"])) == 1
     for bad in ("a/b", "-x", "two words", ["x"]):
         with pytest.raises(ValueError, match="tag must be"):
             small(tag=bad).validate()

@@ -53,7 +53,7 @@ def test_the_package_keeps_its_contracts():
     "module, line, contract",
     [
         ("records/names.py", "from paperlib.train import finetune", "Packages import downwards"),
-        ("analysis/stats.py", "import torch", "Reading results needs no training stack"),
+        ("analysis/tables.py", "import torch", "Reading results needs no training stack"),
         ("speed/clock.py", "def f():\n    import benchmarks.step", "The package never imports its benchmarks"),
     ],
 )
@@ -91,7 +91,8 @@ def test_no_package_internal_import_sits_inside_a_function():
 ANALYSIS = """
 import sys
 import pandas as pd
-from paperlib.analysis import capacity, plasticity_table, precision_check, stats
+from paperlib.analysis import capacity, component_tests, lora_comparison, plasticity_table, precision_check
+from paperlib.analysis import summary, tables
 from paperlib.records import measurements, names, runs_table, specs
 spec = specs.load_spec("parameters/sweeps/finetune_paper.yaml")
 found, missing = runs_table.for_spec(spec)
@@ -104,7 +105,7 @@ rates = pd.DataFrame(
 found = {"n_pairs": 3, "distinct_reference": 3, "distinct_target": 3, "identical_pairs_excluded": 0, "token_rms": 1.0}
 plasticity_table.save(rates, measurements.Measurement(), found)
 runs = pd.DataFrame({"model": ["demo"], "normalize": ["imagenet"], "dataset": ["digits"]})
-measured, source = stats.plasticity_for(runs)
+measured, source = component_tests.plasticity_for(runs)
 assert source == "measured" and len(measured) == 5, (source, measured)
 heavy = sorted(name for name in ("torch", "torchvision", "timm", "sklearn") if name in sys.modules)
 print(",".join(heavy) or "none")

@@ -9,7 +9,7 @@ import torch
 from conftest import interrupted, resumed, same_metrics
 from torch.overrides import TorchFunctionMode
 
-from paperlib.analysis import stats
+from paperlib.analysis import lora_comparison, tables
 from paperlib.records import methods, names, runs_table, specs
 from paperlib.records import runs as run_files
 from paperlib.train import finetune
@@ -156,8 +156,8 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
     runs = runs_table.load()
     assert sorted(zip(runs["method"], runs["lora_rank"])) == [("lora", 4), ("weights", 0)]
     with pytest.raises(ValueError, match="runs of one method, got lora, weights"):
-        stats.table6(runs)
-    assert len(stats.table6(runs[runs["lora_rank"] == 4])) == 1
+        tables.table6(runs)
+    assert len(tables.table6(runs[runs["lora_rank"] == 4])) == 1
     move_results("again")
     # same seed, same LoRA initialisation, same numbers
     assert same_metrics(finetune.run(adapted)) == same_metrics(first)
@@ -221,7 +221,7 @@ def test_the_comparison_table_chooses_each_methods_learning_rate_apart(results, 
             finetune.run(small(component="fc2", lr=lr, steps=4, eval_every=2, warmup=1, **method))
     finetune.run(small(component="ln1", steps=4, eval_every=2, warmup=1))  # no LoRA counterpart: not compared
     runs = runs_table.load()
-    table = stats.comparison(runs)
+    table = lora_comparison.comparison(runs)
     assert table["method"].tolist() == ["weights", "LoRA r=2"] and set(table["component"]) == {"fc2"}
     for rank, row in zip((0, 2), table.itertuples()):
         mine = runs[(runs["lora_rank"] == rank) & (runs["component"] == "fc2")]
@@ -241,7 +241,7 @@ def test_alpha_zero_is_the_rank_in_the_record_the_results_and_the_tables(results
     )
     runs = runs_table.load()
     assert runs["lora_alpha"].tolist() == [2.0, 2.0]
-    assert stats.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
+    assert lora_comparison.comparison(runs)["method"].tolist() == ["LoRA r=2"]  # one setting, two learning rates
     spec = {
         "notebook": "notebooks/05_finetune.ipynb",
         "parameters": {"steps": 4, "eval_every": 2, "warmup": 1, "batch_size": 16},

@@ -14,7 +14,7 @@ from timm.data import (
     OPENAI_CLIP_STD,
 )
 
-from paperlib.analysis import plasticity_table, stats
+from paperlib.analysis import plasticity_table, tables
 from paperlib.data import datasets, fixtures, imagesets, loader
 from paperlib.data import transforms as T
 from paperlib.measure import component_rates, plasticity
@@ -194,8 +194,8 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     runs = runs_table.load()
     assert sorted(runs["normalize"]) == ["imagenet", "imagenet", "model", "model"]
     with pytest.raises(ValueError, match="one normalize"):
-        stats.table6(runs[runs["model"] == "custom/half"])
-    assert len(stats.table6(runs[(runs["model"] == "custom/half") & (runs["normalize"] == "model")])) == 1
+        tables.table6(runs[runs["model"] == "custom/half"])
+    assert len(tables.table6(runs[(runs["model"] == "custom/half") & (runs["normalize"] == "model")])) == 1
 
 
 def test_a_run_recorded_before_the_option_is_outdated(home, small):

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from benchmarks import precision_calibration as calibration
-from paperlib.analysis import precision_check, stats
+from paperlib.analysis import component_tests, precision_check, tables
 from paperlib.records.runs_table import RUN_COLUMNS
 
 DATASETS = [f"set{i}" for i in range(6)]
@@ -76,9 +76,9 @@ def cell(differences, dataset, component, precision="autocast"):
 
 
 def test_the_synthetic_fp32_runs_have_mha_best_and_every_table1_decrease_significant():
-    table = stats.table6(fp32_runs())
-    assert (stats.wide(table, "mean").idxmax(axis=1) == "mha").all()
-    table1 = stats.table1(table.rename(columns={"mean": "accuracy"}))
+    table = tables.table6(fp32_runs())
+    assert (tables.wide(table, "mean").idxmax(axis=1) == "mha").all()
+    table1 = component_tests.table1(table.rename(columns={"mean": "accuracy"}))
     assert (table1["decrease"] > 0).all() and table1["significant"].all()
 
 

@@ -16,10 +16,10 @@ from sklearn.preprocessing import StandardScaler
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
-from paperlib.data import datasets, fixtures
+from paperlib.data import augmented, datasets, fixtures
 from paperlib.data.imagesets import stack
-from paperlib.measure import probe
-from paperlib.records import paths
+from paperlib.measure import probe, probe_features
+from paperlib.records import paths, probe_tables
 from paperlib.records.names import SPLITS_VERSION
 from paperlib.vit import models
 
@@ -75,10 +75,10 @@ def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
     model = models.create_model("demo").eval()
     train = datasets.get_dataset("digits", "train", seed=0)
     wanted = [(DEMO_DEPTH - 1, "mha")]
-    first, labels = probe.pooled_features(model, train, wanted, augment_seed=0)
-    again, labels_again = probe.pooled_features(model, train, wanted, augment_seed=0)
-    other, other_labels = probe.pooled_features(model, train, wanted, augment_seed=42)
-    clean, clean_labels = probe.pooled_features(model, train, wanted)
+    first, labels = probe_features.pooled_features(model, train, wanted, augment_seed=0)
+    again, labels_again = probe_features.pooled_features(model, train, wanted, augment_seed=0)
+    other, other_labels = probe_features.pooled_features(model, train, wanted, augment_seed=42)
+    clean, clean_labels = probe_features.pooled_features(model, train, wanted)
     assert len(train) == 573 and first[wanted[0]].shape == (512, 64) and len(clean_labels) == 573
     assert np.array_equal(first[wanted[0]], again[wanted[0]]) and np.array_equal(labels, labels_again)
     assert not np.array_equal(labels, other_labels)  # another order from another seed
@@ -91,7 +91,7 @@ def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
     assert distances.min() > 1e-4
     # a set smaller than a batch is one batch of all it has
     small = train.subset(list(range(100)), "train")
-    features, small_labels = probe.pooled_features(model, small, wanted, augment_seed=0)
+    features, small_labels = probe_features.pooled_features(model, small, wanted, augment_seed=0)
     assert features[wanted[0]].shape == (100, 64) and sorted(small_labels) == sorted(small.targets.tolist())
     with pytest.raises(ValueError, match="train_features"):
         probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="centre")
@@ -100,14 +100,14 @@ def test_augmented_training_features_are_the_authors_loader_one_epoch(results):
 def test_every_block_and_point_with_accuracies_above_chance_at_the_end(full):
     table, _ = full
     assert list(table.columns) == ["block", "point", "accuracy"]
-    assert len(table) == DEMO_DEPTH * len(probe.POINTS)
-    assert set(zip(table["block"], table["point"])) == {(b, p) for b in range(DEMO_DEPTH) for p in probe.POINTS}
+    assert len(table) == DEMO_DEPTH * len(probe_tables.POINTS)
+    assert set(zip(table["block"], table["point"])) == {(b, p) for b in range(DEMO_DEPTH) for p in probe_tables.POINTS}
     assert table["accuracy"].between(0, 1).all()
     chance = 1 / len(datasets.get_dataset("digits", "test").classes)
     last = table[table["block"] == DEMO_DEPTH - 1]
     assert (last["accuracy"] > chance + 0.3).all(), last
     # forward order within a block
-    assert list(table[table["block"] == 0]["point"]) == list(probe.POINTS)
+    assert list(table[table["block"] == 0]["point"]) == list(probe_tables.POINTS)
 
 
 def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
@@ -134,7 +134,8 @@ def test_the_cache_is_used_on_a_second_call(full, monkeypatch):
     # a part of the cached table is cached too
     part = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     assert (
-        len(part) == 1 and part["accuracy"].item() == again.iloc[(DEMO_DEPTH - 1) * len(probe.POINTS) + 1]["accuracy"]
+        len(part) == 1
+        and part["accuracy"].item() == again.iloc[(DEMO_DEPTH - 1) * len(probe_tables.POINTS) + 1]["accuracy"]
     )
     column = probe.table6_column("demo", ["digits"])
     assert list(column.columns) == ["dataset", "accuracy"]
@@ -154,7 +155,7 @@ def test_missing_points_are_added_to_the_cache(monkeypatch):
     assert len(calls) == 1  # only the missing point was fitted
     assert both["point"].tolist() == ["mha", "block"]
     assert both["accuracy"].iloc[0] == first["accuracy"].item()
-    cached, metadata = probe.load(probe.Probe("demo", "digits").folder())
+    cached, metadata = probe_tables.load(probe.Probe("demo", "digits").folder())
     # the authors' training features: one batch of 512 of the 573 training images (drop_last)
     assert len(cached) == 2 and metadata["n_train"] == 512 and metadata["n_test"] == 179
 
@@ -188,8 +189,8 @@ def test_hooks_are_removed_when_the_forward_pass_fails(monkeypatch):
 def test_pooled_features_are_unit_vectors_of_each_point_width():
     model = models.create_model("demo")
     dataset = datasets.get_dataset("digits", "test")
-    wanted = [(0, p) for p in probe.POINTS]
-    features, labels = probe.pooled_features(model, dataset, wanted)
+    wanted = [(0, p) for p in probe_tables.POINTS]
+    features, labels = probe_features.pooled_features(model, dataset, wanted)
     assert labels.tolist() == dataset.targets.tolist()
     hidden = model.blocks[0].mlp.fc1.out_features
     for (_, point), values in features.items():
@@ -211,7 +212,9 @@ def test_the_fc1_point_of_a_swiglu_block_is_its_gate_and_value_layers():
         "vit_7b_patch16_dinov3", pretrained=False, num_classes=5, img_size=32, patch_size=4, embed_dim=64, depth=2,
         num_heads=4,
     )  # fmt: skip
-    features, _ = probe.pooled_features(model, datasets.get_dataset("digits", "test"), [(1, "fc1"), (1, "gelu")])
+    features, _ = probe_features.pooled_features(
+        model, datasets.get_dataset("digits", "test"), [(1, "fc1"), (1, "gelu")]
+    )
     mlp = model.blocks[1].mlp
     assert features[1, "fc1"].shape[1] == mlp.fc1_g.out_features + mlp.fc1_x.out_features
     assert features[1, "gelu"].shape[1] == mlp.fc1_g.out_features
@@ -331,10 +334,10 @@ def test_augmented_crops_are_torchvision_crops_of_the_full_resolution_image(clip
         lambda self, inputs: seen.append(tuple(F.get_size(inputs[0]))) or draw(self, inputs),
     )
     state = torch.get_rng_state()
-    (images, labels), *more = probe.augmented_batches(clipart, size, torch.device("cpu"), seed)
+    (images, labels), *more = augmented.augmented_batches(clipart, size, torch.device("cpu"), seed)
     assert seen == [(FULL[1], FULL[0])] * len(clipart)  # boxes drawn in the full image, not in a 256-pixel copy
     assert not more  # one batch of all
-    order = probe.augmented_order(len(clipart), seed)
+    order = augmented.augmented_order(len(clipart), seed)
     assert sorted(order) == list(range(len(clipart))) and order != sorted(order)
     assert labels.tolist() == [int(clipart.targets[i]) for i in order]
     # each crop: torchvision's RandomResizedCrop box (its get_params, from the image's seeded generator)
@@ -345,7 +348,7 @@ def test_augmented_crops_are_torchvision_crops_of_the_full_resolution_image(clip
         with Image.open(clipart.files[index]) as file:
             full = file.convert("RGB")
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(probe.image_seed(seed, index))
+            torch.manual_seed(augmented.image_seed(seed, index))
             top, left, height, width = RandomResizedCrop.get_params(full, scale=[0.08, 1.0], ratio=[3 / 4, 4 / 3])
             flips.append(torch.rand(1).item() < 0.5)
         crop = F.resized_crop(F.pil_to_tensor(full), top, left, height, width, [size, size], antialias=True)
@@ -361,10 +364,10 @@ def test_augmented_crops_are_torchvision_crops_of_the_full_resolution_image(clip
 def test_augmented_features_of_image_files_depend_on_the_seed_alone(clipart, tiny_vit):
     model = tiny_vit().eval()
     wanted = [(DEMO_DEPTH - 1, "mha")]
-    first, labels = probe.pooled_features(model, clipart, wanted, augment_seed=0)
+    first, labels = probe_features.pooled_features(model, clipart, wanted, augment_seed=0)
     torch.manual_seed(1234)  # another global random state, and workers that transform the images
-    again, labels_again = probe.pooled_features(model, clipart, wanted, augment_seed=0, num_workers=2)
-    other, _ = probe.pooled_features(model, clipart, wanted, augment_seed=42)
+    again, labels_again = probe_features.pooled_features(model, clipart, wanted, augment_seed=0, num_workers=2)
+    other, _ = probe_features.pooled_features(model, clipart, wanted, augment_seed=42)
     assert first[wanted[0]].shape == (len(clipart), 64)  # fewer than a batch: one batch of all
     assert np.array_equal(first[wanted[0]], again[wanted[0]]) and np.array_equal(labels, labels_again)
     assert not np.allclose(first[wanted[0]], other[wanted[0]])
@@ -373,18 +376,18 @@ def test_augmented_features_of_image_files_depend_on_the_seed_alone(clipart, tin
 def test_a_table_cached_before_full_resolution_crops_is_computed_again(monkeypatch):
     first = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     folder = probe.Probe("demo", "digits").folder()
-    table, metadata = probe.load(folder)
+    table, metadata = probe_tables.load(folder)
     assert metadata["key"]["crops"] == probe.AUGMENTED_CROPS == "full_image"
     # a table of the crops cut from the decoded cache: its key had no "crops"
     old = {name: value for name, value in metadata["key"].items() if name != "crops"}
-    probe.save(table.assign(accuracy=0.0), folder, {**metadata, "key": old})
+    probe_tables.save(table.assign(accuracy=0.0), folder, {**metadata, "key": old})
     calls = []
     fit = probe.fit_probe
     monkeypatch.setattr(probe, "fit_probe", lambda *a, **k: calls.append(a) or fit(*a, **k))
     again = probe.linear_probe(probe.Probe("demo", "digits", points="mha", blocks=-1))
     assert len(calls) == 1 and again["accuracy"].item() == first["accuracy"].item() > 0
-    assert probe.load(folder)[1]["key"]["crops"] == "full_image"
+    assert probe_tables.load(folder)[1]["key"]["crops"] == "full_image"
     # centre-cropped training features have no random crops: their key records none
     clean = probe.Probe("demo", "digits", points="mha", blocks=-1, train_features="clean")
     assert len(probe.linear_probe(clean)) == 1
-    assert "crops" not in probe.load(clean.folder())[1]["key"]
+    assert "crops" not in probe_tables.load(clean.folder())[1]["key"]

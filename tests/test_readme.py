@@ -16,7 +16,7 @@ import yaml
 
 from paperlib.__main__ import COMMANDS
 from paperlib.__main__ import main as paperlib_main
-from paperlib.analysis import stats
+from paperlib.analysis import summary
 from paperlib.measure import plasticity
 from paperlib.records import paths
 from paperlib.reports import execute
@@ -138,7 +138,7 @@ def test_notebook_07_and_stats_run_with_the_readmes_paper_scale_options(tmp_path
     command = next(c for c in paper_map()["07_finetune_results"] if c.startswith("-p spec"))
     given = options(command)
     assert given == {"spec": SPEC, "compute_missing": False}
-    assert stats.main([str(paths.ROOT / SPEC)]) == 0  # the README's stats command on the same runs
+    assert summary.main([str(paths.ROOT / SPEC)]) == 0  # the README's stats command on the same runs
     out = execute.execute(paths.ROOT / "notebooks" / "07_finetune_results.ipynb", tmp_path / "07.ipynb", given)
     said = "".join(
         output.get("text", "") for cell in nbformat.read(out, as_version=4).cells for output in cell.get("outputs", [])

@@ -12,7 +12,7 @@ import pytest
 from conftest import found
 from scipy import stats as scipy_stats
 
-from paperlib.analysis import plasticity_table, precision_check, significance, stats
+from paperlib.analysis import component_tests, plasticity_table, precision_check, ranking, significance, summary, tables
 from paperlib.records import paths
 from paperlib.records.runs import PROTOCOL
 from paperlib.records.runs_table import KEYS, for_spec, histories_of, load
@@ -126,7 +126,7 @@ def test_runs_in_another_precision_are_other_runs(tree, monkeypatch):
 
 def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
     runs = load(tree)
-    table = stats.table6(runs).set_index(["dataset", "component"])
+    table = tables.table6(runs).set_index(["dataset", "component"])
     for dataset, component in itertools.product(DATASETS, GRID_COMPONENTS):
         means = {lr: statistics.mean(100 * accuracy(dataset, component, lr, s) for s in SEEDS) for lr in LRS}
         best = max(means, key=means.get)
@@ -138,15 +138,15 @@ def test_table6_picks_the_best_learning_rate_per_dataset_and_config(tree):
         )
         assert row["seeds"] == 3
     assert table.loc[("digits", "fc2"), "lr"] == 0.03 if ("digits", "fc2") in table.index else True
-    by_val = stats.table6(runs, select="val").set_index(["dataset", "component"])
+    by_val = tables.table6(runs, select="val").set_index(["dataset", "component"])
     assert by_val.loc[("digits", "ln1"), "lr"] == 0.03 and table.loc[("digits", "ln1"), "lr"] == 0.01
     with pytest.raises(ValueError, match="valid selections: test, val"):
-        stats.table6(runs, select="train")
+        tables.table6(runs, select="train")
 
 
 def test_diverged_learning_rate_is_never_chosen(tree):
     runs = load(tree)
-    table = stats.table6(runs).set_index(["dataset", "component"])
+    table = tables.table6(runs).set_index(["dataset", "component"])
     assert ("digits", "fc2") not in table.index  # its only finished-or-diverged lr diverged
 
 
@@ -154,13 +154,13 @@ def test_a_learning_rate_missing_seeds_is_not_chosen_and_models_are_never_pooled
     runs = load(tree)
     # mha's best lr is 0.03 over three seeds; with one seed left it would still win on its mean
     partial = runs[~((runs["component"] == "mha") & (runs["lr"] == 0.03) & (runs["seed"] > 0))]
-    row = stats.table6(partial).set_index(["dataset", "component"]).loc[("digits", "mha")]
+    row = tables.table6(partial).set_index(["dataset", "component"]).loc[("digits", "mha")]
     assert row["lr"] == 0.01 and row["seeds"] == 3
     other = runs.assign(model="another")
     with pytest.raises(ValueError, match="needs the runs of one model, got another, demo"):
-        stats.table6(pd.concat([runs, other]))
+        tables.table6(pd.concat([runs, other]))
     with pytest.raises(ValueError, match="one precision"):
-        stats.table6(pd.concat([runs, runs.assign(precision="bf16")]))
+        tables.table6(pd.concat([runs, runs.assign(precision="bf16")]))
 
 
 def test_table6_printed_as_the_paper_prints_it():
@@ -174,7 +174,7 @@ def test_table6_printed_as_the_paper_prints_it():
             "seeds": [3, 1, 2],
         }
     )
-    text = stats.formatted(table)
+    text = tables.formatted(table)
     assert list(text.columns) == ["mha", "fc1"]
     assert (
         text.loc["digits", "mha"] == "91.23 ± 0.46 (3)"
@@ -194,7 +194,7 @@ def test_table1_matches_scipy_and_the_definition():
         ):
             rows.append({"dataset": dataset, "component": component, "accuracy": 90.0 - offset - i})
     accuracies = pd.DataFrame(rows)
-    table = stats.table1(accuracies).set_index("component")
+    table = component_tests.table1(accuracies).set_index("component")
     assert list(table.index) == ["fc1", "fc2", "ln2"]
     mha = accuracies[accuracies.component == "mha"].set_index("dataset")["accuracy"]
     for component in ("fc1", "fc2", "ln2"):
@@ -210,17 +210,17 @@ def test_table1_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
     assert len(paper) == 77 and set(paper["component"]) == {"mha", "fc1", "fc2", "ln2", "ln1", "full", "probe"}
     accuracies = paper.rename(columns={"mean": "accuracy"})
-    table = stats.table1(accuracies).set_index("component")
+    table = component_tests.table1(accuracies).set_index("component")
     # The paper's Table 1: FC1 0.07 (not significant), FC2 0.44, LN1 0.8, LN2 0.9 (significant); by default
     # the authors' one-sided test (MHA better), whose p-values are half the two-sided ones here
     assert table.loc["fc1", "decrease"] == pytest.approx(0.07, abs=0.005) and not table.loc["fc1", "significant"]
     assert table.loc["fc2", "decrease"] == pytest.approx(0.44, abs=0.005) and table.loc["fc2", "significant"]
     assert table.loc[["ln1", "ln2"], "significant"].all()
-    wide = stats.wide(accuracies)
+    wide = tables.wide(accuracies)
     for component in ("fc1", "fc2", "ln2", "ln1"):
         one_sided = scipy_stats.wilcoxon(wide["mha"], wide[component], alternative="greater").pvalue
         assert table.loc[component, "p_value"] == pytest.approx(one_sided)
-    two_sided = stats.table1(accuracies, alternative="two-sided").set_index("component")
+    two_sided = component_tests.table1(accuracies, alternative="two-sided").set_index("component")
     assert two_sided["p_value"].tolist() == pytest.approx((2 * table["p_value"]).clip(upper=1).tolist())
     # the same bold entries either way (the paper's pattern); only Holm's adjustment tells them apart
     assert two_sided["significant"].tolist() == table["significant"].tolist() == [False, True, True, True]
@@ -233,32 +233,32 @@ def test_table1_on_the_papers_table6():
 
 def test_relative_gain_and_pooled_standard_error(tree):
     runs = load(tree)
-    table = stats.table6(runs)
-    gain = stats.relative_gain(table.rename(columns={"mean": "accuracy"}), baseline="linear")
+    table = tables.table6(runs)
+    gain = tables.relative_gain(table.rename(columns={"mean": "accuracy"}), baseline="linear")
     a = table.set_index(["dataset", "component"])["mean"]
     assert gain.loc["digits", "mha"] == pytest.approx(
         100 * (a[("digits", "mha")] - a[("digits", "linear")]) / a[("digits", "linear")]
     )
     assert "linear" not in gain.columns
     with pytest.raises(ValueError, match="with_probing"):  # the paper's baseline is linear probing
-        stats.relative_gain(table, value="mean")
+        tables.relative_gain(table, value="mean")
     probing = pd.DataFrame({"dataset": ["digits", "elsewhere"], "accuracy": [50.0, 60.0]})
-    both = stats.with_probing(table, probing)
+    both = tables.with_probing(table, probing)
     assert both[both.component == "probe"]["dataset"].tolist() == ["digits"]  # the table's datasets only
-    assert stats.wide(both, "mean").columns[-1] == "probe" and len(both) == len(table) + 1
-    gain = stats.relative_gain(both, value="mean")
+    assert tables.wide(both, "mean").columns[-1] == "probe" and len(both) == len(table) + 1
+    gain = tables.relative_gain(both, value="mean")
     assert gain.loc["digits", "mha"] == pytest.approx(100 * (a[("digits", "mha")] - 50.0) / 50.0)
-    assert stats.with_probing(both, probing).equals(both)  # replaced, not added twice
-    average = stats.average(table).set_index("component")
+    assert tables.with_probing(both, probing).equals(both)  # replaced, not added twice
+    average = tables.average(table).set_index("component")
     part = table[table.component == "mha"]
     assert average.loc["mha", "mean"] == pytest.approx(part["mean"].mean())
     # the authors': the seeds' deviation pooled over the datasets, over sqrt(3) runs
     assert average.loc["mha", "pooled_se"] == pytest.approx(math.sqrt(np.mean(part["std"] ** 2)) / math.sqrt(3))
-    of_average = stats.average(table, standard_error="of_average").set_index("component")
+    of_average = tables.average(table, standard_error="of_average").set_index("component")
     expected_se = math.sqrt(sum(s**2 / 3 for s in part["std"])) / len(part)
     assert of_average.loc["mha", "pooled_se"] == pytest.approx(expected_se)
-    one_seed = stats.table6(runs[runs["seed"] == 0])
-    assert math.isnan(stats.average(one_seed).set_index("component").loc["mha", "pooled_se"])
+    one_seed = tables.table6(runs[runs["seed"] == 0])
+    assert math.isnan(tables.average(one_seed).set_index("component").loc["mha", "pooled_se"])
 
 
 def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkeypatch, move_results):
@@ -333,7 +333,7 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
 
 def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     runs = load(tree)
-    spread = stats.grid_spread(runs, components=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
+    spread = tables.grid_spread(runs, components=["mha", "fc1", "ln1"]).set_index(["dataset", "component"])
     values = [100 * accuracy("digits_c/contrast", "fc1", lr, seed) for lr in LRS for seed in SEEDS]
     row = spread.loc[("digits_c/contrast", "fc1")]
     assert row["std"] == pytest.approx(statistics.stdev(values))
@@ -348,13 +348,13 @@ def test_grid_spread_is_over_the_grid_every_configuration_shares(tree):
     assert set(spread.index.get_level_values("component")) == {"mha", "fc1", "ln1"}
     # FC2 of digits has one run that diverged before any validation (no test accuracy) and one that did not
     # finish: no cell of digits has every configuration with a test accuracy
-    with_fc2 = stats.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"]).set_index("component")
+    with_fc2 = tables.grid_spread(runs[runs["dataset"] == "digits"], components=["mha", "fc2"]).set_index("component")
     assert with_fc2["cells"].tolist() == [0, 0] and with_fc2.loc["fc2", "diverged"] == 1
     assert with_fc2.loc["mha", "runs"] == 0
     with pytest.raises(ValueError, match="one model"):
-        stats.grid_spread(pd.concat([runs, runs.assign(model="other")]))
+        tables.grid_spread(pd.concat([runs, runs.assign(model="other")]))
     with pytest.raises(ValueError, match="valid choices: kept, cell, run"):
-        stats.grid_spread(runs, diverged="dropped")
+        tables.grid_spread(runs, diverged="dropped")
 
 
 def test_a_diverged_run_counts_with_its_accuracy_as_the_authors_boxes_unless_asked_otherwise():
@@ -384,14 +384,14 @@ def test_a_diverged_run_counts_with_its_accuracy_as_the_authors_boxes_unless_ask
             }
         )
     runs = pd.DataFrame(rows)
-    kept = stats.grid_spread(runs, components=["mha", "ln1"]).set_index("component")
+    kept = tables.grid_spread(runs, components=["mha", "ln1"]).set_index("component")
     assert kept["cells"].tolist() == [6, 6] and kept["runs"].tolist() == [6, 6] and kept.loc["mha", "diverged"] == 2
     mha = [80.0, 80.1, 90.0, 90.1, 10.0, 10.1]
     assert kept.loc["mha", "std"] == pytest.approx(statistics.stdev(mha))
-    cell = stats.grid_spread(runs, components=["mha", "ln1"], diverged="cell").set_index("component")
+    cell = tables.grid_spread(runs, components=["mha", "ln1"], diverged="cell").set_index("component")
     assert cell["runs"].tolist() == [4, 4]  # lr 1.0 left out for LN1 too
     assert cell.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 80.1, 85.0, 85.1]))
-    run = stats.grid_spread(runs, components=["mha", "ln1"], diverged="run").set_index("component")
+    run = tables.grid_spread(runs, components=["mha", "ln1"], diverged="run").set_index("component")
     assert run.loc["ln1", "runs"] == 6 and run.loc["mha", "runs"] == 4
 
 
@@ -403,8 +403,8 @@ def test_a_tie_between_learning_rates_keeps_the_smaller_as_the_authors_strict_co
         for seed, accuracy in enumerate(accuracies)
     ]
     for order in (rows, rows[::-1]):
-        assert stats.table6(pd.DataFrame(order))["lr"].tolist() == [0.03]
-        assert stats.table6(pd.DataFrame(order), select="val")["lr"].tolist() == [0.03]
+        assert tables.table6(pd.DataFrame(order))["lr"].tolist() == [0.03]
+        assert tables.table6(pd.DataFrame(order), select="val")["lr"].tolist() == [0.03]
 
 
 def _plasticity(order_by_dataset):
@@ -429,7 +429,7 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     swapped = dict(zip(components, [90.0, 91.0, 89.0, 88.0, 87.0]))  # FC1 above MHA: one discordant pair of ten
     rows += [{"dataset": "one swap", "component": c, "accuracy": a} for c, a in swapped.items()]
     rows += [{"dataset": "short", "component": c, "accuracy": 1.0} for c in ("mha", "fc1")]  # two components: no test
-    table = stats.plasticity_correlation(plasticity, pd.DataFrame(rows)).set_index("dataset")
+    table = component_tests.plasticity_correlation(plasticity, pd.DataFrame(rows)).set_index("dataset")
     assert list(table.index) == ["one swap", "reversed", "same"]
     assert table.loc["same", "tau"] == pytest.approx(1.0) and table.loc["reversed", "tau"] == pytest.approx(-1.0)
     assert table.loc["one swap", "tau"] == pytest.approx((9 - 1) / 10)
@@ -439,11 +439,13 @@ def test_plasticity_correlation_is_kendalls_tau_per_dataset():
     assert (table["components"] == 5).all()
     assert table.loc["one swap", "most_plastic"] == "mha" and table.loc["one swap", "highest"] == "fc1"
     with pytest.raises(ValueError, match="one model"):
-        stats.plasticity_correlation(pd.concat([plasticity, plasticity.assign(model="n")]), pd.DataFrame(rows))
+        component_tests.plasticity_correlation(
+            pd.concat([plasticity, plasticity.assign(model="n")]), pd.DataFrame(rows)
+        )
     with pytest.raises(ValueError, match="no column 'std'.*accuracy"):
-        stats.plasticity_correlation(plasticity, pd.DataFrame(rows), value="std")
+        component_tests.plasticity_correlation(plasticity, pd.DataFrame(rows), value="std")
     with pytest.raises(ValueError, match="more than one row for same/mha"):  # two settings' runs together
-        stats.plasticity_correlation(plasticity, pd.concat([pd.DataFrame(rows), pd.DataFrame(rows[:1])]))
+        component_tests.plasticity_correlation(plasticity, pd.concat([pd.DataFrame(rows), pd.DataFrame(rows[:1])]))
 
 
 def test_plasticity_correlation_p_values_are_exact_with_ties():
@@ -454,7 +456,7 @@ def test_plasticity_correlation_p_values_are_exact_with_ties():
         [{"dataset": "tied", "component": c, "accuracy": a} for c, a in zip(components, tied)]
         + [{"dataset": "flat", "component": c, "accuracy": 3.0} for c in components]
     )
-    table = stats.plasticity_correlation(plasticity, results_).set_index("dataset")
+    table = component_tests.plasticity_correlation(plasticity, results_).set_index("dataset")
 
     def tau_b(x, y):  # by the definition: (concordant - discordant) / sqrt((pairs - ties in x) (pairs - ties in y))
         pairs = list(itertools.combinations(range(len(x)), 2))
@@ -471,31 +473,33 @@ def test_plasticity_correlation_p_values_are_exact_with_ties():
     # every pairing of the accuracies with the plasticities
     assert table.loc["tied", "p_value"] == pytest.approx(extreme / 120)
     assert math.isnan(table.loc["flat", "tau"]) and math.isnan(table.loc["flat", "p_value"])
-    summary = stats.correlation_summary(table.reset_index())
+    summary = component_tests.correlation_summary(table.reset_index())
     assert (summary["datasets"], summary["undefined"]) == (1, 1)
 
 
 def test_correlation_summary_tests_the_taus_against_zero():
-    summary = stats.correlation_summary(pd.DataFrame({"tau": [1.0, 0.8, -0.2, 0.0]}))
+    summary = component_tests.correlation_summary(pd.DataFrame({"tau": [1.0, 0.8, -0.2, 0.0]}))
     assert (summary["datasets"], summary["positive"], summary["negative"], summary["zero"]) == (4, 2, 1, 1)
     assert summary["mean"] == pytest.approx(0.4) and summary["median"] == pytest.approx(0.4)
     # zeros left out; |taus| ranked 1 (0.2), 2 (0.8), 3 (1.0): W- = 1; of the 8 sign patterns, 2 have W- <= 1
     assert summary["p_value"] == pytest.approx(2 * 2 / 8) and not summary["significant"]
-    assert math.isnan(stats.correlation_summary(pd.DataFrame({"tau": [0.5, 0.0]}))["p_value"])
+    assert math.isnan(component_tests.correlation_summary(pd.DataFrame({"tau": [0.5, 0.0]}))["p_value"])
 
 
 def test_on_the_papers_table6_accuracy_follows_the_papers_plasticity_ranking():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#")
-    order = stats.paper_order(sorted(paper["dataset"].unique()))
+    order = component_tests.paper_order(sorted(paper["dataset"].unique()))
     assert (
         len(order) == 55
         and order.groupby("dataset")["plasticity"].apply(list).map(lambda s: s == [5.0, 4.0, 3.0, 2.0, 1.0]).all()
     )
-    table = stats.plasticity_correlation(order, paper.rename(columns={"mean": "accuracy"})).set_index("dataset")
+    table = component_tests.plasticity_correlation(order, paper.rename(columns={"mean": "accuracy"})).set_index(
+        "dataset"
+    )
     assert len(table) == 11
     # read off the CSV: motion blur's accuracies fall in the ranking's order exactly; Pets' LN2 and LN1 beat MHA
     assert table.loc["cifar10c/motion_blur", "tau"] == pytest.approx(1.0) and table.loc["pets", "tau"] < 0
-    summary = stats.correlation_summary(table)
+    summary = component_tests.correlation_summary(table)
     assert (summary["positive"], summary["negative"], summary["zero"]) == (8, 1, 2)
     assert summary["significant"] and 0.3 < summary["mean"] < 0.45
     # Cifar10 and its five corruptions as one unit: six families, by their mean tau, and a sign test
@@ -527,14 +531,14 @@ def test_early_gradient_norm_is_the_mean_over_the_first_part_of_each_finished_ru
             for c in ("mha", "ln1", "fc1", "fc2")
         ]
     )
-    norms = stats.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("component")["grad_norm"]
+    norms = tables.early_gradient_norm(pd.DataFrame(rows), runs, 0.2).set_index("component")["grad_norm"]
     # steps 1 and 2 of 10; FC2 left out
     assert norms.to_dict() == pytest.approx({"mha": (2 + 4) / 2, "ln1": (1 + 2) / 2, "fc1": 7.0})
-    assert stats.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc[
+    assert tables.early_gradient_norm(pd.DataFrame(rows), runs, 1.0).set_index("component").loc[
         "ln1", "grad_norm"
     ] == pytest.approx(5.5)
     with pytest.raises(ValueError, match="fraction"):
-        stats.early_gradient_norm(pd.DataFrame(rows), runs, 0)
+        tables.early_gradient_norm(pd.DataFrame(rows), runs, 0)
 
 
 def test_holm_adjusts_step_down_and_keeps_the_order():
@@ -548,25 +552,29 @@ def test_holm_adjusts_step_down_and_keeps_the_order():
 
 def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
     paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
-    table = stats.table1(paper, alternative="two-sided").set_index("component")
+    table = component_tests.table1(paper, alternative="two-sided").set_index("component")
     assert table["p_holm"].tolist() == pytest.approx(significance.holm(table["p_value"]).tolist())
     # two-sided, the paper's three significant decreases; LN2's p (0.042) x 2 is no longer below 5% once its four
     # tests are counted (one-sided, as the authors' code, it stays: 0.021 x 2)
     assert (
         table.loc[["fc2", "ln1"], "significant_holm"].all() and not table.loc[["fc1", "ln2"], "significant_holm"].any()
     )
-    pairs = stats.pairwise(paper)
+    pairs = component_tests.pairwise(paper)
     assert len(pairs) == 10 and pairs[["first", "second"]].values.tolist()[:2] == [["mha", "fc1"], ["mha", "fc2"]]
-    wide = stats.wide(paper)
+    wide = tables.wide(paper)
     row = pairs.set_index(["first", "second"]).loc[("fc1", "fc2")]
     assert row["difference"] == pytest.approx((wide["fc1"] - wide["fc2"]).mean()) and row["wins"] == int(
         (wide["fc1"] > wide["fc2"]).sum()
     )
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(wide["fc1"], wide["fc2"]).pvalue)
     assert pairs["p_holm"].tolist() == pytest.approx(significance.holm(pairs["p_value"]).tolist())
-    assert stats.pairwise(paper, components=["mha", "full", "probe"])["first"].tolist() == ["mha", "mha", "full"]
+    assert component_tests.pairwise(paper, components=["mha", "full", "probe"])["first"].tolist() == [
+        "mha",
+        "mha",
+        "full",
+    ]
     with pytest.raises(ValueError, match="unknown configuration.*valid configurations: mha"):
-        stats.pairwise(paper, components=["mha", "attn"])
+        component_tests.pairwise(paper, components=["mha", "attn"])
 
 
 def test_pairwise_printed_as_a_matrix():
@@ -579,7 +587,7 @@ def test_pairwise_printed_as_a_matrix():
             "significant_holm": [False, True, False],
         }
     )
-    matrix = stats.formatted_pairs(pairs)
+    matrix = component_tests.formatted_pairs(pairs)
     assert list(matrix.index) == ["mha", "fc1"] and list(matrix.columns) == ["fc1", "ln1"]
     assert (
         matrix.loc["mha", "ln1"] == "+0.93 (0.029)*"
@@ -596,7 +604,7 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
             "accuracy": [1.0, 2.0, 0.5, 1.5],
         }
     )
-    pairs = stats.pairwise(accuracies).set_index(["first", "second"])
+    pairs = component_tests.pairwise(accuracies).set_index(["first", "second"])
     assert pairs.loc[("fc1", "ln1"), "datasets"] == 0 and math.isnan(pairs.loc[("fc1", "ln1"), "p_value"])
     assert pairs["p_holm"].notna().sum() == 2  # Holm over the two pairs that have a test
     rows = [
@@ -612,7 +620,7 @@ def test_no_common_dataset_is_no_test_and_a_finished_run_without_accuracy_is_no_
         for c in ("mha", "ln1")
         for seed in range(3)
     ]
-    spread = stats.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
+    spread = tables.grid_spread(pd.DataFrame(rows), components=["mha", "ln1"]).set_index("component")
     assert spread["cells"].tolist() == [2, 2] and spread["runs"].tolist() == [2, 2]
     assert spread.loc["ln1", "std"] == pytest.approx(statistics.stdev([80.0, 81.0]))
 
@@ -624,7 +632,7 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
         "notebook: notebooks/05_finetune.ipynb\nname: '{dataset}/{component}/{lr}/{seed}'\nparameters:\n  model: demo\n"
         f"grid:\n  dataset: {DATASETS}\n  component: {GRID_COMPONENTS + ['fc2']}\n  lr: {LRS}\n  seed: {SEEDS}\n"
     )
-    assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    assert summary.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS)
     # every run of the tree's configurations, and of FC2 a partial and a diverged run on a; the other FC2 runs missing
@@ -640,7 +648,7 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     # the synthetic accuracies put MHA > FC1 > LN1 on every dataset, the paper's order: tau 1 on each
     tau = pd.read_csv(tmp_path / "tables" / "accuracy_tau.csv")
     assert len(tau) == len(DATASETS) and (tau["tau"] == 1.0).all()
-    assert stats.main([str(tmp_path / "absent.yaml")]) == 2
+    assert summary.main([str(tmp_path / "absent.yaml")]) == 2
 
 
 def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch, move_results):
@@ -655,14 +663,14 @@ def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch
     )
     for model in ("demo", "vit_base_in21k"):
         plasticity_table.save(rates, plasticity.Measurement(model), found(rates))
-    measured, source = stats.plasticity_for(runs)
+    measured, source = component_tests.plasticity_for(runs)
     assert source == "measured" and set(measured["model"]) == {"demo"} and set(measured["dataset"]) == {"digits"}
     assert measured.set_index("component")["plasticity"].to_dict() == pytest.approx(reverse)
-    tau = stats.summary(runs)["accuracy_tau"]
+    tau = summary.summary(runs)["accuracy_tau"]
     # MHA > FC1 > LN1 in accuracy: the reverse
     assert tau["dataset"].tolist() == ["digits"] and tau["tau"].iloc[0] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="one model"):
-        stats.plasticity_for(pd.concat([runs, runs.assign(model="other")]))
+        component_tests.plasticity_for(pd.concat([runs, runs.assign(model="other")]))
 
 
 def test_pooled_order_and_paper_accuracy():
@@ -671,16 +679,16 @@ def test_pooled_order_and_paper_accuracy():
         rows += [
             {"model": "m", "dataset": dataset, "component": c, "plasticity": v} for c, v in zip(COMPONENTS, values)
         ]
-    order = stats.pooled_order(pd.DataFrame(rows)).set_index("model")
+    order = ranking.pooled_order(pd.DataFrame(rows)).set_index("model")
     # means: MHA 3, FC1 3, FC2 3, LN2 3, LN1 5 -> LN1 first, then the four ties
     assert order.loc["m", "order"].startswith("LN1 > ") and order.loc["m", "tau"] < 0
     same = pd.DataFrame(
         [{"model": "p", "dataset": "a", "component": c, "plasticity": 5 - i} for i, c in enumerate(COMPONENTS)]
     )
-    row = stats.pooled_order(same).iloc[0]
+    row = ranking.pooled_order(same).iloc[0]
     assert row["order"] == "MHA > FC1 > FC2 > LN2 > LN1" and row["tau"] == pytest.approx(1.0)
-    assert stats.paper_accuracy("cifar10", "mha") == 98.91 and stats.paper_accuracy("digits", "mha") is None
-    assert stats.paper_accuracy("pets", "probe") == pytest.approx(88.33)
+    assert tables.paper_accuracy("cifar10", "mha") == 98.91 and tables.paper_accuracy("digits", "mha") is None
+    assert tables.paper_accuracy("pets", "probe") == pytest.approx(88.33)
 
 
 def tf32_twins(tmp_path, points: float = 1.0) -> None:
@@ -715,7 +723,7 @@ def test_the_results_command_of_a_precision_check_prints_its_fp32_tables_and_the
     move_results(".")  # the tree, and its tf32 twins
     tf32_twins(tmp_path)
     spec = precision_spec(tmp_path)
-    assert stats.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
+    assert summary.main([str(spec), "--csv", str(tmp_path / "tables")]) == 0
     out = capsys.readouterr().out
     grid = len(DATASETS) * len(LRS) * len(SEEDS) * len(GRID_COMPONENTS)
     assert f"{grid} fp32 runs of" in out and "Table 6" in out
@@ -775,7 +783,7 @@ def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, caps
         params = json.loads(file.read_text())
         del params["method"], params["subset_seed"]
         file.write_text(json.dumps(params))
-    assert stats.main([str(spec)]) == 2
+    assert summary.main([str(spec)]) == 2
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1, said
     assert f"no run of {spec} under" in said.err
@@ -787,7 +795,7 @@ def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, caps
 
 def test_stats_and_precision_on_a_fresh_results_root_say_so_in_one_line(capsys):
     (paths.results_dir() / "finetune").mkdir(parents=True)  # an empty finetune/ folder, as nothing there at all
-    for main, spec in ((stats.main, "finetune_demo.yaml"), (precision_check.main, "precision_demo.yaml")):
+    for main, spec in ((summary.main, "finetune_demo.yaml"), (precision_check.main, "precision_demo.yaml")):
         assert main([str(paths.ROOT / "parameters" / "sweeps" / spec)]) == 2
         said = capsys.readouterr()
         assert said.out == "" and said.err.count("\n") == 1 and f"no run of {paths.ROOT}" in said.err, said

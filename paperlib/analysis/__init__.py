@@ -3,7 +3,10 @@
 - ``significance``      the tests behind the p-values: Wilcoxon's signed-rank, Kendall's tau, Holm's adjustment
 - ``ranking``           statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
 - ``plasticity_table``  saved plasticity results: written, read back, ranked, collected as one table
-- ``stats``             every table across finetuning runs: Tables 1 and 6, pairs, Takeaway 2, LoRA (``stats``)
+- ``tables``            the paper's tables over finetuning runs: Table 6, relative gains, averages, spread over the grid
+- ``component_tests``   the tests across benchmarks: Table 1, every pair, Takeaway 2 (P(f) against the results)
+- ``lora_comparison``   LoRA against the components' own weights: Table 6 for each way of training
+- ``summary``           every table of a sweep's runs at once, as notebook 07 shows them (the ``stats`` command)
 - ``precision_check``   whether a cheaper precision (tf32, bf16) keeps the paper's conclusions (``precision``)
 - ``capacity``          plasticity or capacity: Takeaway 2 inside groups of equal size, and where the two disagree
 """

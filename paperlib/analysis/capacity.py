@@ -12,12 +12,6 @@ null is a permutation of the accuracies among the components of one dataset (and
   permutation of each stratum, the strata independent, convolved); per adjacent pair of the
   plasticity order (``adjacent_pairs``), a sign test over datasets with Holm's adjustment over the
   pairs; and the same by dataset family (``names.family``: Cifar10 and its corruptions count once).
-  On the paper's Table 6 with its order, S over both groups gives p = 0.047, but the support is one
-  pair: FC1 beats FC2 on 9 of 11 benchmarks (p = 0.065, 0.20 after Holm), MHA beats FC1 on 5 and LN2
-  beats LN1 on 6; by family (Cifar10 with its corruptions one of 6), the MHA / FC1 / FC2 tau is
-  positive in 5 of 6 (p = 0.22). No pair is significant alone, the test counts Cifar10's corruptions
-  as six independent benchmarks, and 9 of 11 for FC1 over FC2 is 4 of 6 families: the paper's
-  numbers neither show nor rule out plasticity beyond capacity.
 - ``discordant_pairs``: the pairs of components that P(f) and capacity order differently, how often
   finetuning followed each, and an exact permutation test pooled over the pairs (a run enters several
   pairs: a sign test over pairs would count it several times), per pair with Holm's adjustment. On a
@@ -27,7 +21,7 @@ null is a permutation of the accuracies among the components of one dataset (and
 Capacity orders components only by ``capacity_levels``: parameter counts within ``TOLERANCE`` of
 each other tie (FC2, 3d per block fewer than FC1, is not smaller). The capacity of a model's
 components is ``components.parameter_share``; ``predictor_table`` puts it (or any per-component
-score) in the layout of P(f), for ``stats.plasticity_correlation``'s Takeaway-2 test with another
+score) in the layout of P(f), for ``component_tests.plasticity_correlation``'s Takeaway-2 test with another
 predictor. ``verdict`` (one model, one dataset, one run per component) counts and does not test.
 """
 
@@ -40,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from paperlib.analysis import stats
+from paperlib.analysis import component_tests, tables
 from paperlib.analysis.significance import holm, kendall_tau, sign_test
 from paperlib.records.names import COMPONENTS, LABELS, family
 
@@ -541,10 +535,10 @@ def at_equal_capacity_of_runs(
     """``at_equal_capacity`` of two sweeps' runs (``runs_table.for_spec``'s; one model).
 
     ``table6`` of each, every component at the learning rate ``select`` chooses (``val``: its own best on validation),
-    against P(f) (``stats.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f) comes from
-    ("measured" or the paper's order)."""
+    against P(f) (``component_tests.plasticity_for``). Returns the result (its ``accuracies`` in %) and where P(f)
+    comes from ("measured" or the paper's order)."""
     datasets = set(equal["dataset"])
     ordinary = ordinary[ordinary["dataset"].isin(datasets) & ordinary["component"].isin(COMPONENTS)]
-    tables = [stats.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
-    measured, source = stats.plasticity_for(ordinary, reference)
-    return at_equal_capacity(measured, *tables), source
+    accuracies = [tables.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
+    measured, source = component_tests.plasticity_for(ordinary, reference)
+    return at_equal_capacity(measured, *accuracies), source

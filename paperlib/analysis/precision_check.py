@@ -1,7 +1,7 @@
 """Whether a cheaper training precision changes the paper's results (beyond the paper; notebook 07).
 
-The paper trains in fp32 (Table 4's text); on a GPU, TF32 and bf16 autocast run the same step several times faster
-(figures: docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
+The paper trains in fp32 (Table 4's text); on a GPU, TF32 and bf16 autocast run the same step faster
+(docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference
 precision's run of the same grid point and answers with the paired differences, an equivalence test, and
 whether the paper's conclusions hold: "same", "differs" or "inconclusive", each conclusion (a decrease from
 MHA, Table 6's best configuration on a dataset, divergence) decided with its uncertainty, never by exact
@@ -18,18 +18,10 @@ import pandas as pd
 from scipy import special
 from scipy import stats as scipy_stats
 
+from paperlib.analysis.component_tests import table1
 from paperlib.analysis.significance import holm
-from paperlib.analysis.stats import (
-    COLUMNS,
-    SELECTIONS,
-    SETTING,
-    check_one_setting,
-    component_order,
-    table1,
-    table6,
-    wide,
-    write_csv,
-)
+from paperlib.analysis.summary import write_csv
+from paperlib.analysis.tables import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table6, wide
 from paperlib.records import cli, runs_table, specs
 from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
 from paperlib.records.step_options import PRECISIONS
@@ -186,8 +178,8 @@ def _margins(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
 def _one_sided(values: np.ndarray, bound: float, alternative: str) -> float:
     """The one-sided t test's p-value that ``values``' mean is below or above ``bound``.
 
-    Below for ``alternative="less"``, above for ``"greater"``: scipy's ``ttest_1samp``, computed directly (scipy's
-    wrapper costs 2 ms a call, most of a simulation's time); values that are all equal (``EQUAL``) have no variance:
+    Below for ``alternative="less"``, above for ``"greater"``: scipy's ``ttest_1samp``, computed directly (without
+    scipy's wrapper, which a simulation calls many times); values that are all equal (``EQUAL``) have no variance:
     0 or 1."""
     mean = float(np.mean(values))
     if np.ptp(values) <= EQUAL:  # the t statistic is infinite or undefined

@@ -179,3 +179,17 @@ def pairs_with_rates(table: pd.DataFrame) -> pd.DataFrame:
         stacklevel=3,
     )
     return table[~table["pair"].isin(unmeasured)]
+
+
+def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per model of a ``plasticity_table.collect`` table: its components ordered by pooled P(f).
+
+    P(f) averaged over its datasets (``order``, e.g. "MHA > FC1 > FC2 > LN2 > LN1") and Kendall's tau of that order with
+    the paper's (``tau``: 1 the same, -1 reversed)."""
+    rows = []
+    for model, part in summary.groupby("model", sort=True):
+        mean = part.groupby("component", observed=True)["plasticity"].mean().reindex(list(COMPONENTS))
+        tau = kendall_tau(mean, [PAPER_SCORES[c] for c in mean.index])
+        order = " > ".join(LABELS[c] for c in mean.sort_values(ascending=False).index)
+        rows.append({"model": model, "order": order, "tau": tau})
+    return pd.DataFrame(rows, columns=["model", "order", "tau"])

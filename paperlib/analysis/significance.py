@@ -3,7 +3,7 @@
 Wilcoxon's signed-rank test (Table 1, every pair of components, Takeaway 2 across datasets), Kendall's tau
 (Takeaway 2 per dataset) and Holm's adjustment of a family of p-values, the sign test. Where scipy's exact
 permutation test computes its statistic one permutation at a time, the same test with the statistic vectorised (the
-same p-value, much faster).
+same p-value).
 
 Kendall's tau itself is computed here alone (``kendall_tau``): every tau of the package's tables (a ranking's
 agreement with the paper's, Takeaway 2, the capacity tests) calls it.
@@ -22,8 +22,7 @@ def wilcoxon_p(difference: np.ndarray, alternative: str = "two-sided") -> float:
 
     With ``stats.wilcoxon``'s defaults. Where scipy runs its exact permutation test (ties or zeros, at most 13
     differences: every one of the 2^n sign changes), the same test with the statistic vectorised: scipy's
-    computes it one sign change at a time (0.65 s a test, most of ``python -m paperlib stats``'s time on a
-    whole grid)."""
+    computes it one sign change at a time."""
     d = np.asarray(difference, dtype=float)
     nonzero = np.abs(d[d != 0])
     if len(d) > 13 or (len(np.unique(nonzero)) == len(nonzero) == len(d)):  # scipy's exact or normal p-value

@@ -6,5 +6,6 @@
 - ``imagesets``    ``ImageDataset`` (uint8 images in memory) and ``FileDataset`` (image files)
 - ``datasets``     ``get_dataset``: every dataset by name, with its splits
 - ``loader``       the fast data path: uint8 caches and ``DeviceLoader``
+- ``augmented``    the authors' training loader, seeded: one random crop and flip of each image, shuffled
 - ``fixtures``     tiny datasets in the official on-disk formats (tests, benchmarks)
 """

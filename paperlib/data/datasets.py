@@ -552,9 +552,6 @@ DATASETS: dict[str, Source] = {
 }
 """Every dataset by the name users type."""
 
-DEMO_DOWNSTREAM = ("digits",) + tuple(f"digits_c/{c}" for c in CORRUPTIONS)
-"""The demo world's downstream datasets, in the order of the paper's Cifar10 / Cifar10-C."""
-
 PAPER_DATASETS = tuple(name for name, source in DATASETS.items() if source.group == "paper")
 """The paper's 11 downstream benchmarks (appendix C.2)."""
 

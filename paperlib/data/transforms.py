@@ -166,7 +166,7 @@ def resized_crops(
 
     Bilinear resampling is separable, so each crop is two small matrix products,
     ``rows @ image @ columns^T``: batched matmuls that keep a GPU (or a CPU's BLAS) busy, where
-    ``grid_sample`` is several times slower on a CPU. Like ``F.interpolate`` without
+    ``grid_sample`` gathers pixel by pixel. Like ``F.interpolate`` without
     antialiasing, which is what torchvision does when it upsamples (every Cifar crop to 224).
     """
     _, _, height, width = images.shape

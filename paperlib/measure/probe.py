@@ -7,20 +7,16 @@ their mean (its ``cls_pooling=False``: ``.mean(axis=1)`` over the whole sequence
 image's vector to unit L2 norm, standardises the features (``StandardScaler`` fitted on the
 training features) and fits scikit-learn's multinomial ``LogisticRegression(max_iter=5000)`` on the
 80% training split, scored on the test split. ``linear_probe`` does exactly that, for every block
-and every point of ``POINTS``, from one forward pass over the images (forward hooks).
+and every point of ``POINTS``, from one forward pass over the images (``probe_features``).
 
 Which images. The authors' script reads the training images through their finetuning loader:
 the 80% training split (``train_size=0.8``; Flowers102's official training split), each image
 once as one random resized crop and flip, shuffled, in batches of 512 with the last incomplete
 batch dropped (on Flowers102, 512 of its 1,020 training images); the test images are the test
-split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does
-the same: ``get_dataset(dataset, "train", seed=split_seed)``, each image cropped at its full
-resolution by torchvision's ``RandomResizedCrop`` and flipped by ``RandomHorizontalFlip``
-(``transforms.paper_transform(augment=True)``), crops, flips and order drawn from ``split_seed``
-(``augmented_batches``; a set smaller than ``AUGMENTED_BATCH`` is one batch of all it has).
-``train_features="clean"`` (beyond the authors)
-takes every training image once, resized and centre-cropped. ``train_split="trainval"`` (beyond
-the paper) fits on the whole training set instead.
+split, resized and centre-cropped, in order. ``train_features="augmented"`` (the default) does the same with
+``get_dataset(dataset, "train", seed=split_seed)``: crops, flips and order from ``split_seed`` (``data.augmented``).
+``train_features="clean"`` (beyond the authors) takes every training image once, resized and centre-cropped.
+``train_split="trainval"`` (beyond the paper) fits on the whole training set instead.
 
 Which point is the paper's. "The attention hidden representation of the last layer" most likely
 means the output of the last block's MHA (``mha``: the attention module's output, before the
@@ -33,20 +29,18 @@ A probe is a value, ``Probe``: the model, the dataset, the blocks and points, an
 are made and fitted (pool, training split and features, normalisation, split seed), validated when
 it is made; ``linear_probe(probe, device=...)`` fits it. Results are cached per model and dataset
 under ``Probe.folder()``, ``results/probe/<model>/<dataset>/`` (``probe.csv`` with one row per block
-and point, and ``metadata.json`` with the ``Probe.key()`` it was computed from), filled in as points
-are fitted, so a second call is instant and an interrupted one resumes. The notebooks' entries,
+and point, and ``metadata.json`` with the ``Probe.key()`` it was computed from: ``records.probe_tables``), filled in
+as points are fitted, so a second call is instant and an interrupted one resumes. The notebooks' entries,
 ``probe_datasets`` and ``table6_column``, take a model, datasets and keyword options.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import json
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -58,62 +52,28 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from paperlib.data import datasets
-from paperlib.data.imagesets import FileDataset, ImageDataset
-from paperlib.data.loader import DeviceLoader, Transform, decode_workers
-from paperlib.data.transforms import IMAGENET, as_mean_std, paper_transform
+from paperlib.data.transforms import IMAGENET, as_mean_std
+from paperlib.measure.probe_features import POOLS, check_choice, check_points, groups, pooled_features
 from paperlib.records import paths, storage
 from paperlib.records.names import SPLITS_VERSION, check_normalize
+from paperlib.records.probe_tables import POINTS, cached, save, tidy
 from paperlib.speed import threads
 from paperlib.vit import components, models
-from paperlib.vit.components import JointLinear, block_component
-
-POINTS = ("ln1", "mha", "attn_residual", "ln2", "fc1", "gelu", "fc2", "block")
-"""Probe points of a block, in the order of its forward pass: the output of each component (``ln1``,
-``mha``, ``ln2``, ``fc1``, ``fc2``), of the activation (``gelu``), and the residual stream after
-attention (``attn_residual``: the input of ``norm2``) and after the block (``block``). ``mha`` is the
-attention module's output, before the residual addition and before LayerScale where a block has one
-(the paper's ViTs have none); ``gelu`` is the output of ``mlp.act`` (in a SwiGLU block, the gate's
-activation); ``fc1`` of a SwiGLU block with separate gate and value layers is the two side by side.
-"""
-
-POOLS = ("mean", "patches", "cls")
-"""How tokens become one vector: ``mean`` over every position (the authors' ``.mean(axis=1)``, the
-class token's position included), ``patches`` (the mean over the patch tokens alone) or ``cls``
-(the class token; the authors' ``cls_pooling=True``)."""
 
 TRAIN_SPLITS = ("train", "trainval")
-TRAIN_FEATURES = ("augmented", "clean")
-AUGMENTED_BATCH = 512  # the authors' training loader's batch, whose last incomplete one is dropped
 """Images the probe is fitted on: the authors' 80% training split, or the whole training set."""
+TRAIN_FEATURES = ("augmented", "clean")
 AUGMENTED_CROPS = "full_image"
 """Where ``train_features="augmented"`` cuts its crops: from each image at its full resolution.
 
 As the authors' torchvision transforms do (``augmented_batches``). In every augmented table's ``Probe.key()``
-(``crops``): a table that lacks it, or whose crops were cut otherwise (from the decoded cache, shorter side 256), is
-another table, computed again."""
+(``crops``): a table whose key does not name these crops is another table, computed again."""
 
 MAX_ITER = 5000  # the authors' LogisticRegression(max_iter=5000)
 SMALL_FIT = 2**22  # training features (images x width) up to which a fit runs on one BLAS thread
-
-
-def check_points(points: str | Iterable[str]) -> tuple[str, ...]:
-    """``points`` as a tuple (one name or several), or a ValueError naming the valid points."""
-    chosen = (points,) if isinstance(points, str) else tuple(points)
-    unknown = [p for p in chosen if p not in POINTS]
-    if unknown or not chosen:
-        raise ValueError(f"unknown probe point(s) {unknown or chosen!r}; valid points: {', '.join(POINTS)}")
-    return tuple(p for p in POINTS if p in chosen)
-
-
-def check_choice(value: str, valid: Sequence[str], what: str) -> str:
-    """``value`` or a ValueError naming the valid choices of ``what``."""
-    if value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")
-    return value
 
 
 def check_blocks(selected: int | Iterable[int] | None, depth: int) -> tuple[int, ...]:
@@ -127,249 +87,6 @@ def check_blocks(selected: int | Iterable[int] | None, depth: int) -> tuple[int,
             f"block(s) {bad or chosen!r} out of range: the model has {depth} blocks (0..{depth - 1}, or -1..-{depth})"
         )
     return tuple(sorted({int(b) % depth for b in chosen}))
-
-
-# --------------------------------------------------------------------------------------------
-# Features: one forward pass, every point hooked
-
-
-def point_modules(block: nn.Module, point: str) -> tuple[str, list[nn.Module]]:
-    """How ``point`` is read in ``block``: the outputs of some modules or the input of one.
-
-    ``("output", modules)``: the outputs of the modules, side by side (FC1 of a SwiGLU block is its gate and value
-    layers); ``("input", [module])``: the input of the module (the residual stream after attention is the input of
-    ``norm2``)."""
-    check_points(point)
-    if point == "block":
-        return "output", [block]
-    if point == "attn_residual":
-        return "input", [block_component(block, "ln2")]
-    if point == "gelu":
-        try:
-            return "output", [block.get_submodule("mlp.act")]
-        except AttributeError as error:
-            raise TypeError(
-                f"block {type(block).__name__} has no 'mlp.act': the gelu point reads its output"
-            ) from error
-    module = block_component(block, point)  # ln1, mha, ln2, fc1, fc2: the components themselves
-    return "output", list(module.parts) if isinstance(module, JointLinear) else [module]
-
-
-def pool_tokens(tokens: torch.Tensor, pool: str = "mean", prefix: int = 1) -> torch.Tensor:
-    """(B, n, k) tokens to (B, k) float32: ``POOLS`` (``prefix``: class and register tokens first)."""
-    tokens = tokens[0] if isinstance(tokens, (tuple, list)) else tokens
-    if pool == "cls":
-        return tokens[:, 0].float()
-    return (tokens[:, prefix:] if pool == "patches" else tokens).float().mean(dim=1)
-
-
-@contextlib.contextmanager
-def hooked(model: nn.Module, wanted: Sequence[tuple[int, str]], pool: str = "mean"):
-    """Forward hooks that pool every (block, point) of ``wanted``; removed on exit.
-
-    They pool into a dict of lists of CPU tensors, ``store[(block, point, part)]``, one tensor per batch."""
-    store: dict[tuple[int, str, int], list[torch.Tensor]] = {}
-    prefix = int(getattr(model, "num_prefix_tokens", 1))
-    handles = []
-    try:
-        for index, point in wanted:
-            kind, modules = point_modules(components.blocks(model)[index], point)
-            for part, module in enumerate(modules):
-                key = (index, point, part)
-                store[key] = []
-
-                def keep(tokens, key=key):
-                    store[key].append(pool_tokens(tokens, pool, prefix).cpu())
-
-                if kind == "input":
-                    handles.append(module.register_forward_pre_hook(lambda _m, args, keep=keep: keep(args[0])))
-                else:
-                    handles.append(module.register_forward_hook(lambda _m, _args, out, keep=keep: keep(out)))
-        yield store
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def unit_rows(features: np.ndarray) -> np.ndarray:
-    """Each row divided by its L2 norm (the authors' ``value /= np.linalg.norm(value, axis=-1)``)."""
-    return features / np.linalg.norm(features, axis=-1, keepdims=True)
-
-
-def batches(dataset, batch_size: int, device: torch.device, num_workers: int | None = None):
-    """(images, labels) batches of ``dataset`` in order, images on ``device``."""
-    if num_workers is None:
-        decodes = isinstance(dataset, FileDataset) or getattr(dataset, "transform", None) is not None
-        num_workers = decode_workers() if device.type == "cuda" and decodes else 0
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
-    for images, labels in loader:
-        yield images.to(device, non_blocking=True), labels
-
-
-def image_seed(seed: int, index: int) -> int:
-    """The seed of image ``index``'s crop and flip under the probe's ``seed``.
-
-    A function of the pair alone (``numpy.random.SeedSequence``), so that neither the order nor the worker
-    that transforms an image changes its crop."""
-    return int(np.random.SeedSequence((seed % 2**64, index)).generate_state(1, np.uint64)[0])
-
-
-def augmented_order(n: int, seed: int) -> list[int]:
-    """The images of one shuffled epoch of the authors' training loader over ``n`` images.
-
-    A permutation drawn from ``seed``, cut to whole batches of ``AUGMENTED_BATCH`` (the last incomplete one
-    dropped; all ``n`` when they are fewer than a batch)."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    return order if n < AUGMENTED_BATCH else order[: n // AUGMENTED_BATCH * AUGMENTED_BATCH]
-
-
-class SeededCrops(Dataset):
-    """Items (normalised crop, label) of ``dataset``, each crop seeded by its image.
-
-    Image ``index`` at its full resolution goes through ``transforms.paper_transform(augment=True)`` (the
-    authors' ``build_transform(mode="train")``) inside ``torch.random.fork_rng``, seeded by
-    ``image_seed(seed, index)``: the caller's random state is left as it was.
-    """
-
-    def __init__(self, dataset: ImageDataset | FileDataset, image_size: int, seed: int):
-        self.dataset = copy.copy(dataset)  # the same images and labels, with the training transform
-        self.dataset.transform = paper_transform(True, image_size, getattr(dataset, "mean_std", IMAGENET))
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(image_seed(self.seed, index))
-            return self.dataset[index]
-
-
-def crops_on_device(dataset, image_size: int) -> bool:
-    """Whether ``augmented_batches`` draws the crops of ``dataset`` on the device (``DeviceLoader``).
-
-    So for images held whole in one array (the demo's digits, Cifar, Cifar10-C) no larger than the model's
-    input: every crop is then an upsampling of the very pixels torchvision would read, where its
-    antialiasing does nothing (the same crops within 1/255, ``transforms.resized_crops``)."""
-    if not isinstance(dataset, ImageDataset) or not isinstance(dataset.images, torch.Tensor):
-        return False  # image files, or decoded images of different sizes
-    return max(dataset.images.shape[-2:]) <= image_size
-
-
-def augmented_batches(dataset, image_size: int, device: torch.device, seed: int, num_workers: int | None = None):
-    """(images, labels) batches of ``dataset`` as the authors' training loader gives them.
-
-    Each image once, as one random resized crop of its full-resolution image and a random flip, shuffled, in
-    batches of ``AUGMENTED_BATCH`` with the last incomplete one dropped (all in one batch if there are
-    fewer); crops, flips and order drawn from ``seed``. Labels on the CPU.
-
-    Image files and arrays larger than the model's input go through torchvision image by image
-    (``SeededCrops``, ``augmented_order``) in a DataLoader of ``num_workers``; the others are cropped on
-    the device (``crops_on_device``). docs/fidelity.md, "Training crops", compares them with the authors'."""
-    batch = min(AUGMENTED_BATCH, len(dataset))
-    if crops_on_device(dataset, image_size):
-        loader = DeviceLoader(
-            dataset, batch, Transform(True, image_size), device, shuffle=True, drop_last=True, seed=seed
-        )
-        for images, labels in loader:
-            yield images, labels.cpu()
-        return
-    if num_workers is None:
-        num_workers = decode_workers() if device.type == "cuda" else 0
-    crops = SeededCrops(dataset, image_size, seed)
-    order = augmented_order(len(dataset), seed)
-    loader = DataLoader(
-        crops,
-        batch_size=batch,
-        sampler=order,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        generator=torch.Generator().manual_seed(seed),  # its workers' seeds: not from the global generator
-    )
-    for images, labels in loader:
-        yield images.to(device, non_blocking=True), labels
-
-
-def pooled_features(
-    model: nn.Module,
-    dataset,
-    wanted: Sequence[tuple[int, str]],
-    pool: str = "mean",
-    batch_size: int = 256,
-    device: str | torch.device = "cpu",
-    num_workers: int | None = None,
-    augment_seed: int | None = None,
-) -> tuple[dict[tuple[int, str], np.ndarray], np.ndarray]:
-    """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``, and the labels.
-
-    Float32, one row per image, in the dataset's order (with ``augment_seed``, as ``augmented_batches``
-    gives them), from one forward pass per batch in eval mode, without gradients (the mode restored after)."""
-    check_choice(pool, POOLS, "pool")
-    device = torch.device(device)
-    model = model.to(device)
-    training = model.training
-    labels = []
-    try:
-        model.eval()
-        with torch.inference_mode(), hooked(model, wanted, pool) as store:
-            if augment_seed is None:
-                inputs = batches(dataset, batch_size, device, num_workers)
-            else:
-                size = model.patch_embed.img_size[0]
-                inputs = augmented_batches(dataset, size, device, augment_seed, num_workers)
-            for images, targets in inputs:
-                model(images)
-                labels.append(targets.numpy())
-    finally:
-        model.train(training)
-    out = {}
-    for index, point in wanted:
-        parts = [torch.cat(store[key]).numpy() for key in sorted(k for k in store if k[:2] == (index, point))]
-        out[index, point] = unit_rows(np.concatenate(parts, axis=1))
-    return out, np.concatenate(labels)
-
-
-def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, seed: int = 0) -> float:
-    """Test accuracy (fraction) of the authors' classifier fitted on the training features.
-
-    The classifier: ``StandardScaler`` + ``LogisticRegression(max_iter=5000)`` (multinomial, lbfgs). A small
-    problem (up to ``SMALL_FIT`` training values) runs on one BLAS thread, a larger one on the library's."""
-    classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=MAX_ITER, random_state=seed))
-    limits = threadpool_limits(1, user_api="blas") if train_x.size <= SMALL_FIT else contextlib.nullcontext()
-    with limits:
-        classifier.fit(train_x, train_y)
-        return float(classifier.score(test_x, test_y))
-
-
-def point_width(block: nn.Module, point: str) -> int:
-    """Features per image of ``point`` (for the memory budget).
-
-    The hidden width for FC1 and the activation, the embedding width otherwise."""
-    if point == "fc1":
-        return int(block_component(block, "fc1").out_features)
-    if point == "gelu":
-        return int(block_component(block, "fc2").in_features)
-    return int(block_component(block, "ln1").normalized_shape[-1])
-
-
-def groups(model: nn.Module, wanted: Sequence[tuple[int, str]], n_images: int, max_gib: float) -> list[list]:
-    """``wanted`` in consecutive groups whose pooled features fit in ``max_gib`` GiB.
-
-    The features are float32. One forward pass per group; one group unless all points of a large
-    model on a large set."""
-    out, size = [[]], 0
-    for index, point in wanted:
-        need = n_images * point_width(components.blocks(model)[index], point) * 4
-        if out[-1] and size + need > max_gib * 2**30:
-            out.append([])
-            size = 0
-        out[-1].append((index, point))
-        size += need
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The probe table, cached
 
 
 @dataclass(frozen=True)
@@ -482,42 +199,6 @@ class Probe:
         return paths.results_dir() / "probe" / self.name / leaf
 
 
-def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
-    """The cached table (``probe.csv``) and ``metadata.json`` of a result folder.
-
-    Empty if none, or if damaged (``storage.json_or_none`` warns, and the probes are fitted
-    again)."""
-    metadata = storage.json_or_none(Path(folder) / "metadata.json")
-    return (empty(), {}) if metadata is None else (pd.read_csv(Path(folder) / "probe.csv"), metadata)
-
-
-def empty() -> pd.DataFrame:
-    """A probe table without rows."""
-    return pd.DataFrame(
-        {"block": pd.Series(dtype=int), "point": pd.Series(dtype=str), "accuracy": pd.Series(dtype=float)}
-    )
-
-
-def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
-    """Write ``probe.csv`` then ``metadata.json`` into ``folder``, each atomically.
-
-    The metadata, written last with the table's size (``files``), says the table is whole."""
-    folder = Path(folder)
-    storage.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
-    metadata = {**metadata, "files": storage.file_sizes(folder, ["probe.csv"])}
-    storage.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
-    return folder
-
-
-def tidy(table: pd.DataFrame, wanted: Sequence[tuple[int, str]]) -> pd.DataFrame:
-    """The rows of ``wanted`` in block then point order, ``point`` an ordered categorical."""
-    rows = table.set_index(["block", "point"]).loc[list(wanted)].reset_index()
-    rows["block"] = rows["block"].astype(int)
-    rows["accuracy"] = rows["accuracy"].astype(float)
-    rows["point"] = pd.Categorical(rows["point"], categories=POINTS, ordered=True)
-    return rows[["block", "point", "accuracy"]].reset_index(drop=True)
-
-
 def model_mean_std(model: nn.Module | str, normalize: str) -> tuple:
     """The normalisation of a model by name or of a module.
 
@@ -612,6 +293,18 @@ def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, ru
             yield item, accuracy, len(train_y), len(test_y)
 
 
+def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, seed: int = 0) -> float:
+    """Test accuracy (fraction) of the authors' classifier fitted on the training features.
+
+    The classifier: ``StandardScaler`` + ``LogisticRegression(max_iter=5000)`` (multinomial, lbfgs). A small
+    problem (up to ``SMALL_FIT`` training values) runs on one BLAS thread, a larger one on the library's."""
+    classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=MAX_ITER, random_state=seed))
+    limits = threadpool_limits(1, user_api="blas") if train_x.size <= SMALL_FIT else contextlib.nullcontext()
+    with limits:
+        classifier.fit(train_x, train_y)
+        return float(classifier.score(test_x, test_y))
+
+
 def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> None:
     """Add each fit of ``fits`` to ``table``, saving it after each one with a ``folder``.
 
@@ -624,18 +317,6 @@ def add_fits(fits, table: pd.DataFrame, folder: Path | None, record: dict) -> No
         if folder is not None:
             seconds = round(record["seconds"] + time.perf_counter() - start, 2)
             save(table, folder, record | {"n_train": n_train, "n_test": n_test, "seconds": seconds})
-
-
-def cached(folder: Path | None, key: dict, wanted: list) -> tuple[pd.DataFrame, dict, list]:
-    """The probe table and metadata cached in ``folder``, and the (block, point) not in it.
-
-    The cache counts only if it is of this ``key`` (empty otherwise); the (block, point) are those
-    of ``wanted``."""
-    table, metadata = load(folder) if folder is not None else (empty(), {})
-    if metadata.get("key") != key:  # another model or dataset under the name (custom ones change): not this
-        table, metadata = empty(), {}
-    done = set(zip(table["block"].astype(int), table["point"]))
-    return table, metadata, [item for item in wanted if item not in done]
 
 
 def table6_column(

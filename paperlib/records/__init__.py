@@ -13,4 +13,5 @@ The bottom layer: every other package builds on it, and it imports none of them 
 - ``runs``          what a finetuning run is (``Run``), its folder, its record and whether it is finished
 - ``runs_table``    every finetuning run as a table: a results root's, a spec's (``for_spec``), their histories
 - ``measurements``  what a plasticity measurement is (``Measurement``), its folder, its record and whether it is current
+- ``probe_tables``  a linear probe's table on disk (``probe.csv``, ``metadata.json``) and its probe points
 """

@@ -117,9 +117,9 @@ their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
   (``layers.linear_patch_embed``), so it is full fp32 here where the authors' convolution could use TF32.
 - "tf32" (CUDA only): fp32 weights, activations and optimizer state; matrix products and convolutions
   on TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), for the run's steps only.
-- "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (about fp32's speed
-  there on the demo ViT where the CPU has native bf16, ``native_bf16``: a way to check the precision's effect
-  at demo scale, not a speed-up; several times slower than fp32 where it has not).
+- "autocast": bf16 autocast (fp32 weights and optimizer state), on CUDA and on a CPU (there a way to check the
+  precision's effect at demo scale, not a speed-up; emulated, and so slow, where the CPU has no native bf16:
+  ``native_bf16``).
 - "bf16": bf16 compute with fp32 master weights (``step.MasterWeights``).
 """
 CUDA_ONLY_PRECISIONS = ("tf32",)
@@ -134,8 +134,7 @@ def native_bf16() -> bool:
 
     In hardware means x86's AVX-512 BF16 or AMX, which ``torch.backends.cpu.get_cpu_capability()`` does not
     tell from AVX-512. Where it does not (AVX2 alone, or a CPU other than x86), PyTorch's bf16 matrix
-    products are emulated, and a demo finetuning run in "autocast" or "bf16" takes several times fp32's (7x
-    to 10x on a 2-core AVX2 VM)."""
+    products are emulated, and a demo finetuning run in "autocast" or "bf16" is slower than in fp32."""
     import torch
 
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -299,8 +298,8 @@ def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dic
 
     ``chosen``: ``preset``'s mapping, ``name`` its name. A preset that records its gains (``gain``: images/s over
     ``none`` per precision, as measured) is offered only in a precision where it was measured faster: elsewhere it
-    could only cost time (a compiled step in fp32 takes minutes to compile and then runs no faster on an H100), so it
-    is refused, with the reason and the precisions it is offered for."""
+    could only cost time (compiling a step that then runs no faster), so it is refused, with the reason and the
+    precisions it is offered for."""
     options = {key: value for key, value in chosen.items() if key not in PRESET_RECORD}
     gains = chosen.get("gain")
     if gains is None:  # "auto", "none", a file without gains: no claim to check

@@ -592,7 +592,7 @@ def lora_lr_figure(grid, models: Sequence[str]) -> plt.Figure:
 def gain_figure(gain, average, spec: str, select: str) -> plt.Figure:
     """Notebook 07's Fig. 2 (right) and Fig. 17: gain over linear probing, and mean accuracy over datasets.
 
-    ``gain`` is ``stats.relative_gain``'s (None without a probe); ``average`` is ``stats.average``'s, its
+    ``gain`` is ``tables.relative_gain``'s (None without a probe); ``average`` is ``tables.average``'s, its
     pooled standard error drawn as error bars."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
     if gain is not None:

@@ -19,7 +19,7 @@ Several sweep processes of one spec on one results root share its runs: one proc
 at a time (its lock, ``storage.locked``), and a run another process holds is passed over and come
 back to at the end; the summary says which runs another process finished. So N processes, one per
 device (``CUDA_VISIBLE_DEVICES``, or ``VIT_PLASTICITY_WORKERS=N`` each on one machine's CPU cores:
-``threads``), finish a sweep about N times faster.
+``threads``), divide a sweep's runs between them.
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
 visible GPU, or per ``--gpus`` id, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm``

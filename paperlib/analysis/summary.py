@@ -1,0 +1,108 @@
+"""Every table of a sweep's runs at once, as notebook 07 shows them (or of the paper's Table 6); the ``stats`` command.
+
+``summary`` gives Table 6 (``tables``) and the tests across benchmarks (``component_tests.comparisons``) for the
+runs of one setting, ``paper_summary`` the same of the paper's Table 6; ``python -m paperlib stats SPEC`` prints them
+(``main``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from paperlib.analysis.component_tests import comparisons, formatted_pairs, paper_order, plasticity_for
+from paperlib.analysis.tables import PAPER_TABLE6, SELECTIONS, formatted, grid_spread, table6, with_probing
+from paperlib.records import cli, paths, runs_table, specs, storage
+
+
+def summary(
+    runs: pd.DataFrame, select: str = "test", reference: str | None = None, probing: pd.DataFrame | None = None
+) -> dict[str, pd.DataFrame]:
+    """Notebook 07's tables for the runs of one setting.
+
+    ``table6`` (with the linear-probing column ``probing``, when given: ``with_probing``) and its ``comparisons``, with
+    P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
+    accuracy_table = table6(runs, select=select)
+    if probing is not None:
+        accuracy_table = with_probing(accuracy_table, probing)
+    measured, source = plasticity_for(runs, reference)
+    return {
+        "table6": accuracy_table,
+        **comparisons(accuracy_table, measured, source, grid_spread(runs), "spread over the grid"),
+    }
+
+
+def paper_summary() -> dict[str, pd.DataFrame]:
+    """The tables of ``summary`` computed on the paper's own Table 6 (``PAPER_TABLE6``).
+
+    With the paper's ranking in place of P(f) (``paper_order``) and its standard deviation over seeds as the spread."""
+    paper = pd.read_csv(PAPER_TABLE6, comment="#")
+    order = paper_order(sorted(paper["dataset"].unique()))
+    return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
+
+
+def argument_parser():
+    """``main``'s command line: ``cli.tables_parser``'s and the reference images of P(f)."""
+    spec = "a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml"
+    parser = cli.tables_parser("python -m paperlib stats", main.__doc__.split(":", 1)[1].strip(), spec, SELECTIONS)
+    parser.add_argument(
+        "--reference", help="the dataset P(f) was measured against (its reference images); default: each dataset's own"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paperlib stats``: notebook 07's tables for a finetuning sweep's runs.
+
+    ``python -m paperlib stats SPEC [--select val] [--reference R] [--csv DIR]``, without the notebook: what is finished
+    and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec
+    of several precisions (a precision check: ``python -m paperlib precision``), these of its fp32 runs."""
+    args = argument_parser().parse_args(argv)
+    try:
+        spec = specs.load_spec(args.spec)
+        found, missing = runs_table.for_spec(spec)
+        runs_table.at_least_one(found, args.spec, missing)
+        several = found["precision"].nunique() > 1
+        if several:  # a precision check (precision_check.main): here, the paper's tables of its fp32 runs
+            found = found[found["precision"] == "fp32"]
+        tables = summary(found, args.select, args.reference)
+    except cli.BAD_INPUT as error:
+        return cli.fail(error)
+    counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
+    why = missing["reason"].str.split(":").str[0].value_counts()
+    why = f" ({', '.join(f'{n} {reason}' for reason, n in why.items())})" if len(missing) else ""
+    print(f"{len(found)} {'fp32 ' if several else ''}runs of {args.spec}: {counts}; {len(missing)} missing{why}")
+    differ = missing[missing["reason"] != "no run"]
+    if len(differ):  # folders that hold a run of other parameters than the spec's: not counted as its runs
+        print(differ[["dataset", "component", "lr", "seed", "reason"]].to_string(index=False))
+    print()
+    if tables["table1"].empty:
+        print("Table 1 needs finished MHA runs: none yet (the other tables are of the runs there are)\n")
+    shown = {
+        "Table 6: test accuracy (%) at the best learning rate": formatted(tables["table6"]),
+        "Table 1: MHA against each component (Wilcoxon; p_holm: Holm over the four)": tables["table1"].round(4),
+        "Every pair of components (difference, Holm-adjusted p over the pairs)": formatted_pairs(tables["pairwise"]),
+        "Takeaway 2: Kendall's tau of P(f) with the result, per dataset": tables["accuracy_tau"].round(3),
+        "Takeaway 2 across datasets (Wilcoxon of the taus against 0)": tables["takeaway2"].round(3),
+    }
+    for title, table in shown.items():
+        print(f"{title}\n{table.to_string()}\n")
+    if several:
+        print(f"several precisions: their effect on these results is python -m paperlib precision {args.spec}\n")
+    if (found["method"] == "subset").any():
+        print("equal-capacity runs: their LN2 and LN1 are the ordinary runs; notebook 10 compares the two designs\n")
+    if args.csv:
+        write_csv(tables, args.csv, indexed=("takeaway2",))
+    return 0
+
+
+def write_csv(tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = ()) -> None:
+    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones; says where."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        storage.atomic_write(
+            folder / f"{name}.csv", lambda tmp, table=table, index=name in indexed: table.to_csv(tmp, index=index)
+        )
+    print(f"tables written to {paths.display(folder)}")
