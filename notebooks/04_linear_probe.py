@@ -56,9 +56,8 @@ from IPython.display import display
 
 from paperlib.analysis import tables
 from paperlib.measure import probe
-from paperlib.records.runs_table import for_spec
 from paperlib.reports import notebook, plots
-from paperlib.train import finetune
+from paperlib.sweeps.spec_runs import spec_runs
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
@@ -118,9 +117,7 @@ grid = {  # the runs of this configuration as a sweep spec: notebook 05's runs o
                    "eval_every": eval_every, "device": device, "data_root": data_root, "normalize": normalize},
     "grid": {"dataset": datasets, "lr": lrs, "seed": seeds},
 }
-if run_linear_config:
-    finetune.run_spec(grid)
-runs, _ = for_spec(grid)
+runs, _ = spec_runs(grid, compute_missing=run_linear_config, required=False)
 finished = runs[runs["status"] == "finished"] if len(runs) else runs
 print(f"{len(runs)} runs of the linear configuration, {len(finished)} finished")
 if len(finished):

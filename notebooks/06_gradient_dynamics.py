@@ -26,18 +26,14 @@ import matplotlib.pyplot as plt
 
 from paperlib.analysis import component_tests, plasticity_table, tables
 from paperlib.measure import plasticity
-from paperlib.records import names, paths, specs
-from paperlib.records.runs_table import at_least_one, for_spec, histories_of
+from paperlib.records import names
+from paperlib.records.runs_table import histories_of
 from paperlib.reports import notebook, plots
-from paperlib.train import finetune
+from paperlib.sweeps.spec_runs import spec_runs
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-grid_spec = specs.load_spec(paths.ROOT / spec)
-if compute_missing:
-    finetune.run_spec(specs.restrict(grid_spec, dataset=[dataset], seed=[seed]))
-runs, missing = for_spec(grid_spec)  # the spec's runs only
-at_least_one(runs, spec, missing)
+runs, _ = spec_runs(spec, compute_missing=compute_missing, only={"dataset": [dataset], "seed": [seed]})
 # the histories this notebook draws, and only those: at this seed, on this dataset or at this learning rate
 drawn = runs[(runs["seed"] == seed) & ((runs["dataset"] == dataset) | (runs["lr"] == lr))]
 histories = histories_of(drawn, ["grad_norm", "val_loss"])

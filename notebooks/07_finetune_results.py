@@ -24,32 +24,23 @@ n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800; 
 probe_point = "mha"  # Table 6's linear-probing column: probe point (notebook 04; mha: the paper's "attention hidden representation")
 probe_block = -1  # ... and block (-1: the last, the paper's "last layer")
 device = "cpu"  # device for missing plasticity measurements and the probe's forward passes
-precision_spec = "parameters/sweeps/precision_demo.yaml"  # runs in fp32 and a cheaper precision, for "Does precision change the conclusions?" ("" to skip)
-margin = 0.5  # equivalence margin of that check, in accuracy points (the largest seed-to-seed std of the paper's Table 6)
 
 # %%
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 
-from paperlib.analysis import capacity, component_tests, precision_check, summary, tables
+from paperlib.analysis import capacity, component_tests, summary, tables
 from paperlib.measure import plasticity, probe
 from paperlib.records import names, paths, specs
-from paperlib.records.runs_table import KEYS, at_least_one, for_spec
-from paperlib.records.step_options import native_bf16
+from paperlib.records.runs_table import KEYS
 from paperlib.reports import notebook, plots
-from paperlib.train import finetune
+from paperlib.sweeps.spec_runs import spec_runs
 from paperlib.vit import components, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-grid_spec = specs.load_spec(paths.ROOT / spec)
-if compute_missing:
-    finetune.run_spec(grid_spec)
-runs, missing = for_spec(grid_spec)  # the spec's runs only
-at_least_one(runs, spec, missing)
-model = tables.one_model(runs, model)  # the tables below take the runs of one model (and its normalisation)
-runs, missing = runs[runs["model"] == model], missing[missing["model"] == model]
+runs, missing = spec_runs(spec, compute_missing=compute_missing, model=model)  # the tables below: one model (and its normalisation)
+model = runs["model"].iloc[0]
 normalize = runs["normalize"].iloc[0]
 if compute_missing:  # P(f) of the runs' model on their datasets, for the Takeaway 2 test below
     wanted = [plasticity.Measurement(model, d, reference, n_pairs, normalize=normalize) for d in sorted(runs["dataset"].unique())]
@@ -107,11 +98,12 @@ paper_wide.rename(columns=names.LABELS)
 #
 # Beyond the paper, `p_holm` adjusts the p-values for the four comparisons made (Holm's method,
 # which controls the chance of any false positive among them): on the paper's own Table 6 the three
-# significant decreases stay significant one-sided (LN2: p = 0.021, 0.042 adjusted); two-sided, MHA's
-# lead over LN2 (p = 0.042, 0.084 adjusted) would not.
+# significant decreases stay significant one-sided (LN2: p = 0.021, 0.042 adjusted); two-sided (the
+# second table), MHA's lead over LN2 (p = 0.042, 0.084 adjusted) would not.
 
 # %%
-pd.concat({"paper's Table 6": paper["table1"].set_index("component"), "ours": ours["table1"].set_index("component")}, axis=1).round(4)
+display(pd.concat({"paper's Table 6": paper["table1"].set_index("component"), "ours": ours["table1"].set_index("component")}, axis=1).round(4))
+component_tests.table1(paper["table6"].rename(columns={"mean": "accuracy"}), alternative="two-sided").set_index("component").round(3).rename_axis("paper's Table 6, two-sided")
 
 # %% [markdown]
 # Every pair of components, the same test (beyond the paper, whose Table 1 compares MHA with each):
@@ -130,16 +122,16 @@ component_tests.formatted_pairs(ours["pairwise"]).rename(index=names.LABELS, col
 # are not trained alike: each run stops after 100 SGD steps at batch 32 (the paper's: 4,000 to 20,000
 # at batch 512, Table 5), while the probe is a logistic regression fitted to convergence. MHA's and the
 # probe's test accuracy on `digits` are printed below. Trained longer
-# (`python -m paperlib finetune --steps N`; runs outside the demo sweep, measured once and not re-run
-# here), MHA on `digits` reached 74.9% at 300 steps and 89.4% at 1,000, +57% over the probe at 1,000
-# steps: the paper's order of gain.
+# (`python -m paperlib finetune --steps N`, runs outside the demo sweep), MHA on `digits` gains over the probe
+# in the paper's order.
 # Table 1 differs too: MHA is the demo ViT's least plastic component (notebook 02), and the paper's
 # Takeaway 2 ties finetuning performance to plasticity.
 
 # %%
 table6 = ours["table6"].set_index(["dataset", "component"])["mean"]
+steps = specs.load_spec(paths.ROOT / spec)["parameters"].get("steps")  # the demo spec's steps (a paper spec's vary)
 if model == "demo" and {("digits", "mha"), ("digits", tables.PROBE)} <= set(table6.index):  # the numbers the text above cites
-    print(f"digits: MHA {table6['digits', 'mha']:.1f}% test accuracy after {grid_spec['parameters']['steps']} steps, "
+    print(f"digits: MHA {table6['digits', 'mha']:.1f}% test accuracy after {steps} steps, "
           f"linear probing {table6['digits', tables.PROBE]:.1f}%")
 
 # %%
@@ -152,7 +144,7 @@ plt.show()
 # %%
 decrease = ours["table1"].set_index("component")
 paper_gain = tables.relative_gain(paper["table6"], value="mean")["mha"].mean()
-why = (f"{grid_spec['parameters']['steps']}-step runs against a fully fitted probe (the paper's: 4,000-20,000 steps), "
+why = (f"{steps}-step runs against a fully fitted probe (the paper's: 4,000-20,000 steps), "
        "and MHA is the demo ViT's least plastic component (notebook 02)") if model == "demo" else None  # the section above
 notebook.headline("MHA minus " + ", ".join(f"{names.LABELS[c]} {row.decrease:+.2f} (p {row.p_value:.2f})" for c, row in decrease.iterrows())
                   + f" points over {ours['table6']['dataset'].nunique()} datasets"
@@ -183,8 +175,8 @@ plt.show()
 # look steadier by the runs it lost to divergence, which are counted beside): the paper's reading
 # predicts tau > 0 for accuracy and tau < 0 for spread. Across datasets, a
 # Wilcoxon signed-rank test of the taus against 0, as Table 1 tests across benchmarks. With five
-# components one dataset alone can barely be significant (the smallest two-sided p is 0.017,
-# exact over the 120 pairings), and the benchmarks are not independent (five of the paper's
+# components one dataset alone can barely be significant (a perfect order's exact two-sided p is 2/5!, two
+# of the orderings of five), and the benchmarks are not independent (five of the paper's
 # eleven are corruptions of one Cifar10 test set): the Wilcoxon p counts them as independent, so each
 # summary also gives the count and sign test by family (`family_p_value`: Cifar10 and its corruptions
 # as one unit, a family's mean tau), the test to read.
@@ -224,8 +216,8 @@ ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on
 # ## Beyond the paper: plasticity or capacity?
 #
 # On ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also, nearly, the
-# order of the components' parameters (`components.parameter_share`: MHA, FC1 and FC2 hold about 33%
-# of the model each, LN2 and LN1 0.02%), so Table 6 cannot tell plasticity from capacity. Two
+# order of the components' parameters (Table 3: MHA, FC1 and FC2 hold 33% of the model each, LN2 and
+# LN1 0.02%), so Table 6 cannot tell plasticity from capacity. Two
 # analyses separate them (`paperlib.analysis.capacity`). **Within equal capacity** (MHA / FC1 / FC2 and
 # LN2 / LN1, components within 10% of each other's parameters): Kendall's S between P(f) and accuracy
 # inside each group and dataset, tested by an exact permutation of the accuracies within each stratum
@@ -266,54 +258,3 @@ families, n_datasets = chosen["dataset"].map(names.family).nunique(), chosen["da
 if len(pairs):  # a corruption counts with the dataset it corrupts (names.family): its runs share that test set
     print(f"{n_datasets} datasets in {families} famil{'y' if families == 1 else 'ies'}: one permutation relabels the components of a family's datasets together")
 pairs.round(4)
-
-# %% [markdown]
-# ## Beyond the paper: does precision change the conclusions?
-#
-# The paper trains in fp32 (Table 4's text). On an H100 that is the grid's cost: TF32 runs the same step
-# about 2.9x faster and bf16 autocast about 6x (docs/benchmarks.md), but a cheaper precision is worth taking
-# only if the paper's conclusions survive it. `precision_check.effect` pairs each run of `precision_spec` with
-# its fp32 twin (same dataset, component, learning rate and seed; each run's test accuracy at its
-# best-validation checkpoint). Per dataset and component: the mean difference and its 90% interval, the
-# one the equivalence test decides on (two one-sided t tests against ±`margin` points, raised to one test
-# image's worth where that is more: "=" means the difference is shown to be within the margin), from 3
-# pairs at least; a precision that diverges more is never equivalent. Over datasets: one mean per dataset,
-# since the pairs of a dataset share its test set. Then the conclusions, each decided with its uncertainty,
-# never by exact equality of patterns (seed noise alone changes those): each decrease from MHA (Table 1's,
-# and full finetuning's and linear probing's) compared across datasets; Table 6's best configuration on each
-# dataset by its seeds (the same if the fp32 best is within the margin of the other's best, different only if
-# the two are in reverse order in both precisions); divergence. Each row is "same", "differs" (Holm over the
-# rows) or "inconclusive"; the verdict is "differs" if any row differs, "same" only if all are the same.
-# In simulated worlds at Table 6's seed spreads, it says "differs" in none of 100 worlds without a precision
-# effect and in 95-100% of those where MHA, FC1 or LN1 loses 2 points everywhere (docs/benchmarks.md).
-#
-# At demo scale: the demo ViT under bf16 autocast on a CPU, one dataset (`digits_c/snow`), MHA and LN1, one
-# seed: one pair per cell, too few for a verdict, and one test image is worth more than the 0.5 margin (its
-# worth in points is in the margins table below): it shows the check, it cannot pass it. The demo is this
-# small because on a CPU without native bf16 (`native_bf16()` False: AVX2 alone, as most laptops) PyTorch
-# emulates bf16 matrix products: an autocast run takes several times as long as its fp32 twin (each run's
-# wall time on the machine that ran it is printed at the end). The paper-scale check is
-# `parameters/sweeps/precision_paper.yaml` (TF32 and autocast, 84 runs each, three seeds); the power
-# statement below says what that many seeds can show.
-
-# %%
-print(f"native bf16 on this CPU: {native_bf16()} ({torch.backends.cpu.get_cpu_capability()})")
-precision_runs = pd.DataFrame()
-if precision_spec:
-    precision_grid = specs.load_spec(paths.ROOT / precision_spec)
-    if compute_missing:
-        finetune.run_spec(precision_grid)
-    precision_runs = for_spec(precision_grid)[0]
-    if precision_runs.empty:  # e.g. the paper-scale options with the demo's precision spec, not run there
-        print(f"no runs of {precision_spec} under {paths.display(paths.results_dir())}: the precision check is skipped")
-if not precision_runs.empty:
-    effect = precision_check.effect(precision_runs, reference="fp32", margin=margin, select=select)
-    display(effect["verdicts"].set_index("precision").round(3))
-    display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
-    display(precision_check.formatted(effect["differences"]).rename(columns=names.LABELS))
-    display(effect["margins"].round(3))
-    print(precision_check.power_statement(effect["verdicts"], margin, precision_runs["dataset"].nunique()))
-
-# %%
-if not precision_runs.empty:  # what emulated bf16 costs (the text above): each run's wall time, on the machine that ran it
-    print(precision_runs[["dataset", "component", "precision", "wall_seconds"]].to_string(index=False))

@@ -11,7 +11,7 @@
 #
 # At demo scale (the default) the runs are those of `parameters/sweeps/lora_demo.yaml`: the demo
 # ViT on digits, rank 4 and the components' own weights, three learning rates, one seed, computed
-# here when missing (about 4 minutes on a CPU). At paper scale, run
+# here when missing (a few minutes on a CPU). At paper scale, run
 # `parameters/sweeps/lora_paper.yaml` and set `spec` to it and `plain_spec` to
 # `parameters/sweeps/finetune_paper.yaml`. Demo numbers are not the paper's, and one seed on one
 # small dataset decides nothing.
@@ -32,20 +32,13 @@ import pandas as pd
 
 from paperlib.analysis import lora_comparison, plasticity_table
 from paperlib.measure import plasticity
-from paperlib.records import names, paths, specs
-from paperlib.records.runs_table import at_least_one, for_spec
+from paperlib.records import names
 from paperlib.reports import notebook, plots
-from paperlib.train import finetune
-from paperlib.vit import lora
+from paperlib.sweeps.spec_runs import spec_runs
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-spec_list = [specs.load_spec(paths.ROOT / name) for name in (spec, plain_spec) if name]
-if compute_missing:
-    for grid_spec in spec_list:
-        finetune.run_spec(grid_spec)
-runs, missing = for_spec(*spec_list)  # the specs' runs only
-at_least_one(runs, " and ".join(name for name in (spec, plain_spec) if name), missing)
+runs, missing = spec_runs(spec, plain_spec, compute_missing=compute_missing)
 runs = lora_comparison.with_method(runs)
 print(f"{len(runs)} runs of {runs['model'].nunique()} model(s) on {runs['dataset'].nunique()} dataset(s): "
       + ", ".join(f"{n} {m}" for m, n in runs["method"].value_counts(sort=False).items()))

@@ -3,7 +3,7 @@
 #
 # Takeaway 2 (§5.2): the more plastic a component, the better and steadier its finetuning. On
 # ViT-Base/16 the paper's plasticity order (MHA > FC1 > FC2 > LN2 > LN1) is also nearly the order of
-# the components' sizes (MHA, FC1 and FC2 about 33% of the model each, LN2 and LN1 0.02%), so Table 6
+# the components' sizes (MHA, FC1 and FC2 33% of the model each, LN2 and LN1 0.02%: Table 3), so Table 6
 # cannot tell "more plastic" from "larger", nor from "is a LayerNorm" (notebook 07, `paperlib.analysis.capacity`).
 # An experiment can: here MHA, FC1 and FC2 each train a fixed random subset of their weights and
 # biases as large as a LayerNorm (2d parameters per block; `paperlib.vit.equal_capacity`), the rest frozen,
@@ -14,10 +14,11 @@
 # design and at equal capacity; across datasets, the exact permutation test of the summed Kendall's S
 # (the accuracies permuted among the components of each dataset) and a sign test by dataset family,
 # which counts the corruptions of one test set once. At demo scale (the default): the demo ViT on the two
-# demo sets whose components are least alike (`parameters/sweeps/equal_capacity_demo.yaml`, 6 runs, one
-# seed, one learning rate), computed here when missing; both sets are digits, one family, so the family
-# test has nothing to say. At paper scale, `parameters/sweeps/equal_capacity_paper.yaml` (144 runs on four
-# benchmarks of four families, 3 seeds) answers whether the plasticity order survives equal sizes.
+# demo sets whose components are least alike (`parameters/sweeps/equal_capacity_demo.yaml`, one seed, one
+# learning rate; its runs are counted below), computed here when missing; both sets are digits, one family, so
+# the family test has nothing to say. At paper scale, `parameters/sweeps/equal_capacity_paper.yaml` (ViT-Base on
+# four benchmarks of four families, the paper's three seeds) answers whether the plasticity order survives
+# equal sizes.
 
 # %% tags=["parameters"]
 spec = "parameters/sweeps/finetune_demo.yaml"  # the ordinary runs: the equal design's LN2 and LN1, and the comparison
@@ -29,23 +30,19 @@ n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800)
 device = "cpu"  # device for missing plasticity measurements
 
 # %%
-from paperlib.analysis import capacity
+import matplotlib.pyplot as plt
+
+from paperlib.analysis import capacity, component_tests
 from paperlib.measure import plasticity
-from paperlib.records import paths, specs
-from paperlib.records.runs_table import at_least_one, for_spec
-from paperlib.reports import notebook
-from paperlib.train import finetune
+from paperlib.reports import notebook, plots
+from paperlib.sweeps.spec_runs import spec_runs
 from paperlib.vit import equal_capacity, models
 
 notebook.check_parameters()  # papermill's -p of a name this notebook does not have stops here
 
-grids = {name: specs.load_spec(paths.ROOT / path) for name, path in (("ordinary", spec), ("equal", equal_spec))}
-if compute_missing:
-    finetune.run_spec(grids["equal"], grids["ordinary"])
-equal_runs = at_least_one(for_spec(grids["equal"])[0], equal_spec)
-ordinary_runs = at_least_one(for_spec(grids["ordinary"])[0], spec)
+equal_runs, _ = spec_runs(equal_spec, compute_missing=compute_missing)
 model = equal_runs["model"].iloc[0]
-ordinary_runs = ordinary_runs[ordinary_runs["model"] == model]
+ordinary_runs, _ = spec_runs(spec, compute_missing=compute_missing, model=model)
 datasets = sorted(equal_runs["dataset"].unique())
 if compute_missing:
     wanted = [plasticity.Measurement(model, d, reference, n_pairs) for d in datasets]
@@ -74,6 +71,17 @@ equal_capacity.parameter_table(architecture)
 result, source = capacity.at_equal_capacity_of_runs(ordinary_runs, equal_runs, select, reference)
 print(f"P(f): {source}")
 result.accuracies.round(2)
+
+# %% [markdown]
+# ## Accuracy against P(f) in both designs
+#
+# Per design, each component's test accuracy against its P(f), relative to its dataset's mean over the five
+# components, each dataset's points joined in plasticity order: Takeaway 2 predicts a rising line in both.
+
+# %%
+measured, _ = component_tests.plasticity_for(ordinary_runs, reference)  # the P(f) the tests above use
+plots.equal_capacity_figure(result.accuracies, measured, model, equal_spec, select)
+plt.show()
 
 # %% [markdown]
 # ## Kendall's tau of P(f) with accuracy, ordinary and at equal capacity

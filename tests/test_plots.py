@@ -474,3 +474,58 @@ def test_the_accuracy_tau_figure_has_a_row_per_dataset_and_a_marker_set_per_sour
     assert [label.get_text() for label in fig.axes[1].get_yticklabels()] == ["a", "b"]
     assert [len(c.get_offsets()) for c in fig.axes[1].collections] == [2, 1]
     assert _saved(figures) == ["07_plasticity_vs_accuracy_spec_val.png"]
+
+
+def test_the_precision_figure_draws_each_precisions_seed_mean_and_spread_per_dataset(figures):
+    runs = pd.DataFrame(
+        [
+            {
+                "dataset": d,
+                "component": c,
+                "precision": p,
+                "lr": 0.03,
+                "seed": s,
+                "status": "finished",
+                "test_accuracy": 0.4 + 0.1 * k + 0.2 * s + (0.05 if p == "autocast" else 0.0),
+            }
+            for d in ("b", "a")
+            for k, c in enumerate(("ln1", "mha"))
+            for p in ("autocast", "fp32")
+            for s in (0, 1)
+        ]
+        + [
+            {
+                "dataset": "a",
+                "component": "fc1",
+                "precision": "fp32",
+                "lr": 0.03,
+                "seed": 0,
+                "status": "partial",
+                "test_accuracy": None,
+            }
+        ]
+    )
+    fig = plots.precision_figure(runs, "parameters/sweeps/precision_demo.yaml")
+    assert [ax.get_title() for ax in fig.axes] == ["a", "b"] and _ticks(fig.axes[0]) == ["MHA", "LN1"]
+    points = {}
+    for container in fig.axes[0].containers:  # one errorbar per configuration and precision
+        (x,), (y,) = container.lines[0].get_data()
+        (segment,) = container.lines[2][0].get_segments()
+        points[round(float(x), 2)] = (round(float(y), 6), round(float(segment[1][1] - segment[0][1]) / 2, 6))
+    # MHA (k=1) at x=0, LN1 (k=0) at x=1; fp32, the reference, left of autocast; seeds 0.2 apart: std 10 points
+    assert points == {-0.15: (60.0, 10.0), 0.15: (65.0, 10.0), 0.85: (50.0, 10.0), 1.15: (55.0, 10.0)}
+    assert [text.get_text() for text in fig.axes[-1].get_legend().get_texts()] == ["fp32", "autocast"]
+    assert _saved(figures) == ["11_precision_precision_demo_fp32.png"]
+
+
+def test_the_equal_capacity_figure_draws_accuracy_against_plasticity_in_each_design(figures):
+    columns = pd.MultiIndex.from_product([["ordinary", "equal capacity"], ["MHA", "LN1"]])
+    accuracies = pd.DataFrame([[70.0, 50.0, 40.0, 60.0]], index=pd.Index(["a"], name="dataset"), columns=columns)
+    plasticity = pd.DataFrame({"dataset": "a", "component": ["mha", "ln1"], "plasticity": [2.0, 1.0]})
+    fig = plots.equal_capacity_figure(
+        accuracies, plasticity, "demo", "parameters/sweeps/equal_capacity_demo.yaml", "val"
+    )
+    assert [ax.get_title() for ax in fig.axes] == ["demo: ordinary", "demo: equal capacity"]
+    for ax, expected in zip(fig.axes, ([[1.0, -10.0], [2.0, 10.0]], [[1.0, 10.0], [2.0, -10.0]])):
+        assert ax.collections[0].get_offsets().tolist() == expected  # P(f), accuracy minus the dataset's mean
+    assert _saved(figures) == ["10_equal_capacity_demo_equal_capacity_demo_val.png"]

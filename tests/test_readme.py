@@ -143,4 +143,4 @@ def test_notebook_07_and_stats_run_with_the_readmes_paper_scale_options(tmp_path
     said = "".join(
         output.get("text", "") for cell in nbformat.read(out, as_version=4).cells for output in cell.get("outputs", [])
     )
-    assert "14 runs: 14 finished; 910 missing" in said and "precision check is skipped" in said
+    assert "14 runs: 14 finished; 910 missing" in said

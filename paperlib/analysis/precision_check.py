@@ -1,4 +1,4 @@
-"""Whether a cheaper training precision changes the paper's results (beyond the paper; notebook 07).
+"""Whether a cheaper training precision changes the paper's results (beyond the paper; notebook 11).
 
 The paper trains in fp32 (Table 4's text); on a GPU, TF32 and bf16 autocast run the same step faster
 (docs/benchmarks.md). ``effect`` pairs each run in another precision with the reference

@@ -5,8 +5,8 @@ A results root's runs (``load``), a sweep spec's (``for_spec``), with what is mi
 
 A row per run folder (``RUN_COLUMNS``: the ``KEYS`` that tell runs apart, then what the run reported), read
 from its ``params.json`` and ``metrics.json`` alone: no ``Config`` and no torch, so that an analysis of a whole
-grid reads what it uses in seconds (``stats``, ``precision``, ``capacity``, notebooks 04, 06, 07, 09, 10). What
-one run is and where it lives is ``runs``.
+grid reads what it uses in seconds (``stats``, ``precision``, ``capacity``, the notebooks through
+``sweeps.spec_runs``). What one run is and where it lives is ``runs``.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     sets but how they ran (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no
     run", or "different parameters: <names>" for a folder that holds a run of other parameters). It reads the
     ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not with the
-    results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. Notebooks 04, 06, 07 and
-    09 and ``stats`` read their runs through it; ``finetune.run_spec`` first runs what is missing (demo scale)."""
+    results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. ``stats`` and the
+    notebooks (``sweeps.spec_runs``, which first runs what is missing when asked) read their runs through it."""
     ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
     rows, absent = [], []
     for folder, record in spec_records(*spec_list).items():

@@ -265,7 +265,7 @@ def write_index(out_dir: Path) -> Path:
 
 
 DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "equal_capacity_demo.yaml")
-"""The demo finetuning sweeps the notebooks read (04, 05, 06, 07, 09, 10), under ``parameters/sweeps/``."""
+"""The demo finetuning sweeps the notebooks read (04, 05, 06, 07, 09, 10, 11), under ``parameters/sweeps/``."""
 
 
 def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:

@@ -13,7 +13,7 @@ from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
 from paperlib.records import paths, storage
 from paperlib.records.methods import method_of
-from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS
+from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS, RUN_COMPONENTS
 
 COLORS = COLOURS
 """One colour per configuration, the same in every figure (``names.CONFIGURATIONS``)."""
@@ -645,3 +645,50 @@ def accuracy_tau_figure(table, taus, model: str, spec: str, select: str) -> plt.
     axes[1].legend(frameon=False, fontsize=7)
     axes[1].set_title("per dataset")
     return _saved(fig, "07_plasticity_vs_accuracy", Path(spec).stem, select)
+
+
+def precision_figure(runs, spec: str, reference: str = "fp32") -> plt.Figure:
+    """Notebook 11: test accuracy per configuration in each precision of ``runs``, a panel per dataset.
+
+    ``runs``: ``runs_table``'s runs of a precision spec. Per configuration and precision (``reference`` first, one
+    marker each, side by side), a point per learning rate: the mean test accuracy (%) over seeds of its runs that ended
+    (finished or diverged), their standard deviation (ddof=0, as Table 6's) as an error bar."""
+    ended = runs[runs["status"].isin(["finished", "diverged"])].dropna(subset=["test_accuracy"])
+    precisions = sorted(ended["precision"].unique(), key=lambda precision: (precision != reference, precision))
+    keys = ["dataset", "component", "precision", "lr"]
+    table = ended.groupby(keys)["test_accuracy"].agg(mean="mean", std=lambda values: values.std(ddof=0)).reset_index()
+    datasets = sorted(table["dataset"].unique())
+    fig, axes = plt.subplots(1, len(datasets), figsize=(4.5 * len(datasets), 3.4), squeeze=False)
+    width, markers = 0.6 / len(precisions), "osD^v"
+    for ax, (name, part) in zip(axes[0], table.groupby("dataset")):
+        shown = [c for c in RUN_COMPONENTS if c in set(part["component"])]
+        for row in part.itertuples():
+            i = precisions.index(row.precision)
+            x = shown.index(row.component) + (i - (len(precisions) - 1) / 2) * width
+            style = {"fmt": markers[i % len(markers)], "color": COLORS[row.component], "mec": "black", "capsize": 3}
+            ax.errorbar(x, 100 * row.mean, yerr=100 * row.std, **style)
+        ax.set_xticks(range(len(shown)), [LABELS[c] for c in shown])
+        ax.set(title=name, ylabel="test accuracy (%)")
+    for i, precision in enumerate(precisions):
+        axes[0][-1].plot([], [], markers[i % len(markers)], color="white", mec="black", label=precision)
+    axes[0][-1].legend(frameon=False, fontsize=7, title="precision", title_fontsize=7)
+    return _saved(fig, "11_precision", Path(spec).stem, reference)
+
+
+def equal_capacity_figure(accuracies, plasticity, model: str, spec: str, select: str) -> plt.Figure:
+    """Notebook 10: accuracy against P(f) per component, a panel per design (ordinary, equal capacity).
+
+    ``accuracies``: ``capacity.at_equal_capacity``'s (dataset x design and component label, %); ``plasticity``: P(f)
+    per ``dataset`` and ``component``. Each panel is ``plasticity_vs_result``'s: relative to the dataset's mean."""
+    by_label = {LABELS[c]: c for c in COMPONENTS}
+    designs = list(accuracies.columns.unique(0))
+    fig, axes = plt.subplots(
+        1, len(designs), figsize=(4.5 * len(designs), 3.4), sharex=True, sharey=True, squeeze=False
+    )
+    for ax, design in zip(axes[0], designs):
+        part = accuracies[design].rename(columns=by_label).rename_axis(index="dataset", columns="component")
+        table = part.stack().rename("accuracy").reset_index()
+        table = table.merge(plasticity[["dataset", "component", "plasticity"]], on=["dataset", "component"])
+        plasticity_vs_result(table, "accuracy", ax, "test accuracy (%) - dataset mean")
+        ax.set_title(f"{model}: {design}")
+    return _saved(fig, "10_equal_capacity", model, Path(spec).stem, select)

@@ -2,4 +2,5 @@
 
 - ``plan``   what a sweep costs before it runs: its runs counted, the device-hours of those to run
 - ``sweep``  papermill runs over a parameter grid, resumable, on CPUs, GPUs or SLURM
+- ``spec_runs``  the runs of finetuning sweep specs for a notebook: run where missing when asked, read, checked
 """
