@@ -24,10 +24,10 @@ decimals leaves errors near 1e-14 (98.91 - 98.73 is 0.18000000000000682), which 
 def wilcoxon_p(difference: np.ndarray, alternative: str = "two-sided") -> float:
     """scipy's Wilcoxon signed-rank p-value of paired ``difference``s, compared at ``DECIMALS``.
 
-    With ``stats.wilcoxon``'s defaults (zeros left out); 1 where every difference is 0. Where scipy runs its exact permutation test (ties or zeros, at most 13
-    differences: every one of the 2^n sign changes), the same test with the statistic vectorised: scipy's
-    computes it one sign change at a time (0.65 s a test, most of ``python -m paperlib stats``'s time on a
-    whole grid)."""
+    With ``stats.wilcoxon``'s defaults (zeros left out); 1 where every difference is 0. Where scipy runs its exact
+    permutation test (ties or zeros, at most 13 differences: every one of the 2^n sign changes), the same test with
+    the statistic vectorised: scipy's computes it one sign change at a time (0.65 s a test, most of
+    ``python -m paperlib stats``'s time on a whole grid)."""
     d = np.round(np.asarray(difference, dtype=float), DECIMALS) + 0.0  # + 0.0: -0.0 is 0
     nonzero = np.abs(d[d != 0])
     if not len(nonzero):
