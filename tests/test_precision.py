@@ -370,7 +370,7 @@ def test_the_crash_world_every_best_changed_and_more_divergence_differs():
 
 def test_a_same_best_configuration_and_no_divergence_are_same_only_when_tested():
     runs = fp32_runs()
-    # in the other precision full finetuning's seeds move by +2.5, -2 and -0.5 points: MHA stays best, full the runner-up
+    # in the other precision full finetuning's seeds move by +2.5, -2 and -0.5 points: MHA stays best, full second
     noise = np.where(runs["component"] == "full", runs["seed"].map({0: 2.5, 1: -2.0, 2: -0.5}), 0.0)
     few = runs[runs["dataset"].isin(DATASETS[:3]) & (runs["lr"] == 0.03) & runs["component"].isin(["mha", "full"])]
     for world, noisy in (

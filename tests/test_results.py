@@ -563,7 +563,7 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
         (wide["fc1"] > wide["fc2"]).sum()
     )
     # +0.18 on Cifar10 and -0.18 on DomainNet Sketch are a tie at the table's two decimals, not 0.18000000000000682
-    # against 0.1799999999999926: scipy on the differences as printed, and the recomputation (0.00586, Holm 0.053)
+    # against 0.1799999999999926: scipy on the differences as printed, and the figures (0.00586, Holm 0.053)
     printed = (wide["fc1"] - wide["fc2"]).round(2)
     assert row["p_value"] == pytest.approx(scipy_stats.wilcoxon(printed).pvalue)
     assert row["p_value"] == pytest.approx(0.00586, abs=5e-6) and row["p_holm"] == pytest.approx(0.053, abs=5e-4)
