@@ -493,7 +493,8 @@ def at_equal_capacity(
     - ``per_dataset``: ``dataset``, ``family`` and each design's ``tau``.
     - ``summary``, per design: ``within_capacity``'s test with the five components as one group: the
       taus' ``mean_tau``, the summed ``S`` with its exact permutation ``p_value`` (the accuracies permuted
-      among the components of each dataset), and the same by family (a dataset family counts once:
+      among the components, one permutation for every dataset of a family; ``p_value_by_dataset``: each dataset
+      on its own), and the same by family (a dataset family counts once:
       ``family_positive``, ``family_negative``, ``family_p_value``).
     - ``reordered``: the pairs of components the two designs order differently on a dataset, each
       design's difference (first minus second, in the paper's order of components), the ``more plastic``
@@ -510,7 +511,7 @@ def at_equal_capacity(
     per_dataset = pd.concat(
         [test.per_dataset.set_index(["dataset", "family"])["tau"].rename(name) for name, test in tests.items()], axis=1
     ).reset_index()
-    columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant"]
+    columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant", "p_value_by_dataset"]
     columns += ["families", "family_positive", "family_negative", "family_p_value"]
     summary = pd.DataFrame({name: test.summary.iloc[0][columns] for name, test in tests.items()}).T
     wide = {
