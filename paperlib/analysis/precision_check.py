@@ -249,7 +249,7 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
     """``overall``'s row of ``precision``: the mean difference across datasets, its interval and TOST.
 
     One mean difference per dataset (its pairs share its test set), then their mean, interval and TOST across
-    datasets (at the largest of the datasets' margins)."""
+    datasets (at the largest of the datasets' margins), and the change it detects with 80% chance (``detectable``)."""
     mine = pairs[pairs["precision"] == precision]
     per_dataset = mine.groupby("dataset")["difference"].mean().dropna()
     margin = float(margins.loc[per_dataset.index, "margin"].max()) if len(per_dataset) else float("nan")
@@ -266,6 +266,7 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
         **test,
         "margin": margin,
         "verdict": verdict,
+        "detectable": detectable(per_dataset.to_numpy(float), level / 2),
     }
 
 
@@ -278,7 +279,7 @@ def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> 
     margin = float(margins["margin"].max())
     rows = _table1_rows(tables[reference], tables[precision], margin, level)
     rows += _best_rows(tables[reference], tables[precision], ended, (reference, precision), margins, level)
-    rows.append(_level_row(_overall(pairs, precision, margins, level), pairs[pairs["precision"] == precision], level))
+    rows.append(_level_row(_overall(pairs, precision, margins, level)))
     rows.append(_divergence_row(pairs[pairs["precision"] == precision], level))
     table = pd.DataFrame(rows).assign(precision=precision).reindex(columns=CONCLUSION)
     table["p_holm"] = holm(table["p_difference"])
@@ -394,16 +395,14 @@ def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset:
     return (accuracy[first] - accuracy[second]).dropna().to_numpy(float)
 
 
-def _level_row(overall: dict, pairs: pd.DataFrame, level: float) -> dict:
+def _level_row(overall: dict) -> dict:
     """The overall level as a conclusion: ``_overall``'s test of the mean change across every configuration."""
-    per_dataset = pairs.groupby("dataset")["difference"].mean().dropna().to_numpy(float)
-    row = {key: overall[key] for key in ("low", "high", "margin", "p_equivalence", "p_difference")}
+    row = {key: overall[key] for key in ("low", "high", "margin", "p_equivalence", "p_difference", "detectable")}
     return row | {
         "conclusion": "overall level (mean accuracy change, every configuration)",
         "units": overall["datasets"],
         "change": overall["mean"],
         "verdict": "too few datasets" if overall["datasets"] < FEWEST else None,
-        "detectable": detectable(per_dataset, level / 2),
     }
 
 
