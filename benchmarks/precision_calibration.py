@@ -6,9 +6,11 @@ A world is a precision check of the paper's grid at one learning rate, as ``prec
 every configuration of Table 6 but linear probing (whose Table 6 gives no spread), three seeds, in fp32 and
 in another precision. Each run's test accuracy is Table 6's mean plus seed noise at Table 6's spread (its
 numpy ``std`` over three seeds, times sqrt(3/2) for the population's), drawn independently in each precision:
-a world with no precision effect at all. A planted effect lowers one configuration by 2 points on every
-dataset in the other precision. The verdict should say "differs" rarely without an effect (at most 10%) and
-often with one (at least 80%); ``tests/test_precision.py`` checks both on a few worlds, this on many.
+a world with no precision effect at all. A planted effect lowers one configuration (or ``every`` one) by 2 points
+on every dataset in the other precision. Divergence: a share of the runs of each precision diverges (its status,
+its accuracy kept), 5% in both (no effect) or 30% in the other alone (an effect). The verdict should say
+"differs" rarely without an effect (at most 10%) and often with one (at least 80%); ``tests/test_precision.py``
+checks both on a few worlds, this on many, each share with its exact 95% interval (Clopper-Pearson).
 Figures: docs/benchmarks.md ("The precision verdict, calibrated").
 """
 
@@ -34,10 +36,11 @@ def table6() -> pd.DataFrame:
     return paper[paper["component"] != "probe"].reset_index(drop=True)
 
 
-def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None, points: float = 2.0):
+def world(datasets: list[str], rng, drop: str | None = None, points: float = 2.0, diverged=(0.0, 0.0)):
     """A runs table (``runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above.
 
-    ``drop``: the configuration that autocast lowers by ``points`` on every dataset (None: no precision effect)."""
+    ``drop``: the configuration that autocast lowers by ``points`` on every dataset (``every``: all of them; None: no
+    precision effect); ``diverged``: the share of fp32's and of autocast's runs that diverged."""
     from paperlib.records.runs_table import RUN_COLUMNS
 
     cells = table6()
@@ -45,24 +48,45 @@ def world(datasets: list[str], rng: np.random.Generator, drop: str | None = None
     runs = cells.loc[cells.index.repeat(len(SEEDS))].reset_index(drop=True).assign(seed=SEEDS * len(cells))
     spread = runs["std"].to_numpy() * np.sqrt(1.5)
     parts = []
-    for precision in ("fp32", "autocast"):
+    for precision, share in zip(("fp32", "autocast"), diverged):
         accuracy = runs["mean"].to_numpy() + rng.normal(0.0, 1.0, len(runs)) * spread
         if precision == "autocast" and drop is not None:
-            accuracy -= points * (runs["component"] == drop).to_numpy()
-        parts.append(runs[["dataset", "component", "seed"]].assign(precision=precision, test_accuracy=accuracy / 100))
+            accuracy -= points * ((runs["component"] == drop).to_numpy() | (drop == "every"))
+        status = np.where(rng.random(len(runs)) < share, "diverged", "finished")
+        parts.append(
+            runs[["dataset", "component", "seed"]].assign(
+                precision=precision, test_accuracy=accuracy / 100, status=status
+            )
+        )
     setting = {"model": "vit_base_in21k", "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0, "lora_rank": 0}
-    setting |= {"lora_alpha": 0.0, "lora_dropout": 0.0, "normalize": "imagenet", "tag": "", "status": "finished"}
+    setting |= {"lora_alpha": 0.0, "lora_dropout": 0.0, "normalize": "imagenet", "tag": ""}
     table = pd.concat(parts, ignore_index=True).assign(**setting, best_step=1, test_images=10000)
     return table.assign(best_val_accuracy=table["test_accuracy"]).reindex(columns=RUN_COLUMNS)
 
 
-def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0) -> pd.Series:
+def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0, diverged=(0.0, 0.0)):
     """How many of ``worlds`` seeded worlds (``world``) ``precision_check.effect``'s verdict calls each answer."""
     from paperlib.analysis import precision_check
 
     rng = np.random.default_rng(seed)
-    said = [precision_check.effect(world(datasets, rng, drop))["verdicts"]["verdict"].iloc[0] for _ in range(worlds)]
+    said = [
+        precision_check.effect(world(datasets, rng, drop, diverged=diverged))["verdicts"]["verdict"].iloc[0]
+        for _ in range(worlds)
+    ]
     return pd.Series(said).value_counts().reindex(["differs", "same", "inconclusive"], fill_value=0)
+
+
+SCENARIOS = {
+    "no precision effect": (None, (0.0, 0.0)),
+    "5% of runs diverged in both": (None, (0.05, 0.05)),
+    "mha 2 points lower": ("mha", (0.0, 0.0)),
+    "fc1 2 points lower": ("fc1", (0.0, 0.0)),
+    "ln1 2 points lower": ("ln1", (0.0, 0.0)),
+    "full 2 points lower": ("full", (0.0, 0.0)),
+    "every configuration 2 points lower": ("every", (0.0, 0.0)),
+    "30% of autocast's runs diverged": (None, (0.0, 0.3)),
+}
+"""Each scenario's planted drop and shares of diverged runs (fp32, autocast) (``world``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,13 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=int, default=500, help="worlds per scenario")
     args = parser.parse_args(argv)
     every = sorted(table6()["dataset"].unique())
+    print(f"Share of {args.worlds} worlds a scenario whose verdict says each answer, with its exact 95% interval")
     for name, datasets in (("precision_paper.yaml's 4 datasets", PRECISION_PAPER), ("all 11", every)):
-        for drop in (None, "mha", "fc1", "ln1", "full"):
-            counts = verdicts(datasets, args.worlds, drop)
-            what = "no precision effect" if drop is None else f"{drop} 2 points lower"
-            rates = ", ".join(f"{answer} {n / args.worlds:.1%}" for answer, n in counts.items())
-            print(f"{name}, {what}: {rates} ({args.worlds} worlds)", flush=True)
+        for what, (drop, diverged) in SCENARIOS.items():
+            counts = verdicts(datasets, args.worlds, drop, diverged=diverged)
+            rates = ", ".join(f"{answer} {_share(n, args.worlds)}" for answer, n in counts.items())
+            print(f"{name}, {what}: {rates}", flush=True)
     return 0
+
+
+def _share(count: int, total: int) -> str:
+    """``count`` of ``total`` as a percentage with its exact (Clopper-Pearson) 95% interval."""
+    from scipy import stats
+
+    low, high = stats.binomtest(int(count), total).proportion_ci(0.95)
+    return f"{count / total:.1%} [{low:.1%}, {high:.1%}]"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Equal-capacity finetuning (``paperlib.vit.equal_capacity``) and its analysis (``capacity.at_equal_capacity``)."""
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -173,6 +175,45 @@ def test_at_equal_capacity_compares_the_two_designs():
     # on a, equal capacity reverses the pairs that involve a subset component; LN2 / LN1 is the same run
     assert "LN2 / LN1" not in set(reordered["pair"]) and len(reordered) == 9
     assert np.sign(reordered["ordinary"]).eq(-1).all()
+
+
+def test_the_difference_between_the_designs_swaps_design_labels_by_family_and_component():
+    scores = dict(zip(COMPONENTS, [5.0, 4.0, 3.0, 2.0, 1.0]))
+    datasets = ["a", "cifar10c/fog", "cifar10c/snow"]  # two families: a, and Cifar10's two corruptions
+    plasticity = table({d: scores for d in datasets}).rename(columns={"accuracy": "plasticity"})
+    ordinary = table(
+        {d: dict(zip(COMPONENTS, v)) for d, v in zip(datasets, ([1, 2, 3, 5, 4], [3, 4, 5, 2, 1], [5, 3, 4, 2, 1]))}
+    )
+    equal = table({d: dict(zip(COMPONENTS[:3], v)) for d, v in zip(datasets, ([10, 9, 8], [6, 7, 5], [8, 9, 7]))})
+    difference = capacity.at_equal_capacity(plasticity, ordinary, equal).difference.iloc[0]
+
+    # independently: every swap of the labels of each component, one per family, by itertools and sign counts
+    def s(y):
+        x = [scores[c] for c in COMPONENTS]
+        return sum(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j]) for i in range(5) for j in range(i + 1, 5))
+
+    wide = {
+        name: t.pivot(index="dataset", columns="component", values="accuracy")[list(COMPONENTS)]
+        for name, t in (("ordinary", ordinary), ("equal", capacity.equal_capacity_results(ordinary, equal)))
+    }
+    families = {"a": ["a"], "cifar10": ["cifar10c/fog", "cifar10c/snow"]}
+    per_family = []
+    for members in families.values():
+        values = []
+        for swap in itertools.product([False, True], repeat=5):
+            total = 0
+            for d in members:
+                e, o = wide["equal"].loc[d].tolist(), wide["ordinary"].loc[d].tolist()
+                total += s([o[k] if swap[k] else e[k] for k in range(5)]) - s(
+                    [e[k] if swap[k] else o[k] for k in range(5)]
+                )
+            values.append(total)
+        per_family.append(values)
+    observed = sum(values[0] for values in per_family)
+    totals = [a + b for a, b in itertools.product(*per_family)]
+    assert difference["S_difference"] == observed and difference["families"] == 2
+    assert difference["p_value"] == pytest.approx(np.mean(np.abs(totals) >= abs(observed)))
+    assert difference["smallest_p"] == pytest.approx(np.mean(np.abs(totals) >= max(np.abs(totals))))
 
 
 def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(results, tmp_path):

@@ -98,12 +98,17 @@ def test_identical_results_in_another_precision_are_equivalent_everywhere_with_t
         f"Table {t}: MHA - {c}"
         for t, c in zip([1] * 4 + [6] * 2, ["FC1", "FC2", "LN2", "LN1", "All", "Linear head (SGD)"])
     ]
-    assert rows[6:] == [f"Table 6's best on {d}" for d in DATASETS] + ["runs that diverged (pairs where only one did)"]
+    assert rows[6:] == [f"Table 6's best on {d}" for d in DATASETS] + [
+        "overall level (mean accuracy change, every configuration)",
+        "runs that diverged (pairs where only one did)",
+    ]
+    # each "same" from a test: MHA 0.5 points ahead of full finetuning at every seed; none of 252 pairs diverged
+    assert (effect["conclusions"]["p_equivalence"] < 0.05).all()
     verdict = effect["verdicts"].set_index("precision").loc["autocast"]
     assert verdict["verdict"] == "same" and verdict["without reference"] == 0 and verdict["reference without"] == 0
 
 
-def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
+def test_a_uniform_two_point_loss_is_not_equivalent_keeps_the_pattern_and_differs_overall():
     effect = precision_check.effect(both(in_precision(fp32_runs(), "autocast", -2.0)))
     differences = effect["differences"]
     assert (differences["verdict"] == "not shown").all()
@@ -112,7 +117,9 @@ def test_a_uniform_two_point_loss_is_not_equivalent_but_keeps_the_conclusions():
         assert differences[column].to_numpy() == pytest.approx(-2.0, abs=1e-9)
     overall = effect["overall"].iloc[0]
     assert overall["mean"] == pytest.approx(-2.0, abs=1e-9) and overall["verdict"] == "not shown"
-    assert (effect["conclusions"]["verdict"] == "same").all() and effect["verdicts"]["verdict"].tolist() == ["same"]
+    conclusions = effect["conclusions"].set_index("conclusion")["verdict"]
+    assert (conclusions.iloc[:-2] == "same").all() and conclusions.iloc[-1] == "same"
+    assert conclusions.iloc[-2] == "differs" and effect["verdicts"]["verdict"].tolist() == ["differs"]
     table1 = effect["table1"].set_index(["precision", "component"])["decrease"]
     assert table1.loc["autocast"].to_numpy() == pytest.approx(table1.loc["fp32"].to_numpy())
 
@@ -333,3 +340,82 @@ def test_the_verdict_is_calibrated_on_worlds_with_table6s_seed_spreads(datasets)
     assert null["differs"] <= 1  # at most 10% of the worlds where the precision changes nothing
     planted = calibration.verdicts(names, worlds=5, drop="fc1", seed=2)
     assert planted["differs"] >= 4  # at least 80% of the worlds where it lowers FC1 by 2 points everywhere
+
+
+def test_a_uniform_two_point_loss_is_never_the_same_overall_in_simulated_worlds():
+    # the issue's world: every configuration of every dataset 2 points lower, at Table 6's seed spreads
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        effect = precision_check.effect(calibration.world(calibration.PRECISION_PAPER, rng, "every"))
+        level = (
+            effect["conclusions"]
+            .set_index("conclusion")
+            .loc["overall level (mean accuracy change, every configuration)"]
+        )
+        assert level["verdict"] != "same" and effect["verdicts"]["verdict"].iloc[0] != "same"
+
+
+def test_the_crash_world_every_best_changed_and_more_divergence_differs():
+    # every dataset's best changes (LN1 10 points up) and 30% of the other's runs diverge: every conclusion row
+    # left open for the tests, where pandas 3 refused verdict strings in an all-NaN float column
+    runs = fp32_runs()
+    other = in_precision(runs, "bf16", np.where(runs["component"] == "ln1", 10.0, 0.0))
+    other.loc[np.random.default_rng(0).random(len(other)) < 0.3, "status"] = "diverged"
+    effect = precision_check.effect(pd.concat([runs, other], ignore_index=True))
+    conclusions = effect["conclusions"].set_index("conclusion")["verdict"]
+    assert (conclusions[[f"Table 6's best on {d}" for d in DATASETS]] == "differs").all()
+    assert conclusions["runs that diverged (pairs where only one did)"] == "differs"
+    assert effect["verdicts"]["verdict"].tolist() == ["differs"]
+
+
+def test_a_same_best_configuration_and_no_divergence_are_same_only_when_tested():
+    runs = fp32_runs()
+    # in the other precision full finetuning's seeds move by +2.5, -2 and -0.5 points: MHA stays best, full second
+    noise = np.where(runs["component"] == "full", runs["seed"].map({0: 2.5, 1: -2.0, 2: -0.5}), 0.0)
+    few = runs[runs["dataset"].isin(DATASETS[:3]) & (runs["lr"] == 0.03) & runs["component"].isin(["mha", "full"])]
+    for world, noisy in (
+        (both(in_precision(runs, "autocast", noise)), True),
+        (both(in_precision(few, "autocast")), False),
+    ):
+        conclusions = precision_check.effect(world)["conclusions"].set_index("conclusion")
+        best = conclusions.loc[[c for c in conclusions.index if c.startswith("Table 6's best")]]
+        assert (best["reference"] == best["other"]).all()
+        divergence = conclusions.loc["runs that diverged (pairs where only one did)"]
+        if noisy:  # MHA's lead over full finetuning, seed by seed, is not shown kept within the margin
+            assert (
+                not (best["verdict"] == "same").all()
+                and (best.loc[best["verdict"] == "same", "p_equivalence"] < 0.05).all()
+            )
+        else:  # 0 of 18 pairs diverged: 0.95^18 = 0.40, not shown below 5%
+            assert divergence["p_equivalence"] == pytest.approx(0.95**18) and divergence["verdict"] == "inconclusive"
+
+
+def test_power_statement_says_per_conclusion_what_the_seeds_detect():
+    effect = precision_check.effect(calibration.world(calibration.PRECISION_PAPER, np.random.default_rng(0)))
+    best = effect["conclusions"].set_index("conclusion").loc["Table 6's best on pets"]
+    paper = calibration.table6().query("dataset == 'pets'").set_index("component")["mean"].sort_values()
+    assert best["lead"] == pytest.approx(paper.iloc[-1] - paper.iloc[-2], abs=1.0)  # seeds move the means a little
+    text = precision_check.power_statement(effect["verdicts"], 0.5, 4, conclusions=effect["conclusions"])
+    assert "autocast, Table 6's best on pets:" in text and "runs that diverged" in text
+    assert "more divergence is shown from 6 pairs" in text  # McNemar: 2 x 0.5^6 = 0.031, 2 x 0.5^5 = 0.063
+
+
+def test_effect_returns_a_verdict_for_random_valid_runs():
+    # a seeded sweep: random datasets, shifts, divergences (with or without an accuracy), unfinished and missing runs
+    rng = np.random.default_rng(11)
+    for _ in range(25):
+        datasets = list(rng.choice(calibration.PRECISION_PAPER, rng.integers(1, 5), replace=False))
+        drop = rng.choice([None, "mha", "fc1", "ln1", "every"])
+        runs = calibration.world(datasets, rng, drop, points=float(rng.choice([0.5, 2.0, 10.0])))
+        status = rng.choice(["finished", "diverged", "partial"], len(runs), p=rng.dirichlet([8, 1, 1]))
+        runs = runs.assign(status=status)
+        runs.loc[(status == "diverged") & (rng.random(len(runs)) < 0.5), "test_accuracy"] = np.nan
+        runs = runs[rng.random(len(runs)) > rng.uniform(0, 0.3)]
+        try:
+            effect = precision_check.effect(runs)
+        except ValueError as error:  # one line: a check found no run of a precision
+            assert "precision" in str(error)
+            continue
+        assert set(effect["verdicts"]["verdict"]) <= {"same", "differs", "inconclusive"}
+        assert effect["conclusions"]["verdict"].notna().all()
+        precision_check.power_statement(effect["verdicts"], 0.5, len(datasets), conclusions=effect["conclusions"])

@@ -90,3 +90,39 @@ def test_paper_order_from_finds_where_the_papers_ranking_holds_on():
     ranked = ranking.scale_ranking(curve({2: paper, 1: [5, 4, 3, 2, 2], 4: reverse}))
     assert ranked["follows paper"].tolist() == [False, True, False]  # strict, by ascending factor
     assert ranked["order"].tolist()[1:] == ["MHA > FC1 > FC2 > LN2 > LN1", "LN1 > LN2 > FC2 > FC1 > MHA"]
+
+
+def test_ranking_uncertainty_resamples_repeated_images_and_is_at_least_as_wide_as_the_pair_bootstrap():
+    # 60 target images each in 5 pairs (a small test split cycled), each reference image in one: every image moves
+    # its pairs' rates together, so the pairs of one image are not independent
+    rng = np.random.default_rng(1)
+    targets, references = np.tile(np.arange(60), 5), np.arange(300)
+    image = rng.normal(0, 0.3, (60, 5))[targets]  # per pair and component
+    levels = np.array([1.5, 1.4, 1.3, 0.6, 0.5])
+    rates = levels + image + rng.normal(0, 0.05, (300, 5))
+    table = pd.DataFrame(
+        {"block": 0, "depth": 0.0, "component": np.tile(list(COMPONENTS), 300), "pair": np.repeat(range(300), 5)}
+    ).assign(rate=rates.ravel())
+    pairs = ranking.ranking_uncertainty(table, n_resamples=1000)
+    images = ranking.ranking_uncertainty(table, n_resamples=1000, images=(references, targets))
+    assert pairs.attrs["resampled"] == "pairs" and images.attrs["resampled"] == "target images"
+    width = {name: (t["high"] - t["low"]) for name, t in (("pairs", pairs), ("images", images))}
+    assert (width["images"] >= width["pairs"]).all()
+    # a cluster of 5 nearly identical pairs: about sqrt(5) wider
+    assert (width["images"] / width["pairs"]).to_numpy() == pytest.approx(np.sqrt(5), rel=0.25)
+    # each target image always with the same reference image (the demo's cycled sets of one size): the pair repeats
+    again = ranking.ranking_uncertainty(table, n_resamples=1000, images=(targets + 100, targets))
+    assert again.attrs["resampled"] == "pairs of images"
+    pd.testing.assert_frame_equal(again[["low", "high"]], images[["low", "high"]])  # the same clusters and draws
+    # no image repeated: the pairs are resampled, the same draws as without images
+    unique = ranking.ranking_uncertainty(table, n_resamples=1000, images=(references, references))
+    pd.testing.assert_frame_equal(unique, pairs)
+
+
+def test_clustered_weights_draw_each_sides_images_and_multiply():
+    rng = np.random.default_rng(0)
+    one = ranking.clustered_weights([np.array([0, 0, 1, 1, 2])], 400, rng)
+    assert (one[:, 0] == one[:, 1]).all() and (one[:, 2] == one[:, 3]).all()  # one draw for each image's pairs
+    assert set(np.unique(one[:, [0, 2, 4]].sum(axis=1))) == {3}  # 3 images drawn, with replacement
+    two = ranking.clustered_weights([np.array([0, 0, 1]), np.array([0, 1, 1])], 400, np.random.default_rng(0))
+    assert two.shape == (400, 3) and (two >= 0).all()

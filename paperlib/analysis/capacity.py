@@ -8,10 +8,13 @@ null is a permutation of the accuracies among the components of one dataset (and
 
 - ``within_capacity``: inside each group of components of the same capacity (``capacity_groups``),
   whether the more plastic finetuned better. Kendall's S (concordant minus discordant pairs of P(f)
-  and accuracy) summed over the dataset x group strata, with its exact null distribution (every
-  permutation of each stratum, the strata independent, convolved); per adjacent pair of the
-  plasticity order (``adjacent_pairs``), a sign test over datasets with Holm's adjustment over the
-  pairs; and the same by dataset family (``names.family``: Cifar10 and its corruptions count once).
+  and accuracy) summed over the dataset x group strata, with its exact null distribution: the
+  accuracies permuted among the components, one permutation for every dataset of a family
+  (``names.family``: Cifar10 and its corruptions share a test set's images and count once), families
+  independent, convolved; beside it the same with every dataset permuted on its own, labelled as
+  counting each dataset as independent; per adjacent pair of the plasticity order
+  (``adjacent_pairs``), a sign test over datasets and over families, with Holm's adjustment over the
+  pairs.
 - ``discordant_pairs``: the pairs of components that P(f) and capacity order differently, how often
   finetuning followed each, and an exact permutation test pooled over the pairs (a run enters several
   pairs: a sign test over pairs would count it several times), per pair with Holm's adjustment. On a
@@ -180,27 +183,34 @@ def within_capacity(
     - ``summary``, per group and for ``all groups``: ``strata``, ``pairs`` (S lies in ±pairs),
       ``mean_tau`` (per group only: taus of two and three components are not averaged together),
       strata of ``positive``, ``negative`` and ``zero`` S, the summed ``S`` and its exact two-sided
-      permutation ``p_value`` (in each stratum the accuracies permuted among the components, strata
-      independent; each permutation equally likely), ``significant`` (p < ``level``); then by family,
+      permutation ``p_value`` (the accuracies permuted among the components, one permutation for every
+      dataset of a family, ``names.family``: the corruptions of one test set are not independent; families
+      independent; each permutation equally likely), ``significant`` (p < ``level``), and
+      ``p_value_by_dataset``, the same test with each dataset permuted on its own (every dataset counted as
+      independent); then by family,
       each family's S (the mean of its datasets' S), ``families``, ``family_positive``,
       ``family_negative`` and a two-sided sign test, ``family_p_value``.
     - ``per_family``: per family and group (and ``all groups``), ``datasets``, ``mean_tau`` and ``mean_S``.
     - ``pairs`` and ``family_pairs``: ``adjacent_pairs`` by dataset and by family."""
     table = _merged(plasticity, results, value, ["dataset"])
-    rows, nulls = [], {}
+    rows, nulls, families = [], {}, {}
     for group in capacity_groups(capacity, tolerance):
         for dataset, part in table[table["component"].isin(group)].groupby("dataset", sort=True):
             if len(part) < 2:
                 continue
+            part = part.sort_values("component")  # one order of the components: a family shares its permutations
             x, y = part["plasticity"].to_numpy(float), part[value].to_numpy(float)
-            nulls[_group_name(group), dataset] = _distribution(_kendall_s(x, _permuted(y)))
+            null = _kendall_s(x, _permuted(y))
+            nulls[_group_name(group), dataset] = _distribution(null)
+            unit = (_group_name(group), family(dataset), tuple(part["component"]))
+            families[unit] = families.get(unit, 0) + null
             row = {"group": _group_name(group), "dataset": dataset, "family": family(dataset)}
             rows.append(row | {"components": len(part), "tau": kendall_tau(x, y), "S": int(_kendall_s(x, y))})
     per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "family", "components", "tau", "S"])
     parts = dict(list(per_dataset.groupby("group", sort=False)))
     if len(parts) > 1:
         parts["all groups"] = per_dataset
-    summary = {name: _within_row(part, nulls, name != "all groups", level) for name, part in parts.items()}
+    summary = {name: _within_row(part, nulls, families, name != "all groups", level) for name, part in parts.items()}
     summary = pd.DataFrame.from_dict(summary, orient="index").rename_axis("within capacity group")
     pairs = [adjacent_pairs(plasticity, results, capacity, value, tolerance, level, by) for by in ("dataset", "family")]
     return WithinCapacity(per_dataset, summary, _per_family(parts), *pairs)
@@ -211,9 +221,11 @@ def _family_s(part: pd.DataFrame) -> pd.Series:
     return part.groupby(["family", "dataset"])["S"].sum().groupby("family").mean()
 
 
-def _within_row(part: pd.DataFrame, nulls: dict, one_group: bool, level: float) -> dict:
+def _within_row(part: pd.DataFrame, nulls: dict, families: dict, one_group: bool, level: float) -> dict:
     s = int(part["S"].sum())
-    p_value = _two_sided(_convolved(nulls[key] for key in zip(part["group"], part["dataset"])), s)
+    by_dataset = _two_sided(_convolved(nulls[key] for key in zip(part["group"], part["dataset"])), s)
+    groups = set(part["group"])
+    p_value = _two_sided(_convolved(_distribution(v) for key, v in families.items() if key[0] in groups), s)
     by_family = _family_s(part)
     positive, negative = int((by_family > 0).sum()), int((by_family < 0).sum())
     return {
@@ -226,6 +238,7 @@ def _within_row(part: pd.DataFrame, nulls: dict, one_group: bool, level: float) 
         "S": s,
         "p_value": p_value,
         "significant": bool(p_value < level),
+        "p_value_by_dataset": by_dataset,
         "families": len(by_family),
         "family_positive": positive,
         "family_negative": negative,
@@ -459,6 +472,7 @@ class AtEqualCapacity(NamedTuple):
     summary: pd.DataFrame
     reordered: pd.DataFrame
     accuracies: pd.DataFrame
+    difference: pd.DataFrame
 
 
 DESIGNS = ("ordinary", "equal capacity")
@@ -479,12 +493,14 @@ def at_equal_capacity(
     - ``per_dataset``: ``dataset``, ``family`` and each design's ``tau``.
     - ``summary``, per design: ``within_capacity``'s test with the five components as one group: the
       taus' ``mean_tau``, the summed ``S`` with its exact permutation ``p_value`` (the accuracies permuted
-      among the components of each dataset), and the same by family (a dataset family counts once:
+      among the components, one permutation for every dataset of a family; ``p_value_by_dataset``: each dataset
+      on its own), and the same by family (a dataset family counts once:
       ``family_positive``, ``family_negative``, ``family_p_value``).
     - ``reordered``: the pairs of components the two designs order differently on a dataset, each
       design's difference (first minus second, in the paper's order of components), the ``more plastic``
       of the two by P(f) on that dataset, and whether the equal design ``follows plasticity`` (puts it ahead).
-    - ``accuracies``: ``value`` of both designs side by side (dataset x design and component label)."""
+    - ``accuracies``: ``value`` of both designs side by side (dataset x design and component label).
+    - ``difference``: whether the designs differ in Takeaway 2 (``design_difference``)."""
     one_group = {component: 1.0 for component in COMPONENTS}
     datasets = set(equal["dataset"])
     designs = {
@@ -495,7 +511,7 @@ def at_equal_capacity(
     per_dataset = pd.concat(
         [test.per_dataset.set_index(["dataset", "family"])["tau"].rename(name) for name, test in tests.items()], axis=1
     ).reset_index()
-    columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant"]
+    columns = ["strata", "mean_tau", "S", "pairs", "p_value", "significant", "p_value_by_dataset"]
     columns += ["families", "family_positive", "family_negative", "family_p_value"]
     summary = pd.DataFrame({name: test.summary.iloc[0][columns] for name, test in tests.items()}).T
     wide = {
@@ -503,9 +519,39 @@ def at_equal_capacity(
     }
     accuracies = pd.concat(wide, axis=1).reindex(columns=[(d, c) for d in DESIGNS for c in COMPONENTS])
     reordered = _reordered(wide, plasticity)
-    return AtEqualCapacity(
-        per_dataset, summary.rename_axis("design"), reordered, accuracies.rename(columns=LABELS, level=1)
-    )
+    accuracies = accuracies.rename(columns=LABELS, level=1)
+    difference = design_difference(wide, plasticity)
+    return AtEqualCapacity(per_dataset, summary.rename_axis("design"), reordered, accuracies, difference)
+
+
+def design_difference(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -> pd.DataFrame:
+    """A test of the difference between the two designs (``wide``: dataset x component of each, ``DESIGNS``).
+
+    The statistic: Kendall's S of P(f) with the value in the equal design minus in the ordinary one, summed over the
+    datasets. Its null: the design labels swapped or not, for each component, one swap for every dataset of a family
+    (the family is the unit), families independent: exact over the 2^components swaps of each family. One row:
+    ``S_difference``, ``families``, the two-sided ``p_value`` and ``smallest_p``, the smallest p-value these families
+    could give (their most extreme difference): where it is above 0.05 no outcome of the design is significant."""
+    scores = plasticity.pivot_table(index="dataset", columns="component", values="plasticity")
+    names = list(COMPONENTS)
+    swaps = np.array(list(itertools.product([False, True], repeat=len(names))))
+    totals: dict[str, np.ndarray] = {}
+    for dataset in wide["equal capacity"].index.intersection(wide["ordinary"].index).intersection(scores.index):
+        rows = [
+            w.reindex(columns=names).loc[dataset].to_numpy(float) for w in (wide["equal capacity"], wide["ordinary"])
+        ]
+        x = scores.reindex(columns=names).loc[dataset].to_numpy(float)
+        kept = np.isfinite(x) & np.isfinite(rows[0]) & np.isfinite(rows[1])
+        if kept.sum() < 2:
+            continue
+        equal, ordinary = (np.where(swaps[:, kept], b[kept], a[kept]) for a, b in (rows, rows[::-1]))
+        gap = _kendall_s(x[kept], equal) - _kendall_s(x[kept], ordinary)  # one per swap, none first
+        totals[family(dataset)] = totals.get(family(dataset), 0) + gap
+    null = _convolved(_distribution(t) for t in totals.values())
+    observed = int(sum(t[0] for t in totals.values()))
+    extreme = null[0] + len(null[1]) - 1
+    row = {"S_difference": observed, "families": len(totals), "p_value": _two_sided(null, observed)}
+    return pd.DataFrame([row | {"smallest_p": _two_sided(null, max(abs(null[0]), extreme)) if totals else math.nan}])
 
 
 def _reordered(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -> pd.DataFrame:

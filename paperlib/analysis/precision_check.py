@@ -37,6 +37,9 @@ FEWEST = 3
 configuration) a verdict is drawn from: with two, one unlucky pair decides, and identical differences
 would give p = 0."""
 
+DIVERGENCE_MARGIN = 0.05
+"""The share of pairs where only the other precision diverged that divergence is shown below to be "the same"."""
+
 TABLE1_DATASETS = 5
 """Table 1's one-sided Wilcoxon test over n datasets cannot give p below 1 / 2^n: it needs 5 to reach 0.05."""
 
@@ -44,7 +47,7 @@ CELL = ["pairs", "mean", "low", "high", "margin", "p_equivalence", "diverged", "
 """``effect``'s ``differences`` columns for a dataset and component (``_cell``)."""
 
 CONCLUSION = ["precision", "conclusion", "reference", "other", "units", "change", "low", "high", "margin"]
-CONCLUSION += ["p_equivalence", "p_difference", "p_holm", "verdict"]
+CONCLUSION += ["p_equivalence", "p_difference", "p_holm", "verdict", "lead", "detectable"]
 """``effect``'s ``conclusions`` columns (``_conclusions``)."""
 
 
@@ -69,10 +72,11 @@ def effect(
     - ``overall``: per other precision, the same over datasets: one mean difference per dataset (its
       pairs share its test set, so they are not independent units), the interval across datasets.
     - ``conclusions``: per other precision, whether the paper's conclusions hold (``_conclusions``):
-      each of Table 1's decreases from MHA, Table 6's best configuration on each dataset, and divergence,
-      each "same" (shown within the margin), "differs" (shown different: Holm-adjusted over the rows of
-      the precision) or "inconclusive"; never decided by exact equality of patterns, which seed noise alone
-      changes.
+      each of Table 1's decreases from MHA, Table 6's best configuration on each dataset, the overall level
+      (``overall``'s mean change) and divergence, each "same" (shown within the margin by a test), "differs"
+      (shown different: Holm-adjusted over the rows of the precision) or "inconclusive"; never decided by
+      exact equality of patterns, which seed noise alone changes. ``detectable``: the change its test
+      detects with 80% chance (``detectable``).
     - ``verdicts``: per other precision, the answer ("same", "differs", "inconclusive") and why, the
       unpaired runs, the spread of the paired differences and the power it gives (``power``).
     - ``margins``: per dataset, its test images, one image's worth and the margin used.
@@ -237,7 +241,7 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
     """``overall``'s row of ``precision``: the mean difference across datasets, its interval and TOST.
 
     One mean difference per dataset (its pairs share its test set), then their mean, interval and TOST across
-    datasets (at the largest of the datasets' margins)."""
+    datasets (at the largest of the datasets' margins), and the change it detects with 80% chance (``detectable``)."""
     mine = pairs[pairs["precision"] == precision]
     per_dataset = mine.groupby("dataset")["difference"].mean().dropna()
     margin = float(margins.loc[per_dataset.index, "margin"].max()) if len(per_dataset) else float("nan")
@@ -254,26 +258,40 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
         **test,
         "margin": margin,
         "verdict": verdict,
+        "detectable": detectable(per_dataset.to_numpy(float), level / 2),
     }
 
 
 def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> pd.DataFrame:
     """``CONCLUSION`` rows of ``precision`` against ``reference``, Holm-adjusted together.
 
-    The rows: Table 1's decreases (``_table1_rows``), Table 6's best configurations (``_best_rows``) and divergence
-    (``_divergence_row``). A row "differs" where its Holm p is below ``level`` and it is not shown equivalent, "same"
-    where shown equivalent (or where there is nothing to test), "inconclusive" otherwise."""
+    The rows: Table 1's decreases (``_table1_rows``), Table 6's best configurations (``_best_rows``), the overall level
+    (``_level_row``) and divergence (``_divergence_row``). A row "differs" where its Holm p is below ``level`` and it is
+    not shown equivalent, "same" where shown equivalent, "inconclusive" otherwise (or the reason it has no test)."""
     margin = float(margins["margin"].max())
     rows = _table1_rows(tables[reference], tables[precision], margin, level)
     rows += _best_rows(tables[reference], tables[precision], ended, (reference, precision), margins, level)
-    rows.append(_divergence_row(pairs[pairs["precision"] == precision]))
+    rows.append(_level_row(_overall(pairs, precision, margins, level)))
+    rows.append(_divergence_row(pairs[pairs["precision"] == precision], level))
     table = pd.DataFrame(rows).assign(precision=precision).reindex(columns=CONCLUSION)
     table["p_holm"] = holm(table["p_difference"])
-    open_ = table["verdict"].isna()
-    same = table["p_equivalence"] < level
-    differs = table["p_holm"] < level
-    table.loc[open_, "verdict"] = np.where(same[open_], "same", np.where(differs[open_], "differs", "inconclusive"))
+    decided = np.where(
+        table["p_equivalence"] < level, "same", np.where(table["p_holm"] < level, "differs", "inconclusive")
+    )
+    table["verdict"] = np.where(table["verdict"].isna(), decided, table["verdict"].astype(object))
     return table
+
+
+def detectable(values: np.ndarray, level: float, chance: float = 0.8) -> float:
+    """The shift of ``values``' mean that a one-sided t test at ``level`` detects with ``chance``, at their spread.
+
+    (t quantile at 1 - ``level`` + t quantile at ``chance``) x sd / sqrt(n), n - 1 degrees of freedom (the normal
+    approximation of the t test's power); NaN with fewer than ``FEWEST`` values."""
+    n = len(values)
+    if n < FEWEST:
+        return float("nan")
+    quantiles = special.stdtrit(n - 1, 1 - level) + special.stdtrit(n - 1, chance)
+    return float(quantiles * np.std(values, ddof=1) / np.sqrt(n))
 
 
 def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, level: float) -> list[dict]:
@@ -290,7 +308,8 @@ def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, le
         ours = (first["mha"] - first[component]).rename("reference")
         theirs = (second["mha"] - second[component]).rename("other")
         both = pd.concat([ours, theirs], axis=1).dropna()
-        test = _tost((both["other"] - both["reference"]).to_numpy(float), margin, level)
+        changes = (both["other"] - both["reference"]).to_numpy(float)
+        test = _tost(changes, margin, level)
         rows.append(
             {
                 "conclusion": f"Table {1 if component in COMPONENTS else 6}: MHA - {LABELS[component]}",
@@ -301,42 +320,56 @@ def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, le
                 "margin": margin,
                 **test,
                 "verdict": "too few datasets" if len(both) < FEWEST else None,
+                "detectable": detectable(changes, level / 2),
             }
         )
     return rows
 
 
 def _best_rows(reference, other, ended, names, margins, level) -> list[dict]:
-    """Per dataset, Table 6's best configuration in both precisions (``names``: reference, other).
+    """Per dataset, Table 6's best configuration in both precisions (``names``: reference, other), tested by seeds.
 
-    Where they differ, the seeds decide (each configuration at its Table 6 learning rate, ``_seed_gap``): "same"
-    if, in the other precision, the reference's best is within the margin of the other's best (one-sided
-    t test, ``p_equivalence``); "differs" if the two are in reverse order in both precisions (a one-sided
-    t test in each; both must hold, so ``p_difference`` is the larger p)."""
+    Each configuration at its Table 6 learning rate (``_seed_gap``). The rival is the other's best, or its runner-up
+    where both precisions pick the same: "same" if, in the other precision, the reference's best is within the margin
+    of the rival (one-sided t test, ``p_equivalence``; ``change``: the rival minus it); "differs" if the two bests are
+    in reverse order in both precisions (a one-sided t test in each; both must hold, so ``p_difference`` is the larger
+    p). ``lead``: the reference's best minus its runner-up (Table 6's means); ``detectable``: the lead of one
+    configuration over another that the seeds show with 80% chance, at the reference's spread of that gap."""
     best = {name: _best(table) for name, table in zip(names, (reference, other))}
     rows = []
     for dataset in best[names[0]].index.intersection(best[names[1]].index):
         mine, theirs = best[names[0]][dataset], best[names[1]][dataset]
-        margin = margins.at[dataset, "margin"]
+        runner_up = _runner_up(reference, dataset, mine)
+        rival = theirs if theirs != mine else _runner_up(other, dataset, mine)
+        means = reference[reference["dataset"] == dataset].set_index("component")["mean"]
+        lead = _seed_gap(ended, reference, names[0], dataset, mine, runner_up)
         row = {
             "conclusion": f"Table 6's best on {dataset}",
             "reference": LABELS.get(mine, mine),
             "other": LABELS.get(theirs, theirs),
-            "margin": margin,
+            "margin": margins.at[dataset, "margin"],
+            "lead": means[mine] - means[runner_up] if runner_up else float("nan"),
+            "detectable": detectable(lead, level),
         }
-        if mine == theirs:
-            rows.append(row | {"change": 0.0, "verdict": "same"})
+        ahead = _seed_gap(ended, other, names[1], dataset, rival, mine)  # in the other: the rival minus ours
+        behind = _seed_gap(ended, reference, names[0], dataset, mine, rival)  # in the reference: ours minus it
+        test = _tost(ahead, row["margin"], level)
+        row |= {"units": len(ahead), "change": test["mean"], "low": test["low"], "high": test["high"]}
+        if rival is None or len(ahead) < FEWEST or (theirs != mine and len(behind) < FEWEST):
+            rows.append(row | {"verdict": "too few seeds" if rival else "not tested: one configuration"})
             continue
-        ahead = _seed_gap(ended, other, names[1], dataset, theirs, mine)  # in the other: its best minus ours
-        behind = _seed_gap(ended, reference, names[0], dataset, mine, theirs)  # in the reference: ours minus its
-        test = _tost(ahead, margin, level)
-        row |= {"units": min(len(ahead), len(behind)), "change": test["mean"], "low": test["low"], "high": test["high"]}
-        if row["units"] < FEWEST:
-            rows.append(row | {"verdict": "too few seeds"})
-            continue
-        reversed_ = max(_one_sided(ahead, 0.0, "greater"), _one_sided(behind, 0.0, "greater"))
-        rows.append(row | {"p_equivalence": _one_sided(ahead, margin, "less"), "p_difference": reversed_})
+        row["p_equivalence"] = _one_sided(ahead, row["margin"], "less")
+        if theirs != mine:
+            row["p_difference"] = max(_one_sided(ahead, 0.0, "greater"), _one_sided(behind, 0.0, "greater"))
+        rows.append(row)
     return rows
+
+
+def _runner_up(table: pd.DataFrame, dataset: str, best: str) -> str | None:
+    """The configuration of ``table`` (``table6``'s) second to ``best`` on ``dataset``; None where it has no other."""
+    rest = table[(table["dataset"] == dataset) & (table["component"] != best)]
+    rest = rest[rest["component"].isin(RUN_COMPONENTS)].dropna(subset=["mean"])
+    return rest.loc[rest["mean"].idxmax(), "component"] if len(rest) else None
 
 
 def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset: str, first: str, second: str):
@@ -344,6 +377,8 @@ def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset:
 
     Each is taken at its learning rate of ``table`` (a ``table6`` output)."""
     lrs = table[table["dataset"] == dataset].set_index("component")["lr"]
+    if first not in lrs or second not in lrs:
+        return np.array([])
     runs = ended[(ended["precision"] == precision) & (ended["dataset"] == dataset)]
     accuracy = {
         c: runs[(runs["component"] == c) & (runs["lr"] == lrs[c])].set_index("seed")["test_accuracy"] * 100
@@ -352,11 +387,24 @@ def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset:
     return (accuracy[first] - accuracy[second]).dropna().to_numpy(float)
 
 
-def _divergence_row(pairs: pd.DataFrame) -> dict:
+def _level_row(overall: dict) -> dict:
+    """The overall level as a conclusion: ``_overall``'s test of the mean change across every configuration."""
+    row = {key: overall[key] for key in ("low", "high", "margin", "p_equivalence", "p_difference", "detectable")}
+    return row | {
+        "conclusion": "overall level (mean accuracy change, every configuration)",
+        "units": overall["datasets"],
+        "change": overall["mean"],
+        "verdict": "too few datasets" if overall["datasets"] < FEWEST else None,
+    }
+
+
+def _divergence_row(pairs: pd.DataFrame, level: float) -> dict:
     """Whether the precision diverges more than the reference.
 
-    The pairs where only one of the two diverged, an exact two-sided McNemar test (``binomtest``) of the two counts.
-    "same" where it diverged no more than the reference: a precision that diverges more is never the same."""
+    The pairs where only one of the two diverged: "differs" by an exact two-sided McNemar test (``binomtest``) where
+    the precision diverged alone more often; "same" where an exact one-sided binomial test shows that it diverged alone
+    in fewer than ``DIVERGENCE_MARGIN`` of the pairs (``p_equivalence``). ``detectable``: the fewest pairs where it
+    diverged alone (and the reference never) that McNemar's test finds at ``level``."""
     alone = int((pairs["diverged"] & ~pairs["diverged_reference"]).sum())
     reference = int((~pairs["diverged"] & pairs["diverged_reference"]).sum())
     row = {
@@ -365,10 +413,14 @@ def _divergence_row(pairs: pd.DataFrame) -> dict:
         "other": str(alone),
         "units": len(pairs),
         "change": alone - reference,
+        "margin": DIVERGENCE_MARGIN,
+        "detectable": int(np.floor(np.log2(1 / level))) + 2,  # binomtest(k, k)'s p is 0.5 ** (k - 1)
     }
-    if alone <= reference:
-        return row | {"verdict": "same"}
-    return row | {"p_difference": float(scipy_stats.binomtest(alone, alone + reference).pvalue)}
+    if len(pairs):
+        row["p_equivalence"] = float(scipy_stats.binomtest(alone, len(pairs), DIVERGENCE_MARGIN, "less").pvalue)
+    if alone > reference:
+        row["p_difference"] = float(scipy_stats.binomtest(alone, alone + reference).pvalue)
+    return row
 
 
 def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level) -> dict:
@@ -443,12 +495,15 @@ def pairs_needed(spread: float, margin: float = 0.5, level: float = 0.05, chance
     return next((n for n in range(FEWEST, 101) if power(n, spread, margin, level) >= chance), None)
 
 
-def power_statement(verdicts: pd.DataFrame, margin: float, datasets: int, level: float = 0.05) -> str:
-    """What the check can show (``effect``'s ``verdicts``), in sentences.
+def power_statement(
+    verdicts: pd.DataFrame, margin: float, datasets: int, level: float = 0.05, conclusions: pd.DataFrame | None = None
+) -> str:
+    """What the check can show (``effect``'s ``verdicts`` and ``conclusions``), in sentences.
 
     Per precision, the chance that a cell is shown equivalent with its pairs at the spread measured, the pairs needed
-    for 80%, and whether Table 1's own test can be significant with ``datasets`` datasets."""
-    lines = []
+    for 80%, and whether Table 1's own test can be significant with ``datasets`` datasets; per conclusion, the change
+    its test detects with 80% chance before Holm's adjustment (``_detectable_line``)."""
+    lines = [] if conclusions is None else [_detectable_line(row) for row in conclusions.to_dict("records")]
     for row in verdicts.to_dict("records"):
         if not np.isfinite(row["spread"]):
             lines.append(
@@ -469,6 +524,30 @@ def power_statement(verdicts: pd.DataFrame, margin: float, datasets: int, level:
             f"its decreases are, by intervals over datasets ({FEWEST} at least)"
         )
     return "\n".join(lines)
+
+
+def _detectable_line(row: dict) -> str:
+    """One sentence: what ``row`` (a ``conclusions`` row) can detect with 80% chance (its ``detectable``)."""
+    name, found = f"{row['precision']}, {row['conclusion']}", row["detectable"]
+    if row["conclusion"].startswith("runs that diverged"):
+        return (
+            f"{name}: more divergence is shown from {found:.0f} pairs where only it diverged (none where only the "
+            f"reference did); the same, where it diverged alone in fewer than {row['margin']:.0%} of the "
+            f"{row['units']} pairs (binomial test)"
+        )
+    if not np.isfinite(found):
+        return f"{name}: too few units to test"
+    if not row["conclusion"].startswith("Table 6's best"):
+        return f"{name}: a change of {found:.2f} points across its {row['units']} datasets, with 80% chance"
+    if not row["lead"] >= found:
+        return (
+            f"{name}: {row['reference']} leads the runner-up by {row['lead']:.2f} points in the reference, below the "
+            f"{found:.2f} its seeds show with 80% chance: a change of the best configuration cannot be shown"
+        )
+    return (
+        f"{name}: {row['reference']} leads the runner-up by {row['lead']:.2f} points; a change of the best is shown "
+        f"where the other precision reverses them by about {found:.2f} points or more"
+    )
 
 
 def _table1_or_none(table: pd.DataFrame) -> pd.DataFrame | None:
@@ -547,7 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     for title, table in shown.items():
         if not table.empty:
             print(f"{title}\n{table.to_string()}\n")
-    print(power_statement(tables["verdicts"], args.margin, found["dataset"].nunique()))
+    print(
+        power_statement(tables["verdicts"], args.margin, found["dataset"].nunique(), conclusions=tables["conclusions"])
+    )
     if args.csv:
         write_csv(tables, args.csv, indexed=("best", "margins"))
     return 0

@@ -4,8 +4,8 @@ The paper's order of the components is MHA > FC1 > FC2 > LN2 > LN1 (Fig. 2 middl
 
 - ``paper_agreement``: Kendall's tau between a table's ranking of P(f) and the paper's (notebooks 02
   and 08; ``python -m paperlib plasticity``).
-- ``ranking_uncertainty`` (beyond the paper, which reports P(f) alone): a bootstrap over pairs, with
-  intervals for each P(f) and for the tau, and how often each rank holds (notebook 02).
+- ``ranking_uncertainty`` (beyond the paper, which reports P(f) alone): a bootstrap over the images of
+  the pairs, with intervals for each P(f) and for the tau, and how often each rank holds (notebook 02).
 - ``scale_ranking`` and ``paper_order_from`` (beyond the paper): the order of the components at each
   factor of ``plasticity.scale_curve``, and from which factor on it is the paper's (notebook 02's
   scale curve).
@@ -47,53 +47,76 @@ def paper_agreement(table: pd.DataFrame) -> float:
 
 
 def ranking_uncertainty(
-    table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+    table: pd.DataFrame, n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0, images=None
 ) -> pd.DataFrame:
-    """How sure the ranking is: a bootstrap over pairs (an extension; the paper reports P(f) alone).
+    """How sure the ranking is: a bootstrap over images (an extension; the paper reports P(f) alone).
 
-    Each pair's rates, averaged over blocks, are resampled jointly for the five components
-    (``scipy.stats.bootstrap``, percentile intervals). Returns, per component in rank order:
-    ``plasticity`` and its ``low``/``high`` interval, ``rank``, and ``rank stable`` (the fraction
-    of resamples that give the component the same rank). The attribute ``attrs["tau"]`` holds the
-    interval of Kendall's tau with the paper's ranking, ``attrs["order stable"]`` the fraction of
-    resamples with the whole order unchanged. Pairs without any rate (identical embeddings) are
-    left out, with a warning, so they make no NaN interval.
+    Each pair's rates, averaged over blocks, enter for the five components jointly. ``images``: the reference and the
+    target image of each pair number (``Measurement.pair_indices``' two lists); a side whose images repeat (a smaller
+    test split cycled) is resampled by image, every pair of a drawn image with it (``clustered_weights``), both sides
+    where both repeat, and the pairs of images where each image always meets the same one; with ``images`` None, or
+    no image repeated, the pairs are. Percentile intervals. Returns, per component in rank
+    order: ``plasticity`` and its ``low``/``high`` interval, ``rank``, and ``rank stable`` (the fraction of resamples
+    that give the component the same rank). The attribute ``attrs["tau"]`` holds the interval of Kendall's tau with
+    the paper's ranking, ``attrs["order stable"]`` the fraction of resamples with the whole order unchanged,
+    ``attrs["resampled"]`` what was resampled. Pairs without any rate (identical embeddings) are left out, with a
+    warning, so they make no NaN interval.
     """
     table = pairs_with_rates(table)
     per_pair = table.groupby(["pair", "component"], observed=True)["rate"].mean().unstack("component")[list(COMPONENTS)]
-    result = stats.bootstrap(
-        (per_pair.to_numpy(),),
-        np.mean,
-        axis=0,
-        n_resamples=n_resamples,
-        confidence_level=confidence,
-        method="percentile",
-        batch=200,
-        rng=np.random.default_rng(seed),
-    )
-    means = per_pair.to_numpy().mean(axis=0)
-    ranks = stats.rankdata(-means, method="min")
-    resampled = stats.rankdata(-result.bootstrap_distribution.T, method="min", axis=1)  # (resamples, components)
-    paper = [PAPER_SCORES[c] for c in COMPONENTS]
-    taus = np.array([kendall_tau(row, paper) for row in result.bootstrap_distribution.T])  # each resample's P(f)
-    out = (
-        pd.DataFrame(
-            {
-                "component": [LABELS[c] for c in COMPONENTS],
-                "plasticity": means,
-                "low": result.confidence_interval.low,
-                "high": result.confidence_interval.high,
-                "rank": ranks,
-                "rank stable": (resampled == ranks).mean(axis=0),
-            }
-        )
-        .sort_values("rank")
-        .set_index("component")
-    )
+    sides = {} if images is None else dict(zip(("reference", "target"), (np.asarray(i) for i in images)))
+    sides = {name: ids[per_pair.index.to_numpy()] for name, ids in sides.items()}
+    sides = {name: ids for name, ids in sides.items() if len(np.unique(ids)) < len(ids)} or {"pairs": per_pair.index}
+    if len(sides) == 2:
+        reference, target = sides.values()
+        combinations = len(np.unique(np.column_stack([reference, target]), axis=0))
+        if combinations == len(np.unique(reference)) == len(np.unique(target)):  # a pair of images repeats, whole
+            sides = {"pairs of images": reference}
+    rng = np.random.default_rng(seed)
+    values = per_pair.to_numpy()
+    distribution = []  # (resamples, components), 200 resamples at a time
+    for start in range(0, n_resamples, 200):
+        weights = clustered_weights(list(sides.values()), min(200, n_resamples - start), rng)
+        distribution.append(weights @ values / weights.sum(axis=1, keepdims=True))
+    distribution = np.concatenate(distribution)
     tail = (1 - confidence) / 2
-    out.attrs["tau"] = (float(np.quantile(taus, tail)), float(np.quantile(taus, 1 - tail)))
+    low, high = np.nanquantile(distribution, [tail, 1 - tail], axis=0)
+    means = values.mean(axis=0)
+    ranks = stats.rankdata(-means, method="min")
+    resampled = stats.rankdata(-distribution, method="min", axis=1)
+    paper = [PAPER_SCORES[c] for c in COMPONENTS]
+    taus = np.array([kendall_tau(row, paper) for row in distribution])  # each resample's P(f)
+    out = pd.DataFrame(
+        {
+            "component": [LABELS[c] for c in COMPONENTS],
+            "plasticity": means,
+            "low": low,
+            "high": high,
+            "rank": ranks,
+            "rank stable": (resampled == ranks).mean(axis=0),
+        }
+    )
+    out = out.sort_values("rank").set_index("component")
+    out.attrs["tau"] = (float(np.nanquantile(taus, tail)), float(np.nanquantile(taus, 1 - tail)))
     out.attrs["order stable"] = float((resampled == ranks).all(axis=1).mean())
+    out.attrs["resampled"] = " and ".join(
+        f"{name} images" if name in ("reference", "target") else name for name in sides
+    )
     return out
+
+
+def clustered_weights(sides: list[np.ndarray], n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_resamples, pairs) bootstrap weights of pairs whose units are ``sides`` (one id per pair each).
+
+    Each side's distinct ids are drawn with replacement, as many as it has (multinomial counts); a pair weighs the
+    product of its ids' counts: one side is a cluster bootstrap, two the pigeonhole bootstrap of a two-way crossed
+    design (Owen 2007), which errs wide."""
+    weights = np.ones((n_resamples, len(sides[0])))
+    for ids in sides:
+        distinct, index = np.unique(ids, return_inverse=True)
+        counts = rng.multinomial(len(distinct), np.full(len(distinct), 1 / len(distinct)), size=n_resamples)
+        weights *= counts[:, index]
+    return weights
 
 
 def scale_ranking(curve: pd.DataFrame) -> pd.DataFrame:

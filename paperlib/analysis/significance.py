@@ -16,15 +16,21 @@ import math
 import numpy as np
 from scipy import stats
 
+DECIMALS = 9
+"""The differences a test compares are rounded to this many decimals first: a subtraction of values carried at a few
+decimals leaves errors near 1e-14 (98.91 - 98.73 is 0.18000000000000682), which would part ties and zeros."""
+
 
 def wilcoxon_p(difference: np.ndarray, alternative: str = "two-sided") -> float:
-    """scipy's Wilcoxon signed-rank p-value of paired ``difference``s.
+    """scipy's Wilcoxon signed-rank p-value of paired ``difference``s, compared at ``DECIMALS``.
 
-    With ``stats.wilcoxon``'s defaults. Where scipy runs its exact permutation test (ties or zeros, at most 13
-    differences: every one of the 2^n sign changes), the same test with the statistic vectorised: scipy's
-    computes it one sign change at a time."""
-    d = np.asarray(difference, dtype=float)
+    With ``stats.wilcoxon``'s defaults (zeros left out); 1 where every difference is 0. Where scipy runs its exact
+    permutation test (ties or zeros, at most 13 differences: every one of the 2^n sign changes), the same test with
+    the statistic vectorised: scipy's computes it one sign change at a time."""
+    d = np.round(np.asarray(difference, dtype=float), DECIMALS) + 0.0  # + 0.0: -0.0 is 0
     nonzero = np.abs(d[d != 0])
+    if not len(nonzero):
+        return 1.0
     if len(d) > 13 or (len(np.unique(nonzero)) == len(nonzero) == len(d)):  # scipy's exact or normal p-value
         return float(stats.wilcoxon(d, alternative=alternative).pvalue)
     test = stats.permutation_test(
