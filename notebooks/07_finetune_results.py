@@ -88,7 +88,8 @@ paper_wide.rename(columns=names.LABELS)
 #
 # Mean decrease in accuracy points from MHA to each component over the benchmarks, with a
 # Wilcoxon signed-rank test across benchmarks (scipy, on the seed-averaged accuracies paired by
-# benchmark, a benchmark where both are equal left out; significant at 5%). **The test is
+# benchmark, a benchmark where both are equal left out; significant at 5%). It counts each of the eleven
+# benchmarks as independent, Cifar10's five corruptions included, as the paper's does. **The test is
 # one-sided** (`alternative="greater"`: is MHA better?), as the authors' code computes it; the paper
 # says only "a Wilcoxon signed-rank test". The two-sided test is `component_tests.table1(...,
 # alternative="two-sided")`: on the paper's own Table 6 it doubles each p-value and gives the same
@@ -108,8 +109,9 @@ component_tests.table1(paper["table6"].rename(columns={"mean": "accuracy"}), alt
 # %% [markdown]
 # Every pair of components, the same test (beyond the paper, whose Table 1 compares MHA with each):
 # mean difference in accuracy points (row minus column) over the datasets, and in brackets the
-# p-value, Holm-adjusted over the ten pairs; `*` where it is below 5%. On the paper's Table 6 two
-# pairs stay below 5%: MHA over LN1 and FC1 over FC2.
+# p-value, Holm-adjusted over the ten pairs; `*` where it is below 5%. On the paper's Table 6 one pair
+# stays below 5%: MHA over LN1. FC1 over FC2 does not: its differences tie at 0.18 points on Cifar10 and
+# DomainNet Sketch at the table's two decimals, and the test compares them there.
 
 # %%
 display(component_tests.formatted_pairs(paper["pairwise"]).rename(index=names.LABELS, columns=names.LABELS).rename_axis("paper's Table 6"))
@@ -225,9 +227,10 @@ ours["accuracy_tau"].merge(ours["spread_tau"][["dataset", "tau", "p_value"]], on
 # dataset family (Cifar10 and its corruptions as one unit). **Discordant pairs**: pairs of components
 # that plasticity and capacity order differently, tested by permuting the accuracies among the
 # components, one permutation for all the datasets and seeds of a family (a run enters several pairs, and
-# the corruptions of one test set are one unit), each component at its learning rate chosen on validation. On the paper's Table 6 with its ranking, the stratified test gives p = 0.047 over 22
-# strata, but the evidence is one pair: FC1 beats FC2 on 9 of 11 benchmarks (sign test p = 0.065, 0.20
-# after Holm), MHA beats FC1 on 5 and LN2 beats LN1 on 6; by family the MHA / FC1 / FC2 order holds in
+# the corruptions of one test set are one unit), each component at its learning rate chosen on validation. On the paper's Table 6 with its ranking, the stratified test, with one permutation for
+# every dataset of a family, is not significant over its 22 strata (`p_value`; `p_value_by_dataset` counts the
+# corruptions as independent), and the evidence is one pair: FC1 beats FC2 on 9 of 11 benchmarks (not significant
+# even with the corruptions counted separately), MHA beats FC1 on 5 and LN2 beats LN1 on 6; by family the MHA / FC1 / FC2 order holds in
 # 5 of 6 (p = 0.22). Within equal capacity, only FC1 over FC2 is consistent across benchmarks. No pair
 # is discordant there (the two orders agree). The demo ViT's plasticity order runs against its capacity,
 # but every such pair sets a LayerNorm against a linear layer: a result that follows capacity cannot be

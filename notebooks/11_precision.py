@@ -15,10 +15,12 @@
 # more is never equivalent. Over datasets: one mean per dataset, since the pairs of a dataset share its test
 # set. Then the conclusions, each decided with its uncertainty, never by exact equality of patterns (seed
 # noise alone changes those): each decrease from MHA (Table 1's, and full finetuning's and linear probing's)
-# compared across datasets; Table 6's best configuration on each dataset by its seeds (the same if the fp32
-# best is within the margin of the other's best, different only if the two are in reverse order in both
-# precisions); divergence. Each row is "same", "differs" (Holm over the rows) or "inconclusive"; the verdict
-# is "differs" if any row differs, "same" only if all are the same. How often the verdict errs in simulated
+# compared across datasets; Table 6's best configuration on each dataset by its seeds (the same only where a
+# test shows the fp32 best within the margin of the other's best, or of its runner-up where both pick it;
+# different only if the two are in reverse order in both precisions); the overall level (the mean change over
+# every configuration); divergence (the same only where a test shows it below 5% of the pairs). Each row is
+# "same", "differs" (Holm over the rows), "inconclusive" or not tested; the verdict is "differs" if any row
+# differs, "same" only if all are shown the same. How often the verdict errs in simulated
 # worlds at Table 6's seed spreads is measured by `benchmarks/precision_calibration.py` (`docs/benchmarks.md`).
 # The default margin is about the largest standard deviation over seeds of one component in the paper's Table 6
 # (printed below; full finetuning's largest is wider).
@@ -78,7 +80,7 @@ display(effect["verdicts"].set_index("precision").round(3))
 display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
 display(precision_check.formatted(effect["differences"]).rename(columns=names.LABELS))
 display(effect["margins"].round(3))
-print(precision_check.power_statement(effect["verdicts"], margin, runs["dataset"].nunique()))
+print(precision_check.power_statement(effect["verdicts"], margin, runs["dataset"].nunique(), conclusions=effect["conclusions"]))
 
 # %%
 verdicts = effect["verdicts"].set_index("precision")["verdict"]
