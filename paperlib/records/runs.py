@@ -184,9 +184,8 @@ class Run:
         (``methods.Method.suffix``: ``+lora-r<rank>[-a<alpha>][-d<dropout>]``, ``+equal[-s<subset seed>]``),
         ``+norm-model`` for the model's own normalisation, ``+val-fraction`` for the paper's reading of the validation
         split, and ``+tag-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of
-        the paper's. Other parameters
-        (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that changes them replaces the run
-        in its folder unless it has a tag of its own."""
+        the paper's. Other parameters (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that
+        changes them replaces the run in its folder unless it has a tag of its own."""
         return run_folder(asdict(self))
 
 
@@ -303,7 +302,8 @@ def finished(config: Run) -> dict | None:
 
     Finished as asked: its ``metrics.json`` is there and whole, with the files it records whole
     (``storage.json_or_none``: a damaged run is trained again), its recorded parameters (``params.json``) are
-    ``config``'s on the same custom data and model as now (``differing``, ``OUTPUT_ONLY`` fields aside), and, with
+    ``config``'s on the same custom data and model as now (what ``recorded_difference`` compares, read here once with
+    the metrics from the folder computed once), and, with
     ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
     folder = config.folder()
     metrics, params = storage.json_or_none(folder / METRICS), storage.json_or_none(folder / PARAMS)

@@ -58,10 +58,9 @@ def record(folder: Path, rows: list[dict], best: dict, metrics: dict, save_weigh
     """Record the run in ``folder`` that ended: its history, its weights if kept, and its metrics last.
 
     The history is ``rows``. With ``save_weights`` (the run's), the weights are the trainable parameters of its best
-    checkpoint
-    (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is finished
-    (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as finished).
-    Its checkpoint is then removed. Each file is written atomically."""
+    checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is
+    finished (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as
+    finished). Its checkpoint is then removed. Each file is written atomically."""
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
     kept = save_weights and best["state"] is not None

@@ -291,7 +291,7 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
 
 
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
-    """``train``'s work, under the run's lock: on a device this machine has, deterministic on a CPU."""
+    """``train``'s and ``run``'s work, under the run's lock: deterministic on a CPU (``_deterministic``)."""
     device = torch.device(config.device)
     with _deterministic(device.type != "cuda" or torch.are_deterministic_algorithms_enabled()):
         return _finetune(config, device, progress)

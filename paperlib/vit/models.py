@@ -105,9 +105,10 @@ def custom_config(name: str) -> tuple[dict, Path] | None:
 
     Its architecture must be a timm ViT (``vit_names``); errors say what is missing and how to make it."""
     saved = paths.saved_model(name)
-    if saved is not None and saved[0].get("architecture") not in vit_names():
+    architecture = None if saved is None else saved[0].get("architecture")
+    if saved is not None and architecture not in vit_names():
         raise ValueError(
-            f"{custom_folder(name) / 'config.json'} names architecture {saved[0].get('architecture')!r}, "
+            f"{custom_folder(name) / 'config.json'} names architecture {architecture!r}, "
             "which is not a timm VisionTransformer or Eva ViT (see paperlib.vit.models.vit_names())"
         )
     return saved
