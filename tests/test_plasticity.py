@@ -333,6 +333,11 @@ def test_the_demo_world_measures_the_pairs_asked_for_with_both_sides_cycled(move
     reference = datasets.get_dataset("digits_source", "test", image_size=32, mean_std=models.normalization("demo"))
     _, x, _ = plasticity.pair_images(measurement)
     assert len(x) == asked and torch.equal(x[130], reference[2][0]) and torch.equal(x[5], reference[5][0])
+    # the same pairs by index, for the bootstrap: pair 128 repeats pair 0's images, so images are resampled, not pairs
+    reference_ids, target_ids = plasticity.pair_ids(measurement)
+    assert len(reference_ids) == len(target_ids) == asked and (reference_ids[130], reference_ids[5]) == (2, 5)
+    uncertainty = ranking.ranking_uncertainty(table, n_resamples=50, images=(reference_ids, target_ids))
+    assert uncertainty.attrs["resampled"] == "pairs of images"
     collected = plasticity_table.collect().iloc[0]
     assert (collected["n_pairs"], collected["distinct_reference"], collected["distinct_target"]) == (asked, 128, 128)
 

@@ -287,6 +287,16 @@ def _pair_sets(measurement: Measurement, data_root):
     return network, mean_std, reference_set, target_set
 
 
+def pair_ids(measurement: Measurement, data_root=None) -> tuple[list[int], list[int]]:
+    """The reference and the target image of each pair ``run`` measures for ``measurement``, by index.
+
+    Indices in the two test splits (``Measurement.pair_indices``): what ``ranking.ranking_uncertainty`` resamples
+    where an image repeats."""
+    reference = datasets.get_dataset(measurement.reference, "test", root=data_root)
+    target = datasets.get_dataset(measurement.dataset, "test", root=data_root, severity=measurement.severity)
+    return measurement.pair_indices(len(reference), len(target))
+
+
 def pair_images(measurement: Measurement, data_root=None) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The model and the images of the pairs ``run`` measures for ``measurement``, in memory.
 
