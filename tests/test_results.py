@@ -60,8 +60,9 @@ def write_run(root, dataset, component, lr, seed, status="finished"):
         return
     test = accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
     val = val_accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
+    exact = {"test_accuracy_exact": test - 0.01, "best_val_accuracy_exact": val - 0.01}  # another reading: 1 point
     (folder / "metrics.json").write_text(
-        json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10})
+        json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10} | exact)
     )
     pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]}).to_csv(
         folder / "history.csv", index=False
@@ -687,6 +688,15 @@ def test_the_results_command_prints_notebook_07s_tables(tree, monkeypatch, capsy
     tau = pd.read_csv(tmp_path / "tables" / "accuracy_tau.csv")
     assert len(tau) == len(DATASETS) and (tau["tau"] == 1.0).all()
     assert summary.main([str(tmp_path / "absent.yaml")]) == 2
+    # the exact accuracies, one option away: every cell of Table 6 one point lower in this tree
+    assert summary.main([str(spec), "--accuracy", "exact", "--csv", str(tmp_path / "exact")]) == 0
+    authors, exact = (pd.read_csv(tmp_path / folder / "table6.csv") for folder in ("tables", "exact"))
+    assert exact["lr"].tolist() == authors["lr"].tolist()
+    assert (exact["mean"] - authors["mean"]).to_numpy() == pytest.approx(-1.0)
+    with pytest.raises(SystemExit) as exit_:
+        summary.main([str(spec), "--accuracy", "rounded"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'rounded' (choose from 'authors', 'exact')" in capsys.readouterr().err
 
 
 def test_plasticity_for_reads_the_runs_models_saved_plasticity(tree, monkeypatch, move_results):
