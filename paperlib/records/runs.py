@@ -340,7 +340,7 @@ def history(config: Run) -> pd.DataFrame:
     return pd.read_csv(config.folder() / HISTORY)
 
 
-HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"]
+HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy", "component_grad_share"]
 """The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
 
 

@@ -39,7 +39,7 @@ KEYS += ["method", *methods.options(), "normalize", "validation", "tag"]
 
 RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "test_images"]
 RUN_COLUMNS += ["trainable_parameters", "wall_seconds", "images_per_second", "folder"]
-RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact"]
+RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact", "clipped_steps", "component_grad_share"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
 ACCURACIES = ("authors", "exact")
 """How the tables read a run's accuracies: as the authors' evaluation computes them (the mean of per-batch

@@ -50,7 +50,7 @@ from paperlib.speed import devices, threads
 from paperlib.train import checkpoints
 from paperlib.train.config import Config, config_from, configs
 from paperlib.train.step import adapt, build_step, network
-from paperlib.vit import methods, models
+from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
@@ -142,6 +142,22 @@ def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
         if not math.isfinite(loss) or loss > limit:
             return True
     return False
+
+
+def component_grad_share(model: nn.Module, step_fn) -> float:
+    """The component's share of the gradient norm that clipping saw at the last step; NaN without its gradients.
+
+    The norm of the gradients of what trains in the component's place (all the run trains but the head and the final
+    norm) over the norm of all of them. Clipping scales them alike: the share is the same after it. An equal-capacity
+    run's subset has a small share where the head sets the norm, and so whether and how hard clipping binds."""
+    outside = components.head_modules(model) + components.final_norm_modules(model)
+    outside = {id(p) for module in outside for p in module.parameters()}
+    inside = [id(p) not in outside for p in model.parameters() if p.requires_grad]
+    grads = [p.grad for p in step_fn.trainable]
+    if len(grads) != len(inside) or any(grad is None for grad in grads):
+        return math.nan
+    norms = torch.stack([grad.detach().float().norm() for grad in grads])
+    return (norms[torch.tensor(inside, device=norms.device)].norm() / norms.norm()).item()
 
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -362,6 +378,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
             row = rows[-1]
             val = evaluate(step_fn.network, loaders["val"], step_fn.context, step_fn.forward)
             row["val_loss"], row["val_accuracy"] = val.loss, val.accuracy
+            row["component_grad_share"] = component_grad_share(model, step_fn)
             current = _trainable_state(model)
             if val.accuracy > best["val_accuracy"]:  # the authors' choice: their accuracy, strictly greater
                 best = {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": step + 1, "state": current}
@@ -448,6 +465,12 @@ def _checkpoint(folder, device: torch.device, state: dict, step_fn, schedule) ->
     checkpoints.save_checkpoint(folder, state)
 
 
+def _mean(values: list) -> float:
+    """The mean of the finite ``values``; NaN if none."""
+    finite = [value for value in values if math.isfinite(value)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
     """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
 
@@ -467,6 +490,9 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "test_loss": test.loss,
         "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
         "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
+        # how clipping bound: the share of steps whose gradient norm it cut, and the component's share of that norm
+        "clipped_steps": sum(row["grad_norm"] > config.clip for row in rows) / len(rows) if rows else math.nan,
+        "component_grad_share": _mean([row.get("component_grad_share", math.nan) for row in rows]),
         "micro_batch": step_fn.micro,
         "num_classes": num_classes,
         "wall_seconds": round(measured["wall"], 2),
