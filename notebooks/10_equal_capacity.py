@@ -77,6 +77,22 @@ print(f"P(f): {source}")
 result.accuracies.round(2)
 
 # %% [markdown]
+# ## How the chosen runs trained
+#
+# Per design, the learning rate each component was compared at, whether it is the top of the grid tried (a better
+# one may lie above it), and, over its seeds, how often clipping at norm 1 cut the gradient and the component's share
+# of the norm it cut: in an equal-capacity run the head and the final LayerNorm set most of that norm, so the two
+# designs are not clipped alike. A subset run trains without weight decay, which is refused for it.
+
+# %%
+trained = capacity.how_they_trained(ordinary_runs, equal_runs, select)
+at_top = trained[trained["at top"] & (trained["rates"] > 1)]
+print(f"{len(at_top)} chosen learning rate(s) at the top of a grid of several" if len(at_top) else
+      "no chosen learning rate at the top of a grid of several" if (trained["rates"] > 1).any() else
+      "one learning rate per component: whether a higher one would be better is not tried at this scale")
+trained.round(3)
+
+# %% [markdown]
 # ## Accuracy against P(f) in both designs
 #
 # Per design, each component's test accuracy against its P(f), relative to its dataset's mean over the five

@@ -94,6 +94,27 @@ def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
         assert 0 < changed <= k, (block, changed)
         assert torch.equal(start.attn.qkv.weight, end.attn.qkv.weight)
         assert torch.equal(start.norm2.weight, end.norm2.weight)
+    # how clipping bound, recorded for the comparison of the two designs
+    history = runs.history(config).dropna(subset=["val_accuracy"])
+    assert 0 < metrics["component_grad_share"] < 1 and history["component_grad_share"].between(0, 1).all()
+    assert metrics["clipped_steps"] == (runs.history(config)["grad_norm"] > config.clip).mean()
+
+
+def test_the_components_share_of_the_clipped_norm_is_its_gradients_norm_over_all_of_them():
+    model = adapt(demo_model(), Config(component="fc1", method="subset"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    outside = {
+        id(p) for m in components.head_modules(model) + components.final_norm_modules(model) for p in m.parameters()
+    }
+    for p in trainable:  # the head and final norm: a norm of 3 in all; the subset: 4
+        fill = 4.0 if id(p) not in outside else 3.0
+        p.grad = torch.full_like(
+            p, fill / np.sqrt(sum(q.numel() for q in trainable if (id(q) in outside) == (fill == 3.0)))
+        )
+    step = type("Step", (), {"trainable": trainable})
+    assert finetune.component_grad_share(model, step) == pytest.approx(4 / 5)
+    trainable[0].grad = None  # a step that keeps no gradients
+    assert np.isnan(finetune.component_grad_share(model, step))
 
 
 def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, monkeypatch, small, move_results):
@@ -125,6 +146,7 @@ def test_a_run_without_the_option_is_unchanged():
         ({"component": "mha", "method": "subset", "lora_rank": 2}, "lora_rank is method lora's"),
         ({"component": "mha", "method": "equal"}, "unknown method 'equal'; valid methods: weights, lora, subset"),
         ({"component": "mha", "method": "subset", "subset_seed": -1}, "subset_seed must be a non-negative integer"),
+        ({"component": "mha", "method": "subset", "optimizer": "adamw", "weight_decay": 0.05}, "use weight_decay=0"),
     ],
 )
 def test_bad_options_are_refused_with_the_valid_choices(fields, message):
@@ -228,3 +250,29 @@ def test_notebook_05_trains_a_layernorms_worth_per_block_with_equal_capacity(res
     head_and_norm = components.count_parameters(components.head_modules(model) + components.final_norm_modules(model))
     assert metrics["trainable_parameters"] - head_and_norm == 2 * model.embed_dim * len(model.blocks)
     assert metrics["subset"] and config.folder().name == "seed=0+equal"
+
+
+def test_how_the_designs_trained_flags_a_chosen_rate_at_the_top_of_its_grid():
+    def runs(method, components, best_lr):
+        rows = []
+        for c, lr, seed in itertools.product(components, [0.01, 0.03], [0, 1]):
+            accuracy = 0.9 if lr == best_lr[c] else 0.8
+            clipped = {0.01: 0.25, 0.03: 0.75}[lr] + 0.1 * seed  # seeds 0 and 1: their mean is +0.05
+            share = 0.1 if method == "subset" else 0.9
+            rows.append(
+                {"model": "demo", "dataset": "d", "component": c, "lr": lr, "seed": seed, "method": method}
+                | {"status": "finished", "test_accuracy": accuracy, "best_val_accuracy": accuracy}
+                | {"clipped_steps": clipped, "component_grad_share": share}
+            )
+        return pd.DataFrame(rows).reindex(columns=runs_table.RUN_COLUMNS)
+
+    best = {"mha": 0.03, "fc1": 0.01, "fc2": 0.01, "ln2": 0.03, "ln1": 0.01}
+    ordinary = runs("weights", COMPONENTS, best)
+    equal = runs("subset", ["mha", "fc1", "fc2"], {"mha": 0.01, "fc1": 0.03, "fc2": 0.03})
+    table = capacity.how_they_trained(ordinary, equal)
+    assert table.loc[("ordinary", "d", "MHA"), "at top"] and not table.loc[("ordinary", "d", "FC1"), "at top"]
+    assert table.loc[("equal capacity", "d", "FC1"), "at top"] and table.loc[("equal capacity", "d", "LN2"), "at top"]
+    assert table.loc[("equal capacity", "d", "MHA"), "clipped_steps"] == pytest.approx(0.3)
+    assert table.loc[("equal capacity", "d", "MHA"), "component_grad_share"] == pytest.approx(0.1)
+    assert table.loc[("equal capacity", "d", "LN1"), "component_grad_share"] == pytest.approx(0.9)  # the ordinary run
+    assert (table["rates"] == 2).all() and len(table) == 10

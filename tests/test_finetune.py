@@ -324,7 +324,8 @@ def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_s
 
 def test_weights_asked_of_a_run_that_diverged_before_any_checkpoint_do_not_train_it_again(monkeypatch, small):
     diverged = finetune.run(small(lr=1e9, steps=3, warmup=0, eval_every=3))
-    assert diverged["status"] == "diverged" and diverged["best_step"] is None
+    # tested as the authors' NaN model at their first validation: no weights to keep
+    assert diverged["status"] == "diverged" and diverged["best_step"] == 3 and diverged["nan_model"]
     monkeypatch.setattr(finetune, "train", lambda *args, **kwargs: pytest.fail("trained again"))
     again = finetune.run(small(lr=1e9, steps=3, warmup=0, eval_every=3, save_weights=True))
     assert json.dumps(again, sort_keys=True) == json.dumps(diverged, sort_keys=True)  # NaNs too
@@ -412,3 +413,65 @@ def test_image_size_sets_the_models_resolution_too(small):
     assert finetune.run(config)["status"] == "finished"
     model = finetune.load_model(config)
     assert model.patch_embed.img_size == (48, 48) and model.pos_embed.shape[1] == 1 + 12 * 12
+
+
+class _Split:
+    """A split of ``len(labels)`` images for ``finetune.evaluate``, in forward batches of 256; an image is its index."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, labels):
+        self.labels = torch.as_tensor(labels)
+
+    def __iter__(self):
+        for start in range(0, len(self.labels), 256):
+            yield torch.arange(start, min(start + 256, len(self.labels))), self.labels[start : start + 256]
+
+
+def test_accuracy_is_the_authors_mean_over_batches_of_512_the_last_partial_one_counted_whole():
+    labels = torch.zeros(1030, dtype=torch.long)  # 512 + 512 + 6 images, all of class 0
+    wrong = set(range(12)) | {1027, 1028, 1029}  # 12 wrong in the first batch of 512, 3 of the last 6
+
+    def forward(images):
+        logits = torch.zeros(len(images), 3)
+        logits[:, 0] = torch.tensor([-1.0 if int(i) in wrong else 1.0 for i in images])
+        return logits
+
+    evaluation = finetune.evaluate(torch.nn.Identity(), _Split(labels), forward=forward)
+    assert evaluation.accuracy == pytest.approx((500 / 512 + 512 / 512 + 3 / 6) / 3, abs=1e-12)
+    assert evaluation.exact == pytest.approx(1015 / 1030, abs=1e-12)
+
+
+def _class_zero_share(labels: torch.Tensor) -> float:
+    """The authors' accuracy of a model that answers class 0 for every image: per batch of 512, then averaged."""
+    shares = [float((labels[start : start + 512] == 0).double().mean()) for start in range(0, len(labels), 512)]
+    return sum(shares) / len(shares)
+
+
+def test_a_run_that_is_nan_from_its_first_step_is_scored_as_the_authors_nan_model(monkeypatch, small):
+    from paperlib.data import datasets
+
+    made = finetune.network
+
+    def nan_head(config, num_classes, pretrained=True):
+        model = made(config, num_classes, pretrained)
+        with torch.no_grad():
+            model.head.bias.fill_(math.nan)  # the first step's loss is NaN, and its update makes the weights NaN
+        return model
+
+    monkeypatch.setattr(finetune, "network", nan_head)
+    config = small(component="ln1")
+    metrics = finetune.run(config)
+    labels = {split: datasets.get_dataset(config.dataset, split, seed=config.seed).targets for split in ("val", "test")}
+    # their loop trains on and validates at step 4 (eval_every): the NaN model predicts class 0 for every image
+    assert metrics["status"] == "diverged" and metrics["diverged_step"] == 1
+    assert metrics["best_step"] == 4 and metrics["nan_model"] and math.isnan(metrics["test_loss"])
+    assert metrics["best_val_accuracy"] == pytest.approx(_class_zero_share(labels["val"]), abs=1e-12)
+    assert metrics["test_accuracy"] == pytest.approx(_class_zero_share(labels["test"]), abs=1e-12)
+    assert metrics["test_accuracy_exact"] == pytest.approx(float((labels["test"] == 0).double().mean()), abs=1e-12)
+    assert 0 < metrics["test_accuracy"] < 0.5
+    # kept by Table 6 and the grid's spread, with that score
+    runs = runs_table.load()
+    assert tables.table6(runs)["mean"].tolist() == pytest.approx([100 * metrics["test_accuracy"]])
+    spread = tables.grid_spread(runs, components=["ln1"])
+    assert spread["runs"].tolist() == [1] and spread["diverged"].tolist() == [1]

@@ -588,3 +588,27 @@ def at_equal_capacity_of_runs(
     accuracies = [tables.table6(runs, select=select).rename(columns={"mean": "accuracy"}) for runs in (ordinary, equal)]
     measured, source = component_tests.plasticity_for(ordinary, reference)
     return at_equal_capacity(measured, *accuracies), source
+
+
+def how_they_trained(ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = "val") -> pd.DataFrame:
+    """How the runs that ``at_equal_capacity_of_runs`` compares trained, per design, dataset and component.
+
+    The learning rate ``select`` chose (``tables.table6``) and ``at top``: whether it is the largest of the grid
+    tried (a better one may lie above it; a one-rate grid is always at its top); over that rate's seeds, the mean
+    share of steps whose gradient norm clipping cut (``clipped_steps``) and the component's share of that norm
+    (``component_grad_share``: an equal-capacity run's subset gets a small share where the head sets the norm, so
+    the designs can be clipped differently). ``ordinary`` and ``equal``: ``runs_table.for_spec``'s runs."""
+    keys = ["dataset", "component", "lr"]
+    ordinary = ordinary[ordinary["dataset"].isin(set(equal["dataset"])) & ordinary["component"].isin(COMPONENTS)]
+    parts = []
+    for design, runs in zip(DESIGNS, (ordinary, equal_capacity_results(ordinary, equal))):
+        chosen = pd.concat([tables.table6(part, select=select) for _, part in runs.groupby("method")])[keys]
+        top = runs.groupby(["dataset", "component"])["lr"].agg(top="max", rates="nunique").reset_index()
+        ended = runs[runs["status"].isin(["finished", "diverged"])]
+        clipping = ended.groupby(keys)[["clipped_steps", "component_grad_share"]].mean().reset_index()
+        part = chosen.merge(top, on=["dataset", "component"]).merge(clipping, on=keys, how="left")
+        parts.append(part.assign(design=design, **{"at top": part["lr"] == part["top"]}))
+    table = pd.concat(parts, ignore_index=True)
+    table["component"] = table["component"].map(LABELS)
+    columns = ["lr", "rates", "at top", "clipped_steps", "component_grad_share"]
+    return table.set_index(["design", "dataset", "component"])[columns]

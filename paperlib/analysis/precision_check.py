@@ -589,7 +589,7 @@ def argument_parser():
     """``main``'s command line: ``cli.tables_parser``'s, the reference precision and the equivalence margin."""
     spec = "a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
     description = main.__doc__.split(":", 1)[1].strip()
-    parser = cli.tables_parser("python -m paperlib precision", description, spec, SELECTIONS)
+    parser = cli.tables_parser("python -m paperlib precision", description, spec, SELECTIONS, runs_table.ACCURACIES)
     parser.add_argument(
         "--reference",
         default="fp32",
@@ -602,11 +602,11 @@ def argument_parser():
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib precision``: ``effect`` of a sweep's runs in several precisions.
 
-    ``python -m paperlib precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``, SPEC a
-    finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
+    ``python -m paperlib precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--accuracy exact]
+    [--csv DIR]``, SPEC a finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
     args = argument_parser().parse_args(argv)
     try:
-        found, missing = runs_table.for_spec(specs.load_spec(args.spec))
+        found, missing = runs_table.for_spec(specs.load_spec(args.spec), accuracy=args.accuracy)
         runs_table.at_least_one(found, args.spec, missing)
         tables = effect(found, args.reference, args.margin, select=args.select)
     except cli.BAD_INPUT as error:

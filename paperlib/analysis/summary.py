@@ -45,7 +45,8 @@ def paper_summary() -> dict[str, pd.DataFrame]:
 def argument_parser():
     """``main``'s command line: ``cli.tables_parser``'s and the reference images of P(f)."""
     spec = "a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml"
-    parser = cli.tables_parser("python -m paperlib stats", main.__doc__.split(":", 1)[1].strip(), spec, SELECTIONS)
+    description = main.__doc__.split(":", 1)[1].strip()
+    parser = cli.tables_parser("python -m paperlib stats", description, spec, SELECTIONS, runs_table.ACCURACIES)
     parser.add_argument(
         "--reference", help="the dataset P(f) was measured against (its reference images); default: each dataset's own"
     )
@@ -55,13 +56,14 @@ def argument_parser():
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib stats``: notebook 07's tables for a finetuning sweep's runs.
 
-    ``python -m paperlib stats SPEC [--select val] [--reference R] [--csv DIR]``, without the notebook: what is finished
-    and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec
-    of several precisions (a precision check: ``python -m paperlib precision``), these of its fp32 runs."""
+    ``python -m paperlib stats SPEC [--select val] [--accuracy exact] [--reference R] [--csv DIR]``, without the
+    notebook: what is finished and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the
+    Takeaway 2 test; for a spec of several precisions (a precision check: ``python -m paperlib precision``), these of
+    its fp32 runs."""
     args = argument_parser().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
-        found, missing = runs_table.for_spec(spec)
+        found, missing = runs_table.for_spec(spec, accuracy=args.accuracy)
         runs_table.at_least_one(found, args.spec, missing)
         several = found["precision"].nunique() > 1
         if several:  # a precision check (precision_check.main): here, the paper's tables of its fp32 runs

@@ -51,16 +51,16 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
 
     ``runs``: the runs table of ``runs_table.load`` for one model, precision, optimizer, LoRA setting, normalisation
     and tag (a ValueError otherwise: their runs are not seeds of one another). As the authors' selection, every
-    run counts with its best-validation checkpoint's test accuracy, diverged ones too (one without, diverged
-    before any validation, makes its learning rate's mean NaN, never chosen), and a tie keeps the smaller
-    learning rate; a learning rate with fewer seeds than another (an unfinished sweep) is not chosen.
+    run counts with its best-validation checkpoint's test accuracy, diverged ones too (a learning rate whose mean is
+    NaN is never chosen), with their arithmetic: means of accuracies as fractions (then in %), learning rates in
+    ascending order, one replacing the kept one only if its mean is strictly greater (a tie keeps the smaller). A
+    learning rate with fewer seeds than another (an unfinished sweep) is not chosen.
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
     check_one_setting(runs, "table6")
-    finished = runs[runs["status"].isin(["finished", "diverged"])].copy()
-    finished["test"] = finished["test_accuracy"] * 100
-    finished["val"] = finished["best_val_accuracy"] * 100
+    finished = runs[runs["status"].isin(["finished", "diverged"])].sort_values("seed")
+    finished = finished.assign(test=finished["test_accuracy"], val=finished["best_val_accuracy"])
     per_lr = (
         finished.groupby(["dataset", "component", "lr"])
         .agg(
@@ -72,14 +72,10 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
         .reset_index()
     )
     complete = per_lr["seeds"] == per_lr.groupby(["dataset", "component"])["seeds"].transform("max")
-    best = (
-        per_lr[complete]
-        .dropna(subset=["score"])
-        .sort_values(["score", "lr"], ascending=[False, True])
-        .groupby(["dataset", "component"])
-        .head(1)
-    )
-    return best.drop(columns="score").sort_values(["dataset", "component"], key=component_order).reset_index(drop=True)
+    candidates = per_lr[complete].dropna(subset=["score"]).sort_values("lr")
+    best = candidates.loc[candidates.groupby(["dataset", "component"])["score"].idxmax()]  # the first of a tie
+    best = best.assign(mean=best["mean"] * 100, std=best["std"] * 100).drop(columns="score")
+    return best.sort_values(["dataset", "component"], key=component_order).reset_index(drop=True)
 
 
 def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:

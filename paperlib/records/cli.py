@@ -141,11 +141,14 @@ class Help(argparse.HelpFormatter):
         return f"{meaning} ({'; '.join(facts)})"
 
 
-def tables_parser(prog: str, description: str, spec: str, selections: tuple[str, ...]) -> argparse.ArgumentParser:
+def tables_parser(
+    prog: str, description: str, spec: str, selections: tuple[str, ...], accuracies: tuple[str, ...]
+) -> argparse.ArgumentParser:
     """The command line that ``stats`` and ``precision`` share (each adds its own options).
 
     They print the tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6
-    picking each learning rate by one of ``selections``, and write them as CSV files if asked."""
+    picking each learning rate by one of ``selections``, the runs' accuracies read as one of ``accuracies``, and write
+    them as CSV files if asked."""
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
     parser.add_argument("spec", type=Path, help=spec)
     parser.add_argument(
@@ -153,6 +156,13 @@ def tables_parser(prog: str, description: str, spec: str, selections: tuple[str,
         default="test",
         choices=selections,
         help="how Table 6 picks each learning rate: by test (the paper) or val accuracy",
+    )
+    parser.add_argument(
+        "--accuracy",
+        default=accuracies[0],
+        choices=accuracies,
+        help="the runs' accuracies as the authors' evaluation computes them (the mean of per-batch accuracies) or "
+        "exact (correct / images), of the same checkpoints",
     )
     parser.add_argument(
         "--csv", type=Path, metavar="DIR", help="also write each table as DIR/<table>.csv; default: no file written"

@@ -94,6 +94,18 @@ class Subset(Method):
     options = ("subset_seed",)
     configurations = ("mha", "fc1", "fc2")
 
+    def check(self, record: dict) -> None:
+        """``Method.check``, and no weight decay.
+
+        AdamW's would decay an ordinary run's weight matrices and never the subset (a vector), so the two designs that
+        ``capacity`` compares would be regularised differently."""
+        super().check(record)
+        if record.get("weight_decay"):
+            raise ValueError(
+                "method 'subset' trains without weight decay (AdamW's never reaches the subset, where it decays an "
+                "ordinary run's weight matrices): use weight_decay=0"
+            )
+
     def why_not(self, component: str) -> str:
         """A LayerNorm is the size the subset takes: its ordinary runs are its equal-capacity runs."""
         if component in COMPONENTS:

@@ -243,9 +243,11 @@ def config_fingerprints(record: dict) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
-PROTOCOL = 3
+PROTOCOL = 4
 """The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
-``is_finished`` (a run of another version is run again, never mixed with these): 3, a run whose loss
+``is_finished`` (a run of another version is run again, never mixed with these): 4, accuracy as the authors'
+evaluation computes it (the mean of per-batch accuracies; the checkpoint chosen by it) and a run whose loss turns
+NaN scored as the authors' loop scores its NaN model (``finetune._nan_validation``); 3, a run whose loss
 explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the
 authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits
 (``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
@@ -303,13 +305,14 @@ def finished(config: Run) -> dict | None:
     Finished as asked: its ``metrics.json`` is there and whole, with the files it records whole
     (``storage.json_or_none``: a damaged run is trained again), its recorded parameters (``params.json``) are
     ``config``'s on the same custom data and model as now (what ``recorded_difference`` compares, read here once with
-    the metrics from the folder computed once), and, with
-    ``save_weights``, its weights are kept (or it diverged before any checkpoint: nothing to keep)."""
+    the metrics from the folder computed once), and, with ``save_weights``, its weights are kept (or it has none to
+    keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``)."""
     folder = config.folder()
     metrics, params = storage.json_or_none(folder / METRICS), storage.json_or_none(folder / PARAMS)
     if metrics is None or params is None or differing(params, run_record(config), OUTPUT_ONLY):
         return None
-    lacking = config.save_weights and not (folder / WEIGHTS).is_file() and metrics.get("best_step") is not None
+    has_weights = metrics.get("best_step") is not None and not metrics.get("nan_model")
+    lacking = config.save_weights and not (folder / WEIGHTS).is_file() and has_weights
     return None if lacking else metrics
 
 
@@ -337,7 +340,7 @@ def history(config: Run) -> pd.DataFrame:
     return pd.read_csv(config.folder() / HISTORY)
 
 
-HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy"]
+HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy", "component_grad_share"]
 """The columns of a run's ``history.csv``: a row per step (validation's where it validated)."""
 
 

@@ -37,18 +37,25 @@ KEYS = ["model", "dataset", "component", "lr", "seed", "precision", "optimizer",
 KEYS += ["method", *methods.options(), "normalize", "validation", "tag"]
 """What tells runs apart in the results tables: the ``Config`` fields in a run's folder name."""
 
-RUN_COLUMNS = KEYS + [
-    "status",
-    "best_val_accuracy",
-    "best_step",
-    "test_accuracy",
-    "test_images",
-    "trainable_parameters",
-]
-RUN_COLUMNS += ["wall_seconds", "images_per_second", "folder"]
+RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "test_images"]
+RUN_COLUMNS += ["trainable_parameters", "wall_seconds", "images_per_second", "folder"]
+RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact", "clipped_steps", "component_grad_share"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
+ACCURACIES = ("authors", "exact")
+"""How the tables read a run's accuracies: as the authors' evaluation computes them (the mean of per-batch
+accuracies, ``finetune.evaluate``: ``test_accuracy``, ``best_val_accuracy``) or exactly (their ``_exact`` columns,
+moved into those two by ``read_as``). The checkpoint is the one the authors' reading chose, either way."""
 COUNTS = ["best_step", "test_images", "trainable_parameters"]
 """The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
+
+
+def read_as(runs: pd.DataFrame, accuracy: str) -> pd.DataFrame:
+    """``runs`` (``load``'s or ``for_spec``'s) with their accuracies read as ``accuracy`` (one of ``ACCURACIES``)."""
+    if accuracy not in ACCURACIES:
+        raise ValueError(f"unknown accuracy {accuracy!r}; valid choices: {', '.join(ACCURACIES)}")
+    if accuracy == "authors":
+        return runs
+    return runs.assign(test_accuracy=runs["test_accuracy_exact"], best_val_accuracy=runs["best_val_accuracy_exact"])
 
 
 def load(root: str | Path | None = None) -> pd.DataFrame:
@@ -103,8 +110,8 @@ def spec_records(*spec_list: dict) -> dict[str, dict]:
     return records
 
 
-def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, missing) of one or several finetuning sweep specs.
+def for_spec(*spec_list: dict, accuracy: str = "authors") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, missing) of one or several finetuning sweep specs, their accuracies read as ``accuracy`` (``read_as``).
 
     The runs the specs ask for (``load``'s columns, a row per run whatever its status) with every parameter the spec
     sets but how they ran (``HOW_IT_RAN``), and the runs they ask for that are not there (``KEYS`` and ``reason``: "no
@@ -125,7 +132,7 @@ def for_spec(*spec_list: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = pd.DataFrame(sorted(rows, key=lambda row: row["folder"])).reindex(columns=RUN_COLUMNS)
     # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
     runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
-    return runs, pd.DataFrame(absent, columns=KEYS + ["reason"])
+    return read_as(runs, accuracy), pd.DataFrame(absent, columns=KEYS + ["reason"])
 
 
 def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = None) -> pd.DataFrame:

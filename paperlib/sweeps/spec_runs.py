@@ -15,6 +15,7 @@ def spec_runs(
     only: dict | None = None,
     model: str | None = None,
     required: bool = True,
+    accuracy: str = "authors",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, missing) of finetuning sweep specs (``runs_table.for_spec``), for a notebook.
 
@@ -22,11 +23,12 @@ def spec_runs(
     ``compute_missing``, the runs not finished run first (``finetune.run_spec``: demo scale), only those whose
     parameters take the values of ``only`` (``specs.restrict``: ``{"dataset": ["digits"]}``) if given. ``required``:
     a one-line ValueError when none of the specs' runs is there (``runs_table.at_least_one``). ``model``: the runs of
-    that model only, "" of the runs' one model (``tables.one_model``: a ValueError naming the models found)."""
+    that model only, "" of the runs' one model (``tables.one_model``: a ValueError naming the models found).
+    ``accuracy``: how their accuracies are read (``runs_table.ACCURACIES``: the authors' reading, or exact)."""
     loaded = [specs.load_spec(paths.ROOT / spec) if isinstance(spec, str) else spec for spec in spec_list if spec]
     if compute_missing:
         finetune.run_spec(*(specs.restrict(spec, **only) if only else spec for spec in loaded))
-    runs, missing = runs_table.for_spec(*loaded)
+    runs, missing = runs_table.for_spec(*loaded, accuracy=accuracy)
     if required:
         names = [spec for spec in spec_list if isinstance(spec, str) and spec]
         runs_table.at_least_one(runs, " and ".join(names) or "the spec", missing)

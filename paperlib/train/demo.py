@@ -60,7 +60,7 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
     loader = DeviceLoader(dataset, batch_size, Transform(False, dataset.images.shape[-1]))
-    return evaluate(model, loader, contextlib.nullcontext)[1]
+    return evaluate(model, loader, contextlib.nullcontext).exact
 
 
 def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module, dict]:

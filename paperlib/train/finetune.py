@@ -11,10 +11,12 @@ by ``step.build_step``; or, beyond the paper, AdamW); linear warm-up then cosine
 shuffled each epoch, the last incomplete one dropped; gradients clipped at global norm 1 (the logged norm is the one
 clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
 validation split; ``datasets.get_dataset``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
-exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it. A loss
-that is not finite stops the run (nothing changes after it); a loss that is not finite or above ``EXPLODED`` times
-chance level's marks the run ``diverged``, with the first such step, and it keeps its test accuracy, as the authors'
-loop, which never stops a run (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
+exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it.
+Accuracies are read as the authors' evaluation computes them (the mean of per-batch accuracies, ``evaluate``; the
+checkpoint is chosen by it) with the exact one beside them. A loss that is not finite stops the run and is scored as
+the authors' loop, which never stops, would score its NaN model (``_nan_validation``); a loss that is not finite or
+above ``EXPLODED`` times chance level's marks the run ``diverged``, with the first such step, and it keeps its test
+accuracy (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
 made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``. The loop asks
@@ -33,6 +35,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load_file
@@ -47,10 +50,24 @@ from paperlib.speed import devices, threads
 from paperlib.train import checkpoints
 from paperlib.train.config import Config, config_from, configs
 from paperlib.train.step import adapt, build_step, network
-from paperlib.vit import methods, models
+from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
+AUTHORS_BATCH = 512
+"""The batch of the authors' evaluation (validation and test): their accuracy is the mean of its batches' accuracies,
+the last partial batch counted as a whole one (``evaluate``)."""
+
+
+class Evaluation(NamedTuple):
+    """A split's evaluation: its mean cross-entropy and two accuracies.
+
+    ``accuracy`` as the authors' evaluation computes it (the mean of the accuracies of batches of ``AUTHORS_BATCH``
+    images, in the split's order); ``exact``: correct / images."""
+
+    loss: float
+    accuracy: float
+    exact: float
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -63,24 +80,31 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None
-) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) over a whole split; one read-back from the device at the end.
+def evaluate(model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None) -> Evaluation:
+    """The ``Evaluation`` of a whole split; one read-back from the device at the end.
 
     ``model``: the module that runs (``speed.step.Step.network``); ``forward``: what calls it (``Step.forward``:
     compiled, or bf16 master weights); ``context``: the context of its forward passes (``Step.context``)."""
     model.eval()
     forward = model if forward is None else forward
-    totals = torch.zeros(2, dtype=torch.float64, device=loader.device)  # summed loss, correct predictions
+    loss, hits = torch.zeros((), dtype=torch.float64, device=loader.device), []
     for images, labels in loader:
         with context():
             logits = forward(images)
-        loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        totals += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
-    loss, correct = totals.tolist()
-    count = len(loader.images)
-    return loss / count, correct / count
+        loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
+        hits.append(logits.argmax(dim=1) == labels)
+    hits = torch.cat(hits).double()  # 1 per image classified right, in the split's order
+    per_batch = torch.stack([batch.mean() for batch in hits.split(AUTHORS_BATCH)]).mean()
+    loss, accuracy, exact = torch.stack([loss / len(hits), per_batch, hits.mean()]).tolist()
+    return Evaluation(loss, accuracy, exact)
+
+
+def nan_logits(num_classes: int):
+    """A ``forward`` whose logits are NaN, as those of a model whose weights a non-finite loss has made NaN.
+
+    ``evaluate`` with it scores what the authors' loop, which trains on after such a loss, validates and tests (argmax
+    picks class 0)."""
+    return lambda images: torch.full((len(images), num_classes), math.nan, device=images.device)
 
 
 EXPLODED = 10.0
@@ -118,6 +142,22 @@ def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
         if not math.isfinite(loss) or loss > limit:
             return True
     return False
+
+
+def component_grad_share(model: nn.Module, step_fn) -> float:
+    """The component's share of the gradient norm that clipping saw at the last step; NaN without its gradients.
+
+    The norm of the gradients of what trains in the component's place (all the run trains but the head and the final
+    norm) over the norm of all of them. Clipping scales them alike: the share is the same after it. An equal-capacity
+    run's subset has a small share where the head sets the norm, and so whether and how hard clipping binds."""
+    outside = components.head_modules(model) + components.final_norm_modules(model)
+    outside = {id(p) for module in outside for p in module.parameters()}
+    inside = [id(p) not in outside for p in model.parameters() if p.requires_grad]
+    grads = [p.grad for p in step_fn.trainable]
+    if len(grads) != len(inside) or any(grad is None for grad in grads):
+        return math.nan
+    norms = torch.stack([grad.detach().float().norm() for grad in grads])
+    return (norms[torch.tensor(inside, device=norms.device)].norm() / norms.norm()).item()
 
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -336,12 +376,12 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
             break
         if evaluation:
             row = rows[-1]
-            row["val_loss"], row["val_accuracy"] = evaluate(
-                step_fn.network, loaders["val"], step_fn.context, step_fn.forward
-            )
+            val = evaluate(step_fn.network, loaders["val"], step_fn.context, step_fn.forward)
+            row["val_loss"], row["val_accuracy"] = val.loss, val.accuracy
+            row["component_grad_share"] = component_grad_share(model, step_fn)
             current = _trainable_state(model)
-            if row["val_accuracy"] > best["val_accuracy"]:
-                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
+            if val.accuracy > best["val_accuracy"]:  # the authors' choice: their accuracy, strictly greater
+                best = {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
             _checkpoint(folder, device, state | {"model": current}, step_fn, schedule)
             if progress:
@@ -351,15 +391,18 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     wall = time.perf_counter() - start
 
     # the result: the test accuracy of the best-validation checkpoint
-    test_loss = test_accuracy = float("nan")
+    best = _nan_validation(config, rows, best, loaders["val"], num_classes)
+    test = Evaluation(math.nan, math.nan, math.nan)
     if best["state"] is not None:
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
-        test_loss, test_accuracy = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
+        test = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
+    elif best["step"] is not None:  # the NaN model (``_nan_validation``)
+        test = evaluate(model, loaders["test"], forward=nan_logits(num_classes))
     measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
     measured["test_images"] = len(loaders["test"].images)
     measured["method"] = methods.trainer_of(asdict(config)).summary(model)
-    metrics = _metrics(config, rows, best, (test_loss, test_accuracy), step_fn, num_classes, measured)
+    metrics = _metrics(config, rows, best, test, step_fn, num_classes, measured)
     checkpoints.record(folder, rows, best, metrics, config.save_weights)
     return model, metrics
 
@@ -372,6 +415,25 @@ def evaluates(step: int, config: Config) -> bool:
     return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
 
 
+def _nan_validation(config: Config, rows: list, best: dict, loader: DeviceLoader, num_classes: int) -> dict:
+    """``best``, or the NaN model if the authors' loop would choose it after a loss that is not finite.
+
+    The run stops at such a loss; the authors' loop trains on, with weights that are NaN from that step on, and
+    validates them at its next validation step, which scores the share of class 0 (``nan_logits``). That model
+    replaces ``best`` if its accuracy is strictly greater, as theirs does: always when the loss turned NaN before
+    the first validation (their starting best is 0, so the run is tested at about chance level rather than left
+    without a result). It has no weights (``state`` None)."""
+    if not rows or math.isfinite(rows[-1]["train_loss"]):
+        return best
+    later = [step for step in range(rows[-1]["step"], config.steps + 1) if evaluates(step, config)]
+    if not later:
+        return best
+    val = evaluate(nn.Identity(), loader, forward=nan_logits(num_classes))
+    if val.accuracy > max(best["val_accuracy"], 0.0):
+        return {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": later[0], "state": None}
+    return best
+
+
 def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
     """(first step, history rows, best checkpoint) of the run in ``folder``: where its last checkpoint left it, or 0.
 
@@ -380,7 +442,7 @@ def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn
     restored."""
     saved = checkpoints.load_checkpoint(folder, *made, device)
     if saved is None:
-        return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}
+        return 0, [], {"val_accuracy": -1.0, "val_exact": math.nan, "step": None, "state": None}
     model.load_state_dict(saved["model"], strict=False)
     step_fn.optimizer.load_state_dict(saved["optimizer"])
     schedule.load_state_dict(saved["schedule"])
@@ -403,6 +465,12 @@ def _checkpoint(folder, device: torch.device, state: dict, step_fn, schedule) ->
     checkpoints.save_checkpoint(folder, state)
 
 
+def _mean(values: list) -> float:
+    """The mean of the finite ``values``; NaN if none."""
+    finite = [value for value in values if math.isfinite(value)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
 def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
     """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
 
@@ -413,12 +481,18 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
     return {
         "status": "finished" if diverged_at is None else "diverged",
         "diverged_step": diverged_at,
-        "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else float("nan"),
+        "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else math.nan,
+        "best_val_accuracy_exact": best["val_exact"] if best["step"] is not None else math.nan,
         "best_step": best["step"],
-        "test_accuracy": test[1],
-        "test_loss": test[0],
+        "nan_model": best["step"] is not None and best["state"] is None,  # tested: the NaN model (``_nan_validation``)
+        "test_accuracy": test.accuracy,  # the authors' reading (``evaluate``), and the exact one
+        "test_accuracy_exact": test.exact,
+        "test_loss": test.loss,
         "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
         "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
+        # how clipping bound: the share of steps whose gradient norm it cut, and the component's share of that norm
+        "clipped_steps": sum(row["grad_norm"] > config.clip for row in rows) / len(rows) if rows else math.nan,
+        "component_grad_share": _mean([row.get("component_grad_share", math.nan) for row in rows]),
         "micro_batch": step_fn.micro,
         "num_classes": num_classes,
         "wall_seconds": round(measured["wall"], 2),

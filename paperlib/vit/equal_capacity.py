@@ -19,8 +19,10 @@ adds a trainable vector ``delta`` of the subset's length at its entries: ``W = W
 ``W0`` does not train, so the entries outside the subset are bit-identical after any run, whatever the
 optimizer, its momentum, clipping or precision; with SGD without weight decay (the paper's), training
 ``delta`` from 0 is training the subset's entries themselves. Clipping sees what the run trains: the
-subset's ``delta``, the head and the final norm. AdamW's weight decay never reaches ``delta`` (a vector;
-``speed.step.decay_groups`` decays weight matrices only), where an ordinary run decays its component's.
+subset's ``delta``, the head and the final norm (a run records its share of that norm, ``component_grad_share``,
+and how often clipping bound, ``clipped_steps``). AdamW's weight decay would never reach ``delta`` (a vector;
+``speed.step.decay_groups`` decays weight matrices only) where it decays an ordinary run's component, so a subset run
+is refused with weight decay (``records.methods.Subset.check``).
 The subset is drawn from its own seed (``Config.subset_seed``) and the model's shape alone: the same for
 every learning rate and seed of one configuration. ``merge`` folds ``delta`` in, leaving a plain timm ViT.
 """
