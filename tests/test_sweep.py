@@ -386,6 +386,52 @@ def test_gpus_and_an_empty_grid_are_refused_in_one_line(tmp_path, tiny_notebook,
     assert not reports.exists()
 
 
+def test_slurm_is_refused_in_one_line_where_sbatch_is_not_and_asked_for_by_name_where_it_is(
+    tmp_path, tiny_notebook, reports, monkeypatch, capsys
+):
+    spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"value": [1, 2]})
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch: submitit would run the jobs here, all at once
+    assert sweep.main([spec, "--executor", "slurm"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "sbatch is not on PATH here" in line and "valid executors here: local" in line and "submitit-local" in line
+    assert not reports.exists() and not (tmp_path / "results").exists()
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    monkeypatch.setattr(sweep.submitit, "AutoExecutor", Submitit)
+    Submitit.asked = []
+    assert [run.status for run in sweep.run_sweep(specs.load_spec(spec), executor="slurm")] == ["done", "done"]
+    # SLURM by name, never submitit's choice of a local fallback; its jobs have their own cores (no share)
+    assert Submitit.asked == [{"cluster": "slurm"}, {"workers": None}]
+
+
+class Submitit:
+    """Stands for submitit's executors: records how it was made and the workers its jobs are told of; runs them here."""
+
+    asked: list = []
+
+    def __init__(self, folder, **options):
+        self.asked.append(options)
+
+    def update_parameters(self, **parameters):
+        pass
+
+    def map_array(self, task, todo):
+        self.asked.append({"workers": sweep.os.environ.get(sweep.threads.WORKERS)})
+        return [type("Job", (), {"result": lambda self, run=run: task(run)})() for run in todo]
+
+
+def test_submitit_local_says_how_many_runs_share_the_cores(tiny_notebook, reports, monkeypatch, capsys):
+    monkeypatch.setattr(sweep.threads, "cores", lambda: 8)
+    monkeypatch.setattr(sweep.submitit, "LocalExecutor", Submitit)
+    Submitit.asked = []
+    spec = {"notebook": str(tiny_notebook), "grid": {"value": [1, 2, 3, 4]}}
+    assert [run.status for run in sweep.run_sweep(spec, executor="submitit-local")] == ["done"] * 4
+    assert "submitit-local: 4 runs at once on this machine, each with 2 of its 8 CPU cores" in capsys.readouterr().out
+    assert Submitit.asked == [{}, {"workers": "4"}]
+
+
 def test_the_summary_gives_a_failed_runs_last_error_line(tmp_path, tiny_notebook, reports, capsys):
     spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"fail": [False, True]})
     assert sweep.main([spec]) == 1

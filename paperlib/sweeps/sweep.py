@@ -23,8 +23,9 @@ device (``CUDA_VISIBLE_DEVICES``, or ``VIT_PLASTICITY_WORKERS=N`` each on one ma
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
 visible GPU, or per ``--gpus`` id, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm``
-(submitit's cluster executor, one job per run) and ``submitit-local`` (submitit's local executor,
-for tests).
+(submitit's SLURM executor, one job per run; refused where SLURM's ``sbatch`` is not on PATH, where
+submitit would fall back to running every job here at once) and ``submitit-local`` (submitit's local
+executor: every run at once on this machine, each with its share of the cores, which it prints).
 
 ``--plan`` trains and writes nothing: it counts the runs (finished, diverged, failed, missing) and,
 for a finetuning sweep, estimates the device-hours of those to run on this machine (``plan``);
@@ -37,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import json
 import multiprocessing
 import os
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -244,6 +245,21 @@ def check_device(device, executor: str | None = None) -> None:
         raise ValueError(f"device {device!r}: under --executor gpus a run sees one GPU, cuda (or cuda:0)")
 
 
+def check_executor(executor: str) -> str:
+    """``executor`` if it can run here; a ValueError naming why not and the valid ones otherwise.
+
+    ``slurm`` needs SLURM's ``sbatch`` on PATH: without it submitit's ``AutoExecutor`` would run the jobs here, all at
+    once (``submitit-local`` asks for that by name)."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise ValueError(
+            "executor 'slurm' needs SLURM, and sbatch is not on PATH here; valid executors here: local (one run "
+            "after another), gpus (a process per GPU), submitit-local (every run at once on this machine)"
+        )
+    return executor
+
+
 def check_gpus(gpus: list[int] | None) -> list[int]:
     """The GPUs of executor ``gpus``; a ValueError naming those here otherwise.
 
@@ -324,9 +340,7 @@ def run_sweep(
 
     The check is ``check``; the statuses are ``STATUSES``. A run another process holds is passed over, then come
     back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
-    gpus = check_gpus(gpus) if executor == "gpus" else gpus
+    gpus = check_gpus(gpus) if check_executor(executor) == "gpus" else gpus
     runs = fingerprinted(check(expand(spec, reports), executor))
     todo = []
     for run in runs:  # each marker read once
@@ -361,15 +375,17 @@ def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None
             return list(pool.map(task, todo))
     if todo:
         folder = todo[0].folder / ".submitit"  # reports/<notebook>/.submitit
-        if executor == "slurm":
-            pool = submitit.AutoExecutor(folder=folder)
+        if executor == "slurm":  # SLURM by name: never submitit's fallback to local jobs (check_executor)
+            pool = submitit.AutoExecutor(folder=folder, cluster="slurm")
             pool.update_parameters(**(spec.get("slurm") or {}))
-        else:
+            jobs = pool.map_array(task, todo)
+        else:  # submitit's local jobs run at once on this machine: a share of the cores each
             pool = submitit.LocalExecutor(folder=folder)
             pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
-        # submitit's local jobs run at once on this machine: a share of the cores each (a cluster's have their own)
-        with threads.shared_by(len(todo)) if executor == "submitit-local" else contextlib.nullcontext():
-            jobs = pool.map_array(task, todo)
+            with threads.shared_by(len(todo)):
+                share = f"{threads.budget() or threads.cores()} of its {threads.cores()} CPU cores"
+                print(f"submitit-local: {len(todo)} runs at once on this machine, each with {share}", flush=True)
+                jobs = pool.map_array(task, todo)
         return [job.result() for job in jobs]
     return todo
 
@@ -384,8 +400,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--executor",
         default="local",
         choices=EXECUTORS,
-        help="local: one run after another, here; gpus: a process per GPU here; slurm: a cluster job per run "
-        "(submitit); submitit-local: submitit's jobs, here",
+        help="local: one run after another, here; gpus: a process per GPU here; slurm: a SLURM job per run "
+        "(submitit; needs sbatch on PATH); submitit-local: submitit's jobs, every run at once here",
     )
     parser.add_argument(
         "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
