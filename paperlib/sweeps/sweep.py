@@ -9,11 +9,13 @@ A spec (``specs``: a notebook, fixed parameters, a grid) expands into runs. Ever
 (``check``) before the first one starts: a bad value in one cell stops the sweep in one line, with
 nothing written. Each run writes ``reports/<notebook>/<run name>.ipynb`` (the executed notebook;
 with ``--html`` also its ``.html`` and ``.nocode.html`` reports, which a grid of hundreds of runs
-rarely needs), then ``.done.json`` last; finished runs (``Run.finished``: for a finetuning run, its
-run folder says so, ``runs.is_finished``) are skipped when the sweep is started again (a run whose
-parameters were edited since, or whose custom images or model changed since, runs again). A
-failing run leaves ``.error.txt`` with its error, and the summary its last line; it does not stop
-the others. ``reports/index.html`` is rewritten at the end.
+rarely needs), then ``.done.json`` last. Finished runs are skipped, whoever made them (``Run.finished``,
+judged by their results: a finetuning run's folder, a plasticity measurement's record; another notebook's
+result is its executed notebook): a run whose parameters were edited since, or whose custom images or
+model changed since, runs again. A finished run made outside a sweep (by a notebook or a command) has
+no report; ``--reports`` executes it to write one (``Run.reported``). ``--plan``, ``--dry-run`` and
+the sweep count the same runs finished. A failing run leaves ``.error.txt`` with its error, and the
+summary its last line; it does not stop the others. ``reports/index.html`` is rewritten at the end.
 
 Several sweep processes of one spec on one results root share its runs: one process executes a run
 at a time (its lock, ``storage.locked``), and a run another process holds is passed over and come
@@ -119,22 +121,36 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """Whether this run is finished as its spec asks now.
+        """Whether this run's results are there as its spec asks now, whoever made them.
 
         A finetuning run (notebook 05) asks its run folder (``runs.is_finished``: the parameters it recorded, the custom
-        inputs as they are now), and its report must be there (the marker). Another notebook's run asks its marker: it
-        must record these parameters (a spec edited since, say its steps, makes its runs unfinished: their names need
-        not change) and the custom models and datasets as they are now (edited images, a re-saved model: unfinished)."""
-        marker = storage.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
+        inputs as they are now), a plasticity run (notebook 02) its measurement's record (``Measurement.is_saved``; a
+        record keeps no fingerprint of custom inputs, so a run naming some must be ``reported`` too). Another
+        notebook's result is its executed notebook: it is finished when ``reported``."""
+        if self.notebook.stem not in (runs.NOTEBOOK, plasticity.NOTEBOOK):
+            return self.reported
+        try:
+            if self.notebook.stem == runs.NOTEBOOK:
+                return runs.is_finished(config_from(self.parameters))
+            return measurement(self.parameters).is_saved() and (not self.fingerprints or self.reported)
+        except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
+            return False
+
+    @property
+    def reported(self) -> bool:
+        """Whether its report (the executed notebook) is there, made as its spec asks now: its marker.
+
+        The marker must record these parameters (a spec edited since, say its steps, makes its report outdated: the
+        runs' names need not change) and the custom models and datasets as they are now."""
+        marker = storage.json_or_none(self.marker)  # a damaged marker: no report (a warning names it)
         if marker is None:
             return False
-        if self.notebook.stem == runs.NOTEBOOK:
-            try:
-                return runs.is_finished(config_from(self.parameters))
-            except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
-                return False
         recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
         return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
+
+    def to_run(self, reports: bool = False) -> bool:
+        """Whether a sweep executes it: not ``finished``, or, with ``reports``, finished without its report."""
+        return not self.finished or (reports and not self.reported)
 
 
 def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
@@ -222,12 +238,17 @@ def check(found: list[Run], executor: str | None = None) -> list[Run]:
     return found
 
 
+def measurement(parameters: dict) -> plasticity.Measurement:
+    """The measurement that notebook 02 makes with ``parameters`` (those that are its fields)."""
+    fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
+    return plasticity.Measurement(**{name: value for name, value in parameters.items() if name in fields})
+
+
 def _check_parameters(run: Run) -> None:
     if run.notebook.stem == runs.NOTEBOOK:
         config_from(run.parameters)
     elif run.notebook.stem == plasticity.NOTEBOOK:
-        fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
-        plasticity.Measurement(**{name: value for name, value in run.parameters.items() if name in fields})
+        measurement(run.parameters)
     else:
         for name, value in run.parameters.items():
             for one in value if isinstance(value, (list, tuple)) else [value]:
@@ -275,14 +296,14 @@ def check_gpus(gpus: list[int] | None) -> list[int]:
     return here if gpus is None else gpus
 
 
-def execute_run(run: Run, wait: bool = True, html: bool = False) -> Run:
-    """Execute one run unless finished; record success (marker) or failure (error file).
+def execute_run(run: Run, wait: bool = True, html: bool = False, reports: bool = False) -> Run:
+    """Execute one run unless finished (``reports``: and reported); record success (marker) or failure (error file).
 
     One process executes a run (``storage.locked``): a run another process holds is left ``busy`` (``wait``: waited
     for), and one another process finished since the sweep started is ``other``. ``html``: its reports too."""
     try:
         with storage.locked(run.stem, wait=wait):
-            if run.finished:  # by another process, since this sweep read the markers
+            if not run.to_run(reports):  # finished by another process, since this sweep read the results
                 run.status = "other"
                 return run
             return _execute(run, html)
@@ -335,22 +356,25 @@ def run_sweep(
     gpus: list[int] | None = None,
     reports: Path | None = None,
     html: bool = False,
+    report_finished: bool = False,
 ) -> list[Run]:
     """Execute every unfinished run of ``spec``, each checked first; returns the runs with their status.
 
     The check is ``check``; the statuses are ``STATUSES``. A run another process holds is passed over, then come
-    back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
+    back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook.
+    ``report_finished``: a finished run without its report (``Run.reported``) is executed too, to write it."""
     gpus = check_gpus(gpus) if check_executor(executor) == "gpus" else gpus
     runs = fingerprinted(check(expand(spec, reports), executor))
     todo = []
-    for run in runs:  # each marker read once
-        if run.finished:
-            run.status = "skipped"
-        else:
+    for run in runs:  # each result read once
+        if run.to_run(report_finished):
             todo.append(run)
-    todo = _executed(todo, spec, executor, gpus, functools.partial(execute_run, wait=False, html=html))
+        else:
+            run.status = "skipped"
+    task = functools.partial(execute_run, html=html, reports=report_finished)
+    todo = _executed(todo, spec, executor, gpus, functools.partial(task, wait=False))
     busy = [run for run in todo if run.status == "busy"]  # held by another process: come back to, waiting now
-    again = _executed(busy, spec, executor, gpus, functools.partial(execute_run, wait=True, html=html))
+    again = _executed(busy, spec, executor, gpus, functools.partial(task, wait=True))
     done = {r.name: r for r in todo + again}
     runs = [done.get(r.name, r) for r in runs]
     execute.write_index(reports or paths.reports_dir())
@@ -411,6 +435,12 @@ def argument_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="render each run's reports (.html, .nocode.html) beside its executed notebook; default: the notebook only",
     )
+    parser.add_argument(
+        "--reports",
+        action="store_true",
+        help="execute finished runs that have no report of their parameters too (a run made outside a sweep, by a "
+        "notebook or a command, has none), to write it; default: finished runs are skipped",
+    )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
         "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
@@ -447,18 +477,30 @@ def main(argv: list[str] | None = None) -> int:
             print(plan.formatted(result))
             return 0
         if args.dry_run:
-            for run in fingerprinted(check(expand(spec))):
-                print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")
+            found = fingerprinted(check(expand(spec)))
+            done = [run.finished for run in found]  # each result read once
+            for run, finished in zip(found, done):
+                note = "" if not finished or run.reported else "  (no report)"
+                print(f"{'finished' if finished else 'to run':8}  {run.name}  {run.parameters}{note}")
+            finished = [run for run, finished in zip(found, done) if finished]
+            print(f"\n{len(finished)} finished, {len(found) - len(finished)} to run{_unreported(finished)}")
             return 0
-        runs = run_sweep(spec, args.executor, gpus, html=args.html)
+        runs = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
     except (*cli.BAD_INPUT, RuntimeError) as error:
         return cli.fail(error)
     for run in runs:
         detail = run.reason if run.status == "failed" else STATUSES[run.status] if run.status == "other" else ""
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {detail}".rstrip())
     counts = ", ".join(f"{sum(r.status == status for r in runs)} {words}" for status, words in STATUSES.items())
-    print(f"\n{counts}; reports: {paths.reports_dir() / 'index.html'}")
+    print(f"\n{counts}{_unreported([r for r in runs if r.status == 'skipped'])}")
+    print(f"reports: {paths.reports_dir() / 'index.html'}")
     return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _unreported(finished: list[Run]) -> str:
+    """What a summary says of the ``finished`` runs without a report (made outside a sweep): "" if none."""
+    count = sum(not run.reported for run in finished)
+    return f"; {count} finished without a report (--reports writes them)" if count else ""
 
 
 def _gpu_ids(text: str | None) -> list[int] | None:
