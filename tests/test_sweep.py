@@ -366,6 +366,27 @@ def test_every_cell_is_checked_before_the_first_run_and_plan_and_dry_run_agree(t
         assert sweep.main([cuda, "--dry-run"]) == 0 and not reports.exists()
 
 
+def test_a_missing_custom_dataset_is_refused_in_one_line_before_the_first_run(tmp_path, reports, home, capsys):
+    from paperlib.data import fixtures
+
+    finetune = "notebooks/05_finetune.ipynb"
+    absent = write_spec(tmp_path / "f.yaml", finetune, {"dataset": ["digits", "custom/absent"]})
+    reference = write_spec(
+        tmp_path / "p.yaml", "notebooks/02_plasticity.ipynb", {"dataset": ["digits"]}, reference="custom/absent"
+    )
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "one", ["cat"], per_class=2)
+    single = write_spec(tmp_path / "s.yaml", finetune, {"dataset": ["digits", "custom/one"]})
+    for spec, start, detail in (
+        (absent, "run custom/absent: custom/absent not found: expected ", "Custom datasets found under "),
+        (reference, "run digits: custom/absent not found: expected ", "Custom datasets found under "),
+        (single, "run custom/one: custom/one: ", "has 1 class folder(s) (cat)"),
+    ):
+        assert sweep.main([spec]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert start in line and detail in line, line
+    assert not reports.exists() and not (tmp_path / "results").exists()  # digits was not run first
+
+
 def test_gpus_and_an_empty_grid_are_refused_in_one_line(tmp_path, tiny_notebook, reports, monkeypatch, capsys):
     spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"value": [1]})
     assert sweep.main([spec, "--gpus", "0"]) == 2

@@ -227,12 +227,15 @@ def check(found: list[Run], executor: str | None = None) -> list[Run]:
     ``Config`` (dataset, model, component, precision on its kind of device...), a plasticity run (notebook 02) by
     building its ``plasticity.Measurement``, another notebook's parameters by name (``BY_NAME``); each run's device as
     ``executor`` runs it (``check_device``; None: a name, for ``--plan`` and ``--dry-run``, which may be asked
-    elsewhere)."""
+    elsewhere), and, given an ``executor``, the custom datasets it reads (``check_custom_data``)."""
+    read: set = set()  # the custom datasets read so far: each once
     for run in found:
         try:
             _check_parameters(run)
             if "device" in run.parameters:  # else the notebook's default, the CPU
                 check_device(run.parameters["device"], executor)
+            if executor is not None:
+                check_custom_data(run, read)
         except (ValueError, FileNotFoundError) as error:
             raise ValueError(f"run {run.name}: {error}") from None
     return found
@@ -254,6 +257,22 @@ def _check_parameters(run: Run) -> None:
             for one in value if isinstance(value, (list, tuple)) else [value]:
                 if name in BY_NAME and one not in (None, ""):  # "": the notebook's default
                     BY_NAME[name](one)
+
+
+READS = {runs.NOTEBOOK: ("dataset",), plasticity.NOTEBOOK: ("dataset", "reference")}
+"""The parameters that name the datasets a notebook reads and never makes (notebook 08 makes its example's own)."""
+
+
+def check_custom_data(run: Run, read: set) -> None:
+    """The ``custom/<name>`` datasets that ``run`` reads (``READS``), each there and readable; else an error.
+
+    The error (``datasets.custom_dataset``'s) says where the images go and which custom datasets there are. ``read``:
+    the (name, data root) pairs already read, which this adds to."""
+    root = run.parameters.get("data_root") or None
+    for name in (run.parameters.get(parameter) for parameter in READS.get(run.notebook.stem, ())):
+        if paths.custom_name(name, "dataset") and (name, root) not in read:
+            datasets.custom_dataset(name, root)
+            read.add((name, root))
 
 
 def check_device(device, executor: str | None = None) -> None:
