@@ -497,11 +497,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.dry_run:
             found = fingerprinted(check(expand(spec)))
-            done = [run.finished for run in found]  # each result read once
-            for run, finished in zip(found, done):
-                note = "" if not finished or run.reported else "  (no report)"
-                print(f"{'finished' if finished else 'to run':8}  {run.name}  {run.parameters}{note}")
-            finished = [run for run, finished in zip(found, done) if finished]
+            finished = [run for run in found if run.finished]  # each result read once
+            names = {run.name for run in finished}
+            for run in found:
+                note = "  (no report)" if run.name in names and not run.reported else ""
+                print(f"{'finished' if run.name in names else 'to run':8}  {run.name}  {run.parameters}{note}")
             print(f"\n{len(finished)} finished, {len(found) - len(finished)} to run{_unreported(finished)}")
             return 0
         runs = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
