@@ -75,17 +75,21 @@ plt.show()
 # ## The verdict, the conclusions and the paired differences
 
 # %%
-effect = precision_check.effect(runs, reference="fp32", margin=margin, select=select)
-display(effect["verdicts"].set_index("precision").round(3))
-display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
-display(precision_check.formatted(effect["differences"]).rename(columns=names.LABELS))
-display(effect["margins"].round(3))
-print(precision_check.power_statement(effect["verdicts"], margin, runs["dataset"].nunique(), conclusions=effect["conclusions"]))
+skipped = precision_check.missing_precisions(runs, missing, reference="fp32")  # None: the spec's runs can be compared
+if skipped:
+    print(skipped)
+else:
+    effect = precision_check.effect(runs, reference="fp32", margin=margin, select=select)
+    display(effect["verdicts"].set_index("precision").round(3))
+    display(effect["conclusions"].set_index(["precision", "conclusion"]).round(3))
+    display(precision_check.formatted(effect["differences"]).rename(columns=names.LABELS))
+    display(effect["margins"].round(3))
+    print(precision_check.power_statement(effect["verdicts"], margin, runs["dataset"].nunique(), conclusions=effect["conclusions"]))
 
 # %%
-verdicts = effect["verdicts"].set_index("precision")["verdict"]
-notebook.headline(", ".join(f"{p} against fp32: {v}" for p, v in verdicts.items()) + f" over {runs['dataset'].nunique()} dataset(s)",
-                  paper="trained in fp32 only (Table 4's text)")
+verdicts = {} if skipped else effect["verdicts"].set_index("precision")["verdict"]
+here = skipped or ", ".join(f"{p} against fp32: {v}" for p, v in verdicts.items()) + f" over {runs['dataset'].nunique()} dataset(s)"
+notebook.headline(here, paper="trained in fp32 only (Table 4's text)")
 
 # %%
 print(runs[["dataset", "component", "precision", "wall_seconds"]].to_string(index=False))  # what emulated bf16 costs (the text above)

@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats as scipy_stats
 
 from benchmarks import precision_calibration as calibration
@@ -317,6 +318,39 @@ def test_runs_in_a_single_precision_are_refused_naming_the_precisions_found():
         precision_check.effect(fp32_runs())
     with pytest.raises(ValueError, match="'fp32'.*found: autocast"):
         precision_check.effect(in_precision(fp32_runs(), "autocast"))
+
+
+def test_a_spec_whose_other_precisions_have_no_runs_yet_is_skipped_in_one_line_naming_them():
+    runs = fp32_runs()
+    missing = pd.concat([in_precision(runs, p) for p in ("tf32", "autocast")]).drop(columns="status")  # for_spec's
+    assert precision_check.missing_precisions(runs, missing) == (
+        f"precision check skipped: no runs in autocast ({len(runs)} missing), tf32 ({len(runs)} missing) yet; "
+        "it compares each run with its fp32 twin"
+    )
+    autocast = in_precision(runs, "autocast")
+    assert precision_check.missing_precisions(both(autocast), missing[missing["precision"] == "tf32"]) is None
+    assert "no runs in fp32 (not in the spec) yet" in precision_check.missing_precisions(autocast, missing.iloc[:0])
+    assert "asks for fp32 runs alone" in precision_check.missing_precisions(runs, missing.iloc[:0])
+
+
+def test_notebook_11_on_a_precision_specs_fp32_runs_alone_says_why_the_check_is_skipped(tmp_path, monkeypatch):
+    from conftest import SMALL
+
+    from paperlib.reports import execute
+    from paperlib.sweeps import sweep
+    from paperlib.train import finetune
+
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    spec = tmp_path / "precision.yaml"
+    grid = {"component": ["mha", "ln1"], "precision": ["fp32", "autocast"]}
+    spec.write_text(yaml.safe_dump({"notebook": "notebooks/05_finetune.ipynb", "parameters": SMALL, "grid": grid}))
+    for run in sweep.expand(sweep.specs.load_spec(spec)):
+        if run.parameters["precision"] == "fp32":  # the state after a paper grid, before its cheaper precisions
+            finetune.run(sweep.config_from(run.parameters))
+    notebook = execute.notebook_paths(["11_precision"])[0]
+    out = execute.execute(notebook, tmp_path / "11.ipynb", {"spec": str(spec), "compute_missing": False})
+    text = out.read_text()
+    assert "precision check skipped: no runs in autocast (2 missing) yet" in text and '"error"' not in text
 
 
 def test_runs_of_two_models_are_refused_naming_the_model_key():

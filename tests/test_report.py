@@ -198,6 +198,28 @@ def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
     assert "vit_large_patch16_224.orig_in21k" in text and "vit_huge_patch14_224" not in text
 
 
+def test_a_finished_notebooks_kernel_is_shut_down_without_an_interrupt(tmp_path, monkeypatch, write_notebook, capfd):
+    # jupyter_client interrupts a kernel (SIGINT) before it shuts it down; papermill shuts it down as soon as it has
+    # answered its last request, and a SIGINT that came before ipykernel left that request's handler was logged on
+    # the terminal of a successful run: "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel."
+    import signal
+
+    from jupyter_client import AsyncKernelManager
+
+    sent, original = [], AsyncKernelManager._async_signal_kernel
+
+    async def spy(self, signum):
+        sent.append(signum)
+        await original(self, signum)
+
+    monkeypatch.setattr(AsyncKernelManager, "_async_signal_kernel", spy)
+    notebook = write_notebook(tmp_path / "quiet.ipynb", "print('ok')", parameters="value = 1")
+    for value in (1, 2):
+        assert "ok" in execute.execute(notebook, tmp_path / f"{value}.ipynb", {"value": value}).read_text()
+    assert signal.SIGINT not in sent
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
 def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
     notebook = execute.notebook_paths(["00_components"])[0]

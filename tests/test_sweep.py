@@ -1,12 +1,15 @@
 """Sweeps: grid expansion, skip-on-restart, failure isolation, executors."""
 
 import json
+from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import yaml
 
 from paperlib.records import specs
+from paperlib.records.names import COMPONENTS
 from paperlib.records.runs import config_values
 from paperlib.sweeps import sweep
 
@@ -363,6 +366,27 @@ def test_every_cell_is_checked_before_the_first_run_and_plan_and_dry_run_agree(t
         assert sweep.main([cuda, "--dry-run"]) == 0 and not reports.exists()
 
 
+def test_a_missing_custom_dataset_is_refused_in_one_line_before_the_first_run(tmp_path, reports, home, capsys):
+    from paperlib.data import fixtures
+
+    finetune = "notebooks/05_finetune.ipynb"
+    absent = write_spec(tmp_path / "f.yaml", finetune, {"dataset": ["digits", "custom/absent"]})
+    reference = write_spec(
+        tmp_path / "p.yaml", "notebooks/02_plasticity.ipynb", {"dataset": ["digits"]}, reference="custom/absent"
+    )
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "one", ["cat"], per_class=2)
+    single = write_spec(tmp_path / "s.yaml", finetune, {"dataset": ["digits", "custom/one"]})
+    for spec, start, detail in (
+        (absent, "run custom/absent: custom/absent not found: expected ", "Custom datasets found under "),
+        (reference, "run digits: custom/absent not found: expected ", "Custom datasets found under "),
+        (single, "run custom/one: custom/one: ", "has 1 class folder(s) (cat)"),
+    ):
+        assert sweep.main([spec]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert start in line and detail in line, line
+    assert not reports.exists() and not (tmp_path / "results").exists()  # digits was not run first
+
+
 def test_gpus_and_an_empty_grid_are_refused_in_one_line(tmp_path, tiny_notebook, reports, monkeypatch, capsys):
     spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"value": [1]})
     assert sweep.main([spec, "--gpus", "0"]) == 2
@@ -384,6 +408,104 @@ def test_gpus_and_an_empty_grid_are_refused_in_one_line(tmp_path, tiny_notebook,
     (tmp_path / "none.yaml").write_text(yaml.safe_dump({"notebook": str(tiny_notebook)}))
     assert sweep.main([str(tmp_path / "none.yaml"), "--dry-run"]) == 2
     assert not reports.exists()
+
+
+def test_slurm_is_refused_in_one_line_where_sbatch_is_not_and_asked_for_by_name_where_it_is(
+    tmp_path, tiny_notebook, reports, monkeypatch, capsys
+):
+    spec = write_spec(tmp_path / "s.yaml", tiny_notebook, {"value": [1, 2]})
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch: submitit would run the jobs here, all at once
+    assert sweep.main([spec, "--executor", "slurm"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "sbatch is not on PATH here" in line and "valid executors here: local" in line and "submitit-local" in line
+    assert not reports.exists() and not (tmp_path / "results").exists()
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "sbatch").chmod(0o755)
+    monkeypatch.setattr(sweep.submitit, "AutoExecutor", Submitit)
+    Submitit.asked = []
+    assert [run.status for run in sweep.run_sweep(specs.load_spec(spec), executor="slurm")] == ["done", "done"]
+    # SLURM by name, never submitit's choice of a local fallback; its jobs have their own cores (no share)
+    assert Submitit.asked == [{"cluster": "slurm"}, {"workers": None}]
+
+
+class Submitit:
+    """Stands for submitit's executors: records how it was made and the workers its jobs are told of; runs them here."""
+
+    asked: list = []
+
+    def __init__(self, folder, **options):
+        self.asked.append(options)
+
+    def update_parameters(self, **parameters):
+        pass
+
+    def map_array(self, task, todo):
+        self.asked.append({"workers": sweep.os.environ.get(sweep.threads.WORKERS)})
+        return [type("Job", (), {"result": lambda self, run=run: task(run)})() for run in todo]
+
+
+def test_submitit_local_says_how_many_runs_share_the_cores(tiny_notebook, reports, monkeypatch, capsys):
+    monkeypatch.setattr(sweep.threads, "cores", lambda: 8)
+    monkeypatch.setattr(sweep.submitit, "LocalExecutor", Submitit)
+    Submitit.asked = []
+    spec = {"notebook": str(tiny_notebook), "grid": {"value": [1, 2, 3, 4]}}
+    assert [run.status for run in sweep.run_sweep(spec, executor="submitit-local")] == ["done"] * 4
+    assert "submitit-local: 4 runs at once on this machine, each with 2 of its 8 CPU cores" in capsys.readouterr().out
+    assert Submitit.asked == [{}, {"workers": "4"}]
+
+
+def test_runs_made_outside_a_sweep_are_finished_for_its_plan_its_dry_run_and_itself(
+    tmp_path, reports, monkeypatch, capsys
+):
+    from conftest import SMALL, found
+
+    from paperlib.analysis import plasticity_table
+    from paperlib.train import finetune
+
+    finetuning = write_spec(tmp_path / "f.yaml", "notebooks/05_finetune.ipynb", {"component": ["ln1", "mha"]}, **SMALL)
+    datasets = {"dataset": ["digits", "digits_c/snow"]}
+    measuring = write_spec(tmp_path / "p.yaml", "notebooks/02_plasticity.ipynb", datasets)
+    # the first run of each, made as notebook 05 or `python -m paperlib finetune` make it (a P(f) result: 02)
+    made = [sweep.expand(specs.load_spec(spec))[0] for spec in (finetuning, measuring)]
+    finetune.run(sweep.config_from(made[0].parameters))
+    rates = pd.DataFrame([{"block": 0, "depth": 0, "component": c, "pair": 0, "rate": 1.0} for c in COMPONENTS])
+    plasticity_table.save(rates, sweep.measurement(made[1].parameters), found(rates))
+    executed = []  # the notebooks a sweep executes: none is, here (no kernel), and none writes results
+
+    def execute(notebook, output, parameters):
+        executed.append(output.relative_to(reports).as_posix())
+        return output
+
+    monkeypatch.setattr(sweep.execute, "execute", execute)
+    for spec, first, second in ((finetuning, "ln1", "mha"), (measuring, "digits", "digits_c/snow")):
+        assert sweep.main([spec, "--plan", "--plan-steps", "1"]) == 0
+        total = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("total")).split()
+        assert total[1:3] == ["2", "1"], total  # runs, finished
+        assert sweep.main([spec, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "\n1 finished, 1 to run; 1 finished without a report (--reports writes them)" in out, out
+        notebook = Path(specs.load_spec(spec)["notebook"]).stem
+        assert sweep.main([spec]) == 0 and executed == [f"{notebook}/{second}.ipynb"]
+        assert "1 done, 0 finished by another process, 1 skipped (finished before)" in capsys.readouterr().out
+        # a report's marker is not a result: the run without results is executed again; --reports: the other too
+        assert sweep.main([spec, "--reports"]) == 0
+        assert executed[1:] == [f"{notebook}/{first}.ipynb", f"{notebook}/{second}.ipynb"]
+        assert sweep.main([spec, "--dry-run"]) == 0 and "\n1 finished, 1 to run\n" in capsys.readouterr().out
+        executed.clear()
+
+    # a measurement of custom images: its record keeps no fingerprint of them; its report's marker does, and must agree
+    from paperlib.data import fixtures
+
+    monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["cat", "dog"], per_class=2)
+    custom = {"notebook": "notebooks/02_plasticity.ipynb", "grid": {"dataset": ["custom/shots"]}}
+    plasticity_table.save(rates, sweep.measurement(sweep.expand(custom)[0].parameters), found(rates))
+    assert not sweep.expand(custom)[0].finished  # made outside a sweep: what it was made of is not known
+    assert [run.status for run in sweep.run_sweep(custom)] == ["done"] and sweep.expand(custom)[0].finished
+    fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["eel"], per_class=2)  # a class more
+    assert not sweep.expand(custom)[0].finished
 
 
 def test_the_summary_gives_a_failed_runs_last_error_line(tmp_path, tiny_notebook, reports, capsys):

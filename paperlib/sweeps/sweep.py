@@ -9,11 +9,13 @@ A spec (``specs``: a notebook, fixed parameters, a grid) expands into runs. Ever
 (``check``) before the first one starts: a bad value in one cell stops the sweep in one line, with
 nothing written. Each run writes ``reports/<notebook>/<run name>.ipynb`` (the executed notebook;
 with ``--html`` also its ``.html`` and ``.nocode.html`` reports, which a grid of hundreds of runs
-rarely needs), then ``.done.json`` last; finished runs (``Run.finished``: for a finetuning run, its
-run folder says so, ``runs.is_finished``) are skipped when the sweep is started again (a run whose
-parameters were edited since, or whose custom images or model changed since, runs again). A
-failing run leaves ``.error.txt`` with its error, and the summary its last line; it does not stop
-the others. ``reports/index.html`` is rewritten at the end.
+rarely needs), then ``.done.json`` last. Finished runs are skipped, whoever made them (``Run.finished``,
+judged by their results: a finetuning run's folder, a plasticity measurement's record; another notebook's
+result is its executed notebook): a run whose parameters were edited since, or whose custom images or
+model changed since, runs again. A finished run made outside a sweep (by a notebook or a command) has
+no report; ``--reports`` executes it to write one (``Run.reported``). ``--plan``, ``--dry-run`` and
+the sweep count the same runs finished. A failing run leaves ``.error.txt`` with its error, and the
+summary its last line; it does not stop the others. ``reports/index.html`` is rewritten at the end.
 
 Several sweep processes of one spec on one results root share its runs: one process executes a run
 at a time (its lock, ``storage.locked``), and a run another process holds is passed over and come
@@ -23,8 +25,9 @@ device (``CUDA_VISIBLE_DEVICES``, or ``VIT_PLASTICITY_WORKERS=N`` each on one ma
 
 Executors: ``local`` (one run after another, in this process), ``gpus`` (one worker process per
 visible GPU, or per ``--gpus`` id, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES``), ``slurm``
-(submitit's cluster executor, one job per run) and ``submitit-local`` (submitit's local executor,
-for tests).
+(submitit's SLURM executor, one job per run; refused where SLURM's ``sbatch`` is not on PATH, where
+submitit would fall back to running every job here at once) and ``submitit-local`` (submitit's local
+executor: every run at once on this machine, each with its share of the cores, which it prints).
 
 ``--plan`` trains and writes nothing: it counts the runs (finished, diverged, failed, missing) and,
 for a finetuning sweep, estimates the device-hours of those to run on this machine (``plan``);
@@ -37,12 +40,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import json
 import multiprocessing
 import os
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -118,22 +121,36 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """Whether this run is finished as its spec asks now.
+        """Whether this run's results are there as its spec asks now, whoever made them.
 
         A finetuning run (notebook 05) asks its run folder (``runs.is_finished``: the parameters it recorded, the custom
-        inputs as they are now), and its report must be there (the marker). Another notebook's run asks its marker: it
-        must record these parameters (a spec edited since, say its steps, makes its runs unfinished: their names need
-        not change) and the custom models and datasets as they are now (edited images, a re-saved model: unfinished)."""
-        marker = storage.json_or_none(self.marker)  # a damaged marker: not finished (a warning names it)
+        inputs as they are now), a plasticity run (notebook 02) its measurement's record (``Measurement.is_saved``; a
+        record keeps no fingerprint of custom inputs, so a run naming some must be ``reported`` too). Another
+        notebook's result is its executed notebook: it is finished when ``reported``."""
+        if self.notebook.stem not in (runs.NOTEBOOK, plasticity.NOTEBOOK):
+            return self.reported
+        try:
+            if self.notebook.stem == runs.NOTEBOOK:
+                return runs.is_finished(config_from(self.parameters))
+            return measurement(self.parameters).is_saved() and (not self.fingerprints or self.reported)
+        except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
+            return False
+
+    @property
+    def reported(self) -> bool:
+        """Whether its report (the executed notebook) is there, made as its spec asks now: its marker.
+
+        The marker must record these parameters (a spec edited since, say its steps, makes its report outdated: the
+        runs' names need not change) and the custom models and datasets as they are now."""
+        marker = storage.json_or_none(self.marker)  # a damaged marker: no report (a warning names it)
         if marker is None:
             return False
-        if self.notebook.stem == runs.NOTEBOOK:
-            try:
-                return runs.is_finished(config_from(self.parameters))
-            except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
-                return False
         recorded, inputs = marker.get("parameters"), marker.get("fingerprints", {})
         return recorded == json.loads(json.dumps(self.parameters, default=str)) and inputs == self.fingerprints
+
+    def to_run(self, reports: bool = False) -> bool:
+        """Whether a sweep executes it: not ``finished``, or, with ``reports``, finished without its report."""
+        return not self.finished or (reports and not self.reported)
 
 
 def parameter_fingerprints(parameters: dict, memo: dict | None = None) -> dict:
@@ -210,28 +227,52 @@ def check(found: list[Run], executor: str | None = None) -> list[Run]:
     ``Config`` (dataset, model, component, precision on its kind of device...), a plasticity run (notebook 02) by
     building its ``plasticity.Measurement``, another notebook's parameters by name (``BY_NAME``); each run's device as
     ``executor`` runs it (``check_device``; None: a name, for ``--plan`` and ``--dry-run``, which may be asked
-    elsewhere)."""
+    elsewhere), and, given an ``executor``, the custom datasets it reads (``check_custom_data``)."""
+    read: set = set()  # the custom datasets read so far: each once
     for run in found:
         try:
             _check_parameters(run)
             if "device" in run.parameters:  # else the notebook's default, the CPU
                 check_device(run.parameters["device"], executor)
+            if executor is not None:
+                check_custom_data(run, read)
         except (ValueError, FileNotFoundError) as error:
             raise ValueError(f"run {run.name}: {error}") from None
     return found
+
+
+def measurement(parameters: dict) -> plasticity.Measurement:
+    """The measurement that notebook 02 makes with ``parameters`` (those that are its fields)."""
+    fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
+    return plasticity.Measurement(**{name: value for name, value in parameters.items() if name in fields})
 
 
 def _check_parameters(run: Run) -> None:
     if run.notebook.stem == runs.NOTEBOOK:
         config_from(run.parameters)
     elif run.notebook.stem == plasticity.NOTEBOOK:
-        fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
-        plasticity.Measurement(**{name: value for name, value in run.parameters.items() if name in fields})
+        measurement(run.parameters)
     else:
         for name, value in run.parameters.items():
             for one in value if isinstance(value, (list, tuple)) else [value]:
                 if name in BY_NAME and one not in (None, ""):  # "": the notebook's default
                     BY_NAME[name](one)
+
+
+READS = {runs.NOTEBOOK: ("dataset",), plasticity.NOTEBOOK: ("dataset", "reference")}
+"""The parameters that name the datasets a notebook reads and never makes (notebook 08 makes its example's own)."""
+
+
+def check_custom_data(run: Run, read: set) -> None:
+    """The ``custom/<name>`` datasets that ``run`` reads (``READS``), each there and readable; else an error.
+
+    The error (``datasets.custom_dataset``'s) says where the images go and which custom datasets there are. ``read``:
+    the (name, data root) pairs already read, which this adds to."""
+    root = run.parameters.get("data_root") or None
+    for name in (run.parameters.get(parameter) for parameter in READS.get(run.notebook.stem, ())):
+        if paths.custom_name(name, "dataset") and (name, root) not in read:
+            datasets.custom_dataset(name, root)
+            read.add((name, root))
 
 
 def check_device(device, executor: str | None = None) -> None:
@@ -242,6 +283,21 @@ def check_device(device, executor: str | None = None) -> None:
     parsed = devices.check_device(device, here=executor in ("local", "submitit-local"))
     if executor == "gpus" and parsed.type == "cuda" and parsed.index not in (None, 0):
         raise ValueError(f"device {device!r}: under --executor gpus a run sees one GPU, cuda (or cuda:0)")
+
+
+def check_executor(executor: str) -> str:
+    """``executor`` if it can run here; a ValueError naming why not and the valid ones otherwise.
+
+    ``slurm`` needs SLURM's ``sbatch`` on PATH: without it submitit's ``AutoExecutor`` would run the jobs here, all at
+    once (``submitit-local`` asks for that by name)."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if executor == "slurm" and shutil.which("sbatch") is None:
+        raise ValueError(
+            "executor 'slurm' needs SLURM, and sbatch is not on PATH here; valid executors here: local (one run "
+            "after another), gpus (a process per GPU), submitit-local (every run at once on this machine)"
+        )
+    return executor
 
 
 def check_gpus(gpus: list[int] | None) -> list[int]:
@@ -259,14 +315,14 @@ def check_gpus(gpus: list[int] | None) -> list[int]:
     return here if gpus is None else gpus
 
 
-def execute_run(run: Run, wait: bool = True, html: bool = False) -> Run:
-    """Execute one run unless finished; record success (marker) or failure (error file).
+def execute_run(run: Run, wait: bool = True, html: bool = False, reports: bool = False) -> Run:
+    """Execute one run unless finished (``reports``: and reported); record success (marker) or failure (error file).
 
     One process executes a run (``storage.locked``): a run another process holds is left ``busy`` (``wait``: waited
     for), and one another process finished since the sweep started is ``other``. ``html``: its reports too."""
     try:
         with storage.locked(run.stem, wait=wait):
-            if run.finished:  # by another process, since this sweep read the markers
+            if not run.to_run(reports):  # finished by another process, since this sweep read the results
                 run.status = "other"
                 return run
             return _execute(run, html)
@@ -319,24 +375,25 @@ def run_sweep(
     gpus: list[int] | None = None,
     reports: Path | None = None,
     html: bool = False,
+    report_finished: bool = False,
 ) -> list[Run]:
     """Execute every unfinished run of ``spec``, each checked first; returns the runs with their status.
 
     The check is ``check``; the statuses are ``STATUSES``. A run another process holds is passed over, then come
-    back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
-    gpus = check_gpus(gpus) if executor == "gpus" else gpus
+    back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook.
+    ``report_finished``: a finished run without its report (``Run.reported``) is executed too, to write it."""
+    gpus = check_gpus(gpus) if check_executor(executor) == "gpus" else gpus
     runs = fingerprinted(check(expand(spec, reports), executor))
     todo = []
-    for run in runs:  # each marker read once
-        if run.finished:
-            run.status = "skipped"
-        else:
+    for run in runs:  # each result read once
+        if run.to_run(report_finished):
             todo.append(run)
-    todo = _executed(todo, spec, executor, gpus, functools.partial(execute_run, wait=False, html=html))
+        else:
+            run.status = "skipped"
+    task = functools.partial(execute_run, html=html, reports=report_finished)
+    todo = _executed(todo, spec, executor, gpus, functools.partial(task, wait=False))
     busy = [run for run in todo if run.status == "busy"]  # held by another process: come back to, waiting now
-    again = _executed(busy, spec, executor, gpus, functools.partial(execute_run, wait=True, html=html))
+    again = _executed(busy, spec, executor, gpus, functools.partial(task, wait=True))
     done = {r.name: r for r in todo + again}
     runs = [done.get(r.name, r) for r in runs]
     execute.write_index(reports or paths.reports_dir())
@@ -361,15 +418,17 @@ def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None
             return list(pool.map(task, todo))
     if todo:
         folder = todo[0].folder / ".submitit"  # reports/<notebook>/.submitit
-        if executor == "slurm":
-            pool = submitit.AutoExecutor(folder=folder)
+        if executor == "slurm":  # SLURM by name: never submitit's fallback to local jobs (check_executor)
+            pool = submitit.AutoExecutor(folder=folder, cluster="slurm")
             pool.update_parameters(**(spec.get("slurm") or {}))
-        else:
+            jobs = pool.map_array(task, todo)
+        else:  # submitit's local jobs run at once on this machine: a share of the cores each
             pool = submitit.LocalExecutor(folder=folder)
             pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
-        # submitit's local jobs run at once on this machine: a share of the cores each (a cluster's have their own)
-        with threads.shared_by(len(todo)) if executor == "submitit-local" else contextlib.nullcontext():
-            jobs = pool.map_array(task, todo)
+            with threads.shared_by(len(todo)):
+                share = f"{threads.budget() or threads.cores()} of its {threads.cores()} CPU cores"
+                print(f"submitit-local: {len(todo)} runs at once on this machine, each with {share}", flush=True)
+                jobs = pool.map_array(task, todo)
         return [job.result() for job in jobs]
     return todo
 
@@ -384,8 +443,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--executor",
         default="local",
         choices=EXECUTORS,
-        help="local: one run after another, here; gpus: a process per GPU here; slurm: a cluster job per run "
-        "(submitit); submitit-local: submitit's jobs, here",
+        help="local: one run after another, here; gpus: a process per GPU here; slurm: a SLURM job per run "
+        "(submitit; needs sbatch on PATH); submitit-local: submitit's jobs, every run at once here",
     )
     parser.add_argument(
         "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
@@ -394,6 +453,12 @@ def argument_parser() -> argparse.ArgumentParser:
         "--html",
         action="store_true",
         help="render each run's reports (.html, .nocode.html) beside its executed notebook; default: the notebook only",
+    )
+    parser.add_argument(
+        "--reports",
+        action="store_true",
+        help="execute finished runs that have no report of their parameters too (a run made outside a sweep, by a "
+        "notebook or a command, has none), to write it; default: finished runs are skipped",
     )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
@@ -431,18 +496,30 @@ def main(argv: list[str] | None = None) -> int:
             print(plan.formatted(result))
             return 0
         if args.dry_run:
-            for run in fingerprinted(check(expand(spec))):
-                print(f"{'finished' if run.finished else 'to run':8}  {run.name}  {run.parameters}")
+            found = fingerprinted(check(expand(spec)))
+            finished = [run for run in found if run.finished]  # each result read once
+            names = {run.name for run in finished}
+            for run in found:
+                note = "  (no report)" if run.name in names and not run.reported else ""
+                print(f"{'finished' if run.name in names else 'to run':8}  {run.name}  {run.parameters}{note}")
+            print(f"\n{len(finished)} finished, {len(found) - len(finished)} to run{_unreported(finished)}")
             return 0
-        runs = run_sweep(spec, args.executor, gpus, html=args.html)
+        runs = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
     except (*cli.BAD_INPUT, RuntimeError) as error:
         return cli.fail(error)
     for run in runs:
         detail = run.reason if run.status == "failed" else STATUSES[run.status] if run.status == "other" else ""
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {detail}".rstrip())
     counts = ", ".join(f"{sum(r.status == status for r in runs)} {words}" for status, words in STATUSES.items())
-    print(f"\n{counts}; reports: {paths.reports_dir() / 'index.html'}")
+    print(f"\n{counts}{_unreported([r for r in runs if r.status == 'skipped'])}")
+    print(f"reports: {paths.reports_dir() / 'index.html'}")
     return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _unreported(finished: list[Run]) -> str:
+    """What a summary says of the ``finished`` runs without a report (made outside a sweep): "" if none."""
+    count = sum(not run.reported for run in finished)
+    return f"; {count} finished without a report (--reports writes them)" if count else ""
 
 
 def _gpu_ids(text: str | None) -> list[int] | None:
