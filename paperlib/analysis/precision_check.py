@@ -22,7 +22,7 @@ from paperlib.analysis.component_tests import table1
 from paperlib.analysis.significance import holm
 from paperlib.analysis.summary import write_csv
 from paperlib.analysis.tables import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table6, wide
-from paperlib.records import cli, runs_table, specs
+from paperlib.records import cli, paths, runs_table, specs
 from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
 from paperlib.records.step_options import PRECISIONS
 
@@ -609,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         found, missing = runs_table.for_spec(specs.load_spec(args.spec))
         runs_table.at_least_one(found, args.spec, missing)
         tables = effect(found, args.reference, args.margin, select=args.select)
+        if args.csv:  # before anything is printed: a refused folder is the one line the command prints
+            write_csv(tables, args.csv, indexed=("best", "margins"), overwrite=args.overwrite)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {p} {s}" for (p, s), n in found.groupby(["precision", "status"]).size().items())
@@ -630,5 +632,5 @@ def main(argv: list[str] | None = None) -> int:
         power_statement(tables["verdicts"], args.margin, found["dataset"].nunique(), conclusions=tables["conclusions"])
     )
     if args.csv:
-        write_csv(tables, args.csv, indexed=("best", "margins"))
+        print(f"tables written to {paths.display(args.csv)}")
     return 0

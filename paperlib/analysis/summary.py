@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         if several:  # a precision check (precision_check.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
         tables = summary(found, args.select, args.reference)
+        if args.csv:  # before anything is printed: a refused folder is the one line the command prints
+            write_csv(tables, args.csv, indexed=("takeaway2",), overwrite=args.overwrite)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
@@ -93,16 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     if (found["method"] == "subset").any():
         print("equal-capacity runs: their LN2 and LN1 are the ordinary runs; notebook 10 compares the two designs\n")
     if args.csv:
-        write_csv(tables, args.csv, indexed=("takeaway2",))
+        print(f"tables written to {paths.display(args.csv)}")
     return 0
 
 
-def write_csv(tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = ()) -> None:
-    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones; says where."""
+def write_csv(
+    tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = (), overwrite: bool = False
+) -> None:
+    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones.
+
+    Nothing is written if ``folder`` is a file (NotADirectoryError) or already holds one of the tables and not
+    ``overwrite`` (FileExistsError, saying how to replace them); a disk that refuses them is a ``CannotWrite``."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--csv takes a folder for the tables; {paths.display(folder)} is a file")
+    there = [f"{name}.csv" for name in tables if (folder / f"{name}.csv").exists()]
+    if there and not overwrite:
+        raise FileExistsError(
+            f"{paths.display(folder)} already holds {', '.join(there)}; pass --overwrite to replace them"
+        )
+    storage.make_folder(folder)
     for name, table in tables.items():
         storage.atomic_write(
             folder / f"{name}.csv", lambda tmp, table=table, index=name in indexed: table.to_csv(tmp, index=index)
         )
-    print(f"tables written to {paths.display(folder)}")

@@ -22,8 +22,9 @@ import yaml
 
 from paperlib.records import storage
 
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
-"""What a command line reports as a bad input (``fail``), not as a traceback: a disk that refuses a file too."""
+BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
+"""What a command line reports as a bad input (``fail``), not as a traceback: a file in the way, a disk that refuses
+a file too."""
 
 
 def fail(error: BaseException) -> int:
@@ -145,7 +146,8 @@ def tables_parser(prog: str, description: str, spec: str, selections: tuple[str,
     """The command line that ``stats`` and ``precision`` share (each adds its own options).
 
     They print the tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6
-    picking each learning rate by one of ``selections``, and write them as CSV files if asked."""
+    picking each learning rate by one of ``selections``, and write them as CSV files if asked (replacing none unless
+    ``--overwrite``)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
     parser.add_argument("spec", type=Path, help=spec)
     parser.add_argument(
@@ -157,6 +159,7 @@ def tables_parser(prog: str, description: str, spec: str, selections: tuple[str,
     parser.add_argument(
         "--csv", type=Path, metavar="DIR", help="also write each table as DIR/<table>.csv; default: no file written"
     )
+    parser.add_argument("--overwrite", action="store_true", help="with --csv: replace the tables already in DIR")
     return parser
 
 
