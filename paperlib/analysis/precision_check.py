@@ -21,10 +21,9 @@ from scipy import stats as scipy_stats
 from paperlib.analysis.component_tests import table1
 from paperlib.analysis.significance import holm
 from paperlib.analysis.summary import write_csv
-from paperlib.analysis.tables import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table6, wide
-from paperlib.records import cli, paths, runs_table, specs
-from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
-from paperlib.records.step_options import PRECISIONS
+from paperlib.analysis.tables import COLUMNS, SETTING, check_one_setting, component_order, table6, wide
+from paperlib.records import cli, commands, paths, runs_table, specs
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS
 
 PAIR = ["dataset", "component", "lr", "seed"]
 """What pairs a run in one precision with the reference precision's run: the same grid point."""
@@ -585,26 +584,12 @@ def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
 
 
-def argument_parser():
-    """``main``'s command line: ``cli.tables_parser``'s, the reference precision and the equivalence margin."""
-    spec = "a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
-    description = main.__doc__.split(":", 1)[1].strip()
-    parser = cli.tables_parser("python -m paperlib precision", description, spec, SELECTIONS)
-    parser.add_argument(
-        "--reference",
-        default="fp32",
-        help=f"the precision the others are compared with, one of {', '.join(PRECISIONS)}",
-    )
-    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib precision``: ``effect`` of a sweep's runs in several precisions.
 
     ``python -m paperlib precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--csv DIR]``, SPEC a
     finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
-    args = argument_parser().parse_args(argv)
+    args = commands.precision().parse_args(argv)
     try:
         found, missing = runs_table.for_spec(specs.load_spec(args.spec))
         runs_table.at_least_one(found, args.spec, missing)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from paperlib.analysis.component_tests import comparisons, formatted_pairs, paper_order, plasticity_for
-from paperlib.analysis.tables import PAPER_TABLE6, SELECTIONS, formatted, grid_spread, table6, with_probing
-from paperlib.records import cli, paths, runs_table, specs, storage
+from paperlib.analysis.tables import PAPER_TABLE6, formatted, grid_spread, table6, with_probing
+from paperlib.records import cli, commands, paths, runs_table, specs, storage
 
 
 def summary(
@@ -42,23 +42,11 @@ def paper_summary() -> dict[str, pd.DataFrame]:
     return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
 
 
-def argument_parser():
-    """``main``'s command line: ``cli.tables_parser``'s and the reference images of P(f)."""
-    spec = "a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml"
-    parser = cli.tables_parser("python -m paperlib stats", main.__doc__.split(":", 1)[1].strip(), spec, SELECTIONS)
-    parser.add_argument(
-        "--reference", help="the dataset P(f) was measured against (its reference images); default: each dataset's own"
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib stats``: notebook 07's tables for a finetuning sweep's runs.
+    """``python -m paperlib stats SPEC [--select val] [--reference R] [--csv DIR]``: ``summary``'s tables printed.
 
-    ``python -m paperlib stats SPEC [--select val] [--reference R] [--csv DIR]``, without the notebook: what is finished
-    and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the Takeaway 2 test; for a spec
-    of several precisions (a precision check: ``python -m paperlib precision``), these of its fp32 runs."""
-    args = argument_parser().parse_args(argv)
+    What it prints: ``records.commands.stats``' description."""
+    args = commands.stats().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
         found, missing = runs_table.for_spec(spec)

@@ -105,6 +105,10 @@ DEMO_FAMILIES = ("digits_source", "digits")
 its downstream digits with their corruptions."""
 
 
+SELECTIONS = ("test", "val")
+"""How Table 6 picks each configuration's learning rate: by test accuracy (the paper's) or validation accuracy."""
+
+
 INPUTS = ("embedding", "in_situ")
 """What a component's rate is measured on: ``embedding`` (the paper's: every block on the embedding's
 tokens) or ``in_situ`` (each component on its actual input; beyond the paper: ``component_rates``)."""

@@ -35,7 +35,6 @@ for a finetuning sweep, estimates the device-hours of those to run on this machi
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -53,16 +52,13 @@ import torch
 
 from paperlib.data import datasets
 from paperlib.measure import plasticity
-from paperlib.records import cli, paths, runs, specs, storage
+from paperlib.records import cli, commands, paths, runs, specs, storage
 from paperlib.records.names import check_normalize
-from paperlib.records.step_options import PRECISIONS
 from paperlib.reports import execute
 from paperlib.speed import devices, threads
 from paperlib.sweeps import plan
 from paperlib.train.config import config_from
 from paperlib.vit import models
-
-EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
 
 STATUSES = {
     "done": "done",
@@ -324,8 +320,8 @@ def run_sweep(
 
     The check is ``check``; the statuses are ``STATUSES``. A run another process holds is passed over, then come
     back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if executor not in commands.EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(commands.EXECUTORS)}")
     gpus = check_gpus(gpus) if executor == "gpus" else gpus
     runs = fingerprinted(check(expand(spec, reports), executor))
     todo = []
@@ -374,49 +370,9 @@ def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None
     return todo
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib sweep`` (``main``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib sweep", description=__doc__.split("\n")[0], formatter_class=cli.Help
-    )
-    parser.add_argument("spec", type=Path, help="sweep spec (YAML), e.g. parameters/sweeps/plasticity_demo.yaml")
-    parser.add_argument(
-        "--executor",
-        default="local",
-        choices=EXECUTORS,
-        help="local: one run after another, here; gpus: a process per GPU here; slurm: a cluster job per run "
-        "(submitit); submitit-local: submitit's jobs, here",
-    )
-    parser.add_argument(
-        "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
-    )
-    parser.add_argument(
-        "--html",
-        action="store_true",
-        help="render each run's reports (.html, .nocode.html) beside its executed notebook; default: the notebook only",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
-    parser.add_argument(
-        "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
-    )
-    parser.add_argument(
-        "--precision",
-        default=None,
-        help=f"with --plan: as if the spec's precision were this, one of {', '.join(PRECISIONS)}; default: the spec's",
-    )
-    parser.add_argument(
-        "--plan-steps",
-        type=int,
-        default=None,
-        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up "
-        "(ViT-Base at batch 512 takes minutes a step on a CPU); default: 3",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib sweep``: run, plan or dry-run a sweep spec."""
-    args = argument_parser().parse_args(argv)
+    args = commands.sweep().parse_args(argv)
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):
             raise ValueError("--precision and --plan-steps are options of --plan")

@@ -11,7 +11,6 @@ random generator for shuffling and augmentation, and deterministic torch algorit
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -28,7 +27,7 @@ from torch import nn
 from paperlib.data.datasets import get_dataset
 from paperlib.data.imagesets import ImageDataset
 from paperlib.data.loader import DeviceLoader, Transform
-from paperlib.records import cli, paths, storage
+from paperlib.records import cli, commands, storage
 from paperlib.train.finetune import evaluate
 from paperlib.vit.models import create_model
 
@@ -112,43 +111,16 @@ def save_weights(model: nn.Module, path: Path, card: dict | None = None) -> None
         storage.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib demo`` (``main``): its subcommands ``pretrain`` and ``evaluate``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib demo", description=__doc__.split("\n")[0], formatter_class=cli.Help
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    committed = f"the committed weights, {paths.display(paths.DEMO_WEIGHTS)}"
-    what = "pretrain the demo ViT on digits_source (Recipe) and save its weights, with a JSON card beside them"
-    train = commands.add_parser("pretrain", help=what, description=what, formatter_class=cli.Help)
-    train.add_argument(
-        "--out",
-        type=Path,
-        default=paths.DEMO_WEIGHTS,
-        help=f"weight file to write (safetensors); default: {committed}",
-    )
-    train.add_argument("--epochs", type=int, default=Recipe.epochs, help=cli.field_comments(Recipe)["epochs"])
-    what = "accuracy of demo weights on digits_source's trainval and test splits"
-    evaluate = commands.add_parser("evaluate", help=what, description=what, formatter_class=cli.Help)
-    evaluate.add_argument(
-        "--weights",
-        type=Path,
-        default=paths.DEMO_WEIGHTS,
-        help=f"weight file to read (safetensors); default: {committed}",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> None:
-    """The demo's command line: ``python -m paperlib demo <command>`` (``argument_parser``)."""
-    parser = argument_parser()
+    """The demo's command line: ``python -m paperlib demo <command>`` (``records.commands.demo``)."""
+    parser = commands.demo()
     args = parser.parse_args(argv)
 
     try:
         if args.command == "pretrain":
-            if args.epochs < 1:
+            if args.epochs is not None and args.epochs < 1:
                 parser.error(f"--epochs must be at least 1, got {args.epochs}")
-            recipe = Recipe(epochs=args.epochs)
+            recipe = Recipe() if args.epochs is None else Recipe(epochs=args.epochs)
             model, metrics = pretrain(recipe)
             card = {
                 "model": "vit_demo_patch4_32",
