@@ -180,6 +180,12 @@ def demo() -> argparse.ArgumentParser:
         default=None,
         help="passes over digits_source's trainval split; default: the recipe's, which made the committed weights",
     )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace weights at --out that differ from these (pretraining on another CPU or with other library "
+        "versions rounds otherwise); without it, they are left as they are and both SHA-256 and test accuracies said",
+    )
     what = "accuracy of demo weights on digits_source's trainval and test splits"
     evaluate = commands.add_parser("evaluate", help=what, description=what, formatter_class=cli.Help)
     evaluate.add_argument(
