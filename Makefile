@@ -43,7 +43,7 @@ sync: venv  ## pair notebooks with their jupytext scripts (edit either, then syn
 notebooks: sync  ## re-execute the committed notebooks in place (demo outputs)
 	$(BIN)/python -m paperlib report inplace notebooks/[0-9][0-9]_*.ipynb
 
-demo-weights: venv  ## re-train the committed demo ViT (paperlib/assets/demo_vit.safetensors)
+demo-weights: venv  ## pretrain the demo ViT again, compared with paperlib/assets/demo_vit.safetensors (other weights replace it only with demo pretrain --overwrite)
 	$(BIN)/python -m paperlib demo pretrain
 
 clean:  ## remove generated outputs (reports/, results/), keep .venv

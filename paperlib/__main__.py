@@ -1,13 +1,16 @@
 """``python -m paperlib <command>``: every command of the package, one entry point.
 
 ``python -m paperlib --help`` lists them; ``python -m paperlib <command> --help`` gives a command's options. A command's
-module is imported only when it runs, so that ``stats`` and ``precision`` load no training stack.
+module is imported only when it runs, so that ``stats`` and ``precision`` load no training stack; each command line is
+parsed first (``records.commands``), so that ``--help`` and a mistyped option answer before the module is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from paperlib.records import commands
 
 COMMANDS = {
     "finetune": ("paperlib.train.finetune", "one finetuning run as notebook 05 runs it (§5.2), without the notebook"),
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         given = f"unknown command {argv[0]!r}" if argv else "no command"
         print(f"python -m paperlib: {given}; valid commands: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
+    commands.PARSERS[argv[0]]().parse_args(argv[1:])  # --help and a bad option stop here, before torch is imported
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:]) or 0
 

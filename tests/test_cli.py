@@ -4,6 +4,7 @@ every command's report of a bad input."""
 import argparse
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -14,10 +15,11 @@ import pytest
 import torch
 
 from benchmarks import __main__ as bench
+from paperlib import __main__ as entry
 from paperlib.analysis import precision_check, summary
 from paperlib.data import datasets
 from paperlib.measure import plasticity
-from paperlib.records import cli, paths, runs, specs
+from paperlib.records import cli, commands, paths, runs, specs
 from paperlib.records.step_options import PRESET_OPTIONS
 from paperlib.reports import execute, notebook
 from paperlib.sweeps import sweep
@@ -124,13 +126,16 @@ def test_plasticity_help_gives_every_option_a_meaning_a_type_and_a_default(capsy
     }
     # run's options beside the measurement's fields: how it runs, not what it measures
     options |= {
-        "batch_size": (plasticity.HELP["batch_size"], 64),
-        "device": (plasticity.HELP["device"], "cpu"),
-        "data_root": (plasticity.HELP["data_root"], None),
-        "progress": (plasticity.HELP["progress"], True),
-        "num_workers": (plasticity.HELP["num_workers"], 0),
+        "batch_size": (commands.PLASTICITY_HELP["batch_size"], 64),
+        "device": (commands.PLASTICITY_HELP["device"], "cpu"),
+        "data_root": (commands.PLASTICITY_HELP["data_root"], None),
+        "progress": (commands.PLASTICITY_HELP["progress"], True),
+        "num_workers": (commands.PLASTICITY_HELP["num_workers"], 0),
     }
-    assert set(plasticity.HELP) == set(options) - set(comments)
+    assert set(commands.PLASTICITY_HELP) == set(options) - set(comments)
+    # the command line's defaults of run's options, written without torch, are run's own (num_workers: automatic)
+    signature = inspect.signature(plasticity.run).parameters
+    assert {name: signature[name].default for name in commands.MEASURING} == commands.MEASURING | {"num_workers": None}
     for name, (meaning, default) in options.items():
         meaning = " ".join(meaning.split())
         assert meaning, f"--{name} has no meaning for --help"
@@ -305,6 +310,62 @@ def test_a_missing_parameter_file_ends_the_command_with_one_line_and_status_2(tm
     assert "parameter file not found" in one_error_line(done.stderr) and "Traceback" not in done.stderr
 
 
+HELP_WITHOUT_TORCH = """
+import contextlib, io, json, sys
+from paperlib import __main__ as entry
+found = []
+for argv in json.loads(sys.argv[1]):
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        try:
+            code = entry.main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    heavy = sorted(name for name in ("torch", "timm", "torchvision", "scipy") if name in sys.modules)
+    found.append([argv, code, heavy, said.getvalue()])
+print(json.dumps(found))
+"""
+
+
+def test_every_commands_help_and_a_mistyped_option_load_no_torch_and_print_plain_text():
+    # --help of every command and subcommand, in a fresh process: nothing a command's module imports (torch) loads
+    assert set(commands.PARSERS) == set(entry.COMMANDS)
+    words = [["--help"], *([name, "--help"] for name in entry.COMMANDS)]
+    words += [["sweep", "parameters/sweeps/finetune_demo.yaml", "--help"], ["finetune", "--no-such-option", "1"]]
+    words += [
+        [name, sub, "--help"]
+        for name, subs in (("report", ("demo", "inplace")), ("demo", ("pretrain", "evaluate")))
+        for sub in subs
+    ]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_WITHOUT_TORCH, json.dumps(words)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for argv, code, heavy, text in json.loads(done.stdout):
+        assert code == (2 if "--no-such-option" in argv else 0) and heavy == [], (argv, code, heavy)
+        assert text.startswith("usage: python -m paperlib") and "``" not in text, (argv, text)
+        assert "no-such-option" in text or len(text.splitlines()) > 3, (argv, text)
+    sweep_help = " ".join(
+        next(text for argv, _, _, text in json.loads(done.stdout) if argv == ["sweep", "--help"]).split()
+    )
+    for said in (
+        "notebook",
+        "parameters",
+        "grid",
+        "name",
+        "slurm",
+        "reports/<notebook>/",
+        ".done.json",
+        "VIT_PLASTICITY_WORKERS",
+    ):
+        assert said in sweep_help, said
+
+
 # --- values refused before any file is touched ------------------------------------------------------
 
 SHORT = ["--steps", "4", "--warmup", "1", "--eval-every", "2", "--batch-size", "8"]
@@ -407,19 +468,30 @@ def help_line(text: str, invocation: str) -> str:
     raise AssertionError(f"{invocation} is not in --help:\n{text}")
 
 
-@pytest.mark.parametrize("module", [sweep, summary, precision_check, execute, demo], ids=lambda module: module.__name__)
-def test_help_gives_every_argument_a_meaning_a_type_its_choices_and_its_default(module, monkeypatch, capsys):
+MAINS = {
+    "sweep": sweep.main,
+    "stats": summary.main,
+    "precision": precision_check.main,
+    "report": execute.main,
+    "demo": demo.main,
+}
+"""The commands that declare their options with ``add_argument``: each one's ``main``."""
+
+
+@pytest.mark.parametrize("command", MAINS)
+def test_help_gives_every_argument_a_meaning_a_type_its_choices_and_its_default(command, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per argument
-    todo = [([], module.argument_parser())]  # the command, then each of its subcommands
+    main = MAINS[command]
+    todo = [([], commands.PARSERS[command]())]  # the command, then each of its subcommands
     while todo:
         words, parser = todo.pop()
         with pytest.raises(SystemExit) as done:
-            module.main([*words, "--help"])
+            main([*words, "--help"])
         assert done.value.code == 0
         text = capsys.readouterr().out
         assert parser.description and " ".join(parser.description.split()) in " ".join(text.split())
         for action in parser._actions:
-            where = f"{' '.join([module.__name__, *words])} {action.dest}"
+            where = f"{' '.join([command, *words])} {action.dest}"
             if isinstance(action, argparse._SubParsersAction):
                 for name, subcommand in action.choices.items():
                     assert help_line(text, name), f"{where}: subcommand {name} has no help"

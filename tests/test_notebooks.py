@@ -59,7 +59,7 @@ def test_committed_executed_without_errors(path):
 
 def test_unknown_notebook_is_a_clear_error():
     with pytest.raises(ValueError, match="valid notebooks: 00_components"):
-        execute.notebook_paths(["99_nothing"])
+        paths.notebook_paths(["99_nothing"])
 
 
 def test_parameter_files_only_set_existing_parameters():

@@ -56,7 +56,7 @@ def test_notebooks_run_one_per_core_each_with_its_figures(tmp_path, monkeypatch,
     monkeypatch.setenv("MPLBACKEND", "Agg")
     figure = "import os, time\nimport matplotlib.pyplot as plt\nplt.plot([1, {}]); plt.show()\ntime.sleep(2)"
     notebooks = [write_notebook(tmp_path / f"0{i}_figure.ipynb", figure.format(i)) for i in range(3)]
-    monkeypatch.setattr(execute, "notebook_paths", lambda names: notebooks)
+    monkeypatch.setattr(paths, "notebook_paths", lambda names: notebooks)
     monkeypatch.setattr(threads, "cores", lambda: 2)
     execute.run_demo(["given"], out_dir=tmp_path / "out")
     lines = capfd.readouterr().out.strip().splitlines()
@@ -102,7 +102,7 @@ def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_
     monkeypatch.setattr(threads, "cores", lambda: 1)
     failing = write_notebook(tmp_path / "00_fails.ipynb", "raise ValueError('on purpose')")
     after = write_notebook(tmp_path / "01_after.ipynb", f"open({str(tmp_path / 'ran')!r}, 'w').close()")
-    monkeypatch.setattr(execute, "notebook_paths", lambda names: [failing, after])
+    monkeypatch.setattr(paths, "notebook_paths", lambda names: [failing, after])
     with pytest.raises(Exception, match="on purpose"):
         execute.run_demo(["given"], out_dir=tmp_path / "out")
     assert not (tmp_path / "ran").exists() and not (tmp_path / "out" / "01_after.ipynb").exists()
@@ -190,7 +190,7 @@ def test_a_headline_that_contradicts_the_paper_says_why_on_the_landing_page(tmp_
 
 def test_parameters_reach_the_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    notebook = execute.notebook_paths(["00_components"])[0]
+    notebook = paths.notebook_paths(["00_components"])[0]
     out = execute.execute(
         notebook, tmp_path / "run.ipynb", {"paper_models": ["vit_large_in21k"], "images_per_dataset": 2}
     )
@@ -222,7 +222,7 @@ def test_a_finished_notebooks_kernel_is_shut_down_without_an_interrupt(tmp_path,
 
 def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    notebook = execute.notebook_paths(["00_components"])[0]
+    notebook = paths.notebook_paths(["00_components"])[0]
     with pytest.raises(Exception):
         execute.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
     assert not (tmp_path / "bad.ipynb").exists()

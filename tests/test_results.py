@@ -1,9 +1,12 @@
 """Results tables and the paper's statistics on a synthetic results tree with known answers."""
 
+import errno
 import itertools
 import json
 import math
+import shutil
 import statistics
+import tempfile
 import warnings
 
 import numpy as np
@@ -13,7 +16,7 @@ from conftest import found
 from scipy import stats as scipy_stats
 
 from paperlib.analysis import component_tests, plasticity_table, precision_check, ranking, significance, summary, tables
-from paperlib.records import paths
+from paperlib.records import paths, storage
 from paperlib.records.runs import PROTOCOL
 from paperlib.records.runs_table import KEYS, for_spec, histories_of, load
 from paperlib.train import finetune
@@ -800,6 +803,7 @@ def test_the_precision_command_prints_a_precisions_effect(tree, capsys, tmp_path
     assert (conclusions == "same").all()
     assert pd.read_csv(tmp_path / "tables" / "verdicts.csv")["verdict"].tolist() == ["differs"]
     assert (pd.read_csv(tmp_path / "wide" / "conclusions.csv")["verdict"] == "same").all()
+
     assert "pairs a cell" in out  # the power statement
     assert precision_check.main([str(tmp_path / "absent.yaml")]) == 2
 
@@ -850,3 +854,44 @@ def test_stats_and_precision_on_a_fresh_results_root_say_so_in_one_line(capsys):
         assert main([str(paths.ROOT / "parameters" / "sweeps" / spec)]) == 2
         said = capsys.readouterr()
         assert said.out == "" and said.err.count("\n") == 1 and f"no run of {paths.ROOT}" in said.err, said
+
+
+@pytest.mark.parametrize("main", [summary.main, precision_check.main], ids=["stats", "precision"])
+def test_csv_onto_a_file_existing_tables_or_a_read_only_folder_ends_in_one_line(
+    main, tree, capsys, tmp_path, move_results, monkeypatch
+):
+    move_results(".")
+    tf32_twins(tmp_path)
+    spec = str(precision_spec(tmp_path))
+
+    def refused(folder) -> str:
+        assert main([spec, "--csv", str(folder)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+        return err.strip()
+
+    a_file = tmp_path / "tables.csv"
+    a_file.write_text("mine\n")
+    assert refused(a_file) == f"error: --csv takes a folder for the tables; {a_file} is a file"
+    assert a_file.read_text() == "mine\n"
+    folder = tmp_path / "tables"
+    assert main([spec, "--csv", str(folder)]) == 0 and f"tables written to {folder}" in capsys.readouterr().out
+    written = {path.name: path.read_bytes() for path in folder.iterdir()}
+    (folder / next(iter(written))).write_bytes(b"edited")
+    assert "pass --overwrite to replace them" in refused(folder)
+    assert (folder / next(iter(written))).read_bytes() == b"edited"  # nothing replaced
+    assert main([spec, "--csv", str(folder), "--overwrite"]) == 0
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == written
+    capsys.readouterr()
+    # a read-only folder on a disk with little room left: read-only, as the disk says, not a full disk's guess
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=4096))
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+
+    def no_file_here(*args, dir=None, **kwargs):  # as root, chmod is no test
+        raise OSError(errno.EROFS, "Read-only file system", str(dir))
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_file_here)
+    assert refused(read_only) == f"error: cannot write in {read_only}: read-only file system"
+    assert storage.FULL_DISK > 4096 and not list(read_only.iterdir())

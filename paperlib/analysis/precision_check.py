@@ -21,10 +21,9 @@ from scipy import stats as scipy_stats
 from paperlib.analysis.component_tests import table1
 from paperlib.analysis.significance import holm
 from paperlib.analysis.summary import write_csv
-from paperlib.analysis.tables import COLUMNS, SELECTIONS, SETTING, check_one_setting, component_order, table6, wide
-from paperlib.records import cli, runs_table, specs
-from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
-from paperlib.records.step_options import PRECISIONS
+from paperlib.analysis.tables import COLUMNS, SETTING, check_one_setting, component_order, table6, wide
+from paperlib.records import cli, commands, paths, runs_table, specs
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS
 
 PAIR = ["dataset", "component", "lr", "seed"]
 """What pairs a run in one precision with the reference precision's run: the same grid point."""
@@ -119,25 +118,6 @@ def effect(
         "table1": pd.concat(stacked, ignore_index=True) if stacked else pd.DataFrame(columns=["precision"]),
         "best": best,
     }
-
-
-def missing_precisions(runs: pd.DataFrame, missing: pd.DataFrame, reference: str = "fp32") -> str | None:
-    """Why ``effect`` cannot check a spec's runs yet, in one line; None when it can.
-
-    ``runs`` and ``missing``: ``runs_table.for_spec``'s of the spec. ``effect`` needs runs in ``reference`` and in
-    another precision: the line names the precisions that have none and how many of their runs are missing (after a
-    paper grid in fp32 and before its TF32 and autocast runs, say)."""
-    found = set(runs["precision"])
-    if reference in found and len(found) > 1:
-        return None
-    absent = missing["precision"].value_counts()
-    asked = sorted(found | set(absent.index) | {reference}, key=lambda precision: (precision != reference, precision))
-    if len(asked) == 1:
-        return f"precision check skipped: the spec asks for {reference} runs alone, nothing to compare them with"
-    lacking = ", ".join(
-        f"{p} ({absent[p]} missing)" if p in absent else f"{p} (not in the spec)" for p in asked if p not in found
-    )
-    return f"precision check skipped: no runs in {lacking} yet; it compares each run with its {reference} twin"
 
 
 def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -604,30 +584,18 @@ def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
 
 
-def argument_parser():
-    """``main``'s command line: ``cli.tables_parser``'s, the reference precision and the equivalence margin."""
-    spec = "a finetuning sweep spec of several precisions, e.g. parameters/sweeps/precision_paper.yaml"
-    description = main.__doc__.split(":", 1)[1].strip()
-    parser = cli.tables_parser("python -m paperlib precision", description, spec, SELECTIONS, runs_table.ACCURACIES)
-    parser.add_argument(
-        "--reference",
-        default="fp32",
-        help=f"the precision the others are compared with, one of {', '.join(PRECISIONS)}",
-    )
-    parser.add_argument("--margin", type=float, default=0.5, help="equivalence margin, accuracy points")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib precision``: ``effect`` of a sweep's runs in several precisions.
 
     ``python -m paperlib precision SPEC [--reference fp32] [--margin 0.5] [--select val] [--accuracy exact]
     [--csv DIR]``, SPEC a finetuning sweep spec (e.g. ``precision_paper.yaml``)."""
-    args = argument_parser().parse_args(argv)
+    args = commands.precision().parse_args(argv)
     try:
         found, missing = runs_table.for_spec(specs.load_spec(args.spec), accuracy=args.accuracy)
         runs_table.at_least_one(found, args.spec, missing)
         tables = effect(found, args.reference, args.margin, select=args.select)
+        if args.csv:  # before anything is printed: a refused folder is the one line the command prints
+            write_csv(tables, args.csv, indexed=("best", "margins"), overwrite=args.overwrite)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {p} {s}" for (p, s), n in found.groupby(["precision", "status"]).size().items())
@@ -649,5 +617,5 @@ def main(argv: list[str] | None = None) -> int:
         power_statement(tables["verdicts"], args.margin, found["dataset"].nunique(), conclusions=tables["conclusions"])
     )
     if args.csv:
-        write_csv(tables, args.csv, indexed=("best", "margins"))
+        print(f"tables written to {paths.display(args.csv)}")
     return 0

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from paperlib.analysis.component_tests import comparisons, formatted_pairs, paper_order, plasticity_for
-from paperlib.analysis.tables import PAPER_TABLE6, SELECTIONS, formatted, grid_spread, table6, with_probing
-from paperlib.records import cli, paths, runs_table, specs, storage
+from paperlib.analysis.tables import PAPER_TABLE6, formatted, grid_spread, table6, with_probing
+from paperlib.records import cli, commands, paths, runs_table, specs, storage
 
 
 def summary(
@@ -42,25 +42,11 @@ def paper_summary() -> dict[str, pd.DataFrame]:
     return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
 
 
-def argument_parser():
-    """``main``'s command line: ``cli.tables_parser``'s and the reference images of P(f)."""
-    spec = "a finetuning sweep spec, e.g. parameters/sweeps/finetune_paper.yaml"
-    description = main.__doc__.split(":", 1)[1].strip()
-    parser = cli.tables_parser("python -m paperlib stats", description, spec, SELECTIONS, runs_table.ACCURACIES)
-    parser.add_argument(
-        "--reference", help="the dataset P(f) was measured against (its reference images); default: each dataset's own"
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m paperlib stats``: notebook 07's tables for a finetuning sweep's runs.
+    """``python -m paperlib stats SPEC [--select val] [--accuracy exact] [--csv DIR]``: ``summary``'s tables printed.
 
-    ``python -m paperlib stats SPEC [--select val] [--accuracy exact] [--reference R] [--csv DIR]``, without the
-    notebook: what is finished and missing, Table 6, Table 1 with Holm's adjustment, every pair of components, and the
-    Takeaway 2 test; for a spec of several precisions (a precision check: ``python -m paperlib precision``), these of
-    its fp32 runs."""
-    args = argument_parser().parse_args(argv)
+    What it prints: ``records.commands.stats``' description."""
+    args = commands.stats().parse_args(argv)
     try:
         spec = specs.load_spec(args.spec)
         found, missing = runs_table.for_spec(spec, accuracy=args.accuracy)
@@ -69,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         if several:  # a precision check (precision_check.main): here, the paper's tables of its fp32 runs
             found = found[found["precision"] == "fp32"]
         tables = summary(found, args.select, args.reference)
+        if args.csv:  # before anything is printed: a refused folder is the one line the command prints
+            write_csv(tables, args.csv, indexed=("takeaway2",), overwrite=args.overwrite)
     except cli.BAD_INPUT as error:
         return cli.fail(error)
     counts = ", ".join(f"{n} {s}" for s, n in found["status"].value_counts().items())
@@ -95,16 +83,27 @@ def main(argv: list[str] | None = None) -> int:
     if (found["method"] == "subset").any():
         print("equal-capacity runs: their LN2 and LN1 are the ordinary runs; notebook 10 compares the two designs\n")
     if args.csv:
-        write_csv(tables, args.csv, indexed=("takeaway2",))
+        print(f"tables written to {paths.display(args.csv)}")
     return 0
 
 
-def write_csv(tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = ()) -> None:
-    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones; says where."""
+def write_csv(
+    tables: dict[str, pd.DataFrame], folder: str | Path, indexed: tuple[str, ...] = (), overwrite: bool = False
+) -> None:
+    """Each table as ``<folder>/<name>.csv``, atomically, with its index for the ``indexed`` ones.
+
+    Nothing is written if ``folder`` is a file (NotADirectoryError) or already holds one of the tables and not
+    ``overwrite`` (FileExistsError, saying how to replace them); a disk that refuses them is a ``CannotWrite``."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--csv takes a folder for the tables; {paths.display(folder)} is a file")
+    there = [f"{name}.csv" for name in tables if (folder / f"{name}.csv").exists()]
+    if there and not overwrite:
+        raise FileExistsError(
+            f"{paths.display(folder)} already holds {', '.join(there)}; pass --overwrite to replace them"
+        )
+    storage.make_folder(folder)
     for name, table in tables.items():
         storage.atomic_write(
             folder / f"{name}.csv", lambda tmp, table=table, index=name in indexed: table.to_csv(tmp, index=index)
         )
-    print(f"tables written to {paths.display(folder)}")

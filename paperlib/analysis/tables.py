@@ -25,10 +25,8 @@ import numpy as np
 import pandas as pd
 
 from paperlib.records import paths
-from paperlib.records.names import COMPONENTS, RUN_COMPONENTS
+from paperlib.records.names import COMPONENTS, RUN_COMPONENTS, SELECTIONS
 from paperlib.records.runs_table import KEYS
-
-SELECTIONS = ("test", "val")
 
 PROBE = "probe"
 """Table 6's linear-probing column (the paper's "Linear"): the authors' probe of the pretrained model

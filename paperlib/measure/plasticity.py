@@ -40,7 +40,6 @@ from which factor on it follows the paper's ranking).
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from paperlib.data import datasets
 from paperlib.data.corruptions import check_severity
 from paperlib.data.loader import decode_workers
 from paperlib.measure.component_rates import batch_pair_rates, evaluating, linear_terms, pair_rates, tabulate
-from paperlib.records import cli, measurements, paths, storage
+from paperlib.records import cli, commands, measurements, paths, storage
 from paperlib.records.names import COMPONENTS, check_inputs
 from paperlib.speed import devices, threads
 from paperlib.vit import models
@@ -383,34 +382,14 @@ def measure_missing(
     return made
 
 
-HELP = {
-    "batch_size": "pairs per batch",
-    "device": "cpu, cuda or cuda:<index>: a device this machine has",
-    "data_root": "data folder (None: $VIT_PLASTICITY_DATA or data/)",
-    "progress": "show a progress bar over the pairs",
-    "num_workers": "DataLoader workers decoding images; not given: up to 8 on CUDA, 0 (the main process) on a CPU",
-}
-"""``--help``'s meaning of the command's options that are ``run``'s, not ``Measurement`` fields (theirs:
-``cli.field_comments``)."""
-
-
 def main(argv: list[str] | None = None) -> int:
     """One plasticity measurement from the command line, as notebook 02 makes it.
 
     ``python -m paperlib plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
-    options = {name: p.default for name, p in inspect.signature(run).parameters.items() if p.kind == p.KEYWORD_ONLY}
-    # num_workers: run's None (automatic) unless given, so typed as the number a command line gives
-    defaults = cli.field_defaults(Measurement) | options | {"num_workers": 0}
     try:
-        values = cli.parameters(
-            argv,
-            defaults,
-            "Plasticity of every component (paper §5.1); notebook 02's parameters.",
-            "python -m paperlib plasticity",
-            meanings=cli.field_comments(Measurement) | HELP,
-        )
-        given = {name: values.pop(name) for name in options if name in values}
+        values = cli.parameters(argv, commands.plasticity(), commands.PLASTICITY)
+        given = {name: values.pop(name) for name in commands.MEASURING if name in values}
         table, folder = run(Measurement(**values), **given)
     except cli.BAD_INPUT as error:
         return cli.fail(error)

@@ -5,6 +5,7 @@ The bottom layer: every other package builds on it, and it imports none of them 
 - ``paths``         where things live: the repository, results, reports, data caches, custom models and datasets
 - ``storage``       atomic writes, whole-JSON reads and the lock of what one process at a time writes
 - ``cli``           the command lines' parameter files, overrides and ``--help``
+- ``commands``      every command's command line, parsed before the command's module (and torch) is imported
 - ``names``         the names every table and figure shares: components, configurations, labels, the choices a
                     result records
 - ``step_options``  how a run's steps may run (precision, compilation, attention kernel, fused ops) and speed presets

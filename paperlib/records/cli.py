@@ -22,8 +22,9 @@ import yaml
 
 from paperlib.records import storage
 
-BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
-"""What a command line reports as a bad input (``fail``), not as a traceback: a disk that refuses a file too."""
+BAD_INPUT = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, storage.CannotWrite)
+"""What a command line reports as a bad input (``fail``), not as a traceback: a file in the way, a disk that refuses
+a file too."""
 
 
 def fail(error: BaseException) -> int:
@@ -123,6 +124,17 @@ class Help(argparse.HelpFormatter):
 
     TYPES = {None: "str", str: "str", int: "int", float: "float", Path: "path"}
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        # a description: each paragraph (between blank lines) filled on its own; a heading's list kept as written
+        filled = []
+        for paragraph in text.strip("\n").split("\n\n"):
+            head, *rest = paragraph.splitlines()
+            if rest and all(line.startswith(" ") for line in rest):
+                filled.append(super()._fill_text(head, width, indent) + "".join(f"\n{indent}{line}" for line in rest))
+            else:
+                filled.append(super()._fill_text(paragraph, width, indent))
+        return "\n\n".join(filled)
+
     def _get_help_string(self, action: argparse.Action) -> str:
         # a subcommand's line in its parent's list, or --help itself: the help as it is
         if not (action.option_strings or action.required) or action.default is argparse.SUPPRESS:
@@ -141,50 +153,12 @@ class Help(argparse.HelpFormatter):
         return f"{meaning} ({'; '.join(facts)})"
 
 
-def tables_parser(
-    prog: str, description: str, spec: str, selections: tuple[str, ...], accuracies: tuple[str, ...]
+def parameters_parser(
+    defaults: dict[str, Any], description: str, prog: str, meanings: dict[str, str] | None = None
 ) -> argparse.ArgumentParser:
-    """The command line that ``stats`` and ``precision`` share (each adds its own options).
+    """The command line of ``-f FILE`` parameter files and ``--name value`` overrides of ``defaults``' names.
 
-    They print the tables of a finetuning sweep spec's runs (``spec``: what the spec is, e.g. its file), Table 6
-    picking each learning rate by one of ``selections``, the runs' accuracies read as one of ``accuracies``, and write
-    them as CSV files if asked."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=Help)
-    parser.add_argument("spec", type=Path, help=spec)
-    parser.add_argument(
-        "--select",
-        default="test",
-        choices=selections,
-        help="how Table 6 picks each learning rate: by test (the paper) or val accuracy",
-    )
-    parser.add_argument(
-        "--accuracy",
-        default=accuracies[0],
-        choices=accuracies,
-        help="the runs' accuracies as the authors' evaluation computes them (the mean of per-batch accuracies) or "
-        "exact (correct / images), of the same checkpoints",
-    )
-    parser.add_argument(
-        "--csv", type=Path, metavar="DIR", help="also write each table as DIR/<table>.csv; default: no file written"
-    )
-    return parser
-
-
-def parameters(
-    argv: list[str] | None,
-    defaults: dict[str, Any],
-    description: str,
-    prog: str,
-    flexible: frozenset[str] = frozenset(),
-    meanings: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
-
-    Names in ``flexible`` keep a parameter file's value as it is (``compile``: a boolean or a string).
-    ``--help`` shows each option's meaning (``meanings``), type and default.
-    A missing or malformed file, an unknown name in a file or a bad value raises FileNotFoundError or
-    ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
-    """
+    ``--help`` shows each option's meaning (``meanings``), type and default; ``parameters`` reads what it parses."""
     valid = sorted(defaults)
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
     parser.add_argument(
@@ -204,6 +178,22 @@ def parameters(
             metavar=kind.upper().replace(" ", "_") if kind != "true or false" else "BOOL",
             help=f"{meaning + ' ' if meaning else ''}({kind}; default {shown})",
         )
+    return parser
+
+
+def parameters(
+    argv: list[str] | None,
+    parser: argparse.ArgumentParser,
+    defaults: dict[str, Any],
+    flexible: frozenset[str] = frozenset(),
+) -> dict[str, Any]:
+    """Parse ``-f FILE`` parameter files and ``--name value`` overrides into ``defaults``' names.
+
+    ``parser``: ``parameters_parser`` of ``defaults``. Names in ``flexible`` keep a parameter file's value as it is
+    (``compile``: a boolean or a string). A missing or malformed file, an unknown name in a file or a bad value raises
+    FileNotFoundError or ValueError (for ``fail``); an unknown option stops in argparse, with the usage.
+    """
+    valid = sorted(defaults)
     args = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     for file in args.pop("file"):  # a file's problems: FileNotFoundError or ValueError naming it (``fail``)

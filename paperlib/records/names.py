@@ -105,6 +105,15 @@ DEMO_FAMILIES = ("digits_source", "digits")
 its downstream digits with their corruptions."""
 
 
+SELECTIONS = ("test", "val")
+"""How Table 6 picks each configuration's learning rate: by test accuracy (the paper's) or validation accuracy."""
+
+ACCURACIES = ("authors", "exact")
+"""How the tables read a run's accuracies: as the authors' evaluation computes them (the mean of per-batch
+accuracies, ``finetune.evaluate``: ``test_accuracy``, ``best_val_accuracy``) or exactly (their ``_exact`` columns,
+moved into those two by ``runs_table.read_as``). The checkpoint is the one the authors' reading chose, either way."""
+
+
 INPUTS = ("embedding", "in_situ")
 """What a component's rate is measured on: ``embedding`` (the paper's: every block on the embedding's
 tokens) or ``in_situ`` (each component on its actual input; beyond the paper: ``component_rates``)."""

@@ -12,6 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Iterable
 
 PACKAGE = Path(__file__).resolve().parents[1]
 ROOT = PACKAGE.parent
@@ -22,6 +23,21 @@ PARAMETERS = ROOT / "parameters"
 
 DEMO_WEIGHTS = ASSETS / "demo_vit.safetensors"
 DEMO_CARD = ASSETS / "demo_vit.json"
+
+
+def notebook_paths(names: Iterable[str] | None = None) -> list[Path]:
+    """The project's notebooks, in paper order, or those named (stem or file name)."""
+    available = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return available
+    by_stem = {p.stem: p for p in available}
+    chosen = []
+    for name in names:
+        stem = Path(name).stem
+        if stem not in by_stem:
+            raise ValueError(f"unknown notebook {name!r}; valid notebooks: {', '.join(by_stem)}")
+        chosen.append(by_stem[stem])
+    return chosen
 
 
 def _env_path(variable: str, default: Path) -> Path:

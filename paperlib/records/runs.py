@@ -85,7 +85,7 @@ class Run:
     # --- beyond the paper: how the component trains, tags, kept weights ---
     # weights (the paper: the component's own weights), lora (a rank-r LoRA update beside each of its weight matrices
     # trains instead; mha, fc1, fc2 or full) or subset (as many parameters per block as a LayerNorm has, 2d: a seeded
-    # random subset of the component's weights and biases, the rest frozen; mha, fc1 or fc2) (``records.methods``)
+    # random subset of the component's weights and biases, the rest frozen; mha, fc1 or fc2)
     method: str = "weights"
     lora_rank: int = 0  # method lora: the rank r of each update (e.g. 8)
     # method lora: the updates are scaled by lora_alpha / lora_rank; 0 = the rank (a scale of 1; stored as the rank)

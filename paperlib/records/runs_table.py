@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from paperlib.records import methods, paths, specs, storage
+from paperlib.records.names import ACCURACIES
 from paperlib.records.runs import (
     HISTORY,
     HOW_IT_RAN,
@@ -41,10 +42,6 @@ RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy
 RUN_COLUMNS += ["trainable_parameters", "wall_seconds", "images_per_second", "folder"]
 RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact", "clipped_steps", "component_grad_share"]
 """The columns of ``load``'s runs table: the keys, then what the run reported."""
-ACCURACIES = ("authors", "exact")
-"""How the tables read a run's accuracies: as the authors' evaluation computes them (the mean of per-batch
-accuracies, ``finetune.evaluate``: ``test_accuracy``, ``best_val_accuracy``) or exactly (their ``_exact`` columns,
-moved into those two by ``read_as``). The checkpoint is the one the authors' reading chose, either way."""
 COUNTS = ["best_step", "test_images", "trainable_parameters"]
 """The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
 

@@ -38,12 +38,15 @@ FULL_DISK = (
 def unwritable(path: str | Path, error: BaseException, folder: str | Path | None = None) -> BaseException:
     """``error``, raised while writing ``path``, as a ``CannotWrite`` when the disk refused it.
 
-    The ``CannotWrite`` says why: read-only, no permission, no space left, or a write that failed on a disk
-    with less than ``FULL_DISK`` free. Any other error as it is. ``folder``: the folder to name (default:
+    The ``CannotWrite`` says why: read-only or no permission (as the error's number says, whatever the disk's free
+    space), no space left, or a write that failed on a disk with less than ``FULL_DISK`` free. Any other error as
+    it is. ``folder``: the folder to name (default:
     ``path``'s)."""
     path = Path(path)
     folder = Path(folder) if folder is not None else path.parent
     number = getattr(error, "errno", None)
+    if number in (errno.EROFS, errno.EACCES, errno.EPERM):  # said by the disk: before any guess from its free space
+        return CannotWrite(f"cannot write in {display(folder)}: {os.strerror(number).lower()}")
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     try:
         full = existing is not None and shutil.disk_usage(existing).free < FULL_DISK
@@ -51,8 +54,6 @@ def unwritable(path: str | Path, error: BaseException, folder: str | Path | None
         full = False
     if number in (errno.ENOSPC, errno.EDQUOT) or (full and isinstance(error, (OSError, RuntimeError))):
         return CannotWrite(f"no space left on the device of {display(existing or folder)}: cannot write {path.name}")
-    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return CannotWrite(f"cannot write in {display(folder)}: {os.strerror(number).lower()}")
     return error
 
 

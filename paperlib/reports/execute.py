@@ -20,7 +20,6 @@ checkers).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import html
@@ -32,28 +31,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterable
 
-from paperlib.records import cli, paths, specs, storage
+from paperlib.records import cli, commands, paths, specs, storage
 from paperlib.reports.notebook import HEADLINE_MIME
 from paperlib.speed import threads
 from paperlib.train import finetune
 
 KERNEL = "python3"
 KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
-
-
-def notebook_paths(names: Iterable[str] | None = None) -> list[Path]:
-    """The project's notebooks, in paper order, or those named (stem or file name)."""
-    available = sorted(paths.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    if not names:
-        return available
-    by_stem = {p.stem: p for p in available}
-    chosen = []
-    for name in names:
-        stem = Path(name).stem
-        if stem not in by_stem:
-            raise ValueError(f"unknown notebook {name!r}; valid notebooks: {', '.join(by_stem)}")
-        chosen.append(by_stem[stem])
-    return chosen
 
 
 # the backend that puts figures into a notebook's outputs (ipykernel's default, unless the
@@ -320,7 +304,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
             raise
         return notebook, page, time.perf_counter() - start
 
-    notebooks = notebook_paths(names)
+    notebooks = paths.notebook_paths(names)
     # the inline backend for every kernel, set once: each execute's own setting and restoring would race
     with _inline_figures(), ThreadPoolExecutor(max(1, min(threads.cores(), len(notebooks)))) as pool:
         for done in as_completed([pool.submit(report, notebook) for notebook in notebooks]):
@@ -353,33 +337,11 @@ def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
         print(f"executed {notebook}", flush=True)
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib report`` (``main``): its subcommands ``demo`` and ``inplace``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib report", description=__doc__.split("\n")[0], formatter_class=cli.Help
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    what = "execute notebooks at demo scale and render HTML reports, with an index page"
-    demo = commands.add_parser("demo", help=what, description=what, formatter_class=cli.Help)
-    names = ", ".join(notebook.stem for notebook in notebook_paths())
-    demo.add_argument(
-        "-n",
-        "--notebook",
-        action="append",
-        help=f"a notebook to run, by name (repeatable): {names}; default: every notebook",
-    )
-    demo.add_argument("--out", type=Path, help="report folder; default: $VIT_PLASTICITY_REPORTS if set, else reports/")
-    what = "re-execute committed notebooks in place (nbclient), keeping their cells and metadata"
-    inplace = commands.add_parser("inplace", help=what, description=what, formatter_class=cli.Help)
-    inplace.add_argument("notebooks", nargs="+", type=Path, help="notebook files, e.g. notebooks/00_components.ipynb")
-    return parser
-
-
 def main(argv: list[str] | None = None) -> None:
     """``python -m paperlib report``: the demo's reports (``demo``), or notebooks re-executed in place."""
     import nbformat
 
-    parser = argument_parser()
+    parser = commands.report()
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":

@@ -24,7 +24,7 @@ def spec_runs(
     parameters take the values of ``only`` (``specs.restrict``: ``{"dataset": ["digits"]}``) if given. ``required``:
     a one-line ValueError when none of the specs' runs is there (``runs_table.at_least_one``). ``model``: the runs of
     that model only, "" of the runs' one model (``tables.one_model``: a ValueError naming the models found).
-    ``accuracy``: how their accuracies are read (``runs_table.ACCURACIES``: the authors' reading, or exact)."""
+    ``accuracy``: how their accuracies are read (``names.ACCURACIES``: the authors' reading, or exact)."""
     loaded = [specs.load_spec(paths.ROOT / spec) if isinstance(spec, str) else spec for spec in spec_list if spec]
     if compute_missing:
         finetune.run_spec(*(specs.restrict(spec, **only) if only else spec for spec in loaded))

@@ -38,7 +38,6 @@ for a finetuning sweep, estimates the device-hours of those to run on this machi
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import dataclasses
 import functools
@@ -56,16 +55,13 @@ import torch
 
 from paperlib.data import datasets
 from paperlib.measure import plasticity
-from paperlib.records import cli, paths, runs, specs, storage
+from paperlib.records import cli, commands, paths, runs, specs, storage
 from paperlib.records.names import check_normalize
-from paperlib.records.step_options import PRECISIONS
 from paperlib.reports import execute
 from paperlib.speed import devices, threads
 from paperlib.sweeps import plan
 from paperlib.train.config import config_from
 from paperlib.vit import models
-
-EXECUTORS = ("local", "gpus", "slurm", "submitit-local")
 
 STATUSES = {
     "done": "done",
@@ -290,8 +286,8 @@ def check_executor(executor: str) -> str:
 
     ``slurm`` needs SLURM's ``sbatch`` on PATH: without it submitit's ``AutoExecutor`` would run the jobs here, all at
     once (``submitit-local`` asks for that by name)."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if executor not in commands.EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(commands.EXECUTORS)}")
     if executor == "slurm" and shutil.which("sbatch") is None:
         raise ValueError(
             "executor 'slurm' needs SLURM, and sbatch is not on PATH here; valid executors here: local (one run "
@@ -433,55 +429,9 @@ def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None
     return todo
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib sweep`` (``main``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib sweep", description=__doc__.split("\n")[0], formatter_class=cli.Help
-    )
-    parser.add_argument("spec", type=Path, help="sweep spec (YAML), e.g. parameters/sweeps/plasticity_demo.yaml")
-    parser.add_argument(
-        "--executor",
-        default="local",
-        choices=EXECUTORS,
-        help="local: one run after another, here; gpus: a process per GPU here; slurm: a SLURM job per run "
-        "(submitit; needs sbatch on PATH); submitit-local: submitit's jobs, every run at once here",
-    )
-    parser.add_argument(
-        "--gpus", default=None, help="GPU ids for --executor gpus, e.g. 0,1; default: every visible GPU"
-    )
-    parser.add_argument(
-        "--html",
-        action="store_true",
-        help="render each run's reports (.html, .nocode.html) beside its executed notebook; default: the notebook only",
-    )
-    parser.add_argument(
-        "--reports",
-        action="store_true",
-        help="execute finished runs that have no report of their parameters too (a run made outside a sweep, by a "
-        "notebook or a command, has none), to write it; default: finished runs are skipped",
-    )
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
-    parser.add_argument(
-        "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
-    )
-    parser.add_argument(
-        "--precision",
-        default=None,
-        help=f"with --plan: as if the spec's precision were this, one of {', '.join(PRECISIONS)}; default: the spec's",
-    )
-    parser.add_argument(
-        "--plan-steps",
-        type=int,
-        default=None,
-        help="with --plan: steps timed per distinct step that no finished run recorded, after warm-up "
-        "(ViT-Base at batch 512 takes minutes a step on a CPU); default: 3",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib sweep``: run, plan or dry-run a sweep spec."""
-    args = argument_parser().parse_args(argv)
+    args = commands.sweep().parse_args(argv)
     try:
         if not args.plan and (args.precision is not None or args.plan_steps is not None):
             raise ValueError("--precision and --plan-steps are options of --plan")

@@ -6,13 +6,15 @@ The demo world's stand-in for an ImageNet-21k checkpoint (a tiny ViT pretrained 
     python -m paperlib demo evaluate     # accuracy of the committed weights on digits_source test
 
 Pretraining is deterministic for a given machine and library versions: fixed seeds, a private
-random generator for shuffling and augmentation, and deterministic torch algorithms.
+random generator for shuffling and augmentation, and deterministic torch algorithms. Another CPU (its vector
+instructions) or other library versions round otherwise, and make other weights: ``pretrain`` then leaves the
+committed ones as they are, saying both SHA-256 and test accuracies, unless ``--overwrite`` (``replace_weights``).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import hashlib
 import json
 import math
 import platform
@@ -22,13 +24,13 @@ from pathlib import Path
 
 import timm
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 
 from paperlib.data.datasets import get_dataset
 from paperlib.data.imagesets import ImageDataset
 from paperlib.data.loader import DeviceLoader, Transform
-from paperlib.records import cli, paths, storage
+from paperlib.records import cli, commands, paths, storage
 from paperlib.train.finetune import evaluate
 from paperlib.vit.models import create_model
 
@@ -104,51 +106,53 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
     return model, metrics
 
 
+def weight_file(model: nn.Module) -> bytes:
+    """The state dict as a safetensors file's bytes: what ``save_weights`` writes."""
+    return save({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+
+
 def save_weights(model: nn.Module, path: Path, card: dict | None = None) -> None:
     """Write the state dict as safetensors (and an optional JSON card beside it), atomically."""
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    storage.atomic_write(path, lambda tmp: save_file(state, tmp))
+    data = weight_file(model)
+    storage.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
     if card is not None:
         storage.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib demo`` (``main``): its subcommands ``pretrain`` and ``evaluate``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m paperlib demo", description=__doc__.split("\n")[0], formatter_class=cli.Help
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    committed = f"the committed weights, {paths.display(paths.DEMO_WEIGHTS)}"
-    what = "pretrain the demo ViT on digits_source (Recipe) and save its weights, with a JSON card beside them"
-    train = commands.add_parser("pretrain", help=what, description=what, formatter_class=cli.Help)
-    train.add_argument(
-        "--out",
-        type=Path,
-        default=paths.DEMO_WEIGHTS,
-        help=f"weight file to write (safetensors); default: {committed}",
-    )
-    train.add_argument("--epochs", type=int, default=Recipe.epochs, help=cli.field_comments(Recipe)["epochs"])
-    what = "accuracy of demo weights on digits_source's trainval and test splits"
-    evaluate = commands.add_parser("evaluate", help=what, description=what, formatter_class=cli.Help)
-    evaluate.add_argument(
-        "--weights",
-        type=Path,
-        default=paths.DEMO_WEIGHTS,
-        help=f"weight file to read (safetensors); default: {committed}",
-    )
-    return parser
+def replace_weights(model: nn.Module, card: dict, path: Path, overwrite: bool = False) -> str:
+    """Save ``model`` at ``path`` with its ``card`` (``save_weights``) unless other weights are there; says what it did.
+
+    Weights other than ``path``'s (another SHA-256: pretraining on another CPU, or with other library versions, rounds
+    otherwise) replace them only with ``overwrite``; otherwise nothing is written and a FileExistsError gives both
+    SHA-256 and test accuracies (``card``'s ``test_accuracy``, and that of ``path``'s weights). The same weights:
+    nothing is written either (their card keeps the run that made them)."""
+    digest = hashlib.sha256(weight_file(model)).hexdigest()
+    if path.is_file():
+        there = hashlib.sha256(path.read_bytes()).hexdigest()
+        if there == digest:
+            return f"the same weights as {paths.display(path)} (sha256 {digest}): left as they are"
+        if not overwrite:
+            kept = accuracy(create_model("demo", weights=path), get_dataset("digits_source", "test"))
+            committed = " (the committed notebooks' numbers are theirs)" if path == paths.DEMO_WEIGHTS else ""
+            raise FileExistsError(
+                f"these weights differ from {paths.display(path)}{committed}: sha256 {digest}, test accuracy "
+                f"{card['test_accuracy']:.4f} here; sha256 {there}, test accuracy {kept:.4f} there; "
+                "pass --overwrite to replace them"
+            )
+    save_weights(model, path, card)
+    return f"wrote {paths.display(path)} (sha256 {digest})"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The demo's command line: ``python -m paperlib demo <command>`` (``argument_parser``)."""
-    parser = argument_parser()
+    """The demo's command line: ``python -m paperlib demo <command>`` (``records.commands.demo``)."""
+    parser = commands.demo()
     args = parser.parse_args(argv)
 
     try:
         if args.command == "pretrain":
-            if args.epochs < 1:
+            if args.epochs is not None and args.epochs < 1:
                 parser.error(f"--epochs must be at least 1, got {args.epochs}")
-            recipe = Recipe(epochs=args.epochs)
+            recipe = Recipe() if args.epochs is None else Recipe(epochs=args.epochs)
             model, metrics = pretrain(recipe)
             card = {
                 "model": "vit_demo_patch4_32",
@@ -160,12 +164,12 @@ def main(argv: list[str] | None = None) -> None:
                 "versions": {"python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__},
                 "machine": f"{platform.machine()}, {torch.get_num_threads()} CPU threads",
             }
-            save_weights(model, args.out, card)
+            said = replace_weights(model, card, args.out, args.overwrite)
             print(json.dumps(metrics))
-            print(f"wrote {args.out}")
+            print(said)
         else:
             model = create_model("demo", weights=args.weights)
             for split in ("trainval", "test"):
                 print(f"digits_source {split} accuracy: {accuracy(model, get_dataset('digits_source', split)):.4f}")
-    except cli.BAD_INPUT as error:  # a weight file missing or not one
+    except cli.BAD_INPUT as error:  # a weight file missing or not one; other weights than pretraining's
         parser.exit(cli.fail(error))

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from paperlib.data import datasets
 from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
-from paperlib.records import cli, paths, runs, storage
+from paperlib.records import cli, commands, paths, runs, storage
 from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
 from paperlib.speed import devices, threads
 from paperlib.train import checkpoints
@@ -512,12 +512,6 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
 
 
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
-HELP = {
-    "speed": "a preset of step options, the same step to rounding: auto, none, a file of parameters/speed/ "
-    "(e.g. h100); it sets the step options not given",
-    "wait": "wait for a run another process is training (false: say it runs elsewhere and exit with status 75)",
-}
-"""``--help``'s meaning of the command's options that are not ``Config`` fields (theirs: ``cli.field_comments``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,16 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of ``parameters/speed/``),
     which sets those not given (``speed.options.with_preset``). A run that another process is training
     is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
-    defaults = Config.defaults() | {"speed": "auto", "wait": True}
     try:
-        values = cli.parameters(
-            argv,
-            defaults,
-            "One finetuning run (paper §5.2); notebook 05's parameters.",
-            "python -m paperlib finetune",
-            flexible=frozenset({"compile"}),
-            meanings=cli.field_comments(Config) | HELP,
-        )
+        values = cli.parameters(argv, commands.finetune(), commands.FINETUNE, flexible=frozenset({"compile"}))
         wait = values.pop("wait", True)
         config = config_from(values)
         with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
