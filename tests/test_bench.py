@@ -522,6 +522,36 @@ def test_the_sharing_benchmark_sweeps_the_demo_plasticity_spec_over_four_dataset
     assert {notebook.name for _, notebook, _ in cells} == {"02_plasticity.ipynb"}
 
 
+def test_the_grid_benchmark_writes_runs_that_look_like_real_ones(results):
+    from benchmarks import grid
+    from paperlib.analysis import tables
+    from paperlib.records import runs_table
+
+    assert grid.build(results, dataset=["pets"], lr=[0.001, 0.03], seed=[0, 42]) == 7 * 2 * 2
+    runs = runs_table.load(results)
+    # ViT-Base/16 counted by hand: width 768, MLP 3072, 12 blocks, 197 tokens; a head of Pets' 37 classes
+    head, final_norm, blocks = 768 * 37 + 37, 2 * 768, 12
+    mha, fc1, fc2, norm = 768 * 3 * 768 + 3 * 768 + 768 * 768 + 768, 768 * 3072 + 3072, 3072 * 768 + 768, 2 * 768
+    embedding = 768 * 3 * 16 * 16 + 768 + 768 + 197 * 768
+    trained = {c: blocks * n + final_norm + head for c, n in {"mha": mha, "fc1": fc1, "fc2": fc2}.items()}
+    trained |= {"ln1": blocks * norm + final_norm + head, "ln2": blocks * norm + final_norm + head, "linear": head}
+    trained["full"] = embedding + blocks * (mha + fc1 + fc2 + 2 * norm) + final_norm + head
+    assert runs.groupby("component")["trainable_parameters"].unique().map(list).to_dict() == {
+        c: [n] for c, n in trained.items()
+    }
+    # the best step: a validation step of the run's history, its highest accuracy, not always the last
+    assert runs["best_step"].nunique() > 3 and (runs["best_step"] % 200 == 0).all()
+    histories = runs_table.histories_of(runs)
+    for row in runs.itertuples():
+        validated = histories[(histories["component"] == row.component) & (histories["lr"] == row.lr)]
+        validated = validated[validated["seed"] == row.seed].dropna(subset=["val_accuracy"])
+        assert validated.loc[validated["val_accuracy"].idxmax(), "step"] == row.best_step
+    # gradient norms in the plasticity order at every learning rate and seed, larger at the larger rate
+    early = tables.early_gradient_norm(histories, runs).pivot_table("grad_norm", ["lr", "seed"], "component")
+    assert (early["mha"] > early["ln1"]).all() and (early["fc1"] > early["ln2"]).all()
+    assert (early.loc[0.03] > early.loc[0.001]).all().all()
+
+
 def test_the_gpu_check_without_a_gpu_is_a_dry_run_that_lists_what_it_would_measure(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     measured = []

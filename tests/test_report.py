@@ -98,6 +98,39 @@ def test_notebooks_run_at_once_each_in_its_folder_leave_this_process_where_it_wa
         assert cell.outputs[0].text.strip() == str(folder)
 
 
+def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_still_to_come(
+    tmp_path, monkeypatch, write_notebook
+):
+    sources = [
+        write_notebook(tmp_path / f"{name}.ipynb", "", heading=f"# {name[:2]} · {name[3:]} (paper §{i})")
+        for i, name in enumerate(["00_first", "04_reads_runs", "02_second"])
+    ]
+    monkeypatch.setattr(execute, "notebook_paths", lambda names: sorted(sources))
+    monkeypatch.setattr(threads, "cores", lambda: 1)
+    out, events, landing = tmp_path / "out", [], {}
+
+    def instant(notebook, output, parameters=None):  # as papermill's executed copy, at once
+        landing[notebook.stem] = (out / "index.html").read_text() if (out / "index.html").is_file() else None
+        events.append(notebook.stem)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_bytes(notebook.read_bytes())
+        return output
+
+    monkeypatch.setattr(execute, "execute", instant)
+    monkeypatch.setattr(execute.finetune, "run_spec", lambda *specs: events.append("demo sweeps"))
+    index = execute.run_demo(out_dir=out)
+    # the notebooks that read no demo run first, then the demo sweeps, then those that read them
+    assert events == ["00_first", "02_second", "demo sweeps", "04_reads_runs"]
+    assert "00 · first" in landing["00_first"] and landing["00_first"].count("not run yet") == 2  # from the start
+    second = landing["02_second"]  # the page as the second notebook starts: the first one's report, the others' state
+    assert 'href="00_first.nocode.html"' in second and "running" in second and "not run yet" in second
+    assert second.index("00 · first") < second.index("02 · second") < second.index("04 · reads_runs")
+    assert "2 notebook(s) still to come" in second and "http-equiv='refresh'" in second
+    final = index.read_text()  # at the end: every report, nothing to come, no reloading
+    assert all(f'href="{s.stem}.nocode.html"' in final for s in sources)
+    assert "not run yet" not in final and "running" not in final and "refresh" not in final
+
+
 def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_notebook):
     monkeypatch.setattr(threads, "cores", lambda: 1)
     failing = write_notebook(tmp_path / "00_fails.ipynb", "raise ValueError('on purpose')")

@@ -7,9 +7,9 @@
 ``demo`` runs each notebook with papermill (its ``parameters`` cell defaults, or a YAML file of
 ``parameters/``) into ``reports/<notebook>.ipynb``, renders ``reports/<notebook>.html`` with
 nbconvert (and ``<notebook>.nocode.html``, the same without code cells, for readers) and writes
-``reports/index.html``, the landing page: per notebook its paper section, a thumbnail of its first
-figure, its headline result (``notebook.headline``) beside the paper's, with why they differ where they do,
-the parameters it ran with and when.
+``reports/index.html``, the landing page (at once, then as each notebook starts and ends): per notebook its paper
+section, a thumbnail of its first figure, its headline result (``notebook.headline``) beside the paper's, with why
+they differ where they do, the parameters it ran with and when; or that it is running or not run yet.
 ``inplace`` re-executes committed notebooks with nbclient, so they keep their cells and metadata
 and nbval can check them. What the notebooks call from their cells is ``notebook``'s. The notebook
 libraries (nbformat, papermill, nbconvert, nbclient, traitlets; IPython in ``notebook``) are imported where
@@ -157,6 +157,12 @@ def _title(notebook: Path, node=None) -> str:
     return notebook.stem
 
 
+def _name_and_section(notebook: Path, node=None) -> tuple[str, str]:
+    """A notebook's name and paper section, from its heading ("Finetuning results", "paper Tables 1 and 6; ...")."""
+    name, _, section = _title(notebook, node).split("·", 1)[-1].strip().partition(" (")
+    return name.strip(), section.rstrip(")").strip()
+
+
 def summary(notebook: Path) -> dict:
     """What the landing page shows of an executed notebook.
 
@@ -167,8 +173,7 @@ def summary(notebook: Path) -> dict:
     import nbformat
 
     node = nbformat.read(notebook, as_version=4)
-    title = _title(notebook, node).split("·", 1)[-1].strip()
-    name, _, section = title.partition(" (")
+    name, section = _name_and_section(notebook, node)
     found = {"headline": None, "thumbnail": None}
     for cell in node.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -180,8 +185,8 @@ def summary(notebook: Path) -> dict:
     papermill = node.metadata.get("papermill", {})
     end = papermill.get("end_time")
     return {
-        "title": name.strip(),
-        "section": section.rstrip(")").strip(),
+        "title": name,
+        "section": section,
         **found,
         "parameters": dict(papermill.get("parameters") or {}),
         "date": end[:16].replace("T", " ") if end else None,
@@ -197,7 +202,7 @@ h1 { font-weight: 600; margin-bottom: 4px; } .lead { color: #616161; margin-top:
 .card h2 { font-size: 1.05em; margin: 0 0 2px 0; } .section { color: #757575; font-size: 0.85em; margin: 0 0 8px 0; }
 .card img { width: 100%; height: 190px; object-fit: contain; background: #fff; border: 1px solid #eee; }
 .here, .paper, .why { font-size: 0.9em; margin: 6px 0 0 0; } .paper { color: #1565c0; }
-.why { color: #616161; font-style: italic; }
+.why { color: #616161; font-style: italic; } .pending { color: #9e9e9e; }
 .meta { color: #757575; font-size: 0.8em; margin-top: 8px; } a { color: #1976d2; text-decoration: none; }
 a:hover { text-decoration: underline; } .links { margin-top: 8px; font-size: 0.9em; }
 """
@@ -231,15 +236,28 @@ def _card(notebook: Path, out_dir: Path) -> str:
     )
 
 
-def write_index(out_dir: Path) -> Path:
+def _pending_card(notebook: Path, state: str) -> str:
+    """The card of a notebook whose report is not made yet: its name and section, and ``state``."""
+    name, section = _name_and_section(notebook)
+    return (
+        f'<div class="card"><h2>{html.escape(notebook.stem[:2])} · {html.escape(name)}</h2>'
+        f'<p class="section">{html.escape(section)}</p><p class="here pending">{html.escape(state)}</p></div>'
+    )
+
+
+def write_index(out_dir: Path, pending: dict[Path, str] | None = None) -> Path:
     """``index.html``, the landing page of the reports in ``out_dir``.
 
     A card per notebook report in ``out_dir`` (``_card``), then a list of every other report under it (sweep runs):
-    its HTML page, or its executed notebook where it has none (a sweep renders HTML only if asked)."""
+    its HTML page, or its executed notebook where it has none (a sweep renders HTML only if asked). ``pending``: the
+    notebooks (source files) whose reports are being made, each with its state ("running", "not run yet"), shown in
+    place of any earlier report; while there are any, the page reloads itself every 15 s."""
     out_dir = Path(out_dir)
     output = out_dir / "index.html"
+    pending = pending or {}
     notebooks = sorted(out_dir.glob("[0-9][0-9]_*.ipynb"))
-    cards = [_card(notebook, out_dir) for notebook in notebooks if notebook.with_suffix(".html").is_file()]
+    cards = {notebook.stem: _pending_card(notebook, state) for notebook, state in pending.items()}
+    cards |= {n.stem: _card(n, out_dir) for n in notebooks if n.with_suffix(".html").is_file() and n.stem not in cards}
     shown = {n.with_suffix(suffix) for n in notebooks for suffix in (".html", ".nocode.html", ".ipynb")}
     others = sorted(
         p
@@ -256,14 +274,16 @@ def write_index(out_dir: Path) -> Path:
         link = page.relative_to(out_dir).as_posix()
         label = link.removesuffix(page.suffix)
         rows.append(f'<li><a href="{html.escape(link)}">{html.escape(label)}</a> &mdash; {html.escape(title)}</li>')
+    coming = f"{len(pending)} notebook(s) still to come: this page updates as each finishes. " if pending else ""
     text = (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>vit-plasticity reports</title>"
-        f"<style>{STYLE}</style></head>\n<body><h1>vit-plasticity reports</h1>\n"
+        + ("<meta http-equiv='refresh' content='15'>" if pending else "")
+        + f"<style>{STYLE}</style></head>\n<body><h1>vit-plasticity reports</h1>\n"
         '<p class="lead">"Vision Transformer Finetuning Benefits from Non-Smooth Components" (ICML 2026), '
-        f"reproduced notebook by notebook. Page written {time.strftime('%Y-%m-%d %H:%M')}. "
+        f"reproduced notebook by notebook. Page written {time.strftime('%Y-%m-%d %H:%M:%S')}. {coming}"
         "Demo-world numbers come from a 0.3M-parameter ViT on 32-pixel digits: they are not the paper's.</p>\n"
         '<div class="grid">\n'
-        + "\n".join(cards)
+        + "\n".join(cards[stem] for stem in sorted(cards))
         + "\n</div>\n"
         + (("<h2>Other reports</h2>\n<ul>\n" + "\n".join(rows) + "\n</ul>\n") if rows else "")
         + "</body></html>\n"
@@ -273,45 +293,69 @@ def write_index(out_dir: Path) -> Path:
 
 
 DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "equal_capacity_demo.yaml")
-"""The demo finetuning sweeps the notebooks read (04, 05, 06, 07, 09, 10, 11), under ``parameters/sweeps/``."""
+"""The demo finetuning sweeps the notebooks read, under ``parameters/sweeps/``."""
+
+READ_DEMO_SWEEPS = ("04", "05", "06", "07", "09", "10", "11")
+"""The notebooks (by number) that read the demo sweeps' runs: ``run_demo`` runs them after the sweeps."""
 
 
 def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) -> Path:
     """Execute notebooks at demo scale and render their reports; returns the index page.
 
-    It prints one line per notebook with the time it took. Every notebook at once (no ``names``) first runs the demo
-    sweeps' missing runs in one pool of processes, one per core (``finetune.run_spec``), so that the notebooks find
-    them finished instead of running each its part one after another. The notebooks then run one per core at a time:
-    much of a notebook's time is its kernel starting and importing, on one core. Their kernels keep PyTorch's own
-    threads, so their results are those of one notebook run alone; what two notebooks share on disk is locked
-    (``storage.locked``)."""
+    It prints one line per notebook with the time it took. The notebooks that read no demo run come first, so that
+    their reports come within a minute. Every notebook at once (no ``names``): then the demo sweeps' missing runs,
+    in one pool of processes, one per core (``finetune.run_spec``), so that the notebooks that read them
+    (``READ_DEMO_SWEEPS``) find them finished instead of running each its part one after another; then those
+    notebooks. The notebooks run one per core at a time: much of a notebook's time is its kernel starting and
+    importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook
+    run alone; what two notebooks share on disk is locked (``storage.locked``). The landing page (``write_index``)
+    is written at once and again as each notebook starts and ends; a notebook not run yet says so on it."""
     out_dir = out_dir or paths.reports_dir()
-    if not names:
-        start = time.perf_counter()
-        finetune.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
-        print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
+    notebooks = paths.notebook_paths(names)
+    pending = dict.fromkeys(notebooks, "not run yet")
+    changed = threading.Lock()  # the pending notebooks, and the page that shows them
+
+    def update_page(notebook: Path | None = None, state: str | None = None) -> Path:
+        with changed:
+            if state is not None:
+                pending[notebook] = state
+            elif notebook is not None:
+                del pending[notebook]
+            return write_index(out_dir, pending)
 
     failed = threading.Event()  # once a notebook fails, those not started yet are not started
 
     def report(notebook: Path) -> tuple[Path, Path, float] | None:
         if failed.is_set():
             return None
+        update_page(notebook, "running")
         start = time.perf_counter()
         try:
             page = render_html(execute(notebook, out_dir / notebook.name))
         except BaseException:
             failed.set()
+            update_page(notebook, "failed: see the terminal")
             raise
+        update_page(notebook)
         return notebook, page, time.perf_counter() - start
 
-    notebooks = paths.notebook_paths(names)
+    def report_each(chosen: list[Path]) -> None:
+        with ThreadPoolExecutor(max(1, min(threads.cores(), len(chosen)))) as pool:
+            for done in as_completed([pool.submit(report, notebook) for notebook in chosen]):
+                if (result := done.result()) is not None:
+                    notebook, page, seconds = result
+                    print(f"{notebook.stem:<28} {seconds:5.0f} s  {paths.display(page)}", flush=True)
+
+    update_page()
     # the inline backend for every kernel, set once: each execute's own setting and restoring would race
-    with _inline_figures(), ThreadPoolExecutor(max(1, min(threads.cores(), len(notebooks)))) as pool:
-        for done in as_completed([pool.submit(report, notebook) for notebook in notebooks]):
-            if (result := done.result()) is not None:
-                notebook, page, seconds = result
-                print(f"{notebook.stem:<28} {seconds:5.0f} s  {paths.display(page)}", flush=True)
-    return write_index(out_dir)
+    with _inline_figures():
+        report_each([notebook for notebook in notebooks if notebook.stem[:2] not in READ_DEMO_SWEEPS])
+        if not names:
+            start = time.perf_counter()
+            finetune.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
+            print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
+        report_each([notebook for notebook in notebooks if notebook.stem[:2] in READ_DEMO_SWEEPS])
+    return update_page()
 
 
 def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
