@@ -336,6 +336,7 @@ def test_a_spec_whose_other_precisions_have_no_runs_yet_is_skipped_in_one_line_n
 def test_notebook_11_on_a_precision_specs_fp32_runs_alone_says_why_the_check_is_skipped(tmp_path, monkeypatch):
     from conftest import SMALL
 
+    from paperlib.records import paths
     from paperlib.reports import execute
     from paperlib.sweeps import sweep
     from paperlib.train import finetune
@@ -347,7 +348,7 @@ def test_notebook_11_on_a_precision_specs_fp32_runs_alone_says_why_the_check_is_
     for run in sweep.expand(sweep.specs.load_spec(spec)):
         if run.parameters["precision"] == "fp32":  # the state after a paper grid, before its cheaper precisions
             finetune.run(sweep.config_from(run.parameters))
-    notebook = execute.notebook_paths(["11_precision"])[0]
+    notebook = paths.notebook_paths(["11_precision"])[0]
     out = execute.execute(notebook, tmp_path / "11.ipynb", {"spec": str(spec), "compute_missing": False})
     text = out.read_text()
     assert "precision check skipped: no runs in autocast (2 missing) yet" in text and '"error"' not in text

@@ -105,7 +105,7 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
         write_notebook(tmp_path / f"{name}.ipynb", "", heading=f"# {name[:2]} · {name[3:]} (paper §{i})")
         for i, name in enumerate(["00_first", "04_reads_runs", "02_second"])
     ]
-    monkeypatch.setattr(execute, "notebook_paths", lambda names: sorted(sources))
+    monkeypatch.setattr(paths, "notebook_paths", lambda names: sorted(sources))
     monkeypatch.setattr(threads, "cores", lambda: 1)
     out, events, landing = tmp_path / "out", [], {}
 
