@@ -584,6 +584,25 @@ def formatted(differences: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return matrix[[c for c in COLUMNS if c in matrix.columns]].fillna("").rename_axis(columns=None)
 
 
+def missing_precisions(runs: pd.DataFrame, missing: pd.DataFrame, reference: str = "fp32") -> str | None:
+    """Why ``effect`` cannot check a spec's runs yet, in one line; None when it can.
+
+    ``runs`` and ``missing``: ``runs_table.for_spec``'s of the spec. ``effect`` needs runs in ``reference`` and in
+    another precision: the line names the precisions that have none and how many of their runs are missing (after a
+    paper grid in fp32 and before its TF32 and autocast runs, say)."""
+    found = set(runs["precision"])
+    if reference in found and len(found) > 1:
+        return None
+    absent = missing["precision"].value_counts()
+    asked = sorted(found | set(absent.index) | {reference}, key=lambda precision: (precision != reference, precision))
+    if len(asked) == 1:
+        return f"precision check skipped: the spec asks for {reference} runs alone, nothing to compare them with"
+    lacking = ", ".join(
+        f"{p} ({absent[p]} missing)" if p in absent else f"{p} (not in the spec)" for p in asked if p not in found
+    )
+    return f"precision check skipped: no runs in {lacking} yet; it compares each run with its {reference} twin"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib precision``: ``effect`` of a sweep's runs in several precisions.
 
