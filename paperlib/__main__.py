@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 from paperlib.records import commands
 
@@ -49,8 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m paperlib: {given}; valid commands: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
     commands.PARSERS[argv[0]]().parse_args(argv[1:])  # --help and a bad option stop here, before torch is imported
+    warnings.formatwarning = one_line
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:]) or 0
+
+
+def one_line(message, category, *where) -> str:
+    """A warning as a command prints it: ``warning: ...``, one line (what it names, not our line that said it)."""
+    return f"warning: {message}\n"
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def resumed(config: Config, monkeypatch) -> dict:
 
 
 def same_metrics(metrics: dict) -> dict:
-    """Metrics without the timings, which differ between runs, and the sizes of the files kept (``files``)."""
+    """Metrics without the timings, which differ between runs, and the checksums of the files kept (``files``)."""
     return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}
 
 

@@ -15,7 +15,7 @@ from PIL import Image
 from paperlib.analysis import plasticity_table
 from paperlib.data import datasets, fixtures, imagesets, loader
 from paperlib.measure import plasticity
-from paperlib.records import paths, runs_table
+from paperlib.records import paths, runs_table, storage
 from paperlib.train import finetune
 from paperlib.train.config import Config
 from paperlib.vit import models
@@ -340,7 +340,7 @@ def test_a_run_that_cannot_start_keeps_the_finished_run_in_its_folder(home):
     assert elsewhere.folder() == config.folder()
     with pytest.raises(FileNotFoundError, match="custom/shots not found"):
         finetune.run(elsewhere)
-    assert json.loads((config.folder() / "metrics.json").read_text()) == finished
+    assert storage.read_json(config.folder() / "metrics.json") == finished
     assert finetune.run(config) == finished
 
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,11 @@ from paperlib.analysis import plasticity_table, summary, tables
 from paperlib.data import datasets, fixtures
 from paperlib.data.loader import uint8_images
 from paperlib.measure import plasticity, probe
-from paperlib.records import paths, runs, runs_table, specs, storage
+from paperlib.records import measurements, paths, runs, runs_table, specs, storage
+from paperlib.records.names import COMPONENTS
 from paperlib.speed import threads
 from paperlib.sweeps import sweep
-from paperlib.train import finetune
+from paperlib.train import checkpoints, finetune
 from paperlib.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: subprocesses import its paperlib
@@ -98,6 +100,23 @@ def modified(file: Path):
 def cut(file: Path) -> None:
     """Truncate ``file`` to half its size, as a copy or a disk cut short would leave it."""
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+def changed(file: Path) -> None:
+    """Change one digit of ``file`` to another, its size kept: a number silently other, as bit rot or a bad copy
+    leaves it (in a JSON record, the first number's; elsewhere the middle digit's)."""
+    data = bytearray(file.read_bytes())
+    digits = [i for i, byte in enumerate(data) if byte in b"0123456789"]
+    at = next(i for i in digits if data[i - 2 : i] == b": ") if file.suffix == ".json" else digits[len(digits) // 2]
+    data[at] = ord("0") + (data[at] - ord("0") + 1) % 10
+    file.write_bytes(bytes(data))
+
+
+def not_utf8(file: Path) -> None:
+    """Replace the middle byte of ``file`` by one that no UTF-8 text holds, its size kept."""
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] = 0xFF
+    file.write_bytes(bytes(data))
 
 
 @pytest.fixture(scope="module")
@@ -310,12 +329,13 @@ def test_a_sweep_killed_during_a_run_and_after_one_finishes_it_on_restart(tmp_pa
 # --- files cut short ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("damage", [cut, changed])
 @pytest.mark.parametrize("name", [runs.PARAMS, runs.METRICS, runs.HISTORY, runs.WEIGHTS])
-def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_trains_again(name, small):
+def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_trains_again(name, damage, small):
     config = small(save_weights=True)
     metrics = finetune.run(config)
     history = runs.history(config)
-    cut(config.folder() / name)
+    damage(config.folder() / name)
     pattern = name.replace(".", r"\.")
     with pytest.raises(ValueError, match=pattern):  # read as a result, it is named
         finetune.load_model(config)
@@ -335,7 +355,7 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     params = json.loads(params_file.read_text())
     assert params["protocol"] == runs.PROTOCOL and runs.is_finished(config)
     del params["protocol"]
-    params_file.write_text(json.dumps(params))
+    storage.write_json(params_file, params)
     assert not runs.is_finished(config)
     table = runs_table.load()
     assert table.loc[table["folder"] == str(config.folder()), "status"].tolist() == ["outdated"]
@@ -343,7 +363,7 @@ def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
     assert runs_table.load()["status"].tolist() == ["finished"]
     params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config does not have
-    params_file.write_text(json.dumps(params))
+    storage.write_json(params_file, params)
     assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
 
 
@@ -436,30 +456,107 @@ def test_a_process_waiting_for_a_cache_reads_the_one_the_other_made(tmp_path):
     assert made[1].split()[-1] == waited[1].split()[-1]  # the waiter read the holder's file: it decoded nothing
 
 
-def test_a_damaged_plasticity_result_is_named_and_measured_again(tmp_path):
+def recorded(config: Config, accuracy: float) -> None:
+    """``config``'s run recorded as finished with ``accuracy``, by the package's own writers, without training."""
+    runs.start(config.folder(), runs.run_record(config))
+    rows = [{"step": step, "lr": config.lr, "train_loss": 1 / step, "grad_norm": 1.0} for step in range(1, 11)]
+    metrics = {"status": "finished", "best_val_accuracy": accuracy, "best_step": 10, "test_accuracy": accuracy}
+    checkpoints.record(config.folder(), rows, {"step": 10, "state": None}, metrics, save_weights=False)
+
+
+def finetuned(tmp_path: Path) -> Path:
+    """A spec of the five components on the demo's digits, each run recorded (``recorded``): what ``stats`` reads."""
+    for rank, component in enumerate(COMPONENTS):
+        recorded(Config(component=component, lr=0.03), 0.9 - rank / 50)
+    spec = tmp_path / "finetune.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {"notebook": "notebooks/05_finetune.ipynb", "name": "{component}", "grid": {"component": list(COMPONENTS)}}
+        )
+    )
+    return spec
+
+
+MEASURES = (
+    "from paperlib.measure import plasticity\nplasticity.run(plasticity.Measurement(model, dataset, n_pairs=n_pairs))"
+)
+"""A notebook 02 that measures its parameters' result, and nothing else."""
+
+
+@pytest.mark.parametrize("name, damage", [(measurements.RATES, cut), (measurements.BLOCKS, not_utf8)])
+def test_a_damaged_plasticity_result_is_named_by_stats_and_measured_again_by_its_sweep(
+    name, damage, tmp_path, monkeypatch, write_notebook
+):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    notebook = tmp_path / "02_plasticity.ipynb"
+    write_notebook(notebook, MEASURES, parameters='model = "demo"\ndataset = "digits"\nn_pairs = 6')
+    spec = tmp_path / "plasticity.yaml"
+    spec.write_text(yaml.safe_dump({"notebook": str(notebook), "name": "{dataset}", "grid": {"dataset": ["digits"]}}))
+    assert [run.status for run in sweep.run_sweep(specs.load_spec(spec))] == ["done"]
     measurement = plasticity.Measurement(n_pairs=6)
-    _, folder = plasticity.run(measurement, batch_size=3, progress=False)
-    table = plasticity_table.load(folder)
-    cut(folder / "rates.csv.gz")
-    with pytest.raises(ValueError, match=r"rates\.csv\.gz is not the file metadata\.json records"):
-        plasticity_table.load(folder)
-    with pytest.raises(ValueError, match=r"rates\.csv\.gz"):
-        plasticity_table.collect()
-    with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
-        assert not measurement.is_saved()
-    with pytest.warns(UserWarning, match=r"rates\.csv\.gz"):
-        assert plasticity.measure_missing([measurement], batch_size=3) == [measurement]
+    folder = measurement.folder()
+    table, per_block = plasticity_table.load(folder), plasticity_table.blocks(folder)
+    stats = ["paperlib", "stats", str(finetuned(tmp_path))]
+    damage(folder / name)
+    status, out, err = finished(start(*stats))  # every table, without the damaged result
+    assert status == 0 and "Table 6" in out
+    assert err.startswith(f"warning: {paths.display(folder / name)} is not the file") and err.count("\n") == 1, err
+    assert "left out" in err
+    read = plasticity_table.load if name == measurements.RATES else plasticity_table.blocks
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):  # read as a result, it is named
+        read(folder)
+    with pytest.warns(UserWarning, match=name.replace(".", r"\.")):  # the next sweep measures it again
+        assert [run.status for run in sweep.run_sweep(specs.load_spec(spec))] == ["done"]
+    assert measurement.is_saved() and finished(start(*stats))[::2] == (0, "")
     pd.testing.assert_frame_equal(plasticity_table.load(folder), table)
-    cut(folder / "metadata.json")
+    pd.testing.assert_frame_equal(plasticity_table.blocks(folder), per_block)
+    cut(folder / measurements.METADATA)
     with pytest.raises(ValueError, match=r"metadata\.json is not whole JSON"):
         plasticity_table.load(folder)
 
 
-def test_a_damaged_probe_cache_is_fitted_again():
+@pytest.mark.parametrize("name", [runs.METRICS, runs.HISTORY])
+def test_a_runs_file_changed_in_place_is_named_in_one_line_by_the_first_command_that_reads_it(name, tmp_path):
+    spec = finetuned(tmp_path)
+    damaged = Config(component="fc1", lr=0.03)
+    changed(damaged.folder() / name)
+    # the tables read a run's metrics; the sweep's plan, whether it is finished, its history too
+    first = ["stats", str(spec)] if name == runs.METRICS else ["sweep", str(spec), "--plan"]
+    status, out, err = finished(start("paperlib", *first))
+    warned = [line for line in err.splitlines() if "warning" in line or name in line]  # a plan also says it times
+    assert status == 0 and len(warned) == 1 and "Traceback" not in err, err
+    assert warned[0].startswith(f"warning: {paths.display(damaged.folder() / name)} is not the")
+    assert "4 finished, 1 partial" in out if name == runs.METRICS else "total      5         4" in out
+    with pytest.warns(UserWarning, match=name.replace(".", r"\.")):
+        assert not runs.is_finished(damaged)  # what the sweep and the notebooks ask: trained again
+    with pytest.warns(UserWarning, match=name.replace(".", r"\.")):
+        assert set(runs_table.histories_of(runs_table.load())["component"]) == set(COMPONENTS) - {"fc1"}
+
+
+def test_results_written_before_checksums_are_outdated_and_made_again(small):
+    config = small()
+    metrics = finetune.run(config)
+    folder = config.folder()
+    # as the package wrote them before: the protocol before, the sizes of the files alone, no checksum of their own
+    params = storage.read_json(folder / runs.PARAMS) | {"protocol": runs.PROTOCOL - 1}
+    (folder / runs.PARAMS).write_text(json.dumps(params))
+    older = storage.read_json(folder / runs.METRICS)
+    older["files"] = {name: kept["bytes"] for name, kept in older["files"].items()}
+    (folder / runs.METRICS).write_text(json.dumps(older))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # outdated, not damaged: no warning
+        assert not runs.is_finished(config) and runs_table.load()["status"].tolist() == ["outdated"]
+    with pytest.raises(ValueError, match="metrics.json records no checksum of .*history.csv: written by an earlier"):
+        storage.read_json(folder / runs.METRICS, whole=True)
+    assert same_metrics(finetune.run(config)) == same_metrics(metrics) and runs.is_finished(config)
+
+
+@pytest.mark.parametrize("damage", [cut, changed])
+def test_a_damaged_probe_cache_is_fitted_again(damage):
     asked = probe.Probe("demo", "digits", points=("mha",), blocks=-1)
     table = probe.linear_probe(asked)
     folder = asked.folder()
-    cut(folder / "probe.csv")
+    damage(folder / "probe.csv")
     with pytest.warns(UserWarning, match=r"probe\.csv"):
         again = probe.linear_probe(asked)
     pd.testing.assert_frame_equal(again, table)

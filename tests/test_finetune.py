@@ -206,7 +206,7 @@ def test_a_run_recorded_before_a_new_field_is_outdated(small):
     params = json.loads(params_file.read_text())
     assert run_files.is_finished(small()) and run_files.recorded_difference(small()) == []
     del params["fused"], params["precision"]  # as a run written before Config had these fields
-    params_file.write_text(json.dumps(params))
+    storage.write_json(params_file, params)
     # no default stands in for a field the record lacks: the run is another's, to be trained again
     assert run_files.recorded_difference(small()) == ["fused", "precision"]
     assert not run_files.is_finished(small())

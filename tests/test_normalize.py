@@ -18,7 +18,7 @@ from paperlib.analysis import plasticity_table, tables
 from paperlib.data import datasets, fixtures, imagesets, loader
 from paperlib.data import transforms as T
 from paperlib.measure import component_rates, plasticity
-from paperlib.records import names, runs_table
+from paperlib.records import names, runs_table, storage
 from paperlib.records import runs as run_files
 from paperlib.train import finetune
 from paperlib.train.config import Config
@@ -203,7 +203,7 @@ def test_a_run_recorded_before_the_option_is_outdated(home, small):
     finetune.run(config)
     params = json.loads((config.folder() / "params.json").read_text())
     del params["normalize"]
-    (config.folder() / "params.json").write_text(json.dumps(params))
+    storage.write_json(config.folder() / "params.json", params)
     assert runs_table.load()["normalize"].tolist() == ["imagenet"]  # as its metrics.json says
     # but no default stands in for the field its record lacks: another run, trained again
     assert run_files.recorded_difference(config) == ["normalize"] and not run_files.is_finished(config)

@@ -12,7 +12,7 @@ from paperlib.analysis import plasticity_table, ranking
 from paperlib.data import datasets
 from paperlib.measure import component_rates, plasticity
 from paperlib.measure.plasticity import Measurement, PairDraw, Running
-from paperlib.records import measurements, names, paths, specs
+from paperlib.records import measurements, names, paths, specs, storage
 from paperlib.vit import components, models
 from paperlib.vit.components import COMPONENTS
 
@@ -259,7 +259,7 @@ def test_a_run_records_the_token_rms_and_the_identical_pairs(monkeypatch, tmp_pa
         plasticity.run(Measurement(reference="digits", n_pairs=4), batch_size=4, progress=False)
     # a result whose record lacks a name today's holds (saved before it was recorded): outdated, measured again
     rms = metadata.pop("token_rms")
-    (folder / "metadata.json").write_text(json.dumps(metadata))
+    storage.write_json(folder / "metadata.json", metadata)
     assert not Measurement(n_pairs=6).is_saved()
     with pytest.warns(UserWarning, match="records left out"):
         assert plasticity_table.collect().empty
@@ -458,13 +458,16 @@ def test_a_result_saved_before_its_record_held_a_key_or_its_blocks_is_measured_a
     _, folder = plasticity.run(measurement, batch_size=4, progress=False)
     record = json.loads((folder / measurements.METADATA).read_text())
     assert set(measurements.KEY + measurements.FOUND) <= record.keys() and measurement.is_saved()
-    for older in ("reference", "sample", "normalize", "severity", "distinct_target", "blocks"):
+    for older in ("reference", "sample", "normalize", "severity", "distinct_target", "blocks", "record"):
         if older == "blocks":  # saved before the P(f) per block was: no file, none in the record
             (folder / measurements.BLOCKS).unlink()
             written = record | {"files": {measurements.RATES: record["files"][measurements.RATES]}}
+        elif older == "record":  # saved before checksums were: the sizes of its files alone
+            sizes = {name: kept["bytes"] for name, kept in record["files"].items()}
+            written = {name: value for name, value in record.items() if name != "record"} | {"files": sizes}
         else:
             written = {name: value for name, value in record.items() if name != older}
-        (folder / measurements.METADATA).write_text(json.dumps(written))
+        storage.write_json(folder / measurements.METADATA, written)
         assert not measurement.is_saved(), older
         with pytest.warns(UserWarning, match="records left out"):
             assert plasticity_table.collect(sample=None, normalize=None, reference=None, severity=None).empty
@@ -480,7 +483,7 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     metadata = json.loads((folder / "metadata.json").read_text())
     assert metadata["splits"] == names.SPLITS_VERSION and measurement.is_saved()
     del metadata["splits"]  # a result from before the authors' splits
-    (folder / "metadata.json").write_text(json.dumps(metadata))
+    storage.write_json(folder / "metadata.json", metadata)
     assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="earlier test splits"):
         assert plasticity_table.collect().empty
@@ -489,7 +492,7 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     metadata = json.loads((folder / "metadata.json").read_text())
     assert metadata["pairs"] == measurements.VERSION["pairs"] == 2
     del metadata["pairs"]  # a result of each image once, before the authors' pair set
-    (folder / "metadata.json").write_text(json.dumps(metadata))
+    storage.write_json(folder / "metadata.json", metadata)
     assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="pair sets"):
         assert plasticity_table.collect().empty

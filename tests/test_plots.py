@@ -16,7 +16,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from paperlib.analysis import plasticity_table, ranking
 from paperlib.measure import plasticity
-from paperlib.records import measurements
+from paperlib.records import measurements, storage
 from paperlib.records.names import COMPONENTS, LABELS, POINT_LABELS
 from paperlib.reports import plots
 from paperlib.train.config import Config
@@ -209,7 +209,7 @@ def test_collect_reads_each_results_p_of_f_per_block_not_its_rates(monkeypatch):
     (folder / measurements.BLOCKS).unlink()
     metadata = json.loads((folder / measurements.METADATA).read_text())
     del metadata["files"][measurements.BLOCKS]
-    (folder / measurements.METADATA).write_text(json.dumps(metadata))
+    storage.write_json(folder / measurements.METADATA, metadata)
     assert not measurement.is_saved()
     with pytest.warns(UserWarning, match="records left out"), monkeypatch.context() as patched:
         patched.setattr(plasticity_table, "load", unread)

@@ -64,12 +64,10 @@ def write_run(root, dataset, component, lr, seed, status="finished"):
     test = accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
     val = val_accuracy(dataset, component, lr, seed) if status == "finished" else float("nan")
     exact = {"test_accuracy_exact": test - 0.01, "best_val_accuracy_exact": val - 0.01}  # another reading: 1 point
-    (folder / "metrics.json").write_text(
-        json.dumps({"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10} | exact)
-    )
-    pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]}).to_csv(
-        folder / "history.csv", index=False
-    )
+    history = pd.DataFrame({"step": [1, 2], "grad_norm": [1.0, 0.5], "val_loss": [None, 0.3]})
+    written = storage.write_checked(folder / "history.csv", lambda tmp: history.to_csv(tmp, index=False))
+    metrics = {"status": status, "test_accuracy": test, "best_val_accuracy": val, "best_step": 10} | exact
+    storage.write_json(folder / "metrics.json", metrics | {"files": {"history.csv": written}})
 
 
 @pytest.fixture
@@ -750,10 +748,11 @@ def tf32_twins(tmp_path, points: float = 1.0) -> None:
             continue
         twin = metrics_file.parent.with_name(metrics_file.parent.name + "+tf32")
         twin.mkdir()
+        shutil.copy(metrics_file.parent / "history.csv", twin / "history.csv")  # the file its metrics record
         params = json.loads((metrics_file.parent / "params.json").read_text()) | {"precision": "tf32"}
-        (twin / "params.json").write_text(json.dumps(params))
+        storage.write_json(twin / "params.json", params)
         test = metrics["test_accuracy"] - points / 100
-        (twin / "metrics.json").write_text(json.dumps(metrics | {"test_accuracy": test}))
+        storage.write_json(twin / "metrics.json", metrics | {"test_accuracy": test})
 
 
 def precision_spec(tmp_path):
@@ -837,7 +836,7 @@ def test_stats_on_runs_recorded_before_a_field_says_they_are_outdated(tree, caps
     for file in (tree / "finetune").rglob("params.json"):  # as if written before Run had these two fields
         params = json.loads(file.read_text())
         del params["method"], params["subset_seed"]
-        file.write_text(json.dumps(params))
+        storage.write_json(file, params)
     assert summary.main([str(spec)]) == 2
     said = capsys.readouterr()
     assert said.out == "" and said.err.count("\n") == 1, said

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from paperlib.records import specs
+from paperlib.records import specs, storage
 from paperlib.records.names import COMPONENTS
 from paperlib.records.runs import config_values
 from paperlib.sweeps import sweep
@@ -127,7 +127,7 @@ def test_a_run_on_edited_custom_images_or_a_resaved_model_is_not_finished(
     for run in sweep.run_sweep(spec):
         marker = json.loads(run.marker.read_text())
         assert run.status == "done" and marker.pop("fingerprints") == run.fingerprints
-        run.marker.write_text(json.dumps(marker))
+        storage.write_json(run.marker, marker)
     assert [run.finished for run in sweep.expand(spec)] == [False, False]  # tag names the custom model in both
     assert sweep.parameter_fingerprints({"dataset": "custom/absent", "tag": "custom/", "value": 3}) == {}
 

@@ -11,6 +11,7 @@ torch. Measuring is ``plasticity``'s.
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
@@ -50,14 +51,19 @@ def _ranked(mean: pd.Series) -> pd.DataFrame:
 def save(table: pd.DataFrame, measurement: measurements.Measurement, found: dict) -> Path:
     """Write ``measurement``'s result in its folder, atomically: its tidy table (``RATES``), its P(f) per ``BLOCKS``.
 
-    Then its record (``METADATA``: ``Measurement.metadata`` of what measuring it ``found``) with the sizes of the two
-    others (``files``): its presence marks a complete result, and a file damaged since is not taken for one."""
+    Then its record (``METADATA``: ``Measurement.metadata`` of what measuring it ``found``) with the size and checksum
+    of the two others (``files``): its presence marks a complete result, and a file damaged since is not taken for
+    one."""
     folder = measurement.folder()
-    storage.atomic_write(folder / measurements.RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip"))
-    storage.atomic_write(folder / measurements.BLOCKS, lambda tmp: depth_band(table).to_csv(tmp, index=False))
-    sizes = storage.file_sizes(folder, [measurements.RATES, measurements.BLOCKS])
-    metadata = measurement.metadata(found) | {"files": sizes}
-    storage.write_json(folder / measurements.METADATA, metadata)
+    files = {
+        measurements.RATES: storage.write_checked(
+            folder / measurements.RATES, lambda tmp: table.to_csv(tmp, index=False, compression="gzip")
+        ),
+        measurements.BLOCKS: storage.write_checked(
+            folder / measurements.BLOCKS, lambda tmp: depth_band(table).to_csv(tmp, index=False)
+        ),
+    }
+    storage.write_json(folder / measurements.METADATA, measurement.metadata(found) | {"files": files})
     return folder
 
 
@@ -65,16 +71,19 @@ def load(folder) -> pd.DataFrame:
     """Read a table written by ``save``; an error naming the file if it is missing or damaged.
 
     The table has ``component`` as the ordered categorical, and ``attrs`` ``token_rms`` and
-    ``identical_pairs_excluded`` from its record. The error is ``storage.read_json``'s."""
-    metadata = storage.read_json(Path(folder) / measurements.METADATA)
-    table = pd.read_csv(Path(folder) / measurements.RATES, dtype={"component": pd.CategoricalDtype(COMPONENTS)})
+    ``identical_pairs_excluded`` from its record. The error is ``storage.read_checked``'s."""
+    metadata_file = Path(folder) / measurements.METADATA
+    rates = io.BytesIO(storage.read_checked(metadata_file, measurements.RATES))
+    table = pd.read_csv(rates, compression="gzip", dtype={"component": pd.CategoricalDtype(COMPONENTS)})
+    metadata = storage.read_json(metadata_file)
     table.attrs.update({key: metadata[key] for key in ("token_rms", "identical_pairs_excluded")})
     return table
 
 
 def blocks(folder) -> pd.DataFrame:
-    """P(f) per block of a saved result: ``ranking.depth_band``'s table, read from its ``BLOCKS`` file."""
-    return pd.read_csv(Path(folder) / measurements.BLOCKS, dtype={"component": pd.CategoricalDtype(COMPONENTS)})
+    """P(f) per block of a saved result: ``ranking.depth_band``'s table, read from its ``BLOCKS`` file, checked."""
+    read = storage.read_checked(Path(folder) / measurements.METADATA, measurements.BLOCKS)
+    return pd.read_csv(io.BytesIO(read), dtype={"component": pd.CategoricalDtype(COMPONENTS)})
 
 
 COLLECTED = (
@@ -129,14 +138,18 @@ def collect(
     base = Path(root) if root is not None else measurements.results_root(inputs)
     rows, outdated = [], []
     for metadata_file in sorted(base.rglob(measurements.METADATA)):
-        metadata = storage.read_json(metadata_file)  # a damaged result: an error that names the file
-        if not measurements.current(metadata):
-            outdated.append(paths.display(metadata_file.parent))
-            continue
-        if not _asked_for(metadata, sample, seed, normalize, reference, severity):
+        try:  # a damaged result: left out, named in a warning (and measured again: Measurement.is_saved)
+            metadata = storage.read_json(metadata_file)
+            if not measurements.current(metadata):
+                outdated.append(paths.display(metadata_file.parent))
+                continue
+            if not _asked_for(metadata, sample, seed, normalize, reference, severity):
+                continue
+            per_block = blocks(metadata_file.parent)
+        except ValueError as error:
+            warnings.warn(f"{error}: left out")
             continue
         keys = {column: metadata[column] for column in COLLECTED if column in measurements.KEY + measurements.FOUND}
-        per_block = blocks(metadata_file.parent)
         if by_block:
             layers = per_block[["block", "depth", "component", "plasticity"]]  # ranking.layer_means' columns
             rows += [{**keys, **row} for row in layers.to_dict("records")]

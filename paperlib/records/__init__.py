@@ -3,7 +3,7 @@
 The bottom layer: every other package builds on it, and it imports none of them (``docs/architecture.md``).
 
 - ``paths``         where things live: the repository, results, reports, data caches, custom models and datasets
-- ``storage``       atomic writes, whole-JSON reads and the lock of what one process at a time writes
+- ``storage``       atomic writes with checksums, checked reads and the lock of what one process at a time writes
 - ``cli``           the command lines' parameter files, overrides and ``--help``
 - ``commands``      every command's command line, parsed before the command's module (and torch) is imported
 - ``names``         the names every table and figure shares: components, configurations, labels, the choices a

@@ -22,9 +22,10 @@ position, each set read in whole batches of ``plasticity.LOADER_BATCH`` and cycl
 ``random``, a random subset of each set, drawn with a seed (class folders are sorted by class, so the first
 images of a large set are its first classes)."""
 
-VERSION = {"splits": SPLITS_VERSION, "pairs": 2}
-"""The versions every record holds (``current``): today's test splits (``names.SPLITS_VERSION``) and pair set. The pair
-set's: 2, ``first`` is the authors' cycled pair set; 1 (recorded by no key), each image once."""
+VERSION = {"splits": SPLITS_VERSION, "pairs": 2, "record": 2}
+"""The versions every record holds (``current``): today's test splits (``names.SPLITS_VERSION``), pair set and record.
+The pair set's: 2, ``first`` is the authors' cycled pair set; 1 (recorded by no key), each image once. The record's: 2,
+it holds the checksums of its files (``storage.write_checked``); 1 (recorded by no key), their sizes alone."""
 
 KEY = ("model", "dataset", "reference", "inputs", "sample", "seed", "normalize", "severity")
 """What a record says the measurement is (``Measurement.key``): another value of one is another result, in another
@@ -152,6 +153,7 @@ class Measurement:
     def is_saved(self) -> bool:
         """Whether ``folder()`` holds a complete result of today's record (``current``).
 
-        Complete: its ``METADATA`` (written last) whole, with the files it records (``storage.json_or_none``)."""
-        metadata = storage.json_or_none(self.folder() / METADATA)
-        return metadata is not None and current(metadata)
+        Complete: its ``METADATA`` (written last) whole, and current, with the files it records, each the one written
+        (their checksums: ``storage.json_or_none``; a damaged one is named in a warning and measured again)."""
+        record = self.folder() / METADATA
+        return current(storage.json_or_none(record) or {}) and storage.json_or_none(record, whole=True) is not None

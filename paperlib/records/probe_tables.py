@@ -6,7 +6,6 @@ probe points (``POINTS``) name its rows.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -27,9 +26,9 @@ activation); ``fc1`` of a SwiGLU block with separate gate and value layers is th
 def load(folder: str | Path) -> tuple[pd.DataFrame, dict]:
     """The cached table (``probe.csv``) and ``metadata.json`` of a result folder.
 
-    Empty if none, or if damaged (``storage.json_or_none`` warns, and the probes are fitted
-    again)."""
-    metadata = storage.json_or_none(Path(folder) / "metadata.json")
+    Empty if none, or if damaged (``storage.json_or_none`` checks the table's checksum and warns, and the probes are
+    fitted again)."""
+    metadata = storage.json_or_none(Path(folder) / "metadata.json", whole=True)
     return (empty(), {}) if metadata is None else (pd.read_csv(Path(folder) / "probe.csv"), metadata)
 
 
@@ -43,11 +42,10 @@ def empty() -> pd.DataFrame:
 def save(table: pd.DataFrame, folder: str | Path, metadata: dict) -> Path:
     """Write ``probe.csv`` then ``metadata.json`` into ``folder``, each atomically.
 
-    The metadata, written last with the table's size (``files``), says the table is whole."""
+    The metadata, written last with the table's size and checksum (``files``), says the table is whole."""
     folder = Path(folder)
-    storage.atomic_write(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
-    metadata = {**metadata, "files": storage.file_sizes(folder, ["probe.csv"])}
-    storage.atomic_write_text(folder / "metadata.json", json.dumps(metadata, indent=2, default=str) + "\n")
+    written = storage.write_checked(folder / "probe.csv", lambda tmp: table.to_csv(tmp, index=False))
+    storage.write_json(folder / "metadata.json", metadata | {"files": {"probe.csv": written}})
     return folder
 
 

@@ -10,7 +10,7 @@ the training stack; ``train.config.Config``, the run as the package makes it, ad
 Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
 (``Run.folder``; a suffix for each choice that is not the paper's, so such a run never
 replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
-``history.csv``, ``metrics.json`` (written last, with the sizes of the files before it: a run with it,
+``history.csv``, ``metrics.json`` (written last, with the checksums of the files before it: a run with it,
 whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
 One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``finished(config)`` (its
 metrics, or None) is the one answer to "is this run finished as asked" (the sweep's markers ask it too). Reading
@@ -19,6 +19,7 @@ results (``runs_table``) needs no ``Config`` and loads no torch.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -243,9 +244,10 @@ def config_fingerprints(record: dict) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
-PROTOCOL = 4
+PROTOCOL = 5
 """The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
-``is_finished`` (a run of another version is run again, never mixed with these): 4, accuracy as the authors'
+``is_finished`` (a run of another version is run again, never mixed with these): 5, its ``metrics.json`` holds the
+checksums of the files written before it (``storage.write_checked``), not their sizes alone; 4, accuracy as the authors'
 evaluation computes it (the mean of per-batch accuracies; the checkpoint chosen by it) and a run whose loss turns
 NaN scored as the authors' loop scores its NaN model (``finetune._nan_validation``); 3, a run whose loss
 explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the
@@ -302,14 +304,17 @@ def recorded_difference(config: Run, ignore: tuple[str, ...] = OUTPUT_ONLY) -> l
 def finished(config: Run) -> dict | None:
     """The metrics of ``config``'s run if it is finished as asked; None otherwise.
 
-    Finished as asked: its ``metrics.json`` is there and whole, with the files it records whole
-    (``storage.json_or_none``: a damaged run is trained again), its recorded parameters (``params.json``) are
-    ``config``'s on the same custom data and model as now (what ``recorded_difference`` compares, read here once with
-    the metrics from the folder computed once), and, with ``save_weights``, its weights are kept (or it has none to
+    Finished as asked: its recorded parameters (``params.json``) are ``config``'s on the same custom data and model as
+    now (what ``recorded_difference`` compares, read here from the folder computed once), its ``metrics.json`` is there
+    and whole, with the files it records each the one written (their checksums: ``storage.json_or_none``; a damaged
+    run is named in a warning and trained again), and, with ``save_weights``, its weights are kept (or it has none to
     keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``)."""
     folder = config.folder()
-    metrics, params = storage.json_or_none(folder / METRICS), storage.json_or_none(folder / PARAMS)
-    if metrics is None or params is None or differing(params, run_record(config), OUTPUT_ONLY):
+    params = storage.json_or_none(folder / PARAMS)
+    if params is None or differing(params, run_record(config), OUTPUT_ONLY):
+        return None
+    metrics = storage.json_or_none(folder / METRICS, whole=True)
+    if metrics is None:
         return None
     has_weights = metrics.get("best_step") is not None and not metrics.get("nan_model")
     lacking = config.save_weights and not (folder / WEIGHTS).is_file() and has_weights
@@ -336,8 +341,8 @@ def start(folder: Path, params: dict) -> None:
 
 
 def history(config: Run) -> pd.DataFrame:
-    """The history table of a run."""
-    return pd.read_csv(config.folder() / HISTORY)
+    """The history table of a run that ended; a ValueError naming its ``history.csv`` if damaged (``read_checked``)."""
+    return pd.read_csv(io.BytesIO(storage.read_checked(config.folder() / METRICS, HISTORY)))
 
 
 HISTORY_COLUMNS = ["step", "lr", "train_loss", "grad_norm", "val_loss", "val_accuracy", "component_grad_share"]

@@ -11,6 +11,8 @@ grid reads what it uses in seconds (``stats``, ``precision``, ``capacity``, the 
 
 from __future__ import annotations
 
+import io
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -84,13 +86,16 @@ def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.Dat
 
     ``runs`` is a table of ``load`` or ``for_spec``; ended means finished or diverged. ``columns``: the history's
     columns to read (None: all; ``step`` always). Only the figures of training read histories (notebooks 06 and 09):
-    give them the runs they draw."""
+    give them the runs they draw. A damaged history is left out, named in a warning (``storage.read_checked``)."""
     columns = None if columns is None else ["step"] + [column for column in columns if column != "step"]
     parts = []
     for row in runs[runs["status"].isin(["finished", "diverged"])].to_dict("records"):
-        path = Path(row["folder"]) / HISTORY
-        if path.is_file():
-            parts.append(pd.read_csv(path, usecols=columns).assign(**{key: row[key] for key in KEYS}))
+        try:
+            read = storage.read_checked(Path(row["folder"]) / METRICS, HISTORY)
+        except (ValueError, FileNotFoundError) as error:  # FileNotFoundError: the run started again since
+            warnings.warn(f"{error}: left out")
+            continue
+        parts.append(pd.read_csv(io.BytesIO(read), usecols=columns).assign(**{key: row[key] for key in KEYS}))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=(columns or ["step"]) + KEYS)
 
 

@@ -1,9 +1,11 @@
-"""How the package writes and reads its files safely: atomic writes, whole-JSON reads, locks.
+"""How the package writes and reads its files safely: atomic writes, checked reads, locks.
 
 A file is written to a temporary name and renamed into place (``atomic_write``), so that an interrupted
 run or sweep leaves the old file or the new one, never half of one; a disk that refuses a file says why
 in one line (``CannotWrite``); what one process at a time may write is held by a lock (``locked``).
-Where things live is ``paths``.
+A result's files are written with their checksum (``write_checked``), which the record written after them
+holds (``write_json``: a JSON record carries its own too), and are checked when read (``read_checked``,
+``read_json``): a damaged file is named, never read as a result. Where things live is ``paths``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -19,7 +22,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from paperlib.records.paths import display
 
@@ -96,8 +99,17 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def write_json(path: str | Path, payload: dict) -> Path:
-    """``payload`` as indented JSON, atomically; what ``read_json`` reads back."""
-    return atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
+    """``payload`` as indented JSON, atomically, with the checksum of its content: what ``read_json`` reads back.
+
+    The checksum (``sha256``: ``_digest``) is of the payload as it reads back, so that a value changed since is
+    found."""
+    payload = {key: value for key, value in json.loads(json.dumps(payload, default=str)).items() if key != "sha256"}
+    return atomic_write_text(path, json.dumps(payload | {"sha256": _digest(payload)}, indent=2) + "\n")
+
+
+def _digest(payload: dict) -> str:
+    """The SHA-256 of a JSON record's content (its keys sorted), whatever its layout on disk."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
@@ -129,20 +141,57 @@ def atomic_folder(folder: str | Path, fill: Callable[[Path], None], overwrite: b
     return folder
 
 
-def file_sizes(folder: str | Path, names: Iterable[str]) -> dict[str, int]:
-    """``{name: bytes}`` of files just written whole in ``folder``.
+def write_checked(path: str | Path, write: Callable[[str], None]) -> dict:
+    """Write ``path`` as ``atomic_write`` does; returns what a record keeps of the bytes written.
 
-    For the JSON file written after them to record as ``files`` (``read_json`` then refuses it if one was cut short or
-    replaced since)."""
-    return {name: (Path(folder) / name).stat().st_size for name in names}
+    That is ``{"bytes": size, "sha256": checksum}``, of the temporary file before its rename. The JSON record
+    written after the file holds it under ``files`` (``{name: ...}``), so that ``read_checked`` and ``read_json``
+    find a file cut short or changed since."""
+    kept = {}
+
+    def written(tmp: str) -> None:
+        write(tmp)
+        kept.update(bytes=os.path.getsize(tmp), sha256=_sha256(tmp))
+
+    atomic_write(path, written)
+    return kept
 
 
-def read_json(path: str | Path) -> dict:
-    """A JSON object that a run or result writes, checked whole.
+def _check(record: Path, name: str, kept, whole: bool = True) -> None:
+    """A ValueError naming the file ``name`` beside ``record`` unless it is the one ``record`` keeps.
 
-    Those are a run's ``params.json`` and ``metrics.json``, a plasticity result's ``metadata.json``, a sweep's marker.
-    A FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or if a file
-    whose size it records (``files``: ``file_sizes``) is missing or of another size since."""
+    ``kept``: ``write_checked``'s, or a size alone (an int: a record written before checksums, which ``whole`` refuses).
+    ``whole``: its checksum compared too, else its size alone."""
+    file = record.parent / name
+    size = kept if isinstance(kept, int) else (kept or {}).get("bytes")
+    problem = None
+    if size is None:
+        problem = "not recorded"
+    elif not file.is_file():
+        problem = "missing"
+    elif file.stat().st_size != size:
+        problem = f"{file.stat().st_size} bytes, not {size}"
+    elif whole and isinstance(kept, int):
+        raise ValueError(f"{record.name} records no checksum of {display(file)}: written by an earlier version")
+    elif whole and _sha256(file) != kept.get("sha256"):
+        problem = "its bytes changed since"
+    if problem:
+        raise ValueError(f"{display(file)} is not the file {record.name} records ({problem}; damaged?)")
+
+
+def _sha256(file: str | Path) -> str:
+    with open(file, "rb") as opened:
+        return hashlib.file_digest(opened, "sha256").hexdigest()
+
+
+def read_json(path: str | Path, whole: bool = False) -> dict:
+    """A JSON object that a run or result writes (``write_json``), checked.
+
+    Those are a run's ``params.json`` and ``metrics.json``, a result's ``metadata.json``, a sweep's marker.
+    A FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or not the one
+    written (its ``sha256``; a record written before it had none), or if a file it records (``files``:
+    ``write_checked``) is missing or of another size since. ``whole``: those files' checksums compared too (each read
+    whole; ``read_checked`` reads one)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{display(path)} not found")
@@ -152,19 +201,30 @@ def read_json(path: str | Path) -> dict:
         raise ValueError(f"{display(path)} is not whole JSON (damaged?)") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{display(path)} holds no JSON object (damaged?)")
-    for name, size in payload.get("files", {}).items():  # a file that records no others (params.json): none to check
-        file = path.parent / name
-        if not file.is_file() or file.stat().st_size != size:
-            raise ValueError(f"{display(file)} is not the file {path.name} records ({size} bytes; damaged?)")
-    return payload
+    content = {key: value for key, value in payload.items() if key != "sha256"}
+    if "sha256" in payload and payload["sha256"] != _digest(content):
+        raise ValueError(f"{display(path)} is not the record written: its content changed since (damaged?)")
+    for name, kept in content.get("files", {}).items():  # a record of no other files (params.json): none to check
+        _check(path, name, kept, whole)
+    return content
 
 
-def json_or_none(path: str | Path) -> dict | None:
-    """``read_json(path)``, or None if the file is missing or damaged.
+def read_checked(record: str | Path, name: str) -> bytes:
+    """The bytes of the file ``name`` beside the JSON ``record`` that holds its checksum, checked against it.
+
+    ``record``: a run's ``metrics.json``, a result's ``metadata.json``. A ValueError naming the file if it is not the
+    one written (or ``read_json``'s, for the record): a damaged file is never read as a result."""
+    record = Path(record)
+    _check(record, name, read_json(record).get("files", {}).get(name))
+    return (record.parent / name).read_bytes()
+
+
+def json_or_none(path: str | Path, whole: bool = False) -> dict | None:
+    """``read_json(path, whole)``, or None if the file is missing or damaged.
 
     What is damaged is reported in a warning that names the file, and never taken for a result (it is made again)."""
     try:
-        return read_json(path)
+        return read_json(path, whole)
     except FileNotFoundError:
         return None
     except ValueError as error:

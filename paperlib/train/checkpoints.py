@@ -59,19 +59,19 @@ def record(folder: Path, rows: list[dict], best: dict, metrics: dict, save_weigh
 
     The history is ``rows``. With ``save_weights`` (the run's), the weights are the trainable parameters of its best
     checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is
-    finished (``metrics["files"]``: the sizes of the files written before, so that a damaged one is not taken as
-    finished). Its checkpoint is then removed. Each file is written atomically."""
+    finished (``metrics["files"]``: the size and checksum of each file written before, so that a damaged one is not
+    taken as finished). Its checkpoint is then removed. Each file is written atomically."""
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
-    storage.atomic_write(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
+    files = {HISTORY: storage.write_checked(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))}
     kept = save_weights and best["state"] is not None
     metrics["weights"] = WEIGHTS if kept else None
     if kept:
         tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
-        storage.atomic_write(
+        files[WEIGHTS] = storage.write_checked(
             folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])})
         )
     else:  # weights of an earlier training of this run would not be this training's
         (folder / WEIGHTS).unlink(missing_ok=True)
-    metrics["files"] = storage.file_sizes(folder, [HISTORY] + ([WEIGHTS] if kept else []))
+    metrics["files"] = files
     storage.write_json(folder / METRICS, metrics)
     (folder / CHECKPOINT).unlink(missing_ok=True)

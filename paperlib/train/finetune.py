@@ -253,7 +253,7 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
             "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
         )
-    metrics = storage.read_json(folder / METRICS)
+    metrics = storage.read_json(folder / METRICS, whole=True)  # the weights checked against their checksum
     model = adapt(network(config, metrics["num_classes"]), config)
     state = load_file(str(weights))
     unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
