@@ -471,7 +471,7 @@ def test_runs_made_outside_a_sweep_are_finished_for_its_plan_its_dry_run_and_its
     made = [sweep.expand(specs.load_spec(spec))[0] for spec in (finetuning, measuring)]
     finetune.run(sweep.config_from(made[0].parameters))
     rates = pd.DataFrame([{"block": 0, "depth": 0, "component": c, "pair": 0, "rate": 1.0} for c in COMPONENTS])
-    plasticity_table.save(rates, sweep.measurement(made[1].parameters), found(rates))
+    plasticity_table.save(rates, sweep.measurement(made[1].parameters, made[1].notebook), found(rates))
     executed = []  # the notebooks a sweep executes: none is, here (no kernel), and none writes results
 
     def execute(notebook, output, parameters):
@@ -501,7 +501,8 @@ def test_runs_made_outside_a_sweep_are_finished_for_its_plan_its_dry_run_and_its
     monkeypatch.setenv("VIT_PLASTICITY_DATA", str(tmp_path / "data"))
     fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["cat", "dog"], per_class=2)
     custom = {"notebook": "notebooks/02_plasticity.ipynb", "grid": {"dataset": ["custom/shots"]}}
-    plasticity_table.save(rates, sweep.measurement(sweep.expand(custom)[0].parameters), found(rates))
+    custom_run = sweep.expand(custom)[0]
+    plasticity_table.save(rates, sweep.measurement(custom_run.parameters, custom_run.notebook), found(rates))
     assert not sweep.expand(custom)[0].finished  # made outside a sweep: what it was made of is not known
     assert [run.status for run in sweep.run_sweep(custom)] == ["done"] and sweep.expand(custom)[0].finished
     fixtures.write_image_folder(tmp_path / "data" / "custom" / "shots", ["eel"], per_class=2)  # a class more
@@ -523,3 +524,16 @@ def test_plan_refuses_another_precision_for_a_spec_with_a_precision_axis(reports
     assert sweep.main([spec, "--plan", "--precision", "bf16"]) == 2
     line = one_line(capsys.readouterr().err)
     assert "this spec has a precision axis (autocast, fp32)" in line and "without --precision" in line
+
+
+def test_a_plasticity_runs_measurement_takes_notebook_02s_defaults_for_what_its_spec_leaves_out(tmp_path):
+    spec = tmp_path / "plasticity.yaml"
+    parameters = "parameters:\n  model: vit_base_in21k\n  n_pairs: 16\ngrid:\n  dataset: [cifar10]\n"
+    spec.write_text("notebook: notebooks/02_plasticity.ipynb\n" + parameters)
+    run = sweep.expand(sweep.specs.load_spec(spec))[0]
+    defaults = sweep.specs.notebook_parameters(run.notebook)
+    made = sweep.measurement(run.parameters, run.notebook)
+    # the notebook's reference, not Measurement's "" (each dataset's own): the folder the notebook writes
+    own = sweep.plasticity.Measurement(model="vit_base_in21k", dataset="cifar10")
+    assert made.reference == defaults["reference"] != own.reference
+    assert (made.model, made.dataset, made.n_pairs) == ("vit_base_in21k", "cifar10", 16)

@@ -128,7 +128,7 @@ class Run:
         try:
             if self.notebook.stem == runs.NOTEBOOK:
                 return runs.is_finished(config_from(self.parameters))
-            return measurement(self.parameters).is_saved() and (not self.fingerprints or self.reported)
+            return measurement(self.parameters, self.notebook).is_saved() and (not self.fingerprints or self.reported)
         except (ValueError, FileNotFoundError):  # the run itself will say what is wrong
             return False
 
@@ -237,17 +237,22 @@ def check(found: list[Run], executor: str | None = None) -> list[Run]:
     return found
 
 
-def measurement(parameters: dict) -> plasticity.Measurement:
-    """The measurement that notebook 02 makes with ``parameters`` (those that are its fields)."""
+def measurement(parameters: dict, notebook: Path) -> plasticity.Measurement:
+    """The measurement that ``notebook`` (02) makes with ``parameters``, its own defaults for those they leave out.
+
+    Of both, the names that are ``Measurement``'s fields: the notebook's defaults (its ``reference``, say) can differ
+    from ``Measurement``'s."""
     fields = {field.name for field in dataclasses.fields(plasticity.Measurement)}
-    return plasticity.Measurement(**{name: value for name, value in parameters.items() if name in fields})
+    defaults = {name: value for name, value in specs.notebook_parameters(notebook).items() if value is not None}
+    chosen = {**defaults, **parameters}
+    return plasticity.Measurement(**{name: value for name, value in chosen.items() if name in fields})
 
 
 def _check_parameters(run: Run) -> None:
     if run.notebook.stem == runs.NOTEBOOK:
         config_from(run.parameters)
     elif run.notebook.stem == plasticity.NOTEBOOK:
-        measurement(run.parameters)
+        measurement(run.parameters, run.notebook)
     else:
         for name, value in run.parameters.items():
             for one in value if isinstance(value, (list, tuple)) else [value]:
