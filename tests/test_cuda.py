@@ -21,7 +21,7 @@ from paperlib.measure import component_rates, plasticity
 from paperlib.records import runs
 from paperlib.records.step_options import CPU_ATTENTION, StepOptions
 from paperlib.speed import layers
-from paperlib.speed.step import compile_model, make_forward, make_optimizer, step_context, training_step
+from paperlib.speed.step import OptimizerSettings, compile_model, make_optimizer, make_step, step_context
 from paperlib.train import finetune
 from paperlib.vit import components, models
 
@@ -123,18 +123,15 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, tin
     model = tiny_vit(num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
     options = StepOptions(precision=precision).checked(DEVICE)
-    forward = make_forward(model, options)
-    trainable = forward.masters if precision == "bf16" else [p for _, p in components.trainable_parameters(model)]
-    optimizer = make_optimizer(model, "sgd", 0.01, 0.9)
+    step = make_step(model, options, optimizer=OptimizerSettings("sgd", 0.01, 0.9), batch_size=32, clip=1.0)
     loader = DeviceLoader(datasets.get_dataset("digits", "trainval"), 32, Transform(True, 32), device=DEVICE)
-    context = step_context(DEVICE, precision=precision)
-    for step in range(2):  # first steps: lazy initialisation, allocations
-        training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+    for index in range(2):  # first steps: lazy initialisation, allocations
+        step(*loader.batch(index))
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for step in range(2, 5):
-            training_step(forward, trainable, optimizer, *loader.batch(step), 32, 1.0, context)
+        for index in range(2, 5):
+            step(*loader.batch(index))
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -196,23 +196,14 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
     torch.testing.assert_close(outputs["flash"], outputs["auto"], rtol=1e-4, atol=1e-5)
 
 
-def test_training_step_returns_device_tensors_and_updates_only_trainable_weights(tiny_model):
+def test_a_step_returns_device_tensors_and_updates_only_trainable_weights(tiny_model):
     model = tiny_model
     components.set_trainable(model, "ln2")
-    trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = speed.step.make_optimizer(model, "sgd", 0.1, 0.9)
-    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    loss, norm = speed.step.training_step(
-        model,
-        trainable,
-        optimizer,
-        images,
-        labels,
-        4,
-        1.0,
-        speed.step.autocast_for(torch.device("cpu"), precision="fp32"),
-    )
+    sgd = speed.step.OptimizerSettings("sgd", 0.1, 0.9)
+    step = speed.step.make_step(model, step_options.StepOptions(), optimizer=sgd, batch_size=8, clip=1.0, micro_batch=4)
+    assert step.trainable == [p for _, p in components.trainable_parameters(model)]
+    loss, norm = step(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,)))
     assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and float(norm) > 0
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".norm2." in n or n.startswith(("head.", "norm.")) for n in changed)
@@ -220,20 +211,20 @@ def test_training_step_returns_device_tensors_and_updates_only_trainable_weights
 
 def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, monkeypatch, small, move_results):
     # a stand-in GPU that holds at most 4 images per forward pass
-    original = speed.step.training_step
+    original = speed.step.Step.once
     tried = []
 
-    def small_gpu(forward, trainable, optimizer, images, labels, micro, *args):
-        tried.append(micro)
-        if micro > 4:
-            forward(images[:1])  # some work done before memory runs out
+    def small_gpu(step, images, labels):
+        tried.append(step.micro)
+        if step.micro > 4:
+            step.forward(images[:1])  # some work done before memory runs out
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return original(forward, trainable, optimizer, images, labels, micro, *args)
+        return original(step, images, labels)
 
     reference = finetune.run(small(micro_batch=4))
     reference_losses = run_files.history(small(micro_batch=4))["train_loss"].tolist()
     move_results("small-gpu")
-    monkeypatch.setattr(speed.step, "training_step", small_gpu)
+    monkeypatch.setattr(speed.step.Step, "once", small_gpu)
     metrics = finetune.run(small())
     assert tried[:3] == [16, 8, 4] and set(tried[3:]) == {4}  # split once, then kept
     assert metrics["micro_batch"] == 4 and metrics["status"] == "finished"
@@ -258,23 +249,15 @@ def _fp32_logits(state, images):
 def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tiny_model):
     model = tiny_model
     components.set_trainable(model, "fc1")
-    trainable = [p for _, p in components.trainable_parameters(model)]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    master = speed.step.MasterWeights(model)
-    optimizer = speed.step.make_optimizer(model, "sgd", 1e-4, 0.9)
+    sgd = speed.step.OptimizerSettings("sgd", 1e-4, 0.9)
+    bf16 = step_options.StepOptions(precision="bf16")
+    step = speed.step.make_step(model, bf16, optimizer=sgd, batch_size=8, clip=1e9)
+    assert isinstance(step.forward, speed.step.MasterWeights) and step.trainable == step.forward.masters
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    loss, norm = speed.step.training_step(
-        master,
-        trainable,
-        optimizer,
-        images,
-        labels,
-        8,
-        1e9,
-        speed.step.autocast_for(torch.device("cpu"), precision="fp32"),
-    )
+    loss, norm = step(images, labels)
 
-    copies = dict(master.module.named_parameters())
+    copies = dict(step.forward.module.named_parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters()) and all(
         p.dtype == torch.bfloat16 for p in copies.values()
     )

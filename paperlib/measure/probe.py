@@ -225,7 +225,6 @@ def linear_probe(
     max_gib: float = 8.0,
     progress: bool = True,
     compute: bool = True,
-    cache: bool = True,
 ) -> pd.DataFrame | None:
     """Linear-probe accuracy of ``probe``'s pretrained model on its dataset at its blocks and points.
 
@@ -241,13 +240,14 @@ def linear_probe(
         progress: a progress bar over the probes still to fit.
         compute: fit the probes not cached; False: None unless every one asked for is cached (reading
             results only, as notebook 07 does with ``compute_missing`` False).
-        cache: read and write ``probe.folder()`` (a module without a ``name`` is never cached).
+
+    The table is cached in ``probe.folder()`` (a module without a ``name`` is never cached).
 
     Returns a table with columns ``block`` (0-based), ``point`` and ``accuracy`` (test accuracy,
     a fraction), one row per block and point, in forward order.
     """
     wanted, key = probe.wanted(), probe.key()
-    folder = probe.folder() if cache else None
+    folder = probe.folder()
     table, metadata, missing = cached(folder, key, wanted)
     if not missing:
         return tidy(table, wanted)
@@ -260,13 +260,14 @@ def linear_probe(
             return tidy(table, wanted)
         threads.apply()  # this process's share of the cores, if it shares them with others of ours
         network = models.create_model(probe.model) if isinstance(probe.model, str) else probe.model
+        network = network.to(device)
         size = network.patch_embed.img_size[0]
         loading = {"root": probe.root, "seed": probe.split_seed, "image_size": size, "mean_std": probe.mean_std()}
         train, test = (datasets.get_dataset(probe.dataset, split, **loading) for split in (probe.train_split, "test"))
         record = {"key": key, "depth": len(components.blocks(network)), "image_size": size}
         record |= {"n_classes": len(test.classes), "device": str(device)}
         record |= {"torch": torch.__version__, "sklearn": sklearn.__version__}
-        running = {"batch_size": batch_size, "device": device, "num_workers": num_workers}
+        running = {"batch_size": batch_size, "num_workers": num_workers}
         fitting = fit_missing(probe, network, (train, test), missing, running, max_gib)
         bar = tqdm(fitting, total=len(missing), desc=f"probing {probe.dataset}", unit="probe", disable=not progress)
         add_fits(bar, table, folder, record | {"seconds": metadata.get("seconds", 0.0)})
@@ -278,7 +279,7 @@ def fit_missing(probe: Probe, network: nn.Module, sets: tuple, missing: list, ru
 
     A group of them per pass over the (train, test) ``sets`` (``groups``: as many as ``max_gib`` of pooled features
     hold); each fit is yielded as ((block, point), test accuracy, training images, test images). ``running``:
-    ``pooled_features``'s batch_size, device and num_workers."""
+    ``pooled_features``'s batch_size and num_workers (on ``network``'s device)."""
     (train, test), pool = sets, probe.pool
     for group in groups(network, missing, len(train) + len(test), max_gib):
         train_x, train_y = pooled_features(network, train, group, pool, **running, augment_seed=probe.augment_seed)

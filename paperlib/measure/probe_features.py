@@ -124,17 +124,16 @@ def pooled_features(
     wanted: Sequence[tuple[int, str]],
     pool: str = "mean",
     batch_size: int = 256,
-    device: str | torch.device = "cpu",
     num_workers: int | None = None,
     augment_seed: int | None = None,
 ) -> tuple[dict[tuple[int, str], np.ndarray], np.ndarray]:
     """The pooled, L2-normalised features of every (block, point) of ``wanted`` over ``dataset``, and the labels.
 
     Float32, one row per image, in the dataset's order (with ``augment_seed``, as ``augmented_batches``
-    gives them), from one forward pass per batch in eval mode, without gradients (the mode restored after)."""
+    gives them), from one forward pass per batch on the model's device in eval mode, without gradients (the mode
+    restored after)."""
     check_choice(pool, POOLS, "pool")
-    device = torch.device(device)
-    model = model.to(device)
+    device = next(model.parameters()).device
     training = model.training
     labels = []
     try:

@@ -237,31 +237,6 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
     return model
 
 
-def training_step(forward, trainable: list[torch.Tensor], optimizer, images, labels, micro: int, clip: float, context):
-    """One optimisation step: forward and backward, clipping, the optimizer's update.
-
-    The forward and backward passes run in chunks of ``micro`` images, gradients accumulated;
-    clipping is at global norm ``clip``.
-
-    Returns (loss, gradient norm before clipping) as device tensors, without waiting for the
-    device: the caller decides when to read them back. ``forward`` is the model, its compiled twin,
-    or ``MasterWeights`` (bf16 compute; ``trainable`` are then its fp32 masters); ``context`` makes
-    the context of its forward passes (``step_context``: precision, attention kernel).
-    """
-    master = forward if isinstance(forward, MasterWeights) else None
-    optimizer.zero_grad(set_to_none=True)
-    if master is not None:
-        master.zero_grad()
-    total = torch.zeros((), device=images.device)
-    for first in range(0, len(images), micro):
-        with context():
-            logits = forward(images[first : first + micro])
-        loss = nn.functional.cross_entropy(logits.float(), labels[first : first + micro]) * (len(logits) / len(images))
-        loss.backward()
-        total += loss.detach()
-    return total, clip_and_update(optimizer, trainable, clip, master)
-
-
 def clip_and_update(
     optimizer, trainable: list[torch.Tensor], clip: float, master: MasterWeights | None = None
 ) -> torch.Tensor:
@@ -344,7 +319,8 @@ class Step:
     ``options`` are checked (``StepOptions.checked``). ``step(images, labels)`` -> (loss, gradient norm before
     clipping), device tensors.
 
-    ``trainable`` are the parameters clipping sees and ``optimizer`` updates; ``forward`` is what
+    ``trainable`` are ``model``'s parameters with ``requires_grad``, those clipping sees and ``optimizer`` updates
+    (with bf16 precision, the fp32 masters of ``MasterWeights``); ``forward`` is what
     runs the model (compiled, or ``MasterWeights``), ``network`` the module that runs
     (``train()``/``eval()``), ``context`` the context of its forward passes (precision, attention
     kernel), for evaluation too. With ``micro_batch`` 0, a batch that does not fit in GPU memory is
@@ -356,7 +332,6 @@ class Step:
     def __init__(
         self,
         model: nn.Module,
-        trainable: list[torch.Tensor],
         optimizer,
         options: StepOptions,
         batch_size: int,
@@ -364,12 +339,13 @@ class Step:
         micro_batch: int = 0,
         progress: bool = False,
     ):
-        device = trainable[0].device if trainable else next(model.parameters()).device
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        device = self.trainable[0].device if self.trainable else next(model.parameters()).device
         self.forward = make_forward(model, options)
         self.master = self.forward if isinstance(self.forward, MasterWeights) else None
         self.network = self.master.module if self.master else model
         self.context = step_context(device, options.attention, options.precision)
-        self.trainable, self.optimizer, self.options, self.clip = trainable, optimizer, options, clip
+        self.optimizer, self.options, self.clip = optimizer, options, clip
         self.batch_size, self.fixed, self.progress = batch_size, bool(micro_batch), progress
         self.micro = micro_batch or batch_size
 
@@ -377,16 +353,7 @@ class Step:
         while True:
             try:
                 with tf32_flags(self.options.precision):  # backward and update too, not only the forward
-                    return training_step(
-                        self.forward,
-                        self.trainable,
-                        self.optimizer,
-                        images,
-                        labels,
-                        self.micro,
-                        self.clip,
-                        self.context,
-                    )
+                    return self.once(images, labels)
             except torch.cuda.OutOfMemoryError:
                 if self.fixed or self.micro == 1:  # a micro-batch the user chose is kept: say so
                     raise
@@ -397,6 +364,25 @@ class Step:
                 print(
                     f"out of GPU memory, now {self.batch_size // self.micro} micro-batches of {self.micro}", flush=True
                 )
+
+    def once(self, images: torch.Tensor, labels: torch.Tensor):
+        """One optimisation step at micro-batch ``micro``: forward and backward, clipping, the optimizer's update.
+
+        The forward and backward passes run in chunks of ``micro`` images, gradients accumulated. Returns (loss,
+        gradient norm before clipping) as device tensors, without waiting for the device: the caller decides when
+        to read them back."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not None:
+            self.master.zero_grad()
+        total = torch.zeros((), device=images.device)
+        for first in range(0, len(images), self.micro):
+            with self.context():
+                logits = self.forward(images[first : first + self.micro])
+            chunk = labels[first : first + self.micro]
+            loss = nn.functional.cross_entropy(logits.float(), chunk) * (len(logits) / len(images))
+            loss.backward()
+            total += loss.detach()
+        return total, clip_and_update(self.optimizer, self.trainable, self.clip, self.master)
 
     def loaded(self) -> None:
         """Weights loaded into the model reach what runs (``MasterWeights``' bf16 copy)."""
@@ -422,6 +408,5 @@ def make_step(
     ``batch_size``, clipping at global norm ``clip``, ``micro_batch`` (0: the whole batch, split while the GPU runs
     out of memory). ``step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
     trains with, and what the step benchmarks time."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
     chosen = make_optimizer(model, optimizer.optimizer, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
-    return Step(model, trainable, chosen, options, batch_size, clip, micro_batch, progress)
+    return Step(model, chosen, options, batch_size, clip, micro_batch, progress)
