@@ -239,7 +239,7 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
     config = small(**ON_DEVICE, component="full", optimizer="adamw", lr=1e-3, weight_decay=0.05, precision=precision)
     metrics = finetune.run(config)
     assert metrics["status"] == "finished" and metrics["optimizer"] == "adamw"
-    adamw = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), "adamw", 0.1, 0.9, weight_decay=0.05)
+    adamw = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), OptimizerSettings("adamw", 0.1, 0.9, weight_decay=0.05))
     assert bool(adamw.defaults["fused"]) == (DEVICE.type == "cuda")
     losses = runs.history(config)["train_loss"].to_numpy()
     move_results("cpu")
@@ -397,7 +397,7 @@ def test_finetuning_on_the_device_trains_only_the_chosen_component(results, smal
     assert metrics["device"] == (torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else "cpu")
     history = runs.history(small(**ON_DEVICE, component="fc2"))
     assert history["train_loss"].map(np.isfinite).all() and history["grad_norm"].gt(0).all()
-    optimizer = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), "sgd", 0.1, 0.9)
+    optimizer = make_optimizer(torch.nn.Linear(2, 2).to(DEVICE), OptimizerSettings("sgd", 0.1, 0.9))
     assert bool(optimizer.defaults["fused"]) == (DEVICE.type == "cuda")
 
 

@@ -78,9 +78,9 @@ def test_a_step_is_timed_as_the_run_makes_it_its_optimizer_included(monkeypatch)
     made = []
     original = speed.step.make_optimizer
 
-    def spy(model, optimizer, lr, momentum, weight_decay=0.0):
-        made.append((optimizer, lr, weight_decay))
-        return original(model, optimizer, lr, momentum, weight_decay)
+    def spy(model, settings):
+        made.append((settings.optimizer, settings.lr, settings.weight_decay))
+        return original(model, settings)
 
     monkeypatch.setattr(speed.step, "make_optimizer", spy)
     config = Config(component="ln2", optimizer="adamw", lr=1e-3, weight_decay=0.05, batch_size=8, device="cpu")

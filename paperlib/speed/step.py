@@ -296,21 +296,18 @@ class OptimizerSettings:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
 
 
-def make_optimizer(
-    model: nn.Module, optimizer: str, lr: float, momentum: float, weight_decay: float = 0.0
-) -> torch.optim.Optimizer:
-    """The optimizer of ``model``'s trainable parameters.
+def make_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.optim.Optimizer:
+    """The optimizer of ``model``'s trainable parameters, as ``settings`` say.
 
     On CUDA it runs PyTorch's fused kernel (one update kernel for all parameters). "sgd", SGD with
     ``momentum`` and no weight decay (the paper's, appendix C.3); "adamw", AdamW with
     ``weight_decay`` on weight matrices only (``decay_groups``)."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     cuda = bool(trainable) and trainable[0].device.type == "cuda"
-    if optimizer == "adamw":
-        return torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, weight_decay=weight_decay, fused=cuda)
-    if optimizer == "sgd":
-        return torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=0.0, fused=cuda)
-    raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+    if settings.optimizer == "adamw":
+        groups = decay_groups(model, settings.weight_decay)
+        return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay, fused=cuda)
+    return torch.optim.SGD(trainable, lr=settings.lr, momentum=settings.momentum, weight_decay=0.0, fused=cuda)
 
 
 class Step:
@@ -408,5 +405,4 @@ def make_step(
     ``batch_size``, clipping at global norm ``clip``, ``micro_batch`` (0: the whole batch, split while the GPU runs
     out of memory). ``step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
     trains with, and what the step benchmarks time."""
-    chosen = make_optimizer(model, optimizer.optimizer, optimizer.lr, optimizer.momentum, optimizer.weight_decay)
-    return Step(model, chosen, options, batch_size, clip, micro_batch, progress)
+    return Step(model, make_optimizer(model, optimizer), options, batch_size, clip, micro_batch, progress)
