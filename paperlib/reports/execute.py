@@ -97,7 +97,7 @@ def _kernel_manager() -> type:
     return KernelManager
 
 
-def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel_name: str = KERNEL) -> Path:
+def execute(notebook: Path, output: Path, parameters: dict | None = None) -> Path:
     """Run ``notebook`` with papermill, writing the executed copy to ``output`` (atomically).
 
     Its figures are in its outputs (the inline backend)."""
@@ -111,7 +111,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
                 str(notebook),
                 str(partial),
                 parameters=parameters or {},
-                kernel_name=kernel_name,
+                kernel_name=KERNEL,
                 # the kernel starts in the notebook's folder; papermill's `cwd` would change this
                 # process's folder for the run, and two runs at once (run_demo) would leave it in one's
                 resources={"metadata": {"path": str(notebook.parent)}},
@@ -124,8 +124,8 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None, kernel
     return output
 
 
-def render_html(notebook: Path, output: Path | None = None) -> Path:
-    """Render an executed notebook to a standalone HTML page, and one without code beside it.
+def render_html(notebook: Path) -> Path:
+    """Render an executed notebook to a standalone HTML page, ``<name>.html``, and one without code beside it.
 
     nbconvert with the lab template; the page without code, for readers, is ``<name>.nocode.html``
     (nbconvert's ``exclude_input``). A progress bar's updates (text overwritten after carriage
@@ -135,7 +135,7 @@ def render_html(notebook: Path, output: Path | None = None) -> Path:
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
-    output = output or notebook.with_suffix(".html")
+    output = notebook.with_suffix(".html")
     node = nbformat.read(notebook, as_version=4)
     for exclude_input, page in ((False, output), (True, output.with_suffix(".nocode.html"))):
         exporter = HTMLExporter(template_name="lab", exclude_input=exclude_input)
@@ -176,7 +176,7 @@ def summary(notebook: Path) -> dict:
     name, section = _name_and_section(notebook, node)
     found = {"headline": None, "thumbnail": None}
     for cell in node.cells:
-        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+        for output in cell.get("outputs", []):  # only code cells have outputs
             data = output.get("data", {})
             if found["headline"] is None and HEADLINE_MIME in data:
                 found["headline"] = dict(data[HEADLINE_MIME])
@@ -358,21 +358,20 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
     return update_page()
 
 
-def execute_inplace(notebooks: Iterable[Path], timeout: int = 1800) -> None:
+def execute_inplace(notebooks: Iterable[Path]) -> None:
     """Re-execute committed notebooks in place with nbclient.
 
-    No papermill metadata is added; figures are in the outputs, as ``execute``'s."""
+    No papermill metadata is added; figures are in the outputs, as ``execute``'s. A cell may run for 30 minutes."""
     import nbformat
     from nbclient import NotebookClient
 
     for notebook in notebooks:
-        notebook = Path(notebook)
         nb = nbformat.read(notebook, as_version=4)
         nb.metadata["kernelspec"] = KERNELSPEC
         with _inline_figures(), ipc_kernels() as config:
             NotebookClient(
                 nb,
-                timeout=timeout,
+                timeout=1800,
                 kernel_name=KERNEL,
                 resources={"metadata": {"path": str(notebook.parent)}},
                 config=config,

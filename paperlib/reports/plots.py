@@ -18,14 +18,17 @@ from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS, RU
 COLORS = COLOURS
 """One colour per configuration, the same in every figure (``names.CONFIGURATIONS``)."""
 
+REFERENCE_LINE = {"color": "grey", "lw": 0.8, "ls": "--"}
+"""The style of a line at a reference value: P(f) = 1, a difference or a tau of 0."""
 
-def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 150) -> Path:
-    """Save ``fig`` atomically (PNG, or the suffix's format), creating folders; returns the path.
+
+def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    """Save ``fig`` atomically (PNG, or the suffix's format, at 150 dpi), creating folders; returns the path.
 
     Atomically, so that runs of a sweep on several GPUs never leave half a file."""
     path = Path(path)
     file_format = path.suffix.lstrip(".") or "png"
-    return storage.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=dpi, bbox_inches="tight"))
+    return storage.atomic_write(path, lambda tmp: fig.savefig(tmp, format=file_format, dpi=150, bbox_inches="tight"))
 
 
 def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
@@ -33,6 +36,11 @@ def _saved(fig: plt.Figure, stem: str, *keys) -> plt.Figure:
     fig.tight_layout()
     save_figure(fig, figure_path(stem, *keys))
     return fig
+
+
+def _axes(ax: plt.Axes | None, figsize: tuple[float, float] = (4.5, 3.2)) -> plt.Axes:
+    """``ax``, or the axes of a new figure of ``figsize`` (inches)."""
+    return plt.subplots(figsize=figsize)[1] if ax is None else ax
 
 
 def figure_path(stem: str, *keys) -> Path:
@@ -46,8 +54,7 @@ def figure_path(stem: str, *keys) -> Path:
 
 def block_diagram(ax: plt.Axes | None = None) -> plt.Axes:
     """A pre-norm transformer block with its five components coloured (paper Fig. 2, left)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(3.2, 6.0))
+    ax = _axes(ax, (3.2, 6.0))
     ax.set_xlim(0, 10)
     ax.set_ylim(0, 21)
     ax.axis("off")
@@ -93,9 +100,8 @@ def sample_grid(datasets: Sequence[ImageDataset], per_dataset: int = 8) -> plt.F
 
 def component_bars(values: dict[str, float], ylabel: str, ax: plt.Axes | None = None, log: bool = False) -> plt.Axes:
     """One bar per component in plasticity order, in the component colours."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4, 3))
-    keys = [c for c in (*COMPONENTS, "full", "linear") if c in values]
+    ax = _axes(ax, (4, 3))
+    keys = [c for c in RUN_COMPONENTS if c in values]
     ax.bar([LABELS[k] for k in keys], [values[k] for k in keys], color=[COLORS[k] for k in keys])
     if log:
         ax.set_yscale("log")
@@ -103,23 +109,19 @@ def component_bars(values: dict[str, float], ylabel: str, ax: plt.Axes | None = 
     return ax
 
 
-__all__ = ["COLORS", "block_diagram", "component_bars", "sample_grid", "save_figure"]
-
-
 def rate_distributions(table, ax: plt.Axes | None = None) -> plt.Axes:
     """Every rate of change per component, over all pairs and blocks, as violins.
 
     Beyond the paper's summary: the authors' Fig. 3 left is ``layer_mean_boxes``, a box of the
     per-block P(f)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     values = [table.loc[table["component"] == c, "rate"].dropna().to_numpy() for c in COMPONENTS]
     parts = ax.violinplot(values, showmedians=True, showextrema=False)
     for body, component in zip(parts["bodies"], COMPONENTS):
         body.set_facecolor(COLORS[component])
         body.set_edgecolor("black")
         body.set_alpha(0.8)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, **REFERENCE_LINE)
     ax.set_xticks(range(1, len(COMPONENTS) + 1), [LABELS[c] for c in COMPONENTS])
     ax.set_ylabel("rate of change (ratio)")
     return ax
@@ -137,8 +139,7 @@ def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) ->
     datasets of one model. Whiskers reach 1.5 interquartile ranges; points beyond them are hidden,
     as in the authors' figures, unless ``fliers``.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     if "rate" in means:
         means = ranking.layer_means(means)
     if "model" in means and means["model"].nunique() > 1:
@@ -151,7 +152,7 @@ def layer_mean_boxes(means, ax: plt.Axes | None = None, fliers: bool = False) ->
     parts = ax.boxplot(values, patch_artist=True, widths=0.6, showfliers=fliers, medianprops={"color": "black"})
     for box, component in zip(parts["boxes"], components):
         box.set_facecolor(COLORS[component])
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, **REFERENCE_LINE)
     ax.set_xticks(range(1, len(components) + 1), [LABELS[c] for c in components])
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$ per block")
     return ax
@@ -166,8 +167,7 @@ def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) 
     ``data``: a tidy rates table (column ``rate``) or ``ranking.depth_band``'s table; the band is left
     out if not ``band``.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     if "rate" in data:
         data = ranking.depth_band(data)
     for component in COMPONENTS:
@@ -175,7 +175,7 @@ def plasticity_along_depth(data, ax: plt.Axes | None = None, band: bool = True) 
         ax.plot(part["depth"], part["plasticity"], marker="o", ms=3, color=COLORS[component], label=LABELS[component])
         if band:
             ax.fill_between(part["depth"], part["low"], part["high"], color=COLORS[component], alpha=0.3, lw=0)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, **REFERENCE_LINE)
     ax.set_xlabel("depth (% of blocks)")
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
     ax.legend(fontsize=7, ncol=2)
@@ -186,13 +186,12 @@ def pooled_plasticity(summary, ax: plt.Axes | None = None) -> plt.Axes:
     """P(f) per component across datasets: one dot per dataset, a bar for the mean.
 
     This goes beyond the paper's summary: the authors' Fig. 2 middle is ``layer_mean_boxes`` of the per-block P(f)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     for i, component in enumerate(COMPONENTS):
         values = summary.loc[summary["component"] == component, "plasticity"].to_numpy()
         ax.bar(i, values.mean() if len(values) else 0, color=COLORS[component], alpha=0.6)
         ax.scatter([i] * len(values), values, color=COLORS[component], edgecolor="black", s=14, zorder=3)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, **REFERENCE_LINE)
     ax.set_xticks(range(len(COMPONENTS)), [LABELS[c] for c in COMPONENTS])
     ax.set_ylabel("plasticity $\\mathcal{P}(f)$")
     return ax
@@ -204,8 +203,7 @@ def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: 
     Coloured by component, the value taken relative to its dataset's mean over the components (so that datasets of
     different accuracy share an axis) and each dataset's points joined in plasticity order. ``table``: columns
     ``dataset``, ``component``, ``plasticity`` and ``value``."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     for _, part in table.groupby("dataset"):
         part = part.sort_values("plasticity")
         relative = part[value] - part[value].mean()
@@ -220,7 +218,7 @@ def plasticity_vs_result(table, value: str, ax: plt.Axes | None = None, ylabel: 
         )
     for component in COMPONENTS:
         ax.scatter([], [], color=COLORS[component], edgecolor="black", s=18, label=LABELS[component])
-    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(0.0, **REFERENCE_LINE)
     ax.set_xlabel("plasticity $\\mathcal{P}(f)$")
     ax.set_ylabel(ylabel or f"{value} - dataset mean")
     ax.legend(frameon=False, fontsize=7)
@@ -231,8 +229,7 @@ def bounds_along_depth(
     table, ax: plt.Axes | None = None, label: str = "", linestyle: str = "-", propositions=("1", "2", "3")
 ) -> plt.Axes:
     """Upper bounds per block for each component on a log scale (paper Fig. 6)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax = _axes(ax)
     for component in COMPONENTS:
         part = table[(table["component"] == component) & table["proposition"].isin(propositions)]
         if len(part):
@@ -251,13 +248,10 @@ def bounds_along_depth(
     return ax
 
 
-def training_curves(
-    histories, value: str, ax: plt.Axes | None = None, components=COMPONENTS + ("full",), log: bool = False
-) -> plt.Axes:
+def training_curves(histories, value: str, ax: plt.Axes | None = None, log: bool = False) -> plt.Axes:
     """One curve per configuration of ``value`` (e.g. grad_norm, val_loss) against step (Fig. 4 middle/right)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(4.5, 3.2))
-    for component in components:
+    ax = _axes(ax)
+    for component in (*COMPONENTS, "full"):
         part = histories[histories["component"] == component].dropna(subset=[value])
         if len(part):
             ax.plot(
@@ -282,8 +276,7 @@ def config_boxes(runs, ax: plt.Axes | None = None, fliers: bool = False, linear:
     best-validation checkpoint's (counted under each box), outliers are not drawn, the five components alone have
     boxes, and full finetuning is a dashed line at its mean. ``fliers``: draw the outliers; ``linear``: a box of the
     ``linear`` configuration's runs too."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
+    ax = _axes(ax, (5, 3.2))
     if runs["dataset"].nunique() > 1:
         raise ValueError(
             "config_boxes shows one dataset (Fig. 18 has a panel per benchmark), "
@@ -525,10 +518,9 @@ def _methods(table) -> list[str]:
 def grouped_bars(table, ax: plt.Axes | None = None) -> plt.Axes:
     """One group of bars per configuration, one bar per method in it.
 
-    One group per configuration (plasticity order, then full), one bar per method in it (``table``: columns
-    ``component``, ``method``, ``mean``): the weights' solid, the others hatched."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.4))
+    The configurations in plasticity order, then full (``table``: columns ``component``, ``method``, ``mean``); the
+    weights' bars solid, the others hatched."""
+    ax = _axes(ax, (5, 3.4))
     methods = _methods(table)
     shown = _configurations(table)
     width = 0.8 / max(len(methods), 1)
@@ -640,7 +632,7 @@ def accuracy_tau_figure(table, taus, model: str, spec: str, select: str) -> plt.
     for offset, (source, part) in zip((-0.15, 0.15), taus.groupby("source", sort=False)):
         axes[1].scatter(part["tau"], [rows[d] + offset for d in part["dataset"]], label=source, s=18)
     axes[1].set_yticks(range(len(rows)), list(rows), fontsize=7)
-    axes[1].axvline(0.0, color="grey", lw=0.8, ls="--")
+    axes[1].axvline(0.0, **REFERENCE_LINE)
     axes[1].set(xlabel="Kendall's tau: P(f) and accuracy", xlim=(-1.1, 1.1))
     axes[1].legend(frameon=False, fontsize=7)
     axes[1].set_title("per dataset")

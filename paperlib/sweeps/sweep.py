@@ -92,11 +92,11 @@ class Run:
 
     @property
     def marker(self) -> Path:
-        return self.stem.with_name(self.stem.name + ".done.json")
+        return self.folder / f"{self.name}.done.json"
 
     @property
     def error_file(self) -> Path:
-        return self.stem.with_name(self.stem.name + ".error.txt")
+        return self.folder / f"{self.name}.error.txt"
 
     @property
     def reason(self) -> str:
@@ -336,7 +336,7 @@ def execute_run(run: Run, wait: bool = True, html: bool = False, reports: bool =
 def _execute(run: Run, html: bool = False) -> Run:
     start = time.perf_counter()
     try:
-        executed = execute.execute(run.notebook, run.stem.with_name(run.stem.name + ".ipynb"), run.parameters)
+        executed = execute.execute(run.notebook, run.folder / f"{run.name}.ipynb", run.parameters)
         if html:
             execute.render_html(executed)
         run.seconds = round(time.perf_counter() - start, 2)
@@ -403,9 +403,11 @@ def run_sweep(
 
 def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None, task) -> list[Run]:
     """``todo`` after ``task`` (``execute_run``) ran on each, as ``executor`` runs them."""
-    if todo and executor == "local":
+    if not todo:
+        return todo
+    if executor == "local":
         return [task(r) for r in todo]
-    if todo and executor == "gpus":
+    if executor == "gpus":
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
         for gpu in gpus:
@@ -417,21 +419,19 @@ def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None
             ) as pool,
         ):
             return list(pool.map(task, todo))
-    if todo:
-        folder = todo[0].folder / ".submitit"  # reports/<notebook>/.submitit
-        if executor == "slurm":  # SLURM by name: never submitit's fallback to local jobs (check_executor)
-            pool = submitit.AutoExecutor(folder=folder, cluster="slurm")
-            pool.update_parameters(**(spec.get("slurm") or {}))
+    folder = todo[0].folder / ".submitit"  # reports/<notebook>/.submitit
+    if executor == "slurm":  # SLURM by name: never submitit's fallback to local jobs (check_executor)
+        pool = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        pool.update_parameters(**(spec.get("slurm") or {}))
+        jobs = pool.map_array(task, todo)
+    else:  # submitit's local jobs run at once on this machine: a share of the cores each
+        pool = submitit.LocalExecutor(folder=folder)
+        pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
+        with threads.shared_by(len(todo)):
+            share = f"{threads.budget() or threads.cores()} of its {threads.cores()} CPU cores"
+            print(f"submitit-local: {len(todo)} runs at once on this machine, each with {share}", flush=True)
             jobs = pool.map_array(task, todo)
-        else:  # submitit's local jobs run at once on this machine: a share of the cores each
-            pool = submitit.LocalExecutor(folder=folder)
-            pool.update_parameters(timeout_min=int((spec.get("slurm") or {}).get("timeout_min", 60)))
-            with threads.shared_by(len(todo)):
-                share = f"{threads.budget() or threads.cores()} of its {threads.cores()} CPU cores"
-                print(f"submitit-local: {len(todo)} runs at once on this machine, each with {share}", flush=True)
-                jobs = pool.map_array(task, todo)
-        return [job.result() for job in jobs]
-    return todo
+    return [job.result() for job in jobs]
 
 
 def main(argv: list[str] | None = None) -> int:
