@@ -557,15 +557,12 @@ def design_difference(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -
 def _reordered(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -> pd.DataFrame:
     """The pairs of components the two designs (``wide``: dataset x component each) order differently on a dataset."""
     scores = plasticity.pivot_table(index="dataset", columns="component", values="plasticity")
+    datasets = wide["equal capacity"].index
+    aligned = [w.reindex(index=datasets, columns=list(COMPONENTS)) for w in (*wide.values(), scores)]  # NaN: none
     rows = []
-    for dataset in wide["equal capacity"].index:
+    for dataset in datasets:
         for first, second in itertools.combinations(COMPONENTS, 2):
-            differences = [
-                w.loc[dataset, first] - w.loc[dataset, second]
-                if dataset in w.index and {first, second} <= set(w.columns)
-                else math.nan
-                for w in (*wide.values(), scores)
-            ]
+            differences = [w.loc[dataset, first] - w.loc[dataset, second] for w in aligned]
             if np.sign(differences[0]) * np.sign(differences[1]) < 0:
                 row = {"dataset": dataset, "pair": f"{LABELS[first]} / {LABELS[second]}"}
                 row |= dict(zip(DESIGNS, differences))

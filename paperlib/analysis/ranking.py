@@ -139,12 +139,8 @@ def paper_order_from(curve: pd.DataFrame) -> float | None:
     Factors are those of ``plasticity.scale_curve``'s table; from it on means at it and at every
     larger factor of the table, by ``scale_ranking``. None if it does not at the largest factor."""
     follows = scale_ranking(curve)["follows paper"]
-    onset = None
-    for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):
-        if not holds:
-            break
-        onset = float(factor)
-    return onset
+    from_here = follows[::-1].cummin()  # at a factor and at every larger one
+    return float(from_here[from_here].index.min()) if from_here.any() else None
 
 
 Z_95 = 1.96
