@@ -195,16 +195,17 @@ def within_capacity(
     table = _merged(plasticity, results, value, ["dataset"])
     rows, nulls, families = [], {}, {}
     for group in capacity_groups(capacity, tolerance):
+        name = _group_name(group)
         for dataset, part in table[table["component"].isin(group)].groupby("dataset", sort=True):
             if len(part) < 2:
                 continue
             part = part.sort_values("component")  # one order of the components: a family shares its permutations
             x, y = part["plasticity"].to_numpy(float), part[value].to_numpy(float)
             null = _kendall_s(x, _permuted(y))
-            nulls[_group_name(group), dataset] = _distribution(null)
-            unit = (_group_name(group), family(dataset), tuple(part["component"]))
+            nulls[name, dataset] = _distribution(null)
+            unit = (name, family(dataset), tuple(part["component"]))
             families[unit] = families.get(unit, 0) + null
-            row = {"group": _group_name(group), "dataset": dataset, "family": family(dataset)}
+            row = {"group": name, "dataset": dataset, "family": family(dataset)}
             rows.append(row | {"components": len(part), "tau": kendall_tau(x, y), "S": int(_kendall_s(x, y))})
     per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "family", "components", "tau", "S"])
     parts = dict(list(per_dataset.groupby("group", sort=False)))
@@ -319,7 +320,7 @@ def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: 
     Its family (``names.family``), its components, their accuracies and, per discordant pair (more plastic, larger),
     their positions in them."""
     units = []
-    for key, part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
+    for (dataset, *_), part in table[table["component"].isin(levels.index)].groupby(keys, sort=True):
         names = part["component"].tolist()
         x, y, size = part["plasticity"].to_numpy(float), part[value].to_numpy(float), levels[names].to_numpy()
         pairs = {}
@@ -330,7 +331,6 @@ def _discordant_units(table: pd.DataFrame, levels: pd.Series, value: str, keys: 
             if size[plastic] < size[other]:  # else both predictors agree
                 pairs[names[plastic], names[other]] = (plastic, other)
         if pairs:
-            dataset = key[0] if isinstance(key, tuple) else key
             units.append((family(dataset), tuple(names), y, pairs))
     return units
 
@@ -410,8 +410,8 @@ def _pair_row(pair: tuple[str, str], plasticity: int, capacity: int, ties: int, 
 def layernorm_confound(pairs: pd.DataFrame) -> str:
     """``CONFOUND`` where every discordant pair sets a LayerNorm against another component, else "".
 
-    Where every pair of a ``discordant_pairs`` table sets a LayerNorm against a component
-    that is not one (then capacity and "is a LayerNorm" are the same variable), else ""."""
+    ``pairs``: a ``discordant_pairs`` table. Where every pair is such, capacity and "is a LayerNorm" are the same
+    variable."""
     rows = pairs[pairs["more_plastic"] != "every pair"]
     norms = {LABELS.get(c, c) for c in LAYERNORMS}
     one_norm = rows["more_plastic"].isin(norms) != rows["larger"].isin(norms)
@@ -557,15 +557,12 @@ def design_difference(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -
 def _reordered(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -> pd.DataFrame:
     """The pairs of components the two designs (``wide``: dataset x component each) order differently on a dataset."""
     scores = plasticity.pivot_table(index="dataset", columns="component", values="plasticity")
+    datasets = wide["equal capacity"].index
+    aligned = [w.reindex(index=datasets, columns=list(COMPONENTS)) for w in (*wide.values(), scores)]  # NaN: none
     rows = []
-    for dataset in wide["equal capacity"].index:
+    for dataset in datasets:
         for first, second in itertools.combinations(COMPONENTS, 2):
-            differences = [
-                w.loc[dataset, first] - w.loc[dataset, second]
-                if dataset in w.index and {first, second} <= set(w.columns)
-                else math.nan
-                for w in (*wide.values(), scores)
-            ]
+            differences = [w.loc[dataset, first] - w.loc[dataset, second] for w in aligned]
             if np.sign(differences[0]) * np.sign(differences[1]) < 0:
                 row = {"dataset": dataset, "pair": f"{LABELS[first]} / {LABELS[second]}"}
                 row |= dict(zip(DESIGNS, differences))

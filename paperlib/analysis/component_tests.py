@@ -52,14 +52,14 @@ def table1(accuracies: pd.DataFrame, alternative="greater", level=0.05, decimals
     for component in COMPONENTS[1:]:
         if component not in table:
             continue
-        difference, p_value, datasets = _signed_rank(table["mha"], table[component], alternative)
+        difference, p_value = _signed_rank(table["mha"], table[component], alternative)
         rows.append(
             {
                 "component": component,
-                "decrease": difference,
+                "decrease": float(difference.mean()),
                 "p_value": p_value,
                 "significant": bool(p_value < level),
-                "datasets": datasets,
+                "datasets": len(difference),
             }
         )
     out = pd.DataFrame(rows, columns=TABLE1_COLUMNS[:5])
@@ -68,16 +68,12 @@ def table1(accuracies: pd.DataFrame, alternative="greater", level=0.05, decimals
     return out
 
 
-def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple[float, float, int]:
-    """Mean of ``first - second`` over the datasets both have, its Wilcoxon p-value, and that number of datasets.
-
-    The p-value is scipy's signed-rank test's; 1 when every difference is 0."""
-    pair = pd.concat([first, second], axis=1).dropna()
-    if pair.empty:  # no dataset in common: no test (NaN, which Holm does not count)
-        return float("nan"), float("nan"), 0
-    difference = pair.iloc[:, 0] - pair.iloc[:, 1]
-    p_value = wilcoxon_p(difference.to_numpy(), alternative) if (difference != 0).any() else 1.0
-    return float(difference.mean()), float(p_value), len(pair)
+def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple[pd.Series, float]:
+    """``first - second`` over the datasets both have, and its Wilcoxon p-value (``wilcoxon_p``)."""
+    difference = (first - second).dropna()
+    if difference.empty:  # no dataset in common: no test (NaN, which Holm does not count)
+        return difference, float("nan")
+    return difference, wilcoxon_p(difference.to_numpy(), alternative)
 
 
 def pairwise(
@@ -99,15 +95,14 @@ def pairwise(
     rows = []
     for i, first in enumerate(present):
         for second in present[i + 1 :]:
-            difference, p_value, datasets = _signed_rank(table[first], table[second], alternative)
-            both = table[[first, second]].dropna()
+            difference, p_value = _signed_rank(table[first], table[second], alternative)
             rows.append(
                 {
                     "first": first,
                     "second": second,
-                    "difference": difference,
-                    "wins": int((both[first] > both[second]).sum()),
-                    "datasets": datasets,
+                    "difference": float(difference.mean()),
+                    "wins": int((difference > 0).sum()),
+                    "datasets": len(difference),
                     "p_value": p_value,
                 }
             )
@@ -179,9 +174,10 @@ def plasticity_correlation(
                 f"{', '.join(sorted(set(repeated['dataset'] + '/' + repeated['component'])))}: "
                 "select one model, setting and measurement first"
             )
-    plasticity = plasticity.rename(columns={predictor: "plasticity"}) if predictor != "plasticity" else plasticity
-    table = plasticity.merge(results[["dataset", "component", value]], on=["dataset", "component"]).dropna(
-        subset=["plasticity", value]
+    table = (
+        plasticity.rename(columns={predictor: "plasticity"})
+        .merge(results[["dataset", "component", value]], on=["dataset", "component"])
+        .dropna(subset=["plasticity", value])
     )
     rows = []
     for dataset, part in table.groupby("dataset", sort=True):
@@ -217,8 +213,8 @@ def correlation_summary(per_dataset: pd.DataFrame, alternative: str = "two-sided
     summary = {
         "datasets": len(taus),
         "undefined": int(per_dataset["tau"].isna().sum()),
-        "mean": float(taus.mean()) if len(taus) else float("nan"),
-        "median": float(taus.median()) if len(taus) else float("nan"),
+        "mean": float(taus.mean()),
+        "median": float(taus.median()),
         "positive": int((taus > 0).sum()),
         "negative": int((taus < 0).sum()),
         "zero": int((taus == 0).sum()),

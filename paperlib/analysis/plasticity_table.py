@@ -31,16 +31,15 @@ def plasticity_by_block(table: pd.DataFrame) -> pd.DataFrame:
 def ranked(table: pd.DataFrame) -> pd.DataFrame:
     """P(f) per component (mean over pairs and blocks), ranked, with the paper's rank beside it."""
     table = pairs_with_rates(table)
-    return _ranked(table.groupby("component", observed=True)["rate"].mean())
+    return _ranked(table.groupby("component", observed=True)["rate"].mean()).rename(index=LABELS)
 
 
 def _ranked(mean: pd.Series) -> pd.DataFrame:
-    """``ranking``'s table of the P(f) of each component (``mean``, indexed by component)."""
-    mean = mean.reindex(list(COMPONENTS))
+    """``ranked``'s table of the P(f) in ``mean``, indexed by the components' names (``COMPONENTS``)."""
     out = pd.DataFrame(
         {
-            "component": [LABELS[c] for c in mean.index],
-            "plasticity": mean.to_numpy(),
+            "component": list(COMPONENTS),
+            "plasticity": mean.reindex(list(COMPONENTS)).to_numpy(),
             "paper rank": range(1, len(COMPONENTS) + 1),
         }
     )
@@ -106,7 +105,6 @@ COLLECTED = (
 
 def collect(
     inputs: str = "embedding",
-    root=None,
     sample: str | None = "first",
     seed: int | None = None,
     normalize: str | None = "imagenet",
@@ -128,16 +126,15 @@ def collect(
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
     all): a model and dataset measured several ways would otherwise count twice. Outdated results (``current``:
-    earlier test splits, pair sets or records) are left out with a warning that names them. ``root``:
-    the results folder to read (None: ``results_root(inputs)``).
+    earlier test splits, pair sets or records) are left out with a warning that names them. The results read are
+    those of ``inputs`` (``measurements.results_root``).
     """
     if sample is not None:
         measurements.check_sample(sample)
     if normalize is not None:
         check_normalize(normalize)
-    base = Path(root) if root is not None else measurements.results_root(inputs)
     rows, outdated = [], []
-    for metadata_file in sorted(base.rglob(measurements.METADATA)):
+    for metadata_file in sorted(measurements.results_root(inputs).rglob(measurements.METADATA)):
         try:  # a damaged result: left out, named in a warning (and measured again: Measurement.is_saved)
             metadata = storage.read_json(metadata_file)
             if not measurements.current(metadata):
@@ -157,8 +154,7 @@ def collect(
         # the mean over pairs and blocks, from the blocks' means and counts of pairs
         sums = per_block.assign(total=per_block["plasticity"] * per_block["n"])
         sums = sums.groupby("component", observed=True)[["total", "n"]].sum()
-        for label, row in _ranked(sums["total"] / sums["n"]).iterrows():
-            component = next(c for c in COMPONENTS if LABELS[c] == label)
+        for component, row in _ranked(sums["total"] / sums["n"]).iterrows():
             rows.append({**keys, "component": component, "plasticity": row["plasticity"], "rank": int(row["rank"])})
     columns = [c for c in COLLECTED if c != "rank"] + ["block", "depth"] if by_block else list(COLLECTED)
     table = pd.DataFrame(rows, columns=columns)

@@ -23,7 +23,7 @@ from paperlib.analysis.significance import holm
 from paperlib.analysis.summary import write_csv
 from paperlib.analysis.tables import COLUMNS, SETTING, check_one_setting, component_order, table6, wide
 from paperlib.records import cli, commands, paths, runs_table, specs
-from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS
 
 PAIR = ["dataset", "component", "lr", "seed"]
 """What pairs a run in one precision with the reference precision's run: the same grid point."""
@@ -82,8 +82,6 @@ def effect(
     - ``table1``: each precision's Table 1 (``table1``, where it has two datasets and MHA), stacked;
       ``best``: datasets x precisions, Table 6's best configuration (``table6`` of each precision's runs).
     """
-    if select not in SELECTIONS:
-        raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
     check_one_setting(runs, "precision_check.effect", [key for key in SETTING if key != "precision"])
     precisions = sorted(runs["precision"].unique())
     others = [precision for precision in precisions if precision != reference]
@@ -92,7 +90,8 @@ def effect(
             f"precision_check.effect needs runs in the reference precision {reference!r} and at least one other; "
             f"found: {', '.join(map(str, precisions)) or 'none'}"
         )
-    pairs, unpaired = _precision_pairs(runs, reference)
+    ended = runs[runs["status"].isin(["finished", "diverged"])]
+    pairs, unpaired = _precision_pairs(ended, reference)
     margins = _margins(runs, margin)
     cells = [
         {"precision": p, "dataset": d, "component": c, **_cell(part, margins.at[d, "margin"], level)}
@@ -101,7 +100,6 @@ def effect(
     differences = pd.DataFrame(cells, columns=["precision", "dataset", "component", *CELL])
     differences = differences.sort_values(["precision", "dataset", "component"], key=component_order)
     tables = {p: table6(runs[runs["precision"] == p], select=select) for p in [reference, *others]}
-    ended = runs[runs["status"].isin(["finished", "diverged"])]
     conclusions = pd.concat(
         [_conclusions(tables, ended, pairs, reference, p, margins, level) for p in others], ignore_index=True
     )
@@ -120,14 +118,13 @@ def effect(
     }
 
 
-def _precision_pairs(runs: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _precision_pairs(ended: pd.DataFrame, reference: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, unpaired): each run of another precision paired with the reference's run of its grid point.
 
-    Pairs: each run of another precision that finished or diverged, with the reference's run of its grid point
-    (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where either diverged),
-    ``diverged`` and ``diverged_reference``. Unpaired: per other precision, its ended runs without a reference twin
-    and the reference's without a twin in it."""
-    ended = runs[runs["status"].isin(["finished", "diverged"])]
+    Pairs: each of the ``ended`` runs (finished or diverged) of another precision, with the reference's run of its
+    grid point (``PAIR``): ``precision``, ``PAIR``, ``difference`` (test accuracy, points; NaN where either
+    diverged), ``diverged`` and ``diverged_reference``. Unpaired: per other precision, its ended runs without a
+    reference twin and the reference's without a twin in it."""
     repeated = ended[ended.duplicated(["precision", *PAIR], keep=False)]
     if not repeated.empty:
         raise ValueError(
@@ -213,7 +210,7 @@ def _tost(values: np.ndarray, margin: float, level: float) -> dict:
 
 
 def _cell(pairs: pd.DataFrame, margin: float, level: float) -> dict:
-    """``CELL`` over one dataset and component's ``pairs`` (``_precision_pairs``'s rows)."""
+    """``CELL`` and ``p_difference`` over one dataset and component's ``pairs`` (``_precision_pairs``'s rows)."""
     d = pairs["difference"].dropna().to_numpy(float)
     test = _tost(d, margin, level)
     diverged, diverged_reference = int(pairs["diverged"].sum()), int(pairs["diverged_reference"].sum())
@@ -225,11 +222,8 @@ def _cell(pairs: pd.DataFrame, margin: float, level: float) -> dict:
         verdict = "equivalent" if test["p_equivalence"] < level else "not shown"
     return {
         "pairs": len(d),
-        "mean": test["mean"],
-        "low": test["low"],
-        "high": test["high"],
+        **test,
         "margin": margin,
-        "p_equivalence": test["p_equivalence"],
         "diverged": diverged,
         "diverged_reference": diverged_reference,
         "verdict": verdict,
@@ -437,7 +431,7 @@ def _verdict(conclusions, differences, pairs, unpaired, precision, margin, level
         answer, why = "same", "every conclusion shown the same"
     else:
         answer = "inconclusive"
-        why = f"not shown either way: {'; '.join(mine.loc[~mine['verdict'].isin(['same']), 'conclusion'])}"
+        why = f"not shown either way: {'; '.join(mine.loc[mine['verdict'] != 'same', 'conclusion'])}"
     spread = spread_of(pairs[pairs["precision"] == precision])
     pairs = int(cells["pairs"].median()) if len(cells) else 0
     row = unpaired.set_index("precision").reindex([precision]).iloc[0].fillna(0).astype(int).to_dict()

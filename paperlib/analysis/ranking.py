@@ -32,18 +32,21 @@ from scipy import stats
 from paperlib.analysis.significance import kendall_tau
 from paperlib.records.names import COMPONENTS, LABELS, PAPER_SCORES
 
+PAPER = [PAPER_SCORES[c] for c in COMPONENTS]
+"""The paper's scores of ``COMPONENTS`` in their order: what a P(f) per component is set against (Kendall's tau)."""
+
 
 def paper_agreement(table: pd.DataFrame) -> float:
     """Kendall's tau between this model's ranking of P(f) and the paper's.
 
-    P(f) is the mean rate over pairs and blocks, as ``plasticity_table.ranking``'s; the paper's ranking is
+    P(f) is the mean rate over pairs and blocks, as ``plasticity_table.ranked``'s; the paper's ranking is
     MHA > FC1 > FC2 > LN2 > LN1.
 
     1 means the same order, -1 the reverse.
     """
     table = pairs_with_rates(table)
     means = table.groupby("component", observed=True)["rate"].mean().reindex(list(COMPONENTS))
-    return kendall_tau(means, [PAPER_SCORES[c] for c in means.index])
+    return kendall_tau(means, PAPER)
 
 
 def ranking_uncertainty(
@@ -84,8 +87,7 @@ def ranking_uncertainty(
     means = values.mean(axis=0)
     ranks = stats.rankdata(-means, method="min")
     resampled = stats.rankdata(-distribution, method="min", axis=1)
-    paper = [PAPER_SCORES[c] for c in COMPONENTS]
-    taus = np.array([kendall_tau(row, paper) for row in distribution])  # each resample's P(f)
+    taus = np.array([kendall_tau(row, PAPER) for row in distribution])  # each resample's P(f)
     out = pd.DataFrame(
         {
             "component": [LABELS[c] for c in COMPONENTS],
@@ -137,12 +139,8 @@ def paper_order_from(curve: pd.DataFrame) -> float | None:
     Factors are those of ``plasticity.scale_curve``'s table; from it on means at it and at every
     larger factor of the table, by ``scale_ranking``. None if it does not at the largest factor."""
     follows = scale_ranking(curve)["follows paper"]
-    onset = None
-    for factor, holds in zip(follows.index[::-1], follows.to_numpy()[::-1]):
-        if not holds:
-            break
-        onset = float(factor)
-    return onset
+    from_here = follows[::-1].cummin()  # at a factor and at every larger one
+    return float(from_here[from_here].index.min()) if from_here.any() else None
 
 
 Z_95 = 1.96
@@ -212,7 +210,6 @@ def pooled_order(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for model, part in summary.groupby("model", sort=True):
         mean = part.groupby("component", observed=True)["plasticity"].mean().reindex(list(COMPONENTS))
-        tau = kendall_tau(mean, [PAPER_SCORES[c] for c in mean.index])
         order = " > ".join(LABELS[c] for c in mean.sort_values(ascending=False).index)
-        rows.append({"model": model, "order": order, "tau": tau})
+        rows.append({"model": model, "order": order, "tau": kendall_tau(mean, PAPER)})
     return pd.DataFrame(rows, columns=["model", "order", "tau"])

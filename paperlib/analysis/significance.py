@@ -63,10 +63,7 @@ def holm(p_values) -> np.ndarray:
     present = np.flatnonzero(~np.isnan(p))
     order = present[np.argsort(p[present], kind="stable")]
     m = len(order)
-    running = 0.0
-    for i, index in enumerate(order):
-        running = max(running, min(1.0, (m - i) * p[index]))
-        adjusted[index] = running
+    adjusted[order] = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
     return adjusted
 
 

@@ -119,8 +119,7 @@ def relative_gain(accuracies: pd.DataFrame, baseline: str = PROBE, value: str = 
     if baseline not in table:
         hint = " (add linear probing with tables.with_probing)" if baseline == PROBE else ""
         raise ValueError(f"relative_gain needs the baseline column {baseline!r}{hint}; the table has {list(table)}")
-    gain = table.drop(columns=baseline).sub(table[baseline], axis=0).div(table[baseline], axis=0) * 100
-    return gain
+    return table.drop(columns=baseline).sub(table[baseline], axis=0).div(table[baseline], axis=0) * 100
 
 
 STANDARD_ERRORS = ("pooled", "of_average")
@@ -143,12 +142,11 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
     rows = []
     for component, part in table.groupby("component", sort=False):
         k = len(part)
-        pooled = math.sqrt(((part["std"] ** 2) / part["seeds"]).mean(skipna=False))
-        se = (
-            (pooled if standard_error == "pooled" else pooled / math.sqrt(k))
-            if (part["seeds"] > 1).all()
-            else float("nan")
-        )
+        se = math.sqrt(((part["std"] ** 2) / part["seeds"]).mean(skipna=False))
+        if standard_error == "of_average":
+            se /= math.sqrt(k)
+        if not (part["seeds"] > 1).all():
+            se = float("nan")
         rows.append({"component": component, "mean": part["mean"].mean(), "pooled_se": se, "datasets": k})
     out = pd.DataFrame(rows)
     return out.sort_values("component", key=component_order).reset_index(drop=True)
@@ -198,7 +196,7 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept
                     "range": values.max() - values.min(),
                     "median": values.median(),
                     "runs": len(values),
-                    "diverged": int((status[component] == "diverged").sum()),
+                    "diverged": int(went_wrong[component].sum()),
                     "cells": int(complete.sum()),
                 }
             )
