@@ -375,7 +375,13 @@ def _data_command(commands) -> None:
     _common(d, model=None)
     d.set_defaults(
         run=lambda a: bench_data(
-            a.dataset, a.root, a.batch_size, a.image_size, a.batches, a.workers, a.device, a.fixture_size
+            a.dataset,
+            a.fixture_size if a.root is None else a.root,
+            a.batch_size,
+            a.image_size,
+            a.batches,
+            a.workers,
+            a.device,
         ),
         show=_print,
     )

@@ -47,24 +47,25 @@ def _rate(batches, device: torch.device, n_batches: int, warmup: int = 1) -> flo
 
 def bench_data(
     dataset: str = "cifar10",
-    root: str | None = None,
+    data: str | Path | int = 5000,
     batch_size: int = 512,
     image_size: int = 224,
     batches: int = 5,
     workers: int | None = None,
     device: str = "auto",
-    fixture_size: int = 5000,
 ) -> dict:
     """Images/s of both data paths on one dataset; returns the figures.
 
     The two paths: torchvision transforms in DataLoader workers (then copied to the device), and
     the device path (``paperlib.data.loader``: uint8 images on the device, batched crop/resize/flip/
-    normalise). Without ``root``, a paper dataset is benchmarked on a fixture written in its
-    official format (random images, ``fixture_size`` of them), so the figures measure the
-    pipeline, not a disk.
+    normalise). ``data``: the data root with the real files, or a number of random images: a paper
+    dataset is then benchmarked on a fixture of that many written in its official format, so the
+    figures measure the pipeline, not a disk (the demo sets and ``custom/<name>`` are read from the
+    default data root).
     """
     device = resolve_device(device)
     workers = os.cpu_count() if workers is None else workers
+    root = None if isinstance(data, int) else data
     with tempfile.TemporaryDirectory() as tmp:
         source = "local files"
         if root is None and datasets.dataset_source(dataset).group not in ("demo", "custom"):
@@ -72,8 +73,8 @@ def bench_data(
                 raise ValueError(
                     f"fixture benchmarks support cifar10, cifar100 and the demo sets; pass --root for {dataset!r}"
                 )
-            fixtures.write_cifar(Path(tmp), dataset, n_train=fixture_size, n_test=10)
-            root, source = tmp, f"fixture of {fixture_size} random images in the official format"
+            fixtures.write_cifar(Path(tmp), dataset, n_train=data, n_test=10)
+            root, source = tmp, f"fixture of {data} random images in the official format"
         plain = datasets.get_dataset(dataset, "trainval", root=root, image_size=image_size)
         plain.transform = paper_transform(True, image_size, plain.mean_std)
         loader = DataLoader(

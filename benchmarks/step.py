@@ -171,9 +171,8 @@ def _plain_loader(dataset: ImageDataset, batch_size: int, size: int, workers: in
 
     ``dataset``'s images through the paper's torchvision transform in ``workers`` DataLoader workers, as the authors'
     code loads them."""
-    transformed = ImageDataset(
-        dataset.images, dataset.targets, dataset.classes, "synthetic", "train", transform=paper_transform(True, size)
-    )
+    transformed = ImageDataset(dataset.images, dataset.targets, dataset.classes, "synthetic", "train")
+    transformed.transform = paper_transform(True, size)
     return DataLoader(
         transformed,
         batch_size,

@@ -418,7 +418,7 @@ def test_bad_values_stop_in_one_line_and_write_nothing(option, value, message, t
 def test_a_gpu_this_machine_lacks_is_refused_before_any_data_is_read(capsys, move_results, monkeypatch):
     root = move_results("results")
     read = []
-    monkeypatch.setattr(datasets, "get_dataset", lambda *a, **k: read.append(a) or pytest.fail("data read"))
+    monkeypatch.setattr(datasets, "read_split", lambda *a, **k: read.append(a) or pytest.fail("data read"))
     assert finetune.main([*SHORT, "--device", "cuda"]) == 2
     assert one_error_line(capsys.readouterr().err) == "error: device 'cuda' is not on this machine; devices here: cpu"
     assert plasticity.main(["--device", "cuda", "--n-pairs", "4", "--progress", "false"]) == 2

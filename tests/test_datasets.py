@@ -100,13 +100,13 @@ def test_flowers102_uses_the_official_validation_split(root):
     assert ids["test"] == setid["tstid"].tolist() and ids["trainval"] == ids["train"] + ids["val"]
     # the paper's words instead: 20% of the official training images, drawn from the seed
     paper = {
-        split: datasets.get_dataset("flowers102", split, root=root, validation="fraction").keys
+        split: datasets.read_split("flowers102", split, root=root, validation="fraction").keys
         for split in datasets.SPLITS
     }
     assert sorted(paper["train"] + paper["val"]) == sorted(setid["trnid"].tolist()) == sorted(paper["trainval"])
     assert len(paper["val"]) == 10 - int(0.8 * 10) and paper["test"] == ids["test"]
     with pytest.raises(ValueError, match="valid choices: official, fraction"):
-        datasets.get_dataset("flowers102", "val", root=root, validation="paper")
+        datasets.read_split("flowers102", "val", root=root, validation="paper")
 
 
 def test_no_official_split_is_the_authors_seed_42_permutation(root):

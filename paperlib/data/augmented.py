@@ -83,9 +83,7 @@ def augmented_batches(dataset, image_size: int, device: torch.device, seed: int,
     the device (``crops_on_device``). docs/fidelity.md, "Training crops", compares them with the authors'."""
     batch = min(AUGMENTED_BATCH, len(dataset))
     if crops_on_device(dataset, image_size):
-        loader = DeviceLoader(
-            dataset, batch, Transform(True, image_size), device, shuffle=True, drop_last=True, seed=seed
-        )
+        loader = DeviceLoader(dataset, batch, Transform(True, image_size), device, drop_last=True, seed=seed)
         for images, labels in loader:
             yield images, labels.cpu()
         return

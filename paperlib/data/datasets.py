@@ -133,7 +133,7 @@ def _download_archive(url: str, folder: Path) -> None:
     download_and_extract_archive(url, download_root=str(folder))
 
 
-_CIFAR = {  # folder, train files, test files, meta file, label key, class-name key, torchvision class, URL
+CIFAR_FILES = {  # folder, train files, test files, meta file, label key, class-name key, torchvision class, URL
     "cifar10": (
         "cifar-10-batches-py",
         [f"data_batch_{i}" for i in range(1, 6)],
@@ -189,14 +189,15 @@ def read_cifar_batch(path: Path) -> dict:
 
 
 def _cifar(name: str):
-    folder, train_files, test_files, meta_file, label_key, names_key, tv_class, url = _CIFAR[name]
+    folder, train_files, test_files, meta_file, label_key, names_key, tv_class, url = CIFAR_FILES[name]
 
     def load(root: Path, official: str, download: bool, severity: int) -> ImageDataset:
         base = root / folder
         files = train_files if official == "train" else test_files
-        if download and not all((base / f).is_file() for f in files + [meta_file]):
+        needed = files + [meta_file]
+        if download and not all((base / f).is_file() for f in needed):
             _torchvision_download(tv_class, root, train=official == "train")
-        missing = [f for f in files + [meta_file] if not (base / f).is_file()]
+        missing = [f for f in needed if not (base / f).is_file()]
         if missing:
             raise _missing(
                 name,
@@ -262,11 +263,14 @@ def _cifar10c(corruption: str):
     return load
 
 
-def _image_folder(folder: Path) -> tuple[list[Path], list[int], list[str]]:
-    """Files, labels and class names of a class-folder layout (torchvision's ImageFolder rules)."""
+def _image_folder(folder: Path) -> tuple[list[Path], list[int], list[str], list[str]]:
+    """Files, labels, class names and keys of a class-folder layout (torchvision's ImageFolder rules).
+
+    A file's key is its path inside ``folder``."""
     classes, class_to_idx = find_classes(str(folder))
     samples = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS)
-    return [Path(p) for p, _ in samples], [t for _, t in samples], classes
+    files = [Path(p) for p, _ in samples]
+    return files, [t for _, t in samples], classes, [f.relative_to(folder).as_posix() for f in files]
 
 
 DOMAINNET_URLS = {
@@ -289,8 +293,7 @@ def _domainnet(domain: str):
                 f"Download {DOMAINNET_URLS[domain]} (DomainNet, Peng et al. 2019) and extract it into "
                 f"{root / 'domainnet'}, giving {folder}/<class>/<image>.jpg (345 class folders).",
             )
-        files, targets, classes = _image_folder(folder)
-        keys = [f.relative_to(folder).as_posix() for f in files]
+        files, targets, classes, keys = _image_folder(folder)
         train, test = deterministic_split(len(keys))  # files in ImageFolder order, as the authors read them
         chosen = train if official == "train" else test
         return FileDataset(
@@ -486,12 +489,6 @@ def custom_names(root: str | Path | None = None) -> list[str]:
     return sorted(paths.CUSTOM + p.name for p in base.iterdir() if p.is_dir() and paths.CUSTOM_NAME.fullmatch(p.name))
 
 
-def _custom_source(name: str) -> "Source":
-    return Source(
-        lambda root, official, download, severity: custom_dataset(name, root, official), PAPER_IMAGE_SIZE, "custom"
-    )
-
-
 def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileDataset:
     folder = root / "imagenet" / ("train" if official == "train" else "val")
     if not folder.is_dir():
@@ -504,8 +501,8 @@ def _imagenet(root: Path, official: str, download: bool, severity: int) -> FileD
             "For a downloadable stand-in use 'imagenette'.",
             downloadable=False,
         )
-    files, targets, classes = _image_folder(folder)
-    return FileDataset(files, targets, classes, "imagenet", official, [f.relative_to(folder).as_posix() for f in files])
+    files, targets, classes, keys = _image_folder(folder)
+    return FileDataset(files, targets, classes, "imagenet", official, keys)
 
 
 def _imagenette(root: Path, official: str, download: bool, severity: int) -> FileDataset:
@@ -519,10 +516,8 @@ def _imagenette(root: Path, official: str, download: bool, severity: int) -> Fil
             "Download https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz "
             f"and extract it into {root} (giving {folder}/<wnid>/<image>.JPEG, 10 folders).",
         )
-    files, targets, classes = _image_folder(folder)
-    return FileDataset(
-        files, targets, classes, "imagenette", official, [f.relative_to(folder).as_posix() for f in files]
-    )
+    files, targets, classes, keys = _image_folder(folder)
+    return FileDataset(files, targets, classes, "imagenette", official, keys)
 
 
 @dataclass(frozen=True)
@@ -584,7 +579,12 @@ def check_dataset(name: str) -> str:
 
 def dataset_source(name: str) -> Source:
     """How dataset ``name`` is read (``Source``), for the built-in datasets and ``custom/<name>``."""
-    return DATASETS[name] if name in DATASETS else _custom_source(check_dataset(name))
+    if name in DATASETS:
+        return DATASETS[name]
+    check_dataset(name)
+    return Source(
+        lambda root, official, download, severity: custom_dataset(name, root, official), PAPER_IMAGE_SIZE, "custom"
+    )
 
 
 def check_validation(validation: str) -> str:
@@ -594,45 +594,35 @@ def check_validation(validation: str) -> str:
     return validation
 
 
-def get_dataset(
+def read_split(
     name: str,
     split: str = "train",
     root: str | Path | None = None,
-    image_size: int | None = None,
     severity: int = SEVERITY,
     seed: int = 0,
-    mean_std: tuple = IMAGENET,
     validation: str = "official",
 ) -> ImageDataset | FileDataset:
-    """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
+    """A dataset split by name, its images as read (no transform): what ``get_dataset`` transforms.
 
-    Images go through the paper's evaluation transform (resize + centre crop). For its training one
-    (random resized crop + flip), or any other, set the returned dataset's ``transform``:
-    ``dataset.transform = transforms.paper_transform(True, size, dataset.mean_std)``; a transform
-    receives a PIL image for file datasets and a uint8 CHW tensor for array datasets. Missing files
-    are fetched where possible when ``$VIT_PLASTICITY_DOWNLOAD`` is 1 (``paths.download_allowed``).
+    The finetuning runs read their splits here, as the device path decodes and transforms them
+    (``loader.uint8_images``). Missing files are fetched where possible when ``$VIT_PLASTICITY_DOWNLOAD``
+    is 1 (``paths.download_allowed``).
 
     Args:
         name: see ``dataset_names()``.
         split: ``train``, ``val``, ``test`` or ``trainval`` (module docstring).
         root: data root (default ``$VIT_PLASTICITY_DATA`` or ``data/``).
-        image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
         severity: Cifar10-C severity, 1-5 (the paper: 5).
         seed: seed of the validation split (the protocol's seeds are 0, 42, 3407).
         validation: ``official`` (a dataset's official validation split where it has one,
             Flowers102, as the authors' code; elsewhere 20% of the training set) or ``fraction``
             (20% of the training set everywhere, the paper's words).
-        mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
-            the paper, by default (``models.normalization`` gives a model's own).
     """
     source = dataset_source(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
     check_validation(validation)
     check_severity(severity)
-    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
-        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
-    mean_std = as_mean_std(*mean_std)
     root = _data_root(root)
     download = paths.download_allowed()
     if source.official_val and validation == "official":
@@ -644,8 +634,38 @@ def get_dataset(
             dataset = dataset.subset(train if split == "train" else val, split)
     dataset.split = split
     dataset.root = root  # where caches of this dataset go (loader.uint8_images)
+    return dataset
+
+
+def get_dataset(
+    name: str,
+    split: str = "train",
+    root: str | Path | None = None,
+    image_size: int | None = None,
+    severity: int = SEVERITY,
+    seed: int = 0,
+    mean_std: tuple = IMAGENET,
+) -> ImageDataset | FileDataset:
+    """A dataset split by name: a torch Dataset of (normalised CHW float tensor, int label).
+
+    The split as ``read_split`` reads it (``name``, ``split``, ``root``, ``severity`` and ``seed`` are
+    its; the validation split the dataset's official one where it has one), its images through the
+    paper's evaluation transform (resize + centre crop). For its training one (random resized crop +
+    flip), or any other, set the returned dataset's ``transform``:
+    ``dataset.transform = transforms.paper_transform(True, size, dataset.mean_std)``; a transform
+    receives a PIL image for file datasets and a uint8 CHW tensor for array datasets.
+
+    Args:
+        image_size: output resolution (default 224 for the paper's datasets, 32 for the demo's).
+        mean_std: (mean, std) per RGB channel that images are normalised with: ImageNet's, as in
+            the paper, by default (``models.normalization`` gives a model's own).
+    """
+    if image_size is not None and (not isinstance(image_size, int) or image_size < 1):
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    mean_std = as_mean_std(*mean_std)
+    dataset = read_split(name, split, root, severity, seed)
     dataset.mean_std = mean_std
-    size = image_size or source.image_size
+    size = image_size or dataset_source(name).image_size
     if isinstance(dataset, FileDataset) or tuple(dataset.images.shape[-2:]) != (size, size):
         dataset.transform = paper_transform(False, size, mean_std)
     return dataset

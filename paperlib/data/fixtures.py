@@ -17,6 +17,7 @@ from PIL import Image
 from scipy.io import savemat
 
 from paperlib.data.corruptions import CORRUPTIONS
+from paperlib.data.datasets import CIFAR_FILES
 
 IMAGENETTE_WNIDS = (
     "n01440764",
@@ -30,10 +31,6 @@ IMAGENETTE_WNIDS = (
     "n03445777",
     "n03888257",
 )
-
-
-def _rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def _jpeg(path: Path, rng: np.random.Generator, size: tuple[int, int] = (48, 40)) -> None:
@@ -71,19 +68,15 @@ def python2_pickle(entry) -> bytes:
 
 def write_cifar(root: Path, name: str = "cifar10", n_train: int = 60, n_test: int = 20, seed: int = 0) -> Path:
     """Pickled batches as in cifar-10-python.tar.gz / cifar-100-python.tar.gz (``python2_pickle``)."""
-    rng = _rng(seed)
-    root = Path(root)
-    if name == "cifar10":
-        base, label_key, names_key, n_classes = root / "cifar-10-batches-py", "labels", "label_names", 10
-        train_files, test_file, meta_file = [f"data_batch_{i}" for i in range(1, 6)], "test_batch", "batches.meta"
-    elif name == "cifar100":
-        base, label_key, names_key, n_classes = root / "cifar-100-python", "fine_labels", "fine_label_names", 100
-        train_files, test_file, meta_file = ["train"], "test", "meta"
-    else:
+    if name not in CIFAR_FILES:
         raise ValueError(f"unknown CIFAR name {name!r}; valid: cifar10, cifar100")
+    folder, train_files, test_files, meta_file, label_key, names_key, *_ = CIFAR_FILES[name]
+    n_classes = {"cifar10": 10, "cifar100": 100}[name]
+    rng = np.random.default_rng(seed)
+    base = Path(root) / folder
     base.mkdir(parents=True, exist_ok=True)
     chunks = np.array_split(np.arange(n_train), len(train_files))
-    for file, chunk in zip(train_files + [test_file], chunks + [np.arange(n_test)]):
+    for file, chunk in zip(train_files + test_files, chunks + [np.arange(n_test)]):
         entry = {
             "data": rng.integers(0, 256, size=(len(chunk), 3072), dtype=np.uint8),
             label_key: rng.integers(0, n_classes, size=len(chunk)).tolist(),
@@ -96,7 +89,7 @@ def write_cifar(root: Path, name: str = "cifar10", n_train: int = 60, n_test: in
 
 def write_cifar10c(root: Path, corruptions=("contrast",), per_severity: int = 50, seed: int = 0) -> Path:
     """CIFAR-10-C/<corruption>.npy (5 severities stacked, NHWC uint8) and labels.npy."""
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)
     base = Path(root) / "CIFAR-10-C"
     base.mkdir(parents=True, exist_ok=True)
     labels = np.tile(rng.integers(0, 10, size=per_severity), 5).astype(np.uint8)
@@ -112,11 +105,8 @@ def write_cifar10c(root: Path, corruptions=("contrast",), per_severity: int = 50
 def write_image_folder(
     folder: Path, classes, per_class: int = 3, seed: int = 0, suffix: str = ".jpg", size: tuple[int, int] = (48, 40)
 ) -> Path:
-    """Write ``folder/<class>/<image>`` JPEGs of ``size``.
-
-    ``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size``
-    (width, height)."""
-    rng = _rng(seed)
+    """Write ``folder/<class>/<image>`` JPEGs (ImageNet, Imagenette, DomainNet layouts) of ``size`` (width, height)."""
+    rng = np.random.default_rng(seed)
     for c in classes:
         for i in range(per_class):
             _jpeg(Path(folder) / c / f"{c}_{i:03d}{suffix}", rng, size)
@@ -147,7 +137,7 @@ def write_imagenette(root: Path, per_class: int = 2, seed: int = 0) -> Path:
 
 def write_flowers102(root: Path, n_images: int = 30, seed: int = 0) -> Path:
     """flowers-102/{jpg/image_NNNNN.jpg, imagelabels.mat, setid.mat} as torchvision expects."""
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)
     base = Path(root) / "flowers-102"
     for i in range(1, n_images + 1):
         _jpeg(base / "jpg" / f"image_{i:05d}.jpg", rng)
@@ -165,7 +155,7 @@ def write_pets(
     root: Path, breeds=("Abyssinian", "american_bulldog", "Bengal"), per_breed: int = 6, seed: int = 0
 ) -> Path:
     """oxford-iiit-pet/{images/*.jpg, annotations/trainval.txt, test.txt}."""
-    rng = _rng(seed)
+    rng = np.random.default_rng(seed)
     base = Path(root) / "oxford-iiit-pet"
     lines = {"trainval": ["#Image CLASS-ID SPECIES BREED ID"], "test": []}
     for label, breed in enumerate(breeds, start=1):

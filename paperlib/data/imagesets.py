@@ -66,12 +66,11 @@ class UnevenImages:
         """The images at ``indices``, in that order, copied into a buffer of their own."""
         indices = torch.as_tensor(list(indices), dtype=torch.long)
         sizes = self.sizes[indices]
-        counts = 3 * sizes[:, 0] * sizes[:, 1]
-        starts = (torch.cumsum(counts, 0) - counts).tolist()
-        pixels = torch.empty(int(counts.sum()), dtype=torch.uint8, device=self.pixels.device)
+        pixels = torch.empty(int((3 * sizes[:, 0] * sizes[:, 1]).sum()), dtype=torch.uint8, device=self.device)
+        selected = UnevenImages(pixels, sizes)
         for k in torch.argsort(indices).tolist():  # in storage order: a memory-mapped buffer is read forward
-            pixels[starts[k] : starts[k] + int(counts[k])] = self[int(indices[k])].reshape(-1)
-        return UnevenImages(pixels, sizes)
+            selected[k].copy_(self[int(indices[k])])
+        return selected
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The images at ``index`` (host indices) as one zero-padded (B, 3, H, W) uint8 tensor.
@@ -93,7 +92,8 @@ class ImageDataset(Dataset):
     ``images`` (N, 3, H, W) uint8 (or ``UnevenImages`` of different sizes) and ``targets`` (N,) int64
     are public so that a training loop can move the whole set to the GPU once and transform it there
     (``paperlib.data.loader``). Without a ``transform`` items are the images normalised at their own size;
-    with one (e.g. ``transforms.paper_transform``) the transform receives the uint8 CHW tensor.
+    with one set (``dataset.transform = transforms.paper_transform(...)``, as ``get_dataset`` sets it) the
+    transform receives the uint8 CHW tensor.
     """
 
     def __init__(
@@ -104,7 +104,6 @@ class ImageDataset(Dataset):
         name: str,
         split: str,
         keys: Sequence | None = None,
-        transform: Callable | None = None,
         mean_std: tuple = IMAGENET,
     ):
         uneven = isinstance(images, UnevenImages)
@@ -118,7 +117,7 @@ class ImageDataset(Dataset):
         self.name = name
         self.split = split
         self.keys = list(range(len(images))) if keys is None else list(keys)
-        self.transform = transform
+        self.transform: Callable | None = None
         self.mean_std = mean_std  # how items without a transform are normalised (get_dataset sets it)
 
     def __len__(self) -> int:
@@ -145,19 +144,18 @@ class ImageDataset(Dataset):
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         keys = [self.keys[i] for i in index.tolist()]
         images = self.images.select(index.tolist()) if isinstance(self.images, UnevenImages) else self.images[index]
-        return ImageDataset(
-            images, self.targets[index], self.classes, self.name, split, keys, self.transform, self.mean_std
-        )
+        part = ImageDataset(images, self.targets[index], self.classes, self.name, split, keys, self.mean_std)
+        part.transform = self.transform
+        return part
 
     def __repr__(self) -> str:
         return f"ImageDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
 
 
 def random_images(n: int, side: int, classes: int = 10) -> ImageDataset:
-    """``n`` seeded random uint8 images with random labels: what a step is timed on.
+    """``n`` random uint8 images of ``side`` x ``side`` pixels with random labels of ``classes`` classes.
 
-    ``n`` random uint8 images of ``side`` x ``side`` pixels with random labels of ``classes`` classes, the
-    same on every call (seeded): what a step is timed on (``plan.time_step``, the benchmarks)."""
+    The same on every call (seeded): what a step is timed on (``plan.time_step``, the benchmarks)."""
     generator = torch.Generator().manual_seed(0)
     return ImageDataset(
         torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=generator),
@@ -169,7 +167,9 @@ def random_images(n: int, side: int, classes: int = 10) -> ImageDataset:
 
 
 class FileDataset(Dataset):
-    """Images read from files (decoded with PIL on access); items are (transformed image, int label)."""
+    """Images read from files (decoded with PIL on access); items are (transformed image, int label).
+
+    A ``transform`` set on it (``get_dataset`` sets one) receives the PIL image."""
 
     def __init__(
         self,
@@ -179,7 +179,6 @@ class FileDataset(Dataset):
         name: str,
         split: str,
         keys: Sequence | None = None,
-        transform: Callable | None = None,
         stat_keyed: bool = False,
     ):
         if len(files) != len(targets):
@@ -190,7 +189,7 @@ class FileDataset(Dataset):
         self.name = name
         self.split = split
         self.keys = [str(f) for f in self.files] if keys is None else list(keys)
-        self.transform = transform
+        self.transform: Callable | None = None
         # the images may change under the same names (custom datasets): decoded caches are keyed by
         # each file's size and modification time too (loader.uint8_images)
         self.stat_keyed = stat_keyed
@@ -215,9 +214,9 @@ class FileDataset(Dataset):
             self.name,
             split,
             [self.keys[i] for i in indices],
-            self.transform,
             self.stat_keyed,
         )
+        part.transform = self.transform
         # where it came from: loader.uint8_images decodes (and caches) the whole once, so the
         # protocol's train and val splits of every seed share one cache of the official split
         part.parent, part.parent_indices = (
@@ -227,10 +226,6 @@ class FileDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"FileDataset(name={self.name!r}, split={self.split!r}, size={len(self)}, classes={len(self.classes)})"
-
-
-# --------------------------------------------------------------------------------------------
-# The demo world: scikit-learn's digits
 
 
 def stack(

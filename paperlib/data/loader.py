@@ -13,6 +13,7 @@ checking.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -178,15 +179,8 @@ def _decode(
     sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
     counts = 3 * sizes[:, 0] * sizes[:, 1]
     offsets = np.cumsum(counts) - counts
-    view = FileDataset(
-        dataset.files,
-        dataset.targets.tolist(),
-        dataset.classes,
-        dataset.name,
-        dataset.split,
-        dataset.keys,
-        _Shrink(cache_size),
-    )
+    view = copy.copy(dataset)
+    view.transform = _Shrink(cache_size)
 
     def write_pixels(tmp: str) -> None:
         pixels = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(int(counts.sum()),))
@@ -247,8 +241,8 @@ class DeviceLoader:
     Args:
         dataset: an ``ImageDataset`` (see ``uint8_images``); its images move to ``device`` once.
         batch_size: images per batch.
-        transform: a ``Transform``: augment or not, the output resolution, the normalisation.
-        shuffle: a new order every epoch (default: ``transform.augment``).
+        transform: a ``Transform``: augment or not, the output resolution, the normalisation. An augmenting
+            (training) loader draws a new order every epoch; the others keep the dataset's.
         drop_last: drop the last incomplete batch.
         seed: seeds the order and the augmentations; same seed, same batches.
         images_on: ``"device"`` moves every uint8 image to ``device`` once (fastest);
@@ -264,7 +258,6 @@ class DeviceLoader:
         batch_size: int,
         transform: Transform,
         device: str | torch.device = "cpu",
-        shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int = 0,
         images_on: str = "device",
@@ -292,7 +285,6 @@ class DeviceLoader:
         self.batch_size = batch_size
         self.augment = transform.augment
         self.image_size = transform.image_size
-        self.shuffle = transform.augment if shuffle is None else shuffle
         self.drop_last = drop_last
         self.seed = seed
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -375,14 +367,15 @@ class DeviceLoader:
 
     def __iter__(self):
         n = len(self.images)
-        if self.shuffle:
+        if self.augment:
             order = torch.randperm(n, device=self.device, generator=self.generator)
         else:
             order = torch.arange(n, device=self.device)
         host_order = order.cpu() if self._staged or self._uneven else order
         for batch in range(len(self)):
-            index = order[batch * self.batch_size : (batch + 1) * self.batch_size]
-            images, sizes = self._gather(host_order[batch * self.batch_size : (batch + 1) * self.batch_size], index)
+            rows = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
+            index = order[rows]
+            images, sizes = self._gather(host_order[rows], index)
             yield (
                 device_transform(images, self.augment, self.image_size, self.generator, self.mean_std, sizes),
                 self.targets[index],

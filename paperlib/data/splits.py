@@ -22,9 +22,12 @@ TRAIN_FRACTION = 0.8  # the training share of every 80/20 split (the authors' ``
 SPLIT_SEED = 42  # the authors' fixed seed of the train/test split of datasets without an official one
 
 
-def _check_fraction(fraction: float) -> None:
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1), got {fraction!r}")
+def _cut(order: np.ndarray, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``int(train_fraction * n)`` positions of a permutation for training, the rest held out; both sorted."""
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction!r}")
+    n_train = int(train_fraction * len(order))
+    return np.sort(order[:n_train]), np.sort(order[n_train:])
 
 
 def deterministic_split(
@@ -37,10 +40,7 @@ def deterministic_split(
     seed), its first ``int(train_fraction * n)`` positions for training and the rest for test, both
     sorted (images keep their order in the files). A ``RandomState`` of its own draws it: global
     random state is neither read nor changed."""
-    _check_fraction(train_fraction)
-    order = np.random.RandomState(seed).permutation(n)
-    n_train = int(train_fraction * n)
-    return np.sort(order[:n_train]), np.sort(order[n_train:])
+    return _cut(np.random.RandomState(seed).permutation(n), train_fraction)
 
 
 def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) -> tuple[np.ndarray, np.ndarray]:
@@ -49,10 +49,7 @@ def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) 
     Drawn as the authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
     of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
     ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
-    _check_fraction(train_fraction)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy()
-    n_train = int(train_fraction * n)
-    return np.sort(order[:n_train]), np.sort(order[n_train:])
+    return _cut(torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy(), train_fraction)
 
 
 def hash_split(keys: Sequence, test_fraction: float = 0.2, salt: str = "") -> tuple[np.ndarray, np.ndarray]:

@@ -66,8 +66,7 @@ def paper_transform(augment: bool, image_size: int = 224, mean_std: tuple = IMAG
 def per_image(size: int | torch.Tensor, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """(n,) image sizes on ``device``, from one size or a tensor of each image's own.
 
-    (n,) sizes on ``device``: one size for every image, filled there (copying a host number to a GPU
-    would make the host wait), or a tensor of each image's own."""
+    One size is filled there (copying a host number to a GPU would make the host wait)."""
     if isinstance(size, torch.Tensor):
         return size.to(device=device, dtype=dtype).expand(n)
     return torch.full((n,), size, dtype=dtype, device=device)
@@ -161,8 +160,8 @@ def resized_crops(
 ) -> torch.Tensor:
     """Crop ``boxes`` out of ``images`` and resize each to ``image_size``, flipped where asked.
 
-    Crop ``boxes`` (top, left, h, w) out of uint8 or float (B, C, H, W) ``images`` and resize
-    each to ``image_size`` (bilinear), mirrored where ``flips``; returns float in [0, 1].
+    ``boxes``: (top, left, h, w); ``images``: uint8 or float (B, C, H, W); bilinear, mirrored where
+    ``flips``; returns float in [0, 1].
 
     Bilinear resampling is separable, so each crop is two small matrix products,
     ``rows @ image @ columns^T``: batched matmuls that keep a GPU (or a CPU's BLAS) busy, where

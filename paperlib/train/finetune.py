@@ -10,7 +10,7 @@ subset of its entries as large as a LayerNorm, ``vit.equal_capacity``); SGD with
 by ``step.build_step``; or, beyond the paper, AdamW); linear warm-up then cosine decay to 0 (``lr_factor``); batches
 shuffled each epoch, the last incomplete one dropped; gradients clipped at global norm 1 (the logged norm is the one
 clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
-validation split; ``datasets.get_dataset``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
+validation split; ``datasets.read_split``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
 exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it.
 Accuracies are read as the authors' evaluation computes them (the mean of per-batch accuracies, ``evaluate``; the
 checkpoint is chosen by it) with the exact one beside them. A loss that is not finite stops the run and is scored as
@@ -187,7 +187,7 @@ def check_runnable(config: Config) -> None:
 
     Its device here (``devices.check_device``) and a batch no larger than its training set; else a ValueError."""
     devices.check_device(config.device)
-    train = datasets.get_dataset(
+    train = datasets.read_split(
         config.dataset, "train", root=config.data_root or None, seed=config.seed, validation=config.validation
     )
     if config.batch_size > len(train):
@@ -307,7 +307,7 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
     root = config.data_root or None
     splits = {
         split: uint8_images(
-            datasets.get_dataset(config.dataset, split, root=root, seed=config.seed, validation=config.validation),
+            datasets.read_split(config.dataset, split, root=root, seed=config.seed, validation=config.validation),
             cache_size=side,
             workers=decode_workers(),
         )
