@@ -13,7 +13,9 @@ or malformed file, spec or folder as one line, ``error: ...``, with exit status 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+import inspect
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,10 +87,6 @@ def field_comments(cls) -> dict[str, str]:
 
     The comment lines just above it and the one after it on its line (``runs.Run`` documents its fields
     so; ``--help`` shows them), in ``cls`` and the dataclasses it derives from."""
-    import dataclasses
-    import inspect
-    import re
-
     names, comments, pending = {f.name for f in dataclasses.fields(cls)}, {}, []
     source = "\n".join(inspect.getsource(c) for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c))
     for line in source.splitlines():
@@ -108,8 +106,6 @@ def field_comments(cls) -> dict[str, str]:
 
 def field_defaults(cls) -> dict[str, Any]:
     """Each field of a dataclass with its default, by name (what a command line starts from)."""
-    import dataclasses
-
     return {field.name: field.default for field in dataclasses.fields(cls)}
 
 
@@ -154,7 +150,7 @@ class Help(argparse.HelpFormatter):
 
 
 def parameters_parser(
-    defaults: dict[str, Any], description: str, prog: str, meanings: dict[str, str] | None = None
+    defaults: dict[str, Any], description: str, prog: str, meanings: dict[str, str]
 ) -> argparse.ArgumentParser:
     """The command line of ``-f FILE`` parameter files and ``--name value`` overrides of ``defaults``' names.
 
@@ -169,13 +165,13 @@ def parameters_parser(
         kind = (
             "true or false" if isinstance(default, bool) else type(default).__name__ if default is not None else "value"
         )
-        meaning = (meanings or {}).get(name, "").replace("%", "%%")
+        meaning = meanings.get(name, "").replace("%", "%%")
         shown = repr(default) if default == "" else str(default).replace("%", "%%")  # unquoted, as argparse's own
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=argparse.SUPPRESS,
-            metavar=kind.upper().replace(" ", "_") if kind != "true or false" else "BOOL",
+            metavar="BOOL" if isinstance(default, bool) else kind.upper(),
             help=f"{meaning + ' ' if meaning else ''}({kind}; default {shown})",
         )
     return parser
@@ -215,8 +211,3 @@ def parameters(
         else:
             result[name] = coerce(name, value, defaults[name])
     return result
-
-
-def print_json(payload: dict) -> None:
-    """Print ``payload`` as indented JSON (any value JSON lacks as its ``str``)."""
-    print(json.dumps(payload, indent=2, default=str))

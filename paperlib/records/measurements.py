@@ -51,7 +51,7 @@ def check_sample(sample: str) -> str:
     return sample
 
 
-def results_root(inputs: str = "embedding") -> Path:
+def results_root(inputs: str) -> Path:
     """``results/plasticity`` (``results/plasticity_in_situ`` for the extension)."""
     return paths.results_dir() / ("plasticity" if check_inputs(inputs) == "embedding" else "plasticity_in_situ")
 

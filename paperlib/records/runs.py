@@ -219,7 +219,7 @@ def run_folder(record: dict) -> Path:
     return finetune_root() / r["model"] / r["dataset"] / r["component"] / f"lr={r['lr']:g}" / run
 
 
-def check_optimizer(optimizer: str, weight_decay: float = 0.0) -> str:
+def check_optimizer(optimizer: str, weight_decay: float) -> str:
     """``optimizer`` if valid with ``weight_decay``; otherwise a ValueError with the valid choices."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
@@ -279,7 +279,7 @@ WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
 
 
-def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+def differing(saved: dict, record: dict, ignore: tuple[str, ...]) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
 
     A key only one of them has differs: a record that lacks one of ``Config``'s fields, or has one ``Config`` does not,
@@ -289,30 +289,29 @@ def differing(saved: dict, record: dict, ignore: tuple[str, ...] = ()) -> list[s
     )
 
 
-def recorded_difference(config: Run, ignore: tuple[str, ...] = OUTPUT_ONLY) -> list[str] | None:
+def recorded_difference(config: Run) -> list[str] | None:
     """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
 
     None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
-    the names of what differs (``differing``, ``ignore``'d names aside; ``protocol`` for a run of another
+    the names of what differs (``differing``, ``OUTPUT_ONLY`` aside; ``protocol`` for a run of another
     ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
     train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
     ``HOW_IT_RAN``, does not count: the same run to rounding)."""
     params = storage.json_or_none(config.folder() / PARAMS)
-    return None if params is None else differing(params, run_record(config), ignore)
+    return None if params is None else differing(params, run_record(config), OUTPUT_ONLY)
 
 
 def finished(config: Run) -> dict | None:
     """The metrics of ``config``'s run if it is finished as asked; None otherwise.
 
     Finished as asked: its recorded parameters (``params.json``) are ``config``'s on the same custom data and model as
-    now (what ``recorded_difference`` compares, read here from the folder computed once), its ``metrics.json`` is there
-    and whole, with the files it records each the one written (their checksums: ``storage.json_or_none``; a damaged
-    run is named in a warning and trained again), and, with ``save_weights``, its weights are kept (or it has none to
-    keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``)."""
-    folder = config.folder()
-    params = storage.json_or_none(folder / PARAMS)
-    if params is None or differing(params, run_record(config), OUTPUT_ONLY):
+    now (``recorded_difference``), its ``metrics.json`` is there and whole, with the files it records each the one
+    written (their checksums: ``storage.json_or_none``; a damaged run is named in a warning and trained again), and,
+    with ``save_weights``, its weights are kept (or it has none to keep: it diverged before any checkpoint, or its best
+    is the authors' NaN model, ``nan_model``)."""
+    if recorded_difference(config) != []:
         return None
+    folder = config.folder()
     metrics = storage.json_or_none(folder / METRICS, whole=True)
     if metrics is None:
         return None

@@ -140,10 +140,10 @@ def for_spec(*spec_list: dict, accuracy: str = "authors") -> tuple[pd.DataFrame,
 def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = None) -> pd.DataFrame:
     """``found`` if it holds a run; otherwise a one-line ValueError.
 
-    ``found`` (``for_spec``'s runs of ``what``, a spec's name) if it holds a run; otherwise a one-line
-    ValueError that says where none was found (``stats``, ``precision`` and the notebooks that read runs) and, from
-    ``missing`` (``for_spec``'s), how many of the spec's folders hold runs of other parameters, and the parameters
-    that differ most often: runs whose records lack a field of ``Config`` are there, but outdated."""
+    ``found``: ``for_spec``'s runs of ``what``, a spec's name. The ValueError says where none was found (``stats``,
+    ``precision`` and the notebooks that read runs) and, from ``missing`` (``for_spec``'s), how many of the spec's
+    folders hold runs of other parameters, and the parameters that differ most often: runs whose records lack a field
+    of ``Config`` are there, but outdated."""
     if found.empty:
         message = f"no run of {what} under {paths.display(finetune_root())}"
         other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]

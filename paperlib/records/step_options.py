@@ -141,10 +141,9 @@ def native_bf16() -> bool:
 
 
 def check_precision(precision: str, device: torch.device | None = None) -> str:
-    """``precision`` if ``device`` has it; otherwise a ValueError naming the valid choices.
+    """``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line ValueError naming those.
 
-    ``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line
-    ValueError naming the valid choices (there)."""
+    ``device`` None: a CUDA device, which has them all."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
     kind = _device(device).type if device is not None else "cuda"
@@ -175,7 +174,7 @@ def fused_parts(fused: str) -> tuple[str, ...]:
     if fused == "all":
         return FUSED_PARTS
     parts = fused.split("+") if isinstance(fused, str) else [fused]
-    if not parts or any(part not in FUSED_PARTS for part in parts) or len(set(parts)) != len(parts):
+    if any(part not in FUSED_PARTS for part in parts) or len(set(parts)) != len(parts):
         raise ValueError(
             f"unknown fused choice {fused!r}; valid choices: {', '.join(FUSED_CHOICES)}, "
             f"or several of {', '.join(FUSED_PARTS)} joined by '+' (e.g. 'gelu+qkv')"
@@ -187,31 +186,23 @@ def _fused_name(parts: tuple[str, ...]) -> str:
     return "+".join(parts) or "none"
 
 
-def check_fused(fused: str, device: torch.device | None = None) -> str:
-    """``fused`` if it is a valid choice that can run on ``device``; otherwise a ValueError.
-
-    The valid choices are ``FUSED_CHOICES``, or parts joined by "+"; on CUDA the ops are Triton kernels. The ValueError
-    says why. "auto" always can run: it is ``resolve_fused``."""
-    if fused == "auto":
-        return fused
-    if fused_parts(fused) and device is not None and _device(device).type == "cuda" and not triton_available():
-        raise ValueError(
-            f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
-            "install it (pip install triton) or use fused='none' (or 'auto')"
-        )
-    return fused
-
-
 def resolve_fused(fused: str, device: torch.device) -> str:
     """What ``fused`` means on ``device``, written one way.
 
     That way is "none", or its parts joined by "+" in ``FUSED_PARTS``' order ("all" is "gelu+qkv"). "auto" is
     ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured faster on a GPU: docs/benchmarks.md) and "none"
-    elsewhere (on a CPU the ops run their PyTorch reference, which inductor's own code beats)."""
-    if check_fused(fused, device) != "auto":
-        return _fused_name(fused_parts(fused))
-    cuda = _device(device).type == "cuda" and triton_available()
-    return _fused_name(AUTO_FUSED_CUDA if cuda else ())
+    elsewhere (on a CPU the ops run their PyTorch reference, which inductor's own code beats). Any other choice names
+    parts (``fused_parts``), which on CUDA are Triton kernels: a ValueError says why when Triton is not installed."""
+    cuda = _device(device).type == "cuda"
+    if fused == "auto":
+        return _fused_name(AUTO_FUSED_CUDA if cuda and triton_available() else ())
+    parts = fused_parts(fused)
+    if parts and cuda and not triton_available():
+        raise ValueError(
+            f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
+            "install it (pip install triton) or use fused='none' (or 'auto')"
+        )
+    return _fused_name(parts)
 
 
 @dataclass(frozen=True)
@@ -293,7 +284,7 @@ def preset(name: str) -> dict:
     return dict(values)
 
 
-def offered(chosen: dict, precision: str, name: str = "the speed preset") -> dict:
+def offered(chosen: dict, precision: str, name: str) -> dict:
     """The step options of a preset for a run in ``precision``.
 
     ``chosen``: ``preset``'s mapping, ``name`` its name. A preset that records its gains (``gain``: images/s over

@@ -70,7 +70,7 @@ def make_folder(folder: str | Path) -> Path:
     return folder
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o644) -> Path:
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
     """Write ``path`` through ``write(temporary_path)`` and rename: readers never see half a file.
 
     A read-only folder or a full disk is a ``CannotWrite`` that names it (``unwritable``)."""
@@ -83,7 +83,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None], mode: int = 0o6
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, mode)
+        os.chmod(tmp, 0o644)  # mkstemp's files are private (0600); a written file is not
         os.replace(tmp, path)
     except (OSError, RuntimeError) as error:
         raise unwritable(path, error) from error
@@ -235,11 +235,10 @@ def json_or_none(path: str | Path, whole: bool = False) -> dict | None:
 def notice(message: str) -> None:
     """Say ``message`` on the terminal this process was started from (its stderr).
 
-    Say ``message``, a note on what this process does or waits for (not a result), on the terminal
-    it was started from: its stderr. In a Jupyter kernel, stderr is the running cell's output, and
-    ipykernel sends the kernel's file descriptor 2 there too; the note goes instead to the copy of the
-    kernel's own stderr that ipykernel keeps (``sys.stderr.fileno()``): the terminal of ``make demo``
-    or of ``jupyter lab``, never an executed notebook or its report."""
+    ``message``: a note on what this process does or waits for, not a result. In a Jupyter kernel, stderr is the
+    running cell's output, and ipykernel sends the kernel's file descriptor 2 there too; the note goes instead to the
+    copy of the kernel's own stderr that ipykernel keeps (``sys.stderr.fileno()``): the terminal of ``make demo`` or of
+    ``jupyter lab``, never an executed notebook or its report."""
     iostream = sys.modules.get("ipykernel.iostream")
     if iostream is None or not isinstance(sys.stderr, iostream.OutStream):  # a command line
         print(message, file=sys.stderr, flush=True)

@@ -13,7 +13,6 @@ committed ones as they are, saying both SHA-256 and test accuracies, unless ``--
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -62,7 +61,7 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
     """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
     loader = DeviceLoader(dataset, batch_size, Transform(False, dataset.images.shape[-1]))
-    return evaluate(model, loader, contextlib.nullcontext).exact
+    return evaluate(model, loader).exact
 
 
 def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module, dict]:
@@ -106,27 +105,16 @@ def pretrain(recipe: Recipe = Recipe(), log_every: int = 10) -> tuple[nn.Module,
     return model, metrics
 
 
-def weight_file(model: nn.Module) -> bytes:
-    """The state dict as a safetensors file's bytes: what ``save_weights`` writes."""
-    return save({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+def replace_weights(model: nn.Module, card: dict, path: Path, overwrite: bool) -> str:
+    """Save ``model`` at ``path`` with its JSON ``card`` beside it unless other weights are there; says what it did.
 
-
-def save_weights(model: nn.Module, path: Path, card: dict | None = None) -> None:
-    """Write the state dict as safetensors (and an optional JSON card beside it), atomically."""
-    data = weight_file(model)
-    storage.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
-    if card is not None:
-        storage.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
-
-
-def replace_weights(model: nn.Module, card: dict, path: Path, overwrite: bool = False) -> str:
-    """Save ``model`` at ``path`` with its ``card`` (``save_weights``) unless other weights are there; says what it did.
-
-    Weights other than ``path``'s (another SHA-256: pretraining on another CPU, or with other library versions, rounds
-    otherwise) replace them only with ``overwrite``; otherwise nothing is written and a FileExistsError gives both
-    SHA-256 and test accuracies (``card``'s ``test_accuracy``, and that of ``path``'s weights). The same weights:
-    nothing is written either (their card keeps the run that made them)."""
-    digest = hashlib.sha256(weight_file(model)).hexdigest()
+    The state dict is written as safetensors, each file atomically. Weights other than ``path``'s (another SHA-256:
+    pretraining on another CPU, or with other library versions, rounds otherwise) replace them only with ``overwrite``;
+    otherwise nothing is written and a FileExistsError gives both SHA-256 and test accuracies (``card``'s
+    ``test_accuracy``, and that of ``path``'s weights). The same weights: nothing is written either (their card keeps
+    the run that made them)."""
+    data = save({k: v.detach().contiguous() for k, v in model.state_dict().items()})
+    digest = hashlib.sha256(data).hexdigest()
     if path.is_file():
         there = hashlib.sha256(path.read_bytes()).hexdigest()
         if there == digest:
@@ -139,7 +127,8 @@ def replace_weights(model: nn.Module, card: dict, path: Path, overwrite: bool = 
                 f"{card['test_accuracy']:.4f} here; sha256 {there}, test accuracy {kept:.4f} there; "
                 "pass --overwrite to replace them"
             )
-    save_weights(model, path, card)
+    storage.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+    storage.atomic_write_text(path.with_suffix(".json"), json.dumps(card, indent=2) + "\n")
     return f"wrote {paths.display(path)} (sha256 {digest})"
 
 

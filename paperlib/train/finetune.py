@@ -29,6 +29,7 @@ would.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import multiprocessing
 import sys
@@ -197,8 +198,8 @@ def check_runnable(config: Config) -> None:
         )
 
 
-def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -> None:
-    """Run every run of finetuning sweep specs (``runs_table.configs``) not finished as they ask.
+def run_spec(*specs: dict, workers: int | None = None) -> None:
+    """Run every run of finetuning sweep specs (``config.configs``) not finished as they ask.
 
     A run two specs share runs once; one line per run with the time it took. For demo-scale specs; paper-scale sweeps
     go through ``python -m paperlib sweep``.
@@ -215,7 +216,7 @@ def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -
     workers = max(1, min(workers, len(todo)))
     with contextlib.ExitStack() as stack:
         if workers == 1:
-            finished = ((config, _timed_run(config, progress)) for config in todo)
+            finished = ((config, _timed_run(config)) for config in todo)
         else:
             stack.enter_context(threads.shared_by(workers))  # the workers take their share (threads.apply)
             pool = stack.enter_context(ProcessPoolExecutor(workers, multiprocessing.get_context("spawn")))
@@ -225,10 +226,10 @@ def run_spec(*specs: dict, progress: bool = False, workers: int | None = None) -
             print(f"[{done}/{len(todo)}] {paths.display(config.folder())}: {status} in {seconds:.1f} s", flush=True)
 
 
-def _timed_run(config: Config, progress: bool = False) -> tuple[str, float]:
+def _timed_run(config: Config) -> tuple[str, float]:
     """``run(config)``'s status and the seconds it took (a ``run_spec`` worker's task)."""
     start = time.perf_counter()
-    return run(config, progress=progress)["status"], time.perf_counter() - start
+    return run(config)["status"], time.perf_counter() - start
 
 
 def load_model(config: Config, merge: bool = True) -> nn.Module:
@@ -294,8 +295,8 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
         return _train(config, progress)
 
 
-def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, tuple, int]:
-    """The run's splits as loaders on the device, its number of classes, the normalisation and the cache's side.
+def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, int]:
+    """The run's splits as loaders on the device, its number of classes and the cache's side.
 
     The loaders: train augmented, shuffled by the seed; val and test through the evaluation transform. The side is the
     decoded cache's.
@@ -313,12 +314,11 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
         )
         for split in ("train", "val", "test")
     }
-    mean_std = config.mean_std
     loaders = {
         split: DeviceLoader(
             images,
             config.batch_size if split == "train" else EVAL_BATCH,
-            Transform(augment=split == "train", image_size=size, mean_std=mean_std),
+            Transform(augment=split == "train", image_size=size, mean_std=config.mean_std),
             device=device,
             seed=config.seed if split == "train" else 0,
             drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
@@ -327,7 +327,7 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
         for split, images in splits.items()
     }
     num_classes = len(splits["test"].classes)
-    return loaders, num_classes, mean_std, side
+    return loaders, num_classes, side
 
 
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
@@ -342,7 +342,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     torch.manual_seed(config.seed)
 
-    loaders, num_classes, mean_std, side = _data(config, device)
+    loaders, num_classes, side = _data(config, device)
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's), the optimizer and a step
@@ -399,7 +399,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
         test = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
     elif best["step"] is not None:  # the NaN model (``_nan_validation``)
         test = evaluate(model, loaders["test"], forward=nan_logits(num_classes))
-    measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side, "mean_std": mean_std}
+    measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side}
     measured["test_images"] = len(loaders["test"].images)
     measured["method"] = methods.trainer_of(asdict(config)).summary(model)
     metrics = _metrics(config, rows, best, test, step_fn, num_classes, measured)
@@ -425,12 +425,12 @@ def _nan_validation(config: Config, rows: list, best: dict, loader: DeviceLoader
     without a result). It has no weights (``state`` None)."""
     if not rows or math.isfinite(rows[-1]["train_loss"]):
         return best
-    later = [step for step in range(rows[-1]["step"], config.steps + 1) if evaluates(step, config)]
-    if not later:
+    later = next((step for step in range(rows[-1]["step"], config.steps + 1) if evaluates(step, config)), None)
+    if later is None:
         return best
     val = evaluate(nn.Identity(), loader, forward=nan_logits(num_classes))
     if val.accuracy > max(best["val_accuracy"], 0.0):
-        return {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": later[0], "state": None}
+        return {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": later, "state": None}
     return best
 
 
@@ -475,7 +475,7 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
     """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
 
     How it ended: ``diverged`` from its history's ``diverged_step``, else ``finished``; the test's (loss, accuracy);
-    how it ran: ``measured``, its wall seconds, images seen, threads, cache side, mean/std, test images, subset."""
+    how it ran: ``measured``, its wall seconds, images seen, threads, cache side, test images, subset."""
     device = torch.device(config.device)
     diverged_at = diverged_step(rows, num_classes)
     return {
@@ -504,8 +504,8 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "normalize": config.normalize,
         "cache_side": measured["side"],
         "weights": None,  # the weights file, if kept: runs.record
-        "mean": list(measured["mean_std"][0]),
-        "std": list(measured["mean_std"][1]),
+        "mean": list(config.mean_std[0]),
+        "std": list(config.mean_std[1]),
         "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
         "torch": torch.__version__,
     }
@@ -518,10 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m paperlib finetune``: one run, as notebook 05 runs it, without the notebook.
 
     ``python -m paperlib finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]`` takes the
-    notebook's parameters and prints the run's metrics as JSON. The step options may be given one by one
-    (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of ``parameters/speed/``),
-    which sets those not given (``speed.options.with_preset``). A run that another process is training
-    is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
+    notebook's parameters and prints the run's metrics as JSON (any value JSON lacks as its ``str``). The step options
+    may be given one by one (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of
+    ``parameters/speed/``), which sets those not given (``speed.options.with_preset``). A run that another process is
+    training is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
     try:
         values = cli.parameters(argv, commands.finetune(), commands.FINETUNE, flexible=frozenset({"compile"}))
         wait = values.pop("wait", True)
@@ -533,5 +533,5 @@ def main(argv: list[str] | None = None) -> int:
         return RUNNING_ELSEWHERE
     except cli.BAD_INPUT as error:
         return cli.fail(error)
-    cli.print_json({"folder": paths.display(config.folder()), **metrics})
+    print(json.dumps({"folder": paths.display(config.folder()), **metrics}, indent=2, default=str))
     return 0
