@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m paperlib plasticity [-f FILE] [--model M --dataset D --reference R --n-pairs N ...]``:
     one measurement, as notebook 02 makes it, without the notebook; prints P(f) and the ranking."""
     try:
-        values = cli.parameters(argv, commands.plasticity(), commands.PLASTICITY)
+        values = cli.parse_parameters(argv, commands.plasticity(), commands.PLASTICITY)
         given = {name: values.pop(name) for name in commands.MEASURING if name in values}
         table, folder = run(Measurement(**values), **given)
     except cli.BAD_INPUT as error:

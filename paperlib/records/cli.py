@@ -154,7 +154,8 @@ def parameters_parser(
 ) -> argparse.ArgumentParser:
     """The command line of ``-f FILE`` parameter files and ``--name value`` overrides of ``defaults``' names.
 
-    ``--help`` shows each option's meaning (``meanings``), type and default; ``parameters`` reads what it parses."""
+    ``--help`` shows each option's meaning (``meanings``), type and default; ``parse_parameters`` reads what it
+    parses."""
     valid = sorted(defaults)
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog="parameters: " + ", ".join(valid))
     parser.add_argument(
@@ -177,7 +178,7 @@ def parameters_parser(
     return parser
 
 
-def parameters(
+def parse_parameters(
     argv: list[str] | None,
     parser: argparse.ArgumentParser,
     defaults: dict[str, Any],

@@ -305,13 +305,14 @@ def finished(config: Run) -> dict | None:
     """The metrics of ``config``'s run if it is finished as asked; None otherwise.
 
     Finished as asked: its recorded parameters (``params.json``) are ``config``'s on the same custom data and model as
-    now (``recorded_difference``), its ``metrics.json`` is there and whole, with the files it records each the one
-    written (their checksums: ``storage.json_or_none``; a damaged run is named in a warning and trained again), and,
-    with ``save_weights``, its weights are kept (or it has none to keep: it diverged before any checkpoint, or its best
-    is the authors' NaN model, ``nan_model``)."""
-    if recorded_difference(config) != []:
-        return None
+    now (what ``recorded_difference`` compares, read here from the folder computed once), its ``metrics.json`` is there
+    and whole, with the files it records each the one written (their checksums: ``storage.json_or_none``; a damaged
+    run is named in a warning and trained again), and, with ``save_weights``, its weights are kept (or it has none to
+    keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``)."""
     folder = config.folder()
+    params = storage.json_or_none(folder / PARAMS)
+    if params is None or differing(params, run_record(config), OUTPUT_ONLY):
+        return None
     metrics = storage.json_or_none(folder / METRICS, whole=True)
     if metrics is None:
         return None

@@ -145,20 +145,18 @@ def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
     return False
 
 
-def component_grad_share(model: nn.Module, step_fn) -> float:
+def component_grad_share(step_fn, inside: torch.Tensor) -> float:
     """The component's share of the gradient norm that clipping saw at the last step; NaN without its gradients.
 
-    The norm of the gradients of what trains in the component's place (all the run trains but the head and the final
-    norm) over the norm of all of them. Clipping scales them alike: the share is the same after it. An equal-capacity
-    run's subset has a small share where the head sets the norm, and so whether and how hard clipping binds."""
-    outside = components.head_modules(model) + components.final_norm_modules(model)
-    outside = {id(p) for module in outside for p in module.parameters()}
-    inside = [id(p) not in outside for p in model.parameters() if p.requires_grad]
+    The norm of the gradients of what trains in the component's place (``inside``: per parameter of ``step_fn``'s,
+    whether it is neither the head's nor the final norm's) over the norm of all of them. Clipping scales them alike:
+    the share is the same after it. An equal-capacity run's subset has a small share where the head sets the norm, and
+    so whether and how hard clipping binds."""
     grads = [p.grad for p in step_fn.trainable]
-    if len(grads) != len(inside) or any(grad is None for grad in grads):
+    if any(grad is None for grad in grads):
         return math.nan
     norms = torch.stack([grad.detach().float().norm() for grad in grads])
-    return (norms[torch.tensor(inside, device=norms.device)].norm() / norms.norm()).item()
+    return (norms[inside.to(norms.device)].norm() / norms.norm()).item()
 
 
 def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -350,6 +348,10 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
     model = network(config, num_classes).to(device)
     step_fn = build_step(config, model, progress)
+    # what trains in the component's place: all but the head and the final norm (``component_grad_share``)
+    outside = components.head_modules(model) + components.final_norm_modules(model)
+    outside = {id(p) for module in outside for p in module.parameters()}
+    inside = torch.tensor([id(p) not in outside for p in step_fn.trainable])
     # recorded only now that data, model and step are made, so that a run that cannot start loses nothing
     runs.start(folder, params)
     optimizer = step_fn.optimizer
@@ -378,7 +380,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
             row = rows[-1]
             val = evaluate(step_fn.network, loaders["val"], step_fn.context, step_fn.forward)
             row["val_loss"], row["val_accuracy"] = val.loss, val.accuracy
-            row["component_grad_share"] = component_grad_share(model, step_fn)
+            row["component_grad_share"] = component_grad_share(step_fn, inside)
             current = _trainable_state(model)
             if val.accuracy > best["val_accuracy"]:  # the authors' choice: their accuracy, strictly greater
                 best = {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": step + 1, "state": current}
@@ -523,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     ``parameters/speed/``), which sets those not given (``speed.options.with_preset``). A run that another process is
     training is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
     try:
-        values = cli.parameters(argv, commands.finetune(), commands.FINETUNE, flexible=frozenset({"compile"}))
+        values = cli.parse_parameters(argv, commands.finetune(), commands.FINETUNE, flexible=frozenset({"compile"}))
         wait = values.pop("wait", True)
         config = config_from(values)
         with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the metrics' JSON alone
