@@ -103,7 +103,7 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
 ):
     sources = [
         write_notebook(tmp_path / f"{name}.ipynb", "", heading=f"# {name[:2]} · {name[3:]} (paper §{i})")
-        for i, name in enumerate(["00_first", "04_reads_runs", "02_second"])
+        for i, name in enumerate(["00_first", "04_reads_runs", "02_second", "08_longest"])
     ]
     monkeypatch.setattr(paths, "notebook_paths", lambda names: sorted(sources))
     monkeypatch.setattr(threads, "cores", lambda: 1)
@@ -119,8 +119,9 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
     monkeypatch.setattr(execute, "execute", instant)
     monkeypatch.setattr(execute.finetune, "run_spec", lambda *specs: events.append("demo sweeps"))
     index = execute.run_demo(out_dir=out)
-    # the notebooks that read no demo run first, then the demo sweeps, then those that read them
-    assert events == ["00_first", "02_second", "demo sweeps", "04_reads_runs"]
+    # the notebooks that read no demo run first (the longest of them, 08, before the others), then the demo sweeps,
+    # then those that read them
+    assert events == ["08_longest", "00_first", "02_second", "demo sweeps", "04_reads_runs"]
     assert "00 · first" in landing["00_first"] and landing["00_first"].count("not run yet") == 2  # from the start
     second = landing["02_second"]  # the page as the second notebook starts: the first one's report, the others' state
     assert 'href="00_first.nocode.html"' in second and "running" in second and "not run yet" in second
