@@ -18,7 +18,9 @@ Every command: ``python -m paperlib --help``.
 """
 
 import os
+import sys
 import warnings
+from importlib.machinery import ModuleSpec
 
 # OpenMP threads that wait by spinning hold a core each: beside any other busy process (a second run,
 # a notebook) every barrier then waits for a thread that cannot run, and a run crawls (paperlib.speed.threads).
@@ -31,3 +33,48 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 warnings.filterwarnings("ignore", message="IProgress not found")
 
 __version__ = "0.1.0"
+
+
+class CommandNames:
+    """What ``python -m paperlib.<command>`` answers: the command to type, in one line, with exit status 2.
+
+    ``python -m paperlib.sweep`` was the entry point of earlier READMEs; every command is now ``python -m paperlib
+    <command>``. Python looks for ``paperlib.<command>`` after importing this package, asking ``sys.meta_path``'s
+    finders one after the other; this one, appended last, is asked only when no real module has the name, and it
+    answers only for a command's name (``__main__.COMMANDS``, imported then). Run with ``-m``, its module prints
+    the line and exits; imported from Python code, it raises ModuleNotFoundError saying the same and runs nothing."""
+
+    def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
+        package, _, name = fullname.partition(".")
+        if package != __name__ or not name or "." in name:
+            return None
+        from paperlib.__main__ import COMMANDS
+
+        return ModuleSpec(fullname, self) if name in COMMANDS else None
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None  # a plain module, which exec_module refuses
+
+    def exec_module(self, module) -> None:
+        from paperlib.__main__ import COMMANDS
+
+        name = module.__name__.partition(".")[2]
+        raise ModuleNotFoundError(
+            f"{module.__name__} is not a module: {name} is a command, python -m paperlib {name} ... "
+            f"(its module: {COMMANDS[name][0]})"
+        )
+
+    def get_code(self, fullname: str):
+        """What ``python -m paperlib.<command>`` runs (``runpy`` sets ``__loader__``, this finder): ``answer``."""
+        return compile("__loader__.answer(__spec__.name)", fullname, "exec")
+
+    def answer(self, fullname: str) -> None:
+        """Print the command to type, with the arguments given, and exit with status 2."""
+        import shlex
+
+        name, given = fullname.partition(".")[2], shlex.join(sys.argv[1:]) or "..."
+        print(f"error: python -m {fullname} is not a command; type: python -m paperlib {name} {given}", file=sys.stderr)
+        sys.exit(2)
+
+
+sys.meta_path.append(CommandNames())

@@ -11,8 +11,6 @@ import importlib
 import sys
 import warnings
 
-from paperlib.records import commands
-
 COMMANDS = {
     "finetune": ("paperlib.train.finetune", "one finetuning run as notebook 05 runs it (§5.2), without the notebook"),
     "plasticity": ("paperlib.measure.plasticity", "P(f) of every component of a model on a dataset (§5.1)"),
@@ -40,7 +38,9 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` names with the rest of ``argv``; 2, with the valid commands, for an unknown one."""
+    """Run the command ``argv`` names with the rest of ``argv``; 2, with the valid commands, for an unknown one.
+
+    Ctrl-C ends a command with one line (``INTERRUPTED``) and exit status 130, not a traceback."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-h"], ["--help"]):
         print(usage())
@@ -49,10 +49,24 @@ def main(argv: list[str] | None = None) -> int:
         given = f"unknown command {argv[0]!r}" if argv else "no command"
         print(f"python -m paperlib: {given}; valid commands: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
+    from paperlib.records import commands  # here, so that importing COMMANDS (paperlib.CommandNames) loads nothing
+
     commands.PARSERS[argv[0]]().parse_args(argv[1:])  # --help and a bad option stop here, before torch is imported
     warnings.formatwarning = one_line
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    return module.main(argv[1:]) or 0
+    try:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        return module.main(argv[1:]) or 0
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+INTERRUPTED = (
+    "interrupted: run the same command again to resume "
+    "(a finetuning run resumes from its last checkpoint; a sweep skips its finished runs)"
+)
+"""What a command interrupted by Ctrl-C prints, in place of a traceback; it then exits with status 130 (128 + SIGINT,
+as a shell reports a process that SIGINT ended)."""
 
 
 def one_line(message, category, *where) -> str:

@@ -35,16 +35,45 @@ def fail(error: BaseException) -> int:
     return 2
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping of a YAML file (``UniqueKeys``); its message names the key and its lines."""
+
+
+class UniqueKeys(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a key given twice in one mapping (nested mappings too).
+
+    ``yaml.safe_load`` keeps the last of two values of one key without a word, so that a slip in a parameter file
+    (``steps: 20``, then ``steps: 30`` further down) would run with a value the reader may not see. A key that a
+    merge (``<<: *defaults``) brings and the mapping sets again is not a duplicate: that is what a merge is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                hash(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if key in lines:
+                raise DuplicateKey(f"the key {key!r} is given twice (lines {lines[key]} and {line})")
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path, what: str = "parameter file") -> Any:
     """A YAML file's content.
 
-    A FileNotFoundError or ValueError naming it (and ``what`` it is) if it is missing, a folder, or not
-    YAML."""
+    A FileNotFoundError or ValueError naming it (and ``what`` it is) if it is missing, a folder, not YAML, or gives a
+    key twice in one mapping (``UniqueKeys``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=UniqueKeys)
+    except DuplicateKey as error:
+        raise ValueError(f"{what} {path}: {error}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ValueError(f"{what} {path} is not valid YAML: {' '.join(str(error).split())}") from None
 

@@ -122,6 +122,13 @@ def sweep() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished")
     parser.add_argument(
+        "--retrain-older",
+        action="store_true",
+        help="train again the finetuning runs written by an older version of the package (--plan counts them and "
+        "their device-hours); each result is replaced only once its new run is whole; default: they are kept and "
+        "read as they are",
+    )
+    parser.add_argument(
         "--plan", action="store_true", help="count the runs and estimate the device-hours of those to run; runs nothing"
     )
     parser.add_argument(

@@ -93,6 +93,18 @@ def download_allowed() -> bool:
     return os.environ.get("VIT_PLASTICITY_DOWNLOAD", "0").strip().lower() in ("1", "true", "yes")
 
 
+RETRAIN_OLDER = "VIT_PLASTICITY_RETRAIN_OLDER"
+"""The environment variable that asks for results written by an older version to be made again (``retrain_older``)."""
+
+
+def retrain_older() -> bool:
+    """Whether results written by an older version are made again (``VIT_PLASTICITY_RETRAIN_OLDER`` 1, true or yes).
+
+    Unset, they are kept and read as they are (``runs.lacks``). ``sweep --retrain-older`` sets it for its runs (the
+    notebooks it executes inherit it); nothing else does."""
+    return os.environ.get(RETRAIN_OLDER, "0").strip().lower() in ("1", "true", "yes")
+
+
 def display(path: str | Path) -> str:
     """``path`` relative to the repository when inside it (for notebook output), else as given."""
     path = Path(path)

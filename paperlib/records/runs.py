@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import shutil
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from paperlib.records import cli, methods, paths, storage
+from paperlib.records import cli, methods, paths, readings, storage
 from paperlib.records.cli import coerce
 from paperlib.records.names import check_run_component
 from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
+OUTCOMES = readings.OUTCOMES
 NOTEBOOK = "05_finetune"  # the notebook of one run: its parameters are a Config's (``config_from``)
 
 
@@ -244,27 +248,69 @@ def config_fingerprints(record: dict) -> dict:
     return {key: value for key, value in found.items() if value}
 
 
-PROTOCOL = 5
-"""The version of what a run does beyond its ``Config``, recorded in its ``params.json`` and checked by
-``is_finished`` (a run of another version is run again, never mixed with these): 5, its ``metrics.json`` holds the
-checksums of the files written before it (``storage.write_checked``), not their sizes alone; 4, accuracy as the authors'
-evaluation computes it (the mean of per-batch accuracies; the checkpoint chosen by it) and a run whose loss turns
-NaN scored as the authors' loop scores its NaN model (``finetune._nan_validation``); 3, a run whose loss
-explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the
-authors' loop, and keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits
-(``splits.SPLITS_VERSION`` 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps
-(multiples of ``eval_every`` only), batches (the last incomplete one of an epoch dropped) and new head
-(PyTorch's ``nn.Linear`` initialisation). A run that records no version is outdated. See ``docs/fidelity.md``."""
+TRAINING = 3
+"""The version of how a run trains beyond its ``Config``: the one reason to train a result again. 3, a run whose loss
+explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the authors' loop, and
+keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits (``splits.SPLITS_VERSION``
+2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps (multiples of ``eval_every`` only),
+batches (the last incomplete one of an epoch dropped) and new head (PyTorch's ``nn.Linear`` initialisation). A run
+trained by another is kept and read as it is, labelled (``lacks``); it trains again only when asked
+(``paths.retrain_older``). See ``docs/reliability.md`` (what is training, what is reading) and ``docs/fidelity.md``."""
+
+RECORD = 6
+"""The version of what a run records and how it is read, never a reason to train again. 6, what it saw image by image
+at each validation (``readings.OUTCOMES``), from which its metrics are read; 5, the checksums of its files and of every
+JSON record (``storage.write_checked``); 4, its accuracies as the authors' evaluation computes them (the mean of
+per-batch accuracies; the checkpoint chosen by it), a run whose loss turns NaN scored as their loop scores its NaN
+model; 3 and before, the exact accuracies alone. A record of an older version is read as it is, labelled with what it
+lacks (``lacks``), and upgraded in place where its files suffice (``upgrade``: checksums added to a record 4)."""
+
+VERSIONS = ("training", "record", "protocol")
+"""The keys of ``params.json`` that say which version wrote it (``versions``), not what the run is."""
+
+
+def versions(params: dict) -> tuple[int | None, int | None]:
+    """(``TRAINING``, ``RECORD``) of the version that wrote a run's record (``params.json``); None where it says none.
+
+    Before record 6 one number, ``protocol``, said both: protocols 3 to 5 trained alike and differ in their records."""
+    if "record" in params:
+        return params.get("training"), params.get("record")
+    protocol = params.get("protocol")
+    if not isinstance(protocol, int) or isinstance(protocol, bool):
+        return None, None
+    return min(protocol, 3), protocol
+
+
+def lacks(params: dict) -> list[str]:
+    """What the run a record (``params.json``) describes lacks against today's, a short phrase each; [] for today's.
+
+    Another ``TRAINING`` (its numbers are another protocol's), an older ``RECORD`` (what it did not record), and the
+    ``Run`` fields added since (read as their defaults, which is what the run did)."""
+    training, record = versions(params)
+    said = []
+    if training != TRAINING:
+        said.append(f"trained by protocol {training}" if training else "records no protocol")
+    if record is None or record < 4:
+        said.append("exact accuracies alone")
+    elif record < 5:
+        said.append("no checksums")
+    if record is None or record < RECORD:
+        said.append("no per-image outcomes")
+    added = sorted(set(Run.defaults()) - params.keys())
+    if added:
+        said.append(f"no {', '.join(added)} (read as {'its' if len(added) == 1 else 'their'} default)")
+    return said
 
 
 def run_record(config: Run | dict) -> dict:
     """What ``params.json`` (and a checkpoint) record of a run.
 
-    Its parameters, the ``PROTOCOL`` and, for custom datasets and models, their fingerprints. ``config``: a ``Config``,
-    or its fields as a dict (``spec_records``' runs, made without one)."""
+    Its parameters, today's ``TRAINING`` and ``RECORD`` and, for custom datasets and models, their fingerprints.
+    ``config``: a ``Config``, or its fields as a dict (``spec_records``' runs, made without one)."""
     fields = config if isinstance(config, dict) else asdict(config)
     fingerprints = config_fingerprints(fields)
-    return fields | {"protocol": PROTOCOL} | ({"fingerprints": fingerprints} if fingerprints else {})
+    versions = {"training": TRAINING, "record": RECORD}
+    return fields | versions | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
 OUTPUT_ONLY = ("save_weights",)
@@ -278,14 +324,21 @@ model whatever they were (a run on a GPU, compiled, loads on a CPU)."""
 WEIGHTS = "weights.safetensors"
 """The file in a run's folder that ``save_weights`` keeps: its trainable parameters at the best checkpoint."""
 
+FILES = (PARAMS, METRICS, HISTORY, CHECKPOINT, WEIGHTS, OUTCOMES)
+"""Every file a run keeps in its folder."""
+
 
 def differing(saved: dict, record: dict, ignore: tuple[str, ...]) -> list[str]:
     """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
 
-    A key only one of them has differs: a record that lacks one of ``Config``'s fields, or has one ``Config`` does not,
-    is outdated and trained again (as one of another ``PROTOCOL``)."""
+    Which version wrote them (``VERSIONS``) is not what a run is, and a ``Run`` field the saved record lacks counts as
+    its default (a field is added with the default that does what runs did before it). A key ``Run`` does not have,
+    or custom data's fingerprints that only one of them has, differs: that is another run."""
+    saved = Run.defaults() | saved
     return sorted(
-        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
+        key
+        for key in saved.keys() | record.keys()
+        if key not in ignore + VERSIONS and saved.get(key) != record.get(key)
     )
 
 
@@ -293,12 +346,86 @@ def recorded_difference(config: Run) -> list[str] | None:
     """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
 
     None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
-    the names of what differs (``differing``, ``OUTPUT_ONLY`` aside; ``protocol`` for a run of another
-    ``PROTOCOL``). The one answer to "is the run in this folder the one asked for", for ``is_finished`` (runs, sweeps:
-    train it again?) and, from records, ``for_spec`` (notebooks, ``stats``: is it the spec's result? there, how it ran,
-    ``HOW_IT_RAN``, does not count: the same run to rounding)."""
-    params = storage.json_or_none(config.folder() / PARAMS)
+    the names of what differs (``differing``, ``OUTPUT_ONLY`` aside). The one answer to "is the run in this folder the
+    one asked for", for ``finished`` (runs, sweeps: train it again?) and, from records, ``for_spec`` (notebooks,
+    ``stats``: is it the spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to
+    rounding). A run of an older version is the one asked for: ``lacks`` says what it lacks."""
+    params = read_params(config.folder())
     return None if params is None else differing(params, run_record(config), OUTPUT_ONLY)
+
+
+def read_params(folder: Path) -> dict | None:
+    """The ``params.json`` of the run in ``folder``, checked; None if it has none, or a damaged one (a warning).
+
+    A record of ``RECORD`` 5 or later must carry its checksum; an older one never did."""
+    return storage.json_or_none(folder / PARAMS, checksum=lambda params: (versions(params)[1] or 0) >= 5)
+
+
+NUMBERS = ("best_val_accuracy", "best_val_accuracy_exact", "test_accuracy", "test_accuracy_exact", "test_loss")
+NUMBERS += ("clipped_steps", "component_grad_share", "wall_seconds", "images_per_second")
+COUNTS = ("best_step", "test_images", "trainable_parameters")
+"""The values of a ``metrics.json`` that are numbers (None or NaN where a run has none), and whole numbers."""
+
+
+def read_metrics(folder: Path, params: dict, whole: bool = False) -> dict | None:
+    """The ``metrics.json`` of the run in ``folder`` whose ``params.json`` holds ``params``, checked; None if none.
+
+    A record of ``RECORD`` 5 or later must carry its checksum (``storage.read_json``'s ``checksum``); every value
+    ``NUMBERS`` and ``COUNTS`` name must be a number of its kind, and ``status`` one a run ends with. A damaged one
+    (the files it records too, with ``whole``) is named in a one-line warning and read as None: left out of the
+    tables, never taken as finished."""
+    record = versions(params)[1] or 0
+    # a record before 5 kept the sizes of its files alone: those are what is checked
+    metrics = storage.json_or_none(folder / METRICS, whole and record >= 5, checksum=record >= 5)
+    if metrics is None:
+        return None
+    bad = [name for name in NUMBERS if not _number(metrics.get(name))]
+    bad += [name for name in COUNTS if not (metrics.get(name) is None or _number(metrics[name], whole=True))]
+    if metrics.get("status") not in ("finished", "diverged"):
+        bad.append("status")
+    if bad:
+        values = ", ".join(f"{name} {metrics.get(name)!r}" for name in bad)
+        warnings.warn(f"{paths.display(folder / METRICS)} holds values of the wrong kind ({values}; damaged?)")
+        return None
+    if record < 4:  # its accuracies were the exact ones (``lacks``): read as such, the authors' reading absent
+        metrics = metrics | {f"{name}_exact": metrics.get(name) for name in ("test_accuracy", "best_val_accuracy")}
+        metrics |= {"test_accuracy": math.nan, "best_val_accuracy": math.nan}
+    return metrics
+
+
+def upgradable(params: dict | None) -> bool:
+    """Whether the run a record (``params.json``) describes is upgraded in place (``upgrade``): a record 4."""
+    return params is not None and versions(params) == (TRAINING, 4)
+
+
+def upgrade(folder: Path) -> bool:
+    """Upgrade the run in ``folder`` in place where its records suffice (``upgradable``); whether it did.
+
+    A record 4 holds the sizes of its files, not their checksums: each file still of its recorded size gets its
+    checksum, its ``metrics.json`` and ``params.json`` theirs, and the record says 5. Its results are unchanged; one
+    whose files are not the size recorded is left as it is (named damaged when read)."""
+    params = read_params(folder)
+    if not upgradable(params):
+        return False
+    metrics = storage.json_or_none(folder / METRICS, checksum=False)
+    files = (metrics or {}).get("files", {})
+    whole = all(isinstance(size, int) and storage.size_of(folder / name) == size for name, size in files.items())
+    if not files or not whole:
+        return False
+    metrics["files"] = {name: storage.kept_of(folder / name) for name in files}
+    storage.write_json(folder / METRICS, metrics)
+    params = {key: value for key, value in params.items() if key != "protocol"}
+    storage.write_json(folder / PARAMS, params | {"training": TRAINING, "record": 5})
+    return True
+
+
+def _number(value, whole: bool = False) -> bool:
+    """Whether ``value`` is a number (None too: a run without one); ``whole``: a whole one."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return not whole or float(value).is_integer()
 
 
 def finished(config: Run) -> dict | None:
@@ -306,14 +433,17 @@ def finished(config: Run) -> dict | None:
 
     Finished as asked: its recorded parameters (``params.json``) are ``config``'s on the same custom data and model as
     now (what ``recorded_difference`` compares, read here from the folder computed once), its ``metrics.json`` is there
-    and whole, with the files it records each the one written (their checksums: ``storage.json_or_none``; a damaged
-    run is named in a warning and trained again), and, with ``save_weights``, its weights are kept (or it has none to
-    keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``)."""
+    and whole, with the files it records each the one written (``read_metrics``; a damaged run is named in a warning
+    and trained again, beside it: ``start``), and, with ``save_weights``, its weights are kept (or it has none to
+    keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``). A run of an older
+    version is finished as it is (``lacks``), unless ``paths.retrain_older()``: never trained again unasked."""
     folder = config.folder()
-    params = storage.json_or_none(folder / PARAMS)
-    if params is None or differing(params, run_record(config), OUTPUT_ONLY):
+    params = read_params(folder)
+    if params is None:
         return None
-    metrics = storage.json_or_none(folder / METRICS, whole=True)
+    if differing(params, run_record(config), OUTPUT_ONLY) or (lacks(params) and paths.retrain_older()):
+        return None
+    metrics = read_metrics(folder, params, whole=True)
     if metrics is None:
         return None
     has_weights = metrics.get("best_step") is not None and not metrics.get("nan_model")
@@ -326,18 +456,55 @@ def is_finished(config: Run) -> bool:
     return finished(config) is not None
 
 
-def start(folder: Path, params: dict) -> None:
-    """Record that the run in ``folder`` starts (``params.json``).
+def start(folder: Path, params: dict) -> Path:
+    """Record that the run in ``folder`` starts (``params.json``); returns the folder it trains in.
 
-    ``params.json`` holds ``params``, its ``run_record``. The run is partial (no ``metrics.json``)
-    until it ends. If its folder held a run of other parameters (steps, batch size, warm-up... are
-    not in the folder's name), or one whose parameters cannot be read, that run's files go first, so
-    that they are never read back as this run's."""
-    saved = storage.json_or_none(folder / PARAMS)
-    same = saved is not None and not differing(saved, params, OUTPUT_ONLY)
-    for stale in (METRICS,) if same else (METRICS, HISTORY, CHECKPOINT, WEIGHTS):
-        (folder / stale).unlink(missing_ok=True)
-    storage.write_json(folder / PARAMS, params)
+    ``params`` is its ``run_record``. It trains in ``folder``, unless ``folder`` holds a result (a ``metrics.json``:
+    a run of an older version, of other parameters, or damaged); then beside it, in ``staging(folder)``, and the
+    result stays whole and readable until ``replace`` puts the new one in its place. The run is partial (no
+    ``metrics.json``) until it ends. What a partial run of other parameters left where it trains (its checkpoint)
+    goes first, so that it is never resumed as this run's."""
+    check_inside(folder)
+    work = staging(folder) if (folder / METRICS).exists() else folder
+    saved = read_params(work)
+    same = saved is not None and not differing(saved, params, OUTPUT_ONLY) and versions(saved) == versions(params)
+    for stale in () if same else (HISTORY, CHECKPOINT, WEIGHTS, OUTCOMES):
+        (work / stale).unlink(missing_ok=True)
+    storage.write_json(work / PARAMS, params)
+    return work
+
+
+def staging(folder: Path) -> Path:
+    """Where a run trains that will replace the result in ``folder``: ``.<folder name>.training`` beside it."""
+    return folder.parent / f".{folder.name}.training"
+
+
+def replace(folder: Path, work: Path) -> None:
+    """Put the run that ended in ``work`` (``start``'s) in ``folder``'s place; nothing to do if it trained there.
+
+    Two renames on one disk: the result it replaces is moved aside, then deleted once the new one is in place."""
+    if work == folder:
+        return
+    aside = folder.parent / f".{folder.name}.replaced"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(folder, aside)
+    os.replace(work, folder)
+    shutil.rmtree(aside)
+
+
+def check_inside(folder: Path) -> Path:
+    """``folder`` if it, and each file a run keeps there (``FILES``), lies inside the results root once resolved.
+
+    A symbolic link out of the results root (of a received archive, say) is refused in one line (a ValueError) before
+    anything is written or deleted: writes and deletes never leave the results root."""
+    root = paths.results_dir().resolve()
+    for path in (folder, *(folder / name for name in FILES)):
+        if (path.exists() or path.is_symlink()) and not path.resolve().is_relative_to(root):
+            raise ValueError(
+                f"{paths.display(path)} leads out of the results root {paths.display(paths.results_dir())} "
+                "(a symbolic link): refused, nothing written or deleted"
+            )
+    return folder
 
 
 def history(config: Run) -> pd.DataFrame:

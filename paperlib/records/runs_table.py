@@ -21,16 +21,19 @@ import pandas as pd
 from paperlib.records import methods, paths, specs, storage
 from paperlib.records.names import ACCURACIES
 from paperlib.records.runs import (
+    COUNTS,
     HISTORY,
     HOW_IT_RAN,
     METRICS,
     OUTPUT_ONLY,
     PARAMS,
-    PROTOCOL,
     Run,
     config_values,
     differing,
     finetune_root,
+    lacks,
+    read_metrics,
+    read_params,
     run_folder,
     run_record,
     written_one_way,
@@ -42,10 +45,9 @@ KEYS += ["method", *methods.options(), "normalize", "validation", "tag"]
 
 RUN_COLUMNS = KEYS + ["status", "best_val_accuracy", "best_step", "test_accuracy", "test_images"]
 RUN_COLUMNS += ["trainable_parameters", "wall_seconds", "images_per_second", "folder"]
-RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact", "clipped_steps", "component_grad_share"]
-"""The columns of ``load``'s runs table: the keys, then what the run reported."""
-COUNTS = ["best_step", "test_images", "trainable_parameters"]
-"""The run's reports that are whole numbers (``load`` reads them as floats where a partial run has none)."""
+RUN_COLUMNS += ["best_val_accuracy_exact", "test_accuracy_exact", "clipped_steps", "component_grad_share", "lacks"]
+"""The columns of ``load``'s runs table: the keys, then what the run reported, then what it lacks ("" for a run of
+today's version; ``runs.lacks``: a run written by an older one, read as it is)."""
 
 
 def read_as(runs: pd.DataFrame, accuracy: str) -> pd.DataFrame:
@@ -61,11 +63,16 @@ def load(root: str | Path | None = None) -> pd.DataFrame:
     """One row per run folder under the results root (``RUN_COLUMNS``).
 
     From its ``params.json`` and ``metrics.json`` (histories: ``histories_of``). A run whose files are damaged counts as
-    partial, one of another ``PROTOCOL`` as outdated (the tables take finished and diverged runs only), and one whose
-    ``params.json`` is damaged is left out (``storage.json_or_none``: each with a warning that names the file)."""
+    partial, and one whose ``params.json`` is damaged is left out (``runs.read_metrics``, ``runs.read_params``: each
+    with a warning that names the file). A run written by an older version is read as it is, what it lacks in
+    ``lacks``. Folders whose name starts with a dot (a run training beside the result it replaces: ``runs.start``) are
+    not runs."""
     rows = []
-    for params_file in sorted(finetune_root(root).rglob(PARAMS)):
-        params = storage.json_or_none(params_file)
+    root = finetune_root(root)
+    for params_file in sorted(root.rglob(PARAMS)):
+        if any(part.startswith(".") for part in params_file.relative_to(root).parts):
+            continue
+        params = read_params(params_file.parent)
         if params is not None:
             rows.append(_run_row(params_file.parent, params))
     return pd.DataFrame(rows).reindex(columns=RUN_COLUMNS)
@@ -73,12 +80,10 @@ def load(root: str | Path | None = None) -> pd.DataFrame:
 
 def _run_row(folder: Path, params: dict) -> dict:
     """The runs table's row of the run in ``folder`` whose ``params.json`` holds ``params``."""
-    row = {key: params.get(key) for key in KEYS} | {"folder": str(folder)}
-    metrics = storage.json_or_none(folder / METRICS)
+    row = {key: (Run.defaults() | params).get(key) for key in KEYS} | {"folder": str(folder)}
+    metrics = read_metrics(folder, params)
     row |= metrics if metrics is not None else {"status": "partial"}
-    if params.get("protocol") != PROTOCOL:  # a run of another protocol (other splits, warm-up...): not in the tables
-        row["status"] = "outdated"
-    return row
+    return row | {"lacks": "; ".join(lacks(params))}
 
 
 def histories_of(runs: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
@@ -124,7 +129,7 @@ def for_spec(*spec_list: dict, accuracy: str = "authors") -> tuple[pd.DataFrame,
     ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
     rows, absent = [], []
     for folder, record in spec_records(*spec_list).items():
-        params = storage.json_or_none(Path(folder) / PARAMS)
+        params = read_params(Path(folder))
         difference = None if params is None else differing(params, record, ignore)
         if difference == []:
             rows.append(_run_row(Path(folder), params))
@@ -134,7 +139,20 @@ def for_spec(*spec_list: dict, accuracy: str = "authors") -> tuple[pd.DataFrame,
     runs = pd.DataFrame(sorted(rows, key=lambda row: row["folder"])).reindex(columns=RUN_COLUMNS)
     # counts stay whole numbers whatever else the results root holds (a run still being written elsewhere)
     runs = runs.astype({column: "int64" for column in COUNTS if len(runs) and runs[column].notna().all()})
+    _say_older(runs)
     return read_as(runs, accuracy), pd.DataFrame(absent, columns=KEYS + ["reason"])
+
+
+def _say_older(runs: pd.DataFrame) -> None:
+    """A one-line warning naming how many of ``runs`` an older version wrote, read as they are, and what they lack."""
+    older = runs.loc[runs["lacks"].fillna("") != "", "lacks"]
+    if len(older):
+        kinds = "; ".join(f"{count} {what}" for what, count in older.value_counts().items())
+        warnings.warn(
+            f"{len(older)} of these runs were written by an older version of the package and are read as they are "
+            f"({kinds}); sweep --retrain-older trains them again (docs/reliability.md)",
+            stacklevel=3,
+        )
 
 
 def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -157,6 +157,16 @@ def write_checked(path: str | Path, write: Callable[[str], None]) -> dict:
     return kept
 
 
+def size_of(path: str | Path) -> int | None:
+    """The size of the file ``path`` in bytes; None if there is none."""
+    return os.path.getsize(path) if os.path.isfile(path) else None
+
+
+def kept_of(path: str | Path) -> dict:
+    """What a record keeps of a file already written (``write_checked``'s): its size and checksum."""
+    return {"bytes": os.path.getsize(path), "sha256": _sha256(path)}
+
+
 def _check(record: Path, name: str, kept, whole: bool = True) -> None:
     """A ValueError naming the file ``name`` beside ``record`` unless it is the one ``record`` keeps.
 
@@ -184,14 +194,17 @@ def _sha256(file: str | Path) -> str:
         return hashlib.file_digest(opened, "sha256").hexdigest()
 
 
-def read_json(path: str | Path, whole: bool = False) -> dict:
+def read_json(path: str | Path, whole: bool = False, checksum: bool | Callable[[dict], bool] | None = None) -> dict:
     """A JSON object that a run or result writes (``write_json``), checked.
 
-    Those are a run's ``params.json`` and ``metrics.json``, a result's ``metadata.json``, a sweep's marker.
-    A FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or not the one
-    written (its ``sha256``; a record written before it had none), or if a file it records (``files``:
-    ``write_checked``) is missing or of another size since. ``whole``: those files' checksums compared too (each read
-    whole; ``read_checked`` reads one)."""
+    Those are a run's ``params.json`` and ``metrics.json``, a result's ``metadata.json``, a sweep's marker. A
+    FileNotFoundError if it is missing; a ValueError naming the file if it is not a whole JSON object, or not the one
+    written (its ``sha256``), or if a file it records (``files``: ``write_checked``) is missing or of another size
+    since. ``checksum``: whether it must carry its ``sha256`` (a record written before checksums has none), or a
+    function of its content that says so (a record that says which version wrote it: ``runs.versions``); None, it must
+    if it holds the checksums of its files (every record since checksums has). A record that must and does not is
+    damaged. ``whole``: the checksums of the files it records compared too (each read whole; ``read_checked`` reads
+    one)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{display(path)} not found")
@@ -202,9 +215,16 @@ def read_json(path: str | Path, whole: bool = False) -> dict:
     if not isinstance(payload, dict):
         raise ValueError(f"{display(path)} holds no JSON object (damaged?)")
     content = {key: value for key, value in payload.items() if key != "sha256"}
+    files = content.get("files", {})
+    if not isinstance(files, dict):
+        raise ValueError(f"{display(path)} holds no table of its files (damaged?)")
+    if checksum is None:
+        checksum = any(isinstance(kept, dict) for kept in files.values())
+    if "sha256" not in payload and (checksum(content) if callable(checksum) else checksum):
+        raise ValueError(f"{display(path)} carries no checksum (sha256), as every record of its version does: damaged")
     if "sha256" in payload and payload["sha256"] != _digest(content):
         raise ValueError(f"{display(path)} is not the record written: its content changed since (damaged?)")
-    for name, kept in content.get("files", {}).items():  # a record of no other files (params.json): none to check
+    for name, kept in files.items():  # a record of no other files (params.json): none to check
         _check(path, name, kept, whole)
     return content
 
@@ -219,12 +239,14 @@ def read_checked(record: str | Path, name: str) -> bytes:
     return (record.parent / name).read_bytes()
 
 
-def json_or_none(path: str | Path, whole: bool = False) -> dict | None:
-    """``read_json(path, whole)``, or None if the file is missing or damaged.
+def json_or_none(
+    path: str | Path, whole: bool = False, checksum: bool | Callable[[dict], bool] | None = None
+) -> dict | None:
+    """``read_json(path, whole, checksum)``, or None if the file is missing or damaged.
 
     What is damaged is reported in a warning that names the file, and never taken for a result (it is made again)."""
     try:
-        return read_json(path, whole)
+        return read_json(path, whole, checksum)
     except FileNotFoundError:
         return None
     except ValueError as error:

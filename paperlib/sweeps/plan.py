@@ -6,7 +6,9 @@
 Counts (any sweep), each run once: ``finished`` (a finetuning run: its results are there as the spec
 asks, ``runs.is_finished``, whether or not the sweep has rendered its report yet; another notebook's
 run: ``sweep.Run.finished``), ``diverged`` (finished, and its ``metrics.json`` says ``"status":
-"diverged"``: a result, which the sweep does not run again), ``failed`` (not finished, and its last
+"diverged"``: a result, which the sweep does not run again), ``older`` (a finetuning run finished by an
+older version of the package: kept and read as it is, upgraded in place where its records suffice, and
+trained again only with ``--retrain-older``: ``older_line``), ``failed`` (not finished, and its last
 try left an ``.error.txt``: the sweep tries it again) and ``missing`` (the rest). The failed and
 missing runs are the ones to run, and the ones estimated.
 
@@ -40,7 +42,7 @@ from paperlib.speed.step import warmup_steps
 from paperlib.train.config import Config, config_from
 from paperlib.train.step import build_step, network
 
-STATUSES = ("finished", "diverged", "failed", "missing")
+STATUSES = ("finished", "diverged", "older", "failed", "missing")
 TO_RUN = ("failed", "missing")
 """The statuses of the runs a sweep runs (again): those the estimate is for."""
 
@@ -86,12 +88,35 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
     counts.insert(0, "runs", counts.sum(axis=1))
     counts.loc["total"] = counts.sum()
     todo = [row["config"] for row in rows if row["status"] in TO_RUN] if finetuning else None
-    return {"counts": counts, "estimate": None if todo is None else estimate(todo, timing_steps)}
+    older = [row["config"] for row in rows if row["status"] == "older"]
+    return {
+        "counts": counts,
+        "estimate": None if todo is None else estimate(todo, timing_steps),
+        "older": older_line(older, timing_steps),
+    }
+
+
+def older_line(older: list[Config], timing_steps: int = 3) -> str:
+    """What a sweep does with its runs written by an older version (``older``, kept as finished), in one line.
+
+    "" if none. They are upgraded in place where their records suffice (``runs.upgradable``) or kept as they are, and
+    ``--retrain-older`` would train them again, for the device-hours that ``estimate`` gives them."""
+    if not older:
+        return ""
+    upgraded = sum(runs.upgradable(runs.read_params(config.folder())) for config in older)
+    hours = estimate(older, timing_steps)["hours"]
+    cost = f"{_hours(hours.sum())} device-hours" if hours.notna().all() else "device-hours unknown here"
+    return (
+        f"{len(older)} run{'s' if len(older) > 1 else ''} of an older version: {upgraded} upgraded in place, {len(older) - upgraded} kept as they "
+        f"are; --retrain-older would train them again: {cost}"
+    )
 
 
 def status(run, config: Config | None = None) -> str:
     """One of ``STATUSES`` for a run of a sweep (``sweep.Run``; ``config``: a finetuning run's, module docstring)."""
     if config is not None and runs.is_finished(config):
+        if runs.lacks(runs.read_params(config.folder())):
+            return "older"
         metrics = storage.json_or_none(config.folder() / runs.METRICS) or {}
         return "diverged" if metrics.get("status") == "diverged" else "finished"
     if config is None and run.finished:
@@ -207,6 +232,7 @@ WHAT_IT_INCLUDES = (
 def formatted(result: dict) -> str:
     """``plan``'s result as text: the counts, then the estimate and what it includes (or why there is none)."""
     counts = result["counts"].rename_axis(index=None, columns=None).to_string()
+    counts += f"\n{result['older']}" if result.get("older") else ""
     table = result["estimate"]
     if table is None:
         return f"{counts}\n\nno estimate: estimates are for finetuning sweeps ({runs.NOTEBOOK})"

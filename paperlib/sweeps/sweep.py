@@ -384,21 +384,23 @@ def run_sweep(
     back to at the end. ``html``: each run's reports too (``report.render_html``), not only its executed notebook.
     ``report_finished``: a finished run without its report (``Run.reported``) is executed too, to write it."""
     gpus = check_gpus(gpus) if check_executor(executor) == "gpus" else gpus
-    runs = fingerprinted(check(expand(spec, reports), executor))
+    found = fingerprinted(check(expand(spec, reports), executor))
     todo = []
-    for run in runs:  # each result read once
+    for run in found:  # each result read once
         if run.to_run(report_finished):
             todo.append(run)
         else:
             run.status = "skipped"
+            if run.notebook.stem == runs.NOTEBOOK:  # a run of an older version, where its records suffice
+                runs.upgrade(config_from(run.parameters).folder())
     task = functools.partial(execute_run, html=html, reports=report_finished)
     todo = _executed(todo, spec, executor, gpus, functools.partial(task, wait=False))
     busy = [run for run in todo if run.status == "busy"]  # held by another process: come back to, waiting now
     again = _executed(busy, spec, executor, gpus, functools.partial(task, wait=True))
     done = {r.name: r for r in todo + again}
-    runs = [done.get(r.name, r) for r in runs]
+    found = [done.get(r.name, r) for r in found]
     execute.write_index(reports or paths.reports_dir())
-    return runs
+    return found
 
 
 def _executed(todo: list[Run], spec: dict, executor: str, gpus: list[int] | None, task) -> list[Run]:
@@ -450,14 +452,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plan of {args.spec}" + (f", as if its precision were {args.precision}" if args.precision else ""))
             print(plan.formatted(result))
             return 0
+        if args.retrain_older:  # for this process and the notebooks it executes (``runs.finished``)
+            os.environ[paths.RETRAIN_OLDER] = "1"
         if args.dry_run:
             found = fingerprinted(check(expand(spec)))
             finished = [run for run in found if run.finished]  # each result read once
             names = {run.name for run in finished}
+            older = {run.name: lacking for run in finished if (lacking := _lacks(run))}
             for run in found:
                 note = "  (no report)" if run.name in names and not run.reported else ""
+                note += f"  (older version: {'; '.join(older[run.name])})" if run.name in older else ""
                 print(f"{'finished' if run.name in names else 'to run':8}  {run.name}  {run.parameters}{note}")
             print(f"\n{len(finished)} finished, {len(found) - len(finished)} to run{_unreported(finished)}")
+            configs = [config_from(run.parameters) for run in found if run.name in older]
+            print(plan.older_line(configs) or "no run of an older version")
             return 0
         runs = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
     except (*cli.BAD_INPUT, RuntimeError) as error:
@@ -469,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{counts}{_unreported([r for r in runs if r.status == 'skipped'])}")
     print(f"reports: {paths.reports_dir() / 'index.html'}")
     return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _lacks(run: Run) -> list[str]:
+    """What a finished finetuning run written by an older version lacks (``runs.lacks``); [] for any other run."""
+    if run.notebook.stem != runs.NOTEBOOK:
+        return []
+    return runs.lacks(runs.read_params(config_from(run.parameters).folder()) or {})
 
 
 def _unreported(finished: list[Run]) -> str:

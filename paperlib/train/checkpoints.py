@@ -14,10 +14,10 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from paperlib.records import paths, runs, storage
+from paperlib.records import paths, readings, runs, storage
 from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, WEIGHTS
 
-CHECKPOINT_KEYS = ("params", "step", "history", "best", "cache_side", "model", "optimizer", "schedule")
+CHECKPOINT_KEYS = ("params", "step", "history", "best", "seen", "cache_side", "model", "optimizer", "schedule")
 """What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
 
 
@@ -42,33 +42,38 @@ def load_checkpoint(folder: Path, params: dict, side: int, device: torch.device)
         return None
     try:
         saved = torch.load(checkpoint, map_location=device, weights_only=True)
-        lacking = [key for key in CHECKPOINT_KEYS if key not in saved]
-        if lacking:
-            raise ValueError(f"no {', '.join(lacking)}")
+        if not isinstance(saved, dict) or "params" not in saved:
+            raise ValueError("no params")
     except Exception as error:  # whatever torch.load raises for a damaged file (zip, pickle, EOF, type errors)
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         warnings.warn(f"{paths.display(checkpoint)} cannot be read ({reason}): the run starts from the beginning")
         return None
-    if not runs.differing(saved["params"], params, runs.OUTPUT_ONLY) and saved["cache_side"] == side:
-        return saved
-    return None
+    if runs.differing(saved["params"], params, runs.OUTPUT_ONLY) or saved.get("cache_side") != side:
+        return None  # another run's, or this one's written by an earlier version: it starts from the beginning
+    lacking = [key for key in CHECKPOINT_KEYS if key not in saved]
+    if lacking:
+        warnings.warn(f"{paths.display(checkpoint)} holds no {', '.join(lacking)}: the run starts from the beginning")
+        return None
+    return saved
 
 
-def record(folder: Path, rows: list[dict], best: dict, metrics: dict, save_weights: bool) -> None:
-    """Record the run in ``folder`` that ended: its history, its weights if kept, and its metrics last.
+def record(folder: Path, rows: list[dict], outcomes: readings.Outcomes, weights: tuple, metrics: dict) -> None:
+    """Record the run in ``folder`` that ended: its history, what it saw, its weights if kept, and its metrics last.
 
-    The history is ``rows``. With ``save_weights`` (the run's), the weights are the trainable parameters of its best
-    checkpoint (``best["state"]``; ``metrics["weights"]`` names the file, or None). The metrics last: the run is
-    finished (``metrics["files"]``: the size and checksum of each file written before, so that a damaged one is not
-    taken as finished). Its checkpoint is then removed. Each file is written atomically."""
+    The history is ``rows``; what it saw, ``outcomes`` (``readings.OUTCOMES``). ``weights``: (the trainable parameters
+    of its best checkpoint, or None if not kept; that checkpoint's step); ``metrics["weights"]`` names the file, or
+    None. The metrics last: the run is finished (``metrics["files"]``: the size and checksum of each file written
+    before, so that a damaged one is not taken as finished). Its checkpoint is then removed. Each file is written
+    atomically."""
     table = pd.DataFrame(rows, columns=HISTORY_COLUMNS)
     files = {HISTORY: storage.write_checked(folder / HISTORY, lambda tmp: table.to_csv(tmp, index=False))}
-    kept = save_weights and best["state"] is not None
-    metrics["weights"] = WEIGHTS if kept else None
-    if kept:
-        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in best["state"].items()}
+    files[readings.OUTCOMES] = readings.write(folder / readings.OUTCOMES, outcomes)
+    state, step = weights
+    metrics["weights"] = WEIGHTS if state is not None else None
+    if state is not None:
+        tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in state.items()}
         files[WEIGHTS] = storage.write_checked(
-            folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(best["step"])})
+            folder / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"step": str(step)})
         )
     else:  # weights of an earlier training of this run would not be this training's
         (folder / WEIGHTS).unlink(missing_ok=True)

@@ -38,6 +38,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -45,7 +46,7 @@ from tqdm.auto import tqdm
 
 from paperlib.data import datasets
 from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
-from paperlib.records import cli, commands, paths, runs, storage
+from paperlib.records import cli, commands, paths, readings, runs, storage
 from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
 from paperlib.speed import devices, threads
 from paperlib.train import checkpoints
@@ -55,20 +56,25 @@ from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 EVAL_BATCH = 256  # images per forward pass when evaluating
-AUTHORS_BATCH = 512
-"""The batch of the authors' evaluation (validation and test): their accuracy is the mean of its batches' accuracies,
-the last partial batch counted as a whole one (``evaluate``)."""
 
 
 class Evaluation(NamedTuple):
-    """A split's evaluation: its mean cross-entropy and two accuracies.
+    """A split's evaluation: its mean cross-entropy and each image's outcome, in the split's order.
 
-    ``accuracy`` as the authors' evaluation computes it (the mean of the accuracies of batches of ``AUTHORS_BATCH``
-    images, in the split's order); ``exact``: correct / images."""
+    ``hits``: True where the image was classified right (what a run records, ``readings.Outcomes``); ``accuracy``
+    reads them as the authors' evaluation does (``readings.accuracy``: the mean of per-batch accuracies over batches
+    of ``readings.AUTHORS_BATCH``), ``exact`` as right / images."""
 
     loss: float
-    accuracy: float
-    exact: float
+    hits: np.ndarray
+
+    @property
+    def accuracy(self) -> float:
+        return float(readings.accuracy(self.hits)[0])
+
+    @property
+    def exact(self) -> float:
+        return float(readings.accuracy(self.hits, None)[0])
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -94,10 +100,8 @@ def evaluate(model: nn.Module, loader: DeviceLoader, context=contextlib.nullcont
             logits = forward(images)
         loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
         hits.append(logits.argmax(dim=1) == labels)
-    hits = torch.cat(hits).double()  # 1 per image classified right, in the split's order
-    per_batch = torch.stack([batch.mean() for batch in hits.split(AUTHORS_BATCH)]).mean()
-    loss, accuracy, exact = torch.stack([loss / len(hits), per_batch, hits.mean()]).tolist()
-    return Evaluation(loss, accuracy, exact)
+    hits = torch.cat(hits)  # True per image classified right, in the split's order
+    return Evaluation((loss / len(hits)).item(), hits.cpu().numpy())
 
 
 def nan_logits(num_classes: int):
@@ -184,7 +188,9 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
 def check_runnable(config: Config) -> None:
     """Check what a run needs of this machine and its data before any file is touched.
 
-    Its device here (``devices.check_device``) and a batch no larger than its training set; else a ValueError."""
+    Its folder inside the results root (``runs.check_inside``), its device here (``devices.check_device``) and a batch
+    no larger than its training set; else a ValueError."""
+    runs.check_inside(config.folder())
     devices.check_device(config.device)
     train = datasets.read_split(
         config.dataset, "train", root=config.data_root or None, seed=config.seed, validation=config.validation
@@ -289,6 +295,7 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
     Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
     deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
+    runs.check_inside(config.folder())
     with storage.locked(config.folder(), wait=wait):
         return _train(config, progress)
 
@@ -352,15 +359,16 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     outside = components.head_modules(model) + components.final_norm_modules(model)
     outside = {id(p) for module in outside for p in module.parameters()}
     inside = torch.tensor([id(p) not in outside for p in step_fn.trainable])
-    # recorded only now that data, model and step are made, so that a run that cannot start loses nothing
-    runs.start(folder, params)
+    # recorded only now that data, model and step are made, so that a run that cannot start loses nothing; it trains
+    # beside a finished result it replaces, which stays whole until the new one is (``runs.start``, ``runs.replace``)
+    work = runs.start(folder, params)
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
-    start_step, rows, best = _resume(folder, device, (params, side), model, step_fn, schedule)
+    start_step, rows, best, seen = _resume(work, device, (params, side), model, step_fn, schedule)
 
     # the loop
-    start, seen = time.perf_counter(), 0
+    start, images_seen = time.perf_counter(), 0
     limit = exploded_loss(num_classes) if config.stop_exploded else math.inf  # a loss above it: stop
     pending = []  # steps whose loss and gradient norm are still on the device
     name = f"{config.component} steps"
@@ -371,42 +379,74 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
         lr = optimizer.param_groups[0]["lr"]
         loss, norm = step_fn(images, labels)
         schedule.step()
-        seen += len(images)
+        images_seen += len(images)
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
         evaluation = evaluates(step + 1, config)
         if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
             break
         if evaluation:
             row = rows[-1]
-            val = evaluate(step_fn.network, loaders["val"], step_fn.context, step_fn.forward)
+            # what the model saw, image by image: the validation that chooses the checkpoint, and the test of every
+            # checkpoint, so that any reading of the run is a reading of its records (``readings``)
+            val, test = (evaluate(step_fn.network, loaders[split], step_fn.context, step_fn.forward) for split in SEEN)
+            seen.append(_seen(step + 1, val, test))
             row["val_loss"], row["val_accuracy"] = val.loss, val.accuracy
             row["component_grad_share"] = component_grad_share(step_fn, inside)
             current = _trainable_state(model)
             if val.accuracy > best["val_accuracy"]:  # the authors' choice: their accuracy, strictly greater
-                best = {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": step + 1, "state": current}
+                best = {"val_accuracy": val.accuracy, "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
-            _checkpoint(folder, device, state | {"model": current}, step_fn, schedule)
+            _checkpoint(work, device, state | {"model": current, "seen": seen}, step_fn, schedule)
             if progress:
                 steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
     steps.close()
     _read_back(pending, rows)  # the last steps, if the run did not end on a read-back
     wall = time.perf_counter() - start
 
-    # the result: the test accuracy of the best-validation checkpoint
-    best = _nan_validation(config, rows, best, loaders["val"], num_classes)
-    test = Evaluation(math.nan, math.nan, math.nan)
-    if best["state"] is not None:
+    # the result: the test accuracy of the best-validation checkpoint, read from what the run saw
+    seen += _nan_validation(config, rows, loaders, num_classes)
+    outcomes = _outcomes(seen, loaders)
+    reading = readings.choose(outcomes)
+    if reading.best_step is not None and not reading.nan_model:
+        assert reading.best_step == best["step"], (reading, best["step"])  # one rule, live and read
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
-        test = evaluate(step_fn.network, loaders["test"], step_fn.context, step_fn.forward)
-    elif best["step"] is not None:  # the NaN model (``_nan_validation``)
-        test = evaluate(model, loaders["test"], forward=nan_logits(num_classes))
-    measured = {"wall": wall, "seen": seen, "threads": threads_used, "side": side}
+    measured = {"wall": wall, "seen": images_seen, "threads": threads_used, "side": side}
     measured["test_images"] = len(loaders["test"].images)
     measured["method"] = methods.trainer_of(asdict(config)).summary(model)
-    metrics = _metrics(config, rows, best, test, step_fn, num_classes, measured)
-    checkpoints.record(folder, rows, best, metrics, config.save_weights)
+    metrics = _metrics(config, rows, reading, step_fn, num_classes, measured)
+    kept = best["state"] if config.save_weights and not reading.nan_model else None
+    checkpoints.record(work, rows, outcomes, (kept, reading.best_step), metrics)
+    runs.replace(folder, work)
     return model, metrics
+
+
+SEEN = ("val", "test")
+"""The splits a run records at each validation, image by image (``readings.Outcomes``)."""
+
+
+def _seen(step: int, val: Evaluation, test: Evaluation, nan_model: bool = False) -> dict:
+    """One validation's row of what a run saw, as a checkpoint holds it (tensors and plain types)."""
+    hits = {f"{split}_hits": torch.from_numpy(np.asarray(e.hits, dtype=bool)) for split, e in zip(SEEN, (val, test))}
+    return {"step": step, "val_loss": val.loss, "test_loss": test.loss, "nan_model": nan_model, **hits}
+
+
+def _outcomes(seen: list[dict], loaders: dict) -> readings.Outcomes:
+    """``seen``'s rows as the ``readings.Outcomes`` a run records (none: empty arrays of its splits' widths)."""
+    width = {split: len(loaders[split].images) for split in SEEN}
+    hits = {
+        split: np.stack([row[f"{split}_hits"].numpy() for row in seen]) if seen else np.zeros((0, width[split]), bool)
+        for split in SEEN
+    }
+    column = {key: np.array([row[key] for row in seen]) for key in ("step", "val_loss", "test_loss", "nan_model")}
+    return readings.Outcomes(
+        steps=column["step"].astype(np.int64),
+        val=hits["val"],
+        test=hits["test"],
+        val_loss=column["val_loss"].astype(np.float64),
+        test_loss=column["test_loss"].astype(np.float64),
+        nan_model=column["nan_model"].astype(bool),
+    )
 
 
 def evaluates(step: int, config: Config) -> bool:
@@ -417,34 +457,32 @@ def evaluates(step: int, config: Config) -> bool:
     return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
 
 
-def _nan_validation(config: Config, rows: list, best: dict, loader: DeviceLoader, num_classes: int) -> dict:
-    """``best``, or the NaN model if the authors' loop would choose it after a loss that is not finite.
+def _nan_validation(config: Config, rows: list, loaders: dict, num_classes: int) -> list[dict]:
+    """What the authors' loop would see of its NaN model after a loss that is not finite: [] or one row of ``seen``.
 
     The run stops at such a loss; the authors' loop trains on, with weights that are NaN from that step on, and
-    validates them at its next validation step, which scores the share of class 0 (``nan_logits``). That model
-    replaces ``best`` if its accuracy is strictly greater, as theirs does: always when the loss turned NaN before
-    the first validation (their starting best is 0, so the run is tested at about chance level rather than left
-    without a result). It has no weights (``state`` None)."""
+    validates them at its next validation step, which scores the share of class 0 (``nan_logits``). That row is
+    chosen (``readings.choose``) if its accuracy is strictly greater than the best's and than 0, as theirs is: always
+    when the loss turned NaN before the first validation (their starting best is 0, so the run is tested at about
+    chance level rather than left without a result). It has no weights."""
     if not rows or math.isfinite(rows[-1]["train_loss"]):
-        return best
+        return []
     later = next((step for step in range(rows[-1]["step"], config.steps + 1) if evaluates(step, config)), None)
     if later is None:
-        return best
-    val = evaluate(nn.Identity(), loader, forward=nan_logits(num_classes))
-    if val.accuracy > max(best["val_accuracy"], 0.0):
-        return {"val_accuracy": val.accuracy, "val_exact": val.exact, "step": later, "state": None}
-    return best
+        return []
+    val, test = (evaluate(nn.Identity(), loaders[split], forward=nan_logits(num_classes)) for split in SEEN)
+    return [_seen(later, val, test, nan_model=True)]
 
 
-def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple[int, list, dict]:
-    """(first step, history rows, best checkpoint) of the run in ``folder``: where its last checkpoint left it, or 0.
+def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple:
+    """(first step, history rows, best checkpoint, what it saw) of the run in ``folder``: its last checkpoint's, or 0.
 
     ``made``: (the run's record, its decoded cache's side), what a checkpoint must have been taken with
     (``checkpoints.load_checkpoint``). From a checkpoint, the model, optimizer, schedule and random generators are
     restored."""
     saved = checkpoints.load_checkpoint(folder, *made, device)
     if saved is None:
-        return 0, [], {"val_accuracy": -1.0, "val_exact": math.nan, "step": None, "state": None}
+        return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}, []
     model.load_state_dict(saved["model"], strict=False)
     step_fn.optimizer.load_state_dict(saved["optimizer"])
     schedule.load_state_dict(saved["schedule"])
@@ -454,7 +492,7 @@ def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn
         if device.type == "cuda" and saved["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
     step_fn.loaded()
-    return saved["step"], saved["history"], saved["best"]
+    return saved["step"], saved["history"], saved["best"], saved["seen"]
 
 
 def _checkpoint(folder, device: torch.device, state: dict, step_fn, schedule) -> None:
@@ -473,23 +511,18 @@ def _mean(values: list) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes: int, measured) -> dict:
+def _metrics(config: Config, rows: list, reading, step_fn, num_classes: int, measured) -> dict:
     """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
 
-    How it ended: ``diverged`` from its history's ``diverged_step``, else ``finished``; the test's (loss, accuracy);
+    How it ended: ``diverged`` from its history's ``diverged_step``, else ``finished``; the checkpoint and its test as
+    its records read (``reading``: ``readings.choose``, the authors' reading, the exact one beside it);
     how it ran: ``measured``, its wall seconds, images seen, threads, cache side, test images, subset."""
     device = torch.device(config.device)
     diverged_at = diverged_step(rows, num_classes)
     return {
         "status": "finished" if diverged_at is None else "diverged",
         "diverged_step": diverged_at,
-        "best_val_accuracy": best["val_accuracy"] if best["step"] is not None else math.nan,
-        "best_val_accuracy_exact": best["val_exact"] if best["step"] is not None else math.nan,
-        "best_step": best["step"],
-        "nan_model": best["step"] is not None and best["state"] is None,  # tested: the NaN model (``_nan_validation``)
-        "test_accuracy": test.accuracy,  # the authors' reading (``evaluate``), and the exact one
-        "test_accuracy_exact": test.exact,
-        "test_loss": test.loss,
+        **{name: getattr(reading, name) for name in READ},  # from the records (``readings.choose``)
         "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
         "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
         # how clipping bound: the share of steps whose gradient norm it cut, and the component's share of that norm
@@ -511,6 +544,13 @@ def _metrics(config: Config, rows: list, best: dict, test, step_fn, num_classes:
         "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
         "torch": torch.__version__,
     }
+
+
+READ = ("best_val_accuracy", "best_val_accuracy_exact", "best_step", "nan_model", "test_accuracy")
+READ += ("test_accuracy_exact", "test_loss")
+"""What a run's ``metrics.json`` holds of its records' reading (``readings.Reading``): the checkpoint the authors'
+validation accuracy chooses (``nan_model``: the authors' NaN model, ``_nan_validation``), and its test read as theirs
+(``test_accuracy``) and exactly."""
 
 
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
