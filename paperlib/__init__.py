@@ -14,7 +14,7 @@ Top down:
 - ``analysis``  the paper's tables and tests over saved results, without torch
 - ``records``   what a saved result is, where it lives and how it is read back, without torch
 
-Every command: ``python -m paperlib --help``.
+Every command: ``python -m paperlib --help`` (``COMMANDS``).
 """
 
 import os
@@ -34,6 +34,20 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 
 __version__ = "0.1.0"
 
+COMMANDS = {
+    "finetune": ("paperlib.train.finetune", "one finetuning run as notebook 05 runs it (§5.2), without the notebook"),
+    "plasticity": ("paperlib.measure.plasticity", "P(f) of every component of a model on a dataset (§5.1)"),
+    "sweep": (
+        "paperlib.sweeps.sweep",
+        "a notebook over a parameter grid: planned (--plan), resumable, on GPUs or SLURM",
+    ),
+    "stats": ("paperlib.analysis.summary", "notebook 07's tables for a finetuning sweep's runs, without the notebook"),
+    "precision": ("paperlib.analysis.precision_check", "whether a cheaper precision keeps the paper's conclusions"),
+    "report": ("paperlib.reports.execute", "the demo's HTML reports (report demo), or notebooks re-executed in place"),
+    "demo": ("paperlib.train.demo", "the committed demo ViT: pretrain it again, or evaluate it"),
+}
+"""Each command of ``python -m paperlib`` (``__main__``): its module, whose ``main(argv)`` runs it, and what it does."""
+
 
 class CommandNames:
     """What ``python -m paperlib.<command>`` answers: the command to type, in one line, with exit status 2.
@@ -41,23 +55,19 @@ class CommandNames:
     ``python -m paperlib.sweep`` was the entry point of earlier READMEs; every command is now ``python -m paperlib
     <command>``. Python looks for ``paperlib.<command>`` after importing this package, asking ``sys.meta_path``'s
     finders one after the other; this one, appended last, is asked only when no real module has the name, and it
-    answers only for a command's name (``__main__.COMMANDS``, imported then). Run with ``-m``, its module prints
-    the line and exits; imported from Python code, it raises ModuleNotFoundError saying the same and runs nothing."""
+    answers only for a command's name (``COMMANDS``). Run with ``-m``, its module prints the line and exits;
+    imported from Python code, it raises ModuleNotFoundError saying the same and runs nothing."""
 
     def find_spec(self, fullname: str, path=None, target=None) -> ModuleSpec | None:
         package, _, name = fullname.partition(".")
         if package != __name__ or not name or "." in name:
             return None
-        from paperlib.__main__ import COMMANDS
-
         return ModuleSpec(fullname, self) if name in COMMANDS else None
 
     def create_module(self, spec: ModuleSpec) -> None:
         return None  # a plain module, which exec_module refuses
 
     def exec_module(self, module) -> None:
-        from paperlib.__main__ import COMMANDS
-
         name = module.__name__.partition(".")[2]
         raise ModuleNotFoundError(
             f"{module.__name__} is not a module: {name} is a command, python -m paperlib {name} ... "

@@ -11,19 +11,8 @@ import importlib
 import sys
 import warnings
 
-COMMANDS = {
-    "finetune": ("paperlib.train.finetune", "one finetuning run as notebook 05 runs it (§5.2), without the notebook"),
-    "plasticity": ("paperlib.measure.plasticity", "P(f) of every component of a model on a dataset (§5.1)"),
-    "sweep": (
-        "paperlib.sweeps.sweep",
-        "a notebook over a parameter grid: planned (--plan), resumable, on GPUs or SLURM",
-    ),
-    "stats": ("paperlib.analysis.summary", "notebook 07's tables for a finetuning sweep's runs, without the notebook"),
-    "precision": ("paperlib.analysis.precision_check", "whether a cheaper precision keeps the paper's conclusions"),
-    "report": ("paperlib.reports.execute", "the demo's HTML reports (report demo), or notebooks re-executed in place"),
-    "demo": ("paperlib.train.demo", "the committed demo ViT: pretrain it again, or evaluate it"),
-}
-"""Each command's module (whose ``main(argv)`` runs it) and what it does."""
+from paperlib import COMMANDS  # in the package's __init__, which answers python -m paperlib.<command> too
+from paperlib.records import commands
 
 
 def usage() -> str:
@@ -49,8 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         given = f"unknown command {argv[0]!r}" if argv else "no command"
         print(f"python -m paperlib: {given}; valid commands: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
-    from paperlib.records import commands  # here, so that importing COMMANDS (paperlib.CommandNames) loads nothing
-
     commands.PARSERS[argv[0]]().parse_args(argv[1:])  # --help and a bad option stop here, before torch is imported
     warnings.formatwarning = one_line
     try:

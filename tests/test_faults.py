@@ -8,6 +8,7 @@ taken as finished.
 
 import errno
 import json
+import math
 import os
 import pickle
 import pickletools
@@ -30,7 +31,7 @@ from paperlib.analysis import plasticity_table, summary, tables
 from paperlib.data import datasets, fixtures
 from paperlib.data.loader import uint8_images
 from paperlib.measure import plasticity, probe
-from paperlib.records import measurements, paths, runs, runs_table, specs, storage
+from paperlib.records import measurements, paths, readings, runs, runs_table, specs, storage
 from paperlib.records.names import COMPONENTS
 from paperlib.speed import threads
 from paperlib.sweeps import sweep
@@ -347,22 +348,26 @@ def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_train
     pd.testing.assert_frame_equal(runs.history(config), history)
 
 
-def test_a_run_of_an_earlier_protocol_is_outdated_and_trains_again(small):
-    # a run that records no protocol (or another one: other splits, another warm-up) is never mixed with these
+def test_a_run_of_an_earlier_protocol_is_kept_labelled_and_trained_again_only_when_asked(small, monkeypatch):
+    # a run that another training protocol made (other splits, another warm-up) is a user's result all the same
     config = small()
     metrics = finetune.run(config)
     params_file = config.folder() / runs.PARAMS
     params = json.loads(params_file.read_text())
-    assert params["protocol"] == runs.PROTOCOL and runs.is_finished(config)
-    del params["protocol"]
-    storage.write_json(params_file, params)
-    assert not runs.is_finished(config)
+    assert (params["training"], params["record"]) == (runs.TRAINING, runs.RECORD) and runs.is_finished(config)
+    params = {key: value for key, value in params.items() if key not in runs.VERSIONS} | {"protocol": 2}
+    storage.write_json(params_file, params)  # as protocol 2 wrote it: one number for training and record
+    kept = runs.finished(config)  # kept, never trained again unasked, its accuracies read as what they were: exact
+    assert kept["test_accuracy_exact"] == metrics["test_accuracy"] and math.isnan(kept["test_accuracy"])
     table = runs_table.load()
-    assert table.loc[table["folder"] == str(config.folder()), "status"].tolist() == ["outdated"]
+    assert table["status"].tolist() == ["finished"]
+    assert table["lacks"].tolist() == ["trained by protocol 2; exact accuracies alone; no per-image outcomes"]
+    monkeypatch.setenv(paths.RETRAIN_OLDER, "1")  # sweep --retrain-older
+    assert not runs.is_finished(config)
     again = finetune.run(config)
     assert same_metrics(again) == same_metrics(metrics) and runs.is_finished(config)
-    assert runs_table.load()["status"].tolist() == ["finished"]
-    params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config does not have
+    assert runs_table.load()["lacks"].tolist() == [""]
+    params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config does not have: another run
     storage.write_json(params_file, params)
     assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
 
@@ -461,7 +466,9 @@ def recorded(config: Config, accuracy: float) -> None:
     runs.start(config.folder(), runs.run_record(config))
     rows = [{"step": step, "lr": config.lr, "train_loss": 1 / step, "grad_norm": 1.0} for step in range(1, 11)]
     metrics = {"status": "finished", "best_val_accuracy": accuracy, "best_step": 10, "test_accuracy": accuracy}
-    checkpoints.record(config.folder(), rows, {"step": 10, "state": None}, metrics, save_weights=False)
+    hits = np.arange(100) < 100 * accuracy  # what it saw: as many images right as its accuracy says
+    seen = readings.Outcomes(np.array([10]), hits[None], hits[None], *np.zeros((2, 1)), np.zeros(1, bool))
+    checkpoints.record(config.folder(), rows, seen, (None, 10), metrics)
 
 
 def finetuned(tmp_path: Path) -> Path:
@@ -533,22 +540,35 @@ def test_a_runs_file_changed_in_place_is_named_in_one_line_by_the_first_command_
         assert set(runs_table.histories_of(runs_table.load())["component"]) == set(COMPONENTS) - {"fc1"}
 
 
-def test_results_written_before_checksums_are_outdated_and_made_again(small):
+def test_results_written_before_checksums_are_read_and_upgraded_in_place(small):
     config = small()
     metrics = finetune.run(config)
     folder = config.folder()
-    # as the package wrote them before: the protocol before, the sizes of the files alone, no checksum of their own
-    params = storage.read_json(folder / runs.PARAMS) | {"protocol": runs.PROTOCOL - 1}
+    # as record 4 wrote them: one protocol number, the sizes of the files alone, no checksum of their own
+    params = storage.read_json(folder / runs.PARAMS)
+    params = {key: value for key, value in params.items() if key not in runs.VERSIONS} | {"protocol": 4}
     (folder / runs.PARAMS).write_text(json.dumps(params))
     older = storage.read_json(folder / runs.METRICS)
-    older["files"] = {name: kept["bytes"] for name, kept in older["files"].items()}
+    older["files"] = {name: kept["bytes"] for name, kept in older["files"].items() if name != readings.OUTCOMES}
+    (folder / readings.OUTCOMES).unlink()
     (folder / runs.METRICS).write_text(json.dumps(older))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # outdated, not damaged: no warning
-        assert not runs.is_finished(config) and runs_table.load()["status"].tolist() == ["outdated"]
+        warnings.simplefilter("error")  # older, not damaged: no warning
+        assert runs.finished(config)["test_accuracy"] == metrics["test_accuracy"]
+        assert runs_table.load()["lacks"].tolist() == ["no checksums; no per-image outcomes"]
     with pytest.raises(ValueError, match="metrics.json records no checksum of .*history.csv: written by an earlier"):
         storage.read_json(folder / runs.METRICS, whole=True)
-    assert same_metrics(finetune.run(config)) == same_metrics(metrics) and runs.is_finished(config)
+    history = (folder / runs.HISTORY).read_bytes()
+    assert runs.upgrade(folder) and not runs.upgrade(folder)  # once: then it is a record 5
+    assert storage.read_json(folder / runs.METRICS, whole=True)["test_accuracy"] == metrics["test_accuracy"]
+    assert (folder / runs.HISTORY).read_bytes() == history
+    assert runs_table.load()["lacks"].tolist() == ["no per-image outcomes"]
+    # a record 5 whose checksum was taken away is damaged, not older
+    payload = json.loads((folder / runs.METRICS).read_text())
+    del payload["sha256"]
+    (folder / runs.METRICS).write_text(json.dumps(payload))
+    with pytest.warns(UserWarning, match=r"metrics\.json carries no checksum \(sha256\)"):
+        assert not runs.is_finished(config)
 
 
 @pytest.mark.parametrize("damage", [cut, changed])
@@ -740,7 +760,7 @@ def test_a_run_being_written_elsewhere_leaves_a_specs_counts_whole_numbers(move_
     finetune.run_spec(spec)
     other = Config(component="fc2", lr=0.03, steps=10, warmup=2, eval_every=5, batch_size=16)
     other.folder().mkdir(parents=True)
-    (other.folder() / runs.PARAMS).write_text(json.dumps(runs.run_record(other)))  # begun, no metrics yet
+    storage.write_json(other.folder() / runs.PARAMS, runs.run_record(other))  # begun, no metrics yet
     assert runs_table.load()["trainable_parameters"].isna().any()  # the whole root: a partial run among them
     found, _ = runs_table.for_spec(spec)
     assert found["status"].tolist() == ["finished"]

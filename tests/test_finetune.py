@@ -66,8 +66,10 @@ def test_a_run_with_other_parameters_in_the_same_folder_is_not_taken_for_it(
     # interrupted, must not return the shorter run's metrics when started again
     short = finetune.run(small(steps=4))
     interrupted(small(steps=12), 6, monkeypatch)
-    assert not (small().folder() / "metrics.json").exists()
+    # the shorter run's result stays whole and readable until the longer one replaces it, never taken for it
+    assert run_files.finished(small(steps=4)) == short and not run_files.is_finished(small(steps=12))
     longer = finetune.run(small(steps=12))
+    assert not run_files.is_finished(small(steps=4))
     move_results("uninterrupted")
     assert same_metrics(longer) == same_metrics(finetune.run(small(steps=12))) != same_metrics(short)
     assert longer["best_step"] in (4, 8, 12)
@@ -200,16 +202,18 @@ def test_a_file_dataset_is_decoded_once_in_parallel_then_trained_on(tmp_path, mo
     assert len(list((tmp_path / "data" / "cache").rglob("*.npy"))) == 4
 
 
-def test_a_run_recorded_before_a_new_field_is_outdated(small):
-    finetune.run(small())
+def test_a_run_recorded_before_a_new_field_is_read_as_its_default_and_kept(small):
+    metrics = finetune.run(small())
     params_file = small().folder() / "params.json"
     params = json.loads(params_file.read_text())
     assert run_files.is_finished(small()) and run_files.recorded_difference(small()) == []
     del params["fused"], params["precision"]  # as a run written before Config had these fields
     storage.write_json(params_file, params)
-    # no default stands in for a field the record lacks: the run is another's, to be trained again
-    assert run_files.recorded_difference(small()) == ["fused", "precision"]
-    assert not run_files.is_finished(small())
+    # a field is added with the default that does what runs did before it: the run is this one, of an older version
+    assert run_files.recorded_difference(small()) == [] and run_files.finished(small()) == metrics
+    assert run_files.lacks(run_files.read_params(small().folder())) == ["no fused, precision (read as their default)"]
+    # not another precision's run, though
+    assert run_files.recorded_difference(small(precision="bf16")) is None  # another folder: nothing there
 
 
 def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(results, small):
@@ -334,8 +338,10 @@ def test_weights_asked_of_a_run_that_diverged_before_any_checkpoint_do_not_train
 def test_a_run_trained_again_for_its_weights_is_partial_until_it_ends(monkeypatch, small):
     finetune.run(small())
     interrupted(small(save_weights=True), 6, monkeypatch)
-    assert not (small().folder() / "metrics.json").exists()
-    assert runs_table.load()["status"].tolist() == ["partial"]
+    # the run without weights stays readable beside the one training again; a partial run is no row of the table
+    assert runs_table.load()["status"].tolist() == ["finished"] and not run_files.is_finished(small(save_weights=True))
+    assert finetune.run(small(save_weights=True))["weights"] == "weights.safetensors"
+    assert runs_table.load()["status"].tolist() == ["finished"]
 
 
 def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):

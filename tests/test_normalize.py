@@ -198,15 +198,16 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     assert len(tables.table6(runs[(runs["model"] == "custom/half") & (runs["normalize"] == "model")])) == 1
 
 
-def test_a_run_recorded_before_the_option_is_outdated(home, small):
+def test_a_run_recorded_before_the_option_is_kept_and_read_as_its_default(home, small):
     config = small(**LN2)
     finetune.run(config)
     params = json.loads((config.folder() / "params.json").read_text())
     del params["normalize"]
     storage.write_json(config.folder() / "params.json", params)
     assert runs_table.load()["normalize"].tolist() == ["imagenet"]  # as its metrics.json says
-    # but no default stands in for the field its record lacks: another run, trained again
-    assert run_files.recorded_difference(config) == ["normalize"] and not run_files.is_finished(config)
+    # and the field its record lacks is read as its default, what runs did before it: the run is kept, labelled
+    assert run_files.recorded_difference(config) == [] and run_files.is_finished(config)
+    assert runs_table.load()["lacks"].tolist() == ["no normalize (read as its default)"]
 
 
 def test_plasticity_with_the_models_statistics_is_a_result_of_its_own(home):

@@ -11,6 +11,7 @@ The bottom layer: every other package builds on it, and it imports none of them 
 - ``step_options``  how a run's steps may run (precision, compilation, attention kernel, fused ops) and speed presets
 - ``specs``         sweep specs: read, checked, expanded into their runs' parameters
 - ``methods``       how a run trains its component (``Method``: weights, LoRA, a subset), in one registry
+- ``readings``      what a run saw, image by image, and every accuracy and checkpoint read from it
 - ``runs``          what a finetuning run is (``Run``), its folder, its record and whether it is finished
 - ``runs_table``    every finetuning run as a table: a results root's, a spec's (``for_spec``), their histories
 - ``measurements``  what a plasticity measurement is (``Measurement``), its folder, its record and whether it is current

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paperlib.records import storage
+from paperlib.records import paths, storage
 
 OUTCOMES = "outcomes.npz"
 """The file of a run's per-image outcomes: a row per validation, each image's outcome one bit (``write``)."""
@@ -150,8 +150,8 @@ def read(folder: str | Path) -> Outcomes:
                 nan_model=arrays["nan_model"],
             )
     except (KeyError, ValueError, OSError) as error:
-        raise ValueError(f"{storage.display(folder / OUTCOMES)} cannot be read ({error}; damaged?)") from None
+        raise ValueError(f"{paths.display(folder / OUTCOMES)} cannot be read ({error}; damaged?)") from None
     rows = {len(seen.steps), len(seen.val), len(seen.test), len(seen.val_loss), len(seen.test_loss)}
     if rows != {len(seen.nan_model)}:
-        raise ValueError(f"{storage.display(folder / OUTCOMES)} holds arrays of different lengths (damaged?)")
+        raise ValueError(f"{paths.display(folder / OUTCOMES)} holds arrays of different lengths (damaged?)")
     return seen

@@ -6,11 +6,12 @@
 Counts (any sweep), each run once: ``finished`` (a finetuning run: its results are there as the spec
 asks, ``runs.is_finished``, whether or not the sweep has rendered its report yet; another notebook's
 run: ``sweep.Run.finished``), ``diverged`` (finished, and its ``metrics.json`` says ``"status":
-"diverged"``: a result, which the sweep does not run again), ``older`` (a finetuning run finished by an
-older version of the package: kept and read as it is, upgraded in place where its records suffice, and
-trained again only with ``--retrain-older``: ``older_line``), ``failed`` (not finished, and its last
+"diverged"``: a result, which the sweep does not run again), ``failed`` (not finished, and its last
 try left an ``.error.txt``: the sweep tries it again) and ``missing`` (the rest). The failed and
-missing runs are the ones to run, and the ones estimated.
+missing runs are the ones to run, and the ones estimated. Finished and diverged runs written by an older
+version of the package are kept and read as they are, upgraded in place where their records suffice,
+and trained again only with ``--retrain-older``: one line says how many, and their device-hours
+(``older_line``).
 
 Estimate (finetuning sweeps, notebook 05, only): each run to run costs steps x batch size / images
 per second / 3600 device-hours. Its images/s is its step's (``step_key``: model, component, batch
@@ -42,7 +43,7 @@ from paperlib.speed.step import warmup_steps
 from paperlib.train.config import Config, config_from
 from paperlib.train.step import build_step, network
 
-STATUSES = ("finished", "diverged", "older", "failed", "missing")
+STATUSES = ("finished", "diverged", "failed", "missing")
 TO_RUN = ("failed", "missing")
 """The statuses of the runs a sweep runs (again): those the estimate is for."""
 
@@ -88,7 +89,13 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
     counts.insert(0, "runs", counts.sum(axis=1))
     counts.loc["total"] = counts.sum()
     todo = [row["config"] for row in rows if row["status"] in TO_RUN] if finetuning else None
-    older = [row["config"] for row in rows if row["status"] == "older"]
+    older = [
+        row["config"]
+        for row in rows
+        if finetuning
+        and row["status"] in ("finished", "diverged")
+        and runs.lacks(runs.read_params(row["config"].folder()))
+    ]
     return {
         "counts": counts,
         "estimate": None if todo is None else estimate(todo, timing_steps),
@@ -107,16 +114,14 @@ def older_line(older: list[Config], timing_steps: int = 3) -> str:
     hours = estimate(older, timing_steps)["hours"]
     cost = f"{_hours(hours.sum())} device-hours" if hours.notna().all() else "device-hours unknown here"
     return (
-        f"{len(older)} run{'s' if len(older) > 1 else ''} of an older version: {upgraded} upgraded in place, {len(older) - upgraded} kept as they "
-        f"are; --retrain-older would train them again: {cost}"
+        f"{len(older)} run{'s' if len(older) > 1 else ''} of an older version: {upgraded} upgraded in place, "
+        f"{len(older) - upgraded} kept as they are; --retrain-older would train them again: {cost}"
     )
 
 
 def status(run, config: Config | None = None) -> str:
     """One of ``STATUSES`` for a run of a sweep (``sweep.Run``; ``config``: a finetuning run's, module docstring)."""
     if config is not None and runs.is_finished(config):
-        if runs.lacks(runs.read_params(config.folder())):
-            return "older"
         metrics = storage.json_or_none(config.folder() / runs.METRICS) or {}
         return "diverged" if metrics.get("status") == "diverged" else "finished"
     if config is None and run.finished:
