@@ -85,7 +85,8 @@ def formatted(table: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
         spread = f" ± {row['std']:.{digits}f}" if row["seeds"] > 1 and pd.notna(row["std"]) else ""
         return f"{row['mean']:.{digits}f}{spread} ({int(row['seeds'])})"
 
-    return wide(table.assign(text=table.apply(cell, axis=1)), "text")
+    texts = table.apply(cell, axis=1) if len(table) else pd.Series(dtype=str)  # no run ended: an empty table
+    return wide(table.assign(text=texts), "text")
 
 
 def component_order(column: pd.Series) -> pd.Series:

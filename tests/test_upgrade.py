@@ -1,0 +1,198 @@
+"""Results that outlive the code: a run records what it saw, readings come from the records, an upgrade keeps results.
+
+``tests/fixtures/older_results`` is a results root written by two older versions of the package (its README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import interrupted
+
+from paperlib.records import paths, readings, runs, runs_table
+from paperlib.sweeps import sweep
+from paperlib.train import finetune
+from paperlib.train.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+OLDER = ROOT / "tests" / "fixtures" / "older_results"
+SPEC = OLDER / "spec.yaml"
+KEPT = Config(component="mha", steps=20, batch_size=32, warmup=2, eval_every=10)  # written by record 5
+UPGRADED = Config(component="ln1", steps=20, batch_size=32, warmup=2, eval_every=10)  # written by record 4
+
+
+def older_root(results: Path) -> None:
+    """The fixture's runs, copied into the test's results root."""
+    shutil.copytree(OLDER / "finetune", results / "finetune")
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {file.name: file.read_bytes() for file in sorted(folder.iterdir()) if file.is_file()}
+
+
+def command(*arguments: str, results: Path) -> subprocess.CompletedProcess:
+    """``python -m paperlib <arguments>`` on the results root ``results``, from the repository."""
+    env = os.environ | {"VIT_PLASTICITY_RESULTS": str(results), "VIT_PLASTICITY_REPORTS": str(results / "reports")}
+    return subprocess.run(
+        [sys.executable, "-m", "paperlib", *arguments], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+READ_WITHOUT_TORCH = """
+import json, sys
+from paperlib.records import readings
+seen = readings.read(sys.argv[1])
+print(json.dumps({
+    "authors": readings.choose(seen).__dict__,
+    "at 128": readings.choose(seen, batch=128).__dict__,
+    "exact": readings.choose(seen, batch=None).__dict__,
+    "shape": [list(seen.val.shape), list(seen.test.shape)],
+    "torch": "torch" in sys.modules,
+}))
+"""
+
+
+def test_a_run_keeps_what_it_saw_and_its_metrics_are_read_from_it_without_torch(small, results):
+    config = small(save_weights=True)
+    metrics = finetune.run(config)
+    folder = config.folder()
+    assert readings.OUTCOMES in metrics["files"]
+    env = os.environ | {"VIT_PLASTICITY_RESULTS": str(results)}
+    said = subprocess.run(
+        [sys.executable, "-c", READ_WITHOUT_TORCH, str(folder)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert said.returncode == 0, said.stderr
+    read = json.loads(said.stdout)
+    assert not read["torch"]
+    validations = config.steps // config.eval_every
+    assert read["shape"] == [[validations, 144], [validations, metrics["test_images"]]]  # digits 5-9: 144 val
+    for name in finetune.READ:  # metrics.json is the reading of its records, to the last digit
+        assert read["authors"][name] == metrics[name], name
+    # the exact reading picks its own checkpoint, by the exact validation accuracy
+    assert read["exact"]["best_val_accuracy"] == metrics["best_val_accuracy_exact"] or read["exact"]["best_step"] != (
+        metrics["best_step"]
+    )
+    # and the records agree with a live evaluation of the kept checkpoint on the test split
+    model = finetune.load_model(config)
+    loaders, _, _ = finetune._data(config, torch.device("cpu"))
+    live = finetune.evaluate(model, loaders["test"])
+    assert live.accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-12)
+    assert live.exact == pytest.approx(metrics["test_accuracy_exact"], abs=1e-12)
+    assert live.loss == pytest.approx(metrics["test_loss"], rel=1e-6)
+
+
+def test_readings_take_any_batch_and_order():
+    hits = np.array([[True] * 5 + [False] * 2])  # 7 images, batches of 4: (4/4 + 1/3) / 2
+    assert readings.accuracy(hits, 4)[0] == pytest.approx((1 + 1 / 3) / 2)
+    assert readings.accuracy(hits, None)[0] == pytest.approx(5 / 7)
+    order = np.array([5, 6, 0, 1, 2, 3, 4])  # the wrong ones first: (2/4 + 3/3) / 2
+    assert readings.accuracy(hits, 4, order)[0] == pytest.approx((0.5 + 1) / 2)
+    seen = readings.Outcomes(
+        steps=np.array([10, 20, 30]),
+        val=np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0]], bool),
+        test=np.array([[1, 0], [1, 1], [0, 0]], bool),
+        val_loss=np.zeros(3),
+        test_loss=np.array([3.0, 2.0, 1.0]),
+        nan_model=np.zeros(3, bool),
+    )
+    chosen = readings.choose(seen)  # strictly greater: the first of two equal bests
+    assert (chosen.best_step, chosen.test_accuracy, chosen.test_loss) == (20, 1.0, 2.0)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        readings.accuracy(hits, 0)
+
+
+def test_the_plan_and_the_dry_run_name_runs_of_older_versions(results):
+    older_root(results)
+    plan = command("sweep", str(SPEC), "--plan", results=results)
+    assert plan.returncode == 0, plan.stderr
+    line = "2 runs of an older version: 1 upgraded in place, 1 kept as they are; --retrain-older would train them again"
+    assert line in plan.stdout and "nothing to run: 0 device-hours" in plan.stdout
+    dry = command("sweep", str(SPEC), "--dry-run", results=results)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("(older version: ") == 2 and line in dry.stdout
+    assert "2 finished, 0 to run" in dry.stdout
+
+
+def test_a_sweep_over_older_results_deletes_and_trains_nothing_and_stats_reads_them(results, tmp_path, monkeypatch):
+    older_root(results)
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    monkeypatch.setattr(finetune, "_train", lambda *args: pytest.fail("trained"))
+    kept, upgraded = files_of(KEPT.folder()), files_of(UPGRADED.folder())
+    assert sweep.main([str(SPEC)]) == 0
+    assert files_of(KEPT.folder()) == kept  # as it was, byte for byte
+    now = files_of(UPGRADED.folder())
+    assert now.keys() == upgraded.keys() and now["history.csv"] == upgraded["history.csv"]
+    assert json.loads(now["params.json"])["record"] == 5 and "sha256" in json.loads(now["metrics.json"])
+    before, after = json.loads(upgraded["metrics.json"]), json.loads(now["metrics.json"])
+    assert {k: v for k, v in after.items() if k not in ("files", "sha256")} == {
+        k: v for k, v in before.items() if k != "files"
+    }
+    said = command("stats", str(SPEC), results=results)
+    assert said.returncode == 0, said.stderr
+    assert f"2 runs of {SPEC}: 2 finished; 0 missing" in said.stdout
+    warning = [line for line in said.stderr.splitlines() if "older version" in line]
+    assert len(warning) == 1 and "2 no per-image outcomes" in warning[0] and "Traceback" not in said.stderr
+
+
+def test_retraining_an_older_run_leaves_it_readable_until_the_new_one_is_whole(results, monkeypatch):
+    older_root(results)
+    before = files_of(KEPT.folder())
+    monkeypatch.setenv(paths.RETRAIN_OLDER, "1")  # sweep --retrain-older
+    interrupted(KEPT, 15, monkeypatch)  # killed mid-training, after its first checkpoint
+    assert files_of(KEPT.folder()) == before  # the older result, whole and readable
+    assert (runs.staging(KEPT.folder()) / runs.CHECKPOINT).is_file()
+    table = runs_table.load()  # the run training beside it is no row of the table
+    assert table["status"].tolist() == ["finished", "finished"] and set(table["lacks"]) != {""}
+    monkeypatch.delenv(paths.RETRAIN_OLDER)
+    assert runs.finished(KEPT)["test_accuracy"] == json.loads(before["metrics.json"])["test_accuracy"]
+    monkeypatch.setenv(paths.RETRAIN_OLDER, "1")
+    metrics = finetune.run(KEPT)  # resumes beside it, then replaces it in one step
+    assert readings.OUTCOMES in files_of(KEPT.folder()) and not runs.staging(KEPT.folder()).exists()
+    assert [p.name for p in KEPT.folder().parent.iterdir() if p.name.endswith(".replaced")] == []
+    assert runs.finished(KEPT) == metrics and runs.lacks(runs.read_params(KEPT.folder())) == []
+
+
+def test_a_damaged_or_mistyped_metrics_json_is_named_in_one_line_and_left_out(results):
+    older_root(results)
+    metrics_file = KEPT.folder() / runs.METRICS
+    payload = json.loads(metrics_file.read_text())
+    del payload["sha256"]  # a record of the checksums' era without its own: damaged, whatever it says
+    metrics_file.write_text(json.dumps(payload | {"test_accuracy": 0.99}))
+    said = command("stats", str(SPEC), results=results)
+    assert said.returncode == 0, said.stderr
+    assert f"2 runs of {SPEC}: 1 finished, 1 partial" in said.stdout
+    damaged = [line for line in said.stderr.splitlines() if "carries no checksum" in line]
+    assert len(damaged) == 1 and damaged[0].startswith("warning: ") and "99.00" not in said.stdout
+    upgraded_file = UPGRADED.folder() / runs.METRICS  # a record 4: no checksum to require, but its values checked
+    upgraded_file.write_text(json.dumps(json.loads(upgraded_file.read_text()) | {"test_accuracy": "0.99"}))
+    said = command("stats", str(SPEC), results=results)
+    assert said.returncode == 0 and "Traceback" not in said.stderr and f"2 runs of {SPEC}: 2 partial" in said.stdout
+    assert any("holds values of the wrong kind (test_accuracy '0.99'" in line for line in said.stderr.splitlines())
+
+
+def test_a_symbolic_link_out_of_the_results_root_is_refused_and_what_it_points_to_unchanged(results, tmp_path, small):
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(OLDER / "finetune" / "demo" / "digits" / "mha" / "lr=0.03" / "seed=0", outside)
+    before = files_of(outside)
+    config = small()
+    config.folder().parent.mkdir(parents=True)
+    config.folder().symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"leads out of the results root .*\(a symbolic link\): refused"):
+        finetune.run(config)
+    assert files_of(outside) == before
+    config.folder().unlink()
+    config.folder().mkdir()
+    (config.folder() / runs.METRICS).symlink_to(outside / runs.METRICS)  # a file, this time
+    with pytest.raises(ValueError, match="leads out of the results root"):
+        finetune.train(config)
+    said = command("finetune", "--steps", "12", "--batch-size", "16", "--lr", "0.05", results=results)
+    assert said.returncode == 2 and said.stderr.count("\n") == 1 and "leads out of the results root" in said.stderr
+    assert files_of(outside) == before
