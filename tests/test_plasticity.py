@@ -452,19 +452,18 @@ def test_another_cifar10c_severity_gets_a_folder_of_its_own(monkeypatch, tmp_pat
     assert Measurement("demo", "digits_c/snow", severity=3).folder() == Measurement("demo", "digits_c/snow").folder()
 
 
-def test_a_result_saved_before_its_record_held_a_key_or_its_blocks_is_measured_again(move_results):
+def test_a_result_saved_before_its_record_held_a_key_or_its_blocks_is_measured_again_one_before_checksums_kept(
+    move_results,
+):
     move_results(".")
     measurement = Measurement(n_pairs=4)
     _, folder = plasticity.run(measurement, batch_size=4, progress=False)
     record = json.loads((folder / measurements.METADATA).read_text())
     assert set(measurements.KEY + measurements.FOUND) <= record.keys() and measurement.is_saved()
-    for older in ("reference", "sample", "normalize", "severity", "distinct_target", "blocks", "record"):
+    for older in ("reference", "sample", "normalize", "severity", "distinct_target", "blocks"):
         if older == "blocks":  # saved before the P(f) per block was: no file, none in the record
             (folder / measurements.BLOCKS).unlink()
             written = record | {"files": {measurements.RATES: record["files"][measurements.RATES]}}
-        elif older == "record":  # saved before checksums were: the sizes of its files alone
-            sizes = {name: kept["bytes"] for name, kept in record["files"].items()}
-            written = {name: value for name, value in record.items() if name != "record"} | {"files": sizes}
         else:
             written = {name: value for name, value in record.items() if name != older}
         storage.write_json(folder / measurements.METADATA, written)
@@ -474,9 +473,16 @@ def test_a_result_saved_before_its_record_held_a_key_or_its_blocks_is_measured_a
         assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
         assert measurement.is_saved() and len(plasticity_table.collect()) == 5
         record = json.loads((folder / measurements.METADATA).read_text())
+    # saved before checksums were: the sizes of its files alone; the tables read it, so it is kept as it is
+    sizes = {name: kept["bytes"] for name, kept in record["files"].items()}
+    written = {name: value for name, value in record.items() if name not in ("record", "sha256")} | {"files": sizes}
+    (folder / measurements.METADATA).write_text(json.dumps(written))
+    assert measurement.is_saved()
+    with pytest.warns(UserWarning, match=r"read as they are: .*\(record 1\)"):
+        assert len(plasticity_table.collect()) == 5
 
 
-def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(move_results):
+def test_a_result_of_earlier_splits_is_kept_read_and_measured_again_only_when_asked(move_results, monkeypatch):
     move_results(".")
     measurement = Measurement(n_pairs=4)
     _, folder = plasticity.run(measurement, batch_size=4, progress=False)
@@ -484,9 +490,11 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     assert metadata["splits"] == names.SPLITS_VERSION and measurement.is_saved()
     del metadata["splits"]  # a result from before the authors' splits
     storage.write_json(folder / "metadata.json", metadata)
+    assert measurement.is_saved()  # a user's result: kept
+    with pytest.warns(UserWarning, match=r"written by an older version, read as they are: .*digits \(splits 1\)"):
+        assert len(plasticity_table.collect()) == 5
+    monkeypatch.setenv(paths.RETRAIN_OLDER, "1")
     assert not measurement.is_saved()
-    with pytest.warns(UserWarning, match="earlier test splits"):
-        assert plasticity_table.collect().empty
     assert plasticity.measure_missing([measurement], batch_size=4) == [measurement]
     assert measurement.is_saved() and len(plasticity_table.collect()) == 5
     metadata = json.loads((folder / "metadata.json").read_text())
@@ -494,8 +502,9 @@ def test_a_result_of_earlier_splits_is_measured_again_and_left_out_of_collect(mo
     del metadata["pairs"]  # a result of each image once, before the authors' pair set
     storage.write_json(folder / "metadata.json", metadata)
     assert not measurement.is_saved()
-    with pytest.warns(UserWarning, match="pair sets"):
-        assert plasticity_table.collect().empty
+    monkeypatch.delenv(paths.RETRAIN_OLDER)
+    with pytest.warns(UserWarning, match=r"\(pairs 1\)"):
+        assert len(plasticity_table.collect()) == 5
 
 
 def test_measure_missing_measures_a_missing_result_and_skips_a_present_one(monkeypatch, tmp_path, move_results):

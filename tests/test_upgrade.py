@@ -77,8 +77,9 @@ def test_a_run_keeps_what_it_saw_and_its_metrics_are_read_from_it_without_torch(
     for name in finetune.READ:  # metrics.json is the reading of its records, to the last digit
         assert read["authors"][name] == metrics[name], name
     # the exact reading picks its own checkpoint, by the exact validation accuracy
-    assert read["exact"]["best_val_accuracy"] == metrics["best_val_accuracy_exact"] or read["exact"]["best_step"] != (
-        metrics["best_step"]
+    assert (
+        read["exact"]["best_val_accuracy"] == metrics["best_val_accuracy_exact"]
+        or read["exact"]["best_step"] != (metrics["best_step"])
     )
     # and the records agree with a live evaluation of the kept checkpoint on the test split
     model = finetune.load_model(config)

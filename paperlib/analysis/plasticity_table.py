@@ -125,21 +125,24 @@ def collect(
     normalised as ``normalize`` says (the paper's ``imagenet`` by default; None: all), and whose
     reference images were ``reference`` (``"default"``: each dataset's ``default_reference``; a
     name; None: all), and, for Cifar10-C, whose corruption had ``severity`` (the paper's 5; None:
-    all): a model and dataset measured several ways would otherwise count twice. Outdated results (``current``:
-    earlier test splits, pair sets or records) are left out with a warning that names them. The results read are
+    all): a model and dataset measured several ways would otherwise count twice. Results of an older version
+    (``measurements.lacks``: earlier test splits, pair sets or records) are read as they are, named in a warning;
+    those the tables cannot read (``measurements.readable``) are left out, named too. The results read are
     those of ``inputs`` (``measurements.results_root``).
     """
     if sample is not None:
         measurements.check_sample(sample)
     if normalize is not None:
         check_normalize(normalize)
-    rows, outdated = [], []
+    rows, outdated, older = [], [], []
     for metadata_file in sorted(measurements.results_root(inputs).rglob(measurements.METADATA)):
         try:  # a damaged result: left out, named in a warning (and measured again: Measurement.is_saved)
             metadata = storage.read_json(metadata_file)
-            if not measurements.current(metadata):
+            if not measurements.readable(metadata):
                 outdated.append(paths.display(metadata_file.parent))
                 continue
+            if not measurements.current(metadata):  # kept and read as it is: named once below
+                older.append(f"{paths.display(metadata_file.parent)} ({', '.join(measurements.lacks(metadata))})")
             if not _asked_for(metadata, sample, seed, normalize, reference, severity):
                 continue
             per_block = blocks(metadata_file.parent)
@@ -163,9 +166,9 @@ def collect(
     table["seed"] = table["seed"].astype("Int64")
     table["token_rms"] = table["token_rms"].astype(float)
     if outdated:
-        warnings.warn(
-            f"results of earlier test splits, pair sets or records left out (measure them again): {', '.join(outdated)}"
-        )
+        warnings.warn(f"results of earlier records left out, which the tables cannot read: {', '.join(outdated)}")
+    if older:
+        warnings.warn(f"results written by an older version, read as they are: {', '.join(older)}")
     return table
 
 

@@ -2,7 +2,8 @@
 
 ``Measurement`` is one measurement as its record holds it, checked without torch (``measure.plasticity.Measurement``
 checks it against the stack too and measures it). Its record (``Measurement.metadata``) is written by ``run`` and read
-back by ``analysis.plasticity_table``; an older one is outdated (``current``), measured again and never read.
+back by ``analysis.plasticity_table``; an older one is kept and read as it is, labelled (``lacks``), and measured
+again only when the tables cannot read it (``readable``) or when asked (``paths.retrain_older``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def default_reference(dataset: str) -> str:
     The demo world's ``digits_source`` for its datasets (``names.DEMO_FAMILIES``), ImageNet (the paper's) for every
     other, a custom dataset's included."""
     return "digits_source" if family(dataset) in DEMO_FAMILIES else "imagenet"
+
+
+def readable(metadata: dict) -> bool:
+    """Whether a saved record, of any version, holds what the tables read.
+
+    That is every name of ``KEY`` and ``FOUND``, and its ``BLOCKS``."""
+    return set(KEY + FOUND) <= metadata.keys() and BLOCKS in metadata.get("files", {})
+
+
+def lacks(metadata: dict) -> list[str]:
+    """What a saved record of an older version differs in from today's ``VERSION``, a phrase each; [] for today's."""
+    return [f"{name} {metadata.get(name, 1)}" for name, version in VERSION.items() if metadata.get(name, 1) != version]
 
 
 def current(metadata: dict) -> bool:
@@ -151,9 +164,14 @@ class Measurement:
         return self.key() | {"n_pairs_requested": self.n_pairs, "loader_batch": loader_batch} | found | VERSION
 
     def is_saved(self) -> bool:
-        """Whether ``folder()`` holds a complete result of today's record (``current``).
+        """Whether ``folder()`` holds a complete result: today's (``current``), or an older one the tables read.
 
-        Complete: its ``METADATA`` (written last) whole, and current, with the files it records, each the one written
-        (their checksums: ``storage.json_or_none``; a damaged one is named in a warning and measured again)."""
+        Complete: its ``METADATA`` (written last) whole, with the files it records, each the one written (their
+        checksums, or sizes for a record before them: ``storage.json_or_none``; a damaged one is named in a warning
+        and measured again). A result of an older version (``lacks``) is kept and read as it is, measured again
+        only if it is not ``readable`` or when asked (``paths.retrain_older``)."""
         record = self.folder() / METADATA
-        return current(storage.json_or_none(record) or {}) and storage.json_or_none(record, whole=True) is not None
+        metadata = storage.json_or_none(record) or {}
+        kept = current(metadata) or (readable(metadata) and not paths.retrain_older())
+        whole = metadata.get("record") == VERSION["record"]
+        return kept and storage.json_or_none(record, whole=whole) is not None

@@ -233,9 +233,11 @@ def read_checked(record: str | Path, name: str) -> bytes:
     """The bytes of the file ``name`` beside the JSON ``record`` that holds its checksum, checked against it.
 
     ``record``: a run's ``metrics.json``, a result's ``metadata.json``. A ValueError naming the file if it is not the
-    one written (or ``read_json``'s, for the record): a damaged file is never read as a result."""
+    one written (or ``read_json``'s, for the record): a damaged file is never read as a result. A record written before
+    checksums holds the file's size alone: that is what is checked (a result of an older version, read as it is)."""
     record = Path(record)
-    _check(record, name, read_json(record).get("files", {}).get(name))
+    kept = read_json(record).get("files", {}).get(name)
+    _check(record, name, kept, whole=not isinstance(kept, int))
     return (record.parent / name).read_bytes()
 
 
