@@ -35,7 +35,7 @@ import torch
 
 from paperlib.analysis import plasticity_table
 from paperlib.measure import component_rates, plasticity
-from paperlib.records import cli, runs, specs
+from paperlib.records import cli, readings, runs, specs
 from paperlib.records.names import CONFIGURATIONS
 from paperlib.train import checkpoints, finetune
 from paperlib.train.config import configs
@@ -105,6 +105,7 @@ def build(root: Path, **only) -> int:
         test = accuracy(config, paper, rng)
         runs.start(config.folder(), runs.run_record(config))
         rows, best = history(config, test, rng)
+        seen = outcomes(config, rows, test, rng)
         exact = rng.uniform(-5e-4, 5e-4)  # the exact test accuracy beside the per-batch mean
         metrics = {
             "status": "finished",
@@ -123,8 +124,56 @@ def build(root: Path, **only) -> int:
             "device": "NVIDIA H100 80GB HBM3",
             "precision": config.precision,
         }
-        checkpoints.record(config.folder(), rows, best, metrics, config.save_weights)
+        checkpoints.record(config.folder(), rows, seen, (None, best["step"]), metrics)
     return len(todo)
+
+
+SPLIT_IMAGES = {"cifar10": (10_000, 10_000), "cifar100": (10_000, 10_000), "flowers102": (1_020, 6_149)}
+SPLIT_IMAGES |= {"pets": (736, 3_669), "domainnet/clipart": (7_701, 9_626), "domainnet/sketch": (11_262, 14_077)}
+SPLIT_IMAGES |= {f"cifar10c/{name}": (1_600, 2_000) for name in ("contrast", "gaussian_noise", "motion_blur", "snow")}
+SPLIT_IMAGES["cifar10c/speckle_noise"] = (1_600, 2_000)
+"""(validation, test) images of each dataset of the grid: docs/fidelity.md's sizes; DomainNet's domains (48,129 and
+70,386 images) cut 80/20 into train and test, the train 80/20 into train and validation, as the package reads them."""
+
+
+def outcomes(config, rows: list[dict], test: float, rng: np.random.Generator) -> readings.Outcomes:
+    """What a run of ``config`` saw (``readings.Outcomes``), drawn.
+
+    At each validation of ``rows``, each validation image is right with the probability of its accuracy there, each
+    test image with ``test``'s."""
+    n_val, n_test = SPLIT_IMAGES[config.dataset]
+    validations = [row for row in rows if finetune.evaluates(row["step"], config)]
+    accuracy = np.array([row["val_accuracy"] for row in validations])
+    return readings.Outcomes(
+        steps=np.array([row["step"] for row in validations]),
+        val=rng.random((len(validations), n_val)) < accuracy[:, None],
+        test=rng.random((len(validations), n_test)) < test,
+        val_loss=np.array([row["val_loss"] for row in validations]),
+        test_loss=np.full(len(validations), 1 - test),
+        nan_model=np.zeros(len(validations), bool),
+    )
+
+
+def record_sizes(root: Path) -> pd.DataFrame:
+    """What a run's per-image records cost, per dataset of the grid.
+
+    The validations of a run, the size of its ``readings.OUTCOMES`` (one run, written by ``outcomes`` at an accuracy
+    of 0.9 into ``root``), and the forward passes the test at every validation adds, against those of its training
+    steps (a training image taken as 3 forward passes: forward and backward)."""
+    spec = specs.load_spec(ROOT / SPEC)
+    rows = []
+    for dataset in SPLIT_IMAGES:
+        config = next(c for c in configs(specs.restrict(spec, dataset=[dataset], component=["mha"])))
+        steps = [{"step": step, "val_accuracy": 0.9, "val_loss": 0.3} for step in range(1, config.steps + 1)]
+        seen = outcomes(config, steps, 0.9, np.random.default_rng(0))
+        kept = readings.write(root / f"{dataset.replace('/', '_')}.npz", seen)
+        n_val, n_test = SPLIT_IMAGES[dataset]
+        extra = (len(seen.steps) - 1) * n_test  # the test at each validation, less the one at the end it replaces
+        rows.append(
+            {"dataset": dataset, "validations": len(seen.steps), "val": n_val, "test": n_test, "bytes": kept["bytes"]}
+            | {"extra_forward": extra, "share_of_training": extra / (3 * config.steps * config.batch_size)}
+        )
+    return pd.DataFrame(rows)
 
 
 def run_rng(config) -> np.random.Generator:
@@ -237,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.grid", description=__doc__.split("\n")[0], formatter_class=cli.Help
     )
-    parser.add_argument("what", choices=["build", "time"], help="write the grid's results tree, or time its analysis")
+    parser.add_argument(
+        "what",
+        choices=["build", "time", "records"],
+        help="write the grid's results tree, time its analysis, or print what a run's per-image records cost",
+    )
     parser.add_argument(
         "--root", type=Path, default=ROOT / "results-grid", help="its results root; default: results-grid"
     )
@@ -248,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{build_plasticity(root)} P(f) results written beside them")
         files = [f for f in root.rglob("*") if f.is_file()]
         print(f"{len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.0f} MB")
+        return 0
+    if args.what == "records":
+        with tempfile.TemporaryDirectory() as folder:
+            table = record_sizes(Path(folder))
+        print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        print(f"the grid's 924 runs (84 a dataset): {table['bytes'].sum() * 84 / 1e6:.1f} MB")
         return 0
     print(time_all(root).to_string(index=False))
     return 0

@@ -161,6 +161,26 @@ def test_retraining_an_older_run_leaves_it_readable_until_the_new_one_is_whole(r
     assert runs.finished(KEPT) == metrics and runs.lacks(runs.read_params(KEPT.folder())) == []
 
 
+def test_a_replacement_cut_between_its_two_renames_is_finished_by_the_next_reader(results, monkeypatch):
+    older_root(results)
+    monkeypatch.setenv(paths.RETRAIN_OLDER, "1")
+    rename = os.replace
+
+    def killed_before_the_second(source, target):  # the old result moved aside, the new one not yet in its place
+        if Path(source) == runs.staging(KEPT.folder()):
+            raise KeyboardInterrupt("killed between the renames")
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", killed_before_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        finetune.run(KEPT)
+    monkeypatch.setattr(os, "replace", rename)
+    assert not KEPT.folder().exists()  # the old result aside, the new one whole beside it
+    metrics = runs.finished(KEPT)
+    assert metrics is not None and readings.OUTCOMES in metrics["files"]
+    assert sorted(p.name for p in KEPT.folder().parent.iterdir() if p.is_dir()) == ["seed=0"]
+
+
 def test_a_damaged_or_mistyped_metrics_json_is_named_in_one_line_and_left_out(results):
     older_root(results)
     metrics_file = KEPT.folder() / runs.METRICS

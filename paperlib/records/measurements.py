@@ -80,7 +80,8 @@ def lacks(metadata: dict) -> list[str]:
 def current(metadata: dict) -> bool:
     """Whether a saved record is today's: its ``VERSION``, every name of ``KEY`` and ``FOUND``, and its ``BLOCKS``.
 
-    Another is outdated (no default stands in for what it lacks): measured again (``Measurement.is_saved``)."""
+    Another is of an older version: kept and read as it is if ``readable``, else measured again
+    (``Measurement.is_saved``)."""
     return (
         all(metadata.get(name) == version for name, version in VERSION.items())
         and set(KEY + FOUND) <= metadata.keys()

@@ -438,6 +438,7 @@ def finished(config: Run) -> dict | None:
     keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``). A run of an older
     version is finished as it is (``lacks``), unless ``paths.retrain_older()``: never trained again unasked."""
     folder = config.folder()
+    recover(folder)
     params = read_params(folder)
     if params is None:
         return None
@@ -482,14 +483,34 @@ def staging(folder: Path) -> Path:
 def replace(folder: Path, work: Path) -> None:
     """Put the run that ended in ``work`` (``start``'s) in ``folder``'s place; nothing to do if it trained there.
 
-    Two renames on one disk: the result it replaces is moved aside, then deleted once the new one is in place."""
+    Two renames on one disk: the result it replaces is moved aside, then deleted once the new one is in place. A
+    replacement cut between them is finished by the next ``finished`` of the run (``recover``)."""
     if work == folder:
         return
-    aside = folder.parent / f".{folder.name}.replaced"
+    aside = _aside(folder)
     shutil.rmtree(aside, ignore_errors=True)
     os.replace(folder, aside)
     os.replace(work, folder)
     shutil.rmtree(aside)
+
+
+def _aside(folder: Path) -> Path:
+    """Where ``replace`` moves the result it replaces: ``.<folder name>.replaced`` beside it."""
+    return folder.parent / f".{folder.name}.replaced"
+
+
+def recover(folder: Path) -> None:
+    """Finish a ``replace`` of ``folder`` that was cut between its renames (a process killed there).
+
+    Its new result is whole (its ``metrics.json`` was written before): it goes in place and the old one, aside, goes.
+    Nothing to do otherwise."""
+    aside = _aside(folder)
+    if not aside.exists():
+        return
+    if not folder.exists() and (staging(folder) / METRICS).exists():
+        os.replace(staging(folder), folder)
+    if folder.exists():
+        shutil.rmtree(aside)
 
 
 def check_inside(folder: Path) -> Path:

@@ -160,16 +160,15 @@ def at_least_one(found: pd.DataFrame, what: str, missing: pd.DataFrame | None = 
 
     ``found``: ``for_spec``'s runs of ``what``, a spec's name. The ValueError says where none was found (``stats``,
     ``precision`` and the notebooks that read runs) and, from ``missing`` (``for_spec``'s), how many of the spec's
-    folders hold runs of other parameters, and the parameters that differ most often: runs whose records lack a field
-    of ``Config`` are there, but outdated."""
+    folders hold runs of other parameters, and the parameters that differ most often."""
     if found.empty:
         message = f"no run of {what} under {paths.display(finetune_root())}"
         other = [] if missing is None else [reason for reason in missing["reason"] if reason != "no run"]
         if other:
             common = Counter(other).most_common(1)[0][0].removeprefix("different parameters: ")
             message += (
-                f"; {len(other)} of its folders hold runs of other parameters, which its sweep trains again (most "
-                f"often {common}; a parameter missing from a run's record is one the package added since)"
+                f"; {len(other)} of its folders hold runs of other parameters, which its sweep replaces, each once its "
+                f"new run is whole (most often {common})"
             )
         raise ValueError(message)
     return found
