@@ -9,9 +9,12 @@ the training stack; ``train.config.Config``, the run as the package makes it, ad
 
 Each run owns ``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>[suffixes]/``
 (``Run.folder``; a suffix for each choice that is not the paper's, so such a run never
-replaces one of the paper's) with ``params.json`` (``run_record``: what was asked),
-``history.csv``, ``metrics.json`` (written last, with the checksums of the files before it: a run with it,
-whole, is finished) and, while it runs, ``checkpoint.pt``; with ``save_weights``, ``weights.safetensors``.
+replaces one of the paper's) with ``params.json`` (``run_record``: what was asked, and the versions that wrote it),
+``history.csv``, ``outcomes.npz`` (what it saw, image by image: ``readings``), ``metrics.json`` (written last, with
+the checksums of the files before it: a run with it, whole, is finished) and, while it runs, ``checkpoint.pt``; with
+``save_weights``, ``weights.safetensors``. What changes how a run trains is its fields and ``TRAINING``; how it is
+read is ``RECORD`` and ``readings``: a run of an older version is kept and read as it is (``lacks``), and one trained
+again replaces it only once whole (``start``, ``replace``).
 One process at a time trains a run (``finetune`` holds ``storage.locked(folder)``). ``finished(config)`` (its
 metrics, or None) is the one answer to "is this run finished as asked" (the sweep's markers ask it too). Reading
 results (``runs_table``) needs no ``Config`` and loads no torch.
