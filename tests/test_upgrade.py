@@ -17,7 +17,8 @@ import pytest
 import torch
 from conftest import interrupted
 
-from paperlib.records import paths, readings, runs, runs_table
+from paperlib.measure import plasticity
+from paperlib.records import paths, readings, runs, runs_table, storage
 from paperlib.sweeps import sweep
 from paperlib.train import finetune
 from paperlib.train.config import Config
@@ -217,3 +218,18 @@ def test_a_symbolic_link_out_of_the_results_root_is_refused_and_what_it_points_t
     said = command("finetune", "--steps", "12", "--batch-size", "16", "--lr", "0.05", results=results)
     assert said.returncode == 2 and said.stderr.count("\n") == 1 and "leads out of the results root" in said.stderr
     assert files_of(outside) == before
+
+
+def test_the_dry_run_names_plasticity_results_of_an_older_version(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    measurement = plasticity.Measurement(n_pairs=4)
+    _, folder = plasticity.run(measurement, batch_size=4, progress=False)
+    metadata = json.loads((folder / "metadata.json").read_text())
+    del metadata["splits"]  # a result from before the authors' splits
+    storage.write_json(folder / "metadata.json", metadata)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("notebook: notebooks/02_plasticity.ipynb\nname: '{dataset}'\ngrid:\n  dataset: [digits]\n")
+    assert sweep.main([str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "finished  digits" in out and "(older version: splits 1)" in out
+    assert "1 results of an older version, kept as they are; --retrain-older would make them again" in out

@@ -55,7 +55,7 @@ import torch
 
 from paperlib.data import datasets
 from paperlib.measure import plasticity
-from paperlib.records import cli, commands, paths, runs, specs, storage
+from paperlib.records import cli, commands, measurements, paths, runs, specs, storage
 from paperlib.records.names import check_normalize
 from paperlib.reports import execute
 from paperlib.speed import devices, threads
@@ -464,26 +464,35 @@ def main(argv: list[str] | None = None) -> int:
                 note += f"  (older version: {'; '.join(older[run.name])})" if run.name in older else ""
                 print(f"{'finished' if run.name in names else 'to run':8}  {run.name}  {run.parameters}{note}")
             print(f"\n{len(finished)} finished, {len(found) - len(finished)} to run{_unreported(finished)}")
-            configs = [config_from(run.parameters) for run in found if run.name in older]
-            print(plan.older_line(configs) or "no run of an older version")
+            if found and found[0].notebook.stem == runs.NOTEBOOK:
+                print(plan.older_line([config_from(run.parameters) for run in found if run.name in older]))
+            elif older:  # plasticity results: measured again with --retrain-older
+                print(
+                    f"{len(older)} results of an older version, kept as they are; --retrain-older would make them again"
+                )
             return 0
-        runs = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
+        swept = run_sweep(spec, args.executor, gpus, html=args.html, report_finished=args.reports)
     except (*cli.BAD_INPUT, RuntimeError) as error:
         return cli.fail(error)
-    for run in runs:
+    for run in swept:
         detail = run.reason if run.status == "failed" else STATUSES[run.status] if run.status == "other" else ""
         print(f"{run.status:8}  {run.name}  {run.seconds:7.1f} s  {detail}".rstrip())
-    counts = ", ".join(f"{sum(r.status == status for r in runs)} {words}" for status, words in STATUSES.items())
-    print(f"\n{counts}{_unreported([r for r in runs if r.status == 'skipped'])}")
+    counts = ", ".join(f"{sum(r.status == status for r in swept)} {words}" for status, words in STATUSES.items())
+    print(f"\n{counts}{_unreported([r for r in swept if r.status == 'skipped'])}")
     print(f"reports: {paths.reports_dir() / 'index.html'}")
-    return 1 if any(r.status == "failed" for r in runs) else 0
+    return 1 if any(r.status == "failed" for r in swept) else 0
 
 
 def _lacks(run: Run) -> list[str]:
-    """What a finished finetuning run written by an older version lacks (``runs.lacks``); [] for any other run."""
-    if run.notebook.stem != runs.NOTEBOOK:
-        return []
-    return runs.lacks(runs.read_params(config_from(run.parameters).folder()) or {})
+    """What a finished run's result written by an older version lacks; [] for today's, and for any other notebook's.
+
+    A finetuning run's (``runs.lacks``), a plasticity measurement's (``measurements.lacks``)."""
+    if run.notebook.stem == runs.NOTEBOOK:
+        return runs.lacks(runs.read_params(config_from(run.parameters).folder()) or {})
+    if run.notebook.stem == plasticity.NOTEBOOK:
+        record = measurement(run.parameters, run.notebook).folder() / measurements.METADATA
+        return measurements.lacks(storage.json_or_none(record) or measurements.VERSION)
+    return []
 
 
 def _unreported(finished: list[Run]) -> str:
