@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from paperlib.analysis import plasticity_table
+from paperlib.data.corruptions import CORRUPTIONS
 from paperlib.measure import component_rates, plasticity
 from paperlib.records import cli, readings, runs, specs
 from paperlib.records.names import CONFIGURATIONS
@@ -130,8 +131,7 @@ def build(root: Path, **only) -> int:
 
 SPLIT_IMAGES = {"cifar10": (10_000, 10_000), "cifar100": (10_000, 10_000), "flowers102": (1_020, 6_149)}
 SPLIT_IMAGES |= {"pets": (736, 3_669), "domainnet/clipart": (7_701, 9_626), "domainnet/sketch": (11_262, 14_077)}
-SPLIT_IMAGES |= {f"cifar10c/{name}": (1_600, 2_000) for name in ("contrast", "gaussian_noise", "motion_blur", "snow")}
-SPLIT_IMAGES["cifar10c/speckle_noise"] = (1_600, 2_000)
+SPLIT_IMAGES |= {f"cifar10c/{name}": (1_600, 2_000) for name in CORRUPTIONS}
 """(validation, test) images of each dataset of the grid: docs/fidelity.md's sizes; DomainNet's domains (48,129 and
 70,386 images) cut 80/20 into train and test, the train 80/20 into train and validation, as the package reads them."""
 

@@ -312,8 +312,8 @@ def run_record(config: Run | dict) -> dict:
     ``config``: a ``Config``, or its fields as a dict (``spec_records``' runs, made without one)."""
     fields = config if isinstance(config, dict) else asdict(config)
     fingerprints = config_fingerprints(fields)
-    versions = {"training": TRAINING, "record": RECORD}
-    return fields | versions | ({"fingerprints": fingerprints} if fingerprints else {})
+    written_by = {"training": TRAINING, "record": RECORD}
+    return fields | written_by | ({"fingerprints": fingerprints} if fingerprints else {})
 
 
 OUTPUT_ONLY = ("save_weights",)

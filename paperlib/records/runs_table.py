@@ -80,7 +80,8 @@ def load(root: str | Path | None = None) -> pd.DataFrame:
 
 def _run_row(folder: Path, params: dict) -> dict:
     """The runs table's row of the run in ``folder`` whose ``params.json`` holds ``params``."""
-    row = {key: (Run.defaults() | params).get(key) for key in KEYS} | {"folder": str(folder)}
+    asked = Run.defaults() | params  # a field added since: its default, what the run did
+    row = {key: asked.get(key) for key in KEYS} | {"folder": str(folder)}
     metrics = read_metrics(folder, params)
     row |= metrics if metrics is not None else {"status": "partial"}
     return row | {"lacks": "; ".join(lacks(params))}

@@ -151,7 +151,7 @@ def write_checked(path: str | Path, write: Callable[[str], None]) -> dict:
 
     def written(tmp: str) -> None:
         write(tmp)
-        kept.update(bytes=os.path.getsize(tmp), sha256=_sha256(tmp))
+        kept.update(kept_of(tmp))
 
     atomic_write(path, written)
     return kept

@@ -490,8 +490,8 @@ def _lacks(run: Run) -> list[str]:
     if run.notebook.stem == runs.NOTEBOOK:
         return runs.lacks(runs.read_params(config_from(run.parameters).folder()) or {})
     if run.notebook.stem == plasticity.NOTEBOOK:
-        record = measurement(run.parameters, run.notebook).folder() / measurements.METADATA
-        return measurements.lacks(storage.json_or_none(record) or measurements.VERSION)
+        metadata = storage.json_or_none(measurement(run.parameters, run.notebook).folder() / measurements.METADATA)
+        return measurements.lacks(metadata) if metadata else []
     return []
 
 
