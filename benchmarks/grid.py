@@ -4,7 +4,7 @@
     python -m benchmarks.grid time     # stats, sweep --plan, notebooks 06 and 07 on it: wall time and peak memory
 
 ``build`` writes every run of ``parameters/sweeps/finetune_paper.yaml`` through the package's own writers
-(``runs.start``, then ``runs.record``: ``params.json``, ``history.csv``, ``metrics.json``), each history
+(``runs.start``, then ``checkpoints.record``: ``params.json``, ``history.csv``, ``metrics.json``), each history
 at its real length (a row per step: about 10 million rows), seeded: the same tree on every machine. Its runs look
 like real ones: test accuracies drawn around the paper's Table 6 (``parameters/paper/table6.csv``, its
 transcription), best validation steps spread over training, gradient norms per configuration and learning rate as

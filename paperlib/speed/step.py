@@ -403,6 +403,6 @@ def make_step(
     step has its optimizer (``make_optimizer`` of the ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``,
     ``momentum``, ``weight_decay``) and is a ``Step`` of ``options`` (checked: ``StepOptions.checked``) at
     ``batch_size``, clipping at global norm ``clip``, ``micro_batch`` (0: the whole batch, split while the GPU runs
-    out of memory). ``step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
+    out of memory). ``Step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
     trains with, and what the step benchmarks time."""
     return Step(model, make_optimizer(model, optimizer), options, batch_size, clip, micro_batch, progress)

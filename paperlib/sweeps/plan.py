@@ -78,7 +78,7 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
                     f"({', '.join(asked)}): plan it without --precision"
                 )
             # another precision as the runs would be asked for it: Config checks it (an unknown name, one the runs'
-            # device lacks) and a speed preset not offered in it is refused (``speed.options.offered``)
+            # device lacks) and a speed preset not offered in it is refused (``step_options.offered``)
             configs = [config_from({**run.parameters, "precision": precision}) for run in found]
         rows = [{"dataset": c.dataset, "status": status(run, c), "config": c} for run, c in zip(found, configs)]
     else:  # Run.finished compares its marker with the custom inputs as they are now (fingerprinted)

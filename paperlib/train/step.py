@@ -47,7 +47,7 @@ def build_step(config: Config, model: nn.Module, progress: bool = False) -> Step
 
     ``model``: the run's network (pretrained or random, with its head, on the run's device), not yet adapted. The
     step (``speed.step.make_step``) trains the parameters ``adapt`` left trainable with the run's optimizer
-    (``Config.optimizer``, ``lr``, ``momentum``, ``weight_decay``; ``step.optimizer``, for the schedule and the
+    (``Config.optimizer``, ``lr``, ``momentum``, ``weight_decay``; ``Step.optimizer``, for the schedule and the
     checkpoints), its step options (``Config.checked_options``: compilation, attention kernel, precision, fused ops),
     at its ``batch_size``, clipping at its ``clip``, in its ``micro_batch`` (0: the whole batch, split while the GPU
     runs out of memory; ``progress``: say so)."""

@@ -10,7 +10,7 @@ Where component-wise finetuning (``components.set_trainable``) trains a componen
 themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
 ``r``, scaled by ``alpha / r``) beside each of the component's weight matrices, through the
 field's library, peft (``inject_adapter_in_model``: the model stays a timm ViT, its linear layers
-wrapped in peft's ``lora.Linear``, less a multiplication by a scale of 1: ``add_lora``). The rest
+wrapped in peft's ``peft.tuners.lora.Linear``, less a multiplication by a scale of 1: ``add_lora``). The rest
 of the protocol is the component-wise one: the new head and the final LayerNorm train too,
 everything else is frozen. ``B`` starts at zero, so the model starts as the pretrained one.
 
