@@ -38,8 +38,34 @@ def test_validation_split_is_random_split_under_the_runs_seed():
         train_part, val_part = torch.utils.data.random_split(dataset, [int(0.8 * 737), 737 - int(0.8 * 737)])
         _disturb_global_rngs()
         train, val = splits.validation_split(737, seed)
-        assert train.tolist() == sorted(train_part.indices) and val.tolist() == sorted(val_part.indices)
+        assert train.tolist() == sorted(train_part.indices)
+        assert val.tolist() == list(val_part.indices) != sorted(val_part.indices)  # the permutation's order
     assert splits.validation_split(737, 0)[1].tolist() != splits.validation_split(737, 42)[1].tolist()
+
+
+def test_validation_batches_are_the_authors_batch_by_batch():
+    """Their ``random_split`` of the training set under the run's seed, read by a loader that does not shuffle, in
+    batches of 32: each batch holds the images (keys) and labels the package's validation split holds there, as the
+    run's loader yields them."""
+    from paperlib.data import datasets
+    from paperlib.train import finetune
+    from paperlib.train.config import Config
+
+    whole = datasets.read_split("digits", "trainval")
+    for seed in (0, 42, 3407):
+        torch.manual_seed(seed)
+        n_train = int(0.8 * len(whole))
+        _, val_part = torch.utils.data.random_split(list(range(len(whole))), [n_train, len(whole) - n_train])
+        theirs = list(torch.utils.data.DataLoader(val_part, batch_size=32, shuffle=False, drop_last=False))
+        _disturb_global_rngs()
+        ours = datasets.read_split("digits", "val", seed=seed)
+        assert len(theirs) == -(-len(ours) // 32) > 1 and len(ours) % 32  # a last partial batch
+        loaders, _, _ = finetune._data(Config(seed=seed), torch.device("cpu"))
+        labels = torch.cat([labels for _, labels in loaders["val"]])  # in the order the run evaluates them
+        for k, batch in enumerate(theirs):
+            positions = batch.tolist()
+            assert ours.keys[32 * k : 32 * (k + 1)] == [whole.keys[i] for i in positions]
+            assert labels[32 * k : 32 * (k + 1)].tolist() == whole.targets[positions].tolist()
 
 
 def test_hash_split_ignores_global_random_state_and_is_not_a_prefix_split():

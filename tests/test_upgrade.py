@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 import torch
 from conftest import interrupted
 
+from paperlib.data import datasets
 from paperlib.measure import plasticity
 from paperlib.records import paths, readings, runs, runs_table, storage
 from paperlib.sweeps import sweep
@@ -28,6 +30,7 @@ OLDER = ROOT / "tests" / "fixtures" / "older_results"
 SPEC = OLDER / "spec.yaml"
 KEPT = Config(component="mha", steps=20, batch_size=32, warmup=2, eval_every=10)  # written by record 5
 UPGRADED = Config(component="ln1", steps=20, batch_size=32, warmup=2, eval_every=10)  # written by record 4
+READ_AGAIN = Config(component="fc1", steps=20, batch_size=32, warmup=2, eval_every=10)  # written by record 6
 
 
 def older_root(results: Path) -> None:
@@ -107,20 +110,67 @@ def test_readings_take_any_batch_and_order():
     )
     chosen = readings.choose(seen)  # strictly greater: the first of two equal bests
     assert (chosen.best_step, chosen.test_accuracy, chosen.test_loss) == (20, 1.0, 2.0)
+    nothing = dataclasses.replace(seen, val=np.zeros((3, 4), bool))  # no validation above their starting best of 0
+    assert readings.choose(nothing).best_step is None and readings.choose(nothing, batch=None).best_step is None
     with pytest.raises(ValueError, match="batch must be a positive integer"):
         readings.accuracy(hits, 0)
+
+
+def test_the_authors_validation_batch_follows_their_scripts_from_the_runs_parameters():
+    """``finetuning.sh`` validates Cifar10-C speckle noise at 128, ``ablation/model_size.sh`` ViT-Large at 128 and
+    ViT-Huge at 64, every other run at 512 (their configs' ``val_batch_size``): read from the params.json records the
+    specs' runs write."""
+    from paperlib.records import specs
+
+    def batches(name: str) -> dict:
+        records = runs_table.spec_records(specs.load_spec(ROOT / "parameters" / "sweeps" / name)).values()
+        found = {}
+        for record in records:
+            found.setdefault((record["model"], record["dataset"]), set()).add(readings.validation_batch(record))
+        return found
+
+    paper = batches("finetune_paper.yaml")
+    assert len(paper) == 11 and all(len(found) == 1 for found in paper.values())
+    assert {key[1] for key, found in paper.items() if found == {128}} == {"cifar10c/speckle_noise"}
+    assert {found.pop() for key, found in paper.items() if key[1] != "cifar10c/speckle_noise"} == {512}
+    assert batches("ablation_model_size.yaml") == {
+        ("vit_large_in21k", "domainnet/clipart"): {128},
+        ("vit_huge_in21k", "domainnet/clipart"): {64},
+    }
+    assert {batch for found in batches("ablation_adam.yaml").values() for batch in found} == {512}
+    # a smaller batch weighs the last partial batch less: speckle noise's 1,600 validation images in 13 batches
+    hits = np.ones((1, 1600), bool)
+    hits[0, -64:] = False  # the last 64 wrong, the last partial batch: exact 96%; 1 of 4 batches at 512, 1 of 13 at 128
+    assert readings.accuracy(hits, 512)[0] == pytest.approx(3 / 4)
+    assert readings.accuracy(hits, 128)[0] == pytest.approx(12 / 13)
+
+
+def test_the_authors_per_batch_accuracies_are_float32_added_in_order():
+    """Their ``run_evaluation``: ``(pred == y).float().mean().item()`` per batch, added one after another to a
+    Python float, divided by the number of batches; emulated here with torch itself."""
+    rng = np.random.default_rng(3)
+    hits = rng.random((5, 1700)) < 0.83
+    for batch in (64, 128, 512):
+        theirs = []
+        for row in hits:
+            total, count = 0.0, 0
+            for start in range(0, len(row), batch):
+                total += torch.from_numpy(row[start : start + batch]).float().mean().item()
+                count += 1
+            theirs.append(total / count)
+        assert readings.accuracy(hits, batch).tolist() == theirs, batch
 
 
 def test_the_plan_and_the_dry_run_name_runs_of_older_versions(results):
     older_root(results)
     plan = command("sweep", str(SPEC), "--plan", results=results)
     assert plan.returncode == 0, plan.stderr
-    line = "2 runs of an older version: 1 upgraded in place, 1 kept as they are; --retrain-older would train them again"
+    line = "3 runs of an older version: 2 upgraded in place, 1 kept as they are; --retrain-older would train them again"
     assert line in plan.stdout and "nothing to run: 0 device-hours" in plan.stdout
     dry = command("sweep", str(SPEC), "--dry-run", results=results)
     assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.count("(older version: ") == 2 and line in dry.stdout
-    assert "2 finished, 0 to run" in dry.stdout
+    assert dry.stdout.count("(older version: ") == 3 and line in dry.stdout
+    assert "3 finished, 0 to run" in dry.stdout
 
 
 def test_a_sweep_over_older_results_deletes_and_trains_nothing_and_stats_reads_them(results, tmp_path, monkeypatch):
@@ -139,9 +189,34 @@ def test_a_sweep_over_older_results_deletes_and_trains_nothing_and_stats_reads_t
     }
     said = command("stats", str(SPEC), results=results)
     assert said.returncode == 0, said.stderr
-    assert f"2 runs of {SPEC}: 2 finished; 0 missing" in said.stdout
+    assert f"3 runs of {SPEC}: 3 finished; 0 missing" in said.stdout
     warning = [line for line in said.stderr.splitlines() if "older version" in line]
     assert len(warning) == 1 and "2 no per-image outcomes" in warning[0] and "Traceback" not in said.stderr
+    assert runs.lacks(runs.read_params(READ_AGAIN.folder())) == []  # read again: today's record
+
+
+def test_a_record_6_is_read_again_into_the_run_today_s_version_trains(results, move_results):
+    """The record 6 of the fixture, upgraded as a sweep upgrades it, is the run a record 7 trains: its outcomes in the
+    authors' validation order, its history's validation accuracies and its metrics' readings read again, the same to
+    the last digit (the training is the same, ``runs.TRAINING``: its numbers to the rounding of this CPU's kernels).
+    Its validation outcomes were sorted: the upgrade reorders them, it does not copy them."""
+    older_root(results)
+    before = readings.read(READ_AGAIN.folder())
+    assert runs.upgrade(READ_AGAIN.folder()) is False  # without its validation order, kept as it is
+    older = (READ_AGAIN.dataset, None, READ_AGAIN.seed, READ_AGAIN.validation)
+    assert runs.upgrade(READ_AGAIN.folder(), lambda: datasets.older_validation_order(*older))
+    upgraded = runs.read_params(READ_AGAIN.folder()), runs.finished(READ_AGAIN), readings.read(READ_AGAIN.folder())
+    history = runs.history(READ_AGAIN)
+    move_results("fresh")
+    fresh = finetune.run(READ_AGAIN)
+    fresh_seen, fresh_history = readings.read(READ_AGAIN.folder()), runs.history(READ_AGAIN)
+    assert upgraded[0] == runs.read_params(READ_AGAIN.folder())
+    assert {name: upgraded[1][name] for name in finetune.READ} == {name: fresh[name] for name in finetune.READ}
+    for split in ("val", "test"):
+        assert np.array_equal(getattr(upgraded[2], split), getattr(fresh_seen, split)), split
+    assert not np.array_equal(upgraded[2].val, before.val)  # reordered
+    assert history["val_accuracy"].equals(fresh_history["val_accuracy"])
+    assert np.allclose(history["train_loss"], fresh_history["train_loss"], rtol=1e-4)
 
 
 def test_retraining_an_older_run_leaves_it_readable_until_the_new_one_is_whole(results, monkeypatch):
@@ -152,7 +227,7 @@ def test_retraining_an_older_run_leaves_it_readable_until_the_new_one_is_whole(r
     assert files_of(KEPT.folder()) == before  # the older result, whole and readable
     assert (runs.staging(KEPT.folder()) / runs.CHECKPOINT).is_file()
     table = runs_table.load()  # the run training beside it is no row of the table
-    assert table["status"].tolist() == ["finished", "finished"] and set(table["lacks"]) != {""}
+    assert table["status"].tolist() == ["finished"] * 3 and set(table["lacks"]) != {""}
     monkeypatch.delenv(paths.RETRAIN_OLDER)
     assert runs.finished(KEPT)["test_accuracy"] == json.loads(before["metrics.json"])["test_accuracy"]
     monkeypatch.setenv(paths.RETRAIN_OLDER, "1")
@@ -190,13 +265,17 @@ def test_a_damaged_or_mistyped_metrics_json_is_named_in_one_line_and_left_out(re
     metrics_file.write_text(json.dumps(payload | {"test_accuracy": 0.99}))
     said = command("stats", str(SPEC), results=results)
     assert said.returncode == 0, said.stderr
-    assert f"2 runs of {SPEC}: 1 finished, 1 partial" in said.stdout
+    assert f"3 runs of {SPEC}: 2 finished, 1 partial" in said.stdout
     damaged = [line for line in said.stderr.splitlines() if "carries no checksum" in line]
     assert len(damaged) == 1 and damaged[0].startswith("warning: ") and "99.00" not in said.stdout
     upgraded_file = UPGRADED.folder() / runs.METRICS  # a record 4: no checksum to require, but its values checked
     upgraded_file.write_text(json.dumps(json.loads(upgraded_file.read_text()) | {"test_accuracy": "0.99"}))
     said = command("stats", str(SPEC), results=results)
-    assert said.returncode == 0 and "Traceback" not in said.stderr and f"2 runs of {SPEC}: 2 partial" in said.stdout
+    assert (
+        said.returncode == 0
+        and "Traceback" not in said.stderr
+        and f"3 runs of {SPEC}: 2 partial, 1 finished" in said.stdout
+    )
     assert any("holds values of the wrong kind (test_accuracy '0.99'" in line for line in said.stderr.splitlines())
 
 

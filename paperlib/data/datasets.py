@@ -637,6 +637,25 @@ def read_split(
     return dataset
 
 
+@lru_cache(maxsize=None)  # a sweep upgrading a grid asks once per dataset and seed, not once per run
+def older_validation_order(
+    name: str, root: str | Path | None = None, seed: int = 0, validation: str = "official"
+) -> np.ndarray | None:
+    """Where each image of ``read_split(name, "val", ...)``, in its order, stands in the sorted order of before.
+
+    Runs of ``runs.RECORD`` 6 and earlier held their validation split sorted by position; since, it keeps the order
+    of the authors' ``random_split`` (``validation_split``). A record 6's per-image outcomes read in this order
+    (``readings.accuracy``'s ``order``) are what the run would record today (``runs.upgrade``). None where the order
+    did not change (a dataset's official validation split)."""
+    source = dataset_source(name)
+    check_validation(validation)
+    if source.official_val and validation == "official":
+        return None
+    whole = source.load(_data_root(root), "train", paths.download_allowed(), SEVERITY)
+    _, val = validation_split(len(whole), seed)
+    return np.argsort(np.argsort(val))
+
+
 def get_dataset(
     name: str,
     split: str = "train",

@@ -3,7 +3,7 @@
 - ``deterministic_split``: the fixed 80/20 train/test split of the datasets without an official
   test set (Cifar10-C, DomainNet; appendix C.2): the authors' numpy permutation under seed 42.
 - ``validation_split``: the finetuning protocol's validation set, 20% of a training set drawn from
-  the run's seed, as the authors' ``random_split`` draws it (§5.2).
+  the run's seed, as the authors' ``random_split`` draws it (§5.2), in the order their loader reads it.
 - ``hash_split``: a split by each item's key, for the demo world's digits and ``custom/<name>``
   folders without a test folder.
 
@@ -23,11 +23,11 @@ SPLIT_SEED = 42  # the authors' fixed seed of the train/test split of datasets w
 
 
 def _cut(order: np.ndarray, train_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``int(train_fraction * n)`` positions of a permutation for training, the rest held out; both sorted."""
+    """The first ``int(train_fraction * n)`` positions of a permutation for training, the rest held out; in order."""
     if not 0.0 < train_fraction < 1.0:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction!r}")
     n_train = int(train_fraction * len(order))
-    return np.sort(order[:n_train]), np.sort(order[n_train:])
+    return order[:n_train], order[n_train:]
 
 
 def deterministic_split(
@@ -40,7 +40,8 @@ def deterministic_split(
     seed), its first ``int(train_fraction * n)`` positions for training and the rest for test, both
     sorted (images keep their order in the files). A ``RandomState`` of its own draws it: global
     random state is neither read nor changed."""
-    return _cut(np.random.RandomState(seed).permutation(n), train_fraction)
+    train, test = _cut(np.random.RandomState(seed).permutation(n), train_fraction)
+    return np.sort(train), np.sort(test)
 
 
 def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) -> tuple[np.ndarray, np.ndarray]:
@@ -48,8 +49,12 @@ def validation_split(n: int, seed: int, train_fraction: float = TRAIN_FRACTION) 
 
     Drawn as the authors' code draws them: ``torch.randperm(n)`` from a generator seeded with ``seed`` (the draw
     of ``torch.utils.data.random_split`` after ``torch.manual_seed(seed)``), its first
-    ``int(train_fraction * n)`` positions for training and the rest for validation, both sorted."""
-    return _cut(torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy(), train_fraction)
+    ``int(train_fraction * n)`` positions for training, sorted, and the rest for validation in the permutation's
+    order: the order in which their validation loader (``shuffle=False``) reads the ``Subset`` that ``random_split``
+    returns, so that each validation batch holds the images theirs holds (``readings.accuracy``: the last partial
+    batch weighs as a whole one)."""
+    train, val = _cut(torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy(), train_fraction)
+    return np.sort(train), val
 
 
 def hash_split(keys: Sequence, test_fraction: float = 0.2, salt: str = "") -> tuple[np.ndarray, np.ndarray]:

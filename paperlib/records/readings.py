@@ -2,16 +2,17 @@
 
 At each validation a run records, for every validation and test image in its split's stored order, whether the model
 classified it right, and each split's mean loss (``outcomes.npz``, beside ``history.csv``; ``write``). Every accuracy
-the package reports is a reading of those records (``read``): the authors' (the mean of per-batch accuracies over
-batches of ``AUTHORS_BATCH`` images, the last partial batch counted as a whole one) at any batch size and image order,
-or the exact one (right / images), and the checkpoint a reading chooses, with its test accuracy (``choose``). A run's
+the package reports is a reading of those records (``read``): the authors' (the mean of float32 per-batch accuracies,
+the last partial batch counted as a whole one) at any batch size and image order, or the exact one (right / images),
+and the checkpoint a reading chooses, with its test accuracy (``choose``). The authors' validation batch is the run's
+(``validation_batch``: 512, 128 or 64 as their scripts set it), their test batch ``AUTHORS_BATCH``. A run's
 ``metrics.json`` holds ``choose``'s output at the run's end; a change of how a run is read re-reads these records and
 trains nothing (``docs/reliability.md``).
 
     from paperlib.records import readings
     seen = readings.read(folder)                            # what the run in folder saw
-    readings.choose(seen)                                   # its metrics' readings: the authors', at 512
-    readings.choose(seen, batch=128, order=permutation)     # another batch and validation order
+    readings.choose(seen, readings.validation_batch(params))  # its metrics' readings: the authors'
+    readings.choose(seen, batch=None)                       # the exact reading
 """
 
 from __future__ import annotations
@@ -29,8 +30,21 @@ OUTCOMES = "outcomes.npz"
 """The file of a run's per-image outcomes: a row per validation, each image's outcome one bit (``write``)."""
 
 AUTHORS_BATCH = 512
-"""The batch of the authors' evaluation (validation and test): their accuracy is the mean of its batches' accuracies,
-the last partial batch counted as a whole one (``accuracy``)."""
+"""The batch of the authors' evaluation: their test's always (``eval.yaml``), their validation's unless their script
+sets another (``validation_batch``). Their accuracy is the mean of its batches' accuracies, the last partial batch
+counted as a whole one (``accuracy``)."""
+
+VALIDATION_BATCHES = {"cifar10c/speckle_noise": 128, "vit_large_in21k": 128, "vit_huge_in21k": 64}
+"""The validation batches the authors' scripts set instead of ``AUTHORS_BATCH``, by dataset or model: Cifar10-C
+speckle noise in ``finetuning.sh``, ViT-Large and ViT-Huge in ``ablation/model_size.sh`` (``validation_batch``)."""
+
+
+def validation_batch(params: dict) -> int:
+    """The authors' validation batch for the run whose record (``params.json``, or a ``Run``'s fields) is ``params``.
+
+    ``AUTHORS_BATCH`` unless its dataset or model is one ``VALIDATION_BATCHES`` names (the smaller where both are)."""
+    named = [VALIDATION_BATCHES[params[key]] for key in ("dataset", "model") if params.get(key) in VALIDATION_BATCHES]
+    return min(named, default=AUTHORS_BATCH)
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,8 @@ class Outcomes:
 
     ``steps``: the step of each; ``val`` and ``test``: booleans (validations x images), True where the image was
     classified right, in the split's stored order; ``val_loss``, ``test_loss``: each split's mean cross-entropy;
-    ``nan_model``: whether the row scores the authors' NaN model (``finetune._nan_validation``), which their loop
-    keeps only above a best of at least 0."""
+    ``nan_model``: whether the row scores the authors' NaN model (``finetune._nan_validation``), a checkpoint without
+    weights, which their loop chooses as any other (``choose``)."""
 
     steps: np.ndarray
     val: np.ndarray
@@ -66,9 +80,10 @@ class Reading:
 def accuracy(hits: np.ndarray, batch: int | None = AUTHORS_BATCH, order: np.ndarray | None = None) -> np.ndarray:
     """The accuracy of each row of ``hits`` (validations x images, True where right).
 
-    ``batch``: the authors' reading, the mean of the accuracies of consecutive batches of ``batch`` images (the last
-    partial one counted as a whole one); None, the exact one (right / images). ``order``: the images' order for the
-    batches (positions into the split's stored order; None, that order)."""
+    ``batch``: the authors' reading, as their ``run_evaluation`` computes it: each batch's accuracy in float32 (right /
+    images, rounded to float32 as torch's ``float().mean()``), summed in order in float64 and divided by the number of
+    batches, so that the last partial batch counts as a whole one. None: the exact one (right / images). ``order``: the
+    images' order for the batches (positions into the split's stored order; None, that order)."""
     hits = np.atleast_2d(np.asarray(hits, dtype=np.float64))
     if order is not None:
         hits = hits[:, np.asarray(order)]
@@ -77,28 +92,28 @@ def accuracy(hits: np.ndarray, batch: int | None = AUTHORS_BATCH, order: np.ndar
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch must be a positive integer or None (the exact accuracy), got {batch!r}")
     starts = np.arange(0, hits.shape[1], batch)
-    sums = np.add.reduceat(hits, starts, axis=1)
-    sizes = np.diff(np.append(starts, hits.shape[1]))
-    return (sums / sizes).mean(axis=1)
+    sums = np.add.reduceat(hits, starts, axis=1).astype(np.float32)
+    sizes = np.diff(np.append(starts, hits.shape[1])).astype(np.float32)
+    per_batch = (sums / sizes).astype(np.float64)
+    return np.cumsum(per_batch, axis=1)[:, -1] / len(starts)  # added one after another, as their loop adds them
 
 
 def choose(seen: Outcomes, batch: int | None = AUTHORS_BATCH, order: np.ndarray | None = None) -> Reading:
     """The checkpoint the validation accuracy read with ``batch`` and ``order`` (``accuracy``) chooses, and its test.
 
-    The first validation whose accuracy is strictly greater than every one before it wins, as the authors' loop
-    chooses; a row of the NaN model (``Outcomes.nan_model``) wins only above a best of at least 0, their starting
-    best. The test is read with ``batch`` in the test split's stored order (the authors' test loader does not
-    shuffle)."""
+    The first validation whose accuracy is strictly greater than 0 and than every one before it wins, as the
+    authors' loop chooses from its starting best of 0 (a row of their NaN model, ``Outcomes.nan_model``, too). The
+    test is read in the test split's stored order (the authors' test loader does not shuffle) at ``AUTHORS_BATCH``,
+    their test's batch whatever their validation's; with ``batch`` None, both exactly."""
     val = accuracy(seen.val, batch, order)
     best = None
     for row, value in enumerate(val):
-        floor = val[best] if best is not None else -1.0
-        if value > (max(floor, 0.0) if seen.nan_model[row] else floor):
+        if value > (val[best] if best is not None else 0.0):
             best = row
     if best is None:
         return Reading(None, math.nan, math.nan, math.nan, math.nan, math.nan, False)
     exact = accuracy(seen.val[best], None)[0]
-    test = accuracy(seen.test[best], batch)[0], accuracy(seen.test[best], None)[0]
+    test = accuracy(seen.test[best], None if batch is None else AUTHORS_BATCH)[0], accuracy(seen.test[best], None)[0]
     return Reading(
         int(seen.steps[best]),
         float(val[best]),

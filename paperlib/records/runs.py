@@ -22,6 +22,7 @@ results (``runs_table``) needs no ``Config`` and loads no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -85,7 +86,7 @@ class Run:
     attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
     # fp32 (the paper's protocol: PyTorch's defaults, matrix products without TF32), or beyond it "tf32" (TF32 matrix
     # products and convolutions; CUDA only), "autocast" (bf16 autocast) or "bf16" (bf16 compute, fp32 master
-    # weights): faster on a GPU, not the paper's, so their runs get their own folders (speed.options.PRECISIONS)
+    # weights): faster on a GPU, not the paper's, so their runs get their own folders (step_options.PRECISIONS)
     precision: str = "fp32"
     # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
     # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+"
@@ -254,19 +255,22 @@ def config_fingerprints(record: dict) -> dict:
 TRAINING = 3
 """The version of how a run trains beyond its ``Config``: the one reason to train a result again. 3, a run whose loss
 explodes (finite, above ``finetune.EXPLODED`` times chance level's) goes on to its last step, as the authors' loop, and
-keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits (``splits.SPLITS_VERSION``
+keeps its test accuracy (``Config.stop_exploded``: stopped there); 2, the authors' splits (``names.SPLITS_VERSION``
 2), warm-up (``finetune.lr_factor``: 0 at the first step), validation steps (multiples of ``eval_every`` only),
 batches (the last incomplete one of an epoch dropped) and new head (PyTorch's ``nn.Linear`` initialisation). A run
 trained by another is kept and read as it is, labelled (``lacks``); it trains again only when asked
 (``paths.retrain_older``). See ``docs/reliability.md`` (what is training, what is reading) and ``docs/fidelity.md``."""
 
-RECORD = 6
-"""The version of what a run records and how it is read, never a reason to train again. 6, what it saw image by image
-at each validation (``readings.OUTCOMES``), from which its metrics are read; 5, the checksums of its files and of every
-JSON record (``storage.write_checked``); 4, its accuracies as the authors' evaluation computes them (the mean of
-per-batch accuracies; the checkpoint chosen by it), a run whose loss turns NaN scored as their loop scores its NaN
-model; 3 and before, the exact accuracies alone. A record of an older version is read as it is, labelled with what it
-lacks (``lacks``), and upgraded in place where its files suffice (``upgrade``: checksums added to a record 4)."""
+RECORD = 7
+"""The version of what a run records and how it is read, never a reason to train again. 7, the authors' reading:
+the validation split in the order of their ``random_split`` (``splits.validation_split``), read at the run's
+validation batch (``readings.validation_batch``) in float32 per batch, the best chosen from 0; 6, what it saw image
+by image at each validation (``readings.OUTCOMES``), from which its metrics are read; 5, the checksums of its files
+and of every JSON record (``storage.write_checked``); 4, its accuracies as the authors' evaluation computes them (the
+mean of per-batch accuracies; the checkpoint chosen by it), a run whose loss turns NaN scored as their loop scores
+its NaN model; 3 and before, the exact accuracies alone. A record of an older version is read as it is, labelled
+with what it lacks (``lacks``), and upgraded in place where its files suffice (``upgrade``: checksums added to a
+record 4; a record 6 read again from what it saw)."""
 
 VERSIONS = ("training", "record", "protocol")
 """The keys of ``params.json`` that say which version wrote it (``versions``), not what the run is."""
@@ -297,8 +301,10 @@ def lacks(params: dict) -> list[str]:
         said.append("exact accuracies alone")
     elif record < 5:
         said.append("no checksums")
-    if record is None or record < RECORD:
+    if record is None or record < 6:
         said.append("no per-image outcomes")
+    elif record < RECORD:
+        said.append("read in sorted validation order at batch 512")
     added = sorted(set(Run.defaults()) - params.keys())
     if added:
         said.append(f"no {', '.join(added)} (read as {'its' if len(added) == 1 else 'their'} default)")
@@ -397,19 +403,23 @@ def read_metrics(folder: Path, params: dict, whole: bool = False) -> dict | None
 
 
 def upgradable(params: dict | None) -> bool:
-    """Whether the run a record (``params.json``) describes is upgraded in place (``upgrade``): a record 4."""
-    return params is not None and versions(params) == (TRAINING, 4)
+    """Whether the run a record (``params.json``) describes is upgraded in place (``upgrade``): a record 4 or 6."""
+    return params is not None and versions(params) in ((TRAINING, 4), (TRAINING, 6))
 
 
-def upgrade(folder: Path) -> bool:
+def upgrade(folder: Path, older_order=None) -> bool:
     """Upgrade the run in ``folder`` in place where its records suffice (``upgradable``); whether it did.
 
     A record 4 holds the sizes of its files, not their checksums: each file still of its recorded size gets its
     checksum, its ``metrics.json`` and ``params.json`` theirs, and the record says 5. Its results are unchanged; one
-    whose files are not the size recorded is left as it is (named damaged when read)."""
+    whose files are not the size recorded is left as it is (named damaged when read). A record 6 is read again from
+    its outcomes (``_read_again``); ``older_order``: a function that gives its validation split's order
+    (``datasets.older_validation_order``)."""
     params = read_params(folder)
     if not upgradable(params):
         return False
+    if versions(params)[1] == 6:
+        return older_order is not None and _read_again(folder, params, older_order())
     metrics = storage.json_or_none(folder / METRICS, checksum=False)
     files = (metrics or {}).get("files", {})
     whole = all(isinstance(size, int) and storage.size_of(folder / name) == size for name, size in files.items())
@@ -419,6 +429,38 @@ def upgrade(folder: Path) -> bool:
     storage.write_json(folder / METRICS, metrics)
     params = {key: value for key, value in params.items() if key != "protocol"}
     storage.write_json(folder / PARAMS, params | {"training": TRAINING, "record": 5})
+    return True
+
+
+def _read_again(folder: Path, params: dict, order) -> bool:
+    """Make the record 6 in ``folder`` the record 7 its run would write today, from what it saw; whether it did.
+
+    Its validation outcomes go into the authors' order (``order``: positions into its sorted ones; None, unchanged),
+    and its history's validation accuracies and its metrics' readings are read again as ``RECORD`` 7 reads them
+    (``readings.choose`` at the run's ``readings.validation_batch``). Done beside it and put in its place whole
+    (``replace``). A damaged run, or one whose weights were kept of a checkpoint the new reading does not choose, is
+    left as it is."""
+    metrics = read_metrics(folder, params, whole=True)
+    if metrics is None:
+        return False
+    seen = readings.read(folder)
+    if order is not None:
+        seen = dataclasses.replace(seen, val=seen.val[:, order])
+    batch = readings.validation_batch(params)
+    reading = readings.choose(seen, batch)
+    if metrics.get("weights") and reading.best_step != metrics["best_step"]:
+        return False
+    work = staging(folder)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(folder, work)
+    table = pd.read_csv(io.BytesIO(storage.read_checked(folder / METRICS, HISTORY)))
+    validated = dict(zip(seen.steps[~seen.nan_model].tolist(), readings.accuracy(seen.val[~seen.nan_model], batch)))
+    table["val_accuracy"] = [validated.get(step, value) for step, value in zip(table["step"], table["val_accuracy"])]
+    metrics["files"][HISTORY] = storage.write_checked(work / HISTORY, lambda tmp: table.to_csv(tmp, index=False))
+    metrics["files"][OUTCOMES] = readings.write(work / OUTCOMES, seen)
+    storage.write_json(work / METRICS, metrics | dataclasses.asdict(reading))
+    storage.write_json(work / PARAMS, params | {"record": RECORD})
+    replace(folder, work)
     return True
 
 
@@ -548,7 +590,7 @@ def finetune_root(root: str | Path | None = None) -> Path:
 def config_values(parameters: dict) -> dict:
     """Notebook 05's parameters as ``Config``'s fields.
 
-    Its speed preset (``speed``, a name) put in by ``speed.options.with_preset`` (its step options the run does not
+    Its speed preset (``speed``, a name) put in by ``step_options.with_preset`` (its step options the run does not
     give; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
     ``1e-2`` as a string); an unknown name is refused with the valid ones."""
     defaults = Run.defaults()

@@ -392,7 +392,9 @@ def run_sweep(
         else:
             run.status = "skipped"
             if run.notebook.stem == runs.NOTEBOOK:  # a run of an older version, where its records suffice
-                runs.upgrade(config_from(run.parameters).folder())
+                config = config_from(run.parameters)
+                older = (config.dataset, config.data_root or None, config.seed, config.validation)
+                runs.upgrade(config.folder(), lambda: datasets.older_validation_order(*older))
     task = functools.partial(execute_run, html=html, reports=report_finished)
     todo = _executed(todo, spec, executor, gpus, functools.partial(task, wait=False))
     busy = [run for run in todo if run.status == "busy"]  # held by another process: come back to, waiting now

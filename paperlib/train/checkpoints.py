@@ -50,6 +50,9 @@ def load_checkpoint(folder: Path, params: dict, side: int, device: torch.device)
         return None
     if runs.differing(saved["params"], params, runs.OUTPUT_ONLY) or saved.get("cache_side") != side:
         return None  # another run's, or this one's written by an earlier version: it starts from the beginning
+    if runs.versions(saved["params"]) != runs.versions(params):  # what it saw is held as another version held it
+        warnings.warn(f"{paths.display(checkpoint)} was written by an older version: the run starts from the beginning")
+        return None
     lacking = [key for key in CHECKPOINT_KEYS if key not in saved]
     if lacking:
         warnings.warn(f"{paths.display(checkpoint)} holds no {', '.join(lacking)}: the run starts from the beginning")

@@ -62,8 +62,9 @@ class Evaluation(NamedTuple):
     """A split's evaluation: its mean cross-entropy and each image's outcome, in the split's order.
 
     ``hits``: True where the image was classified right (what a run records, ``readings.Outcomes``); ``accuracy``
-    reads them as the authors' evaluation does (``readings.accuracy``: the mean of per-batch accuracies over batches
-    of ``readings.AUTHORS_BATCH``), ``exact`` as right / images."""
+    reads them as the authors' test does (``readings.accuracy``: the mean of per-batch accuracies over batches of
+    ``readings.AUTHORS_BATCH``; their validation's batch is the run's, ``readings.validation_batch``), ``exact`` as
+    right / images."""
 
     loss: float
     hits: np.ndarray
@@ -366,6 +367,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
     start_step, rows, best, seen = _resume(work, device, (params, side), model, step_fn, schedule)
+    val_batch = readings.validation_batch(params)  # the batch of the authors' validation of this run
 
     # the loop
     start, images_seen = time.perf_counter(), 0
@@ -390,11 +392,11 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
             # checkpoint, so that any reading of the run is a reading of its records (``readings``)
             val, test = (evaluate(step_fn.network, loaders[split], step_fn.context, step_fn.forward) for split in SEEN)
             seen.append(_seen(step + 1, val, test))
-            row["val_loss"], row["val_accuracy"] = val.loss, val.accuracy
+            row["val_loss"], row["val_accuracy"] = val.loss, float(readings.accuracy(val.hits, val_batch)[0])
             row["component_grad_share"] = component_grad_share(step_fn, inside)
             current = _trainable_state(model)
-            if val.accuracy > best["val_accuracy"]:  # the authors' choice: their accuracy, strictly greater
-                best = {"val_accuracy": val.accuracy, "step": step + 1, "state": current}
+            if row["val_accuracy"] > best["val_accuracy"]:  # the authors' choice: their reading, strictly greater
+                best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
             _checkpoint(work, device, state | {"model": current, "seen": seen}, step_fn, schedule)
             if progress:
@@ -406,7 +408,7 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     # the result: the test accuracy of the best-validation checkpoint, read from what the run saw
     seen += _nan_validation(config, rows, loaders, num_classes)
     outcomes = _outcomes(seen, loaders)
-    reading = readings.choose(outcomes)
+    reading = readings.choose(outcomes, val_batch)
     if reading.best_step is not None and not reading.nan_model:
         assert reading.best_step == best["step"], (reading, best["step"])  # one rule, live and read
         model.load_state_dict(best["state"], strict=False)
@@ -482,7 +484,7 @@ def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn
     restored."""
     saved = checkpoints.load_checkpoint(folder, *made, device)
     if saved is None:
-        return 0, [], {"val_accuracy": -1.0, "step": None, "state": None}, []
+        return 0, [], {"val_accuracy": 0.0, "step": None, "state": None}, []  # the authors' starting best
     model.load_state_dict(saved["model"], strict=False)
     step_fn.optimizer.load_state_dict(saved["optimizer"])
     schedule.load_state_dict(saved["schedule"])
@@ -538,7 +540,7 @@ def _metrics(config: Config, rows: list, reading, step_fn, num_classes: int, mea
         **measured["method"],  # what the run's method records of what it trained (an equal-capacity run's subset)
         "normalize": config.normalize,
         "cache_side": measured["side"],
-        "weights": None,  # the weights file, if kept: runs.record
+        "weights": None,  # the weights file, if kept: checkpoints.record
         "mean": list(config.mean_std[0]),
         "std": list(config.mean_std[1]),
         "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
@@ -562,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     ``python -m paperlib finetune [-f parameters/finetune/<dataset>.yaml] [--component mha --lr 1e-2 ...]`` takes the
     notebook's parameters and prints the run's metrics as JSON (any value JSON lacks as its ``str``). The step options
     may be given one by one (``--compile blocks``, ``--precision tf32``) or as a preset (``--speed none``, a file of
-    ``parameters/speed/``), which sets those not given (``speed.options.with_preset``). A run that another process is
+    ``parameters/speed/``), which sets those not given (``step_options.with_preset``). A run that another process is
     training is waited for, then reported; ``--wait false`` says it runs elsewhere and exits (status 75)."""
     try:
         values = cli.parse_parameters(argv, commands.finetune(), commands.FINETUNE, flexible=frozenset({"compile"}))
