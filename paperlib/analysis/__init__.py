@@ -3,7 +3,7 @@
 - ``significance``      the tests behind the p-values: Wilcoxon's signed-rank, Kendall's tau, Holm's adjustment
 - ``ranking``           statistics of a plasticity ranking: agreement with the paper's, bootstrap, scale curves
 - ``plasticity_table``  saved plasticity results: written, read back, ranked, collected as one table
-- ``tables``            the paper's tables over finetuning runs: Table 6, relative gains, averages, spread over the grid
+- ``tables``            the paper's tables over finetuning runs: Table 6, gains, averages, grid spread; Adam ablation
 - ``component_tests``   the tests across benchmarks: Table 1, every pair, Takeaway 2 (P(f) against the results)
 - ``lora_comparison``   LoRA against the components' own weights: Table 6 for each way of training
 - ``summary``           every table of a sweep's runs at once, as notebook 07 shows them (the ``stats`` command)

@@ -12,6 +12,8 @@
 - ``early_gradient_norm``: per run, the mean gradient norm over the first part of training (Fig. 4
   middle: "the higher plasticity, the larger gradient norms"), to correlate with P(f) in turn.
 - ``paper_accuracy``: an entry of the paper's own Table 6 (``PAPER_TABLE6``).
+- ``authors_ablation``: the authors' Adam ablation as their code reports it (``apps/plots/ablation.py``, not in the
+  paper): seed 0, mean ± std over the learning rates, SGD beside AdamW (``authors_ablation_numbers``: its numbers).
 
 The tests across benchmarks (Table 1, Takeaway 2) are ``component_tests``'; whether a cheaper training precision (tf32,
 autocast, bf16) changes these results, ``precision_check``'s.
@@ -25,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from paperlib.records import paths
-from paperlib.records.names import COMPONENTS, RUN_COMPONENTS, SELECTIONS
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS
 from paperlib.records.runs_table import KEYS
 
 PROBE = "probe"
@@ -250,3 +252,153 @@ def paper_accuracy(dataset: str, component: str) -> float | None:
     paper = pd.read_csv(PAPER_TABLE6, comment="#")
     entry = paper[(paper["dataset"] == dataset) & (paper["component"] == component)]["mean"]
     return float(entry.iloc[0]) if len(entry) else None
+
+
+ABLATION_ORDER = ("full", "ln1", "ln2", "fc2", "fc1", "mha")
+"""The configurations in the order the authors' ablation table prints them (their ``apps/plots/ablation.py``)."""
+
+ABLATION_SIDES = {"sgd": "SGD", "adamw": "Adam"}
+"""The two sides of the authors' Adam ablation, by the runs' ``optimizer``, with the names their table prints."""
+
+AVERAGE = "Average"
+"""The ablation table's last rows: each configuration's mean over the datasets (the authors' "Average accuracy")."""
+
+
+def authors_ablation_numbers(
+    adam_runs: pd.DataFrame, sgd_runs: pd.DataFrame | None = None, seed: int = 0, missing: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The authors' Adam ablation as numbers: one row per side, dataset and configuration, then the averages.
+
+    The reading of their ``ablation.py`` (``table_results``, not in the paper), not Table 6's: per dataset and
+    configuration, the test accuracies of one ``seed`` (theirs: 0) at every learning rate of the grid, as fractions,
+    their numpy mean and standard deviation (ddof=0) times 100, rounded to one decimal (``np.round``); then an
+    ``AVERAGE`` row per configuration, the mean over the datasets of the unrounded means and of the unrounded
+    deviations, times 100 and rounded. A diverged run counts with its test accuracy (the best-validation
+    checkpoint's), as their table reads every run's evaluation.
+
+    ``adam_runs``: the runs table (``runs_table.for_spec``) of the AdamW ablation (``parameters/sweeps/
+    ablation_adam.yaml``), one setting; its datasets are the table's. ``sgd_runs``: the SGD runs of the main grid
+    (``finetune_paper.yaml``), of those datasets (others are left out); None or empty: the Adam side alone.
+    ``missing``: ``for_spec``'s missing runs of either spec: their learning rates belong to the grid as well.
+
+    Columns ``side`` ("SGD", "Adam"), ``dataset``, ``component`` (``ABLATION_ORDER``), ``mean`` and ``std`` (%, one
+    decimal), ``runs`` (the accuracies averaged), ``grid`` (the learning rates of the grid: those of the side's runs
+    and missing runs on the dataset, at any seed and configuration) and ``diverged`` (of the runs averaged). Never an
+    average of fewer: a cell with fewer accuracies than learning rates (a run missing, unfinished, or diverged
+    before any checkpoint), or none, has NaN ``mean`` and ``std``, and so has the average of a configuration with
+    such a cell (its ``runs`` and ``grid`` are the datasets' sums)."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ValueError(f"seed must be a whole number (the authors': 0), got {seed!r}")
+    sides = {"adamw": _ablation_side(adam_runs, "adamw", "adam_runs")}
+    if sgd_runs is not None and len(sgd_runs):
+        sides["sgd"] = _ablation_side(sgd_runs, "sgd", "sgd_runs")
+    if sides["adamw"].empty:
+        raise ValueError("adam_runs holds no run: give the runs of parameters/sweeps/ablation_adam.yaml")
+    seeds = sorted(sides["adamw"]["seed"].unique())
+    if seed not in seeds:
+        raise ValueError(f"no Adam run of seed {seed}; valid seeds (those of adam_runs): {', '.join(map(str, seeds))}")
+    if len(sides) == 2:
+        _check_same_setting(sides["adamw"], sides["sgd"])
+    missing = pd.DataFrame(columns=["dataset", "lr", "optimizer"]) if missing is None else missing
+    if not {"dataset", "lr", "optimizer"} <= set(missing.columns):
+        raise ValueError("missing must be runs_table.for_spec's missing runs (columns dataset, lr, optimizer...)")
+    datasets = sorted(set(sides["adamw"]["dataset"]) | set(missing.loc[missing["optimizer"] == "adamw", "dataset"]))
+    rows = []
+    for optimizer in ("sgd", "adamw"):
+        if optimizer not in sides:
+            continue
+        runs = sides[optimizer]
+        absent = missing[missing["optimizer"] == optimizer]
+        per_dataset = []
+        for dataset in datasets:
+            grid = set(runs.loc[runs["dataset"] == dataset, "lr"]) | set(absent.loc[absent["dataset"] == dataset, "lr"])
+            for component in ABLATION_ORDER:
+                at = runs[(runs["dataset"] == dataset) & (runs["component"] == component) & (runs["seed"] == seed)]
+                at = at[at["status"].isin(["finished", "diverged"]) & at["test_accuracy"].notna()].sort_values("lr")
+                values = at["test_accuracy"].to_numpy(dtype=float)
+                whole = len(values) == len(grid) and len(values) > 0
+                per_dataset.append(
+                    {
+                        "dataset": dataset,
+                        "component": component,
+                        "mean": values.mean() if whole else np.nan,
+                        "std": values.std() if whole else np.nan,
+                        "runs": len(values),
+                        "grid": len(grid),
+                        "diverged": int((at["status"] == "diverged").sum()),
+                    }
+                )
+        cells = pd.DataFrame(per_dataset)
+        averages = cells.groupby("component", sort=False).agg(
+            mean=("mean", lambda s: np.mean(s.to_numpy())),  # NaN where a dataset's cell is
+            std=("std", lambda s: np.mean(s.to_numpy())),
+            runs=("runs", "sum"),
+            grid=("grid", "sum"),
+            diverged=("diverged", "sum"),
+        )
+        averages = averages.reset_index().assign(dataset=AVERAGE)
+        both = pd.concat([cells, averages[cells.columns]], ignore_index=True)
+        both[["mean", "std"]] = np.round(both[["mean", "std"]].to_numpy(dtype=float) * 100, 1)
+        rows.append(both.assign(side=ABLATION_SIDES[optimizer]))
+    columns = ["side", "dataset", "component", "mean", "std", "runs", "grid", "diverged"]
+    return pd.concat(rows, ignore_index=True)[columns]
+
+
+def authors_ablation(
+    adam_runs: pd.DataFrame, sgd_runs: pd.DataFrame | None = None, seed: int = 0, missing: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The authors' Adam ablation table as their ``ablation.py`` prints it: SGD and Adam side by side.
+
+    Rows: (dataset, configuration) in their order (``ABLATION_ORDER``: All, LN1, LN2, FC2, FC1, MHA), then the
+    ``AVERAGE`` rows; a column per side (SGD first, as they print it; Adam alone without SGD runs), each cell "mean ±
+    std" at one decimal over the learning rates of ``seed`` (``authors_ablation_numbers``, whose arguments these are).
+    A cell short of learning rates says how many it has ("3 of 4 lrs"; "no run" where the side has no run of the
+    dataset), never a mean of fewer; the average of a configuration with such a cell says how many of its datasets
+    are whole ("3 of 4 datasets whole")."""
+    numbers = authors_ablation_numbers(adam_runs, sgd_runs, seed, missing)
+
+    def cell(row) -> str:
+        if pd.notna(row["mean"]):
+            return f"{row['mean']:.1f} ± {row['std']:.1f}"
+        if row["dataset"] == AVERAGE:
+            part = numbers[(numbers["side"] == row["side"]) & (numbers["dataset"] != AVERAGE)]
+            whole = part[(part["component"] == row["component"]) & part["mean"].notna()]
+            return f"{len(whole)} of {part['dataset'].nunique()} datasets whole"
+        return f"{row['runs']} of {row['grid']} lrs" if row["grid"] else "no run"
+
+    table = numbers.assign(text=numbers.apply(cell, axis=1), configuration=numbers["component"].map(LABELS))
+    wide = table.pivot(index=["dataset", "configuration"], columns="side", values="text")
+    order = [(d, LABELS[c]) for d in dict.fromkeys(numbers["dataset"]) for c in ABLATION_ORDER]
+    sides = [side for side in ABLATION_SIDES.values() if side in wide.columns]
+    return wide.loc[order, sides].rename_axis(columns=None)
+
+
+def _ablation_side(runs: pd.DataFrame, optimizer: str, what: str) -> pd.DataFrame:
+    """``runs`` if they are the runs of ``optimizer``, of one setting, with the columns the ablation reads."""
+    needed = ["dataset", "component", "lr", "seed", "status", "test_accuracy", "optimizer"]
+    lacking = [column for column in needed if column not in runs]
+    if lacking:
+        raise ValueError(f"{what} lacks the column(s) {', '.join(lacking)}; give a runs table (runs_table.for_spec)")
+    others = sorted(set(runs["optimizer"]) - {optimizer})
+    if others:
+        raise ValueError(
+            f"{what} holds runs of optimizer {', '.join(map(str, others))}; valid: adam_runs of optimizer adamw "
+            "(parameters/sweeps/ablation_adam.yaml), sgd_runs of optimizer sgd (finetune_paper.yaml)"
+        )
+    check_one_setting(runs, f"the Adam ablation's {what}")
+    if runs.duplicated(["dataset", "component", "lr", "seed"]).any():
+        raise ValueError(f"{what} holds two runs of one dataset, configuration, learning rate and seed")
+    return runs
+
+
+def _check_same_setting(adam_runs: pd.DataFrame, sgd_runs: pd.DataFrame) -> None:
+    """A ValueError if the two sides' runs differ in a key of ``SETTING`` but the optimizer's."""
+    for key in SETTING:
+        if key in ("optimizer", "weight_decay") or key not in adam_runs or key not in sgd_runs:
+            continue
+        adam, sgd = set(adam_runs[key].dropna()), set(sgd_runs[key].dropna())
+        if adam and sgd and adam != sgd:
+            raise ValueError(
+                f"the Adam and SGD runs differ in {key} ({', '.join(map(str, sorted(adam)))} against "
+                f"{', '.join(map(str, sorted(sgd)))}): give the SGD runs of the same {key}"
+            )

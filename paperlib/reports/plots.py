@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+import numpy as np
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
@@ -369,7 +370,7 @@ def rates_figure(table, measurement) -> plt.Figure:
 
 
 def scale_curve_figure(curve, token_rms: float, paper_r: float, measurement) -> plt.Figure:
-    """P(f) per component against the factor on the embeddings (``ranking.scale_curve``'s ``curve``).
+    """P(f) per component against the factor on the embeddings (``plasticity.scale_curve``'s ``curve``).
 
     A dotted line at the factor that gives tokens of RMS norm ``token_rms`` the paper's r."""
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -684,3 +685,77 @@ def equal_capacity_figure(accuracies, plasticity, model: str, spec: str, select:
         plasticity_vs_result(table, "accuracy", ax, "test accuracy (%) - dataset mean")
         ax.set_title(f"{model}: {design}")
     return _saved(fig, "10_equal_capacity", model, Path(spec).stem, select)
+
+
+ABLATION_BOXES = {"adamw": ("Adam", None, 1.0), "sgd": ("SGD", "////", 0.6)}
+"""``adam_ablation_figure``'s boxes by optimizer: label, hatch and alpha (Adam plain, SGD hatched, as the authors')."""
+
+
+def adam_ablation_figure(
+    adam_runs, sgd_runs, histories, spec: str, dataset: str = "domainnet/sketch", lr: float = 1e-4, seed: int = 0
+) -> plt.Figure:
+    """Notebook 07's Adam ablation figure, the authors' for DomainNet Sketch (their ``ablation.py``, not in the paper).
+
+    Left: per component in plasticity order, the test accuracy (%) of ``seed``'s runs on ``dataset`` over their
+    learning rates (every run that ended, diverged ones with their best-validation checkpoint's), an Adam box beside
+    an SGD one (whiskers at 1.5 interquartile ranges, no outliers drawn, as theirs). Middle and right: the gradient norm
+    (before clipping) and the validation loss against the step of the Adam runs at ``lr`` and ``seed`` (theirs:
+    1e-4, Table 5's 1e-2 divided by 100), a line per component.
+
+    ``adam_runs`` and ``sgd_runs``: runs tables (``runs_table.for_spec``) of ``parameters/sweeps/ablation_adam.yaml``
+    and of the SGD grid (None or empty: Adam boxes alone); ``histories``: ``runs_table.histories_of``'s of the Adam
+    runs (None, or none of those runs: the left panel alone). Saved as ``07_adam_ablation_<spec>_<dataset>...``."""
+    datasets = sorted(adam_runs["dataset"].unique())
+    if dataset not in datasets:
+        raise ValueError(f"no Adam run on {dataset!r}; valid datasets (those of adam_runs): {', '.join(datasets)}")
+    sides = {"adamw": adam_runs}
+    if sgd_runs is not None and len(sgd_runs):
+        sides["sgd"] = sgd_runs
+    curves = None
+    if histories is not None and len(histories):
+        at = (
+            (histories["dataset"] == dataset)
+            & (histories["seed"] == seed)
+            & np.isclose(histories["lr"].astype(float), lr, rtol=1e-9, atol=0.0)
+            & histories["component"].isin(COMPONENTS)
+        )
+        if "optimizer" in histories:
+            at &= histories["optimizer"] == "adamw"
+        curves = histories[at] if at.any() else None
+    fig, axes = plt.subplots(1, 3 if curves is not None else 1, figsize=(13.5 if curves is not None else 5, 3.4))
+    axes = np.atleast_1d(axes)
+    width = 0.8 / len(sides)
+    for k, (optimizer, runs) in enumerate(sides.items()):
+        ended = runs[
+            (runs["dataset"] == dataset) & (runs["seed"] == seed) & runs["status"].isin(["finished", "diverged"])
+        ]
+        _, hatch, alpha = ABLATION_BOXES[optimizer]
+        shown = [c for c in COMPONENTS if ended.loc[ended["component"] == c, "test_accuracy"].notna().any()]
+        values = [100 * ended.loc[ended["component"] == c, "test_accuracy"].dropna().to_numpy() for c in shown]
+        positions = [COMPONENTS.index(c) + (k - (len(sides) - 1) / 2) * width for c in shown]
+        if shown:
+            parts = axes[0].boxplot(
+                values,
+                positions=positions,
+                widths=0.9 * width,
+                patch_artist=True,
+                showfliers=False,
+                medianprops={"color": "black"},
+            )
+            for box, component in zip(parts["boxes"], shown):
+                box.set(facecolor=COLORS[component], hatch=hatch, alpha=alpha)
+    handles = [
+        Patch(facecolor="lightgrey", edgecolor="black", hatch=ABLATION_BOXES[o][1], alpha=ABLATION_BOXES[o][2])
+        for o in sides
+    ]
+    axes[0].legend(handles, [ABLATION_BOXES[o][0] for o in sides], frameon=False, fontsize=7)
+    axes[0].set_xticks(range(len(COMPONENTS)), [LABELS[c] for c in COMPONENTS])
+    axes[0].set_xlim(-0.6, len(COMPONENTS) - 0.4)
+    axes[0].set(ylabel="test accuracy (%)", title=f"{dataset}, seed {seed}: over the learning rates")
+    if curves is not None:
+        training_curves(curves, "grad_norm", axes[1])
+        axes[1].set(ylabel="gradient norm (before clipping)", title=f"Adam, lr {lr:g}")
+        training_curves(curves, "val_loss", axes[2])
+        axes[2].set(ylabel="validation loss", title=f"Adam, lr {lr:g}")
+        axes[2].legend(frameon=False, fontsize=7)
+    return _saved(fig, "07_adam_ablation", Path(spec).stem, dataset, f"lr{lr:g}", f"seed{seed}")
