@@ -219,6 +219,29 @@ def test_a_record_6_is_read_again_into_the_run_today_s_version_trains(results, m
     assert np.allclose(history["train_loss"], fresh_history["train_loss"], rtol=1e-4)
 
 
+def test_a_checkpoint_of_an_older_record_is_not_resumed(small, monkeypatch):
+    """What a checkpoint saw is held in its version's order (record 6: the validation split sorted): a run interrupted
+    under another record starts again, with a warning, rather than mix two orders in one record."""
+    from paperlib.data import loader
+
+    config = small()
+    interrupted(config, 6, monkeypatch)  # after its first checkpoint (step 4)
+    checkpoint = config.folder() / runs.CHECKPOINT
+    saved = torch.load(checkpoint, weights_only=True)
+    torch.save(saved | {"params": saved["params"] | {"record": 6}}, checkpoint)
+    asked, original = [], loader.DeviceLoader.batch
+
+    def spy(self, index):
+        if self.augment:
+            asked.append(index)
+        return original(self, index)
+
+    monkeypatch.setattr(loader.DeviceLoader, "batch", spy)
+    with pytest.warns(UserWarning, match="written by an older version: the run starts from the beginning"):
+        finetune.run(config)
+    assert asked[0] == 0
+
+
 def test_retraining_an_older_run_leaves_it_readable_until_the_new_one_is_whole(results, monkeypatch):
     older_root(results)
     before = files_of(KEPT.folder())
