@@ -63,15 +63,9 @@ from paperlib.data import datasets
 from paperlib.records import cli, storage
 from paperlib.records.methods import METHODS
 from paperlib.records.names import RUN_COMPONENTS
-from paperlib.records.step_options import (
-    ATTENTION_CHOICES,
-    COMPILE_CHOICES,
-    PRECISIONS,
-    STEP_OPTIONS,
-    StepOptions,
-    compile_modes,
-)
+from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, PRECISIONS, STEP_OPTIONS, StepOptions
 from paperlib.speed.clock import resolve_device
+from paperlib.speed.options import compile_modes
 from paperlib.train.config import Config
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")

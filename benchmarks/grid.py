@@ -38,7 +38,7 @@ from paperlib.data.corruptions import CORRUPTIONS
 from paperlib.measure import component_rates, plasticity
 from paperlib.records import cli, readings, runs, specs
 from paperlib.records.names import CONFIGURATIONS
-from paperlib.train import checkpoints, finetune
+from paperlib.train import checkpoints, evaluation, finetune
 from paperlib.train.config import configs
 from paperlib.vit import components, models
 
@@ -142,7 +142,7 @@ def outcomes(config, rows: list[dict], test: float, rng: np.random.Generator) ->
     At each validation of ``rows``, each validation image is right with the probability of its accuracy there, each
     test image with ``test``'s."""
     n_val, n_test = SPLIT_IMAGES[config.dataset]
-    validations = [row for row in rows if finetune.evaluates(row["step"], config)]
+    validations = [row for row in rows if evaluation.evaluates(row["step"], config)]
     accuracy = np.array([row["val_accuracy"] for row in validations])
     return readings.Outcomes(
         steps=np.array([row["step"] for row in validations]),
@@ -203,7 +203,7 @@ def history(config, test: float, rng: np.random.Generator) -> tuple[list[dict], 
     peak = rng.uniform(0.3, 1.0)  # where validation peaks, as a fraction of training
     after = np.maximum(0, t - peak)
     loss = end + (start - end) * np.exp(-rate * t)
-    validates = np.array([finetune.evaluates(step, config) for step in steps])
+    validates = np.array([evaluation.evaluates(step, config) for step in steps])
     curve = -(test - 1 / num_classes(config.dataset)) * np.exp(-rate * t) - 0.02 * after
     curve += rng.normal(0, 0.0015, len(steps))
     curve = np.where(validates, curve, np.nan)

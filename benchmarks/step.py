@@ -34,18 +34,11 @@ from paperlib.data.imagesets import ImageDataset, random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.data.transforms import paper_transform
 from paperlib.records import storage
-from paperlib.records.step_options import (
-    PRESET_RECORD,
-    STEP_OPTIONS,
-    StepOptions,
-    check_precision,
-    compile_choice,
-    preset,
-    triton_available,
-)
+from paperlib.records.step_options import PRESET_RECORD, STEP_OPTIONS, StepOptions, compile_choice, preset
 from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
 from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward
 from paperlib.speed.layers import is_fusable_attention, is_fusable_mlp
+from paperlib.speed.options import check_precision, checked, triton_available
 from paperlib.speed.step import autocast_for, compile_model, tf32_flags, warmup_steps
 from paperlib.train.config import Config
 from paperlib.train.step import adapt, build_step, network
@@ -236,7 +229,7 @@ def bench_finetune(
     if not components:
         raise ValueError("no component to time: give at least one")
     configs = {component: settings.config(component, device) for component in components}  # checked before any work
-    options = settings.options.checked(device)  # recorded as what ran
+    options = checked(settings.options, device)  # recorded as what ran
     model = _random_model(next(iter(configs.values())), device)
     # a run that adds to its model (LoRA updates, a subset) is adapted on an untouched copy per component and loop
     adds = settings.method != "weights"
@@ -421,7 +414,7 @@ def variant_options(
             options = StepOptions(*combination)
             if compile_choice(options.compile) == "none":
                 options = replace(options, compile_mode="default")
-            run = (batch_size, options.checked(device))
+            run = (batch_size, checked(options, device))
             if run not in runs:
                 runs.append(run)
     return runs

@@ -47,7 +47,7 @@ import torch
 
 from paperlib.analysis import precision_check, tables
 from paperlib.records import names
-from paperlib.records.step_options import native_bf16
+from paperlib.speed.options import native_bf16
 from paperlib.reports import notebook, plots
 from paperlib.sweeps.spec_runs import spec_runs
 

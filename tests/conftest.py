@@ -140,6 +140,14 @@ def resumed(config: Config, monkeypatch) -> dict:
     return metrics
 
 
+def recorded_difference(config: Config) -> list[str] | None:
+    """How the run recorded in ``config``'s folder differs from ``config`` (``runs.differing``); None where none is."""
+    from paperlib.records import runs
+
+    params = runs.read_params(config.folder())
+    return None if params is None else runs.differing(params, runs.run_record(config))
+
+
 def same_metrics(metrics: dict) -> dict:
     """Metrics without the timings, which differ between runs, and the checksums of the files kept (``files``)."""
     return {k: v for k, v in metrics.items() if k not in ("wall_seconds", "images_per_second", "files")}

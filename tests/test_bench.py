@@ -16,6 +16,7 @@ from benchmarks.step import StepSettings, Timing
 from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 from paperlib.speed import step
+from paperlib.speed.options import checked
 from paperlib.train import step as train_step
 from paperlib.train.config import Config
 
@@ -99,7 +100,7 @@ def test_utilisation_is_checked_against_the_peak_when_known(fake_benchmarks, mon
         # what the real result records: the options as they resolved on its device
         return {
             "batch_size": batch,
-            **asdict(options.checked("cpu")),
+            **asdict(checked(options, "cpu")),
             "full_library_mfu": mfu,
             "full_library_tflops": 1,
         }

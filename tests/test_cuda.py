@@ -19,8 +19,9 @@ from paperlib.data import transforms as T
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.measure import component_rates, plasticity
 from paperlib.records import runs
-from paperlib.records.step_options import CPU_ATTENTION, StepOptions
+from paperlib.records.step_options import StepOptions
 from paperlib.speed import layers
+from paperlib.speed.options import CPU_ATTENTION, checked
 from paperlib.speed.step import OptimizerSettings, compile_model, make_optimizer, make_step, step_context
 from paperlib.train import finetune
 from paperlib.vit import components, models
@@ -122,7 +123,7 @@ def test_a_training_step_never_makes_the_host_wait_for_the_device(precision, tin
     # would leave the GPU idle while the host prepares the next one
     model = tiny_vit(num_classes=10).to(DEVICE)
     components.set_trainable(model, "full")
-    options = StepOptions(precision=precision).checked(DEVICE)
+    options = checked(StepOptions(precision=precision), DEVICE)
     step = make_step(model, options, optimizer=OptimizerSettings("sgd", 0.01, 0.9), batch_size=32, clip=1.0)
     loader = DeviceLoader(datasets.get_dataset("digits", "trainval"), 32, Transform(True, 32), device=DEVICE)
     for index in range(2):  # first steps: lazy initialisation, allocations

@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import interrupted, resumed, same_metrics
+from conftest import interrupted, recorded_difference, resumed, same_metrics
 
 from paperlib.analysis import plasticity_table, summary, tables
 from paperlib.data import datasets, fixtures
@@ -369,7 +369,7 @@ def test_a_run_of_an_earlier_protocol_is_kept_labelled_and_trained_again_only_wh
     assert runs_table.load()["lacks"].tolist() == [""]
     params = json.loads(params_file.read_text()) | {"graph": False}  # a field Config does not have: another run
     storage.write_json(params_file, params)
-    assert not runs.is_finished(config) and runs.recorded_difference(config) == ["graph"]
+    assert not runs.is_finished(config) and recorded_difference(config) == ["graph"]
 
 
 def test_damaged_runs_are_partial_in_the_results_table(small):

@@ -6,12 +6,12 @@ import math
 import pandas as pd
 import pytest
 import torch
-from conftest import interrupted, resumed, same_metrics
+from conftest import interrupted, recorded_difference, resumed, same_metrics
 
 from paperlib.analysis import tables
 from paperlib.records import runs as run_files
 from paperlib.records import runs_table, storage
-from paperlib.train import finetune
+from paperlib.train import evaluation, finetune
 from paperlib.train.config import configs
 from paperlib.vit import components, models
 
@@ -206,14 +206,14 @@ def test_a_run_recorded_before_a_new_field_is_read_as_its_default_and_kept(small
     metrics = finetune.run(small())
     params_file = small().folder() / "params.json"
     params = json.loads(params_file.read_text())
-    assert run_files.is_finished(small()) and run_files.recorded_difference(small()) == []
+    assert run_files.is_finished(small()) and recorded_difference(small()) == []
     del params["fused"], params["precision"]  # as a run written before Config had these fields
     storage.write_json(params_file, params)
     # a field is added with the default that does what runs did before it: the run is this one, of an older version
-    assert run_files.recorded_difference(small()) == [] and run_files.finished(small()) == metrics
+    assert recorded_difference(small()) == [] and run_files.finished(small()) == metrics
     assert run_files.lacks(run_files.read_params(small().folder())) == ["no fused, precision (read as their default)"]
     # not another precision's run, though
-    assert run_files.recorded_difference(small(precision="bf16")) is None  # another folder: nothing there
+    assert recorded_difference(small(precision="bf16")) is None  # another folder: nothing there
 
 
 def test_adamw_runs_in_its_own_folder_and_trains_only_the_chosen_component(results, small):
@@ -424,7 +424,7 @@ def test_image_size_sets_the_models_resolution_too(small):
 
 
 class _Split:
-    """A split of ``len(labels)`` images for ``finetune.evaluate``, in forward batches of 256; an image is its index."""
+    """A split of ``len(labels)`` images for ``evaluation.evaluate``, in forward batches of 256; image i is i."""
 
     device = torch.device("cpu")
 
@@ -445,9 +445,9 @@ def test_accuracy_is_the_authors_mean_over_batches_of_512_the_last_partial_one_c
         logits[:, 0] = torch.tensor([-1.0 if int(i) in wrong else 1.0 for i in images])
         return logits
 
-    evaluation = finetune.evaluate(torch.nn.Identity(), _Split(labels), forward=forward)
-    assert evaluation.accuracy == pytest.approx((500 / 512 + 512 / 512 + 3 / 6) / 3, abs=1e-12)
-    assert evaluation.exact == pytest.approx(1015 / 1030, abs=1e-12)
+    evaluated = evaluation.evaluate(torch.nn.Identity(), _Split(labels), forward=forward)
+    assert evaluated.accuracy == pytest.approx((500 / 512 + 512 / 512 + 3 / 6) / 3, abs=1e-12)
+    assert evaluated.exact == pytest.approx(1015 / 1030, abs=1e-12)
 
 
 def _class_zero_share(labels: torch.Tensor) -> float:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from paperlib.records import runs, step_options
-from paperlib.records.step_options import StepOptions, fused_parts, resolve_fused
-from paperlib.speed import kernels, layers
+from paperlib.records import runs
+from paperlib.records.step_options import StepOptions, fused_parts
+from paperlib.speed import kernels, layers, options
+from paperlib.speed.options import resolve_fused
 from paperlib.speed.step import fuse
 from paperlib.train import finetune
 from paperlib.train.config import Config
@@ -273,10 +274,10 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
 
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
-    monkeypatch.setattr(step_options, "triton_available", lambda: False)  # what the checks call
+    monkeypatch.setattr(options, "triton_available", lambda: False)  # what the checks call
 
     def checked(fused, device):
-        return StepOptions(fused=fused).checked(torch.device(device)).fused
+        return options.checked(StepOptions(fused=fused), torch.device(device)).fused
 
     with pytest.raises(ValueError, match="Triton is not installed"):
         checked("all", "cuda")
@@ -288,7 +289,7 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
 
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
     assert Config().fused == "auto"
-    monkeypatch.setattr(step_options, "triton_available", lambda: True)  # what the checks call
+    monkeypatch.setattr(options, "triton_available", lambda: True)  # what the checks call
     assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones
     assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"
     assert resolve_fused("auto", torch.device("cpu")) == "none"

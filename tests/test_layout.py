@@ -55,6 +55,8 @@ def test_the_package_keeps_its_contracts():
         ("records/names.py", "from paperlib.train import finetune", "Packages import downwards"),
         ("analysis/tables.py", "import torch", "Reading results needs no training stack"),
         ("speed/clock.py", "def f():\n    import benchmarks.step", "The package never imports its benchmarks"),
+        ("records/names.py", "import triton", "Reading results needs no training stack"),
+        ("speed/clock.py", "from paperlib.analysis import tables", "Speed and analysis are independent"),
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(tmp_path, module, line, contract):
@@ -237,6 +239,15 @@ def test_kendalls_tau_is_computed_in_significance_alone():
     assert _names_kendalltau("from scipy.stats import kendalltau")
     assert _names_kendalltau("import scipy.stats\nscipy.stats.kendalltau([1, 2], [2, 1])")
     assert not _names_kendalltau('"""Kendall\'s tau (scipy\'s ``kendalltau``)."""  # kendalltau')
+    # and Kendall's S, the statistic the permutation tests count, is defined there alone too
+    defining = sorted(name for name, path in MODULES.items() if _defines_kendall(path.read_text()))
+    assert defining == ["paperlib.analysis.significance"], defining
+
+
+def _defines_kendall(source: str) -> bool:
+    """Whether ``source`` defines a function of Kendall's statistic (its name says so)."""
+    functions = (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    return any(f.name.lower().lstrip("_").startswith(("kendall", "tau")) for f in functions)
 
 
 def _help_formatters(source: str) -> list[str]:

@@ -7,6 +7,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from conftest import recorded_difference
 from timm.data import (
     IMAGENET_DEFAULT_MEAN,
     IMAGENET_DEFAULT_STD,
@@ -206,7 +207,7 @@ def test_a_run_recorded_before_the_option_is_kept_and_read_as_its_default(home, 
     storage.write_json(config.folder() / "params.json", params)
     assert runs_table.load()["normalize"].tolist() == ["imagenet"]  # as its metrics.json says
     # and the field its record lacks is read as its default, what runs did before it: the run is kept, labelled
-    assert run_files.recorded_difference(config) == [] and run_files.is_finished(config)
+    assert recorded_difference(config) == [] and run_files.is_finished(config)
     assert runs_table.load()["lacks"].tolist() == ["no normalize (read as its default)"]
 
 

@@ -17,6 +17,7 @@ from paperlib.data.imagesets import random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.records import paths, step_options
 from paperlib.records import runs as run_files
+from paperlib.speed import options as device_options
 from paperlib.speed import step as step_module
 from paperlib.sweeps import plan
 from paperlib.train import finetune
@@ -133,7 +134,7 @@ def test_blocks_share_one_compiled_graph_and_go_back_to_eager(monkeypatch, tiny_
 def test_native_bf16_is_avx512_bf16_or_amx(monkeypatch, avx512_bf16, amx, native):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert step_options.native_bf16() is native
+    assert device_options.native_bf16() is native
 
 
 def test_compile_and_attention_choices_fail_before_any_work(results, small):
@@ -144,7 +145,7 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
     with pytest.raises(ValueError, match="valid choices: auto, flash, math"):
         finetune.run(small(attention="cudnn"))  # a CUDA kernel asked for on a CPU
     with pytest.raises(ValueError, match="valid choices: auto, flash, cudnn, efficient, math"):
-        step_options.check_attention("fast", torch.device("cuda"))
+        device_options.check_attention("fast", torch.device("cuda"))
     with pytest.raises(ValueError, match="needs a ViT with a `blocks` sequence"):
         speed.step.compile_model(torch.nn.Linear(2, 2), "blocks")
     assert not any(results.rglob("*")) if results.exists() else True
@@ -163,12 +164,12 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(small):
         "bf16",
         "auto",
     ]
-    checked = options.checked("cpu")
+    checked = device_options.checked(options, "cpu")
     assert (checked.compile, checked.fused) == ("model", "none")  # as compile_model and fuse read them on a CPU
-    assert step_options.StepOptions().checked(torch.device("cpu")).compile == "none"
-    assert checked.checked("cpu") == checked  # checking is idempotent
+    assert device_options.checked(step_options.StepOptions(), torch.device("cpu")).compile == "none"
+    assert device_options.checked(checked, "cpu") == checked  # checking is idempotent
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
-        step_options.StepOptions(precision="fp16").checked("cpu")
+        device_options.checked(step_options.StepOptions(precision="fp16"), "cpu")
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
@@ -189,7 +190,7 @@ def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
     model = tiny_vit(num_classes=3).eval()
     images = torch.randn(4, 3, 32, 32)
     outputs = {}
-    for attention in step_options.CPU_ATTENTION:
+    for attention in device_options.CPU_ATTENTION:
         with torch.no_grad(), speed.step.step_context(cpu, attention, precision="fp32")():
             outputs[attention] = model(images)
     torch.testing.assert_close(outputs["math"], outputs["auto"], rtol=1e-4, atol=1e-5)
@@ -299,7 +300,7 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
     model = tiny_vit(num_classes=3)
-    assert "coordinate-descent" in step_options.compile_modes()
+    assert "coordinate-descent" in device_options.compile_modes()
     speed.step.compile_model(model, "model", "coordinate-descent")
     speed.step.compile_model(model, "blocks", "coordinate-descent")
     speed.step.compile_model(model, "model", "max-autotune-no-cudagraphs")
@@ -467,7 +468,7 @@ def test_the_protocol_the_plan_and_the_benchmarks_build_their_step_with_the_runs
 
 def test_make_step_trains_the_parameters_the_caller_left_trainable_with_the_runs_optimizer(tiny_model):
     model = components.set_trainable(tiny_model, "mha")
-    options = step_options.StepOptions().checked("cpu")
+    options = device_options.checked(step_options.StepOptions(), "cpu")
     sgd = step_module.OptimizerSettings("sgd", lr=0.1, momentum=0.9)
     step = step_module.make_step(model, options, optimizer=sgd, batch_size=8, clip=1.0)
     trainable = [p for _, p in components.trainable_parameters(model)]

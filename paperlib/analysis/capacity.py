@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from paperlib.analysis import component_tests, tables
-from paperlib.analysis.significance import holm, kendall_tau, sign_test
+from paperlib.analysis.significance import holm, kendall_s, kendall_tau, sign_test
 from paperlib.records.names import COMPONENTS, LABELS, family
 
 TOLERANCE = 0.1
@@ -149,12 +149,6 @@ def _two_sided(null: tuple[int, np.ndarray], observed: float) -> float:
     return float(min(1.0, probabilities[np.abs(support) >= abs(observed) - 1e-9].sum()))
 
 
-def _kendall_s(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Kendall's S of ``x`` with each row of ``y``: concordant minus discordant pairs (ties count 0)."""
-    i, j = np.triu_indices(len(x), 1)
-    return (np.sign(x[i] - x[j]) * np.sign(y[..., i] - y[..., j])).sum(axis=-1)
-
-
 class WithinCapacity(NamedTuple):
     """``within_capacity``'s tables (a tuple: ``[1]`` is the summary)."""
 
@@ -201,12 +195,12 @@ def within_capacity(
                 continue
             part = part.sort_values("component")  # one order of the components: a family shares its permutations
             x, y = part["plasticity"].to_numpy(float), part[value].to_numpy(float)
-            null = _kendall_s(x, _permuted(y))
+            null = kendall_s(x, _permuted(y))
             nulls[name, dataset] = _distribution(null)
             unit = (name, family(dataset), tuple(part["component"]))
             families[unit] = families.get(unit, 0) + null
             row = {"group": name, "dataset": dataset, "family": family(dataset)}
-            rows.append(row | {"components": len(part), "tau": kendall_tau(x, y), "S": int(_kendall_s(x, y))})
+            rows.append(row | {"components": len(part), "tau": kendall_tau(x, y), "S": int(kendall_s(x, y))})
     per_dataset = pd.DataFrame(rows, columns=["group", "dataset", "family", "components", "tau", "S"])
     parts = dict(list(per_dataset.groupby("group", sort=False)))
     if len(parts) > 1:
@@ -545,7 +539,7 @@ def design_difference(wide: dict[str, pd.DataFrame], plasticity: pd.DataFrame) -
         if kept.sum() < 2:
             continue
         equal, ordinary = (np.where(swaps[:, kept], b[kept], a[kept]) for a, b in (rows, rows[::-1]))
-        gap = _kendall_s(x[kept], equal) - _kendall_s(x[kept], ordinary)  # one per swap, none first
+        gap = kendall_s(x[kept], equal) - kendall_s(x[kept], ordinary)  # one per swap, none first
         totals[family(dataset)] = totals.get(family(dataset), 0) + gap
     null = _convolved(_distribution(t) for t in totals.values())
     observed = int(sum(t[0] for t in totals.values()))

@@ -95,21 +95,24 @@ def kendall(x: np.ndarray, y: np.ndarray, alternative: str) -> tuple[float, floa
     return tau_b, float(test.pvalue)
 
 
+def kendall_s(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Kendall's S along the last axis: concordant minus discordant pairs (a tie counts 0).
+
+    Broadcast over the other axes: ``x`` one ranking, ``y`` a row per permutation of another."""
+    x, y = np.broadcast_arrays(np.asarray(x, float), np.asarray(y, float))
+    i, j = np.triu_indices(x.shape[-1], 1)
+    return (np.sign(x[..., i] - x[..., j]) * np.sign(y[..., i] - y[..., j])).sum(axis=-1)
+
+
 def _tau_b(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     """Kendall's tau-b along ``axis``, vectorised for the permutation test.
 
-    scipy's ``kendalltau`` takes one pair of samples a call. Tau-b is (concordant - discordant pairs) /
-    sqrt((pairs - ties in x) (pairs - ties in y))."""
-    x, y = np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1)
-    x, y = np.broadcast_arrays(x, y)
-    n = x.shape[-1]
-    dx = np.sign(x[..., :, None] - x[..., None, :])
-    dy = np.sign(y[..., :, None] - y[..., None, :])
-    pairs = n * (n - 1) / 2
-    score = (dx * dy).sum(axis=(-2, -1)) / 2
-    ties_x = ((dx == 0).sum(axis=(-2, -1)) - n) / 2
-    ties_y = ((dy == 0).sum(axis=(-2, -1)) - n) / 2
-    return score / np.sqrt((pairs - ties_x) * (pairs - ties_y))
+    scipy's ``kendalltau`` takes one pair of samples a call. Tau-b is ``kendall_s`` /
+    sqrt((pairs untied in x) (pairs untied in y))."""
+    x, y = np.broadcast_arrays(np.moveaxis(np.asarray(x, float), axis, -1), np.moveaxis(np.asarray(y, float), axis, -1))
+    i, j = np.triu_indices(x.shape[-1], 1)
+    untied = [(v[..., i] != v[..., j]).sum(axis=-1) for v in (x, y)]
+    return kendall_s(x, y) / np.sqrt(untied[0] * untied[1])
 
 
 def sign_test(positive: int, negative: int) -> float:

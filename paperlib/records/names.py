@@ -110,7 +110,7 @@ SELECTIONS = ("test", "val")
 
 ACCURACIES = ("authors", "exact")
 """How the tables read a run's accuracies: as the authors' evaluation computes them (the mean of per-batch
-accuracies, ``finetune.evaluate``: ``test_accuracy``, ``best_val_accuracy``) or exactly (their ``_exact`` columns,
+accuracies, ``evaluation.evaluate``: ``test_accuracy``, ``best_val_accuracy``) or exactly (their ``_exact`` columns,
 moved into those two by ``runs_table.read_as``). The checkpoint is the one the authors' reading chose, either way."""
 
 

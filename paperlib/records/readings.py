@@ -53,7 +53,7 @@ class Outcomes:
 
     ``steps``: the step of each; ``val`` and ``test``: booleans (validations x images), True where the image was
     classified right, in the split's stored order; ``val_loss``, ``test_loss``: each split's mean cross-entropy;
-    ``nan_model``: whether the row scores the authors' NaN model (``finetune._nan_validation``), a checkpoint without
+    ``nan_model``: whether the row scores the authors' NaN model (``evaluation.nan_validation``), a checkpoint without
     weights, which their loop chooses as any other (``choose``)."""
 
     steps: np.ndarray

@@ -337,30 +337,22 @@ FILES = (PARAMS, METRICS, HISTORY, CHECKPOINT, WEIGHTS, OUTCOMES)
 """Every file a run keeps in its folder."""
 
 
-def differing(saved: dict, record: dict, ignore: tuple[str, ...]) -> list[str]:
-    """The keys whose values differ between two run records (``params.json``, ``run_record``), ``ignore``d keys aside.
+def differing(saved: dict, record: dict, how_it_ran: bool = True) -> list[str]:
+    """The one answer to "is the run recorded in a folder the one asked for": [] if it is, else what differs.
 
-    Which version wrote them (``VERSIONS``) is not what a run is, and a ``Run`` field the saved record lacks counts as
-    its default (a field is added with the default that does what runs did before it). A key ``Run`` does not have,
-    or custom data's fingerprints that only one of them has, differs: that is another run."""
+    ``saved``: the record in the folder (its ``params.json``, or a checkpoint's); ``record``: ``run_record`` of the
+    run asked. What a run keeps (``OUTPUT_ONLY``) never counts, nor which version wrote it (``VERSIONS``: a run of an
+    older version is the one asked for, ``lacks`` says what it lacks). How it ran (``HOW_IT_RAN``) counts for what
+    writes the folder (``finished``, ``start``, a checkpoint resumed: train it again?), not with ``how_it_ran`` False
+    for what reads a result (``runs_table.for_spec``, ``finetune.load_model``: the same run to rounding). A ``Run``
+    field the saved record lacks counts as its default (a field is added with the default that does what runs did
+    before it); a key ``Run`` does not have, or custom data's fingerprints that only one of them has, differs: that
+    is another run."""
+    ignore = OUTPUT_ONLY + VERSIONS + (() if how_it_ran else HOW_IT_RAN)
     saved = Run.defaults() | saved
     return sorted(
-        key
-        for key in saved.keys() | record.keys()
-        if key not in ignore + VERSIONS and saved.get(key) != record.get(key)
+        key for key in saved.keys() | record.keys() if key not in ignore and saved.get(key) != record.get(key)
     )
-
-
-def recorded_difference(config: Run) -> list[str] | None:
-    """How the run recorded in ``config``'s folder (its ``params.json``) differs from ``config``.
-
-    None if there is no readable record, [] if it is ``config``'s run (on the same custom data and model as now), else
-    the names of what differs (``differing``, ``OUTPUT_ONLY`` aside). The one answer to "is the run in this folder the
-    one asked for", for ``finished`` (runs, sweeps: train it again?) and, from records, ``for_spec`` (notebooks,
-    ``stats``: is it the spec's result? there, how it ran, ``HOW_IT_RAN``, does not count: the same run to
-    rounding). A run of an older version is the one asked for: ``lacks`` says what it lacks."""
-    params = read_params(config.folder())
-    return None if params is None else differing(params, run_record(config), OUTPUT_ONLY)
 
 
 def read_params(folder: Path) -> dict | None:
@@ -477,7 +469,7 @@ def finished(config: Run) -> dict | None:
     """The metrics of ``config``'s run if it is finished as asked; None otherwise.
 
     Finished as asked: its recorded parameters (``params.json``) are ``config``'s on the same custom data and model as
-    now (what ``recorded_difference`` compares, read here from the folder computed once), its ``metrics.json`` is there
+    now (``differing``, read here from the folder computed once), its ``metrics.json`` is there
     and whole, with the files it records each the one written (``read_metrics``; a damaged run is named in a warning
     and trained again, beside it: ``start``), and, with ``save_weights``, its weights are kept (or it has none to
     keep: it diverged before any checkpoint, or its best is the authors' NaN model, ``nan_model``). A run of an older
@@ -487,7 +479,7 @@ def finished(config: Run) -> dict | None:
     params = read_params(folder)
     if params is None:
         return None
-    if differing(params, run_record(config), OUTPUT_ONLY) or (lacks(params) and paths.retrain_older()):
+    if differing(params, run_record(config)) or (lacks(params) and paths.retrain_older()):
         return None
     metrics = read_metrics(folder, params, whole=True)
     if metrics is None:
@@ -513,7 +505,7 @@ def start(folder: Path, params: dict) -> Path:
     check_inside(folder)
     work = staging(folder) if (folder / METRICS).exists() else folder
     saved = read_params(work)
-    same = saved is not None and not differing(saved, params, OUTPUT_ONLY) and versions(saved) == versions(params)
+    same = saved is not None and not differing(saved, params) and versions(saved) == versions(params)
     for stale in () if same else (HISTORY, CHECKPOINT, WEIGHTS, OUTCOMES):
         (work / stale).unlink(missing_ok=True)
     storage.write_json(work / PARAMS, params)

@@ -23,9 +23,7 @@ from paperlib.records.names import ACCURACIES
 from paperlib.records.runs import (
     COUNTS,
     HISTORY,
-    HOW_IT_RAN,
     METRICS,
-    OUTPUT_ONLY,
     PARAMS,
     Run,
     config_values,
@@ -127,11 +125,10 @@ def for_spec(*spec_list: dict, accuracy: str = "authors") -> tuple[pd.DataFrame,
     ``params.json`` and ``metrics.json`` of the specs' folders alone, so its cost grows with the specs, not with the
     results root, and it loads no torch (``spec_records``); histories: ``histories_of(runs)``. ``stats`` and the
     notebooks (``sweeps.spec_runs``, which first runs what is missing when asked) read their runs through it."""
-    ignore = OUTPUT_ONLY + HOW_IT_RAN  # a run's result whatever device or kernels made it
     rows, absent = [], []
     for folder, record in spec_records(*spec_list).items():
         params = read_params(Path(folder))
-        difference = None if params is None else differing(params, record, ignore)
+        difference = None if params is None else differing(params, record, how_it_ran=False)
         if difference == []:
             rows.append(_run_row(Path(folder), params))
             continue

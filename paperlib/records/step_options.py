@@ -1,66 +1,29 @@
-"""How a training step may run: the choices, checked once, and resolved for a device.
+"""How a training step may run: the names of its choices, as a run records them.
 
 ``StepOptions`` holds them: ``compile`` (torch.compile of the model or of each block),
 ``compile_mode``, ``attention`` (the scaled-dot-product attention kernel), ``precision``
 (``PRECISIONS``: "fp32", the paper's and every default's; beyond it "tf32", "autocast" and "bf16")
-and ``fused`` (our fused ops, ``kernels``).
-``StepOptions.checked(device)`` validates every choice for a device and gives them back resolved
-("auto" written out), which is what ``step`` builds a step from. A run gives each of them under its
+and ``fused`` (our fused ops, ``kernels``). What each means on a device, and its checks there, are
+``speed.options``' (``speed.options.checked``: every choice checked for a device and resolved, "auto" written
+out, which is what ``step`` builds a step from). A run gives each of them under its
 own name (``Config``'s fields, notebook 05's parameters, a sweep spec's keys); a speed preset is a name
 for a set of them besides ``precision`` (``preset``: "auto", the defaults; "none", nothing fused or
 compiled; or a YAML file of ``parameters/speed/``), which ``with_preset`` puts into a run's parameters,
-the options given explicitly overriding the preset's. Torch is imported where a choice is checked for
-a device, not here: reading specs, presets and results (``specs``, ``runs_table.for_spec``, ``stats``) loads
-none of the training stack.
+the options given explicitly overriding the preset's. Nothing here imports torch: reading specs, presets and results
+(``specs``, ``runs_table.for_spec``, ``stats``) loads none of the training stack.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from paperlib.records import paths
 from paperlib.records.cli import read_yaml
 
-if TYPE_CHECKING:
-    import torch
-
-# the attention kernels ``F.scaled_dot_product_attention`` may choose from; "auto" leaves the choice to PyTorch
-ATTENTION_CHOICES = {
-    "auto": None,
-    "flash": "FLASH_ATTENTION",
-    "cudnn": "CUDNN_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "math": "MATH",
-}
-CPU_ATTENTION = ("auto", "flash", "math")  # the kernels PyTorch has on a CPU
-
-
-def check_attention(attention: str, device: torch.device) -> str:
-    """``attention`` if it names a kernel this device has; otherwise a ValueError with the valid choices."""
-    device = _device(device)
-    valid = tuple(ATTENTION_CHOICES) if device.type == "cuda" else CPU_ATTENTION
-    if attention not in valid:
-        raise ValueError(
-            f"unknown attention kernel {attention!r} for a {device.type} device; valid choices: {', '.join(valid)}"
-        )
-    return attention
-
-
-def _device(device) -> torch.device:
-    import torch
-
-    return torch.device(device)
-
-
-def triton_available() -> bool:
-    """Whether Triton can be imported (PyTorch's CUDA builds for Linux bring it)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+ATTENTION_CHOICES = ("auto", "flash", "cudnn", "efficient", "math")
+"""The attention kernels ``F.scaled_dot_product_attention`` may be asked for; "auto" leaves the choice to PyTorch
+(which a device has: ``speed.options.check_attention``)."""
 
 
 COMPILE_CHOICES = ("none", "model", "blocks")
@@ -79,33 +42,6 @@ def compile_choice(value: bool | str) -> str:
     return value
 
 
-# modes of our own: torch.compile's default mode with these inductor options
-OWN_COMPILE_MODES = {
-    # inductor tunes the launch settings (block sizes, warps) of each kernel it generates, by timing
-    # them: the fused LayerNorm, GELU and residual kernels that bound a bf16 ViT step; longer
-    # compilation for a few % more images/s (docs/benchmarks.md)
-    "coordinate-descent": {"coordinate_descent_tuning": True},
-}
-
-
-def compile_modes() -> tuple[str, ...]:
-    """The modes ``compile_model`` accepts: this PyTorch's ``torch.compile`` modes and ``OWN_COMPILE_MODES``."""
-    import torch
-
-    try:
-        modes = tuple(torch._inductor.list_mode_options())
-    except AttributeError:  # a PyTorch without the listing: the modes of torch 2.x
-        modes = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-    return modes + tuple(OWN_COMPILE_MODES)
-
-
-def check_compile_mode(mode: str) -> str:
-    """``mode`` if it is a ``torch.compile`` mode, else a ValueError naming the valid ones."""
-    if mode not in compile_modes():
-        raise ValueError(f"unknown torch.compile mode {mode!r}; valid modes: {', '.join(compile_modes())}")
-    return mode
-
-
 PRECISIONS = ("fp32", "tf32", "autocast", "bf16")
 """How a step computes; only "fp32" is the paper's protocol, the others are for speed on a GPU and get
 their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
@@ -122,38 +58,20 @@ their own run folders (``-tf32``, ``-autocast``, ``-bf16``).
   ``native_bf16``).
 - "bf16": bf16 compute with fp32 master weights (``step.MasterWeights``).
 """
-CUDA_ONLY_PRECISIONS = ("tf32",)
+
+
+def check_precision_name(precision: str) -> str:
+    """``precision`` if it is one of ``PRECISIONS``; otherwise a ValueError naming them.
+
+    Whether a device has it: ``speed.options.check_precision``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
+    return precision
+
 
 OPTIMIZERS = ("sgd", "adamw")
 """``sgd``: the paper's (appendix C.3); ``adamw``: an extension (the paper's future work names a
 tailored optimisation of each module)."""
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware.
-
-    In hardware means x86's AVX-512 BF16 or AMX, which ``torch.backends.cpu.get_cpu_capability()`` does not
-    tell from AVX-512. Where it does not (AVX2 alone, or a CPU other than x86), PyTorch's bf16 matrix
-    products are emulated, and a demo finetuning run in "autocast" or "bf16" is slower than in fp32."""
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def check_precision(precision: str, device: torch.device | None = None) -> str:
-    """``precision`` if it is one of ``PRECISIONS`` that ``device`` has; otherwise a one-line ValueError naming those.
-
-    ``device`` None: a CUDA device, which has them all."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
-    kind = _device(device).type if device is not None else "cuda"
-    if precision in CUDA_ONLY_PRECISIONS and kind != "cuda":
-        valid = [p for p in PRECISIONS if p not in CUDA_ONLY_PRECISIONS]
-        raise ValueError(
-            f"precision {precision!r} runs matrix products on TF32 tensor cores, which only CUDA devices have, "
-            f"not {kind!r}; valid precisions on {kind}: {', '.join(valid)}"
-        )
-    return precision
 
 
 # our fused ops (``kernels``) that a step may use, by name: each takes passes over the data that
@@ -161,8 +79,6 @@ def check_precision(precision: str, device: torch.device | None = None) -> str:
 # and GELU; "qkv", the q/k/v projection's split into heads
 FUSED_PARTS = ("gelu", "qkv")
 FUSED_CHOICES = ("auto", "none", "all", *FUSED_PARTS)  # and parts joined by "+", e.g. "gelu+qkv"
-# what "auto" means on CUDA: the ops measured faster there (docs/benchmarks.md)
-AUTO_FUSED_CUDA = ("gelu", "qkv")
 
 
 def fused_parts(fused: str) -> tuple[str, ...]:
@@ -182,27 +98,9 @@ def fused_parts(fused: str) -> tuple[str, ...]:
     return tuple(part for part in FUSED_PARTS if part in parts)
 
 
-def _fused_name(parts: tuple[str, ...]) -> str:
+def fused_name(parts: tuple[str, ...]) -> str:
+    """``FUSED_PARTS`` written one way: "none", or joined by "+" in their order."""
     return "+".join(parts) or "none"
-
-
-def resolve_fused(fused: str, device: torch.device) -> str:
-    """What ``fused`` means on ``device``, written one way.
-
-    That way is "none", or its parts joined by "+" in ``FUSED_PARTS``' order ("all" is "gelu+qkv"). "auto" is
-    ``AUTO_FUSED_CUDA`` on CUDA when Triton is there (measured faster on a GPU: docs/benchmarks.md) and "none"
-    elsewhere (on a CPU the ops run their PyTorch reference, which inductor's own code beats). Any other choice names
-    parts (``fused_parts``), which on CUDA are Triton kernels: a ValueError says why when Triton is not installed."""
-    cuda = _device(device).type == "cuda"
-    if fused == "auto":
-        return _fused_name(AUTO_FUSED_CUDA if cuda and triton_available() else ())
-    parts = fused_parts(fused)
-    if parts and cuda and not triton_available():
-        raise ValueError(
-            f"fused={fused!r} runs Triton kernels on CUDA, and Triton is not installed; "
-            "install it (pip install triton) or use fused='none' (or 'auto')"
-        )
-    return _fused_name(parts)
 
 
 @dataclass(frozen=True)
@@ -218,17 +116,6 @@ class StepOptions:
     attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
     precision: str = "fp32"  # PRECISIONS
     fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
-
-    def checked(self, device: torch.device) -> "StepOptions":
-        """These options with every choice checked for ``device`` before any work.
-
-        A bad choice is a ValueError that names the valid choices. ``compile`` is returned as its choice ("none",
-        "model" or "blocks") and ``fused`` as what it means there (``resolve_fused``)."""
-        device = _device(device)
-        check_compile_mode(self.compile_mode)
-        check_attention(self.attention, device)
-        check_precision(self.precision, device)
-        return replace(self, compile=compile_choice(self.compile), fused=resolve_fused(self.fused, device))
 
 
 STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))
@@ -317,6 +204,6 @@ def with_preset(name: str, parameters: dict) -> dict:
     given"); one the run gives stays, whatever its value (``-p speed h100 -p compile False`` does not compile). The
     preset is refused in the run's precision if it was not measured faster there (``offered``). The one place a preset
     becomes step options: notebook 05, the finetuning command and sweep specs all come here (``runs.config_values``)."""
-    precision = check_precision(parameters.get("precision", StepOptions.precision))  # its name; the device: Config
+    precision = check_precision_name(parameters.get("precision", StepOptions.precision))  # the device: Config
     given = {key: value for key, value in parameters.items() if not (key in PRESET_OPTIONS and value is None)}
     return offered(preset(name), precision, name) | given

@@ -4,6 +4,7 @@ A layer the protocol calls and never the reverse (the layers contract, ``docs/ar
 
 - ``devices``  the devices a run may name, and those this machine has
 - ``threads``  CPU threads of processes of ours that share a machine
+- ``options``  what a run's step options mean on a device, and their checks there
 - ``kernels``  our fused ops (Triton on CUDA, their PyTorch reference elsewhere)
 - ``layers``   timm's layers rewritten for speed (patch embedding as a matrix product, fused ops)
 - ``step``     ``step.make_step``: the run's optimizer and ``Step``, what the protocol calls once per batch

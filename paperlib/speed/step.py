@@ -24,28 +24,25 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from paperlib.records.step_options import (
-    ATTENTION_CHOICES,
-    OPTIMIZERS,
+from paperlib.records.step_options import OPTIMIZERS, StepOptions, compile_choice, fused_parts
+from paperlib.speed.layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
+from paperlib.speed.options import (
     OWN_COMPILE_MODES,
-    StepOptions,
+    SDPA_BACKENDS,
     check_attention,
     check_compile_mode,
     check_precision,
-    compile_choice,
-    fused_parts,
     resolve_fused,
 )
-from paperlib.speed.layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 
 MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
-"""The model's fused ops by name (``options.FUSED_PARTS``)."""
+"""The model's fused ops by name (``step_options.FUSED_PARTS``)."""
 
 
 def autocast_for(device: torch.device, precision: str = "fp32"):
     """A context factory for forward passes in ``precision``.
 
-    ``precision``: one of ``options.PRECISIONS``, by default the protocol's fp32. "autocast" and "bf16" (whose bf16
+    ``precision``: one of ``step_options.PRECISIONS``, by default the protocol's fp32. "autocast" and "bf16" (whose bf16
     copy, ``MasterWeights``, runs under it) run under bf16 autocast, on CUDA and on a CPU; "fp32" and "tf32" run as
     they are (their TF32 flags: ``tf32_flags``)."""
     if check_precision(precision, device) in ("autocast", "bf16"):
@@ -83,7 +80,7 @@ def step_context(device: torch.device, attention: str = "auto", precision: str =
         # PyTorch's CPU flash attention is slow backwards in bf16 (69% of a demo ViT step); the math kernel
         # gives the step fp32's speed there (71.5 against 152.0 ms, batch 32, one thread: docs/benchmarks.md)
         attention = "math"
-    backend = None if attention == "auto" else getattr(SDPBackend, ATTENTION_CHOICES[attention])
+    backend = None if attention == "auto" else getattr(SDPBackend, SDPA_BACKENDS[attention])
 
     @contextlib.contextmanager
     def context():
@@ -313,7 +310,7 @@ def make_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.optim
 class Step:
     """One optimisation step of a run as fast as its ``options`` make it.
 
-    ``options`` are checked (``StepOptions.checked``). ``step(images, labels)`` -> (loss, gradient norm before
+    ``options`` are checked (``options.checked``). ``step(images, labels)`` -> (loss, gradient norm before
     clipping), device tensors.
 
     ``trainable`` are ``model``'s parameters with ``requires_grad``, those clipping sees and ``optimizer`` updates
@@ -401,7 +398,7 @@ def make_step(
 
     Those are the parameters with ``requires_grad``, as the caller set them (the protocol decides what trains). The
     step has its optimizer (``make_optimizer`` of the ``OptimizerSettings`` ``optimizer``: "sgd" or "adamw", ``lr``,
-    ``momentum``, ``weight_decay``) and is a ``Step`` of ``options`` (checked: ``StepOptions.checked``) at
+    ``momentum``, ``weight_decay``) and is a ``Step`` of ``options`` (checked: ``options.checked``) at
     ``batch_size``, clipping at global norm ``clip``, ``micro_batch`` (0: the whole batch, split while the GPU runs
     out of memory). ``Step.optimizer`` is the optimizer, for the schedule and the checkpoints. What ``finetune``
     trains with, and what the step benchmarks time."""

@@ -48,7 +48,7 @@ def load_checkpoint(folder: Path, params: dict, side: int, device: torch.device)
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         warnings.warn(f"{paths.display(checkpoint)} cannot be read ({reason}): the run starts from the beginning")
         return None
-    if runs.differing(saved["params"], params, runs.OUTPUT_ONLY) or saved.get("cache_side") != side:
+    if runs.differing(saved["params"], params) or saved.get("cache_side") != side:
         return None  # another run's, or this one's written by an earlier version: it starts from the beginning
     if runs.versions(saved["params"]) != runs.versions(params):  # what it saw is held as another version held it
         warnings.warn(f"{paths.display(checkpoint)} was written by an older version: the run starts from the beginning")

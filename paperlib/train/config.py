@@ -21,7 +21,7 @@ from paperlib.records import specs
 from paperlib.records.runs import Run, config_values
 from paperlib.records.runs_table import KEYS
 from paperlib.records.step_options import StepOptions
-from paperlib.speed import devices
+from paperlib.speed import devices, options
 from paperlib.vit import models
 
 
@@ -41,7 +41,7 @@ class Config(Run):
         devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         # resolved once, here; not fields: not part of what the run is
         object.__setattr__(self, "_mean_std", models.normalization(self.model, self.normalize))
-        object.__setattr__(self, "_checked_options", self.step_options().checked(self.device))
+        object.__setattr__(self, "_checked_options", options.checked(self.step_options(), self.device))
         return self
 
     @property
@@ -55,7 +55,7 @@ class Config(Run):
     def checked_options(self) -> StepOptions:
         """``step_options`` checked for the run's device and resolved there: what the run's steps are built from.
 
-        Checked once (``StepOptions.checked``), when the Config was made."""
+        Checked once (``speed.options.checked``), when the Config was made."""
         return self._checked_options
 
 

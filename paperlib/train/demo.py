@@ -30,7 +30,7 @@ from paperlib.data.datasets import get_dataset
 from paperlib.data.imagesets import ImageDataset
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.records import cli, commands, paths, storage
-from paperlib.train.finetune import evaluate
+from paperlib.train.evaluation import evaluate
 from paperlib.vit.models import create_model
 
 
@@ -59,7 +59,7 @@ def shift_batch(images: torch.Tensor, max_shift: int, generator: torch.Generator
 
 
 def accuracy(model: nn.Module, dataset: ImageDataset, batch_size: int = 512) -> float:
-    """Top-1 accuracy of ``model`` on an in-memory dataset (``finetune.evaluate`` at its own size)."""
+    """Top-1 accuracy of ``model`` on an in-memory dataset (``evaluation.evaluate`` at its own size)."""
     loader = DeviceLoader(dataset, batch_size, Transform(False, dataset.images.shape[-1]))
     return evaluate(model, loader).exact
 

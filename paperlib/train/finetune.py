@@ -12,11 +12,11 @@ shuffled each epoch, the last incomplete one dropped; gradients clipped at globa
 clipping saw); evaluation on the ``val`` split (20% of the training set drawn from the seed, or Flowers102's official
 validation split; ``datasets.read_split``) every ``eval_every`` steps (``evaluate``; at the end only if ``eval_every``
 exceeds the steps); the result is the test accuracy of the best-validation checkpoint, whatever came after it.
-Accuracies are read as the authors' evaluation computes them (the mean of per-batch accuracies, ``evaluate``; the
-checkpoint is chosen by it) with the exact one beside them. A loss that is not finite stops the run and is scored as
-the authors' loop, which never stops, would score its NaN model (``_nan_validation``); a loss that is not finite or
-above ``EXPLODED`` times chance level's marks the run ``diverged``, with the first such step, and it keeps its test
-accuracy (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
+Accuracies are read as the authors' evaluation computes them (the mean of per-batch accuracies, ``evaluation``;
+the checkpoint is chosen by it) with the exact one beside them. A loss that is not finite stops the run and is scored
+as the authors' loop, which never stops, would score its NaN model (``evaluation.nan_validation``); a loss that is
+not finite or above ``EXPLODED`` times chance level's marks the run ``diverged``, with the first such step, and it
+keeps its test accuracy (``stop_exploded``: a loss above ``EXPLODED`` times chance level's stops it too).
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
 made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``. The loop asks
@@ -36,9 +36,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
-from typing import NamedTuple
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -49,33 +47,12 @@ from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_wor
 from paperlib.records import cli, commands, paths, readings, runs, storage
 from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
 from paperlib.speed import devices, threads
-from paperlib.train import checkpoints
+from paperlib.train import checkpoints, evaluation
 from paperlib.train.config import Config, config_from, configs
 from paperlib.train.step import adapt, build_step, network
 from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
-EVAL_BATCH = 256  # images per forward pass when evaluating
-
-
-class Evaluation(NamedTuple):
-    """A split's evaluation: its mean cross-entropy and each image's outcome, in the split's order.
-
-    ``hits``: True where the image was classified right (what a run records, ``readings.Outcomes``); ``accuracy``
-    reads them as the authors' test does (``readings.accuracy``: the mean of per-batch accuracies over batches of
-    ``readings.AUTHORS_BATCH``; their validation's batch is the run's, ``readings.validation_batch``), ``exact`` as
-    right / images."""
-
-    loss: float
-    hits: np.ndarray
-
-    @property
-    def accuracy(self) -> float:
-        return float(readings.accuracy(self.hits)[0])
-
-    @property
-    def exact(self) -> float:
-        return float(readings.accuracy(self.hits, None)[0])
 
 
 def lr_factor(step: int, warmup: int, steps: int) -> float:
@@ -85,32 +62,6 @@ def lr_factor(step: int, warmup: int, steps: int) -> float:
     if step < warmup:
         return step / warmup
     return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(steps - warmup, 1)))
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: DeviceLoader, context=contextlib.nullcontext, forward=None) -> Evaluation:
-    """The ``Evaluation`` of a whole split; one read-back from the device at the end.
-
-    ``model``: the module that runs (``speed.step.Step.network``); ``forward``: what calls it (``Step.forward``:
-    compiled, or bf16 master weights); ``context``: the context of its forward passes (``Step.context``)."""
-    model.eval()
-    forward = model if forward is None else forward
-    loss, hits = torch.zeros((), dtype=torch.float64, device=loader.device), []
-    for images, labels in loader:
-        with context():
-            logits = forward(images)
-        loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
-        hits.append(logits.argmax(dim=1) == labels)
-    hits = torch.cat(hits)  # True per image classified right, in the split's order
-    return Evaluation((loss / len(hits)).item(), hits.cpu().numpy())
-
-
-def nan_logits(num_classes: int):
-    """A ``forward`` whose logits are NaN, as those of a model whose weights a non-finite loss has made NaN.
-
-    ``evaluate`` with it scores what the authors' loop, which trains on after such a loss, validates and tests (argmax
-    picks class 0)."""
-    return lambda images: torch.full((len(images), num_classes), math.nan, device=images.device)
 
 
 EXPLODED = 10.0
@@ -251,9 +202,7 @@ def load_model(config: Config, merge: bool = True) -> nn.Module:
             f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
             "(Config(save_weights=True), -p save_weights True, --save-weights true)"
         )
-    differ = runs.differing(
-        storage.read_json(folder / PARAMS), runs.run_record(config), runs.OUTPUT_ONLY + runs.HOW_IT_RAN
-    )
+    differ = runs.differing(storage.read_json(folder / PARAMS), runs.run_record(config), how_it_ran=False)
     if differ:
         raise ValueError(
             f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
@@ -323,7 +272,7 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
     loaders = {
         split: DeviceLoader(
             images,
-            config.batch_size if split == "train" else EVAL_BATCH,
+            config.batch_size if split == "train" else evaluation.EVAL_BATCH,
             Transform(augment=split == "train", image_size=size, mean_std=config.mean_std),
             device=device,
             seed=config.seed if split == "train" else 0,
@@ -383,15 +332,18 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
         schedule.step()
         images_seen += len(images)
         pending.append(({"step": step + 1, "lr": lr}, loss, norm))
-        evaluation = evaluates(step + 1, config)
-        if (evaluation or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
+        validates = evaluation.evaluates(step + 1, config)
+        if (validates or (step + 1) % READ_BACK == 0) and _read_back(pending, rows, limit):
             break
-        if evaluation:
+        if validates:
             row = rows[-1]
             # what the model saw, image by image: the validation that chooses the checkpoint, and the test of every
             # checkpoint, so that any reading of the run is a reading of its records (``readings``)
-            val, test = (evaluate(step_fn.network, loaders[split], step_fn.context, step_fn.forward) for split in SEEN)
-            seen.append(_seen(step + 1, val, test))
+            val, test = (
+                evaluation.evaluate(step_fn.network, loaders[split], step_fn.context, step_fn.forward)
+                for split in evaluation.SEEN
+            )
+            seen.append(evaluation.seen_row(step + 1, val, test))
             row["val_loss"], row["val_accuracy"] = val.loss, float(readings.accuracy(val.hits, val_batch)[0])
             row["component_grad_share"] = component_grad_share(step_fn, inside)
             current = _trainable_state(model)
@@ -406,8 +358,8 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     wall = time.perf_counter() - start
 
     # the result: the test accuracy of the best-validation checkpoint, read from what the run saw
-    seen += _nan_validation(config, rows, loaders, num_classes)
-    outcomes = _outcomes(seen, loaders)
+    seen += evaluation.nan_validation(config, rows, loaders, num_classes)
+    outcomes = evaluation.outcomes(seen, loaders)
     reading = readings.choose(outcomes, val_batch)
     if reading.best_step is not None and not reading.nan_model:
         assert reading.best_step == best["step"], (reading, best["step"])  # one rule, live and read
@@ -421,59 +373,6 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
     checkpoints.record(work, rows, outcomes, (kept, reading.best_step), metrics)
     runs.replace(folder, work)
     return model, metrics
-
-
-SEEN = ("val", "test")
-"""The splits a run records at each validation, image by image (``readings.Outcomes``)."""
-
-
-def _seen(step: int, val: Evaluation, test: Evaluation, nan_model: bool = False) -> dict:
-    """One validation's row of what a run saw, as a checkpoint holds it (tensors and plain types)."""
-    hits = {f"{split}_hits": torch.from_numpy(np.asarray(e.hits, dtype=bool)) for split, e in zip(SEEN, (val, test))}
-    return {"step": step, "val_loss": val.loss, "test_loss": test.loss, "nan_model": nan_model, **hits}
-
-
-def _outcomes(seen: list[dict], loaders: dict) -> readings.Outcomes:
-    """``seen``'s rows as the ``readings.Outcomes`` a run records (none: empty arrays of its splits' widths)."""
-    width = {split: len(loaders[split].images) for split in SEEN}
-    hits = {
-        split: np.stack([row[f"{split}_hits"].numpy() for row in seen]) if seen else np.zeros((0, width[split]), bool)
-        for split in SEEN
-    }
-    column = {key: np.array([row[key] for row in seen]) for key in ("step", "val_loss", "test_loss", "nan_model")}
-    return readings.Outcomes(
-        steps=column["step"].astype(np.int64),
-        val=hits["val"],
-        test=hits["test"],
-        val_loss=column["val_loss"].astype(np.float64),
-        test_loss=column["test_loss"].astype(np.float64),
-        nan_model=column["nan_model"].astype(bool),
-    )
-
-
-def evaluates(step: int, config: Config) -> bool:
-    """Whether a run validates after ``step`` steps.
-
-    Every ``eval_every`` steps, as the authors' loop (none after the last step unless it is one of them), and at the end
-    of a run too short for one."""
-    return step % config.eval_every == 0 or (step == config.steps and config.eval_every > config.steps)
-
-
-def _nan_validation(config: Config, rows: list, loaders: dict, num_classes: int) -> list[dict]:
-    """What the authors' loop would see of its NaN model after a loss that is not finite: [] or one row of ``seen``.
-
-    The run stops at such a loss; the authors' loop trains on, with weights that are NaN from that step on, and
-    validates them at its next validation step, which scores the share of class 0 (``nan_logits``). That row is
-    chosen (``readings.choose``) if its accuracy is strictly greater than the best's and than 0, as theirs is: always
-    when the loss turned NaN before the first validation (their starting best is 0, so the run is tested at about
-    chance level rather than left without a result). It has no weights."""
-    if not rows or math.isfinite(rows[-1]["train_loss"]):
-        return []
-    later = next((step for step in range(rows[-1]["step"], config.steps + 1) if evaluates(step, config)), None)
-    if later is None:
-        return []
-    val, test = (evaluate(nn.Identity(), loaders[split], forward=nan_logits(num_classes)) for split in SEEN)
-    return [_seen(later, val, test, nan_model=True)]
 
 
 def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple:
@@ -551,8 +450,8 @@ def _metrics(config: Config, rows: list, reading, step_fn, num_classes: int, mea
 READ = ("best_val_accuracy", "best_val_accuracy_exact", "best_step", "nan_model", "test_accuracy")
 READ += ("test_accuracy_exact", "test_loss")
 """What a run's ``metrics.json`` holds of its records' reading (``readings.Reading``): the checkpoint the authors'
-validation accuracy chooses (``nan_model``: the authors' NaN model, ``_nan_validation``), and its test read as theirs
-(``test_accuracy``) and exactly."""
+validation accuracy chooses (``nan_model``: the authors' NaN model, ``evaluation.nan_validation``), and its test read
+as theirs (``test_accuracy``) and exactly."""
 
 
 RUNNING_ELSEWHERE = 75  # the exit status of ``--wait false`` when another process trains the run (EX_TEMPFAIL)
