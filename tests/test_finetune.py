@@ -39,6 +39,30 @@ def test_same_seed_same_numbers(results, tmp_path, monkeypatch, small, move_resu
     }
 
 
+@pytest.mark.parametrize("component", ["mha", "lora"])
+def test_the_papers_step_and_speeds_train_the_same_run(component, small, move_results, monkeypatch):
+    """A run that asks for nothing beyond the paper trains with ``paper_step.PaperStep``; forced through
+    ``speed.step.make_step`` (its default options on a CPU) the same run gives the same history, to rounding."""
+    from paperlib.speed.step import Step
+    from paperlib.train import paper_step, step
+
+    config = small(component="mha", method="lora", lora_rank=2) if component == "lora" else small()
+    built, build = [], finetune.build_step
+    monkeypatch.setattr(finetune, "build_step", lambda *args: built.append(build(*args)) or built[-1])
+    paper = finetune.run(config)
+    history = run_files.history(config)
+    move_results("speed")
+    monkeypatch.setattr(step, "is_paper_step", lambda *args: False)
+    fast = finetune.run(config)
+    assert [type(made) for made in built] == [paper_step.PaperStep, Step]
+    for column in ("train_loss", "grad_norm", "val_loss", "val_accuracy"):
+        assert run_files.history(config)[column].to_numpy() == pytest.approx(
+            history[column].to_numpy(), rel=1e-6, nan_ok=True
+        )
+    assert (fast["best_step"], fast["test_accuracy"]) == (paper["best_step"], paper["test_accuracy"])
+    assert not paper_step.is_paper_step("sgd", config.checked_options, micro_batch=8)  # a choice beyond the paper
+
+
 def test_a_file_dataset_decoded_the_first_time_does_not_change_the_numbers(
     results, tmp_path, monkeypatch, small, move_results
 ):

@@ -358,5 +358,5 @@ def test_the_run_fuses_after_adding_lora(results, monkeypatch, small, tiny_vit):
         return original(model, parts)
 
     monkeypatch.setattr(speed.step, "_fuse", spy)
-    finetune.run(small(component="fc1", method="lora", lora_rank=2, steps=2, warmup=0, eval_every=2))
+    finetune.run(small(component="fc1", method="lora", lora_rank=2, steps=2, warmup=0, eval_every=2, fused="all"))
     assert seen and seen[0] == len(lora.target_names(tiny_vit(), "fc1"))

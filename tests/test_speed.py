@@ -222,6 +222,7 @@ def test_out_of_memory_splits_the_batch_into_micro_batches(results, tmp_path, mo
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return original(step, images, labels)
 
+    monkeypatch.setattr(train_step, "is_paper_step", lambda *args: False)  # speed's step, whose batches can split
     reference = finetune.run(small(micro_batch=4))
     reference_losses = run_files.history(small(micro_batch=4))["train_loss"].tolist()
     move_results("small-gpu")
@@ -456,6 +457,7 @@ def test_the_protocol_the_plan_and_the_benchmarks_build_their_step_with_the_runs
         return original(model, options, optimizer=optimizer, **settings)
 
     monkeypatch.setattr(train_step, "make_step", spy)
+    monkeypatch.setattr(train_step, "is_paper_step", lambda *args: False)  # the speed step's builder, for each
     finetune.run(small(component="ln2", steps=2, warmup=1, eval_every=2))
     config = step_bench.StepSettings("demo", 8).config("ln2", torch.device("cpu"))
     loader = DeviceLoader(random_images(8, 32), 8, Transform(True, 32))

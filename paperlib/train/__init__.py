@@ -2,6 +2,7 @@
 
 - ``config``       ``Config``: a run checked against the training stack when it is made
 - ``checkpoints``  a run's checkpoint while it trains and its record when it ends
+- ``paper_step``   the paper's step, as the authors' loop takes it (a run asking for nothing beyond the paper)
 - ``step``         what a run trains with (``build_step``): its model adapted and its step, also what is timed
 - ``evaluation``   what a run sees at a validation: each split image by image, the authors' NaN model scored
 - ``finetune``     the protocol, top to bottom; the ``finetune`` command

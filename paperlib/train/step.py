@@ -24,6 +24,7 @@ from torch import nn
 
 from paperlib.speed.step import OptimizerSettings, Step, make_step
 from paperlib.train.config import Config
+from paperlib.train.paper_step import PaperStep, is_paper_step
 from paperlib.vit import methods, models
 
 
@@ -42,16 +43,20 @@ def adapt(model: nn.Module, config: Config) -> nn.Module:
     return methods.adapt(model, asdict(config))
 
 
-def build_step(config: Config, model: nn.Module, progress: bool = False) -> Step:
+def build_step(config: Config, model: nn.Module, progress: bool = False) -> Step | PaperStep:
     """The step a run of ``config`` trains ``model`` with; ``model`` is adapted to the run first, in place (``adapt``).
 
-    ``model``: the run's network (pretrained or random, with its head, on the run's device), not yet adapted. The
-    step (``speed.step.make_step``) trains the parameters ``adapt`` left trainable with the run's optimizer
-    (``Config.optimizer``, ``lr``, ``momentum``, ``weight_decay``; ``Step.optimizer``, for the schedule and the
-    checkpoints), its step options (``Config.checked_options``: compilation, attention kernel, precision, fused ops),
-    at its ``batch_size``, clipping at its ``clip``, in its ``micro_batch`` (0: the whole batch, split while the GPU
-    runs out of memory; ``progress``: say so)."""
+    ``model``: the run's network (pretrained or random, with its head, on the run's device), not yet adapted. A run
+    that asks for nothing beyond the paper (``paper_step.is_paper_step``) takes the paper's step as the authors' loop
+    does it (``PaperStep``); any other, ``speed.step.make_step``'s, the same step made fast. Either trains the
+    parameters ``adapt`` left trainable with the run's optimizer (``Config.optimizer``, ``lr``, ``momentum``,
+    ``weight_decay``; ``Step.optimizer``, for the schedule and the checkpoints), its step options
+    (``Config.checked_options``: compilation, attention kernel, precision, fused ops), at its ``batch_size``,
+    clipping at its ``clip``, in its ``micro_batch`` (0: the whole batch, split while the GPU runs out of memory;
+    ``progress``: say so)."""
     adapt(model, config)
+    if is_paper_step(config.optimizer, config.checked_options, config.micro_batch):
+        return PaperStep(model, config.lr, config.momentum, config.clip, config.batch_size)
     return make_step(
         model,
         config.checked_options,
