@@ -3,6 +3,7 @@ without a training stack, and the rules the linter has no name for. ``docs/archi
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,26 @@ def test_the_package_is_its_packages_each_in_a_layer_of_the_contracts():
     entries = {path.name for path in PACKAGE.iterdir() if path.name != "__pycache__"}
     assert entries == {"__init__.py", "__main__.py", "assets"} | {name.split(".")[1] for name in LAYERS}
     assert all((PACKAGE / name.split(".")[1] / "__init__.py").is_file() for name in LAYERS)
+
+
+def test_the_architecture_drawing_is_the_packages_imports():
+    """``docs/architecture.md``'s diagram draws an arrow for each package that imports another, and no other."""
+    import grimp
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    diagram = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn = set(re.findall(r"^\s*(\w+) --> (\w+)\s*$", diagram, flags=re.MULTILINE))
+    graph = grimp.build_graph("paperlib")
+    packages = [name.split(".")[1] for name in LAYERS]
+    imports = {
+        (a, b)
+        for a in packages
+        for b in packages
+        if a != b and graph.direct_import_exists(importer=f"paperlib.{a}", imported=f"paperlib.{b}", as_packages=True)
+    }
+    assert drawn == imports, (
+        f"drawn, not imported: {sorted(drawn - imports)}; imported, not drawn: {sorted(imports - drawn)}"
+    )
 
 
 def test_the_package_keeps_its_contracts():
