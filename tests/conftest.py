@@ -59,6 +59,17 @@ def move_results(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def figures(tmp_path, monkeypatch):
+    """The test's own figures folder (``VIT_PLASTICITY_REPORTS``), so that the saved names can be read; every figure
+    is closed after the test."""
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
+    yield tmp_path / "reports" / "figures"
+    plt.close("all")
+
+
+@pytest.fixture
 def small():
     """``small(**overrides)``: a ``Config`` of ``SMALL`` with the overrides."""
     return lambda **overrides: Config(**{**SMALL, **overrides})

@@ -2,7 +2,6 @@
 beside AdamW), on synthesised runs tables: its numbers against a test-side emulation of their arithmetic, what a
 missing learning rate does, and its figure."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,17 +21,7 @@ THEIR_CONFIGURATIONS |= {"ffn_fc2": "fc2"}
 THEIR_PRINT_ORDER = [0, 1, 3, 5, 4, 2]
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-@pytest.fixture(autouse=True)
-def figures(tmp_path, monkeypatch):
-    """The test's own figures folder (``VIT_PLASTICITY_REPORTS``), so that the saved name can be read."""
-    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    return tmp_path / "reports" / "figures"
+pytestmark = pytest.mark.usefixtures("figures")  # each test's own figures folder, its figures closed after
 
 
 def _runs(optimizer: str, grids: dict, seed: int = 0, configurations=tuple(THEIR_CONFIGURATIONS.values())):

@@ -38,17 +38,7 @@ def _known_table():
     return table
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
-@pytest.fixture(autouse=True)
-def figures(tmp_path, monkeypatch):
-    """Every test's figures folder: its own (``VIT_PLASTICITY_REPORTS``), so that the saved names can be read."""
-    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    return tmp_path / "reports" / "figures"
+pytestmark = pytest.mark.usefixtures("figures")  # each test's own figures folder, its figures closed after
 
 
 def _saved(figures) -> list[str]:
