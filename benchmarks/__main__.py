@@ -61,7 +61,7 @@ from benchmarks.step import (
 )
 from paperlib.data import datasets
 from paperlib.records import cli, storage
-from paperlib.records.methods import METHODS
+from paperlib.records.methods import METHODS, method_of
 from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, PRECISIONS, STEP_OPTIONS, StepOptions
 from paperlib.speed.clock import resolve_device
@@ -421,7 +421,7 @@ def _finetune_command(commands) -> None:
     _common(f)
     f.set_defaults(
         run=lambda a: bench_finetune(
-            StepSettings(a.model, a.batch_size, _step_options(a), a.image_size, a.method, a.lora_rank),
+            StepSettings(a.model, a.batch_size, _step_options(a), a.image_size, method_of(vars(a))),
             _words(a.components),
             Timing(a.steps, a.repeats, a.device),
             workers=a.workers,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paperlib.records import cli
+from paperlib.records import cli, methods
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISION_PAPER = ["cifar100", "cifar10c/gaussian_noise", "flowers102", "pets"]
@@ -58,8 +58,8 @@ def world(datasets: list[str], rng, drop: str | None = None, points: float = 2.0
                 precision=precision, test_accuracy=accuracy / 100, status=status
             )
         )
-    setting = {"model": "vit_base_in21k", "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0, "lora_rank": 0}
-    setting |= {"lora_alpha": 0.0, "lora_dropout": 0.0, "normalize": "imagenet", "tag": ""}
+    setting = {"model": "vit_base_in21k", "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0, **methods.options()}
+    setting |= {"normalize": "imagenet", "tag": ""}
     table = pd.concat(parts, ignore_index=True).assign(**setting, best_step=1, test_images=10000)
     return table.assign(best_val_accuracy=table["test_accuracy"]).reindex(columns=RUN_COLUMNS)
 

@@ -34,6 +34,7 @@ from paperlib.data.imagesets import ImageDataset, random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.data.transforms import paper_transform
 from paperlib.records import storage
+from paperlib.records.methods import Method
 from paperlib.records.step_options import PRESET_RECORD, STEP_OPTIONS, StepOptions, compile_choice, preset
 from paperlib.speed.clock import Timed, device_name, endless, median_seconds, resolve_device, sync
 from paperlib.speed.kernels import bias_gelu, bias_gelu_backward, qkv_heads_backward
@@ -57,8 +58,8 @@ class StepSettings:
 
     A run of ``model`` (random weights, a 10-class head) at ``batch_size`` images, its step ``options`` (compilation,
     attention kernel, precision, fused ops), at ``image_size`` (None: the model's; the position embedding resampled, as
-    a run does), training its component by ``method`` (``records.methods``: its weights, LoRA updates of rank
-    ``lora_rank``, or a subset as large as a LayerNorm).
+    a run does), training its component by ``method`` (a ``records.methods.Method``: its weights, LoRA updates, or a
+    subset as large as a LayerNorm).
 
     ``config`` makes it a run's ``Config``, which ``library_steps`` builds as the run does."""
 
@@ -66,8 +67,7 @@ class StepSettings:
     batch_size: int = 64
     options: StepOptions = field(default_factory=StepOptions)
     image_size: int | None = None
-    method: str = "weights"
-    lora_rank: int = 0
+    method: Method = Method()
 
     def config(self, component: str, device: torch.device) -> Config:
         """The run of ``component`` on ``device`` whose step is timed, checked (``Config``: before any work).
@@ -83,7 +83,6 @@ class StepSettings:
             device=str(device),
             image_size=self.image_size or 0,
             method=self.method,
-            lora_rank=self.lora_rank,
             **asdict(self.options),
         )
 
@@ -232,7 +231,7 @@ def bench_finetune(
     options = checked(settings.options, device)  # recorded as what ran
     model = _random_model(next(iter(configs.values())), device)
     # a run that adds to its model (LoRA updates, a subset) is adapted on an untouched copy per component and loop
-    adds = settings.method != "weights"
+    adds = settings.method.name != "weights"
     pristine = copy.deepcopy(model) if adds else None
     # the library's changes to its model (patch embedding, compiled blocks) stay out of the plain loop
     plain_model = copy.deepcopy(model) if plain and not adds else None
@@ -251,8 +250,7 @@ def bench_finetune(
         "repeats": timing.repeats,
         "dataloader_workers": workers,
         "peak_tflops_bf16": peak,
-        "method": settings.method,
-        "lora_rank": settings.lora_rank,
+        **settings.method.record(),
     }
     for component, config in configs.items():
         if adds:

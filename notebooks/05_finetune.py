@@ -43,12 +43,11 @@ lora_dropout = 0.0  # method lora: dropout on the updates' input
 subset_seed = 0  # method subset: the seed of the subset, the same for every learning rate and seed of a configuration
 tag = ""  # a name of your own for runs that change steps, batch size, warm-up, momentum or clip (not in the folder name): their own folder, kept beside the others
 stop_exploded = False  # stop a run whose loss goes above 10x chance level's (the authors' loop never stops; a loss that is not finite stops it either way)
-save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; finetune.load_model rebuilds the model)
+save_weights = False  # keep what the run trained, at its best checkpoint (weights.safetensors in its folder; checkpoints.load_model rebuilds the model)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with (beyond the paper; its runs get their own folder)
 data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 
 # %%
-from dataclasses import asdict
 
 import matplotlib.pyplot as plt
 
@@ -79,7 +78,7 @@ print(f"{names.LABELS[component]} on {dataset}: {metrics['status']}; results in 
 # %%
 # NBVAL_CHECK_OUTPUT
 architecture = models.architecture(model, num_classes=metrics.get("num_classes", 5))
-methods.trainer_of(asdict(config)).parameter_table(architecture, asdict(config))
+methods.trainer_of(config.method).parameter_table(architecture, config.method, config.component)
 
 # %% [markdown]
 # ## Training curves

@@ -45,7 +45,7 @@ from paperlib.data import datasets
 from paperlib.measure import plasticity
 from paperlib.records import names, paths, runs
 from paperlib.reports import notebook, plots
-from paperlib.train import finetune
+from paperlib.train import checkpoints, finetune
 from paperlib.train.config import Config
 from paperlib.vit import components, models
 
@@ -148,7 +148,7 @@ both.round(4)
 #
 # The paper measures plasticity on the pretrained model only. Here the run with the best
 # validation accuracy (the test set plays no part in the choice) is rebuilt from the weights it
-# kept (`finetune.load_model`: the pretrained model with what the run trained, at its
+# kept (`checkpoints.load_model`: the pretrained model with what the run trained, at its
 # best-validation checkpoint), saved as a model of its own, and measured on the same pairs. The
 # ratio is finetuned / pretrained P(f) per component. Definition 1 feeds every component the same
 # embedded pair, so a component the run did not train keeps its rates exactly (ratio 1; only
@@ -160,7 +160,7 @@ if keep_weights and (summary["status"] == "finished").any():
     config = Config(model=model, dataset=dataset, component=chosen, lr=lr, seed=seed, steps=steps,
                          batch_size=batch_size, warmup=warmup, eval_every=eval_every, device=device, normalize=normalize, save_weights=True)
     finetuned_name = f"custom/{model.removeprefix('custom/').replace('/', '_')}-finetuned-{chosen}"
-    models.save_model(finetune.load_model(config), finetuned_name, overwrite=True)
+    models.save_model(checkpoints.load_model(config), finetuned_name, overwrite=True)
     after, _ = plasticity.run(replace(measurement, model=finetuned_name), device=device, progress=False)
     change = pd.DataFrame({"pretrained": ranked["plasticity"], "finetuned": plasticity_table.ranked(after)["plasticity"]})
     change["finetuned / pretrained"] = change["finetuned"] / change["pretrained"]

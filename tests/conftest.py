@@ -19,6 +19,7 @@ import nbformat  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from paperlib.records.runs import run_fields
 from paperlib.reports import execute  # noqa: E402
 from paperlib.train import finetune
 from paperlib.train.config import Config
@@ -71,8 +72,9 @@ def figures(tmp_path, monkeypatch):
 
 @pytest.fixture
 def small():
-    """``small(**overrides)``: a ``Config`` of ``SMALL`` with the overrides."""
-    return lambda **overrides: Config(**{**SMALL, **overrides})
+    """``small(**overrides)``: a ``Config`` of ``SMALL`` with the overrides, given as a run's parameters
+    (``method="lora", lora_rank=2``: ``runs.run_fields``)."""
+    return lambda **overrides: Config(**run_fields({**SMALL, **overrides}))
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from torch import nn
 from paperlib import speed
 from paperlib.measure import bounds, component_rates, plasticity
 from paperlib.records import specs
-from paperlib.train import finetune
+from paperlib.records.methods import Lora
+from paperlib.train import checkpoints, finetune
 from paperlib.train.config import Config
 from paperlib.vit import components, lora, models
 from paperlib.vit.components import COMPONENTS
@@ -331,7 +332,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
     assert metrics["trainable_parameters"] == components.trained_parameters(
         models.create_model("custom/tiny_dinov3", num_classes=5), "fc1"
     )
-    tuned, start = finetune.load_model(config), models.create_model("custom/tiny_dinov3", num_classes=5).state_dict()
+    tuned, start = checkpoints.load_model(config), models.create_model("custom/tiny_dinov3", num_classes=5).state_dict()
     changed = {name for name, p in tuned.state_dict().items() if name in start and not torch.equal(p, start[name])}
     assert {name.split(".mlp.")[1].split(".")[0] for name in changed if ".mlp." in name} == {"fc1_g", "fc1_x"}
     assert {name for name in changed if ".mlp." not in name} <= {
@@ -347,8 +348,7 @@ def test_finetuning_and_plasticity_run_on_a_saved_dinov3_style_model(home):
         eval_every=2,
         batch_size=16,
         lr=0.1,
-        method="lora",
-        lora_rank=2,
+        method=Lora(rank=2),
     )
     assert 0.0 <= finetune.run(lora_config)["test_accuracy"] <= 1.0
 

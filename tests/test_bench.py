@@ -13,6 +13,7 @@ from benchmarks import __main__ as bench
 from benchmarks import gpu
 from benchmarks import step as step_bench
 from benchmarks.step import StepSettings, Timing
+from paperlib.records.methods import Lora, Subset
 from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, FUSED_CHOICES, PRECISIONS, StepOptions
 from paperlib.speed import step
@@ -425,7 +426,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
     original = lora.updates
     monkeypatch.setattr(lora, "updates", lambda model: seen.append(model) or original(model))
     result = step_bench.bench_finetune(
-        StepSettings("demo", 4, method="lora", lora_rank=2), ("mha", "fc2"), Timing(1, 1, "cpu"), workers=0
+        StepSettings("demo", 4, method=Lora(rank=2)), ("mha", "fc2"), Timing(1, 1, "cpu"), workers=0
     )
     assert result["lora_rank"] == 2 and result["fc2_library_images_per_s"] > 0 and result["mha_plain_images_per_s"] > 0
     models_seen = list({id(model): model for model in seen}.values())
@@ -435,7 +436,7 @@ def test_finetune_benchmark_trains_lora_updates_in_both_loops(monkeypatch):
         assert layers and any(layer.lora_B.default.weight.abs().sum() > 0 for layer in layers)  # its updates trained
     with pytest.raises(ValueError, match="method 'lora' trains mha, fc1, fc2, full, not 'ln1'"):
         step_bench.bench_finetune(
-            StepSettings("demo", 4, method="lora", lora_rank=2), ("ln1",), Timing(1, 1, "cpu"), workers=0
+            StepSettings("demo", 4, method=Lora(rank=2)), ("ln1",), Timing(1, 1, "cpu"), workers=0
         )
 
 
@@ -446,10 +447,10 @@ def test_finetune_benchmark_times_an_equal_capacity_runs_step_which_trains_its_s
     original_build, original_adapt = step_bench.build_step, step_bench.adapt
     monkeypatch.setattr(step_bench, "build_step", lambda c, m: built.append((c, m)) or original_build(c, m))
     monkeypatch.setattr(step_bench, "adapt", lambda m, c: plain.append(m) or original_adapt(m, c))
-    settings = StepSettings("demo", 4, method="subset")
+    settings = StepSettings("demo", 4, method=Subset())
     result = step_bench.bench_finetune(settings, ("mha", "fc1"), Timing(1, 1, "cpu"), workers=0)
     assert result["method"] == "subset" and result["fc1_library_images_per_s"] > 0
-    assert [(config.component, config.method) for config, _ in built] == [("mha", "subset"), ("fc1", "subset")]
+    assert [(config.component, config.method.name) for config, _ in built] == [("mha", "subset"), ("fc1", "subset")]
     fresh = models.create_model("demo", pretrained=False, num_classes=10)
     k = equal_capacity.per_block(fresh)
     head_and_norm = components.count_parameters(components.head_modules(fresh) + components.final_norm_modules(fresh))

@@ -438,12 +438,12 @@ def test_finetune_help_gives_every_option_a_meaning_a_type_and_a_default(capsys)
         finetune.main(["--help"])
     assert done.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    comments = cli.field_comments(Config)
-    for field in dataclasses.fields(Config):
-        option = f"--{field.name.replace('_', '-')}"
-        meaning = " ".join(comments[field.name].split())
-        assert meaning, f"Config.{field.name} has no comment for --help"
-        assert f"{meaning} (" in text and f"default {shown(field.default)})" in text, option
+    comments = Config.comments()
+    for name, default in Config.defaults().items():  # its fields, its method's name and every method's options
+        option = f"--{name.replace('_', '-')}"
+        meaning = " ".join(comments[name].split())
+        assert meaning, f"Config's {name} has no comment for --help"
+        assert f"{option} " in text and f"{meaning} (" in text and f"default {shown(default)})" in text, option
     assert (
         "(float; default 0.03)" in text and "--wait BOOL" in text and "status 75) (true or false; default True)" in text
     )

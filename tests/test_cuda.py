@@ -23,7 +23,7 @@ from paperlib.records.step_options import StepOptions
 from paperlib.speed import layers
 from paperlib.speed.options import CPU_ATTENTION, checked
 from paperlib.speed.step import OptimizerSettings, compile_model, make_optimizer, make_step, step_context
-from paperlib.train import finetune
+from paperlib.train import checkpoints, finetune
 from paperlib.vit import components, models
 
 DEVICE = torch.device(os.environ.get("PAPERLIB_TEST_DEVICE", "cuda"))
@@ -462,7 +462,7 @@ def test_weights_kept_on_the_device_rebuild_the_model_on_the_cpu(precision, resu
     # the fp32 masters are what a bf16 run keeps; the model rebuilt on the CPU evaluates in fp32
     config = small(**ON_DEVICE, component="mha", precision=precision, save_weights=True)
     metrics = finetune.run(config)
-    model = finetune.load_model(config)
+    model = checkpoints.load_model(config)
     assert next(model.parameters()).device.type == "cpu" and next(model.parameters()).dtype == torch.float32
     images, labels = datasets.get_dataset("digits", "test").tensors()
     with torch.no_grad():

@@ -11,7 +11,8 @@ from conftest import interrupted, resumed, same_metrics
 from paperlib.analysis import capacity
 from paperlib.records import runs, runs_table, storage
 from paperlib.records.names import COMPONENTS
-from paperlib.train import finetune
+from paperlib.records.runs import run_fields
+from paperlib.train import checkpoints, finetune
 from paperlib.train.config import Config
 from paperlib.train.step import adapt
 from paperlib.vit import components, equal_capacity, models
@@ -40,7 +41,7 @@ def test_every_component_trains_k_parameters_per_block():
 
 def test_the_subset_is_the_same_for_every_lr_and_seed_and_changes_with_its_own_seed():
     def digest(**fields):
-        model = adapt(demo_model(), Config(component="fc2", method="subset", **fields))
+        model = adapt(demo_model(), Config(**run_fields({"component": "fc2", "method": "subset", **fields})))
         return equal_capacity.digest(model)
 
     first = digest(lr=0.03, seed=0)
@@ -86,7 +87,7 @@ def test_a_run_trains_its_subset_and_nothing_else(tmp_path, monkeypatch):
     k = equal_capacity.per_block(model)
     assert metrics["trainable_parameters"] == k * len(model.blocks) + 5 * model.embed_dim + 5 + 2 * model.embed_dim
     assert metrics["subset"] == equal_capacity.digest(adapt(demo_model(), config))
-    trained = finetune.load_model(config)  # SGD with momentum 0.9, the paper's, merged back into the weights
+    trained = checkpoints.load_model(config)  # SGD with momentum 0.9, the paper's, merged back into the weights
     for block, (start, end) in enumerate(zip(model.blocks, trained.blocks)):
         changed = int(
             (start.mlp.fc1.weight != end.mlp.fc1.weight).sum() + (start.mlp.fc1.bias != end.mlp.fc1.bias).sum()
@@ -152,7 +153,7 @@ def test_a_run_without_the_option_is_unchanged():
 )
 def test_bad_options_are_refused_with_the_valid_choices(fields, message):
     with pytest.raises(ValueError, match=message):
-        Config(**fields)
+        Config(**run_fields(fields))
 
 
 def test_equal_capacity_runs_are_another_setting_in_the_tables():

@@ -35,7 +35,7 @@ from paperlib.records import measurements, paths, readings, runs, runs_table, sp
 from paperlib.records.names import COMPONENTS
 from paperlib.speed import threads
 from paperlib.sweeps import sweep
-from paperlib.train import checkpoints, finetune
+from paperlib.train import checkpoints, finetune, pool
 from paperlib.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: subprocesses import its paperlib
@@ -339,7 +339,7 @@ def test_a_finished_runs_damaged_file_is_not_taken_as_finished_and_the_run_train
     damage(config.folder() / name)
     pattern = name.replace(".", r"\.")
     with pytest.raises(ValueError, match=pattern):  # read as a result, it is named
-        finetune.load_model(config)
+        checkpoints.load_model(config)
     with pytest.warns(UserWarning, match=pattern):
         assert not runs.is_finished(config)
     with pytest.warns(UserWarning, match=pattern):
@@ -731,7 +731,7 @@ def test_a_run_of_other_parameters_in_a_specs_folder_is_not_the_specs(tmp_path, 
         "parameters": {"steps": 20, "warmup": 2, "eval_every": 10, "batch_size": 16},
         "grid": {"component": ["mha", "ln1"], "lr": [0.03]},
     }
-    finetune.run_spec(spec)
+    pool.run_spec(spec)
     found, missing = runs_table.for_spec(spec)
     assert found["status"].tolist() == ["finished", "finished"] and missing.empty
     longer = Config(component="mha", lr=0.03, steps=30, warmup=2, eval_every=10, batch_size=16)  # the CLI's, say
@@ -757,7 +757,7 @@ def test_a_run_being_written_elsewhere_leaves_a_specs_counts_whole_numbers(move_
         "parameters": {"steps": 10, "warmup": 2, "eval_every": 5, "batch_size": 16},
         "grid": {"component": ["ln1"], "lr": [0.03]},
     }
-    finetune.run_spec(spec)
+    pool.run_spec(spec)
     other = Config(component="fc2", lr=0.03, steps=10, warmup=2, eval_every=5, batch_size=16)
     other.folder().mkdir(parents=True)
     storage.write_json(other.folder() / runs.PARAMS, runs.run_record(other))  # begun, no metrics yet

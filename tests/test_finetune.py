@@ -11,7 +11,7 @@ from conftest import interrupted, recorded_difference, resumed, same_metrics
 from paperlib.analysis import tables
 from paperlib.records import runs as run_files
 from paperlib.records import runs_table, storage
-from paperlib.train import evaluation, finetune
+from paperlib.train import checkpoints, evaluation, finetune, pool
 from paperlib.train.config import configs
 from paperlib.vit import components, models
 
@@ -191,15 +191,15 @@ def test_deterministic_mode_is_restored_after_a_run(small):
     # a CPU run switches PyTorch's deterministic algorithms on while it trains, not for the rest
     # of the process (on CUDA that mode would make cuBLAS calls fail without CUBLAS_WORKSPACE_CONFIG)
     seen = []
-    original = finetune._finetune
+    original = finetune._train
 
-    def spy(config, device, progress):
+    def spy(config, progress):
         seen.append(torch.are_deterministic_algorithms_enabled())
-        return original(config, device, progress)
+        return original(config, progress)
 
     torch.use_deterministic_algorithms(False)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(finetune, "_finetune", spy)
+        patch.setattr(finetune, "_train", spy)
         finetune.train(small(steps=4, eval_every=2))
     assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
 
@@ -309,7 +309,7 @@ def test_kept_weights_rebuild_the_model_of_the_reported_test_accuracy(component,
     run = small(component=component, save_weights=True)
     metrics = finetune.run(run)
     assert metrics["weights"] == "weights.safetensors" and (run.folder() / "weights.safetensors").is_file()
-    model = finetune.load_model(run)
+    model = checkpoints.load_model(run)
     exact, theirs = _test_accuracy(model)
     assert not model.training and exact == pytest.approx(metrics["test_accuracy_exact"], abs=1e-12)
     assert theirs == metrics["test_accuracy"]
@@ -336,17 +336,17 @@ def test_asking_for_weights_a_finished_run_did_not_keep_trains_it_again_to_the_s
     plain = finetune.run(small())
     assert plain["weights"] is None and not (small().folder() / "weights.safetensors").exists()
     with pytest.raises(FileNotFoundError, match="save_weights=True"):
-        finetune.load_model(small())
+        checkpoints.load_model(small())
     kept = finetune.run(small(save_weights=True))
     assert same_metrics({**kept, "weights": None}) == same_metrics(plain)
     assert finetune.run(small()) == kept  # the same run: save_weights is not part of what it is
-    assert _test_accuracy(finetune.load_model(small()))[1] == kept["test_accuracy"]
+    assert _test_accuracy(checkpoints.load_model(small()))[1] == kept["test_accuracy"]
     with pytest.raises(ValueError, match="save_weights must be True or False"):
         small(save_weights="yes").validate()
     # rebuilt whatever ran it (device, micro-batches, compilation...), but not from a run of other steps
-    assert _test_accuracy(finetune.load_model(small(micro_batch=8, fused="none")))[1] == kept["test_accuracy"]
+    assert _test_accuracy(checkpoints.load_model(small(micro_batch=8, fused="none")))[1] == kept["test_accuracy"]
     with pytest.raises(ValueError, match="differs from this configuration in steps"):
-        finetune.load_model(small(steps=8))
+        checkpoints.load_model(small(steps=8))
     # a run of other parameters in the folder: its weights go with its record
     finetune.run(small(steps=8))
     assert not (small().folder() / "weights.safetensors").exists()
@@ -394,7 +394,7 @@ def test_a_tag_keeps_a_run_of_other_steps_beside_the_protocols(small):
 def test_a_lora_runs_kept_updates_merge_into_a_plain_vit(small):
     run = small(component="mha", method="lora", lora_rank=2, save_weights=True)
     metrics = finetune.run(run)
-    unmerged, merged = finetune.load_model(run, merge=False), finetune.load_model(run)
+    unmerged, merged = checkpoints.load_model(run, merge=False), checkpoints.load_model(run)
     assert _test_accuracy(unmerged)[1] == metrics["test_accuracy"]
     assert type(merged.blocks[0].attn.qkv) is torch.nn.Linear
     assert set(merged.state_dict()) == set(models.create_model("demo", num_classes=5).state_dict())
@@ -414,14 +414,14 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     def results():
         return {c.component: storage.read_json(c.folder() / run_files.METRICS) for c in configs(spec)}
 
-    finetune.run_spec(spec, workers=2)
+    pool.run_spec(spec, workers=2)
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith(("[1/2]", "[2/2]")) and " finished in " in line for line in lines)
     together = results()
-    finetune.run_spec(spec)  # finished: nothing runs, nothing printed
+    pool.run_spec(spec)  # finished: nothing runs, nothing printed
     assert capsys.readouterr().out == ""
     move_results("alone")
-    finetune.run_spec(spec, workers=1)
+    pool.run_spec(spec, workers=1)
     alone = results()
     for component in ("mha", "ln1"):
         assert together[component]["test_accuracy"] == alone[component]["test_accuracy"]
@@ -443,7 +443,7 @@ def test_image_size_sets_the_models_resolution_too(small):
     # the demo ViT is 32 px (patches of 4): at 48 px its position embedding is resampled to a 12 x 12 grid
     config = small(image_size=48, steps=4, eval_every=2, save_weights=True)
     assert finetune.run(config)["status"] == "finished"
-    model = finetune.load_model(config)
+    model = checkpoints.load_model(config)
     assert model.patch_embed.img_size == (48, 48) and model.pos_embed.shape[1] == 1 + 12 * 12
 
 

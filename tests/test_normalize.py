@@ -21,7 +21,7 @@ from paperlib.data import transforms as T
 from paperlib.measure import component_rates, plasticity
 from paperlib.records import names, runs_table, storage
 from paperlib.records import runs as run_files
-from paperlib.train import finetune
+from paperlib.train import checkpoints, finetune
 from paperlib.train.config import Config
 from paperlib.vit import models
 
@@ -185,7 +185,7 @@ def test_finetuning_with_the_models_statistics_is_a_run_of_its_own(home, small):
     # the finetuned model records the statistics its run used, for normalize="model" once saved
     for config, pair in ((own, HALF), (small(model="custom/half", **LN2), T.IMAGENET)):
         finetune.run(dataclasses.replace(config, save_weights=True))
-        models.save_model(finetune.load_model(config), "custom/tuned", overwrite=True)
+        models.save_model(checkpoints.load_model(config), "custom/tuned", overwrite=True)
         assert models.normalization("custom/tuned", "model") == pair
     # a model pretrained with ImageNet's statistics: "model" is the paper's run, number for number
     same_model, same_paper = small(model="custom/same", normalize="model", **LN2), small(model="custom/same", **LN2)

@@ -117,7 +117,7 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
         return output
 
     monkeypatch.setattr(execute, "execute", instant)
-    monkeypatch.setattr(execute.finetune, "run_spec", lambda *specs: events.append("demo sweeps"))
+    monkeypatch.setattr(execute.pool, "run_spec", lambda *specs: events.append("demo sweeps"))
     index = execute.run_demo(out_dir=out)
     # the notebooks that read no demo run first (the longest of them, 08, before the others), then the demo sweeps,
     # then those that read them

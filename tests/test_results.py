@@ -19,7 +19,7 @@ from paperlib.analysis import component_tests, plasticity_table, precision_check
 from paperlib.records import paths, storage
 from paperlib.records.runs import RECORD, TRAINING
 from paperlib.records.runs_table import KEYS, for_spec, histories_of, load
-from paperlib.train import finetune
+from paperlib.train import finetune, pool
 from paperlib.train.config import Config, expected
 from paperlib.vit.components import COMPONENTS
 
@@ -302,7 +302,7 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
             },
         ],
     }
-    finetune.run_spec(spec, workers=1)  # here, where run is replaced
+    pool.run_spec(spec, workers=1)  # here, where run is replaced
     assert [
         (
             c.dataset,

@@ -22,7 +22,7 @@ from paperlib.data import datasets
 from paperlib.measure import plasticity
 from paperlib.records import paths, readings, runs, runs_table, storage
 from paperlib.sweeps import sweep
-from paperlib.train import evaluation, finetune
+from paperlib.train import checkpoints, evaluation, finetune
 from paperlib.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_a_run_keeps_what_it_saw_and_its_metrics_are_read_from_it_without_torch(
         or read["exact"]["best_step"] != (metrics["best_step"])
     )
     # and the records agree with a live evaluation of the kept checkpoint on the test split
-    model = finetune.load_model(config)
+    model = checkpoints.load_model(config)
     loaders, _, _ = finetune._data(config, torch.device("cpu"))
     live = evaluation.evaluate(model, loaders["test"])
     assert live.accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-12)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from paperlib.analysis.tables import table6
-from paperlib.records.methods import METHODS
+from paperlib.records.methods import METHODS, method_of
 from paperlib.records.names import ADAPTABLE
 from paperlib.records.runs_table import KEYS
 
@@ -17,7 +17,7 @@ def with_method(runs: pd.DataFrame) -> pd.DataFrame:
     that a labelled table can be passed on (``comparison``)."""
     runs = runs[runs["component"].isin(ADAPTABLE)]
     records = runs[KEYS].to_dict("records")
-    labelled = [METHODS[r["method"]].label(r) if r["method"] in METHODS else r["method"] for r in records]
+    labelled = [method_of(r).label() if r["method"] in METHODS else r["method"] for r in records]
     return runs.assign(method=labelled)
 
 

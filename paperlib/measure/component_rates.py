@@ -98,7 +98,7 @@ def _check_block(block: nn.Module) -> None:
     if any(cls.__module__.startswith("peft.") for module in block.modules() for cls in type(module).__mro__):
         raise TypeError(
             "the model carries LoRA updates that are not merged into its weights, which the rates of the "
-            "linear components would not see: lora.merge(model) first (finetune.load_model merges them)"
+            "linear components would not see: lora.merge(model) first (checkpoints.load_model merges them)"
         )
     width = block.norm1.normalized_shape[-1] if hasattr(block, "norm1") else None
     for component in COMPONENTS:

@@ -28,7 +28,7 @@ FINETUNE_HELP = {
 
 def finetune() -> argparse.ArgumentParser:
     """The command line of ``python -m paperlib finetune`` (``train.finetune.main``)."""
-    meanings = cli.field_comments(runs.Run) | FINETUNE_HELP
+    meanings = runs.Run.comments() | FINETUNE_HELP
     description = "One finetuning run (paper §5.2); notebook 05's parameters."
     return cli.parameters_parser(FINETUNE, description, "python -m paperlib finetune", meanings)
 

@@ -28,13 +28,14 @@ import math
 import os
 import shutil
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from paperlib.records import cli, methods, paths, readings, storage
 from paperlib.records.cli import coerce
+from paperlib.records.methods import Method
 from paperlib.records.names import check_run_component
 from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
 
@@ -94,27 +95,24 @@ class Run:
     # --- beyond the paper: how the component trains, tags, kept weights ---
     # weights (the paper: the component's own weights), lora (a rank-r LoRA update beside each of its weight matrices
     # trains instead; mha, fc1, fc2 or full) or subset (as many parameters per block as a LayerNorm has, 2d: a seeded
-    # random subset of the component's weights and biases, the rest frozen; mha, fc1 or fc2)
-    method: str = "weights"
-    lora_rank: int = 0  # method lora: the rank r of each update (e.g. 8)
-    # method lora: the updates are scaled by lora_alpha / lora_rank; 0 = the rank (a scale of 1; stored as the rank)
-    lora_alpha: float = 0.0
-    lora_dropout: float = 0.0  # method lora: dropout on the updates' input
-    subset_seed: int = 0  # method subset: the seed of the subset, the same for every lr and seed
+    # random subset of the component's weights and biases, the rest frozen; mha, fc1 or fc2); its options are
+    # parameters of their own (lora_rank, subset_seed...); in Python a value of records.methods, as Lora(rank=8)
+    method: Method = Method()
     # a name for runs whose parameters outside the folder name (steps, batch size, warm-up, momentum, clip...) differ
     # from another's: its own folder (seed=<s>+<tag>) and results column, so an ablation keeps every run
     tag: str = ""
     # stop a run at a loss above finetune.EXPLODED times chance level's (not the authors': their loop never stops a run;
     # a loss that is not finite stops it either way, and either marks it diverged)
     stop_exploded: bool = False
-    # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; load_model rebuilds the
-    # finetuned model); not part of what a run is
+    # keep the best checkpoint's trainable parameters in the run folder (weights.safetensors; checkpoints.load_model
+    # rebuilds the finetuned model); not part of what a run is
     save_weights: bool = False
 
     def __post_init__(self):
-        asked = {"tag": self.tag, "method": self.method, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha}
-        for name, value in written_one_way(asked).items():
-            object.__setattr__(self, name, value)
+        if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a spec's ``tag: [2000]``
+            object.__setattr__(self, "tag", f"{self.tag:g}")
+        if not isinstance(self.method, Method):  # a method's name: the method with its defaults
+            object.__setattr__(self, "method", methods.method_of({"method": self.method}))
         self.validate()
 
     def validate(self) -> "Run":
@@ -127,7 +125,7 @@ class Run:
                 "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
                 f"got {self.tag!r}"
             )
-        methods.check(asdict(self), Run.defaults())
+        methods.check(self)
         for name in ("save_weights", "stop_exploded"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -165,18 +163,31 @@ class Run:
             )
         if not (number(self.momentum) and 0 <= self.momentum < 1):
             raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
-        for name in ("seed", "subset_seed"):
-            if not integer(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if not integer(self.seed) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not integer(self.image_size) or self.image_size < 0:
             raise ValueError(f"image_size must be 0 (the model's) or a positive integer, got {self.image_size!r}")
 
     @classmethod
     def defaults(cls) -> dict:
-        """Each field's default by name: what a run is where nothing is asked.
+        """Each parameter's default by name (``parameters``' names): what a run is where nothing is asked.
 
-        It is also what a record without the field counts as."""
-        return cli.field_defaults(cls)
+        It is also what a record without the parameter counts as."""
+        return _flat(cli.field_defaults(cls))
+
+    @classmethod
+    def comments(cls) -> dict:
+        """Each parameter's meaning by name, from the comments of its field (``--help``)."""
+        found = cli.field_comments(cls)
+        for method in methods.METHODS.values():
+            found |= {f"{method.name}_{name}": text for name, text in cli.field_comments(method).items()}
+        return found
+
+    def parameters(self) -> dict:
+        """The run as its parameters and its record name it (notebook 05's, a spec's, ``params.json``).
+
+        Its fields by name, its method as its name and every method's options (``methods.record``)."""
+        return _flat({field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
 
     def step_options(self) -> StepOptions:
         """How this run's steps run, as asked and unchecked.
@@ -195,22 +206,27 @@ class Run:
         split, and ``+tag-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of
         the paper's. Other parameters (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that
         changes them replaces the run in its folder unless it has a tag of its own."""
-        return run_folder(asdict(self))
+        return run_folder(self.parameters())
+
+
+def _flat(fields: dict) -> dict:
+    """A run's ``fields`` as its parameters: its ``method`` as its name and every method's options, in its place."""
+    flat = {}
+    for name, value in fields.items():
+        flat |= methods.record(value) if name == "method" else {name: value}
+    return flat
 
 
 def written_one_way(values: dict) -> dict:
-    """``values`` (a run's ``tag``, ``method``, ``lora_rank`` and ``lora_alpha``) as a ``Run`` holds them.
+    """A run's parameters (``Run.defaults``' names) as a ``Run`` holds them, unchecked.
 
-    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and a LoRA run's alpha 0 as the rank, so that
-    lora_alpha=0 and lora_alpha=rank are one run (one folder, one record, one row of the results tables)."""
+    A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and the method's options as its value writes them
+    (a LoRA run's alpha 0 as the rank: lora_alpha=0 and lora_alpha=rank are one run, one folder, one record, one row of
+    the results tables)."""
     values = dict(values)
     if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
         values["tag"] = f"{values['tag']:g}"
-    rank = values["lora_rank"]
-    lora = values["method"] == "lora" and isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
-    if lora and values["lora_alpha"] == 0:
-        values["lora_alpha"] = float(rank)
-    return values
+    return values | methods.record(methods.method_of(values))
 
 
 def run_folder(record: dict) -> Path:
@@ -219,7 +235,7 @@ def run_folder(record: dict) -> Path:
     run = f"seed={r['seed']}" + paths.suffixes(
         ("", r["precision"], "fp32"),
         ("", r["optimizer"] + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else ""), "sgd"),
-        ("", methods.method_of(r).suffix(r), ""),
+        ("", methods.method_of(r).suffix(), ""),
         ("norm", r["normalize"], "imagenet"),
         ("val", r["validation"], "official"),
         ("tag", r["tag"], ""),
@@ -316,7 +332,7 @@ def run_record(config: Run | dict) -> dict:
 
     Its parameters, today's ``TRAINING`` and ``RECORD`` and, for custom datasets and models, their fingerprints.
     ``config``: a ``Config``, or its fields as a dict (``spec_records``' runs, made without one)."""
-    fields = config if isinstance(config, dict) else asdict(config)
+    fields = config if isinstance(config, dict) else config.parameters()
     fingerprints = config_fingerprints(fields)
     written_by = {"training": TRAINING, "record": RECORD}
     return fields | written_by | ({"fingerprints": fingerprints} if fingerprints else {})
@@ -344,7 +360,7 @@ def differing(saved: dict, record: dict, how_it_ran: bool = True) -> list[str]:
     run asked. What a run keeps (``OUTPUT_ONLY``) never counts, nor which version wrote it (``VERSIONS``: a run of an
     older version is the one asked for, ``lacks`` says what it lacks). How it ran (``HOW_IT_RAN``) counts for what
     writes the folder (``finished``, ``start``, a checkpoint resumed: train it again?), not with ``how_it_ran`` False
-    for what reads a result (``runs_table.for_spec``, ``finetune.load_model``: the same run to rounding). A ``Run``
+    for what reads a result (``runs_table.for_spec``, ``checkpoints.load_model``: the same run to rounding). A ``Run``
     field the saved record lacks counts as its default (a field is added with the default that does what runs did
     before it); a key ``Run`` does not have, or custom data's fingerprints that only one of them has, differs: that
     is another run."""
@@ -580,11 +596,12 @@ def finetune_root(root: str | Path | None = None) -> Path:
 
 
 def config_values(parameters: dict) -> dict:
-    """Notebook 05's parameters as ``Config``'s fields.
+    """Notebook 05's parameters (``Run.defaults``' names), typed, with a speed preset's step options.
 
-    Its speed preset (``speed``, a name) put in by ``step_options.with_preset`` (its step options the run does not
-    give; refused in a precision it is not offered for), the rest typed by their defaults (YAML reads
-    ``1e-2`` as a string); an unknown name is refused with the valid ones."""
+    ``run_fields`` makes ``Config``'s fields of them. Its speed preset (``speed``, a name) put in by
+    ``step_options.with_preset`` (its step options the run does not give; refused in a precision it is not offered
+    for), the rest typed by their defaults (YAML reads ``1e-2`` as a string); an unknown name is refused with the valid
+    ones."""
     defaults = Run.defaults()
     values = dict(parameters)
     values = with_preset(values.pop("speed", "auto"), values)
@@ -592,3 +609,10 @@ def config_values(parameters: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown run parameter(s) {', '.join(unknown)}; valid: {', '.join(defaults)}")
     return {key: value if key == "compile" else coerce(key, value, defaults[key]) for key, value in values.items()}
+
+
+def run_fields(parameters: dict) -> dict:
+    """A run's parameters (``config_values``') as ``Run``'s fields: its method's name and options as its value."""
+    options = methods.options()
+    fields = {name: value for name, value in parameters.items() if name not in options}
+    return fields | {"method": methods.method_of(parameters)}

@@ -34,7 +34,7 @@ from typing import Iterable
 from paperlib.records import cli, commands, paths, specs, storage
 from paperlib.reports.notebook import HEADLINE_MIME
 from paperlib.speed import threads
-from paperlib.train import finetune
+from paperlib.train import pool
 
 KERNEL = "python3"
 KERNELSPEC = {"name": KERNEL, "display_name": "Python 3 (ipykernel)", "language": "python"}
@@ -308,7 +308,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
 
     It prints one line per notebook with the time it took. The notebooks that read no demo run come first, so that
     their reports come within a minute. Every notebook at once (no ``names``): then the demo sweeps' missing runs,
-    in one pool of processes, one per core (``finetune.run_spec``), so that the notebooks that read them
+    in one pool of processes, one per core (``pool.run_spec``), so that the notebooks that read them
     (``READ_DEMO_SWEEPS``) find them finished instead of running each its part one after another; then those
     notebooks. The notebooks run one per core at a time: much of a notebook's time is its kernel starting and
     importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook
@@ -357,7 +357,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
         report_each(sorted(first, key=lambda notebook: notebook.stem[:2] not in LONGEST_FIRST))
         if not names:
             start = time.perf_counter()
-            finetune.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
+            pool.run_spec(*(specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS))
             print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
         report_each([notebook for notebook in notebooks if notebook.stem[:2] in READ_DEMO_SWEEPS])
     return update_page()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
@@ -13,7 +12,6 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 from paperlib.analysis import ranking
 from paperlib.data.imagesets import ImageDataset
 from paperlib.records import paths, storage
-from paperlib.records.methods import method_of
 from paperlib.records.names import COLOURS, COMPONENTS, LABELS, POINT_LABELS, RUN_COMPONENTS
 
 COLORS = COLOURS
@@ -498,8 +496,7 @@ def run_figure(history, metrics: dict, config) -> plt.Figure:
         best = ([metrics["best_step"]], [metrics["best_val_accuracy"]])
         axes[2].scatter(*best, s=80, facecolor="none", edgecolor="black", zorder=3)
     axes[2].set(xlabel="step", ylabel="validation accuracy")
-    record = asdict(config)
-    how = "" if config.method == "weights" else f" ({method_of(record).label(record)})"
+    how = "" if config.method.name == "weights" else f" ({config.method.label()})"
     c = config
     fig.suptitle(f"{c.model} on {c.dataset}: {LABELS[c.component]}{how}, lr {c.lr:g}, seed {c.seed}")
     # named as the run's folder (its last part: the seed and the suffixes of Config.folder)

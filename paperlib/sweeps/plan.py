@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict
 
 import pandas as pd
 import torch
@@ -36,7 +35,6 @@ import torch
 from paperlib.data.imagesets import random_images
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.records import methods, runs, storage
-from paperlib.records.methods import method_of
 from paperlib.records.step_options import STEP_OPTIONS
 from paperlib.speed.clock import device_name, median_seconds
 from paperlib.speed.step import warmup_steps
@@ -137,7 +135,7 @@ def estimate(todo: list[Config], timing_steps: int = 3) -> pd.DataFrame:
     recorded = recorded_rates()
     groups: dict[tuple, list[Config]] = {}
     for config in todo:
-        groups.setdefault(step_key(asdict(config)), []).append(config)
+        groups.setdefault(step_key(config.parameters()), []).append(config)
     rows = []
     for group in groups.values():
         first = group[0]
@@ -145,7 +143,7 @@ def estimate(todo: list[Config], timing_steps: int = 3) -> pd.DataFrame:
         images = sum(config.steps * config.batch_size for config in group)
         rows.append(
             {name: getattr(first, name) for name in SHOWN}
-            | {"method": method_of(asdict(first)).label(asdict(first))}
+            | {"method": first.method.label()}
             | {"precision": first.precision, "component": first.component, "runs": len(group)}
             | {"steps": sum(config.steps for config in group), "images": images, "images_per_second": rate}
             | {"hours": images / rate / 3600, "source": source}
@@ -156,7 +154,7 @@ def estimate(todo: list[Config], timing_steps: int = 3) -> pd.DataFrame:
 def step_key(record: dict) -> tuple:
     """What a step's speed depends on (``STEP_KEY``, and the kind of device), from a run's parameters.
 
-    ``asdict(config)``, or the ``params.json`` it recorded (a field it lacks: None, the key of no run asked for)."""
+    ``Run.parameters``, or the ``params.json`` it recorded (a field it lacks: None, the key of no run asked for)."""
     return tuple(record.get(name) for name in STEP_KEY) + (torch.device(record["device"]).type,)
 
 
@@ -180,7 +178,7 @@ def images_per_second(config: Config, recorded: dict, timing_steps: int = 3) -> 
     The median that finished runs of the same step recorded on this machine's device (on any device of its kind, named,
     if this machine has none), else the step timed here (``time_step``); ``NaN`` if neither can be had."""
     here = _device_here(config.device)
-    rates = [(rate, name) for rate, name in recorded.get(step_key(asdict(config)), []) if here in (None, name)]
+    rates = [(rate, name) for rate, name in recorded.get(step_key(config.parameters()), []) if here in (None, name)]
     if rates:
         names = "" if here else f" on {', '.join(sorted({name for _, name in rates}))}"
         return statistics.median(rate for rate, _ in rates), f"recorded{names} (median of {len(rates)} runs)"

@@ -1,6 +1,6 @@
-"""A finetuning run's files while it trains and when it ends: its checkpoint, and its record.
+"""A finetuning run's files while it trains and when it ends: its checkpoint, its record, and its kept model.
 
-The record is its history, its kept weights and, last, its metrics.
+The record is its history, its kept weights and, last, its metrics; ``load_model`` rebuilds the model of its weights.
 
 ``finetune``'s loop writes them; what a run is and where it lives is ``records.runs``.
 """
@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from torch import nn
 
 from paperlib.records import paths, readings, runs, storage
-from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, WEIGHTS
+from paperlib.records.runs import CHECKPOINT, HISTORY, HISTORY_COLUMNS, METRICS, PARAMS, WEIGHTS
+from paperlib.train.config import Config
+from paperlib.train.step import adapt, network
+from paperlib.vit import methods
 
 CHECKPOINT_KEYS = ("params", "step", "history", "best", "seen", "cache_side", "model", "optimizer", "schedule")
 """What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
@@ -83,3 +87,39 @@ def record(folder: Path, rows: list[dict], outcomes: readings.Outcomes, weights:
     metrics["files"] = files
     storage.write_json(folder / METRICS, metrics)
     (folder / CHECKPOINT).unlink(missing_ok=True)
+
+
+def load_model(config: Config, merge: bool = True) -> nn.Module:
+    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation checkpoint.
+
+    In eval mode: the pretrained model with the run's new head, and the parameters the run trained (component, head,
+    final norm; or its LoRA updates or subset) as it kept them. A LoRA or equal-capacity run's updates are merged into a
+    plain timm ViT (``lora.merge``, ``equal_capacity.merge``) unless ``merge=False``. Its ``pretrained_cfg`` records the
+    normalisation the run used. Save it as your own model with ``models.save_model(model, "custom/<name>")``."""
+    folder = config.folder()
+    weights = folder / WEIGHTS
+    if not (folder / METRICS).is_file() or not weights.is_file():
+        raise FileNotFoundError(
+            f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
+            "(Config(save_weights=True), -p save_weights True, --save-weights true)"
+        )
+    differ = runs.differing(storage.read_json(folder / PARAMS), runs.run_record(config), how_it_ran=False)
+    if differ:
+        raise ValueError(
+            f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
+            "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
+        )
+    metrics = storage.read_json(folder / METRICS, whole=True)  # the weights checked against their checksum
+    model = adapt(network(config, metrics["num_classes"]), config)
+    state = load_file(str(weights))
+    unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
+    if unexpected:
+        raise ValueError(
+            f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}"
+        )
+    model.load_state_dict(state, strict=False)
+    if merge:
+        model = methods.trainer_of(config.method).merge(model)
+    if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
+        model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
+    return model.eval()

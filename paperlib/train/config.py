@@ -18,7 +18,7 @@ import pandas as pd
 
 from paperlib.data import datasets
 from paperlib.records import specs
-from paperlib.records.runs import Run, config_values
+from paperlib.records.runs import Run, config_values, run_fields
 from paperlib.records.runs_table import KEYS
 from paperlib.records.step_options import StepOptions
 from paperlib.speed import devices, options
@@ -69,8 +69,8 @@ def config_from_namespace(namespace: dict) -> Config:
 
 
 def config_from(parameters: dict) -> Config:
-    """The ``Config`` of notebook 05's parameters (``config_values``), validated."""
-    return Config(**config_values(parameters))
+    """The ``Config`` of notebook 05's parameters (``config_values``, ``run_fields``), validated."""
+    return Config(**run_fields(config_values(parameters)))
 
 
 def configs(spec: dict) -> list[Config]:
@@ -82,4 +82,4 @@ def configs(spec: dict) -> list[Config]:
 
 def expected(spec: dict) -> pd.DataFrame:
     """The runs a finetuning sweep spec asks for (``KEYS``)."""
-    return pd.DataFrame([{key: getattr(config, key) for key in KEYS} for config in configs(spec)], columns=KEYS)
+    return pd.DataFrame([config.parameters() for config in configs(spec)]).reindex(columns=KEYS)

@@ -20,10 +20,11 @@ keeps its test accuracy (``stop_exploded``: a loss above ``EXPLODED`` times chan
 
 What a run is and where it lives (``Config``, its folder, its files, whether it is finished) is ``runs``; how a step is
 made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) is ``speed``. The loop asks
-``step.build_step`` for the run's step (its model adapted, its optimizer, ``speed.step.make_step``: the step that the
-sweep's cost estimate and the step benchmarks time too) and calls it once per batch. Batches are a function of (seed,
-step), so a run interrupted and started again resumes from its last checkpoint and ends where an uninterrupted one
-would.
+``step.build_step`` for the run's step (its model adapted, its optimizer; the paper's step, ``paper_step.PaperStep``,
+unless the run asks for more, then ``speed.step.make_step``'s: the step that the sweep's cost estimate and the step
+benchmarks time too) and calls it once per batch. Batches are a function of (seed, step), so a run interrupted and
+started again resumes from its last checkpoint and ends where an uninterrupted one would. The runs of a spec share a
+pool of processes (``pool.run_spec``); a finished run's kept model is ``checkpoints.load_model``'s.
 """
 
 from __future__ import annotations
@@ -31,25 +32,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from tqdm.auto import tqdm
 
 from paperlib.data import datasets
 from paperlib.data.loader import DeviceLoader, Transform, cache_side, decode_workers, uint8_images
 from paperlib.records import cli, commands, paths, readings, runs, storage
-from paperlib.records.runs import METRICS, PARAMS, WEIGHTS
 from paperlib.speed import devices, threads
 from paperlib.train import checkpoints, evaluation
-from paperlib.train.config import Config, config_from, configs
-from paperlib.train.step import adapt, build_step, network
+from paperlib.train.config import Config, config_from
+from paperlib.train.step import build_step, network
 from paperlib.vit import components, methods, models
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
@@ -130,7 +126,7 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     metrics = runs.finished(config)
     if metrics is None:
         check_runnable(config)
-        with storage.locked(config.folder(), wait=wait):
+        with storage.locked(config.folder(), wait=wait), _deterministic(config):
             metrics = runs.finished(config)  # the process waited for may have finished it
             if metrics is None:
                 metrics = _train(config, progress)[1]
@@ -154,81 +150,13 @@ def check_runnable(config: Config) -> None:
         )
 
 
-def run_spec(*specs: dict, workers: int | None = None) -> None:
-    """Run every run of finetuning sweep specs (``config.configs``) not finished as they ask.
-
-    A run two specs share runs once; one line per run with the time it took. For demo-scale specs; paper-scale sweeps
-    go through ``python -m paperlib sweep``.
-
-    ``workers``: processes that share the runs. By default one per CPU core when every run is on the
-    CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
-    so than with every core on one run); runs on a GPU run here, one after another.
-    """
-    unique = {config.folder(): config for spec in specs for config in configs(spec)}  # by folder: once each
-    todo = [config for config in unique.values() if not runs.is_finished(config)]
-    if workers is None:
-        on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
-        workers = threads.cores() if on_cpu else 1
-    workers = max(1, min(workers, len(todo)))
-    with contextlib.ExitStack() as stack:
-        if workers == 1:
-            finished = ((config, _timed_run(config)) for config in todo)
-        else:
-            stack.enter_context(threads.shared_by(workers))  # the workers take their share (threads.apply)
-            pool = stack.enter_context(ProcessPoolExecutor(workers, multiprocessing.get_context("spawn")))
-            futures = {pool.submit(_timed_run, config): config for config in todo}
-            finished = ((futures[future], future.result()) for future in as_completed(futures))
-        for done, (config, (status, seconds)) in enumerate(finished, start=1):
-            print(f"[{done}/{len(todo)}] {paths.display(config.folder())}: {status} in {seconds:.1f} s", flush=True)
-
-
-def _timed_run(config: Config) -> tuple[str, float]:
-    """``run(config)``'s status and the seconds it took (a ``run_spec`` worker's task)."""
-    start = time.perf_counter()
-    return run(config)["status"], time.perf_counter() - start
-
-
-def load_model(config: Config, merge: bool = True) -> nn.Module:
-    """The model a finished run with ``save_weights=True`` finetuned, at its best-validation checkpoint.
-
-    In eval mode: the pretrained model with the run's new head, and the parameters the run trained (component, head,
-    final norm; or its LoRA updates or subset) as it kept them. A LoRA or equal-capacity run's updates are merged into a
-    plain timm ViT (``lora.merge``, ``equal_capacity.merge``) unless ``merge=False``. Its ``pretrained_cfg`` records the
-    normalisation the run used. Save it as your own model with ``models.save_model(model, "custom/<name>")``."""
-    folder = config.folder()
-    weights = folder / WEIGHTS
-    if not (folder / METRICS).is_file() or not weights.is_file():
-        raise FileNotFoundError(
-            f"no finetuned weights in {paths.display(folder)}: run it with save_weights=True "
-            "(Config(save_weights=True), -p save_weights True, --save-weights true)"
-        )
-    differ = runs.differing(storage.read_json(folder / PARAMS), runs.run_record(config), how_it_ran=False)
-    if differ:
-        raise ValueError(
-            f"the run in {paths.display(folder)} differs from this configuration in {', '.join(differ)} "
-            "(fingerprints: a custom model or dataset changed since): run this configuration to finetune it"
-        )
-    metrics = storage.read_json(folder / METRICS, whole=True)  # the weights checked against their checksum
-    model = adapt(network(config, metrics["num_classes"]), config)
-    state = load_file(str(weights))
-    unexpected = sorted(set(state) - {name for name, _ in model.named_parameters()})
-    if unexpected:
-        raise ValueError(
-            f"{paths.display(weights)} holds parameters this model does not have: {', '.join(unexpected[:5])}"
-        )
-    model.load_state_dict(state, strict=False)
-    if merge:
-        model = methods.trainer_of(asdict(config)).merge(model)
-    if metrics.get("mean") is not None:  # the statistics it was finetuned with, which save_model then records
-        model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(metrics["mean"]), "std": tuple(metrics["std"])}
-    return model.eval()
-
-
 @contextlib.contextmanager
-def _deterministic(enabled: bool):
-    """PyTorch's deterministic algorithms while a run trains; the caller's setting restored after."""
+def _deterministic(config: Config):
+    """PyTorch's deterministic algorithms while a run of ``config`` trains; the caller's setting restored after.
+
+    On a CPU always; on CUDA as the caller set them."""
     previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(enabled)
+    torch.use_deterministic_algorithms(torch.device(config.device).type != "cuda" or previous)
     try:
         yield
     finally:
@@ -246,7 +174,7 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
     deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
     """
     runs.check_inside(config.folder())
-    with storage.locked(config.folder(), wait=wait):
+    with storage.locked(config.folder(), wait=wait), _deterministic(config):
         return _train(config, progress)
 
 
@@ -286,13 +214,8 @@ def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader]
 
 
 def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
-    """``train``'s and ``run``'s work, under the run's lock: deterministic on a CPU (``_deterministic``)."""
+    """``train``'s and ``run``'s work, under the run's lock and ``_deterministic``."""
     device = torch.device(config.device)
-    with _deterministic(device.type != "cuda" or torch.are_deterministic_algorithms_enabled()):
-        return _finetune(config, device, progress)
-
-
-def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.Module, dict]:
     folder, params = config.folder(), runs.run_record(config)
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
     torch.manual_seed(config.seed)
@@ -365,10 +288,10 @@ def _finetune(config: Config, device: torch.device, progress: bool) -> tuple[nn.
         assert reading.best_step == best["step"], (reading, best["step"])  # one rule, live and read
         model.load_state_dict(best["state"], strict=False)
         step_fn.loaded()
-    measured = {"wall": wall, "seen": images_seen, "threads": threads_used, "side": side}
-    measured["test_images"] = len(loaders["test"].images)
-    measured["method"] = methods.trainer_of(asdict(config)).summary(model)
-    metrics = _metrics(config, rows, reading, step_fn, num_classes, measured)
+    # one test image is worth 100 / test_images accuracy points
+    metrics = _ended(config, rows, reading, num_classes) | {"test_images": len(loaders["test"].images)}
+    metrics |= _how_it_ran(config, step_fn, wall, images_seen, threads_used, side)
+    metrics |= methods.trainer_of(config.method).summary(model)  # of what trained (an equal-capacity run's subset)
     kept = best["state"] if config.save_weights and not reading.nan_model else None
     checkpoints.record(work, rows, outcomes, (kept, reading.best_step), metrics)
     runs.replace(folder, work)
@@ -412,37 +335,40 @@ def _mean(values: list) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _metrics(config: Config, rows: list, reading, step_fn, num_classes: int, measured) -> dict:
-    """A run's ``metrics.json``: how it ended, the test of its best-validation checkpoint, and how it ran.
+def _ended(config: Config, rows: list, reading: readings.Reading, num_classes: int) -> dict:
+    """How a run ended, for its ``metrics.json``: its status, the test of its best-validation checkpoint, its clipping.
 
-    How it ended: ``diverged`` from its history's ``diverged_step``, else ``finished``; the checkpoint and its test as
-    its records read (``reading``: ``readings.choose``, the authors' reading, the exact one beside it);
-    how it ran: ``measured``, its wall seconds, images seen, threads, cache side, test images, subset."""
-    device = torch.device(config.device)
+    ``diverged`` from its history's ``diverged_step``, else ``finished``; the checkpoint and its test as its records
+    read (``reading``: ``readings.choose``, the authors' reading, the exact one beside it); how clipping bound."""
     diverged_at = diverged_step(rows, num_classes)
     return {
         "status": "finished" if diverged_at is None else "diverged",
         "diverged_step": diverged_at,
         **{name: getattr(reading, name) for name in READ},  # from the records (``readings.choose``)
-        "test_images": measured["test_images"],  # one image is worth 100 / test_images accuracy points
-        "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
         # how clipping bound: the share of steps whose gradient norm it cut, and the component's share of that norm
         "clipped_steps": sum(row["grad_norm"] > config.clip for row in rows) / len(rows) if rows else math.nan,
         "component_grad_share": _mean([row.get("component_grad_share", math.nan) for row in rows]),
-        "micro_batch": step_fn.micro,
         "num_classes": num_classes,
-        "wall_seconds": round(measured["wall"], 2),
-        "images_per_second": round(measured["seen"] / measured["wall"], 1) if measured["wall"] > 0 else None,
+    }
+
+
+def _how_it_ran(config: Config, step_fn, wall: float, images: int, threads_used: int, side: int) -> dict:
+    """How a run ran, for its ``metrics.json``: what it trained, in ``wall`` seconds over ``images``, on what."""
+    device = torch.device(config.device)
+    return {
+        "trainable_parameters": sum(p.numel() for p in step_fn.trainable),
+        "micro_batch": step_fn.micro,
+        "wall_seconds": round(wall, 2),
+        "images_per_second": round(images / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": config.precision,
         "optimizer": config.optimizer,
-        **measured["method"],  # what the run's method records of what it trained (an equal-capacity run's subset)
         "normalize": config.normalize,
-        "cache_side": measured["side"],
+        "cache_side": side,
         "weights": None,  # the weights file, if kept: checkpoints.record
         "mean": list(config.mean_std[0]),
         "std": list(config.mean_std[1]),
-        "threads": measured["threads"],  # CPU threads: on a CPU their number changes the last digits
+        "threads": threads_used,  # CPU threads: on a CPU their number changes the last digits
         "torch": torch.__version__,
     }
 

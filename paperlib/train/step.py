@@ -18,8 +18,6 @@ and the same step options (``speed.step.make_step``).
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from torch import nn
 
 from paperlib.speed.step import OptimizerSettings, Step, make_step
@@ -40,7 +38,7 @@ def network(config: Config, num_classes: int, pretrained: bool = True) -> nn.Mod
 
 def adapt(model: nn.Module, config: Config) -> nn.Module:
     """``model`` as a run of ``config`` trains it, in place, by the run's method (``vit.methods.adapt``)."""
-    return methods.adapt(model, asdict(config))
+    return methods.adapt(model, config.method, config.component)
 
 
 def build_step(config: Config, model: nn.Module, progress: bool = False) -> Step | PaperStep:

@@ -23,7 +23,7 @@ subset's ``delta``, the head and the final norm (a run records its share of that
 and how often clipping bound, ``clipped_steps``). AdamW's weight decay would never reach ``delta`` (a vector;
 ``speed.step.decay_groups`` decays weight matrices only) where it decays an ordinary run's component, so a subset run
 is refused with weight decay (``records.methods.Subset.check``).
-The subset is drawn from its own seed (``Config.subset_seed``) and the model's shape alone: the same for
+The subset is drawn from its own seed (``records.methods.Subset``'s ``seed``) and the model's shape alone: the same for
 every learning rate and seed of one configuration. ``merge`` folds ``delta`` in, leaving a plain timm ViT.
 """
 
@@ -36,9 +36,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from paperlib.records.methods import METHODS
+from paperlib.records.methods import Subset
 from paperlib.records.names import COMPONENTS, LABELS
 from paperlib.vit import components
+from paperlib.vit.methods import Trainer
 
 
 def _entries(block: nn.Module, component: str) -> list[tuple[nn.Module, str, nn.Parameter]]:
@@ -88,7 +89,7 @@ def add_subsets(model: nn.Module, component: str, seed: int = 0) -> list[nn.Modu
 
     The entries are ``draw``'s; ``model`` is changed in place. Returns the updates, what a run
     trains of its component (``components.set_trainable``'s ``adapters``)."""
-    METHODS["subset"].check({"component": component, "subset_seed": seed})
+    Subset(seed).check(component)
     updates = []
     for block, chosen in zip(components.blocks(model), draw(model, component, seed)):
         start = 0
@@ -142,3 +143,23 @@ def parameter_table(model: nn.Module) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows).set_index("configuration")
+
+
+class SubsetTrainer(Trainer):
+    """The trainer of ``records.methods.Subset``: a seeded random subset of the component's entries."""
+
+    def adapt(self, model: nn.Module, method: Subset, component: str) -> list[nn.Module]:
+        """The subset's updates (``add_subsets``); they train."""
+        return add_subsets(model, component, method.seed)
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        """The updates folded into the weights (``merge``)."""
+        return merge(model)
+
+    def summary(self, model: nn.Module) -> dict:
+        """The subset's digest (``digest``): the same for every learning rate and seed."""
+        return {"subset": digest(model)}
+
+    def parameter_table(self, model: nn.Module, method: Subset, component: str) -> pd.DataFrame:
+        """The subset's row of ``parameter_table``: its size per block and over all blocks."""
+        return parameter_table(model).loc[[f"{LABELS[component]} (equal capacity)"]]

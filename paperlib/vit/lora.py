@@ -2,9 +2,10 @@
 
 The paper's §7 names "applying LoRa only to the components with high plasticity" as future work.
 
+    from paperlib.records.methods import Lora
     from paperlib.train import finetune
     from paperlib.train.config import Config
-    finetune.run(Config(component="mha", method="lora", lora_rank=8, lr=0.05))   # LoRA on every block's attention
+    finetune.run(Config(component="mha", method=Lora(rank=8), lr=0.05))   # LoRA on every block's attention
 
 Where component-wise finetuning (``components.set_trainable``) trains a component's weights
 themselves, LoRA (Hu et al., 2022) freezes them and trains a low-rank update ``B @ A`` (rank
@@ -29,9 +30,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from paperlib.records.methods import METHODS
+from paperlib.records.methods import Lora
 from paperlib.records.names import ADAPTABLE, LABELS
 from paperlib.vit import components
+from paperlib.vit.methods import Trainer
 
 TARGETS = {
     "mha": ("attn.qkv", "attn.proj"),
@@ -107,7 +109,7 @@ def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dr
     The weight matrices are those of ``TARGETS``; ``model`` is changed in place. ``alpha`` 0 means
     the rank. ``A`` is drawn from torch's generator (peft's Kaiming-uniform), ``B`` is zero: the
     function is unchanged until training."""
-    METHODS["lora"].check({"component": component, "lora_rank": rank, "lora_alpha": alpha, "lora_dropout": dropout})
+    Lora(rank, alpha, dropout).check(component)
     if rank == 0:
         raise ValueError("add_lora needs a positive rank")
     # peft imports transformers: only when LoRA is asked for
@@ -216,3 +218,20 @@ def parameter_table(model: nn.Module, rank: int, bytes_per_parameter: int = 4, o
             }
         )
     return pd.DataFrame(rows).set_index("configuration")
+
+
+class LoraTrainer(Trainer):
+    """The trainer of ``records.methods.Lora``: a LoRA update beside each weight matrix of the component."""
+
+    def adapt(self, model: nn.Module, method: Lora, component: str) -> list[nn.Module]:
+        """LoRA updates of the method's rank, alpha and dropout on the component (``add_lora``); they train."""
+        add_lora(model, component, method.rank, method.alpha, method.dropout)
+        return updates(model)
+
+    def merge(self, model: nn.Module) -> nn.Module:
+        """The updates folded into the weights (``merge``)."""
+        return merge(model)
+
+    def parameter_table(self, model: nn.Module, method: Lora, component: str) -> pd.DataFrame:
+        """The updates' row of ``parameter_table``: their share of the weights they adapt, their memory."""
+        return parameter_table(model, method.rank).loc[[f"{LABELS[component]} (LoRA r={method.rank})"]]
