@@ -338,7 +338,7 @@ def bench_plain(
     size = model.patch_embed.img_size[0]
     loader = DeviceLoader(random_images(batch_size * 4, 32), batch_size, Transform(True, size), device=device)
     batches = [loader.batch(index) for index in range(4)]
-    autocast = autocast_for(device, precision)
+    autocast = autocast_for(device, check_precision(precision, device))
     rates = {}
     for component in components:
         set_trainable(model, component)

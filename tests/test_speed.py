@@ -202,7 +202,8 @@ def test_a_step_returns_device_tensors_and_updates_only_trainable_weights(tiny_m
     components.set_trainable(model, "ln2")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     sgd = speed.step.OptimizerSettings("sgd", 0.1, 0.9)
-    step = speed.step.make_step(model, step_options.StepOptions(), optimizer=sgd, batch_size=8, clip=1.0, micro_batch=4)
+    options = device_options.checked(step_options.StepOptions(), "cpu")  # a step is made of checked options
+    step = speed.step.make_step(model, options, optimizer=sgd, batch_size=8, clip=1.0, micro_batch=4)
     assert step.trainable == [p for _, p in components.trainable_parameters(model)]
     loss, norm = step(torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,)))
     assert isinstance(loss, torch.Tensor) and loss.ndim == 0 and float(norm) > 0
@@ -253,7 +254,7 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tin
     components.set_trainable(model, "fc1")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     sgd = speed.step.OptimizerSettings("sgd", 1e-4, 0.9)
-    bf16 = step_options.StepOptions(precision="bf16")
+    bf16 = device_options.checked(step_options.StepOptions(precision="bf16"), "cpu")
     step = speed.step.make_step(model, bf16, optimizer=sgd, batch_size=8, clip=1e9)
     assert isinstance(step.forward, speed.step.MasterWeights) and step.trainable == step.forward.masters
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
@@ -313,7 +314,7 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
         and calls[-1] == {}
     )
     with pytest.raises(ValueError, match="unknown torch.compile mode 'pdl'; valid modes: .*coordinate-descent"):
-        speed.step.compile_model(model, "model", "pdl")  # removed unmeasured
+        device_options.checked(step_options.StepOptions(compile_mode="pdl"), "cpu")  # removed unmeasured
 
 
 def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_folders(small, monkeypatch):

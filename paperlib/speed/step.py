@@ -29,9 +29,6 @@ from paperlib.speed.layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 from paperlib.speed.options import (
     OWN_COMPILE_MODES,
     SDPA_BACKENDS,
-    check_attention,
-    check_compile_mode,
-    check_precision,
     resolve_fused,
 )
 
@@ -42,10 +39,10 @@ MODEL_FUSIONS = {"gelu": fuse_bias_gelu, "qkv": fuse_qkv}
 def autocast_for(device: torch.device, precision: str = "fp32"):
     """A context factory for forward passes in ``precision``.
 
-    ``precision``: one of ``step_options.PRECISIONS``, by default the protocol's fp32. "autocast" and "bf16" (whose bf16
-    copy, ``MasterWeights``, runs under it) run under bf16 autocast, on CUDA and on a CPU; "fp32" and "tf32" run as
-    they are (their TF32 flags: ``tf32_flags``)."""
-    if check_precision(precision, device) in ("autocast", "bf16"):
+    ``precision``: one of ``step_options.PRECISIONS`` checked for ``device`` (``options.checked``), by default the
+    protocol's fp32. "autocast" and "bf16" (whose bf16 copy, ``MasterWeights``, runs under it) run under bf16 autocast,
+    on CUDA and on a CPU; "fp32" and "tf32" run as they are (their TF32 flags: ``tf32_flags``)."""
+    if precision in ("autocast", "bf16"):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return lambda: torch.autocast(device.type, enabled=False)
 
@@ -71,12 +68,12 @@ def tf32_flags(precision: str):
 def step_context(device: torch.device, attention: str = "auto", precision: str = "fp32"):
     """A context factory for forward passes: the precision and the attention kernel.
 
-    ``precision``: ``autocast_for`` and its TF32 flags (``tf32_flags``), by default the protocol's fp32.
-    ``attention``: unless "auto", the one scaled-dot-product attention kernel allowed to run (the same function in
-    every kernel, to rounding; their speed differs by device). "auto" leaves the choice to PyTorch, except in bf16 on
-    a CPU, where it is the math kernel."""
+    Both checked for ``device`` (``options.checked``). ``precision``: ``autocast_for`` and its TF32 flags
+    (``tf32_flags``), by default the protocol's fp32. ``attention``: unless "auto", the one scaled-dot-product
+    attention kernel allowed to run (the same function in every kernel, to rounding; their speed differs by device).
+    "auto" leaves the choice to PyTorch, except in bf16 on a CPU, where it is the math kernel."""
     autocast = autocast_for(device, precision)
-    if check_attention(attention, device) == "auto" and device.type == "cpu" and precision in ("autocast", "bf16"):
+    if attention == "auto" and device.type == "cpu" and precision in ("autocast", "bf16"):
         # PyTorch's CPU flash attention is slow backwards in bf16 (69% of a demo ViT step); the math kernel
         # gives the step fp32's speed there (71.5 against 152.0 ms, batch 32, one thread: docs/benchmarks.md)
         attention = "math"
@@ -138,7 +135,7 @@ class MasterWeights:
         self.copies = [copies[name] for name, _ in trainable]
         self._grads = None  # the masters' fp32 gradients, made by the first to_master and kept
 
-    def compile(self, how: bool | str = "model", mode: str = "default", fused: str = "auto") -> "MasterWeights":
+    def compile(self, how: str = "model", mode: str = "default", fused: str = "none") -> "MasterWeights":
         self.forward = compile_model(self.module, how, mode, fused)
         return self
 
@@ -181,10 +178,11 @@ def make_forward(model: nn.Module, options: StepOptions = StepOptions()):
     return compile_model(model, options.compile, options.compile_mode, options.fused)
 
 
-def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "default", fused: str = "auto"):
+def compile_model(model: nn.Module, how: str = "model", mode: str = "default", fused: str = "none"):
     """The model's forward through ``torch.compile``, from an empty compilation cache.
 
-    Returns the callable to train with.
+    Returns the callable to train with. ``how``, ``mode`` and ``fused`` are a step's options checked for the model's
+    device (``options.checked``: ``fused`` resolved there, "auto" written out).
 
     ``how``: "model" compiles the whole forward (returns the compiled twin); "blocks" compiles each
     transformer block in place (``nn.Module.compile``): the blocks share their code, so one graph
@@ -201,11 +199,10 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
 
     On CUDA the patch embedding's convolution is first replaced by the same function as one matrix
     product (``layers.linear_patch_embed``; same parameters, faster there), compiled or not. With
-    ``fused`` other than "none" (by default "auto": on CUDA only), the blocks get our fused ops
-    (``fuse``; same parameters, the same function to rounding). Neither change is undone by a later call.
+    ``fused`` other than "none", the blocks get our fused ops (``fuse``; same parameters, the same function to
+    rounding). Neither change is undone by a later call.
     """
     device = _device_of(model)
-    how, mode, parts = compile_choice(how), check_compile_mode(mode), fused_parts(resolve_fused(fused, device))
     options = (
         {}
         if mode == "default"
@@ -218,7 +215,7 @@ def compile_model(model: nn.Module, how: bool | str = "model", mode: str = "defa
             module._compiled_call_impl = None
     if device.type == "cuda":
         linear_patch_embed(model)
-    _fuse(model, parts)
+    _fuse(model, fused_parts(fused))
     if how == "none":
         return model
     torch.compiler.reset()
