@@ -36,11 +36,15 @@ def table6() -> pd.DataFrame:
     return paper[paper["component"] != "probe"].reset_index(drop=True)
 
 
-def world(datasets: list[str], rng, drop: str | None = None, points: float = 2.0, diverged=(0.0, 0.0)):
+def world(
+    datasets: list[str], rng, drop: str | None = None, points: float = 2.0, diverged=(0.0, 0.0), test_images=10000
+):
     """A runs table (``runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above.
 
     ``drop``: the configuration that autocast lowers by ``points`` on every dataset (``every``: all of them; None: no
-    precision effect); ``diverged``: the share of fp32's and of autocast's runs that diverged."""
+    precision effect); ``diverged``: the share of fp32's and of autocast's runs that diverged; ``test_images``: each
+    run's test set, or a dict of them by dataset (one image is worth 100 / ``test_images`` points, which raises a
+    dataset's margin)."""
     from paperlib.records.runs_table import RUN_COLUMNS
 
     cells = table6()
@@ -60,33 +64,41 @@ def world(datasets: list[str], rng, drop: str | None = None, points: float = 2.0
         )
     setting = {"model": "vit_base_in21k", "lr": 0.01, "optimizer": "sgd", "weight_decay": 0.0, **methods.options()}
     setting |= {"normalize": "imagenet", "tag": ""}
-    table = pd.concat(parts, ignore_index=True).assign(**setting, best_step=1, test_images=10000)
+    table = pd.concat(parts, ignore_index=True).assign(**setting, best_step=1)
+    images = table["dataset"].map(test_images) if isinstance(test_images, dict) else test_images
+    table = table.assign(test_images=images)
     return table.assign(best_val_accuracy=table["test_accuracy"]).reindex(columns=RUN_COLUMNS)
 
 
-def verdicts(datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0, diverged=(0.0, 0.0)):
+def verdicts(
+    datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0, diverged=(0.0, 0.0), test_images=10000
+):
     """How many of ``worlds`` seeded worlds (``world``) ``precision_check.effect``'s verdict calls each answer."""
     from paperlib.analysis import precision_check
 
     rng = np.random.default_rng(seed)
     said = [
-        precision_check.effect(world(datasets, rng, drop, diverged=diverged))["verdicts"]["verdict"].iloc[0]
+        precision_check.effect(world(datasets, rng, drop, diverged=diverged, test_images=test_images))["verdicts"][
+            "verdict"
+        ].iloc[0]
         for _ in range(worlds)
     ]
     return pd.Series(said).value_counts().reindex(["differs", "same", "inconclusive"], fill_value=0)
 
 
 SCENARIOS = {
-    "no precision effect": (None, (0.0, 0.0)),
-    "5% of runs diverged in both": (None, (0.05, 0.05)),
-    "mha 2 points lower": ("mha", (0.0, 0.0)),
-    "fc1 2 points lower": ("fc1", (0.0, 0.0)),
-    "ln1 2 points lower": ("ln1", (0.0, 0.0)),
-    "full 2 points lower": ("full", (0.0, 0.0)),
-    "every configuration 2 points lower": ("every", (0.0, 0.0)),
-    "30% of autocast's runs diverged": (None, (0.0, 0.3)),
+    "no precision effect": (None, (0.0, 0.0), 10000),
+    "no precision effect, 40-image test sets": (None, (0.0, 0.0), 40),
+    "5% of runs diverged in both": (None, (0.05, 0.05), 10000),
+    "mha 2 points lower": ("mha", (0.0, 0.0), 10000),
+    "fc1 2 points lower": ("fc1", (0.0, 0.0), 10000),
+    "ln1 2 points lower": ("ln1", (0.0, 0.0), 10000),
+    "full 2 points lower": ("full", (0.0, 0.0), 10000),
+    "every configuration 2 points lower": ("every", (0.0, 0.0), 10000),
+    "every configuration 2 points lower, 40-image test sets": ("every", (0.0, 0.0), 40),
+    "30% of autocast's runs diverged": (None, (0.0, 0.3), 10000),
 }
-"""Each scenario's planted drop and shares of diverged runs (fp32, autocast) (``world``)."""
+"""Each scenario's planted drop, shares of diverged runs (fp32, autocast) and test images (``world``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.precision_calibration", description=__doc__, formatter_class=cli.Help
     )
     parser.add_argument("--worlds", type=int, default=500, help="worlds per scenario")
+    parser.add_argument("--only", default=None, help="the scenarios whose name contains this text (default: all)")
     args = parser.parse_args(argv)
     every = sorted(table6()["dataset"].unique())
     print(f"Share of {args.worlds} worlds a scenario whose verdict says each answer, with its exact 95% interval")
     for name, datasets in (("precision_paper.yaml's 4 datasets", PRECISION_PAPER), ("all 11", every)):
-        for what, (drop, diverged) in SCENARIOS.items():
-            counts = verdicts(datasets, args.worlds, drop, diverged=diverged)
+        for what, (drop, diverged, images) in SCENARIOS.items():
+            if args.only and args.only not in what:
+                continue
+            counts = verdicts(datasets, args.worlds, drop, diverged=diverged, test_images=images)
             rates = ", ".join(f"{answer} {_share(n, args.worlds)}" for answer, n in counts.items())
             print(f"{name}, {what}: {rates}", flush=True)
     return 0

@@ -390,6 +390,27 @@ def test_a_uniform_two_point_loss_is_never_the_same_overall_in_simulated_worlds(
         assert level["verdict"] != "same" and effect["verdicts"]["verdict"].iloc[0] != "same"
 
 
+@pytest.mark.parametrize("small", ["every dataset", "pets alone"])
+def test_a_uniform_two_point_loss_on_40_image_test_sets_differs_overall_never_same(small):
+    # one test image is worth 2.5 points there, more than the loss: a margin as large must not hide what the test
+    # resolves (a pooled row's margin is the mean of its datasets', and "differs" is decided before "same")
+    names = calibration.PRECISION_PAPER
+    images = 40 if small == "every dataset" else {name: 40 if name == "pets" else 10000 for name in names}
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        effect = precision_check.effect(calibration.world(names, rng, "every", test_images=images))
+        conclusions = effect["conclusions"].set_index("conclusion")["verdict"]
+        assert conclusions["overall level (mean accuracy change, every configuration)"] == "differs"
+        assert effect["verdicts"]["verdict"].iloc[0] == "differs"
+    margins = effect["margins"]["margin"]
+    level = (
+        effect["conclusions"].set_index("conclusion").loc["overall level (mean accuracy change, every configuration)"]
+    )
+    assert (
+        level["margin"] == pytest.approx(margins.mean()) and level["margin"] < margins.max() or small == "every dataset"
+    )
+
+
 def test_the_crash_world_every_best_changed_and_more_divergence_differs():
     # every dataset's best changes (LN1 10 points up) and 30% of the other's runs diverge: every conclusion row
     # left open for the tests, where pandas 3 refused verdict strings in an all-NaN float column

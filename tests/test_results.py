@@ -617,6 +617,41 @@ def test_table1_and_pairwise_tests_with_holm_on_the_papers_table6():
         component_tests.pairwise(paper, components=["mha", "attn"])
 
 
+@pytest.mark.parametrize("alternative", ["greater", "two-sided"])
+def test_table1_and_pairwise_give_one_p_for_one_pair_on_unrounded_means(alternative):
+    # Table 6 means of runs are not rounded; both tests read them at two decimals, so MHA's pairs agree: here MHA
+    # leads every component by 0.004 on d0 (0 at two decimals: left out), then by -0.3, 0.5, 0.7... points
+    lead = np.array([0.004, -0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5])
+    base = np.round(np.random.default_rng(4).normal(80, 3, 8), 2)
+    under = {"mha": 0.0, "fc1": 0.0, "fc2": 0.25, "ln2": 0.5, "ln1": 0.75}
+    accuracies = pd.DataFrame(
+        [
+            {"dataset": f"d{i}", "component": c, "accuracy": base[i] - under[c] + (lead[i] if c == "mha" else 0.0)}
+            for i in range(8)
+            for c in COMPONENTS
+        ]
+    )
+    unrounded = component_tests.pairwise(accuracies, alternative=alternative, decimals=None)
+    one = component_tests.table1(accuracies, alternative=alternative).set_index("component")["p_value"]
+    every = component_tests.pairwise(accuracies, alternative=alternative).set_index(["first", "second"])["p_value"]
+    for component in COMPONENTS[1:]:
+        assert every[("mha", component)] == one[component]
+    assert unrounded.set_index(["first", "second"])["p_value"][("mha", "fc1")] != one["fc1"]  # d0 counts unrounded
+    by_hand = (tables.wide(accuracies).round(2)["mha"] - tables.wide(accuracies).round(2)["fc2"]).to_numpy()
+    assert one["fc2"] == pytest.approx(scipy_stats.wilcoxon(by_hand, alternative=alternative).pvalue)
+
+
+def test_the_pairs_below_5_percent_are_named_with_their_test():
+    paper = pd.read_csv(paths.PARAMETERS / "paper" / "table6.csv", comment="#").rename(columns={"mean": "accuracy"})
+    # the figures: one-sided with Holm, four pairs; two-sided, MHA over LN1 alone
+    one_sided = component_tests.below(component_tests.pairwise(paper, alternative="greater"), "greater")
+    assert one_sided.startswith("Wilcoxon signed-rank, one-sided, Holm over the 10 pairs: 4 pairs below 5%")
+    for named in ("MHA over LN1 (0.015)", "FC1 over FC2 (0.026)", "FC1 over LN1 (0.027)", "MHA over FC2 (0.034)"):
+        assert named in one_sided
+    two_sided = component_tests.below(component_tests.pairwise(paper), "two-sided")
+    assert two_sided.endswith("two-sided, Holm over the 10 pairs: 1 pair below 5%: MHA over LN1 (0.029)")
+
+
 def test_pairwise_printed_as_a_matrix():
     pairs = pd.DataFrame(
         {

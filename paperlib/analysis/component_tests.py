@@ -28,7 +28,7 @@ import pandas as pd
 from paperlib.analysis import plasticity_table
 from paperlib.analysis.significance import holm, kendall, sign_test, wilcoxon_p
 from paperlib.analysis.tables import COLUMNS, wide
-from paperlib.records.names import COMPONENTS, PAPER_SCORES, family
+from paperlib.records.names import COMPONENTS, LABELS, PAPER_SCORES, family
 
 TABLE1_COLUMNS = ["component", "decrease", "p_value", "significant", "datasets", "p_holm", "significant_holm"]
 
@@ -77,20 +77,27 @@ def _signed_rank(first: pd.Series, second: pd.Series, alternative: str) -> tuple
 
 
 def pairwise(
-    accuracies: pd.DataFrame, components=COMPONENTS, alternative: str = "two-sided", level: float = 0.05
+    accuracies: pd.DataFrame,
+    components=COMPONENTS,
+    alternative: str = "two-sided",
+    level: float = 0.05,
+    decimals: int | None = 2,
 ) -> pd.DataFrame:
     """Table 1 for every pair of ``components`` (beyond the paper, which compares MHA with each).
 
     One row per pair (``first``, ``second``, in the order given): ``difference`` (mean over datasets of first minus
     second, accuracy points), ``wins`` (datasets where first is higher), ``datasets``, ``p_value`` (Wilcoxon signed-rank
-    over the datasets both have), ``p_holm`` (Holm-adjusted over all the pairs) and ``significant_holm`` (``p_holm`` <
-    ``level``). ``accuracies``: columns ``dataset``, ``component``, ``accuracy``."""
+    over the datasets both have: two-sided, or with ``alternative="greater"`` one-sided that the first is better),
+    ``p_holm`` (Holm-adjusted over all the pairs) and ``significant_holm`` (``p_holm`` < ``level``). ``accuracies``:
+    columns ``dataset``, ``component``, ``accuracy``, rounded to ``decimals`` first as ``table1`` rounds them, so that
+    a pair both test gets one p-value."""
     unknown = [c for c in components if c not in COLUMNS]
     if unknown:
         raise ValueError(
             f"unknown configuration(s) {', '.join(map(repr, unknown))}; valid configurations: {', '.join(COLUMNS)}"
         )
     table = wide(accuracies)
+    table = table if decimals is None else table.round(decimals)
     present = [c for c in components if c in table]
     rows = []
     for i, first in enumerate(present):
@@ -110,6 +117,22 @@ def pairwise(
     out["p_holm"] = holm(out["p_value"])
     out["significant_holm"] = out["p_holm"] < level
     return out
+
+
+def below(pairs: pd.DataFrame, alternative: str, level: float = 0.05) -> str:
+    """Which of ``pairwise``'s pairs (computed with ``alternative``) stay below ``level`` once Holm-adjusted, in words.
+
+    Named with its test, so that a sentence about them is printed from the numbers."""
+    sides = "two-sided" if alternative == "two-sided" else "one-sided"
+    found = pairs[pairs["significant_holm"]]
+    named = [
+        f"{LABELS.get(r.first, r.first)} {'over' if r.difference > 0 else 'under'} {LABELS.get(r.second, r.second)} "
+        f"({r.p_holm:.3f})"
+        for r in found.itertuples()
+    ]
+    head = f"Wilcoxon signed-rank, {sides}, Holm over the {len(pairs)} pairs: "
+    count = f"{len(found)} pair{'s' if len(found) != 1 else ''} below {level:.0%}"
+    return head + count + (": " + ", ".join(named) if named else "")
 
 
 def formatted_pairs(pairs: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
@@ -258,11 +281,17 @@ def plasticity_for(runs: pd.DataFrame, reference: str | None = None) -> tuple[pd
 
 
 def comparisons(
-    accuracy_table: pd.DataFrame, measured: pd.DataFrame, source: str, spread: pd.DataFrame, spread_name: str
+    accuracy_table: pd.DataFrame,
+    measured: pd.DataFrame,
+    source: str,
+    spread: pd.DataFrame,
+    spread_name: str,
+    pairwise_alternative: str = "two-sided",
 ) -> dict[str, pd.DataFrame]:
     """The tables that compare components across datasets, from a Table 6.
 
-    From ``mean`` per dataset and component: ``table1`` (with Holm), ``pairwise``, and the Takeaway 2 test against P(f)
+    From ``mean`` per dataset and component: ``table1`` (with Holm, one-sided), ``pairwise`` (with
+    ``pairwise_alternative``), and the Takeaway 2 test against P(f)
     (``measured``; ``source`` says where it comes from): ``accuracy_tau`` and ``spread_tau`` (per
     dataset; ``spread``: a ``std`` per dataset and component) and ``takeaway2`` (their summaries)."""
     accuracies = accuracy_table.rename(columns={"mean": "accuracy"})
@@ -279,7 +308,7 @@ def comparisons(
     has_mha = "mha" in set(accuracies["component"])  # without it no Table 1 (``summary.main`` says so)
     return {
         "table1": table1(accuracies) if has_mha else pd.DataFrame(columns=TABLE1_COLUMNS),
-        "pairwise": pairwise(accuracies),
+        "pairwise": pairwise(accuracies, alternative=pairwise_alternative),
         "accuracy_tau": accuracy_tau,
         "spread_tau": spread_tau,
         "takeaway2": takeaway2,

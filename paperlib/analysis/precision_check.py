@@ -180,10 +180,10 @@ def _one_sided(values: np.ndarray, bound: float, alternative: str) -> float:
 
     Below for ``alternative="less"``, above for ``"greater"``: scipy's ``ttest_1samp``, computed directly (without
     scipy's wrapper, which a simulation calls many times); values that are all equal (``EQUAL``) have no variance:
-    0 or 1."""
+    0 or 1, a mean within ``EQUAL`` of ``bound`` (float rounding) being on it."""
     mean = float(np.mean(values))
     if np.ptp(values) <= EQUAL:  # the t statistic is infinite or undefined
-        return 0.0 if (mean < bound if alternative == "less" else mean > bound) else 1.0
+        return 0.0 if (mean < bound - EQUAL if alternative == "less" else mean > bound + EQUAL) else 1.0
     t = (mean - bound) / (np.std(values, ddof=1) / np.sqrt(len(values)))
     return float(special.stdtr(len(values) - 1, t if alternative == "less" else -t))
 
@@ -234,10 +234,10 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
     """``overall``'s row of ``precision``: the mean difference across datasets, its interval and TOST.
 
     One mean difference per dataset (its pairs share its test set), then their mean, interval and TOST across
-    datasets (at the largest of the datasets' margins), and the change it detects with 80% chance (``detectable``)."""
+    datasets (at ``pooled_margin``), and the change it detects with 80% chance (``detectable``)."""
     mine = pairs[pairs["precision"] == precision]
     per_dataset = mine.groupby("dataset")["difference"].mean().dropna()
-    margin = float(margins.loc[per_dataset.index, "margin"].max()) if len(per_dataset) else float("nan")
+    margin = pooled_margin(margins, per_dataset.index)
     test = _tost(per_dataset.to_numpy(float), margin, level)
     verdict = (
         "too few datasets"
@@ -255,21 +255,29 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
     }
 
 
+def pooled_margin(margins: pd.DataFrame, datasets) -> float:
+    """The margin of a mean over ``datasets`` (a pooled row): the mean of their margins (``_margins``); NaN if none.
+
+    A change within each dataset's margin is within it; one small test set raises it by its share alone, never to
+    its own margin (the largest would let a uniform loss on many datasets read "same")."""
+    return float(margins.loc[list(datasets), "margin"].mean()) if len(datasets) else float("nan")
+
+
 def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> pd.DataFrame:
     """``CONCLUSION`` rows of ``precision`` against ``reference``, Holm-adjusted together.
 
     The rows: Table 1's decreases (``_table1_rows``), Table 6's best configurations (``_best_rows``), the overall level
-    (``_level_row``) and divergence (``_divergence_row``). A row "differs" where its Holm p is below ``level`` and it is
-    not shown equivalent, "same" where shown equivalent, "inconclusive" otherwise (or the reason it has no test)."""
-    margin = float(margins["margin"].max())
-    rows = _table1_rows(tables[reference], tables[precision], margin, level)
+    (``_level_row``) and divergence (``_divergence_row``). A row "differs" where its Holm p is below ``level``, whatever
+    its margin (a difference the data show is never "same"), else "same" where shown equivalent, "inconclusive"
+    otherwise (or the reason it has no test)."""
+    rows = _table1_rows(tables[reference], tables[precision], margins, level)
     rows += _best_rows(tables[reference], tables[precision], ended, (reference, precision), margins, level)
     rows.append(_level_row(_overall(pairs, precision, margins, level)))
     rows.append(_divergence_row(pairs[pairs["precision"] == precision], level))
     table = pd.DataFrame(rows).assign(precision=precision).reindex(columns=CONCLUSION)
     table["p_holm"] = holm(table["p_difference"])
     decided = np.where(
-        table["p_equivalence"] < level, "same", np.where(table["p_holm"] < level, "differs", "inconclusive")
+        table["p_holm"] < level, "differs", np.where(table["p_equivalence"] < level, "same", "inconclusive")
     )
     table["verdict"] = np.where(table["verdict"].isna(), decided, table["verdict"].astype(object))
     return table
@@ -287,12 +295,12 @@ def detectable(values: np.ndarray, level: float, chance: float = 0.8) -> float:
     return float(quantiles * np.std(values, ddof=1) / np.sqrt(n))
 
 
-def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, level: float) -> list[dict]:
+def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margins: pd.DataFrame, level: float) -> list[dict]:
     """Per configuration, how the precision changes its decrease from MHA.
 
     The decreases are Table 1's, and full finetuning's and linear probing's in Table 6. Per dataset (Table 6's means),
-    the other's decrease minus the reference's; their mean, interval and tests across datasets (``_tost``; fewer than
-    ``FEWEST`` datasets: "too few datasets")."""
+    the other's decrease minus the reference's; their mean, interval and tests across datasets (``_tost`` at
+    ``pooled_margin``; fewer than ``FEWEST`` datasets: "too few datasets")."""
     first, second = wide(reference, "mean"), wide(other, "mean")
     rows = []
     for component in [c for c in RUN_COMPONENTS if c != "mha"]:
@@ -302,6 +310,7 @@ def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margin: float, le
         theirs = (second["mha"] - second[component]).rename("other")
         both = pd.concat([ours, theirs], axis=1).dropna()
         changes = (both["other"] - both["reference"]).to_numpy(float)
+        margin = pooled_margin(margins, both.index)
         test = _tost(changes, margin, level)
         rows.append(
             {

@@ -17,29 +17,36 @@ from paperlib.records import cli, commands, paths, runs_table, specs, storage
 
 
 def summary(
-    runs: pd.DataFrame, select: str = "test", reference: str | None = None, probing: pd.DataFrame | None = None
+    runs: pd.DataFrame,
+    select: str = "test",
+    reference: str | None = None,
+    probing: pd.DataFrame | None = None,
+    pairwise_alternative: str = "two-sided",
 ) -> dict[str, pd.DataFrame]:
     """Notebook 07's tables for the runs of one setting.
 
     ``table6`` (with the linear-probing column ``probing``, when given: ``with_probing``) and its ``comparisons``, with
-    P(f) from ``plasticity_for`` and the spread of each component over the grid (``grid_spread``)."""
+    P(f) from ``plasticity_for``, the spread of each component over the grid (``grid_spread``) and every pair tested
+    with ``pairwise_alternative``."""
     accuracy_table = table6(runs, select=select)
     if probing is not None:
         accuracy_table = with_probing(accuracy_table, probing)
     measured, source = plasticity_for(runs, reference)
     return {
         "table6": accuracy_table,
-        **comparisons(accuracy_table, measured, source, grid_spread(runs), "spread over the grid"),
+        **comparisons(
+            accuracy_table, measured, source, grid_spread(runs), "spread over the grid", pairwise_alternative
+        ),
     }
 
 
-def paper_summary() -> dict[str, pd.DataFrame]:
+def paper_summary(pairwise_alternative: str = "two-sided") -> dict[str, pd.DataFrame]:
     """The tables of ``summary`` computed on the paper's own Table 6 (``PAPER_TABLE6``).
 
     With the paper's ranking in place of P(f) (``paper_order``) and its standard deviation over seeds as the spread."""
     paper = pd.read_csv(PAPER_TABLE6, comment="#")
     order = paper_order(sorted(paper["dataset"].unique()))
-    return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds")}
+    return {"table6": paper, **comparisons(paper, order, "paper", paper, "std over seeds", pairwise_alternative)}
 
 
 def main(argv: list[str] | None = None) -> int:
