@@ -46,7 +46,7 @@ CELL = ["pairs", "mean", "low", "high", "margin", "p_equivalence", "diverged", "
 """``effect``'s ``differences`` columns for a dataset and component (``_cell``)."""
 
 CONCLUSION = ["precision", "conclusion", "reference", "other", "units", "change", "low", "high", "margin"]
-CONCLUSION += ["p_equivalence", "p_difference", "p_holm", "verdict", "lead", "detectable"]
+CONCLUSION += ["p_equivalence", "p_difference", "p_holm", "verdict", "lead", "detectable", "spread"]
 """``effect``'s ``conclusions`` columns (``_conclusions``)."""
 
 
@@ -74,8 +74,8 @@ def effect(
       each of Table 1's decreases from MHA, Table 6's best configuration on each dataset, the overall level
       (``overall``'s mean change) and divergence, each "same" (shown within the margin by a test), "differs"
       (shown different: Holm-adjusted over the rows of the precision) or "inconclusive"; never decided by
-      exact equality of patterns, which seed noise alone changes. ``detectable``: the change its test
-      detects with 80% chance (``detectable``).
+      exact equality of patterns, which seed noise alone changes. ``detectable``: the change its decision
+      rule (its test or tests, then Holm) detects with 80% chance (``_decided_detectable``).
     - ``verdicts``: per other precision, the answer ("same", "differs", "inconclusive") and why, the
       unpaired runs, the spread of the paired differences and the power it gives (``power``).
     - ``margins``: per dataset, its test images, one image's worth and the margin used.
@@ -109,7 +109,7 @@ def effect(
     stacked = [t.assign(precision=p)[["precision", *t.columns]] for p, t in ones.items() if t is not None]
     return {
         "differences": differences.reset_index(drop=True),
-        "overall": pd.DataFrame([_overall(pairs, p, margins, level) for p in others]),
+        "overall": pd.DataFrame([_overall(pairs, p, margins, level) for p in others]).drop(columns="_values"),
         "conclusions": conclusions,
         "verdicts": pd.DataFrame(verdicts),
         "margins": margins,
@@ -252,6 +252,7 @@ def _overall(pairs: pd.DataFrame, precision: str, margins: pd.DataFrame, level: 
         "margin": margin,
         "verdict": verdict,
         "detectable": detectable(per_dataset.to_numpy(float), level / 2),
+        "_values": per_dataset.to_numpy(float),  # the level row's own detectable change (``_decided_detectable``)
     }
 
 
@@ -274,6 +275,7 @@ def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> 
     rows += _best_rows(tables[reference], tables[precision], ended, (reference, precision), margins, level)
     rows.append(_level_row(_overall(pairs, precision, margins, level)))
     rows.append(_divergence_row(pairs[pairs["precision"] == precision], level))
+    _decided_detectable(rows, level)
     table = pd.DataFrame(rows).assign(precision=precision).reindex(columns=CONCLUSION)
     table["p_holm"] = holm(table["p_difference"])
     decided = np.where(
@@ -283,16 +285,32 @@ def _conclusions(tables, ended, pairs, reference, precision, margins, level) -> 
     return table
 
 
-def detectable(values: np.ndarray, level: float, chance: float = 0.8) -> float:
-    """The shift of ``values``' mean that a one-sided t test at ``level`` detects with ``chance``, at their spread.
+def detectable(values: np.ndarray, level: float, chance: float = 0.8, tests: int = 1) -> float:
+    """The shift of a mean that ``tests`` independent one-sided t tests at ``level`` all detect with ``chance``.
 
-    (t quantile at 1 - ``level`` + t quantile at ``chance``) x sd / sqrt(n), n - 1 degrees of freedom (the normal
-    approximation of the t test's power); NaN with fewer than ``FEWEST`` values."""
+    Each test on as many values as ``values``, at their spread, detects it with ``chance`` ** (1 / ``tests``): the
+    t test's exact power (the noncentral t distribution, scipy's ``nctdtrinc``); NaN with fewer than ``FEWEST``
+    values."""
     n = len(values)
     if n < FEWEST:
         return float("nan")
-    quantiles = special.stdtrit(n - 1, 1 - level) + special.stdtrit(n - 1, chance)
-    return float(quantiles * np.std(values, ddof=1) / np.sqrt(n))
+    noncentrality = special.nctdtrinc(n - 1, 1 - chance ** (1 / tests), special.stdtrit(n - 1, 1 - level))
+    return float(noncentrality * np.std(values, ddof=1) / np.sqrt(n))
+
+
+def _decided_detectable(rows: list[dict], level: float) -> None:
+    """Each row's ``detectable`` for the rule that decides it "differs", from its values (``_values``, removed).
+
+    The row's p must pass Holm at its first step (``level`` / the rows: a change it detects with 80% chance there is
+    detected wherever it stands): one two-sided t test (each side at half that), or for a best configuration both
+    one-sided t tests (``_best_rows``), each on the reference's spread of the gap. ``spread``: the standard deviation
+    of the values it rests on."""
+    for row in rows:
+        values = row.pop("_values", None)
+        if values is not None:
+            row["spread"] = float(np.std(values, ddof=1)) if len(values) > 1 else float("nan")
+            best = row["conclusion"].startswith("Table 6's best")
+            row["detectable"] = detectable(values, level / len(rows) / (1 if best else 2), tests=2 if best else 1)
 
 
 def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margins: pd.DataFrame, level: float) -> list[dict]:
@@ -322,7 +340,7 @@ def _table1_rows(reference: pd.DataFrame, other: pd.DataFrame, margins: pd.DataF
                 "margin": margin,
                 **test,
                 "verdict": "too few datasets" if len(both) < FEWEST else None,
-                "detectable": detectable(changes, level / 2),
+                "_values": changes,  # its detectable change: ``_decided_detectable``
             }
         )
     return rows
@@ -351,7 +369,7 @@ def _best_rows(reference, other, ended, names, margins, level) -> list[dict]:
             "other": LABELS.get(theirs, theirs),
             "margin": margins.at[dataset, "margin"],
             "lead": means[mine] - means[runner_up] if runner_up else float("nan"),
-            "detectable": detectable(lead, level),
+            "_values": lead,  # its detectable reversal: ``_decided_detectable``
         }
         ahead = _seed_gap(ended, other, names[1], dataset, rival, mine)  # in the other: the rival minus ours
         behind = _seed_gap(ended, reference, names[0], dataset, mine, rival)  # in the reference: ours minus it
@@ -391,7 +409,7 @@ def _seed_gap(ended: pd.DataFrame, table: pd.DataFrame, precision: str, dataset:
 
 def _level_row(overall: dict) -> dict:
     """The overall level as a conclusion: ``_overall``'s test of the mean change across every configuration."""
-    row = {key: overall[key] for key in ("low", "high", "margin", "p_equivalence", "p_difference", "detectable")}
+    row = {key: overall[key] for key in ("low", "high", "margin", "p_equivalence", "p_difference", "_values")}
     return row | {
         "conclusion": "overall level (mean accuracy change, every configuration)",
         "units": overall["datasets"],
@@ -504,7 +522,7 @@ def power_statement(
 
     Per precision, the chance that a cell is shown equivalent with its pairs at the spread measured, the pairs needed
     for 80%, and whether Table 1's own test can be significant with ``datasets`` datasets; per conclusion, the change
-    its test detects with 80% chance before Holm's adjustment (``_detectable_line``)."""
+    the change its decision rule detects with 80% chance, Holm's adjustment included (``_detectable_line``)."""
     lines = [] if conclusions is None else [_detectable_line(row) for row in conclusions.to_dict("records")]
     for row in verdicts.to_dict("records"):
         if not np.isfinite(row["spread"]):
@@ -548,7 +566,8 @@ def _detectable_line(row: dict) -> str:
         )
     return (
         f"{name}: {row['reference']} leads the runner-up by {row['lead']:.2f} points; a change of the best is shown "
-        f"where the other precision reverses them by about {found:.2f} points or more"
+        f"with 80% chance where the seeds show the reference's lead and the other precision's reversal each about "
+        f"{found:.2f} points or more (both one-sided t tests, then Holm)"
     )
 
 
