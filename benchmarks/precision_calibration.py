@@ -41,10 +41,10 @@ def world(
 ):
     """A runs table (``runs_table.RUN_COLUMNS``) of ``datasets`` in fp32 and autocast, as above.
 
-    ``drop``: the configuration that autocast lowers by ``points`` on every dataset (``every``: all of them; None: no
-    precision effect); ``diverged``: the share of fp32's and of autocast's runs that diverged; ``test_images``: each
-    run's test set, or a dict of them by dataset (one image is worth 100 / ``test_images`` points, which raises a
-    dataset's margin)."""
+    ``drop``: the configuration that autocast lowers by ``points`` on every dataset (``every``: all of them; ``best``:
+    each dataset's best configuration of Table 6, to ``points`` below its runner-up; None: no precision effect);
+    ``diverged``: the share of fp32's and of autocast's runs that diverged; ``test_images``: each run's test set, or a
+    dict of them by dataset (one image is worth 100 / ``test_images`` points, which raises a dataset's margin)."""
     from paperlib.records.runs_table import RUN_COLUMNS
 
     cells = table6()
@@ -54,7 +54,9 @@ def world(
     parts = []
     for precision, share in zip(("fp32", "autocast"), diverged):
         accuracy = runs["mean"].to_numpy() + rng.normal(0.0, 1.0, len(runs)) * spread
-        if precision == "autocast" and drop is not None:
+        if precision == "autocast" and drop == "best":
+            accuracy -= _below_runner_up(runs, points)
+        elif precision == "autocast" and drop is not None:
             accuracy -= points * ((runs["component"] == drop).to_numpy() | (drop == "every"))
         status = np.where(rng.random(len(runs)) < share, "diverged", "finished")
         parts.append(
@@ -70,35 +72,58 @@ def world(
     return table.assign(best_val_accuracy=table["test_accuracy"]).reindex(columns=RUN_COLUMNS)
 
 
+def _below_runner_up(runs: pd.DataFrame, points: float) -> np.ndarray:
+    """Per run, what takes its dataset's best configuration (Table 6's means) to ``points`` below the runner-up."""
+    means = runs.drop_duplicates(["dataset", "component"]).set_index(["dataset", "component"])["mean"]
+    drop = {}
+    for dataset, part in means.groupby(level="dataset"):
+        ranked = part.sort_values(ascending=False)
+        drop[ranked.index[0]] = ranked.iloc[0] - ranked.iloc[1] + points
+    return np.array([drop.get((d, c), 0.0) for d, c in zip(runs["dataset"], runs["component"])])
+
+
 def verdicts(
-    datasets: list[str], worlds: int, drop: str | None = None, seed: int = 0, diverged=(0.0, 0.0), test_images=10000
+    datasets: list[str],
+    worlds: int,
+    drop: str | None = None,
+    seed: int = 0,
+    diverged=(0.0, 0.0),
+    test_images=10000,
+    points: float = 2.0,
 ):
-    """How many of ``worlds`` seeded worlds (``world``) ``precision_check.effect``'s verdict calls each answer."""
+    """How many of ``worlds`` seeded worlds (``world``) ``precision_check.effect``'s verdict calls each answer.
+
+    Beside the answers, ``best differs``: the worlds where a Table 6 best configuration's own row says "differs", and
+    ``best changed``: those where the two precisions' Table 6 picks another best configuration on some dataset
+    (what comparing patterns would call a change)."""
     from paperlib.analysis import precision_check
 
     rng = np.random.default_rng(seed)
-    said = [
-        precision_check.effect(world(datasets, rng, drop, diverged=diverged, test_images=test_images))["verdicts"][
-            "verdict"
-        ].iloc[0]
-        for _ in range(worlds)
-    ]
-    return pd.Series(said).value_counts().reindex(["differs", "same", "inconclusive"], fill_value=0)
+    said, best, changed = [], 0, 0
+    for _ in range(worlds):
+        effect = precision_check.effect(world(datasets, rng, drop, points, diverged, test_images))
+        said.append(effect["verdicts"]["verdict"].iloc[0])
+        rows = effect["conclusions"]
+        best += bool((rows["conclusion"].str.startswith("Table 6's best") & (rows["verdict"] == "differs")).any())
+        changed += bool((effect["best"]["fp32"] != effect["best"]["autocast"]).any())
+    counts = pd.Series(said).value_counts().reindex(["differs", "same", "inconclusive"], fill_value=0)
+    return pd.concat([counts, pd.Series({"best differs": best, "best changed": changed})])
 
 
 SCENARIOS = {
-    "no precision effect": (None, (0.0, 0.0), 10000),
-    "no precision effect, 40-image test sets": (None, (0.0, 0.0), 40),
-    "5% of runs diverged in both": (None, (0.05, 0.05), 10000),
-    "mha 2 points lower": ("mha", (0.0, 0.0), 10000),
-    "fc1 2 points lower": ("fc1", (0.0, 0.0), 10000),
-    "ln1 2 points lower": ("ln1", (0.0, 0.0), 10000),
-    "full 2 points lower": ("full", (0.0, 0.0), 10000),
-    "every configuration 2 points lower": ("every", (0.0, 0.0), 10000),
-    "every configuration 2 points lower, 40-image test sets": ("every", (0.0, 0.0), 40),
-    "30% of autocast's runs diverged": (None, (0.0, 0.3), 10000),
+    "no precision effect": {},
+    "no precision effect, 40-image test sets": {"test_images": 40},
+    "5% of runs diverged in both": {"diverged": (0.05, 0.05)},
+    "mha 2 points lower": {"drop": "mha"},
+    "fc1 2 points lower": {"drop": "fc1"},
+    "ln1 2 points lower": {"drop": "ln1"},
+    "full 2 points lower": {"drop": "full"},
+    "every configuration 2 points lower": {"drop": "every"},
+    "every configuration 2 points lower, 40-image test sets": {"drop": "every", "test_images": 40},
+    "every best configuration 1 point below its runner-up": {"drop": "best", "points": 1.0},
+    "30% of autocast's runs diverged": {"diverged": (0.0, 0.3)},
 }
-"""Each scenario's planted drop, shares of diverged runs (fp32, autocast) and test images (``world``)."""
+"""Each scenario's ``verdicts`` arguments: its planted drop, shares of diverged runs (fp32, autocast), test images."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     every = sorted(table6()["dataset"].unique())
     print(f"Share of {args.worlds} worlds a scenario whose verdict says each answer, with its exact 95% interval")
     for name, datasets in (("precision_paper.yaml's 4 datasets", PRECISION_PAPER), ("all 11", every)):
-        for what, (drop, diverged, images) in SCENARIOS.items():
+        for what, scenario in SCENARIOS.items():
             if args.only and args.only not in what:
                 continue
-            counts = verdicts(datasets, args.worlds, drop, diverged=diverged, test_images=images)
+            counts = verdicts(datasets, args.worlds, **scenario)
             rates = ", ".join(f"{answer} {_share(n, args.worlds)}" for answer, n in counts.items())
             print(f"{name}, {what}: {rates}", flush=True)
     return 0

@@ -32,12 +32,15 @@ select = "val"  # each component at its own best learning rate, chosen on valida
 reference = None  # reference images of the plasticity (None: each dataset's default)
 n_pairs = 179  # plasticity pairs for a missing measurement (the paper: 12,800)
 device = "cpu"  # device for missing plasticity measurements
+power_spec = "parameters/sweeps/equal_capacity_paper.yaml"  # the design whose power is said below (its benchmarks)
 
 # %%
 import matplotlib.pyplot as plt
+import pandas as pd
 
-from paperlib.analysis import capacity, component_tests
+from paperlib.analysis import capacity, component_tests, tables
 from paperlib.measure import plasticity
+from paperlib.records import names, paths, specs
 from paperlib.reports import notebook, plots
 from paperlib.sweeps.spec_runs import spec_runs
 from paperlib.vit import equal_capacity, models
@@ -116,6 +119,25 @@ result.summary
 
 # %%
 result.difference  # whether the two designs differ (one demo family: nothing it can detect)
+
+# %% [markdown]
+# ## Can the design test decide? Its power, before any run
+#
+# Where `smallest_p` is above 0.05, no outcome of the runs at hand could be significant. How often that holds is a
+# property of the design (its families and seeds), not of its result: here, in worlds drawn from the paper's
+# Table 6 (its means and seed spreads, the two designs alike, P(f) in the paper's order, 200 worlds), the share
+# whose smallest reachable p is above 0.05 (`capacity.unreachable`), for `power_spec`'s benchmarks and for one
+# benchmark of each family of the paper's eleven (a corruption shares its family's test set).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+paper_table6 = pd.read_csv(tables.PAPER_TABLE6, comment="#")
+spec_datasets = sorted({parameters["dataset"] for _, _, parameters in specs.cells(specs.load_spec(paths.ROOT / power_spec))})
+one_per_family = sorted(paper_table6.groupby(paper_table6["dataset"].map(names.family))["dataset"].min())
+for name, chosen, seeds in ((power_spec, spec_datasets, 3), (power_spec, spec_datasets, 5), ("one benchmark of each family", one_per_family, 3)):
+    share = capacity.unreachable(paper_table6, chosen, seeds=seeds)
+    families = len({names.family(d) for d in chosen})
+    print(f"{name} ({families} families, {seeds} seeds): the smallest reachable p is above 0.05 in {share:.0%} of 200 worlds")
 
 # %%
 row = {design: result.summary.loc[design] for design in capacity.DESIGNS}

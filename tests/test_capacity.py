@@ -378,3 +378,12 @@ def test_one_model_of_a_spec_of_several():
     for model in ("", "c"):
         with pytest.raises(ValueError, match="choose one model with -p model <name>; runs of: a, b"):
             tables.one_model(runs, model)
+
+
+def test_whether_the_design_test_can_decide_is_said_before_any_run():
+    paper = pd.read_csv(tables.PAPER_TABLE6, comment="#")
+    # one family: its three swapped components give 8 swaps, the smallest two-sided p 2/8 at best
+    assert capacity.unreachable(paper, ["cifar100"], worlds=20) == 1.0
+    four = ["domainnet/sketch", "cifar100", "domainnet/clipart", "cifar10"]  # equal_capacity_paper.yaml's
+    six = four + ["flowers102", "pets"]  # one benchmark of each family of the paper's
+    assert capacity.unreachable(paper, six, worlds=100) < capacity.unreachable(paper, four, worlds=100)

@@ -603,3 +603,27 @@ def how_they_trained(ordinary: pd.DataFrame, equal: pd.DataFrame, select: str = 
     table["component"] = table["component"].map(LABELS)
     columns = ["lr", "rates", "at top", "clipped_steps", "component_grad_share"]
     return table.set_index(["design", "dataset", "component"])[columns]
+
+
+def unreachable(table6: pd.DataFrame, datasets: list[str], seeds: int = 3, worlds: int = 200, seed: int = 0) -> float:
+    """How often ``design_difference`` cannot be significant in worlds like an equal-capacity sweep's.
+
+    The share of worlds whose ``smallest_p`` is above 0.05, the designs alike. A world: on each of ``datasets``
+    (``table6``'s means and standard deviations over seeds, in points), each component's accuracy averaged over
+    ``seeds`` seeds in both designs, drawn alike (LN2 and LN1 train whole either way: one run for both), P(f) in the
+    paper's order (``component_tests.paper_order``). Whether a design can decide is a property of its families and
+    their ties, not of its result: this says it before any run."""
+    rng = np.random.default_rng(seed)
+    cells = table6[table6["dataset"].isin(datasets) & table6["component"].isin(COMPONENTS)]
+    means = cells.pivot(index="dataset", columns="component", values="mean").reindex(columns=list(COMPONENTS))
+    spread = cells.pivot(index="dataset", columns="component", values="std").reindex(columns=list(COMPONENTS))
+    order = component_tests.paper_order(list(means.index))
+    whole = ["ln2", "ln1"]  # trained whole in both designs: one run for both
+    above = 0
+    for _ in range(worlds):
+        ordinary = means + rng.normal(size=means.shape) * spread / np.sqrt(seeds)
+        equal = means + rng.normal(size=means.shape) * spread / np.sqrt(seeds)
+        equal[whole] = ordinary[whole]
+        smallest = design_difference({"ordinary": ordinary, "equal capacity": equal}, order)["smallest_p"].iloc[0]
+        above += bool(smallest > 0.05)
+    return above / worlds
