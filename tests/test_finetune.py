@@ -403,6 +403,29 @@ def test_a_lora_runs_kept_updates_merge_into_a_plain_vit(small):
         assert torch.allclose(merged(images), unmerged(images), atol=1e-5)
 
 
+def test_the_pool_starts_the_costliest_runs_first(monkeypatch, capsys, results):
+    # on a CPU that emulates bf16, the precision demo's autocast runs (7 times an fp32 run) start first, linear
+    # probing (no backward through the blocks) last; the order is what the workers are handed
+    monkeypatch.setattr(pool, "native_bf16", lambda: False)
+    spec = {
+        "notebook": "notebooks/05_finetune.ipynb",
+        "parameters": {"model": "demo", "steps": 4, "batch_size": 8, "warmup": 1, "eval_every": 2, "device": "cpu"},
+        "grid": [
+            {"dataset": ["digits"], "component": ["linear", "mha", "ln1"], "lr": [0.03], "seed": [0]},
+            {"dataset": ["digits"], "component": ["fc1"], "lr": [0.03], "seed": [0], "precision": ["autocast"]},
+            {"dataset": ["digits"], "component": ["fc2"], "lr": [0.03], "seed": [0], "steps": [6]},
+        ],
+    }
+    started = []
+    monkeypatch.setattr(pool, "_timed_run", lambda config: started.append(config) or ("finished", 0.0))
+    pool.run_spec(spec, workers=1)
+    order = [(c.component, c.precision) for c in started]
+    assert order == [("fc1", "autocast"), ("fc2", "fp32"), ("mha", "fp32"), ("ln1", "fp32"), ("linear", "fp32")]
+    monkeypatch.setattr(pool, "native_bf16", lambda: True)  # where bf16 is native it costs what fp32 does
+    assert pool.expected_cost(started[0]) == pool.expected_cost(started[2])
+    capsys.readouterr()
+
+
 def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results):
     """Two worker processes (one thread each) give the metrics one process gives, one line per run."""
     spec = {
