@@ -109,8 +109,7 @@ class Run:
     save_weights: bool = False
 
     def __post_init__(self):
-        if isinstance(self.tag, (int, float)) and not isinstance(self.tag, bool):  # a spec's ``tag: [2000]``
-            object.__setattr__(self, "tag", f"{self.tag:g}")
+        object.__setattr__(self, "tag", tag_text(self.tag))
         if not isinstance(self.method, Method):  # a method's name: the method with its defaults
             object.__setattr__(self, "method", methods.method_of({"method": self.method}))
         self.validate()
@@ -223,10 +222,12 @@ def written_one_way(values: dict) -> dict:
     A number as a tag (a sweep spec's ``tag: [2000]``) as its text, and the method's options as its value writes them
     (a LoRA run's alpha 0 as the rank: lora_alpha=0 and lora_alpha=rank are one run, one folder, one record, one row of
     the results tables)."""
-    values = dict(values)
-    if isinstance(values["tag"], (int, float)) and not isinstance(values["tag"], bool):
-        values["tag"] = f"{values['tag']:g}"
-    return values | methods.record(methods.method_of(values))
+    return values | {"tag": tag_text(values["tag"])} | methods.record(methods.method_of(values))
+
+
+def tag_text(tag):
+    """A run's ``tag`` as a ``Run`` holds it: a number (a sweep spec's ``tag: [2000]``) as its text, else as it is."""
+    return f"{tag:g}" if isinstance(tag, (int, float)) and not isinstance(tag, bool) else tag
 
 
 def run_folder(record: dict) -> Path:
