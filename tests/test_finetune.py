@@ -9,6 +9,7 @@ import torch
 from conftest import interrupted, recorded_difference, resumed, same_metrics
 
 from paperlib.analysis import tables
+from paperlib.measure.probe import Probe, linear_probe
 from paperlib.records import runs as run_files
 from paperlib.records import runs_table, storage
 from paperlib.train import checkpoints, evaluation, finetune, pool
@@ -418,7 +419,9 @@ def test_the_pool_starts_the_costliest_runs_first(monkeypatch, capsys, results):
     }
     started = []
     monkeypatch.setattr(pool, "_timed_run", lambda config: started.append(config) or ("finished", 0.0))
-    pool.run_spec(spec, workers=1)
+    shared = Probe("demo", "digits", points="mha", blocks=-1)
+    pool.run_spec(spec, probes=[shared], workers=1)
+    assert started.pop() is shared  # a probe after every run
     order = [(c.component, c.precision) for c in started]
     assert order == [("fc1", "autocast"), ("fc2", "fp32"), ("mha", "fp32"), ("ln1", "fp32"), ("linear", "fp32")]
     monkeypatch.setattr(pool, "native_bf16", lambda: True)  # where bf16 is native it costs what fp32 does
@@ -449,6 +452,20 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     for component in ("mha", "ln1"):
         assert together[component]["test_accuracy"] == alone[component]["test_accuracy"]
         assert together[component]["best_val_accuracy"] == alone[component]["best_val_accuracy"]
+
+
+def test_the_pool_fits_the_probes_it_is_given_once(capsys, results):
+    """A probe handed to the pool is fitted by a worker and cached: the notebook that reads it, or a second pool, finds
+    it there and fits nothing."""
+    shared = Probe("demo", "digits", points="mha", blocks=-1)
+    assert linear_probe(shared, compute=False) is None
+    pool.run_spec(probes=[shared], workers=1)
+    line = capsys.readouterr().out
+    assert line.startswith("[1/1] ") and "probe/demo/digits: probed in " in line
+    cached = linear_probe(shared, compute=False)
+    assert cached is not None and len(cached) == 1 and 0.0 <= cached["accuracy"].iloc[0] <= 1.0
+    pool.run_spec(probes=[shared], workers=1)
+    assert capsys.readouterr().out == ""
 
 
 def test_validation_runs_every_eval_every_steps_and_not_after_the_last_step(small):

@@ -1,4 +1,4 @@
-"""The runs of demo-scale finetuning specs, shared by a pool of processes: ``run_spec``.
+"""The runs of demo-scale finetuning specs, and the probes notebooks share, made by a pool of processes: ``run_spec``.
 
 Paper-scale sweeps go through ``python -m paperlib sweep`` (``sweeps.sweep``), which runs notebooks on GPUs.
 """
@@ -9,9 +9,11 @@ import contextlib
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Iterable
 
 import torch
 
+from paperlib.measure.probe import Probe, linear_probe
 from paperlib.records import paths, runs
 from paperlib.speed import threads
 from paperlib.speed.options import native_bf16
@@ -34,35 +36,42 @@ def expected_cost(config: Config) -> float:
     return cost / 2 if config.component == "linear" else cost
 
 
-def run_spec(*specs: dict, workers: int | None = None) -> None:
-    """Run every run of finetuning sweep specs (``config.configs``) not finished as they ask (``finetune.run``).
+def run_spec(*specs: dict, probes: Iterable[Probe] = (), workers: int | None = None) -> None:
+    """Run the runs of finetuning specs not finished as asked, and fit the ``probes`` not cached.
 
+    The runs are ``config.configs``' (each ``finetune.run``), the probes ``probe.linear_probe``'s.
     A run two specs share runs once, and the costliest start first (``expected_cost``), so that the workers end
-    together; one line per run with the time it took.
+    together; the probes come last (a demo probe costs about what a linear probing run does). One line per run or
+    probe with the time it took. ``make demo`` gives the probes that notebooks 04 and 07 both read, so that they are
+    made once, before either notebook starts, instead of one notebook waiting on the other's lock.
 
-    ``workers``: processes that share the runs. By default one per CPU core when every run is on the
+    ``workers``: processes that share the work. By default one per CPU core when every run is on the
     CPU, each with its share of the cores (``threads``: one thread each; a small model trains faster
     so than with every core on one run); runs on a GPU run here, one after another.
     """
     unique = {config.folder(): config for spec in specs for config in configs(spec)}  # by folder: once each
     todo = sorted((c for c in unique.values() if not runs.is_finished(c)), key=expected_cost, reverse=True)
+    todo += [p for p in probes if linear_probe(p, compute=False) is None]
     if workers is None:
-        on_cpu = all(torch.device(config.device).type == "cpu" for config in todo)
+        on_cpu = all(torch.device(config.device).type == "cpu" for config in todo if isinstance(config, Config))
         workers = threads.cores() if on_cpu else 1
     workers = max(1, min(workers, len(todo)))
     with contextlib.ExitStack() as stack:
         if workers == 1:
-            finished = ((config, _timed_run(config)) for config in todo)
+            finished = ((job, _timed_run(job)) for job in todo)
         else:
             stack.enter_context(threads.shared_by(workers))  # the workers take their share (threads.apply)
             pool = stack.enter_context(ProcessPoolExecutor(workers, multiprocessing.get_context("spawn")))
-            futures = {pool.submit(_timed_run, config): config for config in todo}
+            futures = {pool.submit(_timed_run, job): job for job in todo}
             finished = ((futures[future], future.result()) for future in as_completed(futures))
-        for done, (config, (status, seconds)) in enumerate(finished, start=1):
-            print(f"[{done}/{len(todo)}] {paths.display(config.folder())}: {status} in {seconds:.1f} s", flush=True)
+        for done, (job, (status, seconds)) in enumerate(finished, start=1):
+            print(f"[{done}/{len(todo)}] {paths.display(job.folder())}: {status} in {seconds:.1f} s", flush=True)
 
 
-def _timed_run(config: Config) -> tuple[str, float]:
-    """``finetune.run(config)``'s status and the seconds it took (a ``run_spec`` worker's task)."""
+def _timed_run(job: Config | Probe) -> tuple[str, float]:
+    """A ``run_spec`` worker's task: a run's status (``finetune.run``) or a probe's ("probed"), and its seconds."""
     start = time.perf_counter()
-    return finetune.run(config)["status"], time.perf_counter() - start
+    if isinstance(job, Probe):
+        linear_probe(job, progress=False)
+        return "probed", time.perf_counter() - start
+    return finetune.run(job)["status"], time.perf_counter() - start
