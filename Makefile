@@ -27,11 +27,12 @@ lab: venv  ## open the notebooks in JupyterLab (the project's environment is the
 demo: venv  ## execute every notebook on the demo world; HTML reports under reports/
 	$(BIN)/python -m paperlib report demo
 
-test: venv  ## ruff (lint and format check), unit tests, then nbval over the committed notebooks
+test: venv  ## ruff (lint and format check), unit tests, the demo runs (one pool), then nbval over the committed notebooks
 	$(BIN)/ruff check paperlib tests benchmarks
 	$(BIN)/ruff format --check paperlib tests benchmarks
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 tests
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks
+	$(BIN)/python -m paperlib demo runs
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile notebooks
 
 format: venv  ## format and lint-fix the package and the tests (ruff, line length 120)
 	$(BIN)/ruff format paperlib tests benchmarks

@@ -26,9 +26,10 @@
 # (printed below; full finetuning's largest is wider).
 #
 # At demo scale (the default, `parameters/sweeps/precision_demo.yaml`): the demo ViT under bf16 autocast on
-# a CPU, one dataset, MHA and LN1, one seed, computed here when missing: one pair per cell, too few for a
+# a CPU, one dataset, MHA and LN1, one seed, runs of 30 steps (the other demo runs have 100), computed here when
+# missing: one pair per cell, too few for a
 # verdict, and one test image is worth more than the margin (its worth in points is in the margins table
-# below): it shows the check, it cannot pass it. The demo is this small because on a CPU without native bf16
+# below): it shows the check, it cannot pass it. The demo is this small and short because on a CPU without native bf16
 # (`native_bf16()` False: AVX2 alone, as most laptops) PyTorch emulates bf16 matrix products: an autocast run
 # takes several times as long as its fp32 twin (each run's wall time on the machine that ran it is printed at
 # the end). The paper-scale check is `parameters/sweeps/precision_paper.yaml` (TF32 and autocast, three

@@ -10,8 +10,8 @@ from conftest import interrupted, recorded_difference, resumed, same_metrics
 
 from paperlib.analysis import tables
 from paperlib.measure.probe import Probe, linear_probe
+from paperlib.records import paths, runs_table, specs, storage
 from paperlib.records import runs as run_files
-from paperlib.records import runs_table, storage
 from paperlib.train import checkpoints, evaluation, finetune, pool
 from paperlib.train.config import configs
 from paperlib.vit import components, models
@@ -452,6 +452,21 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
     for component in ("mha", "ln1"):
         assert together[component]["test_accuracy"] == alone[component]["test_accuracy"]
         assert together[component]["best_val_accuracy"] == alone[component]["best_val_accuracy"]
+
+
+def test_the_demo_runs_are_the_demo_sweeps_and_the_probes_notebooks_04_and_07_both_read(monkeypatch):
+    handed = {}
+    monkeypatch.setattr(pool, "run_spec", lambda *specs, probes, workers: handed.update(specs=specs, probes=probes))
+    pool.demo_runs()
+    assert [spec["name"] for spec in handed["specs"]] == [
+        specs.load_spec(paths.PARAMETERS / "sweeps" / name)["name"] for name in pool.DEMO_SWEEPS
+    ]
+    # notebook 04's probes at its defaults, of which notebook 07's (the last block's attention output) is one
+    parameters = specs.notebook_parameters(paths.NOTEBOOKS / "04_linear_probe.ipynb")
+    assert [p.dataset for p in handed["probes"]] == parameters["datasets"] and len(handed["probes"]) == 6
+    read_by_07 = Probe("demo", "digits", points="mha", blocks=-1)
+    assert handed["probes"][0].folder() == read_by_07.folder() and handed["probes"][0].key() == read_by_07.key()
+    assert set(read_by_07.wanted()) < set(handed["probes"][0].wanted())
 
 
 def test_the_pool_fits_the_probes_it_is_given_once(capsys, results):

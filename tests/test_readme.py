@@ -97,7 +97,13 @@ def test_python_m_paperlib_lists_its_commands_and_refuses_an_unknown_one():
 def test_every_command_in_the_readme_runs_as_written(monkeypatch, capsys):
     # each is read by its own command line up to the work it starts, which raises Ran here (no training, no data);
     # a command refused by its command line (an unknown option, a bad value) fails here
-    for module, name in ((finetune, "run"), (plasticity, "run"), (sweep, "run_sweep"), (demo, "pretrain")):
+    for module, name in (
+        (finetune, "run"),
+        (plasticity, "run"),
+        (sweep, "run_sweep"),
+        (demo, "pretrain"),
+        (demo.pool, "demo_runs"),
+    ):
 
         @functools.wraps(getattr(module, name))  # its signature stays: plasticity's options are run's
         def ran(*args, **kwargs):

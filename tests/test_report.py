@@ -6,9 +6,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
+import yaml
 
-from paperlib.measure.probe import Probe
-from paperlib.records import paths, specs, storage
+from paperlib.records import paths, storage
 from paperlib.reports import execute
 from paperlib.reports.notebook import HEADLINE_MIME, headline
 from paperlib.speed import threads
@@ -118,20 +118,11 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
         return output
 
     monkeypatch.setattr(execute, "execute", instant)
-    handed = {}
-    monkeypatch.setattr(
-        execute.pool, "run_spec", lambda *specs, probes: events.append("demo sweeps") or handed.update(probes=probes)
-    )
+    monkeypatch.setattr(execute.pool, "demo_runs", lambda: events.append("demo sweeps"))
     index = execute.run_demo(out_dir=out)
     # the notebooks that read no demo run first (the longest of them, 08, before the others), then the demo sweeps,
     # then those that read them
     assert events == ["08_longest", "00_first", "02_second", "demo sweeps", "04_reads_runs"]
-    # with them, the probes notebooks 04 and 07 both read: notebook 04's at its defaults, of which 07's is one
-    parameters = specs.notebook_parameters(paths.NOTEBOOKS / "04_linear_probe.ipynb")
-    assert [p.dataset for p in handed["probes"]] == parameters["datasets"] and len(handed["probes"]) == 6
-    read_by_07 = Probe("demo", "digits", points="mha", blocks=-1)
-    assert handed["probes"][0].folder() == read_by_07.folder() and handed["probes"][0].key() == read_by_07.key()
-    assert set(read_by_07.wanted()) <= set(handed["probes"][0].wanted())
     assert "00 · first" in landing["00_first"] and landing["00_first"].count("not run yet") == 2  # from the start
     second = landing["02_second"]  # the page as the second notebook starts: the first one's report, the others' state
     assert 'href="00_first.nocode.html"' in second and "running" in second and "not run yet" in second
@@ -140,6 +131,14 @@ def test_the_landing_page_comes_after_the_first_notebook_and_says_which_are_stil
     final = index.read_text()  # at the end: every report, nothing to come, no reloading
     assert all(f'href="{s.stem}.nocode.html"' in final for s in sources)
     assert "not run yet" not in final and "running" not in final and "refresh" not in final
+
+
+def test_the_landing_page_says_what_the_demo_sweeps_run(tmp_path):
+    page = execute.write_index(tmp_path).read_text()
+    for name in execute.pool.DEMO_SWEEPS:
+        given = yaml.safe_load((paths.PARAMETERS / "sweeps" / name).read_text())["parameters"]
+        assert f"{name} " in page and f"runs of {given['steps']} steps of {given['batch_size']} images" in page
+    assert "precision_demo.yaml 4 runs of 30 steps" in page
 
 
 def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_notebook):

@@ -518,10 +518,10 @@ def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypa
 def test_a_run_in_another_precision_resumes_as_if_uninterrupted(
     precision, results, tmp_path, monkeypatch, small, move_results
 ):
-    config = small(precision=precision)
+    config = small(precision=precision, steps=8)  # interrupted after the first of two checkpoints (bf16 emulated: AVX2)
     reference = finetune.run(config)
     move_results("interrupted")
-    interrupted(config, 9, monkeypatch)
+    interrupted(config, 6, monkeypatch)
     assert (config.folder() / "checkpoint.pt").is_file() and not (config.folder() / "metrics.json").exists()
     assert same_metrics(resumed(config, monkeypatch)) == same_metrics(reference)
 

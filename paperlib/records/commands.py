@@ -171,10 +171,10 @@ def report() -> argparse.ArgumentParser:
 
 
 def demo() -> argparse.ArgumentParser:
-    """The command line of ``python -m paperlib demo`` (``train.demo.main``): ``pretrain`` and ``evaluate``."""
+    """The command line of ``python -m paperlib demo`` (``train.demo.main``): ``pretrain``, ``evaluate``, ``runs``."""
     parser = argparse.ArgumentParser(
         prog="python -m paperlib demo",
-        description="The demo ViT: deterministic pretraining on digits_source and its evaluation.",
+        description="The demo ViT: pretraining on digits_source and its evaluation; the demo world's runs.",
         formatter_class=cli.Help,
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +207,11 @@ def demo() -> argparse.ArgumentParser:
         default=paths.DEMO_WEIGHTS,
         help=f"weight file to read (safetensors); default: {committed}",
     )
+    what = (
+        "the demo world's runs and probes that the notebooks read, those missing made in one pool of processes (what "
+        "make demo makes before the notebooks that read them)"
+    )
+    commands.add_parser("runs", help=what, description=what, formatter_class=cli.Help)
     return parser
 
 

@@ -31,8 +31,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Iterable
 
-from paperlib.measure.probe import Probe
-from paperlib.records import cli, commands, paths, specs, storage
+from paperlib.records import cli, commands, paths, storage
 from paperlib.reports.notebook import HEADLINE_MIME
 from paperlib.speed import threads
 from paperlib.train import pool
@@ -282,7 +281,8 @@ def write_index(out_dir: Path, pending: dict[Path, str] | None = None) -> Path:
         + f"<style>{STYLE}</style></head>\n<body><h1>vit-plasticity reports</h1>\n"
         '<p class="lead">"Vision Transformer Finetuning Benefits from Non-Smooth Components" (ICML 2026), '
         f"reproduced notebook by notebook. Page written {time.strftime('%Y-%m-%d %H:%M:%S')}. {coming}"
-        "Demo-world numbers come from a 0.3M-parameter ViT on 32-pixel digits: they are not the paper's.</p>\n"
+        "Demo-world numbers come from a 0.3M-parameter ViT on 32-pixel digits: they are not the paper's. "
+        f"{html.escape(pool.demo_settings())}</p>\n"
         '<div class="grid">\n'
         + "\n".join(cards[stem] for stem in sorted(cards))
         + "\n</div>\n"
@@ -291,20 +291,6 @@ def write_index(out_dir: Path, pending: dict[Path, str] | None = None) -> Path:
     )
     storage.atomic_write_text(output, text)
     return output
-
-
-DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "equal_capacity_demo.yaml")
-"""The demo finetuning sweeps the notebooks read, under ``parameters/sweeps/``."""
-
-
-def shared_probes() -> list[Probe]:
-    """The probes notebooks 04 and 07 both read at their defaults: notebook 04's, one per dataset of its parameters.
-
-    Notebook 07's probe (Table 6's linear probing column: the last block's attention output) is one of each table."""
-    given = specs.notebook_parameters(paths.NOTEBOOKS / "04_linear_probe.ipynb")
-    fields = {"split_seed", "train_features", "normalize"}
-    options = {name: given[name] for name in fields} | {"root": given["data_root"] or None}
-    return [Probe(given["model"], dataset, **options) for dataset in given["datasets"]]
 
 
 READ_DEMO_SWEEPS = ("04", "05", "06", "07", "09", "10", "11")
@@ -319,14 +305,14 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
     """Execute notebooks at demo scale and render their reports; returns the index page.
 
     It prints one line per notebook with the time it took. The notebooks that read no demo run come first, so that
-    their reports come within a minute. Every notebook at once (no ``names``): then the demo sweeps' missing runs,
-    in one pool of processes, one per core (``pool.run_spec``), so that the notebooks that read them
-    (``READ_DEMO_SWEEPS``) find them finished instead of running each its part one after another, and in the same
-    pool the probes that notebooks 04 and 07 both read (``shared_probes``), so that neither waits on the other; then
-    those notebooks. The notebooks run one per core at a time: much of a notebook's time is its kernel starting and
-    importing, on one core. Their kernels keep PyTorch's own threads, so their results are those of one notebook
-    run alone; what two notebooks share on disk is locked (``storage.locked``). The landing page (``write_index``)
-    is written at once and again as each notebook starts and ends; a notebook not run yet says so on it."""
+    their reports come within a minute. Every notebook at once (no ``names``): then the demo sweeps' missing runs and
+    the probes two notebooks share, in one pool of processes, one per core (``pool.demo_runs``), so that the
+    notebooks that read them (``READ_DEMO_SWEEPS``) find them made instead of running each its part one after another
+    or waiting on another's lock; then those notebooks. The notebooks run one per core at a time: much of a
+    notebook's time is its kernel starting and importing, on one core. Their kernels keep PyTorch's own threads, so
+    their results are those of one notebook run alone; what two notebooks share on disk is locked
+    (``storage.locked``). The landing page (``write_index``) is written at once and again as each notebook starts and
+    ends; a notebook not run yet says so on it."""
     out_dir = out_dir or paths.reports_dir()
     notebooks = paths.notebook_paths(names)
     pending = dict.fromkeys(notebooks, "not run yet")
@@ -370,8 +356,7 @@ def run_demo(names: Iterable[str] | None = None, out_dir: Path | None = None) ->
         report_each(sorted(first, key=lambda notebook: notebook.stem[:2] not in LONGEST_FIRST))
         if not names:
             start = time.perf_counter()
-            sweeps = (specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS)
-            pool.run_spec(*sweeps, probes=shared_probes())
+            pool.demo_runs()
             print(f"{'demo sweeps':<28} {time.perf_counter() - start:5.0f} s", flush=True)
         report_each([notebook for notebook in notebooks if notebook.stem[:2] in READ_DEMO_SWEEPS])
     return update_page()

@@ -4,6 +4,7 @@ The demo world's stand-in for an ImageNet-21k checkpoint (a tiny ViT pretrained 
 
     python -m paperlib demo pretrain     # writes paperlib/assets/demo_vit.safetensors (+ .json card)
     python -m paperlib demo evaluate     # accuracy of the committed weights on digits_source test
+    python -m paperlib demo runs         # the demo sweeps' runs and the shared probes the notebooks read (pool)
 
 Pretraining is deterministic for a given machine and library versions: fixed seeds, a private
 random generator for shuffling and augmentation, and deterministic torch algorithms. Another CPU (its vector
@@ -30,6 +31,7 @@ from paperlib.data.datasets import get_dataset
 from paperlib.data.imagesets import ImageDataset
 from paperlib.data.loader import DeviceLoader, Transform
 from paperlib.records import cli, commands, paths, storage
+from paperlib.train import pool
 from paperlib.train.evaluation import evaluate
 from paperlib.vit.models import create_model
 
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             said = replace_weights(model, card, args.out, args.overwrite)
             print(json.dumps(metrics))
             print(said)
+        elif args.command == "runs":
+            pool.demo_runs()
         else:
             model = create_model("demo", weights=args.weights)
             for split in ("trainval", "test"):

@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 
 from paperlib.measure.probe import Probe, linear_probe
-from paperlib.records import paths, runs
+from paperlib.records import paths, runs, specs
 from paperlib.speed import threads
 from paperlib.speed.options import native_bf16
 from paperlib.train import finetune
@@ -75,3 +75,38 @@ def _timed_run(job: Config | Probe) -> tuple[str, float]:
         linear_probe(job, progress=False)
         return "probed", time.perf_counter() - start
     return finetune.run(job)["status"], time.perf_counter() - start
+
+
+DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "equal_capacity_demo.yaml")
+"""The demo finetuning sweeps the notebooks read, under ``parameters/sweeps/``."""
+
+
+def shared_probes() -> list[Probe]:
+    """The probes notebooks 04 and 07 both read at their defaults: notebook 04's, one per dataset of its parameters.
+
+    Notebook 07's probe (Table 6's linear probing column: the last block's attention output) is one of each table."""
+    given = specs.notebook_parameters(paths.NOTEBOOKS / "04_linear_probe.ipynb")
+    fields = {"split_seed", "train_features", "normalize"}
+    options = {name: given[name] for name in fields} | {"root": given["data_root"] or None}
+    return [Probe(given["model"], dataset, **options) for dataset in given["datasets"]]
+
+
+def demo_runs(workers: int | None = None) -> None:
+    """The demo world's runs and probes the notebooks read, made once in one pool: ``python -m paperlib demo runs``.
+
+    The demo sweeps' missing runs and the probes two notebooks share (``shared_probes``): what ``make demo`` makes
+    before the notebooks that read them, and ``make test`` before nbval."""
+    sweeps = (specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS)
+    run_spec(*sweeps, probes=shared_probes(), workers=workers)
+
+
+def demo_settings() -> str:
+    """What the demo sweeps run, in one sentence (the landing page's): each spec's runs, their steps and batch."""
+    said, periods = [], set()
+    for name in DEMO_SWEEPS:
+        runs = configs(specs.load_spec(paths.PARAMETERS / "sweeps" / name))
+        steps = "/".join(str(n) for n in sorted({c.steps for c in runs}))
+        said.append(f"{name} {len(runs)} runs of {steps} steps of {runs[0].batch_size} images")
+        periods |= {c.eval_every for c in runs}
+    every = "/".join(str(n) for n in sorted(periods))
+    return f"The demo sweeps (parameters/sweeps/): {', '.join(said)}, validated every {every} steps."
