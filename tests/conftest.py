@@ -78,6 +78,18 @@ def small():
 
 
 @pytest.fixture
+def tiny_data(tmp_path):
+    """A data root holding CIFAR-10 of 60 training and 20 test images in its official format (``write_cifar``).
+
+    A run on it (``dataset="cifar10", data_root=...``) evaluates 12 validation and 20 test images, where a demo set
+    has 144 and 179: for a test of how a run trains whose cost is its evaluations (bf16, emulated on AVX2 alone)."""
+    from paperlib.data import fixtures
+
+    fixtures.write_cifar(tmp_path / "data", "cifar10", n_train=60, n_test=20)
+    return str(tmp_path / "data")
+
+
+@pytest.fixture
 def tiny_vit():
     """``tiny_vit(**kwargs)``: the demo ViT's architecture with random weights (seeded by ``_seeded``),
     ``models.create_model("demo", pretrained=False, **kwargs)``: a whole ViT in milliseconds."""

@@ -284,16 +284,15 @@ def test_bf16_precision_updates_fp32_master_weights_from_the_copys_gradients(tin
     assert float(loss) == pytest.approx(float(reference), rel=3e-2) and math.isfinite(float(norm))
 
 
-def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results, small):
-    fp32 = finetune.run(small(component="full"))
-    bf16 = finetune.run(small(component="full", precision="bf16"))
+def test_bf16_precision_runs_in_its_own_folder_and_follows_the_protocol(results, small, tiny_data):
+    full = {"component": "full", "dataset": "cifar10", "data_root": tiny_data}  # a tiny set: bf16 may be emulated
+    fp32 = finetune.run(small(**full))
+    bf16 = finetune.run(small(**full, precision="bf16"))
     assert bf16["status"] == "finished" and bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert small(precision="bf16").folder() != small().folder()  # its own folder: the protocol's run is kept
-    losses = run_files.history(small(component="full", precision="bf16"))["train_loss"]
+    losses = run_files.history(small(**full, precision="bf16"))["train_loss"]
     # bf16 rounding: the first steps follow the fp32 run (later ones drift apart, as any two roundings do)
-    assert losses[:4].tolist() == pytest.approx(
-        run_files.history(small(component="full"))["train_loss"][:4].tolist(), rel=3e-2
-    )
+    assert losses[:4].tolist() == pytest.approx(run_files.history(small(**full))["train_loss"][:4].tolist(), rel=3e-2)
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         finetune.run(small(precision="fp16"))
 
@@ -516,9 +515,10 @@ def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypa
 # bf16: the copy that runs is refreshed from the loaded masters
 @pytest.mark.parametrize("precision", ["autocast", "bf16"])
 def test_a_run_in_another_precision_resumes_as_if_uninterrupted(
-    precision, results, tmp_path, monkeypatch, small, move_results
+    precision, results, tmp_path, monkeypatch, small, move_results, tiny_data
 ):
-    config = small(precision=precision, steps=8)  # interrupted after the first of two checkpoints (bf16 emulated: AVX2)
+    # 8 steps on a tiny CIFAR-10, interrupted after the first of two checkpoints (bf16 is emulated on AVX2 alone)
+    config = small(precision=precision, steps=8, dataset="cifar10", data_root=tiny_data)
     reference = finetune.run(config)
     move_results("interrupted")
     interrupted(config, 6, monkeypatch)
