@@ -30,7 +30,7 @@ demo: venv  ## execute every notebook on the demo world; HTML reports under repo
 test: venv  ## ruff (lint and format check), unit tests, the demo runs (one pool), then nbval over the committed notebooks
 	$(BIN)/ruff check paperlib tests benchmarks
 	$(BIN)/ruff format --check paperlib tests benchmarks
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist worksteal tests
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 tests
 	$(BIN)/python -m paperlib demo runs
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile notebooks
 

@@ -42,7 +42,7 @@ def run_spec(*specs: dict, probes: Iterable[Probe] = (), workers: int | None = N
     The runs are ``config.configs``' (each ``finetune.run``), the probes ``probe.linear_probe``'s.
     A run two specs share runs once, and the costliest start first (``expected_cost``), so that the workers end
     together; the probes come last (a demo probe costs about what a linear probing run does). One line per run or
-    probe with the time it took. ``make demo`` gives the probes that notebooks 04 and 07 both read, so that they are
+    probe with the time it took. ``demo_runs`` gives the probes that notebooks 04 and 07 both read, so that they are
     made once, before either notebook starts, instead of one notebook waiting on the other's lock.
 
     ``workers``: processes that share the work. By default one per CPU core when every run is on the
@@ -104,9 +104,9 @@ def demo_settings() -> str:
     """What the demo sweeps run, in one sentence (the landing page's): each spec's runs, their steps and batch."""
     said, periods = [], set()
     for name in DEMO_SWEEPS:
-        runs = configs(specs.load_spec(paths.PARAMETERS / "sweeps" / name))
-        steps = "/".join(str(n) for n in sorted({c.steps for c in runs}))
-        said.append(f"{name} {len(runs)} runs of {steps} steps of {runs[0].batch_size} images")
-        periods |= {c.eval_every for c in runs}
+        spec_configs = configs(specs.load_spec(paths.PARAMETERS / "sweeps" / name))
+        steps = "/".join(str(n) for n in sorted({c.steps for c in spec_configs}))
+        said.append(f"{name} {len(spec_configs)} runs of {steps} steps of {spec_configs[0].batch_size} images")
+        periods |= {c.eval_every for c in spec_configs}
     every = "/".join(str(n) for n in sorted(periods))
     return f"The demo sweeps (parameters/sweeps/): {', '.join(said)}, validated every {every} steps."
