@@ -81,6 +81,11 @@ DEMO_SWEEPS = ("finetune_demo.yaml", "lora_demo.yaml", "precision_demo.yaml", "e
 """The demo finetuning sweeps the notebooks read, under ``parameters/sweeps/``."""
 
 
+def demo_specs() -> dict[str, dict]:
+    """The demo sweeps' specs (``DEMO_SWEEPS``), loaded, by file name."""
+    return {name: specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS}
+
+
 def shared_probes() -> list[Probe]:
     """The probes notebooks 04 and 07 both read at their defaults: notebook 04's, one per dataset of its parameters.
 
@@ -96,15 +101,14 @@ def demo_runs(workers: int | None = None) -> None:
 
     The demo sweeps' missing runs and the probes two notebooks share (``shared_probes``): what ``make demo`` makes
     before the notebooks that read them, and ``make test`` before nbval."""
-    sweeps = (specs.load_spec(paths.PARAMETERS / "sweeps" / name) for name in DEMO_SWEEPS)
-    run_spec(*sweeps, probes=shared_probes(), workers=workers)
+    run_spec(*demo_specs().values(), probes=shared_probes(), workers=workers)
 
 
 def demo_settings() -> str:
     """What the demo sweeps run, in one sentence (the landing page's): each spec's runs, their steps and batch."""
     said, periods = [], set()
-    for name in DEMO_SWEEPS:
-        spec_configs = configs(specs.load_spec(paths.PARAMETERS / "sweeps" / name))
+    for name, spec in demo_specs().items():
+        spec_configs = configs(spec)
         steps = "/".join(str(n) for n in sorted({c.steps for c in spec_configs}))
         said.append(f"{name} {len(spec_configs)} runs of {steps} steps of {spec_configs[0].batch_size} images")
         periods |= {c.eval_every for c in spec_configs}
