@@ -44,8 +44,6 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torchvision.datasets as tvd
-from scipy.io import loadmat
-from sklearn.datasets import load_digits
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.datasets.utils import download_and_extract_archive
 
@@ -67,8 +65,12 @@ PAPER_IMAGE_SIZE = 224
 def digits_images() -> tuple[np.ndarray, np.ndarray]:
     """All 1,797 scikit-learn digits as (N, 32, 32, 3) uint8 images and their digit labels.
 
-    The 8x8 digits (values 0-16) are scaled to 0-255 and upsampled (bilinear) to 32x32 grey RGB.
+    The 8x8 digits (values 0-16) are scaled to 0-255 and upsampled (bilinear) to 32x32 grey RGB. scikit-learn is
+    imported here, by the process that reads them: importing it (and the scipy.stats it loads) takes about a second,
+    which every process that imports this module would pay, reading the digits or not.
     """
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
     small = torch.from_numpy(digits.images).float().unsqueeze(1) * (255.0 / 16.0)
     large = torch.nn.functional.interpolate(small, size=(32, 32), mode="bilinear", align_corners=False)
@@ -317,6 +319,8 @@ def _flowers102(root: Path, official: str, download: bool, severity: int) -> Fil
                 f"https://www.robots.ox.ac.uk/~vgg/data/flowers/102/ into {base} "
                 f"(giving {base}/jpg/image_00001.jpg, ..., imagelabels.mat, setid.mat).",
             )
+    from scipy.io import loadmat  # imported by the process that reads Flowers102, as scikit-learn by digits_images
+
     labels = loadmat(base / "imagelabels.mat", squeeze_me=True)["labels"]
     setid = loadmat(base / "setid.mat", squeeze_me=True)
     # official: train (1,020 images), val (1,020), test (6,149), or trainval (train and val)

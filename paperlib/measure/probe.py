@@ -44,12 +44,8 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
-import sklearn
 import torch
 from joblib import Parallel, delayed
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 from torch import nn
 from tqdm.auto import tqdm
@@ -266,6 +262,8 @@ def linear_probe(
         train, test = (datasets.get_dataset(probe.dataset, split, **loading) for split in (probe.train_split, "test"))
         record = {"key": key, "depth": len(components.blocks(network)), "image_size": size}
         record |= {"n_classes": len(test.classes), "device": str(device)}
+        import sklearn  # imported by a process that fits probes (as in fit_probe), not by each that imports this module
+
         record |= {"torch": torch.__version__, "sklearn": sklearn.__version__}
         running = {"batch_size": batch_size, "num_workers": num_workers}
         fitting = fit_missing(probe, network, (train, test), missing, running, max_gib)
@@ -298,7 +296,14 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test
     """Test accuracy (fraction) of the authors' classifier fitted on the training features.
 
     The classifier: ``StandardScaler`` + ``LogisticRegression(max_iter=5000)`` (multinomial, lbfgs). A small
-    problem (up to ``SMALL_FIT`` training values) runs on one BLAS thread, a larger one on the library's."""
+    problem (up to ``SMALL_FIT`` training values) runs on one BLAS thread, a larger one on the library's.
+
+    scikit-learn is imported here, by the process that fits: importing it takes about a second, which every process
+    that imports this module (a sweep's, a pool's worker, a notebook's kernel) would pay, fitting or not."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=MAX_ITER, random_state=seed))
     limits = threadpool_limits(1, user_api="blas") if train_x.size <= SMALL_FIT else contextlib.nullcontext()
     with limits:
