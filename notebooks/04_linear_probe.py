@@ -42,10 +42,11 @@ run_linear_config = True  # last section: run the missing runs of the `linear` f
 lrs = [0.03]  # `linear` configuration: learning-rate grid of the head (the paper's grids: Table 5)
 select = "test"  # `linear` configuration: learning rate chosen by test accuracy (the paper) or val (no test-set selection)
 seeds = [0]  # `linear` configuration: the paper's seeds are 0, 42, 3407
-steps = 100  # `linear` configuration: optimisation steps
+steps = 60  # `linear` configuration: optimisation steps
 batch_size = 32  # `linear` configuration: images per step (the paper: 512)
 warmup = 10  # `linear` configuration: linear warm-up steps
 eval_every = 10  # `linear` configuration: validation every this many steps
+tag = "steps60"  # `linear` configuration: its runs' tag (the demo sweep's; "" for runs of the protocol's folders)
 
 # %%
 import time
@@ -114,7 +115,8 @@ profile.round(1)
 grid = {  # the runs of this configuration as a sweep spec: notebook 05's runs of the linear configuration
     "notebook": "notebooks/05_finetune.ipynb",
     "parameters": {"model": model, "component": "linear", "steps": steps, "batch_size": batch_size, "warmup": warmup,
-                   "eval_every": eval_every, "device": device, "data_root": data_root, "normalize": normalize},
+                   "eval_every": eval_every, "device": device, "data_root": data_root, "normalize": normalize,
+                   "tag": tag},
     "grid": {"dataset": datasets, "lr": lrs, "seed": seeds},
 }
 runs, _ = spec_runs(grid, compute_missing=run_linear_config, required=False)

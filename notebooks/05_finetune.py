@@ -10,8 +10,9 @@
 # `parameters/sweeps/finetune_paper.yaml`.
 #
 # At demo scale (the default): the demo ViT pretrained on digits 0-4, finetuned on digits 5-9 for
-# 100 steps on a CPU, the protocol of the demo sweep (`parameters/sweeps/finetune_demo.yaml`), so
-# this run is one of the runs notebooks 06 and 07 read. Demo numbers are not the paper's.
+# 100 steps on a CPU (`Config()`'s defaults). The demo sweeps that notebooks 06 and 07 read run 60, in
+# folders of their own (`parameters/sweeps/finetune_demo.yaml`, tagged `steps60`), so that `make demo` takes
+# minutes on a laptop. Demo numbers are not the paper's.
 
 # %% tags=["parameters"]
 model = "demo"  # short name (demo, vit_base_in21k, ...) or any timm ViT name

@@ -129,7 +129,7 @@ for name, summarised in (("paper's Table 6", paper), ("ours", ours)):
 # ## Relative gain over linear probing (Fig. 2 right) and the average over benchmarks (Fig. 17)
 #
 # At demo scale the gain is far below the paper's (both in the headline below) because the two sides
-# are not trained alike: each run stops after 100 SGD steps at batch 32 (the paper's: 4,000 to 20,000
+# are not trained alike: each run stops after 60 SGD steps at batch 32 (the paper's: 4,000 to 20,000
 # at batch 512, Table 5), while the probe is a logistic regression fitted to convergence. MHA's and the
 # probe's test accuracy on `digits` are printed below. Trained longer
 # (`python -m paperlib finetune --steps N`, runs outside the demo sweep), MHA on `digits` gains over the probe

@@ -293,7 +293,7 @@ def write_index(out_dir: Path, pending: dict[Path, str] | None = None) -> Path:
     return output
 
 
-READ_DEMO_SWEEPS = ("04", "05", "06", "07", "09", "10", "11")
+READ_DEMO_SWEEPS = ("04", "06", "07", "09", "10", "11")
 """The notebooks (by number) that read the demo sweeps' runs: ``run_demo`` runs them after the sweeps."""
 
 LONGEST_FIRST = ("08",)
