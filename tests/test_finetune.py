@@ -13,7 +13,7 @@ from paperlib.measure.probe import Probe, linear_probe
 from paperlib.records import paths, runs_table, specs, storage
 from paperlib.records import runs as run_files
 from paperlib.train import checkpoints, evaluation, finetune, pool
-from paperlib.train.config import configs
+from paperlib.train.config import Config, configs
 from paperlib.vit import components, models
 
 
@@ -454,13 +454,16 @@ def test_run_spec_shares_its_runs_between_worker_processes(capsys, move_results)
         assert together[component]["best_val_accuracy"] == alone[component]["best_val_accuracy"]
 
 
-def test_the_demo_runs_are_the_demo_sweeps_and_the_probes_notebooks_04_and_07_both_read(monkeypatch):
+def test_the_demo_runs_are_the_demo_sweeps_notebook_05s_run_and_the_probes_notebooks_04_and_07_both_read(monkeypatch):
     handed = {}
     monkeypatch.setattr(pool, "run_spec", lambda *specs, probes, workers: handed.update(specs=specs, probes=probes))
     pool.demo_runs()
-    assert [spec["name"] for spec in handed["specs"]] == [
+    *sweeps, own = handed["specs"]
+    assert [spec["name"] for spec in sweeps] == [
         specs.load_spec(paths.PARAMETERS / "sweeps" / name)["name"] for name in pool.DEMO_SWEEPS
     ]
+    # notebook 05's one run at its defaults, 100 steps in an untagged folder: none of the demo sweeps' (60, tagged)
+    assert configs(own) == [Config()] and all(Config().folder() != c.folder() for s in sweeps for c in configs(s))
     # notebook 04's probes at its defaults, of which notebook 07's (the last block's attention output) is one
     parameters = specs.notebook_parameters(paths.NOTEBOOKS / "04_linear_probe.ipynb")
     assert [p.dataset for p in handed["probes"]] == parameters["datasets"] and len(handed["probes"]) == 6

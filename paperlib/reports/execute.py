@@ -293,8 +293,8 @@ def write_index(out_dir: Path, pending: dict[Path, str] | None = None) -> Path:
     return output
 
 
-READ_DEMO_SWEEPS = ("04", "06", "07", "09", "10", "11")
-"""The notebooks (by number) that read the demo sweeps' runs: ``run_demo`` runs them after the sweeps."""
+READ_DEMO_SWEEPS = ("04", "05", "06", "07", "09", "10", "11")
+"""The notebooks (by number) that read the runs of the demo pool (``pool.demo_runs``): ``run_demo`` runs them after."""
 
 LONGEST_FIRST = ("08",)
 """Of the notebooks that read no demo run, the one that takes longest (08 finetunes its own ViT): ``run_demo`` starts

@@ -96,12 +96,17 @@ def shared_probes() -> list[Probe]:
     return [Probe(given["model"], dataset, **options) for dataset in given["datasets"]]
 
 
+NOTEBOOK_05 = {"notebook": "notebooks/05_finetune.ipynb"}
+"""Notebook 05's one run at its defaults (``Config()``'s: 100 steps, where the demo sweeps run 60), as a spec."""
+
+
 def demo_runs(workers: int | None = None) -> None:
     """The demo world's runs and probes the notebooks read, made once in one pool: ``python -m paperlib demo runs``.
 
-    The demo sweeps' missing runs and the probes two notebooks share (``shared_probes``): what ``make demo`` makes
-    before the notebooks that read them, and ``make test`` before nbval."""
-    run_spec(*demo_specs().values(), probes=shared_probes(), workers=workers)
+    The demo sweeps' missing runs, notebook 05's own (``NOTEBOOK_05``) and the probes two notebooks share
+    (``shared_probes``): what ``make demo`` makes before the notebooks that read them, and ``make test`` before
+    nbval."""
+    run_spec(*demo_specs().values(), NOTEBOOK_05, probes=shared_probes(), workers=workers)
 
 
 def demo_settings() -> str:
