@@ -472,6 +472,14 @@ def test_the_demo_runs_are_the_demo_sweeps_notebook_05s_run_and_the_probes_noteb
     assert set(read_by_07.wanted()) < set(handed["probes"][0].wanted())
 
 
+def test_the_landing_pages_demo_settings_are_the_demo_specs_and_notebook_05s_run():
+    said = pool.demo_settings()
+    for name, spec in pool.demo_specs().items():  # each spec's grid size and steps, as its file writes them
+        runs = len(configs(spec))
+        assert f"{name} {runs} runs of {spec['parameters']['steps']} steps of 32 images" in said
+    assert said.endswith("validated every 10 steps; notebook 05's own run: 100 steps of 32 images.")
+
+
 def test_the_pool_fits_the_probes_it_is_given_once(capsys, results):
     """A probe handed to the pool is fitted by a worker and cached: the notebook that reads it, or a second pool, finds
     it there and fits nothing."""

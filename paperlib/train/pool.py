@@ -110,7 +110,7 @@ def demo_runs(workers: int | None = None) -> None:
 
 
 def demo_settings() -> str:
-    """What the demo sweeps run, in one sentence (the landing page's): each spec's runs, their steps and batch."""
+    """What the demo runs are, in one sentence (the landing page's): each sweep's and notebook 05's."""
     said, periods = [], set()
     for name, spec in demo_specs().items():
         spec_configs = configs(spec)
@@ -118,4 +118,8 @@ def demo_settings() -> str:
         said.append(f"{name} {len(spec_configs)} runs of {steps} steps of {spec_configs[0].batch_size} images")
         periods |= {c.eval_every for c in spec_configs}
     every = "/".join(str(n) for n in sorted(periods))
-    return f"The demo sweeps (parameters/sweeps/): {', '.join(said)}, validated every {every} steps."
+    own = configs(NOTEBOOK_05)[0]
+    return (
+        f"The demo sweeps (parameters/sweeps/): {', '.join(said)}, validated every {every} steps; notebook 05's own "
+        f"run: {own.steps} steps of {own.batch_size} images."
+    )
