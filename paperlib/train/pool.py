@@ -96,7 +96,7 @@ def shared_probes() -> list[Probe]:
     return [Probe(given["model"], dataset, **options) for dataset in given["datasets"]]
 
 
-NOTEBOOK_05 = {"notebook": "notebooks/05_finetune.ipynb"}
+NOTEBOOK_05 = {"notebook": str(paths.NOTEBOOKS / f"{runs.NOTEBOOK}.ipynb")}
 """Notebook 05's one run at its defaults (``Config()``'s: 100 steps, where the demo sweeps run 60), as a spec."""
 
 
