@@ -40,8 +40,9 @@ from paperlib.train.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: subprocesses import its paperlib
 
-# a run of the demo world that lasts a few seconds in a subprocess, with a checkpoint every 5 steps
-RUN = {"component": "fc1", "steps": 60, "batch_size": 16, "warmup": 2, "eval_every": 5, "lr": 0.05}
+# a run of the demo world that lasts a few seconds in a subprocess, with a checkpoint every 5 steps: three before
+# its end, as many as the kill test's points need (most of a subprocess's time is its imports, not these steps)
+RUN = {"component": "fc1", "steps": 20, "batch_size": 16, "warmup": 2, "eval_every": 5, "lr": 0.05}
 ARGS = [part for name, value in RUN.items() for part in (f"--{name.replace('_', '-')}", str(value))]
 
 
@@ -186,7 +187,7 @@ def test_two_identical_runs_started_together_train_once_and_both_report_it(refer
     results = [json.loads(out) for _, out, _ in ended]
     assert same_metrics(results[0]) == same_metrics(results[1])
     assert same_metrics(results[0]) == same_metrics({"folder": results[0]["folder"], **reference[0]})
-    trained = ["step     60" in err for _, _, err in ended]
+    trained = [f"step {RUN['steps']:6d}" in err for _, _, err in ended]
     assert sorted(trained) == [False, True]  # one trained, the other reported its result
 
 

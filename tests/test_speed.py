@@ -84,10 +84,11 @@ def test_components_compiled_one_after_another_train_their_own_parameters(order,
     # notebook): gradients reach exactly the trainable parameters.
     original = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: original(model, backend="aot_eager"))
+    # two blocks, not the demo's six: tracing is most of this test's time, and a block is traced alike
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 3, (8,))
-    shared = tiny_vit(num_classes=3)
+    shared = tiny_vit(num_classes=3, depth=2)
     for component in order:
-        for model in (shared, tiny_vit(num_classes=3)):
+        for model in (shared, tiny_vit(num_classes=3, depth=2)):
             components.set_trainable(model, component)
             forward = speed.step.compile_model(model, how)
             model.zero_grad(set_to_none=True)
