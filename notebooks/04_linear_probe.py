@@ -38,15 +38,9 @@ probe_batch_size = 256  # images per forward pass of the probe
 device = "cpu"  # cpu or cuda
 data_root = ""  # data folder ("": $VIT_PLASTICITY_DATA or data/)
 normalize = "imagenet"  # imagenet: ImageNet's mean and std (the paper); model: the statistics the model was pretrained with
-run_linear_config = True  # last section: run the missing runs of the `linear` finetuning configuration (False: only read those there are)
-lrs = [0.03]  # `linear` configuration: learning-rate grid of the head (the paper's grids: Table 5)
-select = "test"  # `linear` configuration: learning rate chosen by test accuracy (the paper) or val (no test-set selection)
-seeds = [0]  # `linear` configuration: the paper's seeds are 0, 42, 3407
-steps = 60  # `linear` configuration: optimisation steps
-batch_size = 32  # `linear` configuration: images per step (the paper: 512)
-warmup = 10  # `linear` configuration: linear warm-up steps
-eval_every = 10  # `linear` configuration: validation every this many steps
-tag = "steps60"  # `linear` configuration: its runs' tag (the demo sweep's; "" for runs of the protocol's folders)
+spec = "parameters/sweeps/finetune_demo.yaml"  # last section: the finetuning sweep whose `linear` runs are shown (paper scale: finetune_paper.yaml)
+run_linear_config = True  # last section: run the spec's missing `linear` runs of these datasets (False: only read those there are)
+select = "test"  # last section: learning rate chosen by test accuracy (the paper) or val (no test-set selection)
 
 # %%
 import time
@@ -105,21 +99,19 @@ profile.round(1)
 #
 # Not the paper's Table 6 column: the finetuning configuration `linear` trains a new classification
 # head with SGD on the frozen model's final class-token representation, with the protocol and code
-# of notebook 05 (`finetune.run` with `component="linear"`), so its runs are shared with the sweeps
-# (at demo scale, the `linear` runs of the demo finetuning sweep). It is a baseline of its own:
-# what the finetuning protocol reaches when no component is trained. Test accuracy (%) at each
-# run's best-validation checkpoint, at the learning rate chosen by `select`: mean ± standard
-# deviation over seeds (their number in brackets), chosen and counted as notebook 07 does.
+# of notebook 05 (`finetune.run` with `component="linear"`). Its runs are the `linear` runs of the
+# finetuning sweep `spec`, with that sweep's steps, learning rates and seeds (at demo scale, those of
+# `finetune_demo.yaml`; at paper scale, Table 5's in `finetune_paper.yaml`), so notebooks 04 and 07
+# read the same runs. It is a baseline of its own: what the finetuning protocol reaches when no
+# component is trained. Test accuracy (%) at each run's best-validation checkpoint, at the learning
+# rate chosen by `select`: mean ± standard deviation over seeds (their number in brackets), chosen
+# and counted as notebook 07 does.
 
 # %%
-grid = {  # the runs of this configuration as a sweep spec: notebook 05's runs of the linear configuration
-    "notebook": "notebooks/05_finetune.ipynb",
-    "parameters": {"model": model, "component": "linear", "steps": steps, "batch_size": batch_size, "warmup": warmup,
-                   "eval_every": eval_every, "device": device, "data_root": data_root, "normalize": normalize,
-                   "tag": tag},
-    "grid": {"dataset": datasets, "lr": lrs, "seed": seeds},
-}
-runs, _ = spec_runs(grid, compute_missing=run_linear_config, required=False)
+linear = {"component": ["linear"], "dataset": datasets}
+runs, _ = spec_runs(spec, compute_missing=run_linear_config, only=linear, required=False)
+if len(runs):
+    runs = runs[(runs["component"] == "linear") & runs["dataset"].isin(datasets) & (runs["model"] == model)]
 finished = runs[runs["status"] == "finished"] if len(runs) else runs
 print(f"{len(runs)} runs of the linear configuration, {len(finished)} finished")
 if len(finished):
