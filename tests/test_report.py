@@ -5,6 +5,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
+import papermill
 import pytest
 import yaml
 
@@ -263,12 +264,14 @@ def test_a_finished_notebooks_kernel_is_shut_down_without_an_interrupt(tmp_path,
     assert "KeyboardInterrupt" not in capfd.readouterr().err
 
 
-def test_failed_execution_leaves_no_output(tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_PLASTICITY_REPORTS", str(tmp_path / "reports"))
-    notebook = paths.notebook_paths(["00_components"])[0]
-    with pytest.raises(Exception):
-        execute.execute(notebook, tmp_path / "bad.ipynb", {"model_name": "not_a_model"})
-    assert not (tmp_path / "bad.ipynb").exists()
+def test_failed_execution_leaves_no_output(tmp_path, write_notebook):
+    # a cell after the parameters fails (a committed notebook stopped by a parameter: tests/test_notebooks.py)
+    notebook = write_notebook(
+        tmp_path / "fails.ipynb", "print('started')", "raise ValueError(model)", parameters="model = 'demo'"
+    )
+    with pytest.raises(papermill.PapermillExecutionError, match="not_a_model"):
+        execute.execute(notebook, tmp_path / "bad.ipynb", {"model": "not_a_model"})
+    assert not (tmp_path / "bad.ipynb").exists() and not list(tmp_path.glob(".*.partial.ipynb"))
 
 
 def test_notebooks_refreshed_in_place_keep_their_figures(tmp_path, monkeypatch):
