@@ -100,9 +100,10 @@ profile.round(1)
 # Not the paper's Table 6 column: the finetuning configuration `linear` trains a new classification
 # head with SGD on the frozen model's final class-token representation, with the protocol and code
 # of notebook 05 (`finetune.run` with `component="linear"`). Its runs are the `linear` runs of the
-# finetuning sweep `spec`, with that sweep's steps, learning rates and seeds (at demo scale, those of
-# `finetune_demo.yaml`; at paper scale, Table 5's in `finetune_paper.yaml`), so notebooks 04 and 07
-# read the same runs. It is a baseline of its own: what the finetuning protocol reaches when no
+# finetuning sweep `spec`, with that sweep's steps, learning rates, seeds and other parameters (at demo
+# scale, those of `finetune_demo.yaml`; at paper scale, Table 5's in `finetune_paper.yaml`): the
+# probe's `device`, `data_root` and `normalize` above do not reach them. So notebooks 04 and 07 read
+# the same runs. It is a baseline of its own: what the finetuning protocol reaches when no
 # component is trained. Test accuracy (%) at each run's best-validation checkpoint, at the learning
 # rate chosen by `select`: mean ± standard deviation over seeds (their number in brackets), chosen
 # and counted as notebook 07 does.
