@@ -16,12 +16,16 @@ help:  ## list the targets
 
 venv: $(STAMP)  ## create .venv with the package, notebook and test extras (idempotent)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[notebook,test]"
-	@# pip byte-compiles what it installs on one core, compileall on all of them (on 2 cores: 36 s, not 72 s);
-	@# like pip, it passes over the few files written for other Pythons (torch's tests of Python 3.12 syntax)
-	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
+	@# uv (installed by pip) installs and byte-compiles on every core: about 1 min on 2 cores against 2-3 min for pip
+	@# (docs/benchmarks.md). It reads no pip configuration: where it cannot install (an index of your own, no route to
+	@# PyPI), pip does it, then compileall byte-compiles on every core, passing over, as pip does, the few files
+	@# written for other Pythons (torch's tests of Python 3.12 syntax)
+	$(BIN)/python -m pip install --quiet uv && $(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode \
+		-c constraints.txt -e ".[notebook,test]" \
+	|| { $(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e ".[notebook,test]" \
+		&& { $(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true; }; }
 	@touch $(STAMP)
 
 lab: venv  ## open the notebooks in JupyterLab (the project's environment is the python3 kernel; .ipynb or .py twin)
