@@ -26,7 +26,7 @@
 # (printed below; full finetuning's largest is wider).
 #
 # At demo scale (the default, `parameters/sweeps/precision_demo.yaml`): the demo ViT under bf16 autocast on
-# a CPU, one dataset, MHA and LN1, one seed, runs of 30 steps (the other demo runs have 100), computed here when
+# a CPU, one dataset, MHA and LN1, one seed, runs of 12 steps (the other demo sweeps' have 60), computed here when
 # missing: one pair per cell, too few for a
 # verdict, and one test image is worth more than the margin (its worth in points is in the margins table
 # below): it shows the check, it cannot pass it. The demo is this small and short because on a CPU without native bf16

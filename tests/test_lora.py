@@ -167,10 +167,11 @@ def test_a_lora_run_has_its_own_folder_and_record_and_is_repeatable(
 def test_a_lora_run_resumes_after_an_interruption_as_if_uninterrupted(
     precision, dropout, results, tmp_path, monkeypatch, small, move_results, tiny_data
 ):
-    # dropout draws from torch's generator: the checkpoint carries its state. 8 steps on a tiny CIFAR-10, interrupted
-    # after the first of two checkpoints: where bf16 is emulated (AVX2 alone) a bf16 image costs 7 fp32 ones
+    # dropout draws from torch's generator: the checkpoint carries its state. 8 steps of 4 images on a tiny CIFAR-10,
+    # interrupted after the first of two checkpoints: where bf16 is emulated (AVX2 alone) a bf16 image costs 7 fp32 ones
     lora = {"method": "lora", "lora_rank": 2, "lora_dropout": dropout}
-    config = small(component="mha", precision=precision, steps=8, dataset="cifar10", data_root=tiny_data, **lora)
+    tiny = {"steps": 8, "batch_size": 4, "dataset": "cifar10", "data_root": tiny_data}
+    config = small(component="mha", precision=precision, **tiny, **lora)
     reference = finetune.run(config)
     history = run_files.history(config)
     move_results("interrupted")

@@ -139,7 +139,7 @@ def test_the_landing_page_says_what_the_demo_sweeps_run(tmp_path):
     for name in execute.pool.DEMO_SWEEPS:
         given = yaml.safe_load((paths.PARAMETERS / "sweeps" / name).read_text())["parameters"]
         assert f"{name} " in page and f"runs of {given['steps']} steps of {given['batch_size']} images" in page
-    assert "precision_demo.yaml 4 runs of 30 steps" in page
+    assert "precision_demo.yaml 4 runs of 12 steps" in page
 
 
 def test_a_failed_notebook_stops_those_not_started(tmp_path, monkeypatch, write_notebook):

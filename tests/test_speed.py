@@ -518,8 +518,9 @@ def test_gradient_accumulation_matches_one_big_batch(results, tmp_path, monkeypa
 def test_a_run_in_another_precision_resumes_as_if_uninterrupted(
     precision, results, tmp_path, monkeypatch, small, move_results, tiny_data
 ):
-    # 8 steps on a tiny CIFAR-10, interrupted after the first of two checkpoints (bf16 is emulated on AVX2 alone)
-    config = small(precision=precision, steps=8, dataset="cifar10", data_root=tiny_data)
+    # 8 steps of 4 images on a tiny CIFAR-10, interrupted after the first of two checkpoints (bf16 is emulated on AVX2
+    # alone)
+    config = small(precision=precision, steps=8, batch_size=4, dataset="cifar10", data_root=tiny_data)
     reference = finetune.run(config)
     move_results("interrupted")
     interrupted(config, 6, monkeypatch)
