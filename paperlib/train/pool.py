@@ -110,16 +110,18 @@ def demo_runs(workers: int | None = None) -> None:
 
 
 def demo_settings() -> str:
-    """What the demo runs are, in one sentence (the landing page's): each sweep's and notebook 05's."""
-    said, periods = [], set()
+    """What the demo runs are, as the landing page says it: each sweep's (its validation period too), then notebook 05's."""
+    said = []
     for name, spec in demo_specs().items():
         spec_configs = configs(spec)
         steps = "/".join(str(n) for n in sorted({c.steps for c in spec_configs}))
-        said.append(f"{name} {len(spec_configs)} runs of {steps} steps of {spec_configs[0].batch_size} images")
-        periods |= {c.eval_every for c in spec_configs}
-    every = "/".join(str(n) for n in sorted(periods))
+        every = "/".join(str(n) for n in sorted({c.eval_every for c in spec_configs}))
+        said.append(
+            f"{name} {len(spec_configs)} runs of {steps} steps of {spec_configs[0].batch_size} images, "
+            f"validated every {every}"
+        )
     own = configs(NOTEBOOK_05)[0]
     return (
-        f"The demo sweeps (parameters/sweeps/): {', '.join(said)}, validated every {every} steps; notebook 05's own "
+        f"The demo sweeps (parameters/sweeps/): {'; '.join(said)}. Notebook 05's own "
         f"run: {own.steps} steps of {own.batch_size} images."
     )
