@@ -110,7 +110,7 @@ def demo_runs(workers: int | None = None) -> None:
 
 
 def demo_settings() -> str:
-    """What the demo runs are, as the landing page says it: each sweep's (its validation period too), then notebook 05's."""
+    """What the demo runs are, as the landing page says it: each sweep's, its validation period too; notebook 05's."""
     said = []
     for name, spec in demo_specs().items():
         spec_configs = configs(spec)
