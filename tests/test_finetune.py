@@ -194,9 +194,9 @@ def test_deterministic_mode_is_restored_after_a_run(small):
     seen = []
     original = finetune._train
 
-    def spy(config, progress):
+    def spy(config, splits, progress):
         seen.append(torch.are_deterministic_algorithms_enabled())
-        return original(config, progress)
+        return original(config, splits, progress)
 
     torch.use_deterministic_algorithms(False)
     with pytest.MonkeyPatch.context() as patch:

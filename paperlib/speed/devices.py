@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -31,3 +33,19 @@ def check_device(device, here: bool = True):
     if here and parsed.type == "cuda" and str(parsed) not in devices_here():
         raise ValueError(f"device {device!r} is not on this machine; devices here: {', '.join(devices_here())}")
     return parsed
+
+
+@contextlib.contextmanager
+def deterministic(device):
+    """PyTorch's deterministic algorithms while the block runs on ``device``; the caller's setting restored after.
+
+    ``device`` is checked first (``check_device``). On a CPU always deterministic; on CUDA as the caller set PyTorch
+    (its deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``)."""
+    import torch
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(check_device(device).type != "cuda" or previous)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -46,7 +46,7 @@ from paperlib.speed import devices, threads
 from paperlib.train import checkpoints, evaluation
 from paperlib.train.config import Config, config_from
 from paperlib.train.step import build_step, network
-from paperlib.vit import components, methods, models
+from paperlib.vit import components, methods
 
 READ_BACK = 50  # steps between reads of losses and gradient norms from the device (and divergence checks)
 
@@ -125,115 +125,99 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """
     metrics = runs.finished(config)
     if metrics is None:
-        check_runnable(config)
-        with storage.locked(config.folder(), wait=wait), _deterministic(config):
+        with _claimed(config, wait) as splits:
             metrics = runs.finished(config)  # the process waited for may have finished it
             if metrics is None:
-                metrics = _train(config, progress)[1]
+                metrics = _train(config, splits, progress)[1]
     return metrics
-
-
-def check_runnable(config: Config) -> None:
-    """Check what a run needs of this machine and its data before any file is touched.
-
-    Its folder inside the results root (``runs.check_inside``), its device here (``devices.check_device``) and a batch
-    no larger than its training set; else a ValueError."""
-    runs.check_inside(config.folder())
-    devices.check_device(config.device)
-    train = datasets.read_split(
-        config.dataset, "train", root=config.data_root or None, seed=config.seed, validation=config.validation
-    )
-    if config.batch_size > len(train):
-        raise ValueError(
-            f"batch_size must be at most the training set of {config.dataset} ({len(train)} images), "
-            f"got {config.batch_size}"
-        )
-
-
-@contextlib.contextmanager
-def _deterministic(config: Config):
-    """PyTorch's deterministic algorithms while a run of ``config`` trains; the caller's setting restored after.
-
-    On a CPU always; on CUDA as the caller set them."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(torch.device(config.device).type != "cuda" or previous)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous)
 
 
 def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn.Module, dict]:
     """Train (or resume) a run and record it; returns the model at its best-validation checkpoint and the metrics.
 
     A LoRA run's model carries its LoRA layers; ``lora.merge`` folds them into a plain timm ViT. It holds its folder's
-    lock (``storage.locked``) while it trains: another process training the same run is waited for (``wait=False``:
+    lock while it trains (``_claimed``): another process training the same run is waited for (``wait=False``:
     ``storage.Busy``), never trained beside.
 
-    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch (its
-    deterministic mode there also needs ``CUBLAS_WORKSPACE_CONFIG``).
+    Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch
+    (``devices.deterministic``).
     """
+    with _claimed(config, wait) as splits:
+        return _train(config, splits, progress)
+
+
+@contextlib.contextmanager
+def _claimed(config: Config, wait: bool):
+    """The run's splits (``_splits``) while the block trains it in its folder, held by this process.
+
+    Checked before any file is touched, else a ValueError: its folder inside the results root (``runs.check_inside``),
+    a batch no larger than its training set and its device here (``devices.deterministic``, which makes PyTorch's
+    algorithms deterministic on a CPU). Then its folder's lock (``storage.locked``)."""
     runs.check_inside(config.folder())
-    with storage.locked(config.folder(), wait=wait), _deterministic(config):
-        return _train(config, progress)
-
-
-def _data(config: Config, device: torch.device) -> tuple[dict[str, DeviceLoader], int, int]:
-    """The run's splits as loaders on the device, its number of classes and the cache's side.
-
-    The loaders: train augmented, shuffled by the seed; val and test through the evaluation transform. The side is the
-    decoded cache's.
-
-    File datasets are decoded once, in parallel, then cached under the data root; a model above
-    224 px gets a larger cache, so its crops are not upsampled from 256."""
-    size = config.image_size or models.architecture(config.model).patch_embed.img_size[0]
-    side = cache_side(size)
-    root = config.data_root or None
-    splits = {
-        split: uint8_images(
-            datasets.read_split(config.dataset, split, root=root, seed=config.seed, validation=config.validation),
-            cache_size=side,
-            workers=decode_workers(),
+    splits = _splits(config)
+    if config.batch_size > len(splits["train"]):
+        raise ValueError(
+            f"batch_size must be at most the training set of {config.dataset} ({len(splits['train'])} images), "
+            f"got {config.batch_size}"
         )
+    with devices.deterministic(config.device), storage.locked(config.folder(), wait=wait):
+        yield splits
+
+
+def _splits(config: Config) -> dict:
+    """The run's train, val and test splits as read, not decoded (``datasets.read_split``)."""
+    root, seed = config.data_root or None, config.seed
+    return {
+        split: datasets.read_split(config.dataset, split, root=root, seed=seed, validation=config.validation)
         for split in ("train", "val", "test")
     }
-    loaders = {
-        split: DeviceLoader(
-            images,
-            config.batch_size if split == "train" else evaluation.EVAL_BATCH,
-            Transform(augment=split == "train", image_size=size, mean_std=config.mean_std),
-            device=device,
-            seed=config.seed if split == "train" else 0,
-            drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
-            images_on="auto",
-        )
-        for split, images in splits.items()
-    }
-    num_classes = len(splits["test"].classes)
-    return loaders, num_classes, side
 
 
-def _train(config: Config, progress: bool) -> tuple[nn.Module, dict]:
-    """``train``'s and ``run``'s work, under the run's lock and ``_deterministic``."""
+def _loaders(config: Config, splits: dict, size: int, device: torch.device) -> tuple[dict[str, DeviceLoader], int]:
+    """The run's ``splits`` as loaders on the device for a model of ``size`` pixels, and the decoded cache's side.
+
+    The loaders: train augmented, shuffled by the seed; val and test through the evaluation transform. File datasets
+    are decoded once, in parallel, then cached under the data root; a model above 224 px gets a larger cache, so its
+    crops are not upsampled from 256. Torch's random generator is as it was before: decoding a file dataset the first
+    time draws from it, and the run would not draw what a run on cached images draws."""
+    side = cache_side(size)
+    with torch.random.fork_rng(devices=[]):
+        loaders = {
+            split: DeviceLoader(
+                uint8_images(images, cache_size=side, workers=decode_workers()),
+                config.batch_size if split == "train" else evaluation.EVAL_BATCH,
+                Transform(augment=split == "train", image_size=size, mean_std=config.mean_std),
+                device=device,
+                seed=config.seed if split == "train" else 0,
+                drop_last=split == "train",  # as the authors' training loader: an epoch is its whole batches
+                images_on="auto",
+            )
+            for split, images in splits.items()
+        }
+    return loaders, side
+
+
+def _train(config: Config, splits: dict, progress: bool) -> tuple[nn.Module, dict]:
+    """``train``'s and ``run``'s work on the run's ``splits``, in its folder held (``_claimed``)."""
     device = torch.device(config.device)
-    folder, params = config.folder(), runs.run_record(config)
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
-    torch.manual_seed(config.seed)
-
-    loaders, num_classes, side = _data(config, device)
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's), the optimizer and a step
-    # as fast as the run's options make it (``step.build_step``), then the schedule
-    torch.manual_seed(config.seed)  # again: decoding a file dataset the first time draws from the generator
+    # as fast as the run's options make it (``step.build_step``), then the data and the schedule
+    torch.manual_seed(config.seed)
+    num_classes = len(splits["test"].classes)
     model = network(config, num_classes).to(device)
+    size = model.patch_embed.img_size[0]
     step_fn = build_step(config, model, progress)
+    loaders, side = _loaders(config, splits, size, device)
     # what trains in the component's place: all but the head and the final norm (``component_grad_share``)
     outside = components.head_modules(model) + components.final_norm_modules(model)
     outside = {id(p) for module in outside for p in module.parameters()}
     inside = torch.tensor([id(p) not in outside for p in step_fn.trainable])
     # recorded only now that data, model and step are made, so that a run that cannot start loses nothing; it trains
     # beside a finished result it replaces, which stays whole until the new one is (``runs.start``, ``runs.replace``)
+    folder, params = config.folder(), runs.run_record(config)
     work = runs.start(folder, params)
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
