@@ -194,9 +194,9 @@ def test_deterministic_mode_is_restored_after_a_run(small):
     seen = []
     original = finetune._train
 
-    def spy(config, splits, progress):
+    def spy(*args):
         seen.append(torch.are_deterministic_algorithms_enabled())
-        return original(config, splits, progress)
+        return original(*args)
 
     torch.use_deterministic_algorithms(False)
     with pytest.MonkeyPatch.context() as patch:

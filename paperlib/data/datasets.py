@@ -622,12 +622,12 @@ def read_split(
             Flowers102, as the authors' code; elsewhere 20% of the training set) or ``fraction``
             (20% of the training set everywhere, the paper's words).
     """
+    root = _data_root(root)
     source = dataset_source(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for dataset {name!r}; valid splits: {', '.join(SPLITS)}")
     check_validation(validation)
     check_severity(severity)
-    root = _data_root(root)
     download = paths.download_allowed()
     if source.official_val and validation == "official":
         dataset = source.load(root, split, download, severity)

@@ -1,4 +1,4 @@
-"""A finetuning run's files while it trains and when it ends: its checkpoint, its record, and its kept model.
+"""A finetuning run's files while it trains and when it ends: its checkpoint (saved, resumed), its record, its model.
 
 The record is its history, its kept weights and, last, its metrics; ``load_model`` rebuilds the model of its weights.
 
@@ -25,12 +25,36 @@ CHECKPOINT_KEYS = ("params", "step", "history", "best", "seen", "cache_side", "m
 """What a checkpoint holds (``finetune``'s loop writes it), besides the random-number states (``rng``)."""
 
 
-def save_checkpoint(folder: Path, state: dict) -> None:
-    """Write the checkpoint (``checkpoint.pt``) of the run in ``folder`` atomically.
+def save_checkpoint(folder: Path, device: torch.device, state: dict, step_fn, schedule) -> None:
+    """Write the checkpoint (``checkpoint.pt``) of the run in ``folder`` where it is, atomically, for ``resume``.
 
-    A run killed while writing keeps the last one. It holds tensors and plain types only (random-number states as
-    tensors), so that it loads with ``weights_only=True``."""
+    ``state`` holds its step, history, best, trainable weights...; saved with its optimizer (``step_fn``'s), schedule
+    and random generators (``device``'s too on CUDA). A run killed while writing keeps the last one. It holds tensors
+    and plain types only (random-number states as tensors), so that it loads with ``weights_only=True``."""
+    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    state = state | {"rng": rng, "optimizer": step_fn.optimizer.state_dict(), "schedule": schedule.state_dict()}
     storage.atomic_write(folder / CHECKPOINT, lambda tmp: torch.save(state, tmp))
+
+
+def resume(folder: Path, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple:
+    """(first step, history rows, best checkpoint, what it saw) of the run in ``folder``: its last checkpoint's, or 0.
+
+    ``made``: (the run's record, its decoded cache's side), what a checkpoint must have been taken with
+    (``load_checkpoint``). From a checkpoint, the model, optimizer (``step_fn``'s), ``schedule`` and random generators
+    are restored."""
+    saved = load_checkpoint(folder, *made, device)
+    if saved is None:
+        return 0, [], {"val_accuracy": 0.0, "step": None, "state": None}, []  # the authors' starting best
+    model.load_state_dict(saved["model"], strict=False)
+    step_fn.optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
+    if "rng" in saved:
+        torch.set_rng_state(saved["rng"]["cpu"])
+        if device.type == "cuda" and saved["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
+    step_fn.loaded()
+    return saved["step"], saved["history"], saved["best"], saved["seen"]
 
 
 def load_checkpoint(folder: Path, params: dict, side: int, device: torch.device) -> dict | None:

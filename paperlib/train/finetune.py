@@ -111,10 +111,6 @@ def component_grad_share(step_fn, inside: torch.Tensor) -> float:
     return (norms[inside.to(norms.device)].norm() / norms.norm()).item()
 
 
-def _trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-
-
 def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """Finetune, evaluate and record one run; returns its metrics (see module docstring).
 
@@ -125,10 +121,10 @@ def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """
     metrics = runs.finished(config)
     if metrics is None:
-        with _claimed(config, wait) as splits:
+        with _claimed(config, wait) as (params, splits):
             metrics = runs.finished(config)  # the process waited for may have finished it
             if metrics is None:
-                metrics = _train(config, splits, progress)[1]
+                metrics = _train(config, params, splits, progress)[1]
     return metrics
 
 
@@ -142,26 +138,29 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
     Deterministic on a CPU (same seed and threads, same numbers; ``threads``); on CUDA, as the caller set PyTorch
     (``devices.deterministic``).
     """
-    with _claimed(config, wait) as splits:
-        return _train(config, splits, progress)
+    with _claimed(config, wait) as (params, splits):
+        return _train(config, params, splits, progress)
 
 
 @contextlib.contextmanager
 def _claimed(config: Config, wait: bool):
-    """The run's splits (``_splits``) while the block trains it in its folder, held by this process.
+    """The run's record (``runs.run_record``) and splits (``_splits``) while the block trains it in its folder, held.
 
-    Checked before any file is touched, else a ValueError: its folder inside the results root (``runs.check_inside``),
-    a batch no larger than its training set and its device here (``devices.deterministic``, which makes PyTorch's
-    algorithms deterministic on a CPU). Then its folder's lock (``storage.locked``)."""
-    runs.check_inside(config.folder())
-    splits = _splits(config)
-    if config.batch_size > len(splits["train"]):
-        raise ValueError(
-            f"batch_size must be at most the training set of {config.dataset} ({len(splits['train'])} images), "
-            f"got {config.batch_size}"
-        )
-    with devices.deterministic(config.device), storage.locked(config.folder(), wait=wait):
-        yield splits
+    Checked before any file is touched, else a ValueError: its device here, before any data is read
+    (``devices.deterministic``, which makes PyTorch's algorithms deterministic on a CPU), its folder inside the results
+    root (``runs.check_inside``) and a batch no larger than its training set. Then its folder's lock
+    (``storage.locked``)."""
+    with devices.deterministic(config.device):
+        splits = _splits(config)
+        params = runs.run_record(config)
+        runs.check_inside(config.folder())
+        if config.batch_size > len(splits["train"]):
+            raise ValueError(
+                f"batch_size must be at most the training set of {config.dataset} ({len(splits['train'])} images), "
+                f"got {config.batch_size}"
+            )
+        with storage.locked(config.folder(), wait=wait):
+            yield params, splits
 
 
 def _splits(config: Config) -> dict:
@@ -197,8 +196,8 @@ def _loaders(config: Config, splits: dict, size: int, device: torch.device) -> t
     return loaders, side
 
 
-def _train(config: Config, splits: dict, progress: bool) -> tuple[nn.Module, dict]:
-    """``train``'s and ``run``'s work on the run's ``splits``, in its folder held (``_claimed``)."""
+def _train(config: Config, params: dict, splits: dict, progress: bool) -> tuple[nn.Module, dict]:
+    """``train``'s and ``run``'s work: the run of record ``params`` on its ``splits``, in its folder (``_claimed``)."""
     device = torch.device(config.device)
     threads_used = threads.apply()  # this process's share of the cores, if it shares them with others of ours
 
@@ -209,20 +208,20 @@ def _train(config: Config, splits: dict, progress: bool) -> tuple[nn.Module, dic
     num_classes = len(splits["test"].classes)
     model = network(config, num_classes).to(device)
     size = model.patch_embed.img_size[0]
-    step_fn = build_step(config, model, progress)
-    loaders, side = _loaders(config, splits, size, device)
     # what trains in the component's place: all but the head and the final norm (``component_grad_share``)
     outside = components.head_modules(model) + components.final_norm_modules(model)
     outside = {id(p) for module in outside for p in module.parameters()}
+    step_fn = build_step(config, model, progress)
     inside = torch.tensor([id(p) not in outside for p in step_fn.trainable])
+    loaders, side = _loaders(config, splits, size, device)
     # recorded only now that data, model and step are made, so that a run that cannot start loses nothing; it trains
     # beside a finished result it replaces, which stays whole until the new one is (``runs.start``, ``runs.replace``)
-    folder, params = config.folder(), runs.run_record(config)
+    folder = config.folder()
     work = runs.start(folder, params)
     optimizer = step_fn.optimizer
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
 
-    start_step, rows, best, seen = _resume(work, device, (params, side), model, step_fn, schedule)
+    start_step, rows, best, seen = checkpoints.resume(work, device, (params, side), model, step_fn, schedule)
     val_batch = readings.validation_batch(params)  # the batch of the authors' validation of this run
 
     # the loop
@@ -253,11 +252,11 @@ def _train(config: Config, splits: dict, progress: bool) -> tuple[nn.Module, dic
             seen.append(evaluation.seen_row(step + 1, val, test))
             row["val_loss"], row["val_accuracy"] = val.loss, float(readings.accuracy(val.hits, val_batch)[0])
             row["component_grad_share"] = component_grad_share(step_fn, inside)
-            current = _trainable_state(model)
+            current = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
             if row["val_accuracy"] > best["val_accuracy"]:  # the authors' choice: their reading, strictly greater
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}
             state = {"params": params, "step": step + 1, "history": rows, "best": best, "cache_side": side}
-            _checkpoint(work, device, state | {"model": current, "seen": seen}, step_fn, schedule)
+            checkpoints.save_checkpoint(work, device, state | {"model": current, "seen": seen}, step_fn, schedule)
             if progress:
                 steps.write(f"step {step + 1:6d}  loss {row['train_loss']:.4f}  val accuracy {row['val_accuracy']:.4f}")
     steps.close()
@@ -280,37 +279,6 @@ def _train(config: Config, splits: dict, progress: bool) -> tuple[nn.Module, dic
     checkpoints.record(work, rows, outcomes, (kept, reading.best_step), metrics)
     runs.replace(folder, work)
     return model, metrics
-
-
-def _resume(folder, device: torch.device, made: tuple, model: nn.Module, step_fn, schedule) -> tuple:
-    """(first step, history rows, best checkpoint, what it saw) of the run in ``folder``: its last checkpoint's, or 0.
-
-    ``made``: (the run's record, its decoded cache's side), what a checkpoint must have been taken with
-    (``checkpoints.load_checkpoint``). From a checkpoint, the model, optimizer, schedule and random generators are
-    restored."""
-    saved = checkpoints.load_checkpoint(folder, *made, device)
-    if saved is None:
-        return 0, [], {"val_accuracy": 0.0, "step": None, "state": None}, []  # the authors' starting best
-    model.load_state_dict(saved["model"], strict=False)
-    step_fn.optimizer.load_state_dict(saved["optimizer"])
-    schedule.load_state_dict(saved["schedule"])
-    # what draws from torch's generators during training (LoRA's dropout) goes on where it stopped
-    if "rng" in saved:
-        torch.set_rng_state(saved["rng"]["cpu"])
-        if device.type == "cuda" and saved["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(saved["rng"]["cuda"], device)
-    step_fn.loaded()
-    return saved["step"], saved["history"], saved["best"], saved["seen"]
-
-
-def _checkpoint(folder, device: torch.device, state: dict, step_fn, schedule) -> None:
-    """Save the run in ``folder`` where it is, for ``_resume``.
-
-    ``state`` holds its step, history, best, trainable weights...; saved with its optimizer, schedule and random
-    generators."""
-    rng = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-    state = state | {"rng": rng, "optimizer": step_fn.optimizer.state_dict(), "schedule": schedule.state_dict()}
-    checkpoints.save_checkpoint(folder, state)
 
 
 def _mean(values: list) -> float:
