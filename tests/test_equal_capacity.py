@@ -12,7 +12,7 @@ from paperlib.analysis import capacity
 from paperlib.records import runs, runs_table, storage
 from paperlib.records.names import COMPONENTS
 from paperlib.records.runs import run_fields
-from paperlib.train import checkpoints, finetune
+from paperlib.train import checkpoints, evaluation, finetune
 from paperlib.train.config import Config
 from paperlib.train.step import adapt
 from paperlib.vit import components, equal_capacity, models
@@ -114,9 +114,9 @@ def test_the_components_share_of_the_clipped_norm_is_its_gradients_norm_over_all
         )
     step = type("Step", (), {"trainable": trainable})
     inside = torch.tensor([id(p) not in outside for p in trainable])
-    assert finetune.component_grad_share(step, inside) == pytest.approx(4 / 5)
+    assert evaluation.component_grad_share(step, inside) == pytest.approx(4 / 5)
     trainable[0].grad = None  # a step that keeps no gradients
-    assert np.isnan(finetune.component_grad_share(step, inside))
+    assert np.isnan(evaluation.component_grad_share(step, inside))
 
 
 def test_an_interrupted_equal_capacity_run_resumes_as_if_uninterrupted(results, monkeypatch, small, move_results):

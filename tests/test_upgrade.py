@@ -87,7 +87,8 @@ def test_a_run_keeps_what_it_saw_and_its_metrics_are_read_from_it_without_torch(
     )
     # and the records agree with a live evaluation of the kept checkpoint on the test split
     model = checkpoints.load_model(config)
-    loaders, _ = finetune._loaders(config, finetune._splits(config), model.patch_embed.img_size[0], torch.device("cpu"))
+    splits = datasets.read_splits(config.dataset, seed=config.seed)
+    loaders, _ = finetune._loaders(config, splits, model.patch_embed.img_size[0], torch.device("cpu"))
     live = evaluation.evaluate(model, loaders["test"])
     assert live.accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-12)
     assert live.exact == pytest.approx(metrics["test_accuracy_exact"], abs=1e-12)

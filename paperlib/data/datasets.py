@@ -641,6 +641,12 @@ def read_split(
     return dataset
 
 
+def read_splits(name: str, root: str | Path | None = None, seed: int = 0, validation: str = "official") -> dict:
+    """A finetuning run's ``train``, ``val`` and ``test`` splits of dataset ``name``, as ``read_split`` reads them."""
+    splits = ("train", "val", "test")
+    return {split: read_split(name, split, root, seed=seed, validation=validation) for split in splits}
+
+
 @lru_cache(maxsize=None)  # a sweep upgrading a grid asks once per dataset and seed, not once per run
 def older_validation_order(
     name: str, root: str | Path | None = None, seed: int = 0, validation: str = "official"

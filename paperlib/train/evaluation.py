@@ -1,9 +1,10 @@
-"""What a run sees at a validation: each split evaluated, image by image, and the authors' NaN model scored.
+"""What a run sees at a validation: each split evaluated, image by image, its gradient, and the NaN model scored.
 
 ``evaluate`` evaluates a split (its mean loss and each image's outcome: ``Evaluation``); a run evaluates the
 validation and the test split at every validation step (``evaluates``, ``SEEN``) and records them
-(``outcomes``: ``readings.Outcomes``), from which every accuracy it reports is read (``readings.choose``). A loss that
-is not finite is scored as the authors' loop would score its NaN model (``nan_validation``).
+(``outcomes``: ``readings.Outcomes``), from which every accuracy it reports is read (``readings.choose``), and the
+share of the last step's gradient norm that is the component's (``component_grad_share``). A loss that is not finite
+is scored as the authors' loop would score its NaN model (``nan_validation``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ def outcomes(seen: list[dict], loaders: dict) -> readings.Outcomes:
         test_loss=column["test_loss"].astype(np.float64),
         nan_model=column["nan_model"].astype(bool),
     )
+
+
+def component_grad_share(step_fn, inside: torch.Tensor) -> float:
+    """The component's share of the gradient norm that clipping saw at the last step; NaN without its gradients.
+
+    The norm of the gradients of what trains in the component's place (``inside``: per parameter of ``step_fn``'s,
+    whether it is neither the head's nor the final norm's) over the norm of all of them. Clipping scales them alike:
+    the share is the same after it. An equal-capacity run's subset has a small share where the head sets the norm, and
+    so whether and how hard clipping binds."""
+    grads = [p.grad for p in step_fn.trainable]
+    if any(grad is None for grad in grads):
+        return math.nan
+    norms = torch.stack([grad.detach().float().norm() for grad in grads])
+    return (norms[inside.to(norms.device)].norm() / norms.norm()).item()
 
 
 def evaluates(step: int, config: Config) -> bool:

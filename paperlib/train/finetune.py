@@ -97,20 +97,6 @@ def _read_back(pending: list, rows: list, limit: float = math.inf) -> bool:
     return False
 
 
-def component_grad_share(step_fn, inside: torch.Tensor) -> float:
-    """The component's share of the gradient norm that clipping saw at the last step; NaN without its gradients.
-
-    The norm of the gradients of what trains in the component's place (``inside``: per parameter of ``step_fn``'s,
-    whether it is neither the head's nor the final norm's) over the norm of all of them. Clipping scales them alike:
-    the share is the same after it. An equal-capacity run's subset has a small share where the head sets the norm, and
-    so whether and how hard clipping binds."""
-    grads = [p.grad for p in step_fn.trainable]
-    if any(grad is None for grad in grads):
-        return math.nan
-    norms = torch.stack([grad.detach().float().norm() for grad in grads])
-    return (norms[inside.to(norms.device)].norm() / norms.norm()).item()
-
-
 def run(config: Config, progress: bool = False, wait: bool = True) -> dict:
     """Finetune, evaluate and record one run; returns its metrics (see module docstring).
 
@@ -144,14 +130,14 @@ def train(config: Config, progress: bool = False, wait: bool = True) -> tuple[nn
 
 @contextlib.contextmanager
 def _claimed(config: Config, wait: bool):
-    """The run's record (``runs.run_record``) and splits (``_splits``) while the block trains it in its folder, held.
+    """The run's record (``runs.run_record``) and splits (``datasets.read_splits``), its folder held by the block.
 
     Checked before any file is touched, else a ValueError: its device here, before any data is read
     (``devices.deterministic``, which makes PyTorch's algorithms deterministic on a CPU), its folder inside the results
     root (``runs.check_inside``) and a batch no larger than its training set. Then its folder's lock
     (``storage.locked``)."""
     with devices.deterministic(config.device):
-        splits = _splits(config)
+        splits = datasets.read_splits(config.dataset, config.data_root or None, config.seed, config.validation)
         params = runs.run_record(config)
         runs.check_inside(config.folder())
         if config.batch_size > len(splits["train"]):
@@ -161,15 +147,6 @@ def _claimed(config: Config, wait: bool):
             )
         with storage.locked(config.folder(), wait=wait):
             yield params, splits
-
-
-def _splits(config: Config) -> dict:
-    """The run's train, val and test splits as read, not decoded (``datasets.read_split``)."""
-    root, seed = config.data_root or None, config.seed
-    return {
-        split: datasets.read_split(config.dataset, split, root=root, seed=seed, validation=config.validation)
-        for split in ("train", "val", "test")
-    }
 
 
 def _loaders(config: Config, splits: dict, size: int, device: torch.device) -> tuple[dict[str, DeviceLoader], int]:
@@ -203,24 +180,23 @@ def _train(config: Config, params: dict, splits: dict, progress: bool) -> tuple[
 
     # the model: pretrained, a new head, what trains (the component, or LoRA updates added after
     # the head so that a LoRA run's head starts as the component-wise run's), the optimizer and a step
-    # as fast as the run's options make it (``step.build_step``), then the data and the schedule
+    # as fast as the run's options make it (``step.build_step``), its schedule, then the data
     torch.manual_seed(config.seed)
     num_classes = len(splits["test"].classes)
     model = network(config, num_classes).to(device)
     size = model.patch_embed.img_size[0]
-    # what trains in the component's place: all but the head and the final norm (``component_grad_share``)
+    # what trains in the component's place: all but the head and the final norm (``evaluation.component_grad_share``)
     outside = components.head_modules(model) + components.final_norm_modules(model)
     outside = {id(p) for module in outside for p in module.parameters()}
     step_fn = build_step(config, model, progress)
     inside = torch.tensor([id(p) not in outside for p in step_fn.trainable])
+    optimizer = step_fn.optimizer
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
     loaders, side = _loaders(config, splits, size, device)
     # recorded only now that data, model and step are made, so that a run that cannot start loses nothing; it trains
     # beside a finished result it replaces, which stays whole until the new one is (``runs.start``, ``runs.replace``)
     folder = config.folder()
     work = runs.start(folder, params)
-    optimizer = step_fn.optimizer
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config.warmup, config.steps))
-
     start_step, rows, best, seen = checkpoints.resume(work, device, (params, side), model, step_fn, schedule)
     val_batch = readings.validation_batch(params)  # the batch of the authors' validation of this run
 
@@ -250,8 +226,8 @@ def _train(config: Config, params: dict, splits: dict, progress: bool) -> tuple[
                 for split in evaluation.SEEN
             )
             seen.append(evaluation.seen_row(step + 1, val, test))
+            row["component_grad_share"] = evaluation.component_grad_share(step_fn, inside)
             row["val_loss"], row["val_accuracy"] = val.loss, float(readings.accuracy(val.hits, val_batch)[0])
-            row["component_grad_share"] = component_grad_share(step_fn, inside)
             current = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
             if row["val_accuracy"] > best["val_accuracy"]:  # the authors' choice: their reading, strictly greater
                 best = {"val_accuracy": row["val_accuracy"], "step": step + 1, "state": current}

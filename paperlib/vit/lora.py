@@ -109,16 +109,20 @@ def add_lora(model: nn.Module, component: str, rank: int, alpha: float = 0.0, dr
     The weight matrices are those of ``TARGETS``; ``model`` is changed in place. ``alpha`` 0 means
     the rank. ``A`` is drawn from torch's generator (peft's Kaiming-uniform), ``B`` is zero: the
     function is unchanged until training."""
-    Lora(rank, alpha, dropout).check(component)
-    if rank == 0:
-        raise ValueError("add_lora needs a positive rank")
+    method = Lora(rank, alpha, dropout)  # alpha 0: the rank
+    method.check(component)
+    return _inject(model, component, method)
+
+
+def _inject(model: nn.Module, component: str, method: Lora) -> nn.Module:
+    """``add_lora``'s work, with a ``method`` checked for ``component`` (a run's is, when the run is made)."""
     # peft imports transformers: only when LoRA is asked for
     from peft import LoraConfig, inject_adapter_in_model
 
     settings = LoraConfig(
-        r=rank,
-        lora_alpha=alpha or rank,
-        lora_dropout=dropout,
+        r=method.rank,
+        lora_alpha=method.alpha,
+        lora_dropout=method.dropout,
         bias="none",
         target_modules=target_names(model, component),
     )
@@ -224,8 +228,10 @@ class LoraTrainer(Trainer):
     """The trainer of ``records.methods.Lora``: a LoRA update beside each weight matrix of the component."""
 
     def adapt(self, model: nn.Module, method: Lora, component: str) -> list[nn.Module]:
-        """LoRA updates of the method's rank, alpha and dropout on the component (``add_lora``); they train."""
-        add_lora(model, component, method.rank, method.alpha, method.dropout)
+        """LoRA updates of the method's rank, alpha and dropout on the component (``add_lora``); they train.
+
+        ``method`` is a run's, checked for ``component`` when the run was made (``records.methods.check``)."""
+        _inject(model, component, method)
         return updates(model)
 
     def merge(self, model: nn.Module) -> nn.Module:
