@@ -50,6 +50,7 @@ def test_validation_batches_are_the_authors_batch_by_batch():
     from paperlib.data import datasets
     from paperlib.train import finetune
     from paperlib.train.config import Config
+    from paperlib.vit import models
 
     whole = datasets.read_split("digits", "trainval")
     for seed in (0, 42, 3407):
@@ -60,7 +61,9 @@ def test_validation_batches_are_the_authors_batch_by_batch():
         _disturb_global_rngs()
         ours = datasets.read_split("digits", "val", seed=seed)
         assert len(theirs) == -(-len(ours) // 32) > 1 and len(ours) % 32  # a last partial batch
-        loaders, _, _ = finetune._data(Config(seed=seed), torch.device("cpu"))
+        config = Config(seed=seed)
+        size = models.architecture(config.model).patch_embed.img_size[0]
+        loaders, _ = finetune._loaders(config, datasets.read_splits("digits", seed=seed), size, torch.device("cpu"))
         labels = torch.cat([labels for _, labels in loaders["val"]])  # in the order the run evaluates them
         for k, batch in enumerate(theirs):
             positions = batch.tolist()

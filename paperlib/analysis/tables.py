@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from paperlib.records import paths
-from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS
+from paperlib.records.names import COMPONENTS, LABELS, RUN_COMPONENTS, SELECTIONS, check_choice
 from paperlib.records.runs_table import KEYS
 
 PROBE = "probe"
@@ -56,8 +56,7 @@ def table6(runs: pd.DataFrame, select: str = "test", ddof: int = 0) -> pd.DataFr
     ascending order, one replacing the kept one only if its mean is strictly greater (a tie keeps the smaller). A
     learning rate with fewer seeds than another (an unfinished sweep) is not chosen.
     """
-    if select not in SELECTIONS:
-        raise ValueError(f"unknown selection {select!r}; valid selections: {', '.join(SELECTIONS)}")
+    check_choice(select, SELECTIONS, "selection", "selections")
     check_one_setting(runs, "table6")
     finished = runs[runs["status"].isin(["finished", "diverged"])].sort_values("seed")
     finished = finished.assign(test=finished["test_accuracy"], val=finished["best_val_accuracy"])
@@ -140,8 +139,7 @@ def average(table: pd.DataFrame, standard_error: str = "pooled") -> pd.DataFrame
     datasets, ``sqrt(sum_i sd_i^2 / s) / k`` (sqrt(k) times smaller). NaN when a dataset has a single
     seed (no deviation).
     """
-    if standard_error not in STANDARD_ERRORS:
-        raise ValueError(f"unknown standard_error {standard_error!r}; valid choices: {', '.join(STANDARD_ERRORS)}")
+    check_choice(standard_error, STANDARD_ERRORS, "standard_error")
     rows = []
     for component, part in table.groupby("component", sort=False):
         k = len(part)
@@ -170,8 +168,7 @@ def grid_spread(runs: pd.DataFrame, components=COMPONENTS, diverged: str = "kept
     counts with its best-validation checkpoint's, as in the authors' boxes (``diverged="kept"``);
     ``"cell"`` leaves its cell out for all, ``"run"`` for its own configuration only (``DIVERGED``).
     ``runs``: ``runs_table.load``'s table for one setting (a ValueError otherwise)."""
-    if diverged not in DIVERGED:
-        raise ValueError(f"unknown diverged {diverged!r}; valid choices: {', '.join(DIVERGED)}")
+    check_choice(diverged, DIVERGED, "diverged")
     check_one_setting(runs, "grid_spread")
     columns = ["dataset", "component", "std", "iqr", "range", "median", "runs", "diverged", "cells"]
     rows = []

@@ -18,6 +18,8 @@ from typing import Sequence
 import numpy as np
 from scipy import ndimage
 
+from paperlib.records.names import check_choice
+
 CORRUPTIONS = ("contrast", "gaussian_noise", "motion_blur", "snow", "speckle_noise")
 """The five corruptions of the paper (appendix C.2)."""
 
@@ -132,20 +134,12 @@ def snow(image: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarr
     return np.clip(image + layer + np.rot90(layer, k=2), 0.0, 1.0)
 
 
-_FUNCTIONS = {
-    "contrast": contrast,
-    "gaussian_noise": gaussian_noise,
-    "motion_blur": motion_blur,
-    "snow": snow,
-    "speckle_noise": speckle_noise,
-}
+_FUNCTIONS = {function.__name__: function for function in (contrast, gaussian_noise, motion_blur, snow, speckle_noise)}
 
 
 def check_corruption(name: str) -> str:
     """Return ``name`` or raise a ValueError that names the valid corruptions."""
-    if name not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {name!r}; valid corruptions: {', '.join(CORRUPTIONS)}")
-    return name
+    return check_choice(name, CORRUPTIONS, "corruption", "corruptions")
 
 
 def corrupt(

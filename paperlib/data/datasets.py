@@ -52,7 +52,7 @@ from paperlib.data.imagesets import FileDataset, ImageDataset
 from paperlib.data.splits import deterministic_split, hash_split, validation_split
 from paperlib.data.transforms import IMAGENET, as_mean_std, paper_transform
 from paperlib.records import paths, storage
-from paperlib.records.names import SEVERITY
+from paperlib.records.names import SEVERITY, check_choice
 
 SPLITS = ("train", "val", "test", "trainval")
 VALIDATIONS = ("official", "fraction")
@@ -593,9 +593,7 @@ def dataset_source(name: str) -> Source:
 
 def check_validation(validation: str) -> str:
     """Return ``validation`` or raise a ValueError that names the valid choices."""
-    if validation not in VALIDATIONS:
-        raise ValueError(f"unknown validation {validation!r}; valid choices: {', '.join(VALIDATIONS)}")
-    return validation
+    return check_choice(validation, VALIDATIONS, "validation")
 
 
 def read_split(

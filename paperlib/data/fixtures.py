@@ -19,17 +19,8 @@ from scipy.io import savemat
 from paperlib.data.corruptions import CORRUPTIONS
 from paperlib.data.datasets import CIFAR_FILES
 
-IMAGENETTE_WNIDS = (
-    "n01440764",
-    "n02102040",
-    "n02979186",
-    "n03000684",
-    "n03028079",
-    "n03394916",
-    "n03417042",
-    "n03425413",
-    "n03445777",
-    "n03888257",
+IMAGENETTE_WNIDS = tuple(
+    "n01440764 n02102040 n02979186 n03000684 n03028079 n03394916 n03417042 n03425413 n03445777 n03888257".split()
 )
 
 

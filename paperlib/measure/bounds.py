@@ -39,6 +39,7 @@ from timm.models.vision_transformer import Attention
 from torch import nn
 
 from paperlib.measure.component_rates import check_measurable, embed, evaluating
+from paperlib.records.names import check_choice
 from paperlib.speed.layers import QkvFusedAttention
 from paperlib.vit.components import COMPONENTS, block_component
 
@@ -205,9 +206,7 @@ reading, which counts the class token's deviation too)."""
 
 def check_positions(positions: str) -> str:
     """Return ``positions`` or raise a ValueError naming the valid choices (``SIGMA_POSITIONS``)."""
-    if positions not in SIGMA_POSITIONS:
-        raise ValueError(f"unknown positions {positions!r}; valid positions: {', '.join(SIGMA_POSITIONS)}")
-    return positions
+    return check_choice(positions, SIGMA_POSITIONS, "positions", "positions")
 
 
 def _embedded_tokens(model: nn.Module, images: torch.Tensor) -> torch.Tensor:

@@ -52,9 +52,9 @@ from tqdm.auto import tqdm
 
 from paperlib.data import datasets
 from paperlib.data.transforms import IMAGENET, as_mean_std
-from paperlib.measure.probe_features import POOLS, check_choice, check_points, groups, pooled_features
+from paperlib.measure.probe_features import POOLS, check_points, groups, pooled_features
 from paperlib.records import paths, storage
-from paperlib.records.names import SPLITS_VERSION, check_normalize
+from paperlib.records.names import SPLITS_VERSION, check_choice, check_normalize
 from paperlib.records.probe_tables import POINTS, cached, save, tidy
 from paperlib.speed import threads
 from paperlib.vit import components, models

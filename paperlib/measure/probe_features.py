@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from paperlib.data.augmented import augmented_batches
 from paperlib.data.imagesets import FileDataset
 from paperlib.data.loader import decode_workers
+from paperlib.records.names import check_choice
 from paperlib.records.probe_tables import POINTS
 from paperlib.vit import components
 from paperlib.vit.components import JointLinear, block_component
@@ -36,13 +37,6 @@ def check_points(points: str | Iterable[str]) -> tuple[str, ...]:
     if unknown or not chosen:
         raise ValueError(f"unknown probe point(s) {unknown or chosen!r}; valid points: {', '.join(POINTS)}")
     return tuple(p for p in POINTS if p in chosen)
-
-
-def check_choice(value: str, valid: Sequence[str], what: str) -> str:
-    """``value`` or a ValueError naming the valid choices of ``what``."""
-    if value not in valid:
-        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")
-    return value
 
 
 def point_modules(block: nn.Module, point: str) -> tuple[str, list[nn.Module]]:

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paperlib.records import paths, storage
-from paperlib.records.names import DEMO_FAMILIES, SEVERITY, SPLITS_VERSION, check_inputs, check_normalize, family
+from paperlib.records.names import (
+    DEMO_FAMILIES,
+    SEVERITY,
+    SPLITS_VERSION,
+    check_choice,
+    check_inputs,
+    check_normalize,
+    family,
+)
 
 SAMPLES = ("first", "once", "random")
 """How the pairs are drawn: ``first`` (the authors' pair set), the images of each set in order, paired by
@@ -47,9 +55,7 @@ downstream test splits (179; ``digits_source``'s has 180), each paired with a re
 
 def check_sample(sample: str) -> str:
     """Return ``sample`` or raise a ValueError naming the valid choices."""
-    if sample not in SAMPLES:
-        raise ValueError(f"unknown sample {sample!r}; valid samples: {', '.join(SAMPLES)}")
-    return sample
+    return check_choice(sample, SAMPLES, "sample", "samples")
 
 
 def results_root(inputs: str) -> Path:
@@ -82,11 +88,7 @@ def current(metadata: dict) -> bool:
 
     Another is of an older version: kept and read as it is if ``readable``, else measured again
     (``Measurement.is_saved``)."""
-    return (
-        all(metadata.get(name) == version for name, version in VERSION.items())
-        and set(KEY + FOUND) <= metadata.keys()
-        and BLOCKS in metadata.get("files", {})
-    )
+    return readable(metadata) and all(metadata.get(name) == version for name, version in VERSION.items())
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from paperlib.records.names import ADAPTABLE, COMPONENTS, CONFIGURATIONS
+from paperlib.records.names import ADAPTABLE, COMPONENTS, check_choice
 
 
 @dataclass(frozen=True)
@@ -185,8 +185,7 @@ def method_of(values: dict) -> Method:
     name = values.get("method", Method.name)
     if isinstance(name, Method):
         return name
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; valid methods: {', '.join(METHODS)}")
+    check_choice(name, METHODS, "method", "methods")
     method, defaults = METHODS[name], options()
     stray = [key for key in defaults if key not in method.options() and values.get(key, defaults[key]) != defaults[key]]
     if stray:
@@ -203,9 +202,3 @@ def method_of(values: dict) -> Method:
 def record(method: Method) -> dict:
     """What a run records of ``method``: its name and every registered method's options, the others' at defaults."""
     return options() | method.record()
-
-
-def check(run) -> None:
-    """A ValueError unless ``run``'s method can train its configuration with its options (``Method.check``)."""
-    if run.component in CONFIGURATIONS:  # otherwise the configuration's own check names the valid ones
-        run.method.check(run.component, run.weight_decay)

@@ -13,6 +13,17 @@ from here beside what needs torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
+
+
+def check_choice(value, valid: Iterable[str], what: str, plural: str = "choices"):
+    """``value`` if it is one of ``valid``; else the package's one ValueError for a bad choice, naming the valid ones.
+
+    "unknown <what> <value>; valid <plural>: <valid, ...>"."""
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid {plural}: {', '.join(valid)}")
+    return value
+
 
 COMPONENTS = ("mha", "fc1", "fc2", "ln2", "ln1")
 """The five components, in the paper's plasticity order."""
@@ -73,18 +84,12 @@ residual stream's)."""
 
 def check_component(component: str) -> str:
     """Return ``component`` or raise a ValueError that names the valid components."""
-    if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}; valid components: {', '.join(COMPONENTS)}")
-    return component
+    return check_choice(component, COMPONENTS, "component", "components")
 
 
 def check_run_component(component: str) -> str:
     """Return ``component`` or raise a ValueError that names what a run can train (``CONFIGURATIONS``)."""
-    if component not in CONFIGURATIONS:
-        raise ValueError(
-            f"unknown finetuning configuration {component!r}; valid configurations: {', '.join(CONFIGURATIONS)}"
-        )
-    return component
+    return check_choice(component, CONFIGURATIONS, "finetuning configuration", "configurations")
 
 
 CORRUPTED = {"cifar10c": "cifar10", "digits_c": "digits"}
@@ -121,9 +126,7 @@ tokens) or ``in_situ`` (each component on its actual input; beyond the paper: ``
 
 def check_inputs(inputs: str) -> str:
     """Return ``inputs`` or raise a ValueError naming the valid choices."""
-    if inputs not in INPUTS:
-        raise ValueError(f"unknown inputs {inputs!r}; valid inputs: {', '.join(INPUTS)}")
-    return inputs
+    return check_choice(inputs, INPUTS, "inputs", "inputs")
 
 
 NORMALIZATIONS = ("imagenet", "model")

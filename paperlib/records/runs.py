@@ -36,7 +36,7 @@ import pandas as pd
 from paperlib.records import cli, methods, paths, readings, storage
 from paperlib.records.cli import coerce
 from paperlib.records.methods import Method
-from paperlib.records.names import check_run_component
+from paperlib.records.names import check_choice, check_run_component
 from paperlib.records.step_options import OPTIMIZERS, STEP_OPTIONS, StepOptions, with_preset
 
 PARAMS, METRICS, HISTORY, CHECKPOINT = "params.json", "metrics.json", "history.csv", "checkpoint.pt"
@@ -124,7 +124,7 @@ class Run:
                 "tag must be '' or one folder name of letters, digits, '_', '.' or '-' (e.g. 'steps2000'), "
                 f"got {self.tag!r}"
             )
-        methods.check(self)
+        self.method.check(self.component, self.weight_decay)  # its component checked first
         for name in ("save_weights", "stop_exploded"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -246,8 +246,7 @@ def run_folder(record: dict) -> Path:
 
 def check_optimizer(optimizer: str, weight_decay: float) -> str:
     """``optimizer`` if valid with ``weight_decay``; otherwise a ValueError with the valid choices."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+    check_choice(optimizer, OPTIMIZERS, "optimizer", "optimizers")
     if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
         raise ValueError(f"weight_decay must be a non-negative number, got {weight_decay!r}")
     if optimizer == "sgd" and weight_decay:

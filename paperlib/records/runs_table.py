@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from paperlib.records import methods, paths, specs, storage
-from paperlib.records.names import ACCURACIES
+from paperlib.records.names import ACCURACIES, check_choice
 from paperlib.records.runs import (
     COUNTS,
     HISTORY,
@@ -50,8 +50,7 @@ today's version; ``runs.lacks``: a run written by an older one, read as it is)."
 
 def read_as(runs: pd.DataFrame, accuracy: str) -> pd.DataFrame:
     """``runs`` (``load``'s or ``for_spec``'s) with their accuracies read as ``accuracy`` (one of ``ACCURACIES``)."""
-    if accuracy not in ACCURACIES:
-        raise ValueError(f"unknown accuracy {accuracy!r}; valid choices: {', '.join(ACCURACIES)}")
+    check_choice(accuracy, ACCURACIES, "accuracy")
     if accuracy == "authors":
         return runs
     return runs.assign(test_accuracy=runs["test_accuracy_exact"], best_val_accuracy=runs["best_val_accuracy_exact"])

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from paperlib.records import paths
 from paperlib.records.cli import read_yaml
+from paperlib.records.names import check_choice
 
 ATTENTION_CHOICES = ("auto", "flash", "cudnn", "efficient", "math")
 """The attention kernels ``F.scaled_dot_product_attention`` may be asked for; "auto" leaves the choice to PyTorch
@@ -64,9 +65,7 @@ def check_precision_name(precision: str) -> str:
     """``precision`` if it is one of ``PRECISIONS``; otherwise a ValueError naming them.
 
     Whether a device has it: ``speed.options.check_precision``."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)}")
-    return precision
+    return check_choice(precision, PRECISIONS, "precision")
 
 
 OPTIMIZERS = ("sgd", "adamw")

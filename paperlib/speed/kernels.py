@@ -43,6 +43,8 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 # pipelined over STAGES tiles, so the next tiles' loads are in flight while one is computed. Chosen on
 # an H100 at ViT-Base/16's shapes, batch 512 (the timings: docs/benchmarks.md, fused ops).
 BLOCK, BLOCK_M, BLOCK_N, ROWS, STAGES, WARPS = 2048, 32, 128, 512, 3, 4
+TILES = {"ROWS": ROWS, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "STAGES": STAGES, "num_warps": WARPS}
+"""The backward and stack kernels' launch settings."""
 
 
 def _on_triton(dtype: torch.dtype) -> bool:
@@ -185,20 +187,7 @@ def bias_gelu_backward_triton(
     partial = torch.empty((ops.triton.cdiv(rows, ROWS), cols), dtype=torch.float32, device=mm.device)
     if matrix.numel():
         grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(cols, BLOCK_N))
-        ops.backward[grid](
-            grad_matrix,
-            matrix,
-            bias.contiguous(),
-            grad_mm,
-            partial,
-            rows,
-            cols,
-            ROWS=ROWS,
-            BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N,
-            STAGES=STAGES,
-            num_warps=WARPS,
-        )
+        ops.backward[grid](grad_matrix, matrix, bias.contiguous(), grad_mm, partial, rows, cols, **TILES)
     return grad_mm, partial.sum(0).to(bias.dtype)
 
 
@@ -307,23 +296,7 @@ def qkv_heads_backward_triton(
     if out.numel():
         grid = (ops.triton.cdiv(rows, ROWS), ops.triton.cdiv(width, BLOCK_N))
         for which, head in enumerate((dq, dk, dv)):
-            ops.stack[grid](
-                head,
-                out,
-                partial,
-                rows,
-                tokens,
-                heads,
-                dim,
-                width,
-                which * width,
-                *head.stride(),
-                ROWS=ROWS,
-                BLOCK_M=BLOCK_M,
-                BLOCK_N=BLOCK_N,
-                STAGES=STAGES,
-                num_warps=WARPS,
-            )
+            ops.stack[grid](head, out, partial, rows, tokens, heads, dim, width, which * width, *head.stride(), **TILES)
     return out, partial.sum(0)
 
 

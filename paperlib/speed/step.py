@@ -24,6 +24,7 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from paperlib.records.names import check_choice
 from paperlib.records.step_options import OPTIMIZERS, StepOptions, compile_choice, fused_parts
 from paperlib.speed.layers import fuse_bias_gelu, fuse_qkv, linear_patch_embed
 from paperlib.speed.options import (
@@ -286,8 +287,7 @@ class OptimizerSettings:
     weight_decay: float = 0.0
 
     def __post_init__(self):
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid optimizers: {', '.join(OPTIMIZERS)}")
+        check_choice(self.optimizer, OPTIMIZERS, "optimizer", "optimizers")
 
 
 def make_optimizer(model: nn.Module, settings: OptimizerSettings) -> torch.optim.Optimizer:

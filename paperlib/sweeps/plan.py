@@ -119,9 +119,9 @@ def older_line(older: list[Config], timing_steps: int = 3) -> str:
 
 def status(run, config: Config | None = None) -> str:
     """One of ``STATUSES`` for a run of a sweep (``sweep.Run``; ``config``: a finetuning run's, module docstring)."""
-    if config is not None and runs.is_finished(config):
-        metrics = storage.json_or_none(config.folder() / runs.METRICS) or {}
-        return "diverged" if metrics.get("status") == "diverged" else "finished"
+    metrics = runs.finished(config) if config is not None else None
+    if metrics is not None:
+        return metrics["status"]  # finished or diverged (``runs.read_metrics``)
     if config is None and run.finished:
         return "finished"
     return "failed" if run.error_file.is_file() else "missing"

@@ -56,7 +56,7 @@ import torch
 from paperlib.data import datasets
 from paperlib.measure import plasticity
 from paperlib.records import cli, commands, measurements, paths, runs, specs, storage
-from paperlib.records.names import check_normalize
+from paperlib.records.names import check_choice, check_normalize
 from paperlib.reports import execute
 from paperlib.speed import devices, threads
 from paperlib.sweeps import plan
@@ -291,8 +291,7 @@ def check_executor(executor: str) -> str:
 
     ``slurm`` needs SLURM's ``sbatch`` on PATH: without it submitit's ``AutoExecutor`` would run the jobs here, all at
     once (``submitit-local`` asks for that by name)."""
-    if executor not in commands.EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(commands.EXECUTORS)}")
+    check_choice(executor, commands.EXECUTORS, "executor", "executors")
     if executor == "slurm" and shutil.which("sbatch") is None:
         raise ValueError(
             "executor 'slurm' needs SLURM, and sbatch is not on PATH here; valid executors here: local (one run "

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from paperlib.records.names import COMPONENTS, CONFIGURATIONS, check_component, check_run_component
+from paperlib.records.names import COMPONENTS, CONFIGURATIONS, check_choice, check_component, check_run_component
 
 MODULE_PATHS = {
     "mha": "attn",
@@ -212,8 +212,7 @@ def memory_load(num_parameters: int, bytes_per_parameter: int = 4, optimizer: st
     A gradient per parameter, plus one buffer per parameter for SGD with momentum (two for Adam),
     at ``bytes_per_parameter`` bytes each (4 for fp32).
     """
-    if optimizer not in OPTIMIZER_STATES:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid optimizers: {', '.join(OPTIMIZER_STATES)}")
+    check_choice(optimizer, OPTIMIZER_STATES, "optimizer", "optimizers")
     return num_parameters * bytes_per_parameter * (1 + OPTIMIZER_STATES[optimizer])
 
 

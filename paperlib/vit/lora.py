@@ -230,7 +230,7 @@ class LoraTrainer(Trainer):
     def adapt(self, model: nn.Module, method: Lora, component: str) -> list[nn.Module]:
         """LoRA updates of the method's rank, alpha and dropout on the component (``add_lora``); they train.
 
-        ``method`` is a run's, checked for ``component`` when the run was made (``records.methods.check``)."""
+        ``method`` is a run's, checked for ``component`` when the run was made (``records.runs.Run.validate``)."""
         _inject(model, component, method)
         return updates(model)
 
