@@ -23,8 +23,9 @@ made fast (optimizer kernels, compilation, precision, fused ops, micro-batches) 
 ``step.build_step`` for the run's step (its model adapted, its optimizer; the paper's step, ``paper_step.PaperStep``,
 unless the run asks for more, then ``speed.step.make_step``'s: the step that the sweep's cost estimate and the step
 benchmarks time too) and calls it once per batch. Batches are a function of (seed, step), so a run interrupted and
-started again resumes from its last checkpoint and ends where an uninterrupted one would. The runs of a spec share a
-pool of processes (``pool.run_spec``); a finished run's kept model is ``checkpoints.load_model``'s.
+started again resumes from its last checkpoint (``checkpoints.resume``) and ends where an uninterrupted one would.
+The runs of a spec share a pool of processes (``pool.run_spec``); a finished run's kept model is
+``checkpoints.load_model``'s.
 """
 
 from __future__ import annotations
