@@ -66,7 +66,6 @@ from paperlib.records.names import RUN_COMPONENTS
 from paperlib.records.step_options import ATTENTION_CHOICES, COMPILE_CHOICES, PRECISIONS, STEP_OPTIONS, StepOptions
 from paperlib.speed.clock import resolve_device
 from paperlib.speed.options import compile_modes
-from paperlib.train.config import Config
 
 TARGET_PARTS = ("data", "plasticity", "finetune", "compiled")
 
@@ -298,7 +297,7 @@ def _list(choices) -> str:
 
 
 COMPONENTS_HELP = f"of: {_list(RUN_COMPONENTS)}"
-_OPTION_HELP = cli.field_comments(Config)  # each step option's help, as Config (and so --help of a run) says it
+_OPTION_HELP = cli.field_comments(StepOptions)  # each step option's help, as a run's (and so its --help) says it
 PRECISION_HELP, FUSED_HELP = _OPTION_HELP["precision"], _OPTION_HELP["fused"]
 
 

@@ -123,7 +123,7 @@ def build(root: Path, **only) -> int:
             "wall_seconds": round(config.steps * 1.3, 2),
             "images_per_second": 400.0 + round(100 * rng.random(), 1),
             "device": "NVIDIA H100 80GB HBM3",
-            "precision": config.precision,
+            "precision": config.step.precision,
         }
         checkpoints.record(config.folder(), rows, seen, (None, best["step"]), metrics)
     return len(todo)

@@ -83,7 +83,7 @@ class StepSettings:
             device=str(device),
             image_size=self.image_size or 0,
             method=self.method,
-            **asdict(self.options),
+            step=self.options,
         )
 
 

@@ -231,8 +231,8 @@ def test_variants_go_on_where_they_stopped_and_record_failures(tmp_path, monkeyp
     original = step_bench.library_steps
 
     def library_steps(config, model, loader):
-        measured.append(config.attention)
-        if config.attention == "flash":
+        measured.append(config.step.attention)
+        if config.step.attention == "flash":
             raise RuntimeError("no kernel for this shape\nsecond line")
         return original(config, model, loader)
 

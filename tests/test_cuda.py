@@ -244,7 +244,7 @@ def test_adamw_finetuning_on_the_device_follows_the_cpu_run(
     assert bool(adamw.defaults["fused"]) == (DEVICE.type == "cuda")
     losses = runs.history(config)["train_loss"].to_numpy()
     move_results("cpu")
-    cpu = replace(config, device="cpu", precision="autocast")
+    cpu = replace(config, device="cpu", step=replace(config.step, precision="autocast"))
     finetune.run(cpu)
     # bf16 rounding, then drift
     assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)
@@ -269,7 +269,7 @@ def test_lora_finetuning_on_the_device_follows_the_cpu_run(
         assert torch.equal(layer.base_layer.weight.detach().cpu(), initial.get_submodule(name).weight)  # frozen
     losses = runs.history(config)["train_loss"].to_numpy()
     move_results("cpu")
-    cpu = replace(config, device="cpu", precision="autocast", compile=False)
+    cpu = replace(config, device="cpu", step=replace(config.step, precision="autocast", compile=False))
     finetune.run(cpu)
     # bf16 rounding, then drift
     assert np.allclose(losses[:4], runs.history(cpu)["train_loss"].to_numpy()[:4], rtol=3e-2)

@@ -422,7 +422,7 @@ def test_the_pool_starts_the_costliest_runs_first(monkeypatch, capsys, results):
     shared = Probe("demo", "digits", points="mha", blocks=-1)
     pool.run_spec(spec, probes=[shared], workers=1)
     assert started.pop() is shared  # a probe after every run
-    order = [(c.component, c.precision) for c in started]
+    order = [(c.component, c.step.precision) for c in started]
     assert order == [("fc1", "autocast"), ("fc2", "fp32"), ("mha", "fp32"), ("ln1", "fp32"), ("linear", "fp32")]
     monkeypatch.setattr(pool, "native_bf16", lambda: True)  # where bf16 is native it costs what fp32 does
     assert pool.expected_cost(started[0]) == pool.expected_cost(started[2])

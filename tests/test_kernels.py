@@ -258,11 +258,11 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
     move_results("results")
     small = dict(steps=6, batch_size=8, warmup=1, eval_every=3, lr=0.05, component=component)
     model, plain = finetune.train(Config(**small))
-    fused_model, fused = finetune.train(Config(**small, fused="all"))
+    fused_model, fused = finetune.train(Config(**small, step=StepOptions(fused="all")))
     assert all(isinstance(block.mlp, layers.BiasGeluMlp) for block in fused_model.blocks)
     assert fused["best_val_accuracy"] == pytest.approx(plain["best_val_accuracy"], abs=0.05)
     plain_history = runs.history(Config(**small))
-    fused_history = runs.history(Config(**small, fused="all"))
+    fused_history = runs.history(Config(**small, step=StepOptions(fused="all")))
     assert fused_history["train_loss"].tolist() == pytest.approx(plain_history["train_loss"].tolist(), rel=1e-4)
     # the component (with its bias, whose gradient comes from a fused op) trains; the other components stay as they were
     trained = {n for n, _ in components.trainable_parameters(model)}
@@ -270,7 +270,7 @@ def test_finetuning_with_the_fused_ops_follows_the_plain_run(component, bias, tm
     for name, p in fused_model.named_parameters():
         assert torch.allclose(p, dict(model.named_parameters())[name], rtol=1e-4, atol=1e-5), name
     with pytest.raises(ValueError, match="valid choices: auto, none, all, gelu, qkv"):
-        Config(fused="yes")  # validated when made
+        Config(step=StepOptions(fused="yes"))  # validated when made
 
 
 def test_fused_ops_on_cuda_need_triton(monkeypatch):
@@ -288,7 +288,7 @@ def test_fused_ops_on_cuda_need_triton(monkeypatch):
 
 
 def test_auto_uses_the_fused_ops_on_cuda_only(monkeypatch):
-    assert Config().fused == "auto"
+    assert Config().step.fused == "auto"
     monkeypatch.setattr(options, "triton_available", lambda: True)  # what the checks call
     assert resolve_fused("auto", torch.device("cuda")) == "gelu+qkv"  # the measured ones
     assert resolve_fused("auto", torch.device("cuda", 0)) == "gelu+qkv"

@@ -168,7 +168,7 @@ def test_another_precision_is_planned_as_if_the_spec_asked_for_it(reports, monke
     assert "as if its precision were autocast" in out
     rows = out.split("component")[1].split("total:")[0].strip().splitlines()[1:]
     assert len(rows) == 7 and all(row.split()[0] == "autocast" for row in rows)
-    assert {config.precision for config in asked} == {"autocast"}
+    assert {config.step.precision for config in asked} == {"autocast"}
     assert set(plan.plan(sweep.expand(small_spec()))["estimate"]["precision"]) == {"fp32"}  # the spec's own
 
 

@@ -311,11 +311,11 @@ def test_ensure_runs_each_spec_run_with_its_own_grid_parameters(tmp_path, monkey
             c.lr,
             c.seed,
             c.steps,
-            c.precision,
+            c.step.precision,
             c.optimizer,
             c.weight_decay,
             c.batch_size,
-            c.compile,
+            c.step.compile,
         )
         for c in started
     ) == [

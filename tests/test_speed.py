@@ -3,7 +3,6 @@ fused ops and micro-batches each give the step the protocol defines, to rounding
 
 import inspect
 import math
-from dataclasses import fields
 
 import pytest
 import torch
@@ -152,12 +151,10 @@ def test_compile_and_attention_choices_fail_before_any_work(results, small):
     assert not any(results.rglob("*")) if results.exists() else True
 
 
-def test_a_runs_step_options_are_its_config_fields_checked_once(small):
+def test_a_runs_step_options_are_its_step_and_its_parameters_checked_once(small):
     config = small(compile=True, compile_mode="coordinate-descent", attention="math", precision="bf16")
-    options = config.step_options()
-    assert set(step_options.STEP_OPTIONS) <= {
-        field.name for field in fields(Config)
-    }  # a new option is a Config field too
+    options = config.step
+    assert set(step_options.STEP_OPTIONS) <= set(Config.defaults())  # a new option is a run's parameter too
     assert [getattr(options, name) for name in step_options.STEP_OPTIONS] == [
         True,
         "coordinate-descent",
@@ -171,6 +168,18 @@ def test_a_runs_step_options_are_its_config_fields_checked_once(small):
     assert device_options.checked(checked, "cpu") == checked  # checking is idempotent
     with pytest.raises(ValueError, match="valid choices: fp32, tf32, autocast, bf16"):
         device_options.checked(step_options.StepOptions(precision="fp16"), "cpu")
+
+
+def test_a_run_holds_its_step_options_as_one_value_and_records_them_flat():
+    # in Python a StepOptions; in a run's parameters, its record and its folder, each option under its own name
+    value = Config(step=step_options.StepOptions(precision="bf16", compile="blocks"))
+    flat = config_from({"precision": "bf16", "compile": "blocks"})
+    assert value == flat and value.folder() == flat.folder() and value.folder().name == "seed=0+bf16"
+    record = run_files.run_record(value)
+    assert (record["precision"], record["compile"]) == ("bf16", "blocks") and "step" not in record
+    assert Config(**run_files.run_fields(value.parameters())) == value  # and back
+    with pytest.raises(ValueError, match="step must be a StepOptions"):
+        Config(step={"precision": "bf16"})
 
 
 def test_attention_kernel_is_the_only_one_allowed_while_stepping(tiny_vit):
@@ -319,12 +328,12 @@ def test_own_compile_modes_pass_their_inductor_options(monkeypatch, tiny_vit):
 
 def test_the_protocols_precision_is_fp32_and_other_precisions_get_their_own_folders(small, monkeypatch):
     # the paper trains in FP32 (Table 4's text); bf16 autocast and bf16 master weights are speed options
-    assert Config().precision == "fp32" and step_options.StepOptions().precision == "fp32"
+    assert Config().step.precision == "fp32" and step_options.StepOptions().precision == "fp32"
     assert small().folder().name == "seed=0"
     assert small(precision="autocast").folder().name == "seed=0+autocast"
     assert small(precision="bf16").folder().name == "seed=0+bf16"
     for file in sorted((paths.PARAMETERS / "finetune").glob("*.yaml")):
-        assert config_from(yaml.safe_load(file.read_text())).precision == "fp32", file.name
+        assert config_from(yaml.safe_load(file.read_text())).step.precision == "fp32", file.name
     # on CUDA only the fast options run under bf16 autocast: what the context factories ask of torch.autocast
     monkeypatch.setattr(torch, "autocast", lambda device, **options: (device, options))
     cuda = torch.device("cuda")
@@ -412,7 +421,7 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
             asked = {"speed": file.stem, "precision": precision, "device": "cuda"}
             if chosen["gain"].get(precision, 0) > 1:
                 config = config_from(asked)
-                assert (config.compile, config.fused) == (chosen["compile"], chosen["fused"]), file.name
+                assert (config.step.compile, config.step.fused) == (chosen["compile"], chosen["fused"]), file.name
             else:
                 with pytest.raises(ValueError, match=f"not offered for precision '{precision}'"):
                     config_from(asked)
@@ -435,9 +444,9 @@ def test_no_speed_preset_is_offered_in_a_precision_it_was_not_measured_faster_in
     with pytest.raises(ValueError, match=f"not offered for precision '{refused[0]}'"):
         configs(spec)
     spec["grid"]["precision"] = offered[:2]
-    assert [config.compile for config in configs(spec)] == ["blocks", "blocks"]
+    assert [config.step.compile for config in configs(spec)] == ["blocks", "blocks"]
     # presets without recorded gains (auto, none, a mapping of options) are offered in every precision
-    assert config_from({"speed": "none", "precision": "autocast"}).fused == "none"
+    assert config_from({"speed": "none", "precision": "autocast"}).step.fused == "none"
 
 
 def test_warmup_steps_cover_compilation():

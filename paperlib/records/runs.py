@@ -79,19 +79,10 @@ class Run:
     optimizer: str = "sgd"
     # AdamW's decoupled weight decay, on weight matrices only (not biases, norms, position embedding, class token)
     weight_decay: float = 0.0
-    # --- how its steps run, not what it trains (``paperlib.speed``; the same step to rounding) ---
-    # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
-    compile: bool | str = False
-    # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ...
-    compile_mode: str = "default"
-    attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
-    # fp32 (the paper's protocol: PyTorch's defaults, matrix products without TF32), or beyond it "tf32" (TF32 matrix
-    # products and convolutions; CUDA only), "autocast" (bf16 autocast) or "bf16" (bf16 compute, fp32 master
-    # weights): faster on a GPU, not the paper's, so their runs get their own folders (step_options.PRECISIONS)
-    precision: str = "fp32"
-    # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
-    # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+"
-    fused: str = "auto"
+    # how its steps run, not what it trains (``paperlib.speed``; the same step to rounding): compilation, attention
+    # kernel, precision, fused ops; each a parameter of its own (compile, precision...); in Python a value of
+    # records.step_options, as StepOptions(precision="bf16")
+    step: StepOptions = StepOptions()
     # --- beyond the paper: how the component trains, tags, kept weights ---
     # weights (the paper: the component's own weights), lora (a rank-r LoRA update beside each of its weight matrices
     # trains instead; mha, fc1, fc2 or full) or subset (as many parameters per block as a LayerNorm has, 2d: a seeded
@@ -125,6 +116,8 @@ class Run:
                 f"got {self.tag!r}"
             )
         self.method.check(self.component, self.weight_decay)  # its component checked first
+        if not isinstance(self.step, StepOptions):
+            raise ValueError(f"step must be a StepOptions, e.g. StepOptions(precision='bf16'), got {self.step!r}")
         for name in ("save_weights", "stop_exploded"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -177,7 +170,7 @@ class Run:
     @classmethod
     def comments(cls) -> dict:
         """Each parameter's meaning by name, from the comments of its field (``--help``)."""
-        found = cli.field_comments(cls)
+        found = cli.field_comments(cls) | cli.field_comments(StepOptions)
         for method in methods.METHODS.values():
             found |= {f"{method.name}_{name}": text for name, text in cli.field_comments(method).items()}
         return found
@@ -185,15 +178,9 @@ class Run:
     def parameters(self) -> dict:
         """The run as its parameters and its record name it (notebook 05's, a spec's, ``params.json``).
 
-        Its fields by name, its method as its name and every method's options (``methods.record``)."""
+        Its fields by name, its step options each by its name, its method as its name and every method's options
+        (``methods.record``)."""
         return _flat({field.name: getattr(self, field.name) for field in dataclasses.fields(self)})
-
-    def step_options(self) -> StepOptions:
-        """How this run's steps run, as asked and unchecked.
-
-        ``StepOptions``: compilation, attention kernel, precision, fused ops; ``train.config.Config.checked_options``
-        has them checked for its device."""
-        return StepOptions(**{name: getattr(self, name) for name in STEP_OPTIONS})
 
     def folder(self) -> Path:
         """``results/finetune/<model>/<dataset>/<component>/lr=<lr>/seed=<seed>``, where this run lives.
@@ -209,10 +196,15 @@ class Run:
 
 
 def _flat(fields: dict) -> dict:
-    """A run's ``fields`` as its parameters: its ``method`` as its name and every method's options, in its place."""
+    """A run's ``fields`` as its parameters: its ``step`` as its options, its ``method`` as its name and options.
+
+    Each in its place; every method's options, the others' at their defaults (``methods.record``)."""
     flat = {}
     for name, value in fields.items():
-        flat |= methods.record(value) if name == "method" else {name: value}
+        if name == "step":
+            flat |= dataclasses.asdict(value)
+        else:
+            flat |= methods.record(value) if name == "method" else {name: value}
     return flat
 
 
@@ -612,7 +604,10 @@ def config_values(parameters: dict) -> dict:
 
 
 def run_fields(parameters: dict) -> dict:
-    """A run's parameters (``config_values``') as ``Run``'s fields: its method's name and options as its value."""
+    """A run's parameters (``config_values``') as ``Run``'s fields: its step options, its method's name and options.
+
+    Each as its value: ``StepOptions``, a ``methods.Method``."""
     options = methods.options()
-    fields = {name: value for name, value in parameters.items() if name not in options}
-    return fields | {"method": methods.method_of(parameters)}
+    fields = {name: value for name, value in parameters.items() if name not in options and name not in STEP_OPTIONS}
+    step = StepOptions(**{name: value for name, value in parameters.items() if name in STEP_OPTIONS})
+    return fields | {"step": step, "method": methods.method_of(parameters)}

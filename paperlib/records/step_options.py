@@ -31,7 +31,7 @@ COMPILE_CHOICES = ("none", "model", "blocks")
 
 
 def compile_choice(value: bool | str) -> str:
-    """What ``Config.compile`` asks for: "none", "model" (True) or "blocks"."""
+    """What a run's ``compile`` (``StepOptions.compile``) asks for: "none", "model" (True) or "blocks"."""
     if value is False or value is None:
         return "none"
     if value is True:
@@ -104,17 +104,24 @@ def fused_name(parts: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How a training step runs, not what it trains.
+    """How a training step runs, not what it trains: a run's ``step`` (``runs.Run.step``).
 
-    ``Config``'s fields of the same names (``Config.step_options``). Passed whole to what builds a step
-    (``step.make_step``, ``step.make_forward``) and to the step benchmarks (``benchmarks.step``);
-    ``step_context`` takes the two that shape a forward pass (attention, precision)."""
+    A run's parameters and record name each under its own name (``precision``, ``compile``...; ``runs.run_fields``).
+    Passed whole to what builds a step (``step.make_step``, ``step.make_forward``) and to the step benchmarks
+    (``benchmarks.step``); ``step_context`` takes the two that shape a forward pass (attention, precision)."""
 
-    compile: bool | str = False  # False/"none", True/"model" or "blocks" (compile_model)
-    compile_mode: str = "default"  # torch.compile's mode, or one of OWN_COMPILE_MODES
-    attention: str = "auto"  # scaled-dot-product attention kernel (ATTENTION_CHOICES)
-    precision: str = "fp32"  # PRECISIONS
-    fused: str = "auto"  # FUSED_CHOICES, or parts joined by "+" (fused_parts)
+    # torch.compile: False/"none", True/"model" (the whole model) or "blocks" (one graph shared by the blocks)
+    compile: bool | str = False
+    # torch.compile's mode: default, coordinate-descent, max-autotune-no-cudagraphs, ... (or OWN_COMPILE_MODES)
+    compile_mode: str = "default"
+    attention: str = "auto"  # scaled-dot-product attention kernel: auto, flash, cudnn, efficient or math
+    # fp32 (the paper's protocol: PyTorch's defaults, matrix products without TF32), or beyond it "tf32" (TF32 matrix
+    # products and convolutions; CUDA only), "autocast" (bf16 autocast) or "bf16" (bf16 compute, fp32 master
+    # weights): faster on a GPU, not the paper's, so their runs get their own folders (PRECISIONS)
+    precision: str = "fp32"
+    # our fused kernels (Triton on CUDA; the same function): auto (gelu+qkv on CUDA, none elsewhere), none, all, or of
+    # gelu (fc1's bias+GELU), qkv (the q/k/v split) one or several joined by "+" (FUSED_CHOICES, fused_parts)
+    fused: str = "auto"
 
 
 STEP_OPTIONS = tuple(field.name for field in fields(StepOptions))

@@ -69,7 +69,7 @@ def plan(found: list, precision: str | None = None, timing_steps: int = 3) -> di
     if finetuning:
         configs = [config_from(run.parameters) for run in found]
         if precision is not None:
-            asked = sorted({config.precision for config in configs})
+            asked = sorted({config.step.precision for config in configs})
             if len(asked) > 1:  # each run would be counted once per precision of the axis
                 raise ValueError(
                     f"--precision replaces the spec's precision, and this spec has a precision axis "
@@ -144,7 +144,7 @@ def estimate(todo: list[Config], timing_steps: int = 3) -> pd.DataFrame:
         rows.append(
             {name: getattr(first, name) for name in SHOWN}
             | {"method": first.method.label()}
-            | {"precision": first.precision, "component": first.component, "runs": len(group)}
+            | {"precision": first.step.precision, "component": first.component, "runs": len(group)}
             | {"steps": sum(config.steps for config in group), "images": images, "images_per_second": rate}
             | {"hours": images / rate / 3600, "source": source}
         )

@@ -41,7 +41,7 @@ class Config(Run):
         devices.check_device(self.device, here=False)  # a device's name; whether this machine has it: when it trains
         # resolved once, here; not fields: not part of what the run is
         object.__setattr__(self, "_mean_std", models.normalization(self.model, self.normalize))
-        object.__setattr__(self, "_checked_options", options.checked(self.step_options(), self.device))
+        object.__setattr__(self, "_checked_options", options.checked(self.step, self.device))
         return self
 
     @property
@@ -53,7 +53,7 @@ class Config(Run):
 
     @property
     def checked_options(self) -> StepOptions:
-        """``step_options`` checked for the run's device and resolved there: what the run's steps are built from.
+        """``step`` checked for the run's device and resolved there: what the run's steps are built from.
 
         Checked once (``speed.options.checked``), when the Config was made."""
         return self._checked_options

@@ -290,7 +290,7 @@ def _how_it_ran(config: Config, step_fn, wall: float, images: int, threads_used:
         "wall_seconds": round(wall, 2),
         "images_per_second": round(images / wall, 1) if wall > 0 else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": config.precision,
+        "precision": config.step.precision,
         "optimizer": config.optimizer,
         "normalize": config.normalize,
         "cache_side": side,

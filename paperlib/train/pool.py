@@ -31,7 +31,8 @@ def expected_cost(config: Config) -> float:
     Times ``EMULATED_BF16`` for bf16 compute on a CPU without native bf16 (``native_bf16``), half for linear probing
     (no backward pass through the blocks)."""
     cost = config.steps * config.batch_size
-    if config.precision in ("autocast", "bf16") and torch.device(config.device).type == "cpu" and not native_bf16():
+    bf16 = config.step.precision in ("autocast", "bf16")
+    if bf16 and torch.device(config.device).type == "cpu" and not native_bf16():
         cost *= EMULATED_BF16
     return cost / 2 if config.component == "linear" else cost
 
