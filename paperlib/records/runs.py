@@ -192,7 +192,7 @@ class Run:
         split, and ``+tag-<tag>`` last: a bf16, AdamW, LoRA, ``normalize="model"`` or tagged run never replaces one of
         the paper's. Other parameters (steps, batch size, warm-up, momentum, clip...) are not in the name: a run that
         changes them replaces the run in its folder unless it has a tag of its own."""
-        return run_folder(self.parameters())
+        return run_folder(self.parameters(), self.method)
 
 
 def _flat(fields: dict) -> dict:
@@ -222,13 +222,15 @@ def tag_text(tag):
     return f"{tag:g}" if isinstance(tag, (int, float)) and not isinstance(tag, bool) else tag
 
 
-def run_folder(record: dict) -> Path:
-    """The folder of the run ``record`` describes (a ``Config``'s fields, ``Config.folder``)."""
+def run_folder(record: dict, method: Method) -> Path:
+    """The folder of the run ``record`` describes (a ``Config``'s parameters, ``Config.folder``), trained by ``method``.
+
+    ``method``: the run's (``methods.method_of(record)`` for a record alone)."""
     r = record
     run = f"seed={r['seed']}" + paths.suffixes(
         ("", r["precision"], "fp32"),
         ("", r["optimizer"] + (f"-wd{r['weight_decay']:g}" if r["weight_decay"] else ""), "sgd"),
-        ("", methods.method_of(r).suffix(), ""),
+        ("", method.suffix(), ""),
         ("norm", r["normalize"], "imagenet"),
         ("val", r["validation"], "official"),
         ("tag", r["tag"], ""),

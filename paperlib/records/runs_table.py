@@ -111,7 +111,7 @@ def spec_records(*spec_list: dict) -> dict[str, dict]:
     for spec in spec_list:
         for _, _, parameters in specs.cells(spec):
             record = run_record(written_one_way(Run.defaults() | config_values(parameters)))
-            records[str(run_folder(record))] = record
+            records[str(run_folder(record, methods.method_of(record)))] = record
     return records
 
 
