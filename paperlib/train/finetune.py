@@ -155,8 +155,8 @@ def _loaders(config: Config, splits: dict, size: int, device: torch.device) -> t
 
     The loaders: train augmented, shuffled by the seed; val and test through the evaluation transform. File datasets
     are decoded once, in parallel, then cached under the data root; a model above 224 px gets a larger cache, so its
-    crops are not upsampled from 256. Torch's random generator is as it was before: decoding a file dataset the first
-    time draws from it, and the run would not draw what a run on cached images draws."""
+    crops are not upsampled from 256. Torch's random generator is left as it was: decoding a file dataset the first
+    time draws from it, and a run would then not draw what the same run on cached images draws."""
     side = cache_side(size)
     with torch.random.fork_rng(devices=[]):
         loaders = {
