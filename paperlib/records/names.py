@@ -13,10 +13,10 @@ from here beside what needs torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Collection
 
 
-def check_choice(value, valid: Iterable[str], what: str, plural: str = "choices"):
+def check_choice(value, valid: Collection[str], what: str, plural: str = "choices"):
     """``value`` if it is one of ``valid``; else the package's one ValueError for a bad choice, naming the valid ones.
 
     "unknown <what> <value>; valid <plural>: <valid, ...>"."""

@@ -203,8 +203,10 @@ def _flat(fields: dict) -> dict:
     for name, value in fields.items():
         if name == "step":
             flat |= dataclasses.asdict(value)
+        elif name == "method":
+            flat |= methods.record(value)
         else:
-            flat |= methods.record(value) if name == "method" else {name: value}
+            flat[name] = value
     return flat
 
 

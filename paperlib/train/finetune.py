@@ -140,13 +140,13 @@ def _claimed(config: Config, wait: bool):
     with devices.deterministic(config.device):
         splits = datasets.read_splits(config.dataset, config.data_root or None, config.seed, config.validation)
         params = runs.run_record(config)
-        runs.check_inside(config.folder())
+        folder = runs.check_inside(config.folder())
         if config.batch_size > len(splits["train"]):
             raise ValueError(
                 f"batch_size must be at most the training set of {config.dataset} ({len(splits['train'])} images), "
                 f"got {config.batch_size}"
             )
-        with storage.locked(config.folder(), wait=wait):
+        with storage.locked(folder, wait=wait):
             yield params, splits
 
 

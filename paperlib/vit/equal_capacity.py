@@ -90,6 +90,11 @@ def add_subsets(model: nn.Module, component: str, seed: int = 0) -> list[nn.Modu
     The entries are ``draw``'s; ``model`` is changed in place. Returns the updates, what a run
     trains of its component (``components.set_trainable``'s ``adapters``)."""
     Subset(seed).check(component)
+    return _add(model, component, seed)
+
+
+def _add(model: nn.Module, component: str, seed: int) -> list[nn.Module]:
+    """``add_subsets``' work, with a ``seed`` and ``component`` checked (a run's are, when the run is made)."""
     updates = []
     for block, chosen in zip(components.blocks(model), draw(model, component, seed)):
         start = 0
@@ -149,8 +154,10 @@ class SubsetTrainer(Trainer):
     """The trainer of ``records.methods.Subset``: a seeded random subset of the component's entries."""
 
     def adapt(self, model: nn.Module, method: Subset, component: str) -> list[nn.Module]:
-        """The subset's updates (``add_subsets``); they train."""
-        return add_subsets(model, component, method.seed)
+        """The subset's updates (``add_subsets``); they train.
+
+        ``method`` is a run's, checked for ``component`` when the run was made (``records.runs.Run.validate``)."""
+        return _add(model, component, method.seed)
 
     def merge(self, model: nn.Module) -> nn.Module:
         """The updates folded into the weights (``merge``)."""
